@@ -1,0 +1,301 @@
+"""Job configuration: one YAML file plus dot overrides, validated into MasterConfig.
+
+    YAML ──OmegaConf (${...}, ${mul:a,b})──> dict ──pydantic──> MasterConfig
+       ^ overrides: section.key=value (an existing key) or +section.key=value (a new one)
+
+Guarantees: a bad value fails here, before any service starts, with a message
+that names the field; every section accepts extra keys (kept, not used);
+`resolved_yaml()` is the exact config a job ran with, and parses back to an
+equal MasterConfig.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dockyard.algorithms.launch_rules import launch_errors
+
+
+class ConfigError(ValueError):
+    """A job config that cannot run; the message names the field(s)."""
+
+
+def _mul(*factors: Any) -> int | float:
+    return math.prod(factors)
+
+
+if not OmegaConf.has_resolver("mul"):
+    OmegaConf.register_new_resolver("mul", _mul)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(1.0, ge=0.0, le=100.0, allow_inf_nan=False, description="0 = greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False, description="Nucleus mass.")
+    top_k: int = Field(0, ge=0, description="0 = off.")
+    max_new_tokens: int = Field(32, ge=1, le=32768, description="Generation length cap.")
+    stop_strings: list[str] = Field(default_factory=list, description="A sample ends after any of these.")
+
+
+class GenerationConfig(SamplingConfig):
+    backend: Literal["torch", "vllm"] = Field("torch", description="Rollout engine.")
+    vllm_cfg: dict[str, Any] = Field(default_factory=dict, description="Options of the vLLM engine.")
+
+
+class OptimizerConfig(Section):
+    lr: float = Field(1e-5, gt=0.0, allow_inf_nan=False, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup, then constant.")
+    max_grad_norm: float | None = Field(1.0, gt=0.0, description="Clip gradients by global norm; null = off.")
+
+
+class BootstrapConfig(Section):
+    recipe: Literal["tiny_expr"] = Field(description="Builder that writes policy.model_name when missing.")
+    steps: int = Field(300, ge=1, description="Supervised warm-start steps.")
+    lr: float = Field(3e-3, gt=0.0, description="Warm-start learning rate.")
+    batch_size: int = Field(64, ge=1, description="Warm-start batch size.")
+    seed: int = Field(0, description="Warm-start seed.")
+
+
+class PolicyConfig(Section):
+    model_name: str | None = Field(None, description="Local Hugging Face folder of the policy.")
+    model: dict[str, Any] | None = Field(
+        None, description="Architecture to build with random weights when model_name is null: model_type + config kwargs."
+    )
+    bootstrap: BootstrapConfig | None = Field(None, description="Writes model_name before the job when it is missing.")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype.")
+    train_global_batch_size: int = Field(64, ge=1, description="Trajectories per optimizer step.")
+    train_micro_batch_size: int = Field(16, ge=1, description="Trajectories per forward/backward.")
+    seed: int = Field(0, description="Seed of initialisation and sampling.")
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PolicyConfig:
+        if self.model_name is None and self.model is None:
+            raise ValueError("set policy.model_name (a local model folder) or policy.model (an architecture)")
+        if self.model is not None and "model_type" not in self.model:
+            raise ValueError("policy.model needs a model_type, e.g. qwen2 or llama")
+        return self
+
+
+class LossConfig(Section):
+    clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="ρ is clipped below at 1 − clip_low.")
+    clip_high: float = Field(0.2, ge=0.0, description="ρ is clipped above at 1 + clip_high.")
+    dual_clip_c: float | None = Field(None, description="Dual-clip bound for A < 0; null = off; must exceed 1.")
+    kl_penalty: float = Field(0.0, ge=0.0, description="β of the reference KL; 0 loads no reference model.")
+    kl_type: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator.")
+    is_correction: Literal["plain", "tis", "icepop", "seq-mask-tis"] | None = Field(
+        None, description="Importance-sampling correction of generation/training mismatch."
+    )
+    is_min: float | None = Field(None, ge=0.0, description="Lower bound of the IS weight.")
+    is_max: float | None = Field(None, gt=0.0, description="Upper bound of the IS weight.")
+    reduction: Literal["token", "sequence"] = Field("token", description="Loss reduction.")
+    opd: bool = Field(False, description="On-policy distillation advantages.")
+    zero_prev_logprobs: bool = Field(False, description="Treat previous logprobs as zero.")
+
+
+class AdvantageConfig(Section):
+    leave_one_out: bool = Field(True, description="Baseline excludes the sample itself.")
+    scale: Literal["group", "batch", "none"] = Field("group", description="Std normalisation; none = Dr.GRPO.")
+
+
+class ToggleConfig(Section):
+    enabled: bool = False
+
+
+class AsyncConfig(ToggleConfig):
+    in_flight_weight_updates: bool = Field(False, description="Update weights mid-generation.")
+
+
+class RewardScalingConfig(ToggleConfig):
+    source_min: float = 0.0
+    source_max: float = 1.0
+    target_min: float = 0.0
+    target_max: float = 1.0
+
+
+class RewardShapingConfig(ToggleConfig):
+    max_response_length: int = Field(32, ge=1, description="Tokens beyond which the full penalty applies.")
+    overlong_buffer_length: int = Field(8, ge=0, description="Tokens before the max over which the penalty ramps.")
+    overlong_penalty: float = Field(1.0, ge=0.0, description="Penalty at and beyond the max.")
+
+
+class DynamicSamplingConfig(ToggleConfig):
+    max_refills: int = Field(3, ge=0, description="Extra generation rounds to refill dropped groups.")
+
+
+class GRPOConfig(Section):
+    num_prompts_per_step: int = Field(8, ge=1, description="Groups per step.")
+    num_generations_per_prompt: int = Field(8, ge=1, description="Group size.")
+    max_num_steps: int = Field(20, ge=1, description="Optimizer steps of the job.")
+    max_trajectory_age_steps: int = Field(
+        1, ge=0, description="A group generated at version v trains at step s only if s − v ≤ this."
+    )
+    val_period: int = Field(0, ge=0, description="Validate every this many steps; 0 = only at start/end.")
+    val_at_start: bool = True
+    val_at_end: bool = True
+    seed: int = Field(0, description="Seed of task sampling.")
+    advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    async_grpo: AsyncConfig = Field(default_factory=AsyncConfig)
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig)
+    reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig)
+
+
+class SandboxLimits(Section):
+    timeout_seconds: float = Field(10.0, gt=0.0, description="Wall clock per program.")
+    memory_mb: int = Field(512, ge=16, description="Address-space cap.")
+    cpu_seconds: float = Field(10.0, gt=0.0, description="CPU time cap.")
+    max_output_bytes: int = Field(16384, ge=256, description="Captured output cap.")
+
+
+class EnvConfig(Section):
+    reward: Literal["pass_fraction", "all_pass"] = Field("pass_fraction", description="Verdict → reward.")
+    sandbox: SandboxLimits = Field(default_factory=SandboxLimits)
+
+
+class DatasetConfig(Section):
+    source: Literal["expr"] = Field("expr", description="Task set.")
+    size: int = Field(256, ge=1, description="Tasks drawn from the source.")
+    seed: int = 0
+
+
+class DataConfig(Section):
+    train: DatasetConfig = Field(default_factory=DatasetConfig)
+    validation: DatasetConfig = Field(default_factory=lambda: DatasetConfig(size=64, seed=1))
+    num_dataloaders: int = Field(1, ge=1, description="Training task sources.")
+
+
+class ClusterConfig(Section):
+    device: Literal["cpu", "cuda"] = Field("cpu", description="Where trainer and rollout put the policy.")
+    weight_sync_backend: Literal["gloo", "nccl"] = Field("gloo", description="Side-group backend.")
+    weight_sync_bucket_mb: int = Field(256, ge=1, description="Largest tensor bucket broadcast at once.")
+    num_threads: int | None = Field(None, ge=1, description="torch threads per service process.")
+
+
+class LoggerConfig(Section):
+    log_dir: str = Field("runs", description="Run folders go under here.")
+    plot: bool = Field(True, description="Write reward/validation curves as PNG.")
+
+
+class CheckpointingConfig(Section):
+    enabled: bool = True
+    save_period: int = Field(0, ge=0, description="Save every this many steps; 0 = only at the end.")
+
+
+class MasterConfig(Section):
+    policy: PolicyConfig
+    loss_fn: LossConfig = Field(default_factory=LossConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    logger: LoggerConfig = Field(default_factory=LoggerConfig)
+    checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
+
+    @model_validator(mode="after")
+    def _launch_rules(self) -> MasterConfig:
+        g, loss = self.grpo, self.loss_fn
+        errors = launch_errors(
+            async_enabled=g.async_grpo.enabled,
+            is_correction=loss.is_correction,
+            is_min=loss.is_min,
+            is_max=loss.is_max,
+            dual_clip_c=loss.dual_clip_c,
+            dynamic_sampling=g.dynamic_sampling.enabled,
+            reward_scaling=g.reward_scaling.enabled,
+            reward_shaping=g.reward_shaping.enabled,
+            num_dataloaders=self.data.num_dataloaders,
+            num_prompts_per_step=g.num_prompts_per_step,
+            num_generations_per_prompt=g.num_generations_per_prompt,
+            train_global_batch_size=self.policy.train_global_batch_size,
+            opd=loss.opd,
+            zero_prev_logprobs=loss.zero_prev_logprobs,
+        )
+        if g.async_grpo.enabled:
+            errors.append(("grpo.async_grpo.enabled", "asynchronous GRPO is not built yet; set it to false"))
+        if self.cluster.device == "cpu" and self.cluster.weight_sync_backend == "nccl":
+            errors.append(("cluster.weight_sync_backend", "nccl needs cluster.device=cuda; use gloo on CPU"))
+        if errors:
+            raise ValueError("; ".join(f"{field}: {message}" for field, message in errors))
+        return self
+
+    def resolved_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _known_paths(model: type[BaseModel], prefix: str = "") -> set[str]:
+    paths = set()
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        paths.add(path)
+        annotation = field.annotation
+        for candidate in getattr(annotation, "__args__", (annotation,)):
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                paths |= _known_paths(candidate, f"{path}.")
+    return paths
+
+
+def _apply_overrides(cfg: Any, overrides: list[str]) -> Any:
+    known = _known_paths(MasterConfig)
+    dotlist = []
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        key, _, value = item.partition("=")
+        add = key.startswith("+")
+        key = key.lstrip("+")
+        exists = OmegaConf.select(cfg, key, default=None, throw_on_missing=False) is not None
+        if not add and not exists and key not in known:
+            raise ConfigError(f"override {key!r}: no such key in the config; write +{key}={value} to add it")
+        dotlist.append(f"{key}={value}")
+    return OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist))
+
+
+def _format_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(part) for part in err["loc"])
+        message = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{field}: {message}" if field else message)
+    return "invalid job config:\n  " + "\n  ".join(lines)
+
+
+def parse_config(data: dict[str, Any]) -> MasterConfig:
+    try:
+        return MasterConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc)) from None
+
+
+def load_config_text(text: str, overrides: list[str] | None = None, *, origin: str = "<config>") -> MasterConfig:
+    """Parse YAML text, apply overrides, resolve interpolations, validate."""
+    try:
+        cfg = OmegaConf.create(yaml.safe_load(text) or {})
+        cfg = _apply_overrides(cfg, overrides or [])
+        data = OmegaConf.to_container(cfg, resolve=True)
+    except (yaml.YAMLError, OmegaConfBaseException) as exc:
+        raise ConfigError(f"{origin}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: a job config is a mapping of sections")
+    return parse_config(data)
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> MasterConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"no config file at {path}")
+    return load_config_text(path.read_text(), overrides, origin=str(path))

@@ -1,0 +1,39 @@
+"""Load the job's policy the one way trainer and rollout both use.
+
+A local Hugging Face folder goes through AutoModelForCausalLM/AutoTokenizer
+.from_pretrained, exactly as a real checkpoint would; an architecture given
+in `policy.model` is built with random weights and the built-in character
+tokenizer. Nothing is ever downloaded from a hub.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from dockyard.config import PolicyConfig
+from dockyard.models.build import build_random_model
+from dockyard.models.tokenizer import build_char_tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def load_policy(policy: PolicyConfig, device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    # Offline by construction: a missing folder must fail here, not trigger a download.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    dtype = DTYPES[policy.dtype]
+    if policy.model_name is not None:
+        path = Path(policy.model_name)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"policy.model_name={policy.model_name!r} is not a local model folder (no config.json)")
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    else:
+        tokenizer = build_char_tokenizer()
+        model = build_random_model(policy.model, vocab_size=len(tokenizer), seed=policy.seed).to(dtype)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device), tokenizer

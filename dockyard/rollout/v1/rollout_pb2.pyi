@@ -1,0 +1,108 @@
+from dockyard.common.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class LoadPolicyRequest(_message.Message):
+    __slots__ = ("job_id", "config_yaml")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    config_yaml: str
+    def __init__(self, job_id: _Optional[str] = ..., config_yaml: _Optional[str] = ...) -> None: ...
+
+class LoadPolicyResponse(_message.Message):
+    __slots__ = ("engine", "weight_version")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    weight_version: int
+    def __init__(self, engine: _Optional[str] = ..., weight_version: _Optional[int] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("job_id", "request_id", "prompt", "num_samples", "sampling")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    request_id: str
+    prompt: str
+    num_samples: int
+    sampling: _common_pb2.SamplingParams
+    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., num_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+
+class Completion(_message.Message):
+    __slots__ = ("token_ids", "logprobs", "text", "finish_reason")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    text: str
+    finish_reason: str
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("prompt_token_ids", "completions", "weight_version")
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    completions: _containers.RepeatedCompositeFieldContainer[Completion]
+    weight_version: int
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., weight_version: _Optional[int] = ...) -> None: ...
+
+class ReceiveWeightsRequest(_message.Message):
+    __slots__ = ("job_id", "weight_version")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    weight_version: int
+    def __init__(self, job_id: _Optional[str] = ..., weight_version: _Optional[int] = ...) -> None: ...
+
+class ReceiveWeightsResponse(_message.Message):
+    __slots__ = ("weight_version", "checksum", "num_bytes", "seconds")
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    NUM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    weight_version: int
+    checksum: str
+    num_bytes: int
+    seconds: float
+    def __init__(self, weight_version: _Optional[int] = ..., checksum: _Optional[str] = ..., num_bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class GetEngineInfoRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class GetEngineInfoResponse(_message.Message):
+    __slots__ = ("engine", "model", "weight_version", "num_parameters")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    model: str
+    weight_version: int
+    num_parameters: int
+    def __init__(self, engine: _Optional[str] = ..., model: _Optional[str] = ..., weight_version: _Optional[int] = ..., num_parameters: _Optional[int] = ...) -> None: ...
+
+class UnloadPolicyRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class UnloadPolicyResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

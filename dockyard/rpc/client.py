@@ -1,0 +1,93 @@
+"""Client channels: size limits, a deadline on every call, safe retries.
+
+Every call made through `connect()` carries a deadline (the caller's
+`timeout=` or the channel default), so a dead peer never hangs a caller.
+Retries happen only for the methods a caller names as idempotent, through
+the channel's service config, and only on UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterable
+
+import grpc
+import structlog
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from dockyard.rpc.server import message_size_options
+
+
+class _DefaultDeadline(grpc.aio.UnaryUnaryClientInterceptor):
+    def __init__(self, timeout: float) -> None:
+        self._timeout = timeout
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):
+        details = client_call_details
+        metadata = grpc.aio.Metadata(*(details.metadata or ()))
+        request_id = structlog.contextvars.get_contextvars().get("request_id")
+        if request_id and "x-request-id" not in metadata:
+            metadata.add("x-request-id", request_id)
+        details = grpc.aio.ClientCallDetails(
+            method=details.method,
+            timeout=details.timeout if details.timeout is not None else self._timeout,
+            metadata=metadata,
+            credentials=details.credentials,
+            wait_for_ready=details.wait_for_ready,
+        )
+        return await continuation(details, request)
+
+
+def _service_config(idempotent: Iterable[tuple[str, str]]) -> str:
+    names = [{"service": service, "method": method} for service, method in idempotent]
+    if not names:
+        return json.dumps({})
+    policy = {
+        "maxAttempts": 4,
+        "initialBackoff": "0.2s",
+        "maxBackoff": "2s",
+        "backoffMultiplier": 2,
+        "retryableStatusCodes": ["UNAVAILABLE"],
+    }
+    return json.dumps({"methodConfig": [{"name": names, "retryPolicy": policy}]})
+
+
+def connect(
+    address: str,
+    *,
+    default_timeout: float = 30.0,
+    max_message_mb: int = 64,
+    idempotent: Iterable[tuple[str, str]] = (),
+) -> grpc.aio.Channel:
+    """An insecure channel to `address`; `idempotent` lists (service, method) safe to retry."""
+    options = [
+        *message_size_options(max_message_mb),
+        ("grpc.service_config", _service_config(idempotent)),
+        ("grpc.enable_retries", 1),
+    ]
+    return grpc.aio.insecure_channel(address, options=options, interceptors=[_DefaultDeadline(default_timeout)])
+
+
+async def health_status(address: str, service: str = "", timeout: float = 2.0) -> str:
+    """The standard health status name of `service` at `address`, or UNREACHABLE."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.aio.AioRpcError:
+            return "UNREACHABLE"
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+async def wait_until_serving(address: str, timeout: float, service: str = "") -> None:
+    """Poll the health service until SERVING; TimeoutError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = await health_status(address, service)
+        if status == "SERVING":
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{address} not SERVING after {timeout:.0f}s (last status: {status})")
+        await asyncio.sleep(0.2)

@@ -1,0 +1,128 @@
+"""A grpc.aio server with what every dockyard service needs.
+
+    request --> RpcContextInterceptor --> servicer
+                 binds rpc / request_id / job_id into every log line,
+                 turns ServiceError into its status code, INTERNAL otherwise
+
+Guarantees: the standard health service and server reflection are on (so
+`grpcurl -plaintext HOST:PORT list` works without proto files); message-size
+limits match the clients'; on SIGTERM or SIGINT every service reports
+NOT_SERVING first, then the server stops with a grace period for in-flight
+calls, then the service's own shutdown hook runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from dockyard.rpc.errors import ServiceError
+from dockyard.rpc.settings import ServiceSettings
+
+log = structlog.get_logger()
+
+
+def message_size_options(max_message_mb: int) -> list[tuple[str, int]]:
+    limit = max_message_mb * 1024 * 1024
+    return [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
+
+
+@dataclass(frozen=True)
+class Service:
+    """A servicer and what is needed to mount it."""
+
+    name: str  # full proto name, e.g. "dockyard.buffer.v1.BufferService"
+    servicer: Any
+    add_to_server: Callable[[Any, grpc.aio.Server], None]
+
+
+class RpcContextInterceptor(grpc.aio.ServerInterceptor):
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner = handler.unary_unary
+        method = handler_call_details.method
+        metadata = dict(handler_call_details.invocation_metadata or ())
+
+        async def call(request, context: grpc.aio.ServicerContext):
+            ids = {"rpc": method, "request_id": metadata.get("x-request-id") or uuid.uuid4().hex[:16]}
+            if job_id := getattr(request, "job_id", ""):
+                ids["job_id"] = job_id
+            start = time.perf_counter()
+            with structlog.contextvars.bound_contextvars(**ids):
+                try:
+                    return await inner(request, context)
+                except ServiceError as exc:
+                    log.info("rpc refused", code=exc.code.name, error=str(exc))
+                    await context.abort(exc.code, str(exc))
+                except (asyncio.CancelledError, grpc.aio.AbortError):
+                    raise
+                except Exception as exc:
+                    log.exception("rpc failed")
+                    await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+                finally:
+                    log.debug("rpc done", seconds=round(time.perf_counter() - start, 4))
+
+        return grpc.unary_unary_rpc_method_handler(
+            call,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+async def serve(
+    name: str,
+    settings: ServiceSettings,
+    services: Sequence[Service],
+    *,
+    default_port: int,
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT, then drain and stop gracefully."""
+    server = grpc.aio.server(
+        interceptors=[RpcContextInterceptor()],
+        options=message_size_options(settings.max_message_mb),
+    )
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for service in services:
+        service.add_to_server(service.servicer, server)
+    names = [s.name for s in services]
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+        server,
+    )
+    port = settings.port or default_port
+    address = f"{settings.host}:{port}"
+    if server.add_insecure_port(address) == 0:
+        raise OSError(f"{name}: cannot bind {address}")
+    await server.start()
+    for service_name in ["", *names]:
+        await health_servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("serving", address=address, services=names)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    server_done = asyncio.ensure_future(server.wait_for_termination())
+    stop_wait = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([server_done, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+    stop_wait.cancel()
+    log.info("shutting down", grace_seconds=settings.shutdown_grace_seconds)
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(settings.shutdown_grace_seconds)
+    if on_stop is not None:
+        await on_stop()
+    log.info("stopped")

@@ -1,0 +1,34 @@
+"""Base settings of a dockyard service, read from the environment.
+
+Each service subclasses ServiceSettings with its own prefix, so
+DOCKYARD_TRAINER_PORT sets the trainer's port and nothing else.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_PORTS = {
+    "coordinator": 50051,
+    "trainer": 50052,
+    "rollout": 50053,
+    "buffer": 50054,
+    "sandbox": 50055,
+}
+
+
+class ServiceSettings(BaseSettings):
+    """Settings every service has."""
+
+    model_config = SettingsConfigDict(extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Interface to bind; 0.0.0.0 to serve other hosts.")
+    port: int = Field(0, ge=0, le=65535, description="Port to bind; 0 takes the service's default.")
+    max_message_mb: int = Field(64, ge=1, le=2047, description="Largest message sent or received.")
+    shutdown_grace_seconds: float = Field(5.0, ge=0, description="Time in-flight RPCs get after SIGTERM.")
+    log_level: str = Field("info", description="debug, info, warning or error.")
+
+
+def default_address(service: str) -> str:
+    return f"127.0.0.1:{DEFAULT_PORTS[service]}"

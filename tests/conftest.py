@@ -1,0 +1,80 @@
+"""Fixtures shared by every test layer: free ports and real service processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dockyard.rpc.client import wait_until_serving
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServiceProcess:
+    """A real service started as `python -m services.<name>` on a free port."""
+
+    def __init__(self, name: str, env: dict[str, str], log_path: Path) -> None:
+        self.name = name
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        prefix = f"DOCKYARD_{name.upper()}_"
+        full_env = {**os.environ, **env, f"{prefix}PORT": str(self.port)}
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", f"services.{name}"],
+            env=full_env,
+            cwd=env.get("CWD", str(REPO_ROOT)),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def wait_serving(self, timeout: float = 60.0) -> None:
+        try:
+            asyncio.run(wait_until_serving(self.address, timeout))
+        except TimeoutError:
+            raise RuntimeError(f"{self.name} did not start:\n{self.log_path.read_text()[-4000:]}") from None
+
+    def stop(self, timeout: float = 20.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def start_service(tmp_path: Path) -> Iterator:
+    """start_service(name, **env) -> ServiceProcess, SERVING; stopped (SIGTERM) after the test."""
+    started: list[ServiceProcess] = []
+
+    def start(name: str, env: dict[str, str] | None = None) -> ServiceProcess:
+        service = ServiceProcess(name, env or {}, tmp_path / f"{name}-{len(started)}.log")
+        started.append(service)
+        service.wait_serving()
+        return service
+
+    yield start
+    for service in reversed(started):
+        service.stop()
