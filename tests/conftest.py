@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
-
-from dockyard.rpc.client import wait_until_serving
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,10 +44,21 @@ class ServiceProcess:
         )
 
     def wait_serving(self, timeout: float = 60.0) -> None:
-        try:
-            asyncio.run(wait_until_serving(self.address, timeout))
-        except TimeoutError:
-            raise RuntimeError(f"{self.name} did not start:\n{self.log_path.read_text()[-4000:]}") from None
+        # Synchronous on purpose, so async tests can start services too.
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(self.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    break
+                try:
+                    reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.1)
+        raise RuntimeError(f"{self.name} did not start:\n{self.logs()[-4000:]}")
 
     def stop(self, timeout: float = 20.0) -> int:
         if self.proc.poll() is None:

@@ -1,0 +1,64 @@
+"""What every sandbox backend provides, independent of gRPC.
+
+    files + argv   --execute-->    Outcome (PASSED iff exit code 0)
+    program+tests  --run_tests-->  Outcome (PASSED iff every test passed)
+
+Limits reach a backend already resolved (defaults filled in, ceilings
+checked); a backend raises InvalidArgument for input it refuses (a path
+escaping the work folder) and otherwise always returns an Outcome: an
+infrastructure failure is an ERROR outcome, never an exception.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+class Status(enum.Enum):
+    """Mirrors dockyard.common.v1.VerdictStatus."""
+
+    PASSED = "passed"  # exit code 0, or every test passed
+    FAILED = "failed"  # the code ran (or crashed by its own doing) and did not pass
+    ERROR = "error"  # infrastructure failure: not the policy's fault, masked from rewards
+    TIMEOUT = "timeout"  # the wall-clock limit killed it
+
+
+@dataclass(frozen=True)
+class ResourceLimits:
+    timeout_seconds: float  # wall clock, from spawn to kill
+    memory_mb: int  # address space (RLIMIT_AS)
+    cpu_seconds: float  # CPU time (RLIMIT_CPU, rounded up to whole seconds)
+    max_output_bytes: int  # kept per stream (stdout, stderr); the rest is drained and dropped
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A verdict, field for field like dockyard.common.v1.Verdict."""
+
+    status: Status
+    tests_passed: int = 0
+    tests_total: int = 0
+    exit_code: int = 0  # negative: killed by that signal
+    stdout: str = ""
+    stderr: str = ""
+    output_truncated: bool = False
+    duration_seconds: float = 0.0
+    error_message: str = ""
+
+
+class SandboxBackend(abc.ABC):
+    """Runs untrusted code under limits; safe to call concurrently."""
+
+    @abc.abstractmethod
+    async def execute(self, files: Mapping[str, str], command: Sequence[str], limits: ResourceLimits) -> Outcome:
+        """Write `files` (relative paths) into a fresh work folder and run `command` there."""
+
+    @abc.abstractmethod
+    async def run_tests(self, program: str, tests: Sequence[str], limits: ResourceLimits) -> Outcome:
+        """Run the Python `program`, then each test statement on its own; count the passes."""
+
+    async def close(self) -> None:
+        """Stop whatever is still running; called once at service shutdown."""

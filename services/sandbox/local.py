@@ -1,0 +1,370 @@
+"""The local-process backend: each run is a child process group on this host.
+
+    request --> fresh work folder (mkdtemp, 0700) <-- files (relative paths only)
+            --> launcher: setrlimit(AS, CPU, FSIZE, CORE=0, NPROC) then exec argv
+                  new session, scrubbed environment, cwd = HOME = TMPDIR = work folder
+            --> stdout / stderr read as they come, each kept up to max_output_bytes
+            --> exit, or wall-clock limit: SIGKILL to the whole process group
+            --> Outcome; the work folder is removed whatever happened
+
+Guarantees: a run never outlives its wall-clock limit (the group is killed,
+strays included); after every run, its process group is killed, so
+background processes the code left in it die too; the code sees none of the
+service's environment variables; output beyond the cap is drained and
+dropped, never buffered; at most `max_concurrency` runs execute at once.
+
+Limits are applied by a tiny launcher between fork and exec rather than by
+subprocess's preexec_fn, which is unsafe in a threaded process (gRPC is).
+Python commands ("python", "python3") run with the service's interpreter:
+the RunTests harness in isolated mode (-I); Execute commands with -E -s,
+which is -I minus -P, so a multi-file program can import its own modules
+from the work folder.
+
+Verdict rule: ERROR only when the infrastructure failed: the work folder
+could not be made or written, the process could not be spawned or exec'd,
+or the test harness never started. Anything the code does to itself --
+raising, sys.exit, os._exit, MemoryError under RLIMIT_AS, a segfault,
+SIGXCPU from RLIMIT_CPU, SIGXFSZ, killing the harness before it reports --
+is the policy's fault: FAILED. The wall-clock kill is TIMEOUT.
+
+Not covered (weaker isolation than the docker backend, for development):
+no network namespace (the code can open sockets), the host filesystem is
+readable (and writable wherever the service's user may write), RLIMIT_NPROC
+is not enforced for root, root can raise its own hard limits (the wall-clock
+kill still applies), and a process that starts its own session escapes the
+group kill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import structlog
+
+from dockyard.rpc.errors import InvalidArgument
+from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status
+from services.sandbox.harness import HARNESS_SOURCE, LAUNCHER_SOURCE
+
+log = structlog.get_logger()
+
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+PYTHON_NAMES = frozenset({"python", "python3"})
+# After the main process exits and its group is killed, how long pipes may
+# stay open (held by a process that escaped the group) before we stop reading.
+DRAIN_GRACE_SECONDS = 0.5
+REPORT_CAP_BYTES = 64 * 1024
+
+
+def sandbox_environment(work: str) -> dict[str, str]:
+    """The whole environment of the code: nothing is inherited from the service."""
+    return {
+        "PATH": SANDBOX_PATH,
+        "HOME": work,
+        "TMPDIR": work,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONIOENCODING": "utf-8",
+    }
+
+
+def checked_files(files: Mapping[str, str]) -> list[tuple[PurePosixPath, str]]:
+    """Relative, '..'-free paths that stay inside the work folder; InvalidArgument otherwise."""
+    checked = []
+    for name, content in files.items():
+        path = PurePosixPath(name)
+        if not name or "\x00" in name or path.is_absolute() or ".." in path.parts or not path.parts:
+            raise InvalidArgument(f"files: {name!r} must be a relative path inside the work folder, without '..'")
+        checked.append((path, content))
+    folders = {parent for path, _ in checked for parent in path.parents}
+    for path, _ in checked:
+        if path in folders:
+            raise InvalidArgument(f"files: {str(path)!r} is both a file and a folder")
+    return checked
+
+
+class _Capture(asyncio.Protocol):
+    """Keeps the first `cap` bytes of a pipe and drains the rest."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.data = bytearray()
+        self.truncated = False
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        room = self.cap - len(self.data)
+        if len(data) > room:
+            self.truncated = True
+            data = data[: max(room, 0)]
+        self.data += data
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+@dataclass
+class _Run:
+    spawn_error: str = ""
+    timed_out: bool = False
+    exit_code: int = 0
+    stdout: bytes = b""
+    stderr: bytes = b""
+    truncated: bool = False
+    duration: float = 0.0
+    report: bytes = b""
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone
+
+
+def _remove_tree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):  # the code may have made folders unwritable to us
+        for root, dirs, _ in os.walk(path):
+            for name in dirs:
+                try:
+                    os.chmod(os.path.join(root, name), 0o700)
+                except OSError:
+                    pass
+        shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):
+        log.warning("work folder left behind", path=path)
+
+
+def parse_report(report: bytes, nonce: bytes, tests_total: int) -> tuple[bool, list[bool] | None]:
+    """(harness started, per-test results or None); lines without the nonce are ignored."""
+    started, results = False, None
+    for line in report.split(b"\n"):
+        head, _, body = line.partition(b" ")
+        if not secrets.compare_digest(head, nonce):
+            continue
+        if body == b"ready":
+            started = True
+        elif body.startswith(b"result ") and results is None:
+            bits = body[len(b"result ") :]
+            if len(bits) == tests_total and set(bits) <= {ord("0"), ord("1")}:
+                results = [bit == ord("1") for bit in bits]
+    return started, results
+
+
+class LocalBackend(SandboxBackend):
+    def __init__(
+        self,
+        *,
+        max_concurrency: int,
+        max_file_mb: int = 64,
+        max_processes: int = 256,
+        work_root: str | None = None,
+    ) -> None:
+        self._slots = asyncio.Semaphore(max_concurrency)
+        self._max_file_bytes = max_file_mb * 1024 * 1024
+        self._max_processes = max_processes
+        self._work_root = work_root
+        self._live_groups: set[int] = set()
+
+    async def execute(self, files: Mapping[str, str], command: Sequence[str], limits: ResourceLimits) -> Outcome:
+        if not command or not command[0]:
+            raise InvalidArgument("command: must name the program to run")
+        checked = checked_files(files)
+        argv = list(command)
+        if argv[0] in PYTHON_NAMES:
+            argv = [sys.executable, "-B", "-u", "-E", "-s", *argv[1:]]
+        async with self._slots:
+            try:
+                work = tempfile.mkdtemp(prefix="dockyard-sandbox-", dir=self._work_root)
+            except OSError as exc:
+                return Outcome(Status.ERROR, tests_total=1, error_message=f"cannot create the work folder: {exc}")
+            try:
+                try:
+                    for path, content in checked:
+                        target = Path(work, path)
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        target.write_text(content, encoding="utf-8")
+                except OSError as exc:
+                    return Outcome(Status.ERROR, tests_total=1, error_message=f"cannot write the files: {exc}")
+                run = await self._run(argv, work, limits)
+            finally:
+                _remove_tree(work)
+        if run.spawn_error:
+            status = Status.ERROR
+        elif run.timed_out:
+            status = Status.TIMEOUT
+        else:
+            status = Status.PASSED if run.exit_code == 0 else Status.FAILED
+        return self._outcome(run, status, passed=int(status is Status.PASSED), total=1)
+
+    async def run_tests(self, program: str, tests: Sequence[str], limits: ResourceLimits) -> Outcome:
+        if not tests:
+            raise InvalidArgument("tests: at least one test is required (no tests would pass vacuously)")
+        nonce = secrets.token_hex(16).encode()
+        stdin = nonce + b"\n" + json.dumps({"program": program, "tests": list(tests)}).encode()
+        total = len(tests)
+        async with self._slots:
+            try:
+                work = tempfile.mkdtemp(prefix="dockyard-sandbox-", dir=self._work_root)
+            except OSError as exc:
+                return Outcome(Status.ERROR, tests_total=total, error_message=f"cannot create the work folder: {exc}")
+            try:
+                report_read, report_write = os.pipe()
+                argv = [sys.executable, "-B", "-u", "-I", "-c", HARNESS_SOURCE, str(report_write)]
+                run = await self._run(argv, work, limits, stdin=stdin, report_pipe=(report_read, report_write))
+            finally:
+                _remove_tree(work)
+        if run.spawn_error:
+            return self._outcome(run, Status.ERROR, passed=0, total=total)
+        if run.timed_out:
+            return self._outcome(run, Status.TIMEOUT, passed=0, total=total)
+        started, results = parse_report(run.report, nonce, total)
+        if not started:
+            message = f"the test harness did not start (exit code {run.exit_code})"
+            return self._outcome(run, Status.ERROR, passed=0, total=total, error_message=message)
+        if results is None:  # the program ended the harness before it could report
+            return self._outcome(run, Status.FAILED, passed=0, total=total)
+        passed = sum(results)
+        return self._outcome(run, Status.PASSED if passed == total else Status.FAILED, passed=passed, total=total)
+
+    async def close(self) -> None:
+        for pgid in list(self._live_groups):
+            _kill_group(pgid)
+
+    @staticmethod
+    def _outcome(run: _Run, status: Status, *, passed: int, total: int, error_message: str = "") -> Outcome:
+        return Outcome(
+            status=status,
+            tests_passed=passed,
+            tests_total=total,
+            exit_code=run.exit_code,
+            stdout=_text(run.stdout),
+            stderr=_text(run.stderr),
+            output_truncated=run.truncated,
+            duration_seconds=run.duration,
+            error_message=error_message or run.spawn_error,
+        )
+
+    def _launcher_argv(self, argv: list[str], status_fd: int, limits: ResourceLimits) -> list[str]:
+        rlimits = ",".join(
+            str(v)
+            for v in (
+                limits.memory_mb * 1024 * 1024,
+                max(1, math.ceil(limits.cpu_seconds)),
+                self._max_file_bytes,
+                self._max_processes,
+            )
+        )
+        return [sys.executable, "-I", "-S", "-B", "-c", LAUNCHER_SOURCE, str(status_fd), rlimits, *argv]
+
+    async def _run(
+        self,
+        argv: list[str],
+        work: str,
+        limits: ResourceLimits,
+        *,
+        stdin: bytes | None = None,
+        report_pipe: tuple[int, int] | None = None,
+    ) -> _Run:
+        """Spawn, wait up to the wall-clock limit, kill the group, collect output. Never raises OSError."""
+        loop = asyncio.get_running_loop()
+        # Our own pipes rather than asyncio's: Process.wait() would otherwise
+        # also wait for every pipe to close, which a stray process can delay.
+        pipes = {name: os.pipe() for name in ("stdout", "stderr", "status")}
+        if stdin is not None:
+            pipes["stdin"] = os.pipe()
+        if report_pipe is not None:
+            pipes["report"] = report_pipe
+        child_ends = [w for name, (_, w) in pipes.items() if name != "stdin"]
+        if stdin is not None:
+            child_ends.append(pipes["stdin"][0])
+        parent_ends = [r for name, (r, _) in pipes.items() if name != "stdin"]
+        if stdin is not None:
+            parent_ends.append(pipes["stdin"][1])
+
+        captures = {
+            "stdout": _Capture(limits.max_output_bytes),
+            "stderr": _Capture(limits.max_output_bytes),
+            "status": _Capture(4096),
+            "report": _Capture(REPORT_CAP_BYTES),
+        }
+        transports: list[asyncio.BaseTransport] = []
+        run = _Run()
+        start = time.monotonic()
+        try:
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *self._launcher_argv(argv, pipes["status"][1], limits),
+                    stdin=pipes["stdin"][0] if stdin is not None else asyncio.subprocess.DEVNULL,
+                    stdout=pipes["stdout"][1],
+                    stderr=pipes["stderr"][1],
+                    pass_fds=[pipes["status"][1], *([pipes["report"][1]] if report_pipe else [])],
+                    cwd=work,
+                    env=sandbox_environment(work),
+                    start_new_session=True,  # its own process group: one killpg reaches everything it starts
+                )
+            except OSError as exc:
+                run.spawn_error = f"cannot spawn the sandbox process: {exc}"
+                return run
+            finally:
+                for fd in child_ends:
+                    os.close(fd)
+                child_ends = []
+            self._live_groups.add(proc.pid)
+            try:
+                for name, (read_fd, _) in pipes.items():
+                    if name == "stdin":
+                        continue
+                    pipe = os.fdopen(read_fd, "rb", buffering=0)  # owns the fd from here on
+                    parent_ends.remove(read_fd)
+                    transport, _ = await loop.connect_read_pipe(lambda capture=captures[name]: capture, pipe)
+                    transports.append(transport)
+                if stdin is not None:
+                    pipe = os.fdopen(pipes["stdin"][1], "wb", buffering=0)
+                    parent_ends.remove(pipes["stdin"][1])
+                    writer, _ = await loop.connect_write_pipe(asyncio.Protocol, pipe)
+                    transports.append(writer)
+                    writer.write(stdin)
+                    writer.close()  # flushes what is buffered, then closes: the harness sees EOF
+                try:
+                    run.exit_code = await asyncio.wait_for(proc.wait(), limits.timeout_seconds)
+                except asyncio.TimeoutError:
+                    run.timed_out = True
+            finally:
+                # Always, not only on timeout: whatever the code left running dies with it.
+                _kill_group(proc.pid)
+                self._live_groups.discard(proc.pid)
+            run.exit_code = await proc.wait()
+            run.duration = time.monotonic() - start
+            readers = [c.closed for name, c in captures.items() if name in pipes and name != "stdin"]
+            await asyncio.wait(readers, timeout=DRAIN_GRACE_SECONDS)
+        finally:
+            for transport in transports:
+                transport.close()
+            for fd in (*child_ends, *parent_ends):
+                os.close(fd)
+        if captures["status"].data:
+            run.spawn_error = _text(bytes(captures["status"].data))
+        run.stdout, run.stderr = bytes(captures["stdout"].data), bytes(captures["stderr"].data)
+        run.truncated = captures["stdout"].truncated or captures["stderr"].truncated
+        run.report = bytes(captures["report"].data)
+        return run

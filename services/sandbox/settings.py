@@ -1,0 +1,49 @@
+"""Settings of the sandbox service, read from DOCKYARD_SANDBOX_* variables.
+
+Defaults apply to a request field left at 0; ceilings bound what a request
+may ask for (above a ceiling the request is refused, not clamped).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from dockyard.rpc.settings import ServiceSettings
+
+
+class SandboxSettings(ServiceSettings):
+    """Backend choice, default limits, ceilings and concurrency of the sandbox."""
+
+    model_config = SettingsConfigDict(env_prefix="DOCKYARD_SANDBOX_", extra="ignore")
+
+    backend: Literal["local"] = Field("local", description="Execution backend; only local processes so far.")
+
+    default_timeout_seconds: float = Field(10.0, gt=0, description="Wall-clock limit when a request gives 0.")
+    default_memory_mb: int = Field(512, gt=0, description="Address-space limit when a request gives 0.")
+    default_cpu_seconds: float = Field(10.0, gt=0, description="CPU-time limit when a request gives 0.")
+    default_max_output_bytes: int = Field(16 * 1024, gt=0, description="Per-stream output cap when a request gives 0.")
+
+    max_timeout_seconds: float = Field(600.0, gt=0, description="Largest wall-clock limit a request may ask for.")
+    max_memory_mb: int = Field(8192, gt=0, description="Largest address-space limit a request may ask for.")
+    max_cpu_seconds: float = Field(600.0, gt=0, description="Largest CPU-time limit a request may ask for.")
+    max_output_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Largest per-stream output cap a request may ask for.")
+
+    max_file_mb: int = Field(64, gt=0, description="Largest file the code may write (RLIMIT_FSIZE).")
+    max_processes: int = Field(
+        256, ge=0, description="RLIMIT_NPROC (counts every task of the service's user; ignored for root); 0 leaves it unset."
+    )
+    max_concurrency: int = Field(os.cpu_count() or 1, ge=1, description="Runs executing at once; the rest wait.")
+    work_root: str | None = Field(None, description="Folder under which work folders are made; None is the system temp.")
+
+    @model_validator(mode="after")
+    def _defaults_within_ceilings(self) -> SandboxSettings:
+        for name in ("timeout_seconds", "memory_mb", "cpu_seconds", "max_output_bytes"):
+            default = getattr(self, f"default_{name}")
+            ceiling = getattr(self, name if name == "max_output_bytes" else f"max_{name}")
+            if default > ceiling:
+                raise ValueError(f"default_{name}={default} is above its ceiling {ceiling}")
+        return self
