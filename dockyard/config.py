@@ -32,7 +32,7 @@ def _mul(*factors: Any) -> int | float:
 
 
 if not OmegaConf.has_resolver("mul"):
-    OmegaConf.register_new_resolver("mul", _mul)
+    OmegaConf.register_resolver("mul", _mul)
 
 
 class Section(BaseModel):

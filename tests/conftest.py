@@ -89,3 +89,14 @@ def start_service(tmp_path: Path) -> Iterator:
     yield start
     for service in reversed(started):
         service.stop()
+
+
+def require_tool(path: Path | str, what: str) -> str:
+    """The tool's path; a missing tool skips loudly here and fails under CI=1."""
+    path = Path(path)
+    if path.exists():
+        return str(path)
+    message = f"{what} not found at {path} (make tools installs it)"
+    if os.environ.get("CI"):
+        pytest.fail(f"{message}: CI must run this test")
+    pytest.skip(message)

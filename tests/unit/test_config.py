@@ -1,0 +1,97 @@
+"""Job config: overrides, interpolation, validation that names the field, shipped configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dockyard.config import ConfigError, MasterConfig, load_config, load_config_text
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "examples" / "configs" / "tiny_expr.yaml"
+
+MINIMAL = """
+policy:
+  model: {model_type: qwen2, hidden_size: 32}
+  train_global_batch_size: ${mul:${grpo.num_prompts_per_step},${grpo.num_generations_per_prompt}}
+grpo:
+  num_prompts_per_step: 2
+  num_generations_per_prompt: 3
+"""
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "examples" / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_parses(path: Path) -> None:
+    assert isinstance(load_config(path), MasterConfig)
+
+
+def test_mul_resolver_and_interpolation() -> None:
+    cfg = load_config_text(MINIMAL)
+    assert cfg.policy.train_global_batch_size == 6
+
+
+def test_override_changes_value_and_interpolation_follows() -> None:
+    cfg = load_config_text(MINIMAL, ["grpo.num_prompts_per_step=4"])
+    assert cfg.grpo.num_prompts_per_step == 4
+    assert cfg.policy.train_global_batch_size == 12
+
+
+def test_override_of_a_default_not_in_the_yaml() -> None:
+    cfg = load_config_text(MINIMAL, ["loss_fn.clip_high=0.28"])
+    assert cfg.loss_fn.clip_high == pytest.approx(0.28)
+
+
+def test_override_of_unknown_key_is_refused_unless_added() -> None:
+    with pytest.raises(ConfigError, match=r"grpo\.num_prompt_per_step.*\+grpo\.num_prompt_per_step"):
+        load_config_text(MINIMAL, ["grpo.num_prompt_per_step=4"])
+    cfg = load_config_text(MINIMAL, ["+grpo.my_note=hello"])
+    assert cfg.grpo.model_extra == {"my_note": "hello"}
+
+
+def test_override_without_equals_is_refused() -> None:
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config_text(MINIMAL, ["grpo.num_prompts_per_step"])
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("policy.generation.temperature=nan", "policy.generation.temperature"),
+        ("policy.generation.top_p=1.5", "policy.generation.top_p"),
+        ("grpo.max_num_steps=0", "grpo.max_num_steps"),
+        ("loss_fn.kl_type=k9", "loss_fn.kl_type"),
+        ("policy.optimizer.lr=-1", "policy.optimizer.lr"),
+        ("loss_fn.dual_clip_c=0.5", "loss_fn.dual_clip_c"),
+        ("policy.train_global_batch_size=5", "policy.train_global_batch_size"),
+        ("grpo.async_grpo.enabled=true", "grpo.async_grpo.enabled"),
+    ],
+)
+def test_bad_value_fails_naming_the_field(override: str, field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config_text(MINIMAL, [override])
+    assert field in str(info.value)
+
+
+def test_policy_needs_a_source() -> None:
+    with pytest.raises(ConfigError, match="model_name"):
+        load_config_text("policy: {train_global_batch_size: 64}")
+
+
+def test_extra_keys_are_kept() -> None:
+    cfg = load_config_text(MINIMAL + "env:\n  my_env_option: 3\n")
+    assert cfg.env.model_extra == {"my_env_option": 3}
+
+
+def test_resolved_yaml_round_trips() -> None:
+    cfg = load_config(TINY, ["grpo.max_num_steps=3"])
+    again = load_config_text(cfg.resolved_yaml())
+    assert again == cfg
+    assert "${" not in cfg.resolved_yaml()
+
+
+def test_missing_file_and_bad_yaml() -> None:
+    with pytest.raises(ConfigError, match="no config file"):
+        load_config("/nonexistent/job.yaml")
+    with pytest.raises(ConfigError):
+        load_config_text("policy: [unclosed")
