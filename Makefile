@@ -1,0 +1,42 @@
+# dockyard: `make run` trains the tiny recipe end to end; `make test` runs the tests.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# CPU installs take this torch (a CPU build); GPU nodes set TORCH_SPEC to their build.
+TORCH_SPEC ?= torch==2.13.0
+BUF_VERSION := 1.75.0
+BUF    := .tools/node_modules/.bin/buf
+CONFIG ?= examples/configs/tiny_expr.yaml
+
+.PHONY: install run test protos lint-protos tools clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+install: $(BIN)/.installed
+
+$(BUF):
+	@if command -v npm >/dev/null; then \
+	  npm install --silent --no-save --no-audit --no-fund --prefix .tools @bufbuild/buf@$(BUF_VERSION); \
+	else echo "WARNING: npm not found: buf lint tests will be skipped (and fail under CI=1)"; fi
+
+tools: $(BUF)
+
+run: install
+	$(BIN)/dockyard run $(CONFIG) $(ARGS)
+
+test: install tools
+	$(BIN)/python -m pytest -rs $(PYTEST_ARGS)
+
+protos: install
+	$(BIN)/python protos/generate.py
+
+lint-protos: tools
+	$(BUF) lint
+
+clean:
+	rm -rf $(VENV) .tools runs models

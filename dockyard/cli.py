@@ -1,0 +1,302 @@
+"""The `dockyard` command line.
+
+    dockyard up                         the five services on localhost:50051-50055 until Ctrl-C
+    dockyard submit CONFIG [k=v ...]    submit a job to a running coordinator, print its id
+    dockyard status [JOB]               one job in detail, or every job
+    dockyard cancel JOB                 cancel a job
+    dockyard prepare CONFIG [k=v ...]   build the policy folder a recipe bootstraps (warm start)
+    dockyard run CONFIG [k=v ...]       prepare + up + submit + follow, then stop everything
+
+Heavy modules (torch, transformers) load only in the commands that need
+them, so `dockyard --help` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+from dockyard.rpc.settings import default_address
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def _coordinator(address: str):
+    from dockyard.coordinator.v1 import coordinator_pb2_grpc
+    from dockyard.rpc.client import connect
+
+    channel = connect(address, idempotent=[
+        ("dockyard.coordinator.v1.CoordinatorService", "GetJob"),
+        ("dockyard.coordinator.v1.CoordinatorService", "ListJobs"),
+    ])
+    return channel, coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+
+
+def _load(config: str, overrides: list[str]):
+    from dockyard.config import ConfigError, load_config
+
+    try:
+        return load_config(config, overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
+
+
+def prepare(cfg) -> None:
+    """Run the config's bootstrap when policy.model_name does not exist yet."""
+    policy = cfg.policy
+    if policy.bootstrap is None or policy.model_name is None:
+        return
+    out = Path(policy.model_name)
+    if (out / "config.json").is_file():
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dockyard.recipes.tiny_expr import warm_start
+
+    boot = policy.bootstrap
+    with Progress(TextColumn("warm start"), BarColumn(), TextColumn("{task.completed}/{task.total} loss {task.fields[loss]}"),
+                  TimeElapsedColumn()) as bar:
+        task = bar.add_task("sft", total=boot.steps, loss="-")
+        warm_start(
+            out,
+            model=policy.model or {},
+            steps=boot.steps,
+            lr=boot.lr,
+            batch_size=boot.batch_size,
+            seed=boot.seed,
+            num_threads=cfg.cluster.num_threads,
+            progress=lambda step, loss: bar.update(task, completed=step, loss=f"{loss:.3f}"),
+        )
+    print(f"policy written to {out}")
+
+
+def _job_line(job) -> str:
+    from services.coordinator.jobs import state_name
+
+    reward = job.metrics.get("reward_mean")
+    val = job.validation_metrics.get("pass_rate")
+    parts = [f"{job.job_id}", state_name(job.state), f"step {job.step}/{job.max_steps}", job.phase]
+    if reward is not None:
+        parts.append(f"reward {reward:.3f}")
+    if val is not None:
+        parts.append(f"val pass {val:.3f}")
+    return "  ".join(parts)
+
+
+def _print_job(job) -> None:
+    from google.protobuf.json_format import MessageToDict
+
+    print(json.dumps(MessageToDict(job, preserving_proto_field_name=True), indent=2, sort_keys=True))
+
+
+async def _submit(address: str, yaml_text: str) -> str:
+    from dockyard.coordinator.v1 import coordinator_pb2
+
+    channel, stub = _coordinator(address)
+    async with channel:
+        reply = await stub.CreateJob(coordinator_pb2.CreateJobRequest(config_yaml=yaml_text), timeout=30)
+    return reply.job.job_id
+
+
+async def _follow(address: str, job_id: str, stack=None) -> int:
+    """Show a progress bar until the job finishes; returns the job's final state."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dockyard.coordinator.v1 import coordinator_pb2
+    from services.coordinator.jobs import FINISHED
+
+    channel, stub = _coordinator(address)
+    async with channel:
+        with Progress(
+            TextColumn("[bold]{task.fields[phase]:<16}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("reward {task.fields[reward]}  val {task.fields[val]}  {task.fields[tps]} tok/s"),
+            TimeElapsedColumn(),
+        ) as bar:
+            task = bar.add_task("job", total=None, phase="starting", reward="-", val="-", tps="-")
+            while True:
+                job = (await stub.GetJob(coordinator_pb2.GetJobRequest(job_id=job_id), timeout=10)).job
+                m, v = job.metrics, job.validation_metrics
+                bar.update(
+                    task, total=job.max_steps, completed=job.step, phase=job.phase,
+                    reward=f"{m['reward_mean']:.3f}" if "reward_mean" in m else "-",
+                    val=f"{v['pass_rate']:.3f}" if "pass_rate" in v else "-",
+                    tps=f"{m['generated_tokens_per_second']:.0f}" if "generated_tokens_per_second" in m else "-",
+                )
+                if job.state in FINISHED:
+                    break
+                if stack is not None and (dead := stack.dead()):
+                    raise RuntimeError(f"service(s) exited during the job: {', '.join(dead)}; logs in {stack.log_dir}")
+                await asyncio.sleep(0.5)
+    print(_job_line(job))
+    if job.message:
+        print(f"message: {job.message}")
+    return job.state
+
+
+def _summary(run_dir: Path) -> None:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    val = [r for r in records if r["kind"] == "validation"]
+    if len(val) >= 2:
+        print(f"validation pass rate: {val[0]['pass_rate']:.3f} at step {val[0]['step']} -> "
+              f"{val[-1]['pass_rate']:.3f} at step {val[-1]['step']}")
+    print(f"run folder: {run_dir}  (config.yaml, metrics.jsonl, curves.png)")
+
+
+def cmd_run(args) -> int:
+    from dockyard.stack import LocalStack
+    from services.coordinator.jobs import SUCCEEDED
+
+    cfg = _load(args.config, args.overrides)
+    prepare(cfg)
+    log_dir = Path(cfg.logger.log_dir) / "logs" / time.strftime("%Y%m%d-%H%M%S")
+    stack = LocalStack(log_dir, free_ports=not args.default_ports)
+    print(f"starting services (logs in {log_dir})")
+    stack.start()
+    address = stack.address("coordinator")
+    try:
+        job_id = asyncio.run(_submit(address, cfg.resolved_yaml()))
+        print(f"job {job_id} submitted")
+        state = asyncio.run(_follow(address, job_id, stack))
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping services", file=sys.stderr)
+        state = None
+    finally:
+        codes = stack.stop()
+        bad = {name: code for name, code in codes.items() if code not in (0, -15)}
+        if bad:
+            print(f"services exited uncleanly: {bad}; logs in {log_dir}", file=sys.stderr)
+    if state is None:
+        return 130
+    _summary(Path(cfg.logger.log_dir) / job_id)
+    return 0 if state == SUCCEEDED else EXIT_FAILED
+
+
+def cmd_up(args) -> int:
+    from dockyard.stack import LocalStack
+
+    stack = LocalStack(Path(args.log_dir))
+    stack.start()
+    for name in stack.procs:
+        print(f"{name:<12} {stack.address(name)}")
+    print(f"logs in {args.log_dir}; Ctrl-C stops every service")
+    try:
+        while not (dead := stack.dead()):
+            time.sleep(0.5)
+        print(f"service(s) exited: {', '.join(dead)}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stack.stop()
+
+
+def cmd_submit(args) -> int:
+    cfg = _load(args.config, args.overrides)
+    prepare(cfg)
+    print(asyncio.run(_submit(args.coordinator, cfg.resolved_yaml())))
+    return 0
+
+
+def cmd_status(args) -> int:
+    from dockyard.coordinator.v1 import coordinator_pb2
+
+    async def go() -> int:
+        channel, stub = _coordinator(args.coordinator)
+        async with channel:
+            if args.job:
+                _print_job((await stub.GetJob(coordinator_pb2.GetJobRequest(job_id=args.job))).job)
+            else:
+                jobs = (await stub.ListJobs(coordinator_pb2.ListJobsRequest())).jobs
+                for job in jobs:
+                    print(_job_line(job))
+                if not jobs:
+                    print("no jobs")
+        return 0
+
+    return asyncio.run(go())
+
+
+def cmd_cancel(args) -> int:
+    from dockyard.coordinator.v1 import coordinator_pb2
+
+    async def go() -> int:
+        channel, stub = _coordinator(args.coordinator)
+        async with channel:
+            print(_job_line((await stub.CancelJob(coordinator_pb2.CancelJobRequest(job_id=args.job))).job))
+        return 0
+
+    return asyncio.run(go())
+
+
+def cmd_prepare(args) -> int:
+    prepare(_load(args.config, args.overrides))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dockyard", description="GRPO post-training against execution-grounded rewards.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument("config", help="job config YAML")
+        p.add_argument("overrides", nargs="*", help="section.key=value (or +section.key=value to add a key)")
+
+    def with_coordinator(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--coordinator", default=default_address("coordinator"), help="coordinator host:port")
+
+    p = sub.add_parser("run", help="start the services, run one job to the end, stop them")
+    with_config(p)
+    p.add_argument("--default-ports", action="store_true", help="bind 50051-50055 instead of free ports")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("up", help="run the five services locally until Ctrl-C")
+    p.add_argument("--log-dir", default="runs/logs/up", help="service logs go here")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("submit", help="submit a job to a running coordinator")
+    with_config(p)
+    with_coordinator(p)
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("status", help="show one job, or list every job")
+    p.add_argument("job", nargs="?", help="job id")
+    with_coordinator(p)
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("cancel", help="cancel a job")
+    p.add_argument("job", help="job id")
+    with_coordinator(p)
+    p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("prepare", help="build the policy folder that the config bootstraps")
+    with_config(p)
+    p.set_defaults(func=cmd_prepare)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        import grpc
+
+        if isinstance(exc, grpc.aio.AioRpcError):
+            print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return EXIT_FAILED
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""The five services as local processes on loopback: what `dockyard up` and `dockyard run` start.
+
+Guarantees: every child is in the parent's care: it gets SIGTERM when the
+parent dies (PR_SET_PDEATHSIG on Linux), `stop()` SIGTERMs all children and
+SIGKILLs any that outlive the grace period, so no service is left orphaned;
+each child's log goes to its own file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dockyard.rpc.client import wait_until_serving
+from dockyard.rpc.settings import DEFAULT_PORTS
+
+SERVICES = ("buffer", "sandbox", "rollout", "trainer", "coordinator")
+
+
+def _die_with_parent() -> None:
+    # 1 = PR_SET_PDEATHSIG: the kernel sends SIGTERM to the child when its parent exits.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalStack:
+    def __init__(self, log_dir: Path, *, free_ports: bool = False, extra_env: dict[str, str] | None = None) -> None:
+        self.log_dir = log_dir
+        self.ports = {name: (_free_port() if free_ports else DEFAULT_PORTS[name]) for name in SERVICES}
+        self.extra_env = extra_env or {}
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def address(self, name: str) -> str:
+        return f"127.0.0.1:{self.ports[name]}"
+
+    def _env(self, name: str) -> dict[str, str]:
+        env = {**os.environ, **self.extra_env, f"DOCKYARD_{name.upper()}_PORT": str(self.ports[name])}
+        # Each service reads only the peer addresses it needs; the rest are ignored.
+        for peer in SERVICES:
+            if peer != name:
+                env.setdefault(f"DOCKYARD_{name.upper()}_{peer.upper()}_ADDRESS", self.address(peer))
+        return env
+
+    def start(self, timeout: float = 120.0) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for name in SERVICES:
+            log = open(self.log_dir / f"{name}.log", "ab")
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", f"services.{name}"],
+                env=self._env(name),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+            )
+            log.close()
+        try:
+            asyncio.run(self._wait(timeout))
+        except BaseException:
+            self.stop()
+            raise
+
+    async def _wait(self, timeout: float) -> None:
+        async def one(name: str) -> None:
+            task = asyncio.ensure_future(wait_until_serving(self.address(name), timeout))
+            while not task.done():
+                if self.procs[name].poll() is not None:
+                    task.cancel()
+                    tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"{name} exited with code {self.procs[name].returncode}:\n{tail}")
+                await asyncio.sleep(0.1)
+            task.result()
+
+        await asyncio.gather(*(one(name) for name in SERVICES))
+
+    def dead(self) -> list[str]:
+        return [name for name, proc in self.procs.items() if proc.poll() is not None]
+
+    def stop(self, grace: float = 15.0) -> dict[str, int]:
+        # The coordinator first, so no job drives services that are going away.
+        for name in reversed(SERVICES):
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return {name: proc.returncode for name, proc in self.procs.items()}

@@ -1,0 +1,29 @@
+"""dockyard-coordinator: serve CoordinatorService (settings from DOCKYARD_COORDINATOR_*)."""
+
+from __future__ import annotations
+
+from dockyard.rpc.launch import run_service
+from dockyard.rpc.server import Service
+from services.coordinator.settings import CoordinatorSettings
+
+
+def main() -> None:
+    settings = CoordinatorSettings()
+
+    async def build():
+        from dockyard.coordinator.v1 import coordinator_pb2_grpc
+        from services.coordinator.servicer import CoordinatorServicer
+
+        servicer = CoordinatorServicer(settings)
+        service = Service(
+            name="dockyard.coordinator.v1.CoordinatorService",
+            servicer=servicer,
+            add_to_server=coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server,
+        )
+        return [service], servicer.close
+
+    run_service("coordinator", settings, build)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""The rollout collector: task → group of completions → sandbox verdicts → rewards → buffer.
+
+    Task ─rollout.Generate(n)─> completions (token ids, logprobs, weight version)
+         ─sandbox.RunTests each─> verdicts ─reward_of─> raw rewards
+         ─shaping (overlong, scaling)─> Group ─buffer.PutGroup─> buffer
+
+Guarantees: an infrastructure failure (sandbox ERROR or an unreachable
+sandbox) becomes an invalid trajectory, masked out of every group statistic,
+never a fake zero reward; a group is put whole, once, with a stable id
+(`<job>/s<step>/g<index>`), so a retried put is a no-op; with dynamic
+sampling, groups whose valid rewards are all equal are dropped (counted) and
+refilled from further tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+import torch
+
+from dockyard.algorithms import dynamic_sampling_mask, overlong_penalty, scale_rewards
+from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
+from dockyard.common.v1 import common_pb2
+from dockyard.config import MasterConfig, SamplingConfig
+from dockyard.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from dockyard.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+from dockyard.tasks.expr import Task, make_tasks, program_for
+
+log = structlog.get_logger()
+
+
+def reward_of(verdict: common_pb2.Verdict, kind: str) -> tuple[float, bool]:
+    """(reward, valid) of a verdict; ERROR is an infrastructure failure, not a zero."""
+    if verdict.status == common_pb2.VERDICT_STATUS_ERROR:
+        return 0.0, False
+    if kind == "all_pass":
+        return float(verdict.status == common_pb2.VERDICT_STATUS_PASSED), True
+    if verdict.tests_total == 0:
+        return 0.0, True
+    return verdict.tests_passed / verdict.tests_total, True
+
+
+def sampling_params(sampling: SamplingConfig, seed: int | None = None) -> common_pb2.SamplingParams:
+    params = common_pb2.SamplingParams(
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        max_new_tokens=sampling.max_new_tokens,
+        stop=sampling.stop_strings,
+    )
+    if seed is not None:
+        params.seed = seed
+    return params
+
+
+class TaskStream:
+    """Endless, seeded, epoch-shuffled stream of training tasks."""
+
+    def __init__(self, tasks: Sequence[Task], seed: int) -> None:
+        self._tasks = list(tasks)
+        self._rng = random.Random(seed)
+
+    def __iter__(self) -> Iterator[Task]:
+        while True:
+            order = self._tasks[:]
+            self._rng.shuffle(order)
+            yield from order
+
+
+def load_tasks(config: MasterConfig, split: str) -> list[Task]:
+    dataset = config.data.train if split == "train" else config.data.validation
+    return make_tasks(split, dataset.size, dataset.seed)
+
+
+@dataclass
+class CollectStats:
+    groups: int = 0
+    trajectories: int = 0
+    invalid: int = 0
+    dropped_uniform: int = 0
+    verdicts: dict[str, int] = field(default_factory=dict)
+    generated_tokens: int = 0
+
+
+class Collector:
+    def __init__(
+        self,
+        job_id: str,
+        config: MasterConfig,
+        rollout: rollout_pb2_grpc.RolloutServiceStub,
+        sandbox: sandbox_pb2_grpc.SandboxServiceStub,
+        buffer: buffer_pb2_grpc.BufferServiceStub,
+        *,
+        max_generations: int,
+        max_scoring: int,
+        generate_timeout: float,
+    ) -> None:
+        self.job_id = job_id
+        self.config = config
+        self.rollout, self.sandbox, self.buffer = rollout, sandbox, buffer
+        self._generations = asyncio.Semaphore(max_generations)
+        self._scoring = asyncio.Semaphore(max_scoring)
+        self._generate_timeout = generate_timeout
+        self.tasks = iter(TaskStream(load_tasks(config, "train"), config.grpo.seed))
+        limits = config.env.sandbox
+        self._limits = sandbox_pb2.Limits(
+            timeout_seconds=limits.timeout_seconds,
+            memory_mb=limits.memory_mb,
+            cpu_seconds=limits.cpu_seconds,
+            max_output_bytes=limits.max_output_bytes,
+        )
+
+    async def score(self, task: Task, completion_text: str, request_id: str) -> common_pb2.Verdict:
+        async with self._scoring:
+            try:
+                reply = await self.sandbox.RunTests(
+                    sandbox_pb2.RunTestsRequest(
+                        request_id=request_id,
+                        program=program_for(completion_text),
+                        tests=list(task.tests),
+                        limits=self._limits,
+                    ),
+                    timeout=self._limits.timeout_seconds + 30,
+                )
+            except grpc.aio.AioRpcError as exc:
+                log.warning("scoring failed", task=task.task_id, code=exc.code().name, error=exc.details())
+                return common_pb2.Verdict(
+                    status=common_pb2.VERDICT_STATUS_ERROR, error_message=f"sandbox: {exc.code().name}: {exc.details()}"
+                )
+            return reply.verdict
+
+    async def generate(
+        self, task: Task, n: int, sampling: SamplingConfig, request_id: str, seed: int | None = None
+    ) -> rollout_pb2.GenerateResponse:
+        async with self._generations:
+            return await self.rollout.Generate(
+                rollout_pb2.GenerateRequest(
+                    job_id=self.job_id,
+                    request_id=request_id,
+                    prompt=task.prompt,
+                    num_samples=n,
+                    sampling=sampling_params(sampling, seed),
+                ),
+                timeout=self._generate_timeout,
+            )
+
+    async def make_group(self, task: Task, group_id: str, seed: int) -> common_pb2.Group:
+        n = self.config.grpo.num_generations_per_prompt
+        reply = await self.generate(task, n, self.config.policy.generation, group_id, seed)
+        verdicts = await asyncio.gather(
+            *(self.score(task, c.text, f"{group_id}/{i}") for i, c in enumerate(reply.completions))
+        )
+        trajectories = []
+        for i, (completion, verdict) in enumerate(zip(reply.completions, verdicts, strict=True)):
+            reward, valid = reward_of(verdict, self.config.env.reward)
+            trajectories.append(
+                common_pb2.Trajectory(
+                    trajectory_id=f"{group_id}/{i}",
+                    prompt_token_ids=reply.prompt_token_ids,
+                    completion_token_ids=completion.token_ids,
+                    completion_logprobs=completion.logprobs,
+                    completion_text=completion.text,
+                    weight_version=reply.weight_version,
+                    reward=reward,
+                    valid=valid,
+                    verdict=verdict,
+                    finish_reason=completion.finish_reason,
+                )
+            )
+        self._shape(trajectories)
+        return common_pb2.Group(
+            group_id=group_id,
+            job_id=self.job_id,
+            task_id=task.task_id,
+            prompt=task.prompt,
+            weight_version=reply.weight_version,
+            trajectories=trajectories,
+        )
+
+    def _shape(self, trajectories: list[common_pb2.Trajectory]) -> None:
+        grpo = self.config.grpo
+        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float64)
+        if grpo.reward_shaping.enabled:
+            shaping = grpo.reward_shaping
+            lengths = torch.tensor([len(t.completion_token_ids) for t in trajectories])
+            rewards = rewards + overlong_penalty(
+                lengths, shaping.max_response_length, shaping.overlong_buffer_length, shaping.overlong_penalty
+            )
+        if grpo.reward_scaling.enabled:
+            s = grpo.reward_scaling
+            rewards = scale_rewards(rewards, s.source_min, s.source_max, s.target_min, s.target_max)
+        for t, r in zip(trajectories, rewards.tolist(), strict=True):
+            if t.valid:
+                t.reward = r
+
+    async def collect_step(self, step: int) -> CollectStats:
+        """Put num_prompts_per_step whole groups for `step` into the buffer."""
+        grpo = self.config.grpo
+        stats = CollectStats()
+        wanted = grpo.num_prompts_per_step
+        rounds = 1 + (grpo.dynamic_sampling.max_refills if grpo.dynamic_sampling.enabled else 0)
+        index = 0
+        for _ in range(rounds):
+            missing = wanted - stats.groups
+            if missing <= 0:
+                break
+            batch = []
+            for _ in range(missing):
+                batch.append((next(self.tasks), f"{self.job_id}/s{step}/g{index}", grpo.seed * 1_000_003 + step * 1009 + index))
+                index += 1
+            groups = await asyncio.gather(*(self.make_group(task, gid, seed) for task, gid, seed in batch))
+            for group in groups:
+                if grpo.dynamic_sampling.enabled and not _has_signal(group):
+                    stats.dropped_uniform += 1
+                    continue
+                await self.buffer.PutGroup(buffer_pb2.PutGroupRequest(group=group))
+                stats.groups += 1
+                for t in group.trajectories:
+                    stats.trajectories += 1
+                    stats.invalid += not t.valid
+                    stats.generated_tokens += len(t.completion_token_ids)
+                    name = common_pb2.VerdictStatus.Name(t.verdict.status).removeprefix("VERDICT_STATUS_").lower()
+                    stats.verdicts[name] = stats.verdicts.get(name, 0) + 1
+        if stats.groups == 0:
+            raise RuntimeError(
+                f"step {step}: every group had uniform rewards after {rounds} rounds of dynamic sampling"
+            )
+        return stats
+
+    async def validate(self, tasks: Sequence[Task], version: int) -> dict[str, float]:
+        """Greedy decoding of each validation task; pass rate = tasks whose every test passes."""
+        greedy = self.config.policy.generation.model_copy(update={"temperature": 0.0})
+
+        async def one(i: int, task: Task) -> tuple[bool, float, bool]:
+            reply = await self.generate(task, 1, greedy, f"{self.job_id}/val-v{version}/{i}")
+            verdict = await self.score(task, reply.completions[0].text, f"{self.job_id}/val-v{version}/{i}")
+            reward, valid = reward_of(verdict, "pass_fraction")
+            return verdict.status == common_pb2.VERDICT_STATUS_PASSED, reward, valid
+
+        results = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
+        valid = [r for r in results if r[2]]
+        return {
+            "pass_rate": sum(r[0] for r in valid) / max(len(valid), 1),
+            "test_pass_fraction": sum(r[1] for r in valid) / max(len(valid), 1),
+            "num_tasks": float(len(tasks)),
+            "invalid": float(len(results) - len(valid)),
+        }
+
+
+def _has_signal(group: common_pb2.Group) -> bool:
+    rewards = torch.tensor([t.reward for t in group.trajectories])
+    valid = torch.tensor([t.valid for t in group.trajectories])
+    return bool(dynamic_sampling_mask(rewards, torch.zeros(len(rewards), dtype=torch.long), valid).all())

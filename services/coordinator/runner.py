@@ -1,0 +1,189 @@
+"""One job's synchronous (on-policy) GRPO loop, driven from the coordinator.
+
+    load policy (trainer, rollout) ─> weights v0 ─> [validate]
+    for step in 1..max_num_steps:
+        collect (generate ─> score ─> buffer) ─> TrainStep ─> weight sync ─> [validate] [checkpoint]
+    [validate] ─> checkpoint ─> SUCCEEDED
+
+Guarantees: generation for step s uses the weights of version s − 1 (the
+rollout holds exactly the trainer's weights: both sides' checksums must
+agree after every sync); the job ends FAILED with the cause in its message
+on any error, CANCELLED on CancelJob, and both policies are unloaded either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from dataclasses import dataclass
+
+import grpc
+import structlog
+
+from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
+from dockyard.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from dockyard.sandbox.v1 import sandbox_pb2_grpc
+from dockyard.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+from services.coordinator.collector import Collector, load_tasks
+from services.coordinator.jobs import CANCELLED, FAILED, RUNNING, SUCCEEDED, JobRecord
+from services.coordinator.metrics import RunFolder
+from services.coordinator.settings import CoordinatorSettings
+
+log = structlog.get_logger()
+
+
+@dataclass
+class Stubs:
+    trainer: trainer_pb2_grpc.TrainerServiceStub
+    rollout: rollout_pb2_grpc.RolloutServiceStub
+    buffer: buffer_pb2_grpc.BufferServiceStub
+    sandbox: sandbox_pb2_grpc.SandboxServiceStub
+
+
+class JobRunner:
+    def __init__(self, record: JobRecord, stubs: Stubs, settings: CoordinatorSettings) -> None:
+        self.record = record
+        self.stubs = stubs
+        self.settings = settings
+        self.config = record.config
+        self.folder = RunFolder(Path(record.run_dir))
+        self.collector = Collector(
+            record.job_id,
+            record.config,
+            stubs.rollout,
+            stubs.sandbox,
+            stubs.buffer,
+            max_generations=settings.max_concurrent_generations,
+            max_scoring=settings.max_concurrent_scoring,
+            generate_timeout=settings.generate_timeout_seconds,
+        )
+        self._slow = settings.train_timeout_seconds
+
+    def _phase(self, phase: str) -> None:
+        self.record.touch(phase=phase)
+        log.info("phase", phase=phase, step=self.record.step)
+
+    async def run(self) -> None:
+        record = self.record
+        structlog.contextvars.bind_contextvars(job_id=record.job_id)
+        try:
+            record.transition(RUNNING)
+            await self._train()
+            record.transition(SUCCEEDED)
+            self._phase("done")
+        except asyncio.CancelledError:
+            if not record.finished:
+                record.transition(CANCELLED, "cancelled by request")
+            self._phase("cancelled")
+        except Exception as exc:
+            detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+            where = f" ({exc.code().name})" if isinstance(exc, grpc.aio.AioRpcError) else ""
+            log.exception("job failed", phase=record.phase)
+            if not record.finished:
+                record.transition(FAILED, f"{record.phase}{where}: {detail}")
+        finally:
+            await self._cleanup()
+
+    async def _train(self) -> None:
+        cfg, record, stubs = self.config, self.record, self.stubs
+        self._phase("loading policy")
+        yaml_text = record.config_yaml
+        await asyncio.gather(
+            stubs.trainer.LoadPolicy(trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=yaml_text), timeout=self._slow),
+            stubs.rollout.LoadPolicy(rollout_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=yaml_text), timeout=self._slow),
+        )
+        await self._sync_weights(0)
+        val_tasks = load_tasks(cfg, "validation")
+        if cfg.grpo.val_at_start:
+            await self._validate(0, val_tasks)
+        for step in range(1, cfg.grpo.max_num_steps + 1):
+            t0 = time.perf_counter()
+            self._phase("generating")
+            stats = await self.collector.collect_step(step)
+            t1 = time.perf_counter()
+            self._phase("training")
+            reply = await stubs.trainer.TrainStep(
+                trainer_pb2.TrainStepRequest(job_id=record.job_id, step=step), timeout=self._slow
+            )
+            t2 = time.perf_counter()
+            self._phase("syncing weights")
+            sync_seconds = await self._sync_weights(reply.weight_version)
+            t3 = time.perf_counter()
+            metrics = {
+                **reply.metrics,
+                "groups": float(stats.groups),
+                "invalid_trajectories": float(stats.invalid),
+                "dropped_uniform_groups": float(stats.dropped_uniform),
+                **{f"verdict_{name}": float(count) for name, count in stats.verdicts.items()},
+                "generate_score_seconds": t1 - t0,
+                "train_step_seconds": t2 - t1,
+                "weight_sync_seconds": t3 - t2,
+                "weight_sync_transfer_seconds": sync_seconds,
+                "step_seconds": t3 - t0,
+                "generated_tokens_per_second": stats.generated_tokens / max(t1 - t0, 1e-9),
+            }
+            self.folder.append("train", step, metrics)
+            record.touch(step=step, weight_version=reply.weight_version, metrics=metrics)
+            last = step == cfg.grpo.max_num_steps
+            if cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and not (last and cfg.grpo.val_at_end):
+                await self._validate(step, val_tasks)
+            if cfg.checkpointing.enabled and cfg.checkpointing.save_period and step % cfg.checkpointing.save_period == 0:
+                await self._checkpoint()
+        if cfg.grpo.val_at_end:
+            await self._validate(cfg.grpo.max_num_steps, val_tasks)
+        if cfg.checkpointing.enabled:
+            await self._checkpoint()
+
+    async def _sync_weights(self, version: int) -> float:
+        job_id = self.record.job_id
+        pushed, received = await asyncio.gather(
+            self.stubs.trainer.PushWeights(trainer_pb2.PushWeightsRequest(job_id=job_id), timeout=self._slow),
+            self.stubs.rollout.ReceiveWeights(
+                rollout_pb2.ReceiveWeightsRequest(job_id=job_id, weight_version=version), timeout=self._slow
+            ),
+        )
+        if pushed.checksum != received.checksum or received.weight_version != version:
+            raise RuntimeError(
+                f"weight sync of version {version} is corrupt: trainer sent {pushed.checksum[:12]}, "
+                f"rollout holds {received.checksum[:12]} at version {received.weight_version}"
+            )
+        return max(pushed.seconds, received.seconds)
+
+    async def _validate(self, step: int, tasks) -> None:
+        self._phase("validating")
+        values = await self.collector.validate(tasks, self.record.weight_version)
+        self.folder.append("validation", step, values)
+        self.record.touch(validation_metrics=values)
+        log.info("validation", step=step, pass_rate=round(values["pass_rate"], 4))
+
+    async def _checkpoint(self) -> None:
+        self._phase("checkpointing")
+        reply = await self.stubs.trainer.SaveCheckpoint(
+            trainer_pb2.SaveCheckpointRequest(job_id=self.record.job_id), timeout=self._slow
+        )
+        log.info("checkpoint saved", path=reply.path, step=reply.step)
+
+    async def _cleanup(self) -> None:
+        job_id = self.record.job_id
+        for unload in (
+            self.stubs.trainer.UnloadPolicy(trainer_pb2.UnloadPolicyRequest(job_id=job_id), timeout=30),
+            self.stubs.rollout.UnloadPolicy(rollout_pb2.UnloadPolicyRequest(job_id=job_id), timeout=30),
+        ):
+            try:
+                await unload
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.NOT_FOUND:
+                    log.warning("unload failed", code=exc.code().name, error=exc.details())
+        try:
+            stats = await self.stubs.buffer.GetStats(buffer_pb2.GetStatsRequest(job_id=job_id), timeout=10)
+            self.folder.append("buffer", self.record.step, {
+                "held": stats.held, "pending": stats.pending, "acked": stats.acked, "dropped_stale": stats.dropped_stale,
+            })
+        except grpc.aio.AioRpcError as exc:
+            log.warning("buffer stats unavailable", code=exc.code().name)
+        if self.config.logger.plot:
+            try:
+                await asyncio.to_thread(self.folder.plot)
+            except Exception:
+                log.exception("plot failed")

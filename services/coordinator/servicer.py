@@ -1,0 +1,148 @@
+"""CoordinatorService over gRPC: job CRUD, the weight-sync rendezvous, a runner per job."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import structlog
+
+from dockyard.buffer.v1 import buffer_pb2_grpc
+from dockyard.common.v1 import common_pb2
+from dockyard.config import ConfigError, load_config_text
+from dockyard.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
+from dockyard.rollout.v1 import rollout_pb2_grpc
+from dockyard.rpc.client import connect, health_status
+from dockyard.rpc.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from dockyard.sandbox.v1 import sandbox_pb2_grpc
+from dockyard.trainer.v1 import trainer_pb2_grpc
+from services.coordinator.jobs import CANCELLED, JobRecord
+from services.coordinator.metrics import RunFolder
+from services.coordinator.runner import JobRunner, Stubs
+from services.coordinator.settings import CoordinatorSettings
+
+log = structlog.get_logger()
+JOB_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+MEMBERS = ("trainer", "rollout")
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
+    def __init__(self, settings: CoordinatorSettings) -> None:
+        self.settings = settings
+        self.jobs: dict[str, JobRecord] = {}
+        self.runners: dict[str, asyncio.Task] = {}
+        self.sync_groups: dict[str, common_pb2.WeightSyncGroup] = {}
+        self._channels = {
+            name: connect(getattr(settings, f"{name}_address"), max_message_mb=settings.max_message_mb)
+            for name in ("trainer", "rollout", "buffer", "sandbox")
+        }
+        self.stubs = Stubs(
+            trainer=trainer_pb2_grpc.TrainerServiceStub(self._channels["trainer"]),
+            rollout=rollout_pb2_grpc.RolloutServiceStub(self._channels["rollout"]),
+            buffer=buffer_pb2_grpc.BufferServiceStub(self._channels["buffer"]),
+            sandbox=sandbox_pb2_grpc.SandboxServiceStub(self._channels["sandbox"]),
+        )
+
+    async def close(self) -> None:
+        for task in self.runners.values():
+            task.cancel()
+        await asyncio.gather(*self.runners.values(), return_exceptions=True)
+        for channel in self._channels.values():
+            await channel.close()
+
+    def _record(self, job_id: str) -> JobRecord:
+        if not job_id:
+            raise InvalidArgument("job_id is required")
+        try:
+            return self.jobs[job_id]
+        except KeyError:
+            raise NotFound(f"no job {job_id!r}") from None
+
+    async def _service_statuses(self) -> list[coordinator_pb2.ServiceStatus]:
+        names = list(self._channels)
+        addresses = [getattr(self.settings, f"{name}_address") for name in names]
+        statuses = await asyncio.gather(*(health_status(a, timeout=1.0) for a in addresses))
+        return [coordinator_pb2.ServiceStatus(name=n, address=a, status=s) for n, a, s in zip(names, addresses, statuses)]
+
+    async def CreateJob(
+        self, request: coordinator_pb2.CreateJobRequest, context: grpc.aio.ServicerContext
+    ) -> coordinator_pb2.CreateJobResponse:
+        if not request.config_yaml.strip():
+            raise InvalidArgument("config_yaml is empty: send the job config as YAML")
+        try:
+            config = load_config_text(request.config_yaml, origin="config_yaml")
+        except ConfigError as exc:
+            raise InvalidArgument(str(exc)) from None
+        resolved = config.resolved_yaml()
+        job_id = request.job_id
+        if job_id:
+            if not JOB_ID.match(job_id):
+                raise InvalidArgument(f"job_id {job_id!r} must match {JOB_ID.pattern}")
+            if job_id in self.jobs:
+                existing = self.jobs[job_id]
+                if existing.config_yaml != resolved:
+                    raise AlreadyExists(f"job {job_id!r} exists with a different config")
+                return coordinator_pb2.CreateJobResponse(job=existing.to_proto())
+        else:
+            job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        run_dir = Path(config.logger.log_dir) / job_id
+        RunFolder(run_dir).write_config(resolved)
+        record = JobRecord(job_id=job_id, config=config, config_yaml=resolved, run_dir=str(run_dir))
+        self.jobs[job_id] = record
+        self.runners[job_id] = asyncio.create_task(JobRunner(record, self.stubs, self.settings).run())
+        log.info("job created", job_id=job_id, run_dir=str(run_dir))
+        return coordinator_pb2.CreateJobResponse(job=record.to_proto())
+
+    async def GetJob(
+        self, request: coordinator_pb2.GetJobRequest, context: grpc.aio.ServicerContext
+    ) -> coordinator_pb2.GetJobResponse:
+        record = self._record(request.job_id)
+        return coordinator_pb2.GetJobResponse(job=record.to_proto(await self._service_statuses()))
+
+    async def ListJobs(
+        self, request: coordinator_pb2.ListJobsRequest, context: grpc.aio.ServicerContext
+    ) -> coordinator_pb2.ListJobsResponse:
+        records = sorted(self.jobs.values(), key=lambda r: r.created, reverse=True)
+        return coordinator_pb2.ListJobsResponse(jobs=[r.to_proto() for r in records])
+
+    async def CancelJob(
+        self, request: coordinator_pb2.CancelJobRequest, context: grpc.aio.ServicerContext
+    ) -> coordinator_pb2.CancelJobResponse:
+        record = self._record(request.job_id)
+        record.transition(CANCELLED, "cancelled by request")
+        task = self.runners.get(record.job_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        return coordinator_pb2.CancelJobResponse(job=record.to_proto())
+
+    async def GetWeightSyncGroup(
+        self, request: coordinator_pb2.GetWeightSyncGroupRequest, context: grpc.aio.ServicerContext
+    ) -> coordinator_pb2.GetWeightSyncGroupResponse:
+        record = self._record(request.job_id)
+        if request.member not in MEMBERS:
+            raise InvalidArgument(f"member must be one of {', '.join(MEMBERS)}, not {request.member!r}")
+        if record.finished:
+            raise FailedPrecondition(f"job {record.job_id} has finished; its side group is gone")
+        group = self.sync_groups.get(record.job_id)
+        if group is None:
+            port = self.settings.weight_sync_port or _free_port(self.settings.weight_sync_address)
+            group = self.sync_groups[record.job_id] = common_pb2.WeightSyncGroup(
+                master_address=self.settings.weight_sync_address,
+                master_port=port,
+                world_size=len(MEMBERS),
+                epoch=0,
+                backend=record.config.cluster.weight_sync_backend,
+            )
+        return coordinator_pb2.GetWeightSyncGroupResponse(group=group, rank=MEMBERS.index(request.member))

@@ -1,0 +1,25 @@
+"""Coordinator settings (DOCKYARD_COORDINATOR_*)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from dockyard.rpc.settings import ServiceSettings, default_address
+
+
+class CoordinatorSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="DOCKYARD_COORDINATOR_", extra="ignore")
+
+    trainer_address: str = Field(default_address("trainer"), description="Trainer host:port.")
+    rollout_address: str = Field(default_address("rollout"), description="Rollout host:port.")
+    buffer_address: str = Field(default_address("buffer"), description="Buffer host:port.")
+    sandbox_address: str = Field(default_address("sandbox"), description="Sandbox host:port.")
+    weight_sync_address: str = Field(
+        "127.0.0.1", description="Host where the trainer's rank 0 hosts the side-group store; rollouts must reach it."
+    )
+    weight_sync_port: int = Field(0, ge=0, le=65535, description="Its port; 0 picks a free port on this host.")
+    max_concurrent_generations: int = Field(4, ge=1, description="Generate calls in flight per job.")
+    max_concurrent_scoring: int = Field(8, ge=1, description="Sandbox calls in flight per job.")
+    generate_timeout_seconds: float = Field(300.0, gt=0, description="Deadline of one Generate call.")
+    train_timeout_seconds: float = Field(1800.0, gt=0, description="Deadline of LoadPolicy/TrainStep/weight sync.")

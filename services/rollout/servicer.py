@@ -1,0 +1,220 @@
+"""RolloutService over gRPC: one generation engine per job.
+
+    LoadPolicy ──parse config──> load_policy (worker thread) ──> engines[job_id]  (weight_version 0)
+    Generate   ──validate──> engines[job_id].generate ──> GenerateResponse
+    GetEngineInfo / UnloadPolicy ──> engines[job_id]
+
+Guarantees: a malformed request is refused with INVALID_ARGUMENT naming the
+field whatever the state; an unknown job is NOT_FOUND; loading and
+generation run in worker threads, so the server keeps answering (health
+included) while they run; a retried LoadPolicy for a loaded job changes
+nothing. A Generate without a `sampling` message uses the job's
+`policy.generation` defaults; one with it is taken literally (proto3: an unset
+temperature is 0, greedy). Weight versions are set only by the weight sync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from datetime import timedelta
+
+import grpc
+import structlog
+
+from dockyard.config import ConfigError, MasterConfig, load_config_text
+from dockyard.coordinator.v1 import coordinator_pb2_grpc
+from dockyard.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from dockyard.rpc.client import connect
+from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, Unimplemented
+from dockyard.weights.collective import SideGroup, SyncReport, receive_weights
+from dockyard.weights.rendezvous import current_side_group
+from services.rollout.engine import GenerationEngine, UnsupportedRequest
+from services.rollout.sampling import (
+    SamplingParams,
+    sampling_from_proto,
+    validate_num_samples,
+    validate_sampling,
+)
+from services.rollout.settings import RolloutSettings
+
+log = structlog.get_logger()
+
+
+def _require_job_id(job_id: str) -> None:
+    if not job_id:
+        raise InvalidArgument("job_id is empty")
+
+
+class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
+    """Engines by job id; the weight sync reaches them through `engines`."""
+
+    def __init__(self, settings: RolloutSettings) -> None:
+        self.settings = settings
+        self.engines: dict[str, GenerationEngine] = {}
+        self.configs: dict[str, MasterConfig] = {}
+        self.side_groups: dict[str, SideGroup] = {}
+        self._sync_lock = asyncio.Lock()
+        self._coordinator_channel = connect(
+            settings.coordinator_address,
+            idempotent=[("dockyard.coordinator.v1.CoordinatorService", "GetWeightSyncGroup")],
+        )
+        self.coordinator = coordinator_pb2_grpc.CoordinatorServiceStub(self._coordinator_channel)
+        # One load at a time: two concurrent loads of one job would build two engines.
+        self._load_lock = asyncio.Lock()
+
+    def engine(self, job_id: str) -> GenerationEngine:
+        """The job's engine, or NotFound."""
+        _require_job_id(job_id)
+        try:
+            return self.engines[job_id]
+        except KeyError:
+            raise NotFound(f"no policy loaded for job {job_id!r}; call LoadPolicy first") from None
+
+    async def LoadPolicy(
+        self, request: rollout_pb2.LoadPolicyRequest, context: grpc.aio.ServicerContext
+    ) -> rollout_pb2.LoadPolicyResponse:
+        _require_job_id(request.job_id)
+        if not request.config_yaml.strip():
+            raise InvalidArgument("config_yaml is empty")
+        try:
+            cfg = load_config_text(request.config_yaml, origin="config_yaml")
+        except ConfigError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if cfg.policy.generation.backend != "torch":
+            raise Unimplemented(
+                f"policy.generation.backend={cfg.policy.generation.backend!r} is not available on this replica; use torch"
+            )
+        async with self._load_lock:
+            engine = self.engines.get(request.job_id)
+            if engine is None:
+                engine = await asyncio.to_thread(self._build_engine, cfg)
+                self.engines[request.job_id] = engine
+                self.configs[request.job_id] = cfg
+                log.info("policy loaded", engine=engine.name, model=engine.model_name, device=self.settings.device)
+        return rollout_pb2.LoadPolicyResponse(engine=engine.name, weight_version=engine.weight_version)
+
+    def _build_engine(self, cfg: MasterConfig) -> GenerationEngine:
+        from dockyard.models.load import load_policy
+        from services.rollout.engine import TorchEngine
+
+        try:
+            model, tokenizer = load_policy(cfg.policy, self.settings.device)
+        except FileNotFoundError as exc:
+            raise FailedPrecondition(str(exc)) from None
+        return TorchEngine(model, tokenizer, self.settings.device, model_name=cfg.policy.model_name or "")
+
+    def _default_sampling(self, job_id: str) -> SamplingParams:
+        gen = self.configs[job_id].policy.generation
+        return validate_sampling(
+            temperature=gen.temperature,
+            top_p=gen.top_p,
+            top_k=gen.top_k,
+            max_new_tokens=gen.max_new_tokens,
+            stop=gen.stop_strings,
+            ignore_eos=False,
+            seed=None,
+            max_new_tokens_ceiling=self.settings.max_new_tokens_ceiling,
+            prefix="policy.generation.",
+        )
+
+    async def Generate(
+        self, request: rollout_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> rollout_pb2.GenerateResponse:
+        # Arguments first: INVALID_ARGUMENT does not depend on what is loaded.
+        _require_job_id(request.job_id)
+        num_samples = validate_num_samples(request.num_samples)
+        if not request.prompt:
+            raise InvalidArgument("prompt is empty")
+        sampling = None
+        if request.HasField("sampling"):
+            sampling = sampling_from_proto(
+                request.sampling, max_new_tokens_ceiling=self.settings.max_new_tokens_ceiling
+            )
+        engine = self.engine(request.job_id)
+        if sampling is None:
+            sampling = self._default_sampling(request.job_id)
+        try:
+            result = await engine.generate(request.prompt, num_samples, sampling)
+        except UnsupportedRequest as exc:
+            raise InvalidArgument(str(exc)) from None
+        return rollout_pb2.GenerateResponse(
+            prompt_token_ids=result.prompt_token_ids,
+            completions=[
+                rollout_pb2.Completion(
+                    token_ids=c.token_ids, logprobs=c.logprobs, text=c.text, finish_reason=c.finish_reason
+                )
+                for c in result.completions
+            ],
+            weight_version=result.weight_version,
+        )
+
+    async def ReceiveWeights(
+        self, request: rollout_pb2.ReceiveWeightsRequest, context: grpc.aio.ServicerContext
+    ) -> rollout_pb2.ReceiveWeightsResponse:
+        engine = self.engine(request.job_id)
+        if request.weight_version < 0:
+            raise InvalidArgument(f"weight_version must be >= 0, got {request.weight_version}")
+        async with self._sync_lock:
+            self.side_groups[request.job_id] = group = await current_side_group(
+                self.coordinator, request.job_id, "rollout", self.side_groups.get(request.job_id),
+                timedelta(seconds=self.settings.weight_sync_timeout_seconds),
+            )
+            bucket = self.configs[request.job_id].cluster.weight_sync_bucket_mb * 1024 * 1024
+
+            def load() -> SyncReport:
+                # Generations wait while the weights change, so none mixes two versions.
+                with engine.exclusive():
+                    report = receive_weights(group, list(engine.named_weights().items()), bucket)
+                    engine.set_weight_version(request.weight_version)
+                return report
+
+            report = await asyncio.to_thread(load)
+        log.info("weights received", version=request.weight_version, seconds=round(report.seconds, 3))
+        return rollout_pb2.ReceiveWeightsResponse(
+            weight_version=request.weight_version,
+            checksum=report.checksum,
+            num_bytes=report.num_bytes,
+            seconds=report.seconds,
+        )
+
+    async def GetEngineInfo(
+        self, request: rollout_pb2.GetEngineInfoRequest, context: grpc.aio.ServicerContext
+    ) -> rollout_pb2.GetEngineInfoResponse:
+        engine = self.engine(request.job_id)
+        return rollout_pb2.GetEngineInfoResponse(
+            engine=engine.name,
+            model=engine.model_name,
+            weight_version=engine.weight_version,
+            num_parameters=engine.num_parameters,
+        )
+
+    async def UnloadPolicy(
+        self, request: rollout_pb2.UnloadPolicyRequest, context: grpc.aio.ServicerContext
+    ) -> rollout_pb2.UnloadPolicyResponse:
+        self.engine(request.job_id)
+        async with self._load_lock:
+            self.engines.pop(request.job_id, None)
+            self.configs.pop(request.job_id, None)
+            if (group := self.side_groups.pop(request.job_id, None)) is not None:
+                group.close()
+        _free_memory()
+        log.info("policy unloaded")
+        return rollout_pb2.UnloadPolicyResponse()
+
+    async def close(self) -> None:
+        for group in self.side_groups.values():
+            group.close()
+        self.side_groups.clear()
+        await self._coordinator_channel.close()
+        self.engines.clear()
+        self.configs.clear()
+        _free_memory()
+
+
+def _free_memory() -> None:
+    gc.collect()
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -1,0 +1,27 @@
+"""Settings of the rollout service, read from DOCKYARD_ROLLOUT_* environment variables.
+
+A bad value (a non-positive ceiling or thread count) fails here, at startup,
+with pydantic's message naming the field.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from dockyard.rpc.settings import ServiceSettings, default_address
+
+
+class RolloutSettings(ServiceSettings):
+    """The rollout replica's own settings on top of host, port and limits."""
+
+    model_config = SettingsConfigDict(env_prefix="DOCKYARD_ROLLOUT_", extra="ignore")
+
+    coordinator_address: str = Field(default_address("coordinator"), description="Coordinator to register with.")
+    device: str = Field("cpu", description="Where engines put the policy: cpu, cuda or cuda:N.")
+    max_new_tokens_ceiling: int = Field(
+        4096, ge=1, description="Largest max_new_tokens a Generate request may ask for on this replica."
+    )
+    replica_id: str = Field("rollout-0", min_length=1, description="This replica's name in the fleet.")
+    num_threads: int | None = Field(None, ge=1, description="torch intra-op threads; unset keeps torch's default.")
+    weight_sync_timeout_seconds: float = Field(120.0, gt=0, description="Side-group collective timeout.")

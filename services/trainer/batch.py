@@ -1,0 +1,72 @@
+"""Experience (proto groups) → padded training tensors.
+
+    Group[Trajectory(prompt ids, completion ids, gen logprobs, reward, valid)]
+        ──> input_ids [B, L], attention_mask [B, L],
+            token_mask / generation_logprobs [B, L-1]  (aligned with next-token logits)
+            rewards, valid, group_ids [B]
+
+Guarantees: position t of the [B, L-1] tensors scores token t+1 of the
+sequence, so `log_softmax(logits[:, :-1])` gathered at `input_ids[:, 1:]`
+lines up with token_mask and generation_logprobs; only completion tokens are
+in token_mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dockyard.common.v1 import common_pb2
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    token_mask: torch.Tensor
+    generation_logprobs: torch.Tensor
+    rewards: torch.Tensor
+    valid: torch.Tensor
+    group_ids: torch.Tensor
+    weight_versions: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def slice(self, start: int, stop: int) -> Batch:
+        return Batch(**{name: value[start:stop] for name, value in vars(self).items()})
+
+
+def build_batch(groups: Sequence[common_pb2.Group], pad_token_id: int) -> Batch:
+    rows = [(g, t) for g_index, g in enumerate(groups) for t in g.trajectories]
+    if not rows:
+        raise ValueError("no trajectories to train on")
+    length = max(len(t.prompt_token_ids) + len(t.completion_token_ids) for _, t in rows)
+    n = len(rows)
+    input_ids = torch.full((n, length), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, length), dtype=torch.long)
+    token_mask = torch.zeros((n, length - 1), dtype=torch.float32)
+    gen_logprobs = torch.zeros((n, length - 1), dtype=torch.float32)
+    group_index = {g.group_id: i for i, g in enumerate(groups)}
+    for row, (group, traj) in enumerate(rows):
+        prompt, completion = list(traj.prompt_token_ids), list(traj.completion_token_ids)
+        ids = prompt + completion
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        attention_mask[row, : len(ids)] = 1
+        # completion token j sits at sequence position len(prompt) + j and is
+        # predicted by the logits at the position before it.
+        start, stop = len(prompt) - 1, len(prompt) - 1 + len(completion)
+        token_mask[row, start:stop] = 1.0
+        gen_logprobs[row, start:stop] = torch.tensor(list(traj.completion_logprobs), dtype=torch.float32)
+    return Batch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        token_mask=token_mask,
+        generation_logprobs=gen_logprobs,
+        rewards=torch.tensor([t.reward for _, t in rows], dtype=torch.float32),
+        valid=torch.tensor([t.valid for _, t in rows], dtype=torch.bool),
+        group_ids=torch.tensor([group_index[g.group_id] for g, _ in rows], dtype=torch.long),
+        weight_versions=torch.tensor([t.weight_version for _, t in rows], dtype=torch.long),
+    )

@@ -1,0 +1,168 @@
+"""TrainerService over gRPC: one PolicyTrainer per job, calls serialised per job."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import grpc
+import structlog
+
+from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
+from dockyard.config import ConfigError, load_config_text
+from dockyard.coordinator.v1 import coordinator_pb2_grpc
+from dockyard.rpc.client import connect
+from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound
+from dockyard.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+from dockyard.weights.collective import SideGroup, send_weights
+from dockyard.weights.rendezvous import current_side_group
+from services.trainer.policy import PolicyTrainer
+from services.trainer.settings import TrainerSettings
+
+log = structlog.get_logger()
+
+
+@dataclass
+class TrainerJob:
+    job_id: str
+    policy: PolicyTrainer
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    side_group: SideGroup | None = None
+
+
+class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
+    def __init__(self, settings: TrainerSettings) -> None:
+        self.settings = settings
+        self.jobs: dict[str, TrainerJob] = {}
+        self._loading: dict[str, asyncio.Lock] = {}
+        self._buffer_channel = connect(
+            settings.buffer_address,
+            max_message_mb=settings.max_message_mb,
+            idempotent=[("dockyard.buffer.v1.BufferService", "GetStats")],
+        )
+        self.buffer = buffer_pb2_grpc.BufferServiceStub(self._buffer_channel)
+        self._coordinator_channel = connect(
+            settings.coordinator_address,
+            idempotent=[("dockyard.coordinator.v1.CoordinatorService", "GetWeightSyncGroup")],
+        )
+        self.coordinator = coordinator_pb2_grpc.CoordinatorServiceStub(self._coordinator_channel)
+
+    async def close(self) -> None:
+        for job in self.jobs.values():
+            if job.side_group is not None:
+                job.side_group.close()
+        await self._buffer_channel.close()
+        await self._coordinator_channel.close()
+
+    def _job(self, job_id: str) -> TrainerJob:
+        if not job_id:
+            raise InvalidArgument("job_id is required")
+        try:
+            return self.jobs[job_id]
+        except KeyError:
+            raise NotFound(f"no policy loaded for job {job_id!r}; call LoadPolicy first") from None
+
+    async def LoadPolicy(
+        self, request: trainer_pb2.LoadPolicyRequest, context: grpc.aio.ServicerContext
+    ) -> trainer_pb2.LoadPolicyResponse:
+        if not request.job_id:
+            raise InvalidArgument("job_id is required")
+        try:
+            config = load_config_text(request.config_yaml, origin="config_yaml")
+        except ConfigError as exc:
+            raise InvalidArgument(str(exc)) from None
+        async with self._loading.setdefault(request.job_id, asyncio.Lock()):
+            job = self.jobs.get(request.job_id)
+            if job is None:
+                try:
+                    policy = await asyncio.to_thread(PolicyTrainer, config, self.settings.device)
+                except (FileNotFoundError, ValueError) as exc:
+                    raise FailedPrecondition(f"cannot load the policy: {exc}") from None
+                job = self.jobs[request.job_id] = TrainerJob(request.job_id, policy)
+                log.info("policy loaded", parameters=policy.num_parameters())
+        return trainer_pb2.LoadPolicyResponse(
+            weight_version=job.policy.weight_version, num_parameters=job.policy.num_parameters()
+        )
+
+    async def TrainStep(
+        self, request: trainer_pb2.TrainStepRequest, context: grpc.aio.ServicerContext
+    ) -> trainer_pb2.TrainStepResponse:
+        job = self._job(request.job_id)
+        async with job.lock:
+            policy = job.policy
+            expected = policy.weight_version + 1
+            if request.step != expected:
+                raise FailedPrecondition(
+                    f"the trainer has taken {policy.weight_version} steps; the next step is {expected}, not {request.step}"
+                )
+            grpo = policy.config.grpo
+            reply = await self.buffer.SampleGroups(
+                buffer_pb2.SampleGroupsRequest(
+                    job_id=job.job_id,
+                    trainer_step=policy.weight_version,
+                    max_groups=grpo.num_prompts_per_step,
+                    max_trajectory_age_steps=grpo.max_trajectory_age_steps,
+                )
+            )
+            groups = list(reply.groups)
+            if not groups:
+                raise FailedPrecondition(
+                    f"the buffer holds no fresh groups for step {request.step} "
+                    f"({reply.dropped_stale} dropped as stale); put experience first"
+                )
+            metrics = await asyncio.to_thread(policy.train_step, groups)
+            # Acked only now: a trainer that died before this line leaves them pending.
+            await self.buffer.AckGroups(
+                buffer_pb2.AckGroupsRequest(job_id=job.job_id, group_ids=[g.group_id for g in groups])
+            )
+            metrics["groups_dropped_stale"] = float(reply.dropped_stale)
+            log.info("step done", step=request.step, loss=round(metrics["loss"], 5))
+            return trainer_pb2.TrainStepResponse(
+                weight_version=policy.weight_version,
+                groups_trained=len(groups),
+                trajectories_trained=sum(len(g.trajectories) for g in groups),
+                groups_dropped_stale=reply.dropped_stale,
+                metrics=metrics,
+            )
+
+    async def PushWeights(
+        self, request: trainer_pb2.PushWeightsRequest, context: grpc.aio.ServicerContext
+    ) -> trainer_pb2.PushWeightsResponse:
+        job = self._job(request.job_id)
+        async with job.lock:
+            job.side_group = group = await current_side_group(
+                self.coordinator, job.job_id, "trainer", job.side_group,
+                timedelta(seconds=self.settings.weight_sync_timeout_seconds),
+            )
+            bucket = job.policy.config.cluster.weight_sync_bucket_mb * 1024 * 1024
+            report = await asyncio.to_thread(send_weights, group, job.policy.named_weights(), bucket)
+            log.info("weights pushed", version=job.policy.weight_version, mb=round(report.num_bytes / 2**20, 2),
+                     seconds=round(report.seconds, 3))
+            return trainer_pb2.PushWeightsResponse(
+                weight_version=job.policy.weight_version,
+                checksum=report.checksum,
+                num_bytes=report.num_bytes,
+                seconds=report.seconds,
+            )
+
+    async def SaveCheckpoint(
+        self, request: trainer_pb2.SaveCheckpointRequest, context: grpc.aio.ServicerContext
+    ) -> trainer_pb2.SaveCheckpointResponse:
+        job = self._job(request.job_id)
+        async with job.lock:
+            policy = job.policy
+            folder = Path(policy.config.logger.log_dir) / job.job_id / "checkpoints" / f"step-{policy.weight_version}"
+            path = await asyncio.to_thread(policy.save, folder)
+            return trainer_pb2.SaveCheckpointResponse(path=str(path), step=policy.weight_version)
+
+    async def UnloadPolicy(
+        self, request: trainer_pb2.UnloadPolicyRequest, context: grpc.aio.ServicerContext
+    ) -> trainer_pb2.UnloadPolicyResponse:
+        job = self._job(request.job_id)
+        async with job.lock:
+            if job.side_group is not None:
+                job.side_group.close()
+            del self.jobs[request.job_id]
+        return trainer_pb2.UnloadPolicyResponse()

@@ -1,0 +1,58 @@
+"""The whole loop across five real processes: `dockyard run` on a shortened tiny recipe."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+SHORT = [
+    "grpo.max_num_steps=2",
+    "grpo.num_prompts_per_step=2",
+    "grpo.num_generations_per_prompt=4",
+    "grpo.val_period=1",
+    "data.validation.size=8",
+    "policy.bootstrap.steps=30",
+]
+
+
+def _no_service_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if " -m services." in line]
+
+
+def test_dockyard_run_trains_to_succeeded_and_writes_the_run_folder(tmp_path: Path) -> None:
+    model_dir, runs = tmp_path / "model", tmp_path / "runs"
+    overrides = [*SHORT, f"policy.model_name={model_dir}", f"logger.log_dir={runs}"]
+    result = subprocess.run(
+        [sys.executable, "-m", "dockyard.cli", "run", "examples/configs/tiny_expr.yaml", *overrides],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "SUCCEEDED" in result.stdout
+
+    [run_dir] = [p for p in runs.iterdir() if p.name != "logs"]
+    assert (run_dir / "config.yaml").is_file()
+    assert (run_dir / "curves.png").stat().st_size > 1000
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    val = [r for r in records if r["kind"] == "validation"]
+    assert [r["step"] for r in train] == [1, 2]
+    assert [r["step"] for r in val] == [0, 1, 2]
+    for r in train:
+        assert r["num_trajectories"] == 8 and r["weight_version"] == r["step"]
+        assert 0.0 <= r["reward_mean"] <= 1.0
+    for r in val:
+        assert r["num_tasks"] == 8 and 0.0 <= r["pass_rate"] <= 1.0
+    # The final checkpoint is a Hugging Face folder.
+    model = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "step-2")
+    assert model.num_parameters() > 0
+    assert _no_service_processes() == []
