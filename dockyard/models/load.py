@@ -3,7 +3,9 @@
 A local Hugging Face folder goes through AutoModelForCausalLM/AutoTokenizer
 .from_pretrained, exactly as a real checkpoint would; an architecture given
 in `policy.model` is built with random weights and the built-in character
-tokenizer. Nothing is ever downloaded from a hub.
+tokenizer. Nothing is ever downloaded from a hub. A missing folder raises
+FileNotFoundError (it may appear later); an architecture that cannot be
+built raises ConfigError (it never will).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from dockyard.config import PolicyConfig
+from dockyard.config import ConfigError, PolicyConfig
 from dockyard.models.build import build_random_model
 from dockyard.models.tokenizer import build_char_tokenizer
 
@@ -33,7 +35,10 @@ def load_policy(policy: PolicyConfig, device: str = "cpu") -> tuple[PreTrainedMo
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     else:
         tokenizer = build_char_tokenizer()
-        model = build_random_model(policy.model, vocab_size=len(tokenizer), seed=policy.seed).to(dtype)
+        try:
+            model = build_random_model(policy.model, vocab_size=len(tokenizer), seed=policy.seed).to(dtype)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            raise ConfigError(f"policy.model: cannot build a {policy.model.get('model_type')!r} model: {exc}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device), tokenizer

@@ -100,6 +100,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
         try:
             model, tokenizer = load_policy(cfg.policy, self.settings.device)
+        except ConfigError as exc:
+            raise InvalidArgument(str(exc)) from None
         except FileNotFoundError as exc:
             raise FailedPrecondition(str(exc)) from None
         return TorchEngine(model, tokenizer, self.settings.device, model_name=cfg.policy.model_name or "")

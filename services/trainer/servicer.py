@@ -78,7 +78,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             if job is None:
                 try:
                     policy = await asyncio.to_thread(PolicyTrainer, config, self.settings.device)
-                except (FileNotFoundError, ValueError) as exc:
+                except ConfigError as exc:
+                    raise InvalidArgument(str(exc)) from None
+                except FileNotFoundError as exc:
                     raise FailedPrecondition(f"cannot load the policy: {exc}") from None
                 job = self.jobs[request.job_id] = TrainerJob(request.job_id, policy)
                 log.info("policy loaded", parameters=policy.num_parameters())

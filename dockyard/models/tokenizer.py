@@ -1,0 +1,50 @@
+"""Character-level tokenizer for the tiny recipe.
+
+``build_char_tokenizer`` returns a ``PreTrainedTokenizerFast`` in which every
+character of ``CHARSET`` is exactly one token and decoding concatenates
+tokens, so ``decode(encode(s)) == s`` for any string over ``CHARSET``. Any
+other character maps to ``<unk>``. Special tokens are ``<pad>`` (id 0),
+``<eos>`` (id 1), ``<bos>`` (id 2) and ``<unk>`` (id 3); no special token is
+added on encode, callers append ``<eos>`` where they need it. Ids are fixed
+by ``CHARSET``, and the tokenizer survives ``save_pretrained`` +
+``AutoTokenizer.from_pretrained`` unchanged.
+"""
+
+from __future__ import annotations
+
+import string
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+PAD, EOS, BOS, UNK = "<pad>", "<eos>", "<bos>", "<unk>"
+SPECIAL_TOKENS: tuple[str, ...] = (PAD, EOS, BOS, UNK)
+
+# Everything the expression tasks and plausible completions use, plus the rest
+# of the lowercase alphabet and some punctuation so a sampled completion like
+# "abs(x)" or "x**2" stays representable.
+CHARSET: str = (
+    string.digits
+    + string.ascii_lowercase
+    + " \n=()+-*/%<>!&|^~,.:_[]"
+)
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """A fresh character-level tokenizer over ``CHARSET``."""
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in CHARSET:
+        vocab.setdefault(ch, len(vocab))
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    # One token per character, newlines and spaces included.
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token=PAD,
+        eos_token=EOS,
+        bos_token=BOS,
+        unk_token=UNK,
+        padding_side="right",
+        clean_up_tokenization_spaces=False,
+    )

@@ -1,0 +1,1 @@
+"""End-to-end recipes built from the project's tasks and models."""

@@ -1,0 +1,206 @@
+"""Tiny recipe: warm start for integer-function synthesis on a CPU.
+
+``warm_start`` trains a randomly initialised character-level causal LM with
+supervised fine-tuning on ``make_tasks("train", ...)`` (prompt followed by the
+reference expression and ``<eos>``; cross-entropy on the completion tokens
+only) and writes a complete Hugging Face folder: weights as safetensors,
+config, generation config, tokenizer, and ``warm_start.json`` with the
+training settings and loss curve summary. The folder loads with
+``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained``.
+
+Guarantees:
+
+* The folder is assembled under a temporary sibling name and renamed into
+  place only when complete, so ``out_dir`` is either absent, the previous
+  complete folder, or the new complete folder. An existing ``out_dir`` is
+  replaced.
+* For a fixed seed, config and thread count the written weights are
+  identical across runs (CPU, float32).
+* ``AutoTokenizer.from_pretrained(out_dir)`` encodes exactly like the
+  character tokenizer that was trained with; a model type for which it would
+  not (``qwen2`` makes AutoTokenizer substitute its own class) is refused
+  with ``ValueError`` before anything is renamed into place.
+* ``num_threads`` applies to the training only; the previous torch setting is
+  restored afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
+
+from dockyard.models.build import DEFAULT_MODEL, build_random_model
+from dockyard.models.tokenizer import build_char_tokenizer
+from dockyard.tasks.expr import Task, make_tasks
+
+# Hyperparameters measured to give a visible GRPO gain on 2 CPU cores.
+RECIPE_MODEL: dict[str, Any] = dict(DEFAULT_MODEL)
+RECIPE_WARM_START: dict[str, Any] = {"steps": 600, "lr": 3e-3, "batch_size": 32}
+MAX_NEW_TOKENS = 16
+
+WARM_START_META = "warm_start.json"
+
+
+def encode_sft_batch(
+    tokenizer: PreTrainedTokenizerFast, tasks: Sequence[Task]
+) -> dict[str, torch.Tensor]:
+    """Right-padded ids, attention mask and labels masked to the completion."""
+    rows: list[tuple[list[int], list[int]]] = []
+    for task in tasks:
+        prompt = tokenizer(task.prompt, add_special_tokens=False)["input_ids"]
+        completion = tokenizer(task.solution, add_special_tokens=False)["input_ids"]
+        completion = completion + [tokenizer.eos_token_id]
+        rows.append((prompt + completion, [-100] * len(prompt) + completion))
+    width = max(len(ids) for ids, _ in rows)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (ids, labs) in enumerate(rows):
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        labels[i, : len(labs)] = torch.tensor(labs)
+        attention[i, : len(ids)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+
+
+def _lr_factor(step: int, steps: int) -> float:
+    # Short linear warmup, then cosine decay to 10% of the peak.
+    warmup = max(1, steps // 20)
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def warm_start(
+    out_dir: Path,
+    *,
+    model: dict[str, Any],
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    num_threads: int | None = None,
+    progress: Callable[[int, float], None] | None = None,
+) -> Path:
+    """Train the SFT warm start and write it to ``out_dir``; returns ``out_dir``."""
+    if steps < 1 or batch_size < 1:
+        raise ValueError("steps and batch_size must be >= 1")
+    out_dir = Path(out_dir)
+    previous_threads = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    try:
+        started = time.monotonic()
+        tokenizer = build_char_tokenizer()
+        policy = build_random_model(
+            model,
+            vocab_size=len(tokenizer),
+            seed=seed,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+        )
+        losses = _train(policy, tokenizer, steps, lr, batch_size, seed, progress)
+        elapsed = time.monotonic() - started
+    finally:
+        torch.set_num_threads(previous_threads)
+
+    policy.generation_config = GenerationConfig(
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        max_new_tokens=MAX_NEW_TOKENS,
+    )
+    meta = {
+        "recipe": "tiny_expr",
+        "model": {**DEFAULT_MODEL, **model},
+        "steps": steps,
+        "lr": lr,
+        "batch_size": batch_size,
+        "seed": seed,
+        "num_threads": num_threads,
+        "first_loss": losses[0],
+        "final_loss": sum(losses[-10:]) / len(losses[-10:]),
+        "train_seconds": round(elapsed, 3),
+    }
+    _write_atomically(out_dir, policy, tokenizer, meta)
+    return out_dir
+
+
+def _train(
+    policy: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerFast,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    progress: Callable[[int, float], None] | None,
+) -> list[float]:
+    tasks = make_tasks("train", steps * batch_size, seed=seed)
+    # make_tasks walks permutations of the pool; shuffle once more so a batch
+    # mixes the end of one permutation with others deterministically.
+    random.Random(seed).shuffle(tasks)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+    policy.train()
+    losses: list[float] = []
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr * _lr_factor(step, steps)
+        batch = encode_sft_batch(tokenizer, tasks[step * batch_size : (step + 1) * batch_size])
+        loss = policy(**batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        if progress is not None:
+            progress(step, losses[-1])
+    policy.eval()
+    return losses
+
+
+def _check_tokenizer_reloads(folder: Path, tokenizer: PreTrainedTokenizerFast) -> None:
+    # Some model types make AutoTokenizer substitute their own tokenizer class
+    # (e.g. qwen2), which would silently re-tokenize every prompt.
+    probe = "f(0)=-3 f(1)=10\nf(x)= x%4+9"
+    loaded = AutoTokenizer.from_pretrained(folder)
+    expected = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    if loaded(probe, add_special_tokens=False)["input_ids"] != expected:
+        raise ValueError(
+            f"AutoTokenizer loads {type(loaded).__name__} from {folder}, which does not "
+            "reproduce the character tokenizer; choose another model_type"
+        )
+
+
+def _write_atomically(
+    out_dir: Path,
+    policy: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerFast,
+    meta: dict[str, Any],
+) -> None:
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    retired = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        policy.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        (staging / WARM_START_META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        _check_tokenizer_reloads(staging, tokenizer)
+        if out_dir.exists():
+            os.replace(out_dir, retired)
+        os.replace(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(retired, ignore_errors=True)

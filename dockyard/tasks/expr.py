@@ -1,0 +1,153 @@
+"""Integer-function synthesis tasks for the tiny recipe.
+
+A task shows input/output examples of an unknown integer function ``f`` and
+asks for a Python expression in ``x`` that computes it::
+
+    f(0)=1 f(1)=3 f(2)=5 f(3)=7 f(4)=9 f(5)=11
+    f(x)=
+
+with reference completion ``2*x+1``.
+
+Guarantees:
+
+* The function family is a fixed, ordered list of expression templates with a
+  difficulty gradient (``x+b`` and ``a*x`` up to ``x%k+b`` and ``a*x*x``).
+  Every function is identified by its *signature*: its outputs on all test
+  inputs. Functions with a signature already produced by a simpler template
+  are dropped, so each task has one canonical reference ``solution`` and no
+  two tasks differ only in how the same function is written.
+* The ``train`` and ``validation`` splits are disjoint at the function level:
+  the split of a function is decided by a hash of its signature, so a
+  validation function never appears in training under any spelling.
+* The prompt shows ``f`` at ``SHOWN_INPUTS``; ``tests`` assert ``f`` at those
+  inputs and at ``HELD_OUT_INPUTS``. The held-out points reward the function
+  rather than a fit to the shown points, and make partial credit (fraction of
+  tests passed) informative: a wrong guess that still matches some points
+  earns something, an exact one earns 1.0.
+* ``make_tasks`` is deterministic for ``(split, n, seed)``. It walks a seeded
+  permutation of the split's functions and starts a new permutation when it
+  runs out, so ``n`` may exceed the number of distinct functions (useful for
+  training; a validation set should keep ``n <= pool size`` to avoid repeats,
+  see ``pool_size``).
+* ``program_for`` turns a completion into the program the sandbox runs: only
+  the first line of the completion is used, as the body of ``f``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+
+SHOWN_INPUTS: tuple[int, ...] = (0, 1, 2, 3, 4, 5)
+HELD_OUT_INPUTS: tuple[int, ...] = (7, 10)
+TEST_INPUTS: tuple[int, ...] = SHOWN_INPUTS + HELD_OUT_INPUTS
+
+# Roughly one function in four goes to validation.
+_VALIDATION_BUCKETS = 4
+SPLITS = ("train", "validation")
+
+
+@dataclass(frozen=True)
+class Task:
+    task_id: str
+    prompt: str
+    tests: tuple[str, ...]  # Python assert statements calling f(x)
+    solution: str  # reference completion (expression text, no trailing newline)
+
+
+def _templates() -> list[tuple[str, str]]:
+    """(family, expression) in order of increasing difficulty."""
+    out: list[tuple[str, str]] = []
+    out += [("x+b", f"x+{b}") for b in range(1, 31)]
+    out += [("a*x", f"{a}*x") for a in range(2, 10)]
+    out += [("x-b", f"x-{b}") for b in range(1, 10)]
+    out += [("b-x", f"{b}-x") for b in range(1, 21)]
+    out += [("a*x+b", f"{a}*x+{b}") for a in range(2, 10) for b in range(1, 31)]
+    out += [("a*x-b", f"{a}*x-{b}") for a in range(2, 10) for b in range(1, 10)]
+    out += [("x%k", f"x%{k}") for k in range(2, 6)]
+    out += [("x//k", f"x//{k}") for k in range(2, 6)]
+    out += [("x*x+b", "x*x" if b == 0 else f"x*x+{b}") for b in range(0, 21)]
+    out += [("x*x-b", f"x*x-{b}") for b in range(1, 10)]
+    out += [("x%k+b", f"x%{k}+{b}") for k in range(2, 6) for b in range(1, 10)]
+    out += [("a*x*x", f"{a}*x*x") for a in range(2, 6)]
+    return out
+
+
+def _evaluate(expr: str, x: int) -> int:
+    # The templates are fixed literals above, never user input.
+    return int(eval(expr, {"__builtins__": {}}, {"x": x}))
+
+
+def _split_of(signature: tuple[int, ...]) -> str:
+    digest = hashlib.sha256(repr(signature).encode()).digest()
+    return "validation" if digest[0] % _VALIDATION_BUCKETS == 0 else "train"
+
+
+@lru_cache(maxsize=None)
+def _pool(split: str) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """Canonical (family, solution, outputs) of every function in a split."""
+    seen_shown: set[tuple[int, ...]] = set()
+    pool = []
+    for family, expr in _templates():
+        outputs = tuple(_evaluate(expr, x) for x in TEST_INPUTS)
+        shown = outputs[: len(SHOWN_INPUTS)]
+        # A function is only a task if the shown examples identify it: the
+        # simpler template wins any tie, so the reference is unambiguous.
+        if shown in seen_shown:
+            continue
+        seen_shown.add(shown)
+        if _split_of(outputs) == split:
+            pool.append((family, expr, outputs))
+    return tuple(pool)
+
+
+def pool_size(split: str) -> int:
+    """Number of distinct functions in a split."""
+    _check_split(split)
+    return len(_pool(split))
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+
+
+def _prompt(outputs: tuple[int, ...]) -> str:
+    shown = " ".join(f"f({x})={y}" for x, y in zip(SHOWN_INPUTS, outputs))
+    return f"{shown}\nf(x)="
+
+
+def _task(split: str, index: int, family: str, expr: str, outputs: tuple[int, ...]) -> Task:
+    tests = tuple(f"assert f({x}) == {y}" for x, y in zip(TEST_INPUTS, outputs))
+    return Task(
+        task_id=f"expr-{split}-{index:06d}-{family}",
+        prompt=_prompt(outputs),
+        tests=tests,
+        solution=expr,
+    )
+
+
+def make_tasks(split: str, n: int, seed: int = 0) -> list[Task]:
+    """``n`` tasks of ``split``, deterministic for ``(split, n, seed)``."""
+    _check_split(split)
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    pool = _pool(split)
+    rng = random.Random(f"expr:{split}:{seed}")
+    tasks: list[Task] = []
+    order: list[int] = []
+    while len(tasks) < n:
+        if not order:
+            order = list(range(len(pool)))
+            rng.shuffle(order)
+        family, expr, outputs = pool[order.pop()]
+        tasks.append(_task(split, len(tasks), family, expr, outputs))
+    return tasks
+
+
+def program_for(completion: str) -> str:
+    """Program source defining ``f`` from the first line of ``completion``."""
+    body = completion.split("\n", 1)[0].strip()
+    return f"def f(x):\n    return {body}\n"

@@ -1,0 +1,103 @@
+"""CoordinatorService on a real server: job CRUD, state machine, refusals.
+
+The rendezvous of a running job is checked in tests/integration/test_local_stack.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+
+from dockyard.coordinator.v1 import coordinator_pb2 as pb
+from dockyard.coordinator.v1 import coordinator_pb2_grpc
+from dockyard.rpc.client import connect
+from tests.conftest import free_port
+
+CONFIG = """
+policy:
+  model: {model_type: qwen2, hidden_size: 32}
+  train_global_batch_size: 4
+grpo: {num_prompts_per_step: 1, num_generations_per_prompt: 4, max_num_steps: 3}
+logger: {log_dir: LOG_DIR}
+"""
+
+
+@pytest.fixture
+def coordinator(start_service, tmp_path: Path):
+    # Peers point at closed ports: every job fails fast and explains why.
+    dead = f"127.0.0.1:{free_port()}"
+    env = {f"DOCKYARD_COORDINATOR_{peer}_ADDRESS": dead for peer in ("TRAINER", "ROLLOUT", "BUFFER", "SANDBOX")}
+    return start_service("coordinator", env)
+
+
+async def expect(call, code: grpc.StatusCode, *words: str) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    assert info.value.code() == code, info.value.details()
+    for word in words:
+        assert word in info.value.details()
+
+
+async def wait_finished(stub, job_id: str) -> pb.Job:
+    for _ in range(100):
+        job = (await stub.GetJob(pb.GetJobRequest(job_id=job_id))).job
+        if job.state in (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED):
+            return job
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"job {job_id} did not finish: {job}")
+
+
+async def test_jobs_refusals_and_rendezvous(coordinator, tmp_path: Path) -> None:
+    config = CONFIG.replace("LOG_DIR", str(tmp_path / "runs"))
+    async with connect(coordinator.address) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+        await expect(stub.CreateJob(pb.CreateJobRequest(config_yaml="  ")), grpc.StatusCode.INVALID_ARGUMENT, "empty")
+        await expect(
+            stub.CreateJob(pb.CreateJobRequest(config_yaml=config.replace("max_num_steps: 3", "max_num_steps: 0"))),
+            grpc.StatusCode.INVALID_ARGUMENT, "grpo.max_num_steps",
+        )
+        await expect(
+            stub.CreateJob(pb.CreateJobRequest(config_yaml=config, job_id="Bad Id!")),
+            grpc.StatusCode.INVALID_ARGUMENT, "job_id",
+        )
+        await expect(stub.GetJob(pb.GetJobRequest(job_id="nope")), grpc.StatusCode.NOT_FOUND, "nope")
+        await expect(stub.GetJob(pb.GetJobRequest()), grpc.StatusCode.INVALID_ARGUMENT)
+
+        created = (await stub.CreateJob(pb.CreateJobRequest(config_yaml=config, job_id="job-a"))).job
+        assert created.job_id == "job-a" and created.max_steps == 3
+        assert (tmp_path / "runs" / "job-a" / "config.yaml").is_file()
+        # A retried create is the same job; the same id with another config is refused.
+        again = (await stub.CreateJob(pb.CreateJobRequest(config_yaml=config, job_id="job-a"))).job
+        assert again.create_time == created.create_time
+        await expect(
+            stub.CreateJob(pb.CreateJobRequest(config_yaml=config.replace("max_num_steps: 3", "max_num_steps: 4"), job_id="job-a")),
+            grpc.StatusCode.ALREADY_EXISTS,
+        )
+
+        await expect(
+            stub.GetWeightSyncGroup(pb.GetWeightSyncGroupRequest(job_id="job-a", member="sandbox")),
+            grpc.StatusCode.INVALID_ARGUMENT, "member",
+        )
+        await expect(
+            stub.GetWeightSyncGroup(pb.GetWeightSyncGroupRequest(job_id="nope", member="trainer")),
+            grpc.StatusCode.NOT_FOUND,
+        )
+
+        # The trainer is unreachable: the job fails and says where and why.
+        job = await wait_finished(stub, "job-a")
+        assert job.state == pb.JOB_STATE_FAILED
+        assert "loading policy" in job.message and "UNAVAILABLE" in job.message
+        assert {s.name: s.status for s in job.services}["trainer"] == "UNREACHABLE"
+        await expect(stub.CancelJob(pb.CancelJobRequest(job_id="job-a")), grpc.StatusCode.FAILED_PRECONDITION, "FAILED")
+        await expect(
+            stub.GetWeightSyncGroup(pb.GetWeightSyncGroupRequest(job_id="job-a", member="trainer")),
+            grpc.StatusCode.FAILED_PRECONDITION,
+        )
+
+        second = (await stub.CreateJob(pb.CreateJobRequest(config_yaml=config))).job
+        listed = (await stub.ListJobs(pb.ListJobsRequest())).jobs
+        assert [j.job_id for j in listed] == [second.job_id, "job-a"]
+    assert coordinator.stop() == 0

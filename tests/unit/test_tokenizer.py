@@ -1,0 +1,42 @@
+"""Character tokenizer: one token per character, survives save/load."""
+
+from __future__ import annotations
+
+from transformers import AutoTokenizer
+
+from dockyard.models.tokenizer import CHARSET, build_char_tokenizer
+from dockyard.tasks.expr import make_tasks
+
+
+def test_every_task_character_is_one_known_token():
+    tok = build_char_tokenizer()
+    for task in make_tasks("train", 100) + make_tasks("validation", 20):
+        for text in (task.prompt, task.solution):
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+            assert len(ids) == len(text)
+            assert tok.unk_token_id not in ids
+            assert tok.decode(ids) == text
+
+
+def test_specials_are_distinct_and_not_added_on_encode():
+    tok = build_char_tokenizer()
+    specials = {tok.pad_token_id, tok.eos_token_id, tok.bos_token_id, tok.unk_token_id}
+    assert len(specials) == 4 and None not in specials
+    ids = tok("f(x)=x", add_special_tokens=True)["input_ids"]
+    assert not specials & set(ids)
+    assert tok.decode(ids + [tok.eos_token_id], skip_special_tokens=True) == "f(x)=x"
+    assert tok("\u00e9", add_special_tokens=False)["input_ids"] == [tok.unk_token_id]
+
+
+def test_round_trip_through_save_and_auto_tokenizer(tmp_path):
+    tok = build_char_tokenizer()
+    tok.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    text = "f(0)=-3 f(1)=10\nf(x)=  x%4+9 " + CHARSET
+    assert loaded(text)["input_ids"] == tok(text)["input_ids"]
+    assert loaded.decode(loaded(text)["input_ids"]) == text
+    assert len(loaded) == len(tok)
+    for name in ("pad_token_id", "eos_token_id", "bos_token_id", "unk_token_id"):
+        assert getattr(loaded, name) == getattr(tok, name)
+    batch = loaded(["x", "x+1"], padding=True)
+    assert batch["input_ids"][0][1:] == [loaded.pad_token_id] * 2
