@@ -30,10 +30,7 @@ def _coordinator(address: str):
     from dockyard.coordinator.v1 import coordinator_pb2_grpc
     from dockyard.rpc.client import connect
 
-    channel = connect(address, idempotent=[
-        ("dockyard.coordinator.v1.CoordinatorService", "GetJob"),
-        ("dockyard.coordinator.v1.CoordinatorService", "ListJobs"),
-    ])
+    channel = connect(address, service="dockyard.coordinator.v1.CoordinatorService")
     return channel, coordinator_pb2_grpc.CoordinatorServiceStub(channel)
 
 
@@ -41,10 +38,13 @@ def _load(config: str, overrides: list[str]):
     from dockyard.config import ConfigError, load_config
 
     try:
-        return load_config(config, overrides)
+        cfg = load_config(config, overrides)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
+    if unknown := cfg.unknown_keys():
+        print(f"warning: keys dockyard does not use (kept in the saved config): {', '.join(unknown)}", file=sys.stderr)
+    return cfg
 
 
 def prepare(cfg) -> None:
@@ -70,7 +70,7 @@ def prepare(cfg) -> None:
             lr=boot.lr,
             batch_size=boot.batch_size,
             seed=boot.seed,
-            num_threads=cfg.cluster.num_threads,
+            num_threads=boot.num_threads,
             progress=lambda step, loss: bar.update(task, completed=step, loss=f"{loss:.3f}"),
         )
     print(f"policy written to {out}")

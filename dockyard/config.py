@@ -67,6 +67,7 @@ class BootstrapConfig(Section):
     lr: float = Field(3e-3, gt=0.0, description="Warm-start learning rate.")
     batch_size: int = Field(64, ge=1, description="Warm-start batch size.")
     seed: int = Field(0, description="Warm-start seed.")
+    num_threads: int | None = Field(None, ge=1, description="torch threads of the warm start; null keeps torch's default.")
 
 
 class PolicyConfig(Section):
@@ -78,7 +79,7 @@ class PolicyConfig(Section):
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype.")
     train_global_batch_size: int = Field(64, ge=1, description="Trajectories per optimizer step.")
     train_micro_batch_size: int = Field(16, ge=1, description="Trajectories per forward/backward.")
-    seed: int = Field(0, description="Seed of initialisation and sampling.")
+    seed: int = Field(0, description="Seed of random initialisation and of the trainer's RNG.")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
 
@@ -142,12 +143,15 @@ class GRPOConfig(Section):
     num_generations_per_prompt: int = Field(8, ge=1, description="Group size.")
     max_num_steps: int = Field(20, ge=1, description="Optimizer steps of the job.")
     max_trajectory_age_steps: int = Field(
-        1, ge=0, description="A group generated at version v trains at step s only if s − v ≤ this."
+        1,
+        ge=0,
+        description="A group generated at weight version v is trained by a trainer at version s "
+        "(optimizer steps taken) only if s − v ≤ this; synchronous GRPO always trains at age 0.",
     )
     val_period: int = Field(0, ge=0, description="Validate every this many steps; 0 = only at start/end.")
     val_at_start: bool = True
     val_at_end: bool = True
-    seed: int = Field(0, description="Seed of task sampling.")
+    seed: int = Field(0, description="Seed of task order and of generation.")
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
     async_grpo: AsyncConfig = Field(default_factory=AsyncConfig)
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
@@ -180,10 +184,11 @@ class DataConfig(Section):
 
 
 class ClusterConfig(Section):
-    device: Literal["cpu", "cuda"] = Field("cpu", description="Where trainer and rollout put the policy.")
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="Device the trainer and rollout are deployed on (their DOCKYARD_*_DEVICE); nccl needs cuda."
+    )
     weight_sync_backend: Literal["gloo", "nccl"] = Field("gloo", description="Side-group backend.")
     weight_sync_bucket_mb: int = Field(256, ge=1, description="Largest tensor bucket broadcast at once.")
-    num_threads: int | None = Field(None, ge=1, description="torch threads per service process.")
 
 
 class LoggerConfig(Section):
@@ -225,8 +230,15 @@ class MasterConfig(Section):
             opd=loss.opd,
             zero_prev_logprobs=loss.zero_prev_logprobs,
         )
+        # Accepted by the schema, not built yet: refused here rather than silently ignored.
         if g.async_grpo.enabled:
             errors.append(("grpo.async_grpo.enabled", "asynchronous GRPO is not built yet; set it to false"))
+        if loss.opd:
+            errors.append(("loss_fn.opd", "on-policy distillation needs a teacher model, which the trainer does not load yet"))
+        if self.policy.generation.backend != "torch":
+            errors.append(("policy.generation.backend", "the vLLM engine is not built yet; use torch"))
+        if self.data.num_dataloaders > 1:
+            errors.append(("data.num_dataloaders", "one training task source is supported; set it to 1"))
         if self.cluster.device == "cpu" and self.cluster.weight_sync_backend == "nccl":
             errors.append(("cluster.weight_sync_backend", "nccl needs cluster.device=cuda; use gloo on CPU"))
         if errors:
@@ -235,6 +247,19 @@ class MasterConfig(Section):
 
     def resolved_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+    def unknown_keys(self) -> list[str]:
+        """Dotted paths of keys no section defines: kept, never read (often a typo)."""
+        return _extras(self, "")
+
+
+def _extras(model: BaseModel, prefix: str) -> list[str]:
+    found = [f"{prefix}{key}" for key in (model.model_extra or {})]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            found += _extras(value, f"{prefix}{name}.")
+    return found
 
 
 def _known_paths(model: type[BaseModel], prefix: str = "") -> set[str]:

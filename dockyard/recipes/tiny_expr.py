@@ -30,9 +30,11 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,28 @@ def encode_sft_batch(
     return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
 
 
+_EXAMPLE = re.compile(r"f\((-?\d+)\)=(-?\d+)")
+
+
+def line_through_first_two(task: Task) -> str:
+    """The expression of the line through the first two shown examples.
+
+    This is the demonstrator's shortcut: exact for linear functions, wrong
+    for every non-linear one, yet plausible-looking.
+    """
+    (x0, y0), (x1, y1) = [(int(a), int(b)) for a, b in _EXAMPLE.findall(task.prompt)[:2]]
+    slope = (y1 - y0) // (x1 - x0)
+    intercept = y0 - slope * x0
+    if slope == 0:
+        return str(intercept)
+    if slope == -1 and intercept > 0:
+        return f"{intercept}-x"
+    term = {1: "x", -1: "-x"}.get(slope, f"{slope}*x")
+    if intercept == 0:
+        return term
+    return f"{term}{'+' if intercept > 0 else '-'}{abs(intercept)}"
+
+
 def _lr_factor(step: int, steps: int) -> float:
     # Short linear warmup, then cosine decay to 10% of the peak.
     warmup = max(1, steps // 20)
@@ -92,6 +116,7 @@ def warm_start(
     seed: int,
     num_threads: int | None = None,
     progress: Callable[[int, float], None] | None = None,
+    shortcut_rate: float = 0.0,
 ) -> Path:
     """Train the SFT warm start and write it to ``out_dir``; returns ``out_dir``."""
     if steps < 1 or batch_size < 1:
@@ -111,7 +136,7 @@ def warm_start(
             eos_token_id=tokenizer.eos_token_id,
             bos_token_id=tokenizer.bos_token_id,
         )
-        losses = _train(policy, tokenizer, steps, lr, batch_size, seed, progress)
+        losses = _train(policy, tokenizer, steps, lr, batch_size, seed, progress, shortcut_rate)
         elapsed = time.monotonic() - started
     finally:
         torch.set_num_threads(previous_threads)
@@ -129,6 +154,7 @@ def warm_start(
         "lr": lr,
         "batch_size": batch_size,
         "seed": seed,
+        "shortcut_rate": shortcut_rate,
         "num_threads": num_threads,
         "first_loss": losses[0],
         "final_loss": sum(losses[-10:]) / len(losses[-10:]),
@@ -146,11 +172,17 @@ def _train(
     batch_size: int,
     seed: int,
     progress: Callable[[int, float], None] | None,
+    shortcut_rate: float,
 ) -> list[float]:
     tasks = make_tasks("train", steps * batch_size, seed=seed)
+    rng = random.Random(seed)
     # make_tasks walks permutations of the pool; shuffle once more so a batch
     # mixes the end of one permutation with others deterministically.
-    random.Random(seed).shuffle(tasks)
+    rng.shuffle(tasks)
+    tasks = [
+        replace(t, solution=line_through_first_two(t)) if rng.random() < shortcut_rate else t
+        for t in tasks
+    ]
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
     policy.train()
     losses: list[float] = []

@@ -2,8 +2,9 @@
 
 Every call made through `connect()` carries a deadline (the caller's
 `timeout=` or the channel default), so a dead peer never hangs a caller.
-Retries happen only for the methods a caller names as idempotent, through
-the channel's service config, and only on UNAVAILABLE.
+Retries happen only for the methods listed in IDEMPOTENT (calling them twice
+has the effect of calling them once), through the channel's service config,
+and only on UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -11,13 +12,22 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterable
 
 import grpc
 import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dockyard.rpc.server import message_size_options
+
+
+# Methods safe to repeat, by service: the only ones the channel retries.
+IDEMPOTENT: dict[str, tuple[str, ...]] = {
+    "dockyard.coordinator.v1.CoordinatorService": ("GetJob", "ListJobs", "GetWeightSyncGroup"),
+    "dockyard.trainer.v1.TrainerService": ("LoadPolicy",),
+    "dockyard.rollout.v1.RolloutService": ("LoadPolicy", "GetEngineInfo"),
+    "dockyard.buffer.v1.BufferService": ("PutGroup", "AckGroups", "GetStats"),
+    "dockyard.sandbox.v1.SandboxService": ("Execute", "RunTests"),
+}
 
 
 class _DefaultDeadline(grpc.aio.UnaryUnaryClientInterceptor):
@@ -40,8 +50,8 @@ class _DefaultDeadline(grpc.aio.UnaryUnaryClientInterceptor):
         return await continuation(details, request)
 
 
-def _service_config(idempotent: Iterable[tuple[str, str]]) -> str:
-    names = [{"service": service, "method": method} for service, method in idempotent]
+def _service_config(service: str | None) -> str:
+    names = [{"service": service, "method": method} for method in IDEMPOTENT.get(service or "", ())]
     if not names:
         return json.dumps({})
     policy = {
@@ -57,14 +67,14 @@ def _service_config(idempotent: Iterable[tuple[str, str]]) -> str:
 def connect(
     address: str,
     *,
+    service: str | None = None,
     default_timeout: float = 30.0,
     max_message_mb: int = 64,
-    idempotent: Iterable[tuple[str, str]] = (),
 ) -> grpc.aio.Channel:
-    """An insecure channel to `address`; `idempotent` lists (service, method) safe to retry."""
+    """An insecure channel to `address`; calls to `service`'s IDEMPOTENT methods are retried."""
     options = [
         *message_size_options(max_message_mb),
-        ("grpc.service_config", _service_config(idempotent)),
+        ("grpc.service_config", _service_config(service)),
         ("grpc.enable_retries", 1),
     ]
     return grpc.aio.insecure_channel(address, options=options, interceptors=[_DefaultDeadline(default_timeout)])

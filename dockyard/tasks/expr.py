@@ -11,7 +11,10 @@ with reference completion ``2*x+1``.
 Guarantees:
 
 * The function family is a fixed, ordered list of expression templates with a
-  difficulty gradient (``x+b`` and ``a*x`` up to ``x%k+b`` and ``a*x*x``).
+  difficulty gradient: ``x+b`` (read ``b`` off ``f(0)``), ``a*x+b`` (also
+  needs ``a = f(1)-f(0)``), ``x*x+b`` and ``a*x*x+b`` (same reading, plus
+  noticing the curvature), with ``a`` in 1..9 and ``b`` in -9..30. Half of
+  the functions are linear and half quadratic.
   Every function is identified by its *signature*: its outputs on all test
   inputs. Functions with a signature already produced by a simpler template
   are dropped, so each task has one canonical reference ``solution`` and no
@@ -57,21 +60,22 @@ class Task:
     solution: str  # reference completion (expression text, no trailing newline)
 
 
+def _linear(a: int, b: int) -> str:
+    term = "x" if a == 1 else f"{a}*x"
+    return term if b == 0 else f"{term}{'+' if b > 0 else '-'}{abs(b)}"
+
+
 def _templates() -> list[tuple[str, str]]:
-    """(family, expression) in order of increasing difficulty."""
+    """(family, expression) in order of increasing difficulty.
+
+    Every linear function ``a*x+b`` has a quadratic twin ``a*x*x+b`` with the
+    same first two examples, so telling them apart needs the later examples.
+    """
     out: list[tuple[str, str]] = []
-    out += [("x+b", f"x+{b}") for b in range(1, 31)]
-    out += [("a*x", f"{a}*x") for a in range(2, 10)]
-    out += [("x-b", f"x-{b}") for b in range(1, 10)]
-    out += [("b-x", f"{b}-x") for b in range(1, 21)]
-    out += [("a*x+b", f"{a}*x+{b}") for a in range(2, 10) for b in range(1, 31)]
-    out += [("a*x-b", f"{a}*x-{b}") for a in range(2, 10) for b in range(1, 10)]
-    out += [("x%k", f"x%{k}") for k in range(2, 6)]
-    out += [("x//k", f"x//{k}") for k in range(2, 6)]
-    out += [("x*x+b", "x*x" if b == 0 else f"x*x+{b}") for b in range(0, 21)]
-    out += [("x*x-b", f"x*x-{b}") for b in range(1, 10)]
-    out += [("x%k+b", f"x%{k}+{b}") for k in range(2, 6) for b in range(1, 10)]
-    out += [("a*x*x", f"{a}*x*x") for a in range(2, 6)]
+    out += [("x+b", _linear(1, b)) for b in range(-9, 31) if b != 0]
+    out += [("a*x+b", _linear(a, b)) for a in range(2, 10) for b in range(-9, 31)]
+    out += [("x*x+b", "x*" + _linear(1, b)) for b in range(-9, 31)]
+    out += [("a*x*x+b", _linear(a, b).replace("*x", "*x*x", 1)) for a in range(2, 10) for b in range(-9, 31)]
     return out
 
 

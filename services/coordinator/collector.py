@@ -4,12 +4,15 @@
          ─sandbox.RunTests each─> verdicts ─reward_of─> raw rewards
          ─shaping (overlong, scaling)─> Group ─buffer.PutGroup─> buffer
 
-Guarantees: an infrastructure failure (sandbox ERROR or an unreachable
-sandbox) becomes an invalid trajectory, masked out of every group statistic,
-never a fake zero reward; a group is put whole, once, with a stable id
-(`<job>/s<step>/g<index>`), so a retried put is a no-op; with dynamic
-sampling, groups whose valid rewards are all equal are dropped (counted) and
-refilled from further tasks.
+Guarantees: an infrastructure failure (sandbox ERROR, an unreachable or
+overloaded sandbox) becomes an invalid trajectory, masked out of every group
+statistic, never a fake zero reward; a request the sandbox refuses as invalid
+(a config asking for limits beyond its ceilings) fails the job instead, and so
+does a step in which every trajectory failed, since it could teach nothing; a
+group is put whole, once, with a stable id (`<job>/s<step>/g<index>`), so a
+retried put is a no-op; a full buffer (RESOURCE_EXHAUSTED) is waited out with
+backoff; with dynamic sampling, groups whose valid rewards are all equal are
+dropped (counted) and refilled from further tasks.
 """
 
 from __future__ import annotations
@@ -128,6 +131,8 @@ class Collector:
                     timeout=self._limits.timeout_seconds + 30,
                 )
             except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise RuntimeError(f"the sandbox refused the job's request: {exc.details()}") from None
                 log.warning("scoring failed", task=task.task_id, code=exc.code().name, error=exc.details())
                 return common_pb2.Verdict(
                     status=common_pb2.VERDICT_STATUS_ERROR, error_message=f"sandbox: {exc.code().name}: {exc.details()}"
@@ -218,7 +223,7 @@ class Collector:
                 if grpo.dynamic_sampling.enabled and not _has_signal(group):
                     stats.dropped_uniform += 1
                     continue
-                await self.buffer.PutGroup(buffer_pb2.PutGroupRequest(group=group))
+                await self.put(group)
                 stats.groups += 1
                 for t in group.trajectories:
                     stats.trajectories += 1
@@ -230,7 +235,24 @@ class Collector:
             raise RuntimeError(
                 f"step {step}: every group had uniform rewards after {rounds} rounds of dynamic sampling"
             )
+        if stats.invalid == stats.trajectories:
+            raise RuntimeError(f"step {step}: every trajectory failed in the sandbox (verdicts: {stats.verdicts})")
         return stats
+
+    async def put(self, group: common_pb2.Group, max_wait: float = 600.0) -> None:
+        """PutGroup, waiting with backoff while the buffer is full."""
+        delay, waited = 0.1, 0.0
+        while True:
+            try:
+                await self.buffer.PutGroup(buffer_pb2.PutGroupRequest(group=group))
+                return
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or waited >= max_wait:
+                    raise
+            log.info("buffer full, backing off", seconds=delay)
+            await asyncio.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 5.0)
 
     async def validate(self, tasks: Sequence[Task], version: int) -> dict[str, float]:
         """Greedy decoding of each validation task; pass rate = tasks whose every test passes."""

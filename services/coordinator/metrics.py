@@ -1,7 +1,8 @@
 """The run folder of a job: resolved config, metrics.jsonl, curves.
 
     runs/<job-id>/config.yaml       the exact config the job ran with
-    runs/<job-id>/metrics.jsonl     one JSON object per step ("kind": "train") and per validation ("kind": "validation")
+    runs/<job-id>/metrics.jsonl     one JSON object per step ("kind": "train"), per validation
+                                    ("kind": "validation") and the buffer's final counts ("kind": "buffer")
     runs/<job-id>/curves.png        reward per step and validation pass rate
 
 Guarantees: every line of metrics.jsonl is a complete JSON object, flushed

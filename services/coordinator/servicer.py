@@ -44,7 +44,11 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         self.runners: dict[str, asyncio.Task] = {}
         self.sync_groups: dict[str, common_pb2.WeightSyncGroup] = {}
         self._channels = {
-            name: connect(getattr(settings, f"{name}_address"), max_message_mb=settings.max_message_mb)
+            name: connect(
+                getattr(settings, f"{name}_address"),
+                service=f"dockyard.{name}.v1.{name.capitalize()}Service",
+                max_message_mb=settings.max_message_mb,
+            )
             for name in ("trainer", "rollout", "buffer", "sandbox")
         }
         self.stubs = Stubs(
@@ -55,6 +59,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         )
 
     async def close(self) -> None:
+        for record in self.jobs.values():
+            if not record.finished:
+                record.transition(CANCELLED, "the coordinator shut down")
         for task in self.runners.values():
             task.cancel()
         await asyncio.gather(*self.runners.values(), return_exceptions=True)
@@ -100,7 +107,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         RunFolder(run_dir).write_config(resolved)
         record = JobRecord(job_id=job_id, config=config, config_yaml=resolved, run_dir=str(run_dir))
         self.jobs[job_id] = record
-        self.runners[job_id] = asyncio.create_task(JobRunner(record, self.stubs, self.settings).run())
+        task = self.runners[job_id] = asyncio.create_task(JobRunner(record, self.stubs, self.settings).run())
+        # A finished job's rendezvous is gone for good; drop it with the runner.
+        task.add_done_callback(lambda _: self.sync_groups.pop(job_id, None))
         log.info("job created", job_id=job_id, run_dir=str(run_dir))
         return coordinator_pb2.CreateJobResponse(job=record.to_proto())
 

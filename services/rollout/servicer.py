@@ -57,7 +57,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self._sync_lock = asyncio.Lock()
         self._coordinator_channel = connect(
             settings.coordinator_address,
-            idempotent=[("dockyard.coordinator.v1.CoordinatorService", "GetWeightSyncGroup")],
+            service="dockyard.coordinator.v1.CoordinatorService",
+            max_message_mb=settings.max_message_mb,
         )
         self.coordinator = coordinator_pb2_grpc.CoordinatorServiceStub(self._coordinator_channel)
         # One load at a time: two concurrent loads of one job would build two engines.

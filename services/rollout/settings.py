@@ -17,11 +17,10 @@ class RolloutSettings(ServiceSettings):
 
     model_config = SettingsConfigDict(env_prefix="DOCKYARD_ROLLOUT_", extra="ignore")
 
-    coordinator_address: str = Field(default_address("coordinator"), description="Coordinator to register with.")
+    coordinator_address: str = Field(default_address("coordinator"), description="Coordinator host:port (weight-sync rendezvous).")
     device: str = Field("cpu", description="Where engines put the policy: cpu, cuda or cuda:N.")
     max_new_tokens_ceiling: int = Field(
         4096, ge=1, description="Largest max_new_tokens a Generate request may ask for on this replica."
     )
-    replica_id: str = Field("rollout-0", min_length=1, description="This replica's name in the fleet.")
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads; unset keeps torch's default.")
     weight_sync_timeout_seconds: float = Field(120.0, gt=0, description="Side-group collective timeout.")

@@ -38,14 +38,13 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         self.jobs: dict[str, TrainerJob] = {}
         self._loading: dict[str, asyncio.Lock] = {}
         self._buffer_channel = connect(
-            settings.buffer_address,
-            max_message_mb=settings.max_message_mb,
-            idempotent=[("dockyard.buffer.v1.BufferService", "GetStats")],
+            settings.buffer_address, service="dockyard.buffer.v1.BufferService", max_message_mb=settings.max_message_mb
         )
         self.buffer = buffer_pb2_grpc.BufferServiceStub(self._buffer_channel)
         self._coordinator_channel = connect(
             settings.coordinator_address,
-            idempotent=[("dockyard.coordinator.v1.CoordinatorService", "GetWeightSyncGroup")],
+            service="dockyard.coordinator.v1.CoordinatorService",
+            max_message_mb=settings.max_message_mb,
         )
         self.coordinator = coordinator_pb2_grpc.CoordinatorServiceStub(self._coordinator_channel)
 

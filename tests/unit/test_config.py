@@ -78,9 +78,11 @@ def test_policy_needs_a_source() -> None:
         load_config_text("policy: {train_global_batch_size: 64}")
 
 
-def test_extra_keys_are_kept() -> None:
-    cfg = load_config_text(MINIMAL + "env:\n  my_env_option: 3\n")
+def test_extra_keys_are_kept_and_reported() -> None:
+    cfg = load_config_text(MINIMAL + "env:\n  my_env_option: 3\n  sandbox: {timeout_secs: 4}\n")
     assert cfg.env.model_extra == {"my_env_option": 3}
+    assert cfg.unknown_keys() == ["env.my_env_option", "env.sandbox.timeout_secs"]
+    assert load_config_text(MINIMAL).unknown_keys() == []
 
 
 def test_resolved_yaml_round_trips() -> None:
