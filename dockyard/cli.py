@@ -71,6 +71,7 @@ def prepare(cfg) -> None:
             batch_size=boot.batch_size,
             seed=boot.seed,
             num_threads=boot.num_threads,
+            shortcut_rate=boot.shortcut_rate,
             progress=lambda step, loss: bar.update(task, completed=step, loss=f"{loss:.3f}"),
         )
     print(f"policy written to {out}")

@@ -68,6 +68,9 @@ class BootstrapConfig(Section):
     batch_size: int = Field(64, ge=1, description="Warm-start batch size.")
     seed: int = Field(0, description="Warm-start seed.")
     num_threads: int | None = Field(None, ge=1, description="torch threads of the warm start; null keeps torch's default.")
+    shortcut_rate: float = Field(
+        0.6, ge=0.0, le=1.0, description="Share of demonstrations the line-through-two-points demonstrator answers."
+    )
 
 
 class PolicyConfig(Section):

@@ -7,7 +7,9 @@ other character maps to ``<unk>``. Special tokens are ``<pad>`` (id 0),
 ``<eos>`` (id 1), ``<bos>`` (id 2) and ``<unk>`` (id 3); no special token is
 added on encode, callers append ``<eos>`` where they need it. Ids are fixed
 by ``CHARSET``, and the tokenizer survives ``save_pretrained`` +
-``AutoTokenizer.from_pretrained`` unchanged.
+``AutoTokenizer.from_pretrained`` unchanged, alone or next to the config of a
+model type that does not force its own tokenizer class (``llama`` and
+``qwen3`` do not; ``qwen2`` does and swaps in a byte-level tokenizer).
 """
 
 from __future__ import annotations

@@ -1,12 +1,23 @@
 """Tiny recipe: warm start for integer-function synthesis on a CPU.
 
 ``warm_start`` trains a randomly initialised character-level causal LM with
-supervised fine-tuning on ``make_tasks("train", ...)`` (prompt followed by the
-reference expression and ``<eos>``; cross-entropy on the completion tokens
+supervised fine-tuning on ``make_tasks("train", ...)`` (prompt followed by a
+demonstrated expression and ``<eos>``; cross-entropy on the completion tokens
 only) and writes a complete Hugging Face folder: weights as safetensors,
 config, generation config, tokenizer, and ``warm_start.json`` with the
-training settings and loss curve summary. The folder loads with
+training settings and loss summary. The folder loads with
 ``AutoModelForCausalLM.from_pretrained`` and ``AutoTokenizer.from_pretrained``.
+
+The demonstrations come from an imperfect demonstrator: with probability
+``shortcut_rate`` it answers with the line through the first two shown
+examples (``line_through_first_two``) instead of the reference. That is right
+for the linear half of the tasks and wrong for the quadratic half, so with the
+recipe's rate of 0.6 the warm-started policy prefers the line under greedy
+decoding yet samples the curve often enough for GRPO to find it. The fix is
+one behaviour shared by all quadratic tasks, so what GRPO learns on training
+tasks carries over to validation tasks. Without the shortcut (rate 0.0) the
+remaining errors are arithmetic slips specific to each function, and 30 GRPO
+steps of 64 samples do not move validation accuracy measurably.
 
 Guarantees:
 
@@ -45,9 +56,10 @@ from dockyard.models.build import DEFAULT_MODEL, build_random_model
 from dockyard.models.tokenizer import build_char_tokenizer
 from dockyard.tasks.expr import Task, make_tasks
 
-# Hyperparameters measured to give a visible GRPO gain on 2 CPU cores.
-RECIPE_MODEL: dict[str, Any] = dict(DEFAULT_MODEL)
-RECIPE_WARM_START: dict[str, Any] = {"steps": 600, "lr": 3e-3, "batch_size": 32}
+# The recipe's values live in examples/configs/tiny_expr.yaml; this is the
+# demonstrator's default, measured to leave GRPO a visible gain.
+SHORTCUT_RATE = 0.6
+# A completion is one short expression; the saved generation config says so.
 MAX_NEW_TOKENS = 16
 
 WARM_START_META = "warm_start.json"
@@ -116,11 +128,13 @@ def warm_start(
     seed: int,
     num_threads: int | None = None,
     progress: Callable[[int, float], None] | None = None,
-    shortcut_rate: float = 0.0,
+    shortcut_rate: float = SHORTCUT_RATE,
 ) -> Path:
     """Train the SFT warm start and write it to ``out_dir``; returns ``out_dir``."""
     if steps < 1 or batch_size < 1:
         raise ValueError("steps and batch_size must be >= 1")
+    if not 0.0 <= shortcut_rate <= 1.0:
+        raise ValueError(f"shortcut_rate must be in [0, 1], got {shortcut_rate}")
     out_dir = Path(out_dir)
     previous_threads = torch.get_num_threads()
     if num_threads is not None:

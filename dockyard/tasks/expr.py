@@ -15,10 +15,10 @@ Guarantees:
   needs ``a = f(1)-f(0)``), ``x*x+b`` and ``a*x*x+b`` (same reading, plus
   noticing the curvature), with ``a`` in 1..9 and ``b`` in -9..30. Half of
   the functions are linear and half quadratic.
-  Every function is identified by its *signature*: its outputs on all test
-  inputs. Functions with a signature already produced by a simpler template
-  are dropped, so each task has one canonical reference ``solution`` and no
-  two tasks differ only in how the same function is written.
+  A function whose shown examples coincide with those of an earlier
+  (simpler) template is dropped, so the examples identify each task's
+  function, each task has one canonical reference ``solution``, and no two
+  tasks differ only in how the same function is written.
 * The ``train`` and ``validation`` splits are disjoint at the function level:
   the split of a function is decided by a hash of its signature, so a
   validation function never appears in training under any spelling.
@@ -26,7 +26,8 @@ Guarantees:
   inputs and at ``HELD_OUT_INPUTS``. The held-out points reward the function
   rather than a fit to the shown points, and make partial credit (fraction of
   tests passed) informative: a wrong guess that still matches some points
-  earns something, an exact one earns 1.0.
+  earns something (the line through the first two examples of a quadratic
+  passes 2 of 8 tests), an exact one earns 1.0.
 * ``make_tasks`` is deterministic for ``(split, n, seed)``. It walks a seeded
   permutation of the split's functions and starts a new permutation when it
   runs out, so ``n`` may exceed the number of distinct functions (useful for

@@ -104,3 +104,39 @@ def test_model_type_whose_auto_tokenizer_differs_is_refused(tmp_path):
             batch_size=2, seed=0, num_threads=1,
         )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_shortcut_is_the_line_through_the_first_two_examples():
+    from dockyard.recipes.tiny_expr import line_through_first_two
+    from dockyard.tasks.expr import pool_size, program_for
+
+    tasks = make_tasks("train", pool_size("train"))
+    linear = [t for t in tasks if "x*x" not in t.solution]
+    quadratic = [t for t in tasks if "x*x" in t.solution]
+    assert linear and quadratic
+
+    def passes_all(expr, task):
+        namespace: dict = {}
+        exec(program_for(expr), namespace)
+        try:
+            for test in task.tests:
+                exec(test, namespace)
+        except AssertionError:
+            return False
+        return True
+
+    assert all(passes_all(line_through_first_two(t), t) for t in linear)
+    assert not any(passes_all(line_through_first_two(t), t) for t in quadratic)
+
+
+def test_shortcut_rate_changes_training_and_is_recorded(tmp_path):
+    a = _run(tmp_path / "a", steps=3)
+    b = warm_start(
+        tmp_path / "b", model=TINY, steps=3, lr=3e-3, batch_size=8, seed=0,
+        num_threads=1, shortcut_rate=0.0,
+    )
+    assert json.loads((b / WARM_START_META).read_text())["shortcut_rate"] == 0.0
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert not all(torch.equal(wa[k], wb[k]) for k in wa)
+    with pytest.raises(ValueError):
+        warm_start(tmp_path / "c", model=TINY, steps=1, lr=1e-3, batch_size=2, seed=0, shortcut_rate=1.5)
