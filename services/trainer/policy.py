@@ -15,6 +15,7 @@ them; no reference model is held when kl_penalty is 0.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import shutil
 import time
@@ -29,6 +30,9 @@ from dockyard.common.v1 import common_pb2
 from dockyard.config import MasterConfig
 from dockyard.models.load import load_policy
 from services.trainer.batch import Batch, build_batch
+
+
+_LOSS_STATS = ("pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "is_weight_mean", "ratio_mean")
 
 
 def token_logprobs(model: PreTrainedModel, batch: Batch, temperature: float) -> torch.Tensor:
@@ -67,7 +71,27 @@ class PolicyTrainer:
         return [(name, p.data) for name, p in self.model.named_parameters()]
 
     def train_step(self, groups: Sequence[common_pb2.Group]) -> dict[str, float]:
+        """One optimizer step on `groups`; the weight version advances by one."""
         start = time.perf_counter()
+        metrics = self.accumulate_gradients(groups)
+        max_norm = self.config.policy.optimizer.max_grad_norm
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.weight_version += 1
+        seconds = time.perf_counter() - start
+        metrics.update(
+            grad_norm=float(grad_norm),
+            train_seconds=seconds,
+            tokens_per_second=metrics["num_tokens"] / seconds,
+            weight_version=float(self.weight_version),
+        )
+        return metrics
+
+    def accumulate_gradients(self, groups: Sequence[common_pb2.Group]) -> dict[str, float]:
+        """Zero the gradients, then backpropagate the step's loss over micro-batches; no update."""
         cfg, loss_cfg = self.config, self.config.loss_fn
         temperature = cfg.policy.generation.temperature
         batch = build_batch(groups, self.tokenizer.pad_token_id)
@@ -86,8 +110,8 @@ class PolicyTrainer:
         total_seqs = float((batch.token_mask.sum(-1) > 0).sum().clamp(min=1))
 
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
-        mismatch = {"abs": 0.0, "kl": 0.0}
+        sums = dict.fromkeys(("loss", *_LOSS_STATS), 0.0)
+        nll = abs_delta = kl = 0.0
         micro = cfg.policy.train_micro_batch_size
         for lo in range(0, len(batch), micro):
             mb, mb_adv = batch.slice(lo, lo + micro), advantages[lo : lo + micro]
@@ -119,48 +143,35 @@ class PolicyTrainer:
                 is_max=loss_cfg.is_max,
                 reduction=loss_cfg.reduction,
             )
-            share = mb_tokens / total_tokens if loss_cfg.reduction == "token" else (
-                float((mb.token_mask.sum(-1) > 0).sum()) / total_seqs
-            )
+            # Weight each micro-batch by its share, so the sum is the global-batch reduction.
+            if loss_cfg.reduction == "token":
+                share = mb_tokens / total_tokens
+            else:
+                share = float((mb.token_mask.sum(-1) > 0).sum()) / total_seqs
             (loss * share).backward()
-            sums["loss"] = sums.get("loss", 0.0) + float(loss.detach()) * share
-            for key in ("pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "is_weight_mean", "ratio_mean"):
-                sums[key] = sums.get(key, 0.0) + stats[key] * share
+            sums["loss"] += float(loss.detach()) * share
+            for key in _LOSS_STATS:
+                sums[key] += stats[key] * share
             delta = (old - mb.generation_logprobs) * mb.token_mask
-            mismatch["abs"] += float(delta.abs().sum())
-            mismatch["kl"] += float((-delta).sum())  # k1 estimate of KL(π_gen ‖ π_train) on π_gen's samples
-            entropy_proxy = -(old * mb.token_mask).sum()
-            sums["neg_logprob_sum"] = sums.get("neg_logprob_sum", 0.0) + float(entropy_proxy)
+            abs_delta += float(delta.abs().sum())
+            kl += float((-delta).sum())  # k1 estimate of KL(π_gen ‖ π_train) on π_gen's samples
+            nll += float(-(old * mb.token_mask).sum())
 
-        max_norm = cfg.policy.optimizer.max_grad_norm
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
-        lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.weight_version += 1
-
-        seconds = time.perf_counter() - start
         valid_rewards = batch.rewards[batch.valid]
-        mean_abs = mismatch["abs"] / total_tokens
-        metrics = {
-            **{k: v for k, v in sums.items() if k != "neg_logprob_sum"},
-            "sampled_token_nll": sums.get("neg_logprob_sum", 0.0) / total_tokens,
-            "grad_norm": float(grad_norm),
-            "lr": lr,
+        mean_abs = abs_delta / total_tokens
+        return {
+            **sums,
+            # Mean NLL of the sampled tokens: an estimate of the policy's entropy at the sampling temperature.
+            "sampled_token_nll": nll / total_tokens,
             "reward_mean": float(valid_rewards.mean()) if len(valid_rewards) else 0.0,
             "valid_fraction": float(batch.valid.float().mean()),
             "advantage_abs_mean": float(advantages.abs().mean()),
             "num_trajectories": float(len(batch)),
             "num_tokens": total_tokens,
-            "tokens_per_second": total_tokens / seconds,
-            "train_seconds": seconds,
             "gen_train_logprob_abs_diff": mean_abs,
-            "gen_train_prob_error": float(torch.tensor(mean_abs).exp()) - 1.0,
-            "gen_train_kl": mismatch["kl"] / total_tokens,
-            "weight_version": float(self.weight_version),
+            "gen_train_prob_error": math.exp(mean_abs) - 1.0,
+            "gen_train_kl": kl / total_tokens,
         }
-        return metrics
 
     def save(self, folder: Path) -> Path:
         """Write a Hugging Face folder atomically: a temporary name, then one rename."""
