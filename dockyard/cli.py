@@ -78,11 +78,12 @@ def prepare(cfg) -> None:
 
 
 def _job_line(job) -> str:
-    from services.coordinator.jobs import state_name
+    from dockyard.coordinator.v1 import coordinator_pb2
 
+    state_name = coordinator_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
     reward = job.metrics.get("reward_mean")
     val = job.validation_metrics.get("pass_rate")
-    parts = [f"{job.job_id}", state_name(job.state), f"step {job.step}/{job.max_steps}", job.phase]
+    parts = [f"{job.job_id}", state_name, f"step {job.step}/{job.max_steps}", job.phase]
     if reward is not None:
         parts.append(f"reward {reward:.3f}")
     if val is not None:
@@ -110,8 +111,8 @@ async def _follow(address: str, job_id: str, stack=None) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dockyard.coordinator.v1 import coordinator_pb2
-    from services.coordinator.jobs import FINISHED
 
+    finished = {coordinator_pb2.JOB_STATE_SUCCEEDED, coordinator_pb2.JOB_STATE_FAILED, coordinator_pb2.JOB_STATE_CANCELLED}
     channel, stub = _coordinator(address)
     async with channel:
         with Progress(
@@ -129,7 +130,7 @@ async def _follow(address: str, job_id: str, stack=None) -> int:
                     val=f"{v['pass_rate']:.3f}" if "pass_rate" in v else "-",
                     tps=f"{m['generated_tokens_per_second']:.0f}" if "generated_tokens_per_second" in m else "-",
                 )
-                if job.state in FINISHED:
+                if job.state in finished:
                     break
                 if stack is not None and (dead := stack.dead()):
                     raise RuntimeError(f"service(s) exited during the job: {', '.join(dead)}; logs in {stack.log_dir}")
@@ -154,7 +155,7 @@ def _summary(run_dir: Path) -> None:
 
 def cmd_run(args) -> int:
     from dockyard.stack import LocalStack
-    from services.coordinator.jobs import SUCCEEDED
+    from dockyard.coordinator.v1 import coordinator_pb2
 
     cfg = _load(args.config, args.overrides)
     prepare(cfg)
@@ -178,7 +179,7 @@ def cmd_run(args) -> int:
     if state is None:
         return 130
     _summary(Path(cfg.logger.log_dir) / job_id)
-    return 0 if state == SUCCEEDED else EXIT_FAILED
+    return 0 if state == coordinator_pb2.JOB_STATE_SUCCEEDED else EXIT_FAILED
 
 
 def cmd_up(args) -> int:

@@ -3,13 +3,15 @@
 Guarantees: every child is in the parent's care: it gets SIGTERM when the
 parent dies (PR_SET_PDEATHSIG on Linux), `stop()` SIGTERMs all children and
 SIGKILLs any that outlive the grace period, so no service is left orphaned;
-each child's log goes to its own file.
+each child's log goes to its own file, and `pids.json` beside the logs names
+every child's pid.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -69,6 +71,7 @@ class LocalStack:
                 preexec_fn=_die_with_parent,
             )
             log.close()
+        (self.log_dir / "pids.json").write_text(json.dumps({n: p.pid for n, p in self.procs.items()}))
         try:
             asyncio.run(self._wait(timeout))
         except BaseException:

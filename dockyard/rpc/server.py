@@ -7,8 +7,9 @@
 Guarantees: the standard health service and server reflection are on (so
 `grpcurl -plaintext HOST:PORT list` works without proto files); message-size
 limits match the clients'; on SIGTERM or SIGINT every service reports
-NOT_SERVING first, then the server stops with a grace period for in-flight
-calls, then the service's own shutdown hook runs.
+NOT_SERVING first and keeps serving for `drain_seconds` (so health checkers
+and load balancers see it go), then the server stops with a grace period for
+in-flight calls, then the service's own shutdown hook runs.
 """
 
 from __future__ import annotations
@@ -122,6 +123,7 @@ async def serve(
     stop_wait.cancel()
     log.info("shutting down", grace_seconds=settings.shutdown_grace_seconds)
     await health_servicer.enter_graceful_shutdown()
+    await asyncio.sleep(settings.drain_seconds)
     await server.stop(settings.shutdown_grace_seconds)
     if on_stop is not None:
         await on_stop()

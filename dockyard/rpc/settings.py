@@ -26,6 +26,9 @@ class ServiceSettings(BaseSettings):
     host: str = Field("127.0.0.1", description="Interface to bind; 0.0.0.0 to serve other hosts.")
     port: int = Field(0, ge=0, le=65535, description="Port to bind; 0 takes the service's default.")
     max_message_mb: int = Field(64, ge=1, le=2047, description="Largest message sent or received.")
+    drain_seconds: float = Field(
+        0.5, ge=0, description="After SIGTERM, report NOT_SERVING this long before refusing new calls."
+    )
     shutdown_grace_seconds: float = Field(5.0, ge=0, description="Time in-flight RPCs get after SIGTERM.")
     log_level: str = Field("info", description="debug, info, warning or error.")
 

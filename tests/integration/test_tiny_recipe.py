@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,9 +25,17 @@ SHORT = [
 ]
 
 
-def _no_service_processes() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if " -m services." in line]
+def alive_services(log_root: Path) -> list[str]:
+    """Services started under log_root (their pids.json) that still run."""
+    alive = []
+    for pids in log_root.rglob("pids.json"):
+        for name, pid in json.loads(pids.read_text()).items():
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                continue
+            alive.append(f"{name} ({pid})")
+    return alive
 
 
 def test_dockyard_run_trains_to_succeeded_and_writes_the_run_folder(tmp_path: Path) -> None:
@@ -55,4 +64,5 @@ def test_dockyard_run_trains_to_succeeded_and_writes_the_run_folder(tmp_path: Pa
     # The final checkpoint is a Hugging Face folder.
     model = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "step-2")
     assert model.num_parameters() > 0
-    assert _no_service_processes() == []
+    assert list(runs.glob("logs/*/pids.json")), "no pids.json written"
+    assert alive_services(runs / "logs") == []
