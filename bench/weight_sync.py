@@ -59,6 +59,7 @@ def member(rank: int, port: int, args: argparse.Namespace, out: mp.Queue) -> Non
 
     raw = timed(lambda: group._broadcast(flat))
     synced = timed(lambda: sync(group, tensors, args.bucket_mb * 2**20, checksum=False))
+    group.close()
     if rank == 0:
         out.put((nbytes, raw, synced))
 

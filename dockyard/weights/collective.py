@@ -88,7 +88,12 @@ class SideGroup:
         return bool(flag.item())
 
     def close(self) -> None:
-        # Dropping the references shuts the group and, on rank 0, the store.
+        """Release the communicator (NCCL leaks it otherwise) and, on rank 0, the store."""
+        if self.pg is not None:
+            try:
+                self.pg.shutdown()
+            except RuntimeError:
+                pass  # a peer already gone: nothing left to release cleanly
         self.pg = None  # type: ignore[assignment]
         self._store = None  # type: ignore[assignment]
 

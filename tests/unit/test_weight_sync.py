@@ -27,6 +27,7 @@ def _member(rank: int, port: int, bucket: int, mismatch: bool, out: mp.Queue) ->
         tensors = _tensors(rank, mismatch)
         move = send_weights if rank == 0 else receive_weights
         report = move(group, tensors, bucket)
+        group.close()
         out.put((rank, "ok", report.checksum, report.num_bytes, [t.float().sum().item() for _, t in tensors]))
     except Exception as exc:
         out.put((rank, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), None))
