@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -153,6 +154,20 @@ def _summary(run_dir: Path) -> None:
     print(f"run folder: {run_dir}  (config.yaml, metrics.jsonl, curves.png)")
 
 
+def _interrupt_on_signals() -> None:
+    """Ctrl-C and SIGTERM both raise KeyboardInterrupt, so the stack is always stopped.
+
+    SIGINT is set explicitly: a shell that starts us in the background ignores it,
+    and Python would then never raise KeyboardInterrupt.
+    """
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def cmd_run(args) -> int:
     from dockyard.stack import LocalStack
     from dockyard.coordinator.v1 import coordinator_pb2
@@ -162,6 +177,7 @@ def cmd_run(args) -> int:
     log_dir = Path(cfg.logger.log_dir) / "logs" / time.strftime("%Y%m%d-%H%M%S")
     stack = LocalStack(log_dir, free_ports=not args.default_ports)
     print(f"starting services (logs in {log_dir})")
+    _interrupt_on_signals()
     stack.start()
     address = stack.address("coordinator")
     try:
@@ -186,6 +202,7 @@ def cmd_up(args) -> int:
     from dockyard.stack import LocalStack
 
     stack = LocalStack(Path(args.log_dir))
+    _interrupt_on_signals()
     stack.start()
     for name in stack.procs:
         print(f"{name:<12} {stack.address(name)}")
