@@ -100,3 +100,12 @@ def require_tool(path: Path | str, what: str) -> str:
     if os.environ.get("CI"):
         pytest.fail(f"{message}: CI must run this test")
     pytest.skip(message)
+
+
+async def expect_code(call, code: grpc.StatusCode, *words: str) -> None:
+    """Await an RPC that must fail with `code` and a message containing every word."""
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    assert info.value.code() == code, info.value.details()
+    for word in words:
+        assert word in info.value.details()

@@ -8,32 +8,10 @@ import pytest
 from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
 from dockyard.common.v1 import common_pb2
 from dockyard.rpc.client import connect
+from tests.unit.test_buffer_memory import make_group
 
 JOB = "job-1"
 CAPACITY = 4
-
-
-def make_group(group_id: str, version: int = 0, job_id: str = JOB, n: int = 2) -> common_pb2.Group:
-    """A valid group of `n` trajectories, all generated at `version`."""
-    return common_pb2.Group(
-        group_id=group_id,
-        job_id=job_id,
-        task_id=f"task-{group_id}",
-        prompt="fix the bug",
-        weight_version=version,
-        trajectories=[
-            common_pb2.Trajectory(
-                trajectory_id=f"{group_id}/{i}",
-                prompt_token_ids=[1, 2],
-                completion_token_ids=[3, 4],
-                completion_logprobs=[-0.5, -0.25],
-                weight_version=version,
-                reward=1.0,
-                valid=True,
-            )
-            for i in range(n)
-        ],
-    )
 
 
 @pytest.fixture
@@ -85,7 +63,7 @@ def _bad_group(name: str) -> common_pb2.Group:
         group.weight_version = -1
     elif name == "trajectories[1] ('g/1'): weight_version -3 is negative":
         group.trajectories[1].weight_version = -3
-    elif name == "3 completion_logprobs for 2 completion_token_ids":
+    elif name == "4 completion_logprobs for 3 completion_token_ids":
         group.trajectories[1].completion_logprobs.append(-1.0)
     elif name == "differs from the oldest trajectory weight_version 1":
         group.trajectories[0].weight_version = 1
@@ -99,7 +77,7 @@ BAD_GROUPS = [
     "no trajectories",
     "weight_version -1 is negative",
     "trajectories[1] ('g/1'): weight_version -3 is negative",
-    "3 completion_logprobs for 2 completion_token_ids",
+    "4 completion_logprobs for 3 completion_token_ids",
     "differs from the oldest trajectory weight_version 1",
 ]
 

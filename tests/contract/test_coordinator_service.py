@@ -14,7 +14,7 @@ import pytest
 from dockyard.coordinator.v1 import coordinator_pb2 as pb
 from dockyard.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.rpc.client import connect
-from tests.conftest import free_port
+from tests.conftest import expect_code, free_port
 
 CONFIG = """
 policy:
@@ -33,14 +33,6 @@ def coordinator(start_service, tmp_path: Path):
     return start_service("coordinator", env)
 
 
-async def expect(call, code: grpc.StatusCode, *words: str) -> None:
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await call
-    assert info.value.code() == code, info.value.details()
-    for word in words:
-        assert word in info.value.details()
-
-
 async def wait_finished(stub, job_id: str) -> pb.Job:
     for _ in range(100):
         job = (await stub.GetJob(pb.GetJobRequest(job_id=job_id))).job
@@ -54,17 +46,17 @@ async def test_jobs_refusals_and_rendezvous(coordinator, tmp_path: Path) -> None
     config = CONFIG.replace("LOG_DIR", str(tmp_path / "runs"))
     async with connect(coordinator.address) as channel:
         stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
-        await expect(stub.CreateJob(pb.CreateJobRequest(config_yaml="  ")), grpc.StatusCode.INVALID_ARGUMENT, "empty")
-        await expect(
+        await expect_code(stub.CreateJob(pb.CreateJobRequest(config_yaml="  ")), grpc.StatusCode.INVALID_ARGUMENT, "empty")
+        await expect_code(
             stub.CreateJob(pb.CreateJobRequest(config_yaml=config.replace("max_num_steps: 3", "max_num_steps: 0"))),
             grpc.StatusCode.INVALID_ARGUMENT, "grpo.max_num_steps",
         )
-        await expect(
+        await expect_code(
             stub.CreateJob(pb.CreateJobRequest(config_yaml=config, job_id="Bad Id!")),
             grpc.StatusCode.INVALID_ARGUMENT, "job_id",
         )
-        await expect(stub.GetJob(pb.GetJobRequest(job_id="nope")), grpc.StatusCode.NOT_FOUND, "nope")
-        await expect(stub.GetJob(pb.GetJobRequest()), grpc.StatusCode.INVALID_ARGUMENT)
+        await expect_code(stub.GetJob(pb.GetJobRequest(job_id="nope")), grpc.StatusCode.NOT_FOUND, "nope")
+        await expect_code(stub.GetJob(pb.GetJobRequest()), grpc.StatusCode.INVALID_ARGUMENT)
 
         created = (await stub.CreateJob(pb.CreateJobRequest(config_yaml=config, job_id="job-a"))).job
         assert created.job_id == "job-a" and created.max_steps == 3
@@ -72,16 +64,16 @@ async def test_jobs_refusals_and_rendezvous(coordinator, tmp_path: Path) -> None
         # A retried create is the same job; the same id with another config is refused.
         again = (await stub.CreateJob(pb.CreateJobRequest(config_yaml=config, job_id="job-a"))).job
         assert again.create_time == created.create_time
-        await expect(
+        await expect_code(
             stub.CreateJob(pb.CreateJobRequest(config_yaml=config.replace("max_num_steps: 3", "max_num_steps: 4"), job_id="job-a")),
             grpc.StatusCode.ALREADY_EXISTS,
         )
 
-        await expect(
+        await expect_code(
             stub.GetWeightSyncGroup(pb.GetWeightSyncGroupRequest(job_id="job-a", member="sandbox")),
             grpc.StatusCode.INVALID_ARGUMENT, "member",
         )
-        await expect(
+        await expect_code(
             stub.GetWeightSyncGroup(pb.GetWeightSyncGroupRequest(job_id="nope", member="trainer")),
             grpc.StatusCode.NOT_FOUND,
         )
@@ -91,8 +83,8 @@ async def test_jobs_refusals_and_rendezvous(coordinator, tmp_path: Path) -> None
         assert job.state == pb.JOB_STATE_FAILED
         assert "loading policy" in job.message and "UNAVAILABLE" in job.message
         assert {s.name: s.status for s in job.services}["trainer"] == "UNREACHABLE"
-        await expect(stub.CancelJob(pb.CancelJobRequest(job_id="job-a")), grpc.StatusCode.FAILED_PRECONDITION, "FAILED")
-        await expect(
+        await expect_code(stub.CancelJob(pb.CancelJobRequest(job_id="job-a")), grpc.StatusCode.FAILED_PRECONDITION, "FAILED")
+        await expect_code(
             stub.GetWeightSyncGroup(pb.GetWeightSyncGroupRequest(job_id="job-a", member="trainer")),
             grpc.StatusCode.FAILED_PRECONDITION,
         )

@@ -11,6 +11,7 @@ import pytest
 from dockyard.common.v1 import common_pb2
 from dockyard.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from dockyard.rpc.client import connect, health_status
+from tests.conftest import expect_code
 
 JOB = "job-rollout-contract"
 CEILING = 1024
@@ -28,14 +29,6 @@ ENV = {"DOCKYARD_ROLLOUT_MAX_NEW_TOKENS_CEILING": str(CEILING), "DOCKYARD_ROLLOU
 
 def sampling(**fields) -> common_pb2.SamplingParams:
     return common_pb2.SamplingParams(**{"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8, **fields})
-
-
-async def expect_code(call, code: grpc.StatusCode, *words: str) -> None:
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await call
-    assert info.value.code() == code, info.value.details()
-    for word in words:
-        assert word in info.value.details()
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from dockyard.models.tokenizer import build_char_tokenizer
 from dockyard.rpc.client import connect
 from dockyard.trainer.v1 import trainer_pb2 as pb
 from dockyard.trainer.v1 import trainer_pb2_grpc
+from tests.conftest import expect_code
 
 CONFIG = """
 policy:
@@ -38,35 +39,27 @@ def group(group_id: str, version: int) -> common_pb2.Group:
     return common_pb2.Group(group_id=group_id, job_id="job", weight_version=version, trajectories=trajectories)
 
 
-async def expect(call, code: grpc.StatusCode, *words: str) -> None:
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await call
-    assert info.value.code() == code, info.value.details()
-    for word in words:
-        assert word in info.value.details()
-
-
 async def test_train_step_consumes_and_acks_fresh_groups(start_service, tmp_path: Path) -> None:
     buffer = start_service("buffer")
     trainer = start_service("trainer", {"DOCKYARD_TRAINER_BUFFER_ADDRESS": buffer.address})
     config = CONFIG.replace("LOG_DIR", str(tmp_path))
     async with connect(trainer.address) as tc, connect(buffer.address) as bc:
         stub, buf = trainer_pb2_grpc.TrainerServiceStub(tc), buffer_pb2_grpc.BufferServiceStub(bc)
-        await expect(stub.TrainStep(pb.TrainStepRequest(job_id="job", step=1)), grpc.StatusCode.NOT_FOUND, "LoadPolicy")
-        await expect(stub.LoadPolicy(pb.LoadPolicyRequest(config_yaml=config)), grpc.StatusCode.INVALID_ARGUMENT, "job_id")
-        await expect(
+        await expect_code(stub.TrainStep(pb.TrainStepRequest(job_id="job", step=1)), grpc.StatusCode.NOT_FOUND, "LoadPolicy")
+        await expect_code(stub.LoadPolicy(pb.LoadPolicyRequest(config_yaml=config)), grpc.StatusCode.INVALID_ARGUMENT, "job_id")
+        await expect_code(
             stub.LoadPolicy(pb.LoadPolicyRequest(job_id="job", config_yaml=config.replace("hidden_size: 32", "hidden_size: -1"))),
             grpc.StatusCode.INVALID_ARGUMENT, "policy.model",
         )
-        await expect(
+        await expect_code(
             stub.LoadPolicy(pb.LoadPolicyRequest(job_id="job", config_yaml="policy: {model_name: /no/such/model}")),
             grpc.StatusCode.FAILED_PRECONDITION, "/no/such/model",
         )
 
         loaded = await stub.LoadPolicy(pb.LoadPolicyRequest(job_id="job", config_yaml=config))
         assert loaded.weight_version == 0 and loaded.num_parameters > 0
-        await expect(stub.TrainStep(pb.TrainStepRequest(job_id="job", step=1)), grpc.StatusCode.FAILED_PRECONDITION, "no fresh groups")
-        await expect(stub.TrainStep(pb.TrainStepRequest(job_id="job", step=2)), grpc.StatusCode.FAILED_PRECONDITION, "next step is 1")
+        await expect_code(stub.TrainStep(pb.TrainStepRequest(job_id="job", step=1)), grpc.StatusCode.FAILED_PRECONDITION, "no fresh groups")
+        await expect_code(stub.TrainStep(pb.TrainStepRequest(job_id="job", step=2)), grpc.StatusCode.FAILED_PRECONDITION, "next step is 1")
 
         await buf.PutGroup(buffer_pb2.PutGroupRequest(group=group("g0", 0)))
         reply = await stub.TrainStep(pb.TrainStepRequest(job_id="job", step=1))
@@ -77,12 +70,12 @@ async def test_train_step_consumes_and_acks_fresh_groups(start_service, tmp_path
 
         # With max_trajectory_age_steps 0, a version-0 group is stale at step 2.
         await buf.PutGroup(buffer_pb2.PutGroupRequest(group=group("g1", 0)))
-        await expect(stub.TrainStep(pb.TrainStepRequest(job_id="job", step=2)), grpc.StatusCode.FAILED_PRECONDITION, "1 dropped as stale")
+        await expect_code(stub.TrainStep(pb.TrainStepRequest(job_id="job", step=2)), grpc.StatusCode.FAILED_PRECONDITION, "1 dropped as stale")
 
         saved = await stub.SaveCheckpoint(pb.SaveCheckpointRequest(job_id="job"))
         assert saved.step == 1 and saved.path.endswith("job/checkpoints/step-1")
         assert AutoModelForCausalLM.from_pretrained(saved.path).num_parameters() == loaded.num_parameters
 
         await stub.UnloadPolicy(pb.UnloadPolicyRequest(job_id="job"))
-        await expect(stub.UnloadPolicy(pb.UnloadPolicyRequest(job_id="job")), grpc.StatusCode.NOT_FOUND)
+        await expect_code(stub.UnloadPolicy(pb.UnloadPolicyRequest(job_id="job")), grpc.StatusCode.NOT_FOUND)
     assert trainer.stop() == 0
