@@ -8,7 +8,7 @@ BUF_VERSION := 1.75.0
 BUF    := .tools/node_modules/.bin/buf
 CONFIG ?= examples/configs/tiny_expr.yaml
 
-.PHONY: install run test protos lint-protos tools clean
+.PHONY: install run test lint protos lint-protos tools clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ test: install tools
 
 protos: install
 	$(BIN)/python protos/generate.py
+
+lint: install tools
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BUF) lint
 
 lint-protos: tools
 	$(BUF) lint

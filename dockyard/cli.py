@@ -61,8 +61,12 @@ def prepare(cfg) -> None:
     from dockyard.recipes.tiny_expr import warm_start
 
     boot = policy.bootstrap
-    with Progress(TextColumn("warm start"), BarColumn(), TextColumn("{task.completed}/{task.total} loss {task.fields[loss]}"),
-                  TimeElapsedColumn()) as bar:
+    with Progress(
+        TextColumn("warm start"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} loss {task.fields[loss]}"),
+        TimeElapsedColumn(),
+    ) as bar:
         task = bar.add_task("sft", total=boot.steps, loss="-")
         warm_start(
             out,
@@ -113,11 +117,17 @@ async def _follow(address: str, job_id: str, stack=None) -> int:
 
     from dockyard.coordinator.v1 import coordinator_pb2
 
-    finished = {coordinator_pb2.JOB_STATE_SUCCEEDED, coordinator_pb2.JOB_STATE_FAILED, coordinator_pb2.JOB_STATE_CANCELLED}
+    finished = {
+        coordinator_pb2.JOB_STATE_SUCCEEDED,
+        coordinator_pb2.JOB_STATE_FAILED,
+        coordinator_pb2.JOB_STATE_CANCELLED,
+    }
     channel, stub = _coordinator(address)
     async with channel:
         with Progress(
-            TextColumn("[bold]{task.fields[phase]:<16}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("[bold]{task.fields[phase]:<16}"),
+            BarColumn(),
+            MofNCompleteColumn(),
             TextColumn("reward {task.fields[reward]}  val {task.fields[val]}  {task.fields[tps]} tok/s"),
             TimeElapsedColumn(),
         ) as bar:
@@ -126,7 +136,10 @@ async def _follow(address: str, job_id: str, stack=None) -> int:
                 job = (await stub.GetJob(coordinator_pb2.GetJobRequest(job_id=job_id), timeout=10)).job
                 m, v = job.metrics, job.validation_metrics
                 bar.update(
-                    task, total=job.max_steps, completed=job.step, phase=job.phase,
+                    task,
+                    total=job.max_steps,
+                    completed=job.step,
+                    phase=job.phase,
                     reward=f"{m['reward_mean']:.3f}" if "reward_mean" in m else "-",
                     val=f"{v['pass_rate']:.3f}" if "pass_rate" in v else "-",
                     tps=f"{m['generated_tokens_per_second']:.0f}" if "generated_tokens_per_second" in m else "-",
@@ -149,8 +162,10 @@ def _summary(run_dir: Path) -> None:
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     val = [r for r in records if r["kind"] == "validation"]
     if len(val) >= 2:
-        print(f"validation pass rate: {val[0]['pass_rate']:.3f} at step {val[0]['step']} -> "
-              f"{val[-1]['pass_rate']:.3f} at step {val[-1]['step']}")
+        print(
+            f"validation pass rate: {val[0]['pass_rate']:.3f} at step {val[0]['step']} -> "
+            f"{val[-1]['pass_rate']:.3f} at step {val[-1]['step']}"
+        )
     print(f"run folder: {run_dir}  (config.yaml, metrics.jsonl, curves.png)")
 
 
@@ -169,8 +184,8 @@ def _interrupt_on_signals() -> None:
 
 
 def cmd_run(args) -> int:
-    from dockyard.stack import LocalStack
     from dockyard.coordinator.v1 import coordinator_pb2
+    from dockyard.stack import LocalStack
 
     cfg = _load(args.config, args.overrides)
     prepare(cfg)
@@ -262,7 +277,9 @@ def cmd_prepare(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dockyard", description="GRPO post-training against execution-grounded rewards.")
+    parser = argparse.ArgumentParser(
+        prog="dockyard", description="GRPO post-training against execution-grounded rewards."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     def with_config(p: argparse.ArgumentParser) -> None:

@@ -67,7 +67,9 @@ class BootstrapConfig(Section):
     lr: float = Field(3e-3, gt=0.0, description="Warm-start learning rate.")
     batch_size: int = Field(64, ge=1, description="Warm-start batch size.")
     seed: int = Field(0, description="Warm-start seed.")
-    num_threads: int | None = Field(None, ge=1, description="torch threads of the warm start; null keeps torch's default.")
+    num_threads: int | None = Field(
+        None, ge=1, description="torch threads of the warm start; null keeps torch's default."
+    )
     shortcut_rate: float = Field(
         0.6, ge=0.0, le=1.0, description="Share of demonstrations the line-through-two-points demonstrator answers."
     )
@@ -76,7 +78,8 @@ class BootstrapConfig(Section):
 class PolicyConfig(Section):
     model_name: str | None = Field(None, description="Local Hugging Face folder of the policy.")
     model: dict[str, Any] | None = Field(
-        None, description="Architecture to build with random weights when model_name is null: model_type + config kwargs."
+        None,
+        description="Architecture to build with random weights when model_name is null: model_type + config kwargs.",
     )
     bootstrap: BootstrapConfig | None = Field(None, description="Writes model_name before the job when it is missing.")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype.")
@@ -237,7 +240,9 @@ class MasterConfig(Section):
         if g.async_grpo.enabled:
             errors.append(("grpo.async_grpo.enabled", "asynchronous GRPO is not built yet; set it to false"))
         if loss.opd:
-            errors.append(("loss_fn.opd", "on-policy distillation needs a teacher model, which the trainer does not load yet"))
+            errors.append(
+                ("loss_fn.opd", "on-policy distillation needs a teacher model, which the trainer does not load yet")
+            )
         if self.policy.generation.backend != "torch":
             errors.append(("policy.generation.backend", "the vLLM engine is not built yet; use torch"))
         if self.data.num_dataloaders > 1:

@@ -47,7 +47,11 @@ def generate(out_dir: Path) -> list[Path]:
             if not init.exists():
                 init.write_text("")
         stem = proto.stem
-        written += [package_dir / f"{stem}_pb2.py", package_dir / f"{stem}_pb2.pyi", package_dir / f"{stem}_pb2_grpc.py"]
+        written += [
+            package_dir / f"{stem}_pb2.py",
+            package_dir / f"{stem}_pb2.pyi",
+            package_dir / f"{stem}_pb2_grpc.py",
+        ]
     return written
 
 

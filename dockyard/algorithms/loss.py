@@ -106,9 +106,12 @@ def clipped_pg_loss(
     shape = logprobs.shape
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be [B, T], got shape {tuple(shape)}")
-    for name, tensor in (("old_logprobs", old_logprobs), ("mask", mask),
-                         ("generation_logprobs", generation_logprobs),
-                         ("reference_logprobs", reference_logprobs)):
+    for name, tensor in (
+        ("old_logprobs", old_logprobs),
+        ("mask", mask),
+        ("generation_logprobs", generation_logprobs),
+        ("reference_logprobs", reference_logprobs),
+    ):
         if tensor is not None and tensor.shape != shape:
             raise ValueError(f"{name} shape {tuple(tensor.shape)} != logprobs shape {tuple(shape)}")
     if advantages.shape not in (shape, shape[:1]):

@@ -30,7 +30,9 @@ def load_policy(policy: PolicyConfig, device: str = "cpu") -> tuple[PreTrainedMo
     if policy.model_name is not None:
         path = Path(policy.model_name)
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"policy.model_name={policy.model_name!r} is not a local model folder (no config.json)")
+            raise FileNotFoundError(
+                f"policy.model_name={policy.model_name!r} is not a local model folder (no config.json)"
+            )
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     else:

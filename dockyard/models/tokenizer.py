@@ -25,11 +25,7 @@ SPECIAL_TOKENS: tuple[str, ...] = (PAD, EOS, BOS, UNK)
 # Everything the expression tasks and plausible completions use, plus the rest
 # of the lowercase alphabet and some punctuation so a sampled completion like
 # "abs(x)" or "x**2" stays representable.
-CHARSET: str = (
-    string.digits
-    + string.ascii_lowercase
-    + " \n=()+-*/%<>!&|^~,.:_[]"
-)
+CHARSET: str = string.digits + string.ascii_lowercase + " \n=()+-*/%<>!&|^~,.:_[]"
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:

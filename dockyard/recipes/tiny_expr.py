@@ -65,9 +65,7 @@ MAX_NEW_TOKENS = 16
 WARM_START_META = "warm_start.json"
 
 
-def encode_sft_batch(
-    tokenizer: PreTrainedTokenizerFast, tasks: Sequence[Task]
-) -> dict[str, torch.Tensor]:
+def encode_sft_batch(tokenizer: PreTrainedTokenizerFast, tasks: Sequence[Task]) -> dict[str, torch.Tensor]:
     """Right-padded ids, attention mask and labels masked to the completion."""
     rows: list[tuple[list[int], list[int]]] = []
     for task in tasks:
@@ -193,10 +191,7 @@ def _train(
     # make_tasks walks permutations of the pool; shuffle once more so a batch
     # mixes the end of one permutation with others deterministically.
     rng.shuffle(tasks)
-    tasks = [
-        replace(t, solution=line_through_first_two(t)) if rng.random() < shortcut_rate else t
-        for t in tasks
-    ]
+    tasks = [replace(t, solution=line_through_first_two(t)) if rng.random() < shortcut_rate else t for t in tasks]
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
     policy.train()
     losses: list[float] = []

@@ -19,7 +19,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dockyard.rpc.server import message_size_options
 
-
 # Methods safe to repeat, by service: the only ones the channel retries.
 IDEMPOTENT: dict[str, tuple[str, ...]] = {
     "dockyard.coordinator.v1.CoordinatorService": ("GetJob", "ListJobs", "GetWeightSyncGroup"),

@@ -42,7 +42,7 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 SHOWN_INPUTS: tuple[int, ...] = (0, 1, 2, 3, 4, 5)
 HELD_OUT_INPUTS: tuple[int, ...] = (7, 10)
@@ -90,7 +90,7 @@ def _split_of(signature: tuple[int, ...]) -> str:
     return "validation" if digest[0] % _VALIDATION_BUCKETS == 0 else "train"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _pool(split: str) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
     """Canonical (family, solution, outputs) of every function in a split."""
     seen_shown: set[tuple[int, ...]] = set()
@@ -120,12 +120,12 @@ def _check_split(split: str) -> None:
 
 
 def _prompt(outputs: tuple[int, ...]) -> str:
-    shown = " ".join(f"f({x})={y}" for x, y in zip(SHOWN_INPUTS, outputs))
+    shown = " ".join(f"f({x})={y}" for x, y in zip(SHOWN_INPUTS, outputs[: len(SHOWN_INPUTS)], strict=True))
     return f"{shown}\nf(x)="
 
 
 def _task(split: str, index: int, family: str, expr: str, outputs: tuple[int, ...]) -> Task:
-    tests = tuple(f"assert f({x}) == {y}" for x, y in zip(TEST_INPUTS, outputs))
+    tests = tuple(f"assert f({x}) == {y}" for x, y in zip(TEST_INPUTS, outputs, strict=True))
     return Task(
         task_id=f"expr-{split}-{index:06d}-{family}",
         prompt=_prompt(outputs),

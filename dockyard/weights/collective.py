@@ -172,4 +172,6 @@ def _run(
             digest.update(_bytes_of(flat))
         total += flat.numel() * flat.element_size()
         del flat
-    return SyncReport(checksum=digest.hexdigest() if checksum else "", num_bytes=total, seconds=time.perf_counter() - start)
+    return SyncReport(
+        checksum=digest.hexdigest() if checksum else "", num_bytes=total, seconds=time.perf_counter() - start
+    )

@@ -34,7 +34,9 @@ class _Job:
     duplicate_puts: int = 0
 
     def knows(self, group_id: str) -> bool:
-        return group_id in self.held_ids or group_id in self.pending or group_id in self.acked or group_id in self.dropped
+        return (
+            group_id in self.held_ids or group_id in self.pending or group_id in self.acked or group_id in self.dropped
+        )
 
 
 class MemoryBuffer(BufferBackend):

@@ -81,9 +81,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         if request.trainer_step < 0:
             raise InvalidArgument(f"trainer_step must be >= 0, got {request.trainer_step}")
         if request.max_trajectory_age_steps < 0:
-            raise InvalidArgument(
-                f"max_trajectory_age_steps must be >= 0, got {request.max_trajectory_age_steps}"
-            )
+            raise InvalidArgument(f"max_trajectory_age_steps must be >= 0, got {request.max_trajectory_age_steps}")
         groups, dropped = await self._backend.sample(
             request.job_id, request.trainer_step, request.max_groups, request.max_trajectory_age_steps
         )

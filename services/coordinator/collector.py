@@ -216,7 +216,9 @@ class Collector:
                 break
             batch = []
             for _ in range(missing):
-                batch.append((next(self.tasks), f"{self.job_id}/s{step}/g{index}", grpo.seed * 1_000_003 + step * 1009 + index))
+                batch.append(
+                    (next(self.tasks), f"{self.job_id}/s{step}/g{index}", grpo.seed * 1_000_003 + step * 1009 + index)
+                )
                 index += 1
             groups = await asyncio.gather(*(self.make_group(task, gid, seed) for task, gid, seed in batch))
             for group in groups:

@@ -55,7 +55,9 @@ class JobRecord:
 
     def transition(self, new: int, message: str = "") -> None:
         if new not in _ALLOWED.get(self.state, set()):
-            raise FailedPrecondition(f"job {self.job_id} is {state_name(self.state)}; it cannot become {state_name(new)}")
+            raise FailedPrecondition(
+                f"job {self.job_id} is {state_name(self.state)}; it cannot become {state_name(new)}"
+            )
         self.state = new
         if message:
             self.message = message

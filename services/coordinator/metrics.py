@@ -45,10 +45,20 @@ class RunFolder:
         train = [r for r in records if r["kind"] == "train"]
         val = [r for r in records if r["kind"] == "validation"]
         fig, ax = plt.subplots(figsize=(7, 4))
-        ax.plot([r["step"] for r in train], [r.get("reward_mean", float("nan")) for r in train],
-                label="train reward (mean)", color="tab:blue", alpha=0.8)
-        ax.plot([r["step"] for r in val], [r.get("pass_rate", float("nan")) for r in val],
-                "o-", label="validation pass rate", color="tab:orange")
+        ax.plot(
+            [r["step"] for r in train],
+            [r.get("reward_mean", float("nan")) for r in train],
+            label="train reward (mean)",
+            color="tab:blue",
+            alpha=0.8,
+        )
+        ax.plot(
+            [r["step"] for r in val],
+            [r.get("pass_rate", float("nan")) for r in val],
+            "o-",
+            label="validation pass rate",
+            color="tab:orange",
+        )
         ax.set_xlabel("step")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)

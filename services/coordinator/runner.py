@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import structlog
@@ -90,8 +90,12 @@ class JobRunner:
         self._phase("loading policy")
         yaml_text = record.config_yaml
         await asyncio.gather(
-            stubs.trainer.LoadPolicy(trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=yaml_text), timeout=self._slow),
-            stubs.rollout.LoadPolicy(rollout_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=yaml_text), timeout=self._slow),
+            stubs.trainer.LoadPolicy(
+                trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=yaml_text), timeout=self._slow
+            ),
+            stubs.rollout.LoadPolicy(
+                rollout_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=yaml_text), timeout=self._slow
+            ),
         )
         await self._sync_weights(0)
         val_tasks = load_tasks(cfg, "validation")
@@ -128,7 +132,11 @@ class JobRunner:
             last = step == cfg.grpo.max_num_steps
             if cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and not (last and cfg.grpo.val_at_end):
                 await self._validate(step, val_tasks)
-            if cfg.checkpointing.enabled and cfg.checkpointing.save_period and step % cfg.checkpointing.save_period == 0:
+            if (
+                cfg.checkpointing.enabled
+                and cfg.checkpointing.save_period
+                and step % cfg.checkpointing.save_period == 0
+            ):
                 await self._checkpoint()
         if cfg.grpo.val_at_end:
             await self._validate(cfg.grpo.max_num_steps, val_tasks)
@@ -177,9 +185,16 @@ class JobRunner:
                     log.warning("unload failed", code=exc.code().name, error=exc.details())
         try:
             stats = await self.stubs.buffer.GetStats(buffer_pb2.GetStatsRequest(job_id=job_id), timeout=10)
-            self.folder.append("buffer", self.record.step, {
-                "held": stats.held, "pending": stats.pending, "acked": stats.acked, "dropped_stale": stats.dropped_stale,
-            })
+            self.folder.append(
+                "buffer",
+                self.record.step,
+                {
+                    "held": stats.held,
+                    "pending": stats.pending,
+                    "acked": stats.acked,
+                    "dropped_stale": stats.dropped_stale,
+                },
+            )
         except grpc.aio.AioRpcError as exc:
             log.warning("buffer stats unavailable", code=exc.code().name)
         if self.config.logger.plot:

@@ -80,7 +80,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         names = list(self._channels)
         addresses = [getattr(self.settings, f"{name}_address") for name in names]
         statuses = await asyncio.gather(*(health_status(a, timeout=1.0) for a in addresses))
-        return [coordinator_pb2.ServiceStatus(name=n, address=a, status=s) for n, a, s in zip(names, addresses, statuses)]
+        return [
+            coordinator_pb2.ServiceStatus(name=n, address=a, status=s)
+            for n, a, s in zip(names, addresses, statuses, strict=True)
+        ]
 
     async def CreateJob(
         self, request: coordinator_pb2.CreateJobRequest, context: grpc.aio.ServicerContext

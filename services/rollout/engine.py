@@ -157,7 +157,7 @@ class _StopHits(StoppingCriteria):
     def __init__(self, tokenizer: Any, stops: list[str], prompt_len: int, device: torch.device) -> None:
         try:
             self.matcher = StopStringCriteria(tokenizer, stops)
-        except ValueError as exc:  # no token sequence can produce a stop string
+        except ValueError:  # no token sequence can produce a stop string
             raise UnsupportedRequest(f"sampling.stop: no token sequence of this tokenizer produces {stops!r}") from None
         self.prompt_len = prompt_len
         self.special_ids = torch.tensor(sorted(tokenizer.all_special_ids), dtype=torch.long, device=device)

@@ -84,7 +84,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             raise InvalidArgument(str(exc)) from None
         if cfg.policy.generation.backend != "torch":
             raise Unimplemented(
-                f"policy.generation.backend={cfg.policy.generation.backend!r} is not available on this replica; use torch"
+                f"policy.generation.backend={cfg.policy.generation.backend!r} is not available on this replica; "
+                "use torch"
             )
         async with self._load_lock:
             engine = self.engines.get(request.job_id)
@@ -160,7 +161,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             raise InvalidArgument(f"weight_version must be >= 0, got {request.weight_version}")
         async with self._sync_lock:
             self.side_groups[request.job_id] = group = await current_side_group(
-                self.coordinator, request.job_id, "rollout", self.side_groups.get(request.job_id),
+                self.coordinator,
+                request.job_id,
+                "rollout",
+                self.side_groups.get(request.job_id),
                 timedelta(seconds=self.settings.weight_sync_timeout_seconds),
             )
             bucket = self.configs[request.job_id].cluster.weight_sync_bucket_mb * 1024 * 1024

@@ -17,7 +17,9 @@ class RolloutSettings(ServiceSettings):
 
     model_config = SettingsConfigDict(env_prefix="DOCKYARD_ROLLOUT_", extra="ignore")
 
-    coordinator_address: str = Field(default_address("coordinator"), description="Coordinator host:port (weight-sync rendezvous).")
+    coordinator_address: str = Field(
+        default_address("coordinator"), description="Coordinator host:port (weight-sync rendezvous)."
+    )
     device: str = Field("cpu", description="Where engines put the policy: cpu, cuda or cuda:N.")
     max_new_tokens_ceiling: int = Field(
         4096, ge=1, description="Largest max_new_tokens a Generate request may ask for on this replica."

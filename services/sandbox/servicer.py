@@ -1,8 +1,8 @@
 """gRPC face of the sandbox: validates limits, calls the backend, returns verdicts.
 
-    Execute / RunTests --> resolve_limits (0 -> default; < 0, NaN, > ceiling -> INVALID_ARGUMENT)
-                       --> SandboxBackend --> Outcome --> common.v1.Verdict
-    ScorePatch         --> UNIMPLEMENTED until the docker backend exists
+Execute / RunTests --> resolve_limits (0 -> default; < 0, NaN, > ceiling -> INVALID_ARGUMENT)
+                   --> SandboxBackend --> Outcome --> common.v1.Verdict
+ScorePatch         --> UNIMPLEMENTED until the docker backend exists
 """
 
 from __future__ import annotations

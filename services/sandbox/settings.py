@@ -30,14 +30,20 @@ class SandboxSettings(ServiceSettings):
     max_timeout_seconds: float = Field(600.0, gt=0, description="Largest wall-clock limit a request may ask for.")
     max_memory_mb: int = Field(8192, gt=0, description="Largest address-space limit a request may ask for.")
     max_cpu_seconds: float = Field(600.0, gt=0, description="Largest CPU-time limit a request may ask for.")
-    max_output_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Largest per-stream output cap a request may ask for.")
+    max_output_bytes: int = Field(
+        4 * 1024 * 1024, gt=0, description="Largest per-stream output cap a request may ask for."
+    )
 
     max_file_mb: int = Field(64, gt=0, description="Largest file the code may write (RLIMIT_FSIZE).")
     max_processes: int = Field(
-        256, ge=0, description="RLIMIT_NPROC (counts every task of the service's user; ignored for root); 0 leaves it unset."
+        256,
+        ge=0,
+        description="RLIMIT_NPROC (counts every task of the service's user; ignored for root); 0 leaves it unset.",
     )
     max_concurrency: int = Field(os.cpu_count() or 1, ge=1, description="Runs executing at once; the rest wait.")
-    work_root: str | None = Field(None, description="Folder under which work folders are made; None is the system temp.")
+    work_root: str | None = Field(
+        None, description="Folder under which work folders are made; None is the system temp."
+    )
 
     @model_validator(mode="after")
     def _defaults_within_ceilings(self) -> SandboxSettings:

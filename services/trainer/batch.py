@@ -40,7 +40,7 @@ class Batch:
 
 
 def build_batch(groups: Sequence[common_pb2.Group], pad_token_id: int) -> Batch:
-    rows = [(g, t) for g_index, g in enumerate(groups) for t in g.trajectories]
+    rows = [(g, t) for g in groups for t in g.trajectories]
     if not rows:
         raise ValueError("no trajectories to train on")
     length = max(len(t.prompt_token_ids) + len(t.completion_token_ids) for _, t in rows)
@@ -50,7 +50,7 @@ def build_batch(groups: Sequence[common_pb2.Group], pad_token_id: int) -> Batch:
     token_mask = torch.zeros((n, length - 1), dtype=torch.float32)
     gen_logprobs = torch.zeros((n, length - 1), dtype=torch.float32)
     group_index = {g.group_id: i for i, g in enumerate(groups)}
-    for row, (group, traj) in enumerate(rows):
+    for row, (_, traj) in enumerate(rows):
         prompt, completion = list(traj.prompt_token_ids), list(traj.completion_token_ids)
         ids = prompt + completion
         input_ids[row, : len(ids)] = torch.tensor(ids)

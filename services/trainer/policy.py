@@ -31,7 +31,6 @@ from dockyard.config import MasterConfig
 from dockyard.models.load import load_policy
 from services.trainer.batch import Batch, build_batch
 
-
 _LOSS_STATS = ("pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "is_weight_mean", "ratio_mean")
 
 

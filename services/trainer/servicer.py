@@ -96,7 +96,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             expected = policy.weight_version + 1
             if request.step != expected:
                 raise FailedPrecondition(
-                    f"the trainer has taken {policy.weight_version} steps; the next step is {expected}, not {request.step}"
+                    f"the trainer has taken {policy.weight_version} steps; "
+                    f"the next step is {expected}, not {request.step}"
                 )
             grpo = policy.config.grpo
             reply = await self.buffer.SampleGroups(
@@ -134,13 +135,20 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         job = self._job(request.job_id)
         async with job.lock:
             job.side_group = group = await current_side_group(
-                self.coordinator, job.job_id, "trainer", job.side_group,
+                self.coordinator,
+                job.job_id,
+                "trainer",
+                job.side_group,
                 timedelta(seconds=self.settings.weight_sync_timeout_seconds),
             )
             bucket = job.policy.config.cluster.weight_sync_bucket_mb * 1024 * 1024
             report = await asyncio.to_thread(send_weights, group, job.policy.named_weights(), bucket)
-            log.info("weights pushed", version=job.policy.weight_version, mb=round(report.num_bytes / 2**20, 2),
-                     seconds=round(report.seconds, 3))
+            log.info(
+                "weights pushed",
+                version=job.policy.weight_version,
+                mb=round(report.num_bytes / 2**20, 2),
+                seconds=round(report.seconds, 3),
+            )
             return trainer_pb2.PushWeightsResponse(
                 weight_version=job.policy.weight_version,
                 checksum=report.checksum,

@@ -94,8 +94,16 @@ async def test_bad_input_is_refused_with_the_exact_code_and_the_server_keeps_ser
         other_calls = [
             ("group is missing", stub.PutGroup, buffer_pb2.PutGroupRequest()),
             ("job_id is empty", stub.SampleGroups, buffer_pb2.SampleGroupsRequest(**{**sample, "job_id": ""})),
-            ("max_groups must be >= 1", stub.SampleGroups, buffer_pb2.SampleGroupsRequest(**{**sample, "max_groups": 0})),
-            ("trainer_step must be >= 0", stub.SampleGroups, buffer_pb2.SampleGroupsRequest(**{**sample, "trainer_step": -1})),
+            (
+                "max_groups must be >= 1",
+                stub.SampleGroups,
+                buffer_pb2.SampleGroupsRequest(**{**sample, "max_groups": 0}),
+            ),
+            (
+                "trainer_step must be >= 0",
+                stub.SampleGroups,
+                buffer_pb2.SampleGroupsRequest(**{**sample, "trainer_step": -1}),
+            ),
             (
                 "max_trajectory_age_steps must be >= 0",
                 stub.SampleGroups,

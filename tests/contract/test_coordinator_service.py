@@ -46,14 +46,18 @@ async def test_jobs_refusals_and_rendezvous(coordinator, tmp_path: Path) -> None
     config = CONFIG.replace("LOG_DIR", str(tmp_path / "runs"))
     async with connect(coordinator.address) as channel:
         stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
-        await expect_code(stub.CreateJob(pb.CreateJobRequest(config_yaml="  ")), grpc.StatusCode.INVALID_ARGUMENT, "empty")
+        await expect_code(
+            stub.CreateJob(pb.CreateJobRequest(config_yaml="  ")), grpc.StatusCode.INVALID_ARGUMENT, "empty"
+        )
         await expect_code(
             stub.CreateJob(pb.CreateJobRequest(config_yaml=config.replace("max_num_steps: 3", "max_num_steps: 0"))),
-            grpc.StatusCode.INVALID_ARGUMENT, "grpo.max_num_steps",
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "grpo.max_num_steps",
         )
         await expect_code(
             stub.CreateJob(pb.CreateJobRequest(config_yaml=config, job_id="Bad Id!")),
-            grpc.StatusCode.INVALID_ARGUMENT, "job_id",
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "job_id",
         )
         await expect_code(stub.GetJob(pb.GetJobRequest(job_id="nope")), grpc.StatusCode.NOT_FOUND, "nope")
         await expect_code(stub.GetJob(pb.GetJobRequest()), grpc.StatusCode.INVALID_ARGUMENT)
@@ -65,13 +69,16 @@ async def test_jobs_refusals_and_rendezvous(coordinator, tmp_path: Path) -> None
         again = (await stub.CreateJob(pb.CreateJobRequest(config_yaml=config, job_id="job-a"))).job
         assert again.create_time == created.create_time
         await expect_code(
-            stub.CreateJob(pb.CreateJobRequest(config_yaml=config.replace("max_num_steps: 3", "max_num_steps: 4"), job_id="job-a")),
+            stub.CreateJob(
+                pb.CreateJobRequest(config_yaml=config.replace("max_num_steps: 3", "max_num_steps: 4"), job_id="job-a")
+            ),
             grpc.StatusCode.ALREADY_EXISTS,
         )
 
         await expect_code(
             stub.GetWeightSyncGroup(pb.GetWeightSyncGroupRequest(job_id="job-a", member="sandbox")),
-            grpc.StatusCode.INVALID_ARGUMENT, "member",
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "member",
         )
         await expect_code(
             stub.GetWeightSyncGroup(pb.GetWeightSyncGroupRequest(job_id="nope", member="trainer")),
@@ -83,7 +90,9 @@ async def test_jobs_refusals_and_rendezvous(coordinator, tmp_path: Path) -> None
         assert job.state == pb.JOB_STATE_FAILED
         assert "loading policy" in job.message and "UNAVAILABLE" in job.message
         assert {s.name: s.status for s in job.services}["trainer"] == "UNREACHABLE"
-        await expect_code(stub.CancelJob(pb.CancelJobRequest(job_id="job-a")), grpc.StatusCode.FAILED_PRECONDITION, "FAILED")
+        await expect_code(
+            stub.CancelJob(pb.CancelJobRequest(job_id="job-a")), grpc.StatusCode.FAILED_PRECONDITION, "FAILED"
+        )
         await expect_code(
             stub.GetWeightSyncGroup(pb.GetWeightSyncGroupRequest(job_id="job-a", member="trainer")),
             grpc.StatusCode.FAILED_PRECONDITION,

@@ -125,7 +125,8 @@ async def _contract(address: str) -> None:
         # The full weight sync runs in tests/integration; here only its refusals.
         await expect_code(
             stub.ReceiveWeights(rollout_pb2.ReceiveWeightsRequest(job_id=JOB, weight_version=-1)),
-            grpc.StatusCode.INVALID_ARGUMENT, "weight_version",
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "weight_version",
         )
         await expect_code(
             stub.ReceiveWeights(rollout_pb2.ReceiveWeightsRequest(job_id="no-such-job", weight_version=1)),

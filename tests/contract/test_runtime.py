@@ -22,10 +22,15 @@ def test_sigterm_reports_not_serving_then_finishes_in_flight_calls(start_service
         async with connect(sandbox.address) as channel:
             stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
             health = health_pb2_grpc.HealthStub(channel)
-            slow = asyncio.ensure_future(stub.RunTests(sandbox_pb2.RunTestsRequest(
-                program="import time\ntime.sleep(1.5)\ndef f(x):\n    return x\n", tests=["assert f(2) == 2"],
-                limits=sandbox_pb2.Limits(timeout_seconds=10),
-            )))
+            slow = asyncio.ensure_future(
+                stub.RunTests(
+                    sandbox_pb2.RunTestsRequest(
+                        program="import time\ntime.sleep(1.5)\ndef f(x):\n    return x\n",
+                        tests=["assert f(2) == 2"],
+                        limits=sandbox_pb2.Limits(timeout_seconds=10),
+                    )
+                )
+            )
             await asyncio.sleep(0.3)
             sandbox.proc.send_signal(signal.SIGTERM)
             seen = []

@@ -105,7 +105,7 @@ async def execute(address: str, request: sandbox_pb2.ExecuteRequest) -> sandbox_
 
 def test_code_cannot_see_the_service_environment(start_service):
     service = start_service("sandbox", {"DOCKYARD_SECRET": "hunter2"})
-    request = sandbox_pb2.ExecuteRequest(command=["sh", "-c", "env; test -z \"$DOCKYARD_SECRET\""])
+    request = sandbox_pb2.ExecuteRequest(command=["sh", "-c", 'env; test -z "$DOCKYARD_SECRET"'])
     reply = asyncio.run(execute(service.address, request))
     assert reply.verdict.status == PASSED, reply.verdict
     assert "hunter2" not in reply.verdict.stdout

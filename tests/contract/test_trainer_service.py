@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
-import pytest
 from transformers import AutoModelForCausalLM
 
 from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
@@ -32,10 +31,17 @@ def group(group_id: str, version: int) -> common_pb2.Group:
     trajectories = []
     for i, (text, reward) in enumerate([("2*x", 1.0), ("x+1", 1.0), ("x", 0.0), ("7", 0.0)]):
         ids = tok(text, add_special_tokens=False)["input_ids"]
-        trajectories.append(common_pb2.Trajectory(
-            trajectory_id=f"{group_id}/{i}", prompt_token_ids=prompt, completion_token_ids=ids,
-            completion_logprobs=[-2.0] * len(ids), weight_version=version, reward=reward, valid=True,
-        ))
+        trajectories.append(
+            common_pb2.Trajectory(
+                trajectory_id=f"{group_id}/{i}",
+                prompt_token_ids=prompt,
+                completion_token_ids=ids,
+                completion_logprobs=[-2.0] * len(ids),
+                weight_version=version,
+                reward=reward,
+                valid=True,
+            )
+        )
     return common_pb2.Group(group_id=group_id, job_id="job", weight_version=version, trajectories=trajectories)
 
 
@@ -45,21 +51,37 @@ async def test_train_step_consumes_and_acks_fresh_groups(start_service, tmp_path
     config = CONFIG.replace("LOG_DIR", str(tmp_path))
     async with connect(trainer.address) as tc, connect(buffer.address) as bc:
         stub, buf = trainer_pb2_grpc.TrainerServiceStub(tc), buffer_pb2_grpc.BufferServiceStub(bc)
-        await expect_code(stub.TrainStep(pb.TrainStepRequest(job_id="job", step=1)), grpc.StatusCode.NOT_FOUND, "LoadPolicy")
-        await expect_code(stub.LoadPolicy(pb.LoadPolicyRequest(config_yaml=config)), grpc.StatusCode.INVALID_ARGUMENT, "job_id")
         await expect_code(
-            stub.LoadPolicy(pb.LoadPolicyRequest(job_id="job", config_yaml=config.replace("hidden_size: 32", "hidden_size: -1"))),
-            grpc.StatusCode.INVALID_ARGUMENT, "policy.model",
+            stub.TrainStep(pb.TrainStepRequest(job_id="job", step=1)), grpc.StatusCode.NOT_FOUND, "LoadPolicy"
+        )
+        await expect_code(
+            stub.LoadPolicy(pb.LoadPolicyRequest(config_yaml=config)), grpc.StatusCode.INVALID_ARGUMENT, "job_id"
+        )
+        await expect_code(
+            stub.LoadPolicy(
+                pb.LoadPolicyRequest(job_id="job", config_yaml=config.replace("hidden_size: 32", "hidden_size: -1"))
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "policy.model",
         )
         await expect_code(
             stub.LoadPolicy(pb.LoadPolicyRequest(job_id="job", config_yaml="policy: {model_name: /no/such/model}")),
-            grpc.StatusCode.FAILED_PRECONDITION, "/no/such/model",
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "/no/such/model",
         )
 
         loaded = await stub.LoadPolicy(pb.LoadPolicyRequest(job_id="job", config_yaml=config))
         assert loaded.weight_version == 0 and loaded.num_parameters > 0
-        await expect_code(stub.TrainStep(pb.TrainStepRequest(job_id="job", step=1)), grpc.StatusCode.FAILED_PRECONDITION, "no fresh groups")
-        await expect_code(stub.TrainStep(pb.TrainStepRequest(job_id="job", step=2)), grpc.StatusCode.FAILED_PRECONDITION, "next step is 1")
+        await expect_code(
+            stub.TrainStep(pb.TrainStepRequest(job_id="job", step=1)),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "no fresh groups",
+        )
+        await expect_code(
+            stub.TrainStep(pb.TrainStepRequest(job_id="job", step=2)),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "next step is 1",
+        )
 
         await buf.PutGroup(buffer_pb2.PutGroupRequest(group=group("g0", 0)))
         reply = await stub.TrainStep(pb.TrainStepRequest(job_id="job", step=1))
@@ -70,7 +92,11 @@ async def test_train_step_consumes_and_acks_fresh_groups(start_service, tmp_path
 
         # With max_trajectory_age_steps 0, a version-0 group is stale at step 2.
         await buf.PutGroup(buffer_pb2.PutGroupRequest(group=group("g1", 0)))
-        await expect_code(stub.TrainStep(pb.TrainStepRequest(job_id="job", step=2)), grpc.StatusCode.FAILED_PRECONDITION, "1 dropped as stale")
+        await expect_code(
+            stub.TrainStep(pb.TrainStepRequest(job_id="job", step=2)),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "1 dropped as stale",
+        )
 
         saved = await stub.SaveCheckpoint(pb.SaveCheckpointRequest(job_id="job"))
         assert saved.step == 1 and saved.path.endswith("job/checkpoints/step-1")

@@ -24,9 +24,20 @@ MIN_GAIN = 0.15
 def test_tiny_recipe_raises_the_validation_pass_rate(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     result = subprocess.run(
-        [sys.executable, "-m", "dockyard.cli", "run", "examples/configs/tiny_expr.yaml",
-         f"policy.model_name={tmp_path / 'model'}", f"logger.log_dir={runs}"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=1200, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "dockyard.cli",
+            "run",
+            "examples/configs/tiny_expr.yaml",
+            f"policy.model_name={tmp_path / 'model'}",
+            f"logger.log_dir={runs}",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        stdin=subprocess.DEVNULL,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     [run_dir] = [p for p in runs.iterdir() if p.name != "logs"]

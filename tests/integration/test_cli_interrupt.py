@@ -18,11 +18,19 @@ pytestmark = pytest.mark.slow
 
 def test_sigint_during_a_run_leaves_no_service_behind(tmp_path: Path) -> None:
     cmd = [
-        sys.executable, "-m", "dockyard.cli", "run", "examples/configs/tiny_expr.yaml",
-        "policy.model_name=null", "policy.bootstrap=null", "grpo.max_num_steps=1000", f"logger.log_dir={tmp_path}",
+        sys.executable,
+        "-m",
+        "dockyard.cli",
+        "run",
+        "examples/configs/tiny_expr.yaml",
+        "policy.model_name=null",
+        "policy.bootstrap=null",
+        "grpo.max_num_steps=1000",
+        f"logger.log_dir={tmp_path}",
     ]
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 120
     output = []
     for line in proc.stdout:

@@ -61,7 +61,12 @@ def test_reflection_lists_each_service_with_health_and_reflection(stack: LocalSt
 def submit(stack: LocalStack, tmp_path: Path, steps: int) -> str:
     cfg = load_config(
         REPO_ROOT / "examples" / "configs" / "tiny_expr.yaml",
-        ["policy.model_name=null", "policy.bootstrap=null", f"grpo.max_num_steps={steps}", f"logger.log_dir={tmp_path}"],
+        [
+            "policy.model_name=null",
+            "policy.bootstrap=null",
+            f"grpo.max_num_steps={steps}",
+            f"logger.log_dir={tmp_path}",
+        ],
     )
 
     async def create() -> str:
@@ -76,7 +81,9 @@ def submit(stack: LocalStack, tmp_path: Path, steps: int) -> str:
 def test_get_job_by_grpcurl(stack: LocalStack, tmp_path: Path) -> None:
     job_id = submit(stack, tmp_path, steps=1)
     out = grpcurl(
-        "-d", json.dumps({"job_id": job_id}), stack.address("coordinator"),
+        "-d",
+        json.dumps({"job_id": job_id}),
+        stack.address("coordinator"),
         "dockyard.coordinator.v1.CoordinatorService/GetJob",
     )
     job = json.loads(out)["job"]
@@ -111,7 +118,9 @@ def test_running_job_rendezvous_cancel_and_cli_status(stack: LocalStack, tmp_pat
     assert job.state == coordinator_pb2.JOB_STATE_CANCELLED and 1 <= job.step < 1000
     status = subprocess.run(
         [sys.executable, "-m", "dockyard.cli", "status", "--coordinator", stack.address("coordinator")],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert status.returncode == 0, status.stderr
     assert f"{job_id}  CANCELLED" in status.stdout

@@ -43,7 +43,11 @@ def test_dockyard_run_trains_to_succeeded_and_writes_the_run_folder(tmp_path: Pa
     overrides = [*SHORT, f"policy.model_name={model_dir}", f"logger.log_dir={runs}"]
     result = subprocess.run(
         [sys.executable, "-m", "dockyard.cli", "run", "examples/configs/tiny_expr.yaml", *overrides],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "SUCCEEDED" in result.stdout

@@ -179,6 +179,8 @@ def test_settings_tables_are_per_service(doc: str) -> None:
             if row.group(1).startswith("DOCKYARD_"):
                 placement[row.group(1)] = current
     misplaced = {
-        name: placement.get(name) for name, (_, service) in settings_variables().items() if placement.get(name) != service
+        name: placement.get(name)
+        for name, (_, service) in settings_variables().items()
+        if placement.get(name) != service
     }
     assert not misplaced, f"variables under the wrong '### <Service>' heading: {misplaced}"

@@ -23,9 +23,17 @@ def parse(**fields) -> SamplingParams:
 
 
 def test_valid_params_pass_through() -> None:
-    params = parse(temperature=0.5, top_p=0.9, top_k=7, max_new_tokens=CEILING, stop=["\n", "##"], ignore_eos=True, seed=3)
+    params = parse(
+        temperature=0.5, top_p=0.9, top_k=7, max_new_tokens=CEILING, stop=["\n", "##"], ignore_eos=True, seed=3
+    )
     assert params == SamplingParams(
-        temperature=0.5, top_p=pytest.approx(0.9), top_k=7, max_new_tokens=CEILING, stop=("\n", "##"), ignore_eos=True, seed=3
+        temperature=0.5,
+        top_p=pytest.approx(0.9),
+        top_k=7,
+        max_new_tokens=CEILING,
+        stop=("\n", "##"),
+        ignore_eos=True,
+        seed=3,
     )
 
 

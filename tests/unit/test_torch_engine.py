@@ -31,7 +31,12 @@ def engine() -> TorchEngine:
     torch.set_num_threads(1)
     tok = build_char_tokenizer()
     model = build_random_model(
-        TINY, len(tok), seed=0, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id
+        TINY,
+        len(tok),
+        seed=0,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
     )
     return TorchEngine(model, tok, os.environ.get("DOCKYARD_TEST_DEVICE", "cpu"))
 
@@ -40,7 +45,9 @@ def run(engine: TorchEngine, n: int, **sampling) -> GenerationResult:
     return engine.generate_blocking(PROMPT, n, SamplingParams(**sampling))
 
 
-def recompute_logprobs(engine: TorchEngine, prompt_ids: list[int], tokens: list[int], temperature: float) -> torch.Tensor:
+def recompute_logprobs(
+    engine: TorchEngine, prompt_ids: list[int], tokens: list[int], temperature: float
+) -> torch.Tensor:
     """What the trainer does: one forward pass of prompt + completion, temperature-scaled log_softmax."""
     ids = torch.tensor([prompt_ids + tokens], device=engine.device)
     with torch.no_grad():

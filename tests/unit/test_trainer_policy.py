@@ -29,12 +29,16 @@ def _group(policy: PolicyTrainer, completions: list[str], rewards: list[float], 
     tok = policy.tokenizer
     prompt = tok("f(1)=2 f(x)=")["input_ids"]
     trajectories = []
-    for i, (text, reward) in enumerate(zip(completions, rewards)):
+    for i, (text, reward) in enumerate(zip(completions, rewards, strict=True)):
         ids = tok(text, add_special_tokens=False)["input_ids"]
         trajectories.append(
             common_pb2.Trajectory(
-                trajectory_id=f"g/{i}", prompt_token_ids=prompt, completion_token_ids=ids,
-                completion_logprobs=[-1.0] * len(ids), weight_version=0, reward=reward,
+                trajectory_id=f"g/{i}",
+                prompt_token_ids=prompt,
+                completion_token_ids=ids,
+                completion_logprobs=[-1.0] * len(ids),
+                weight_version=0,
+                reward=reward,
                 valid=True if valid is None else valid[i],
             )
         )
@@ -83,7 +87,15 @@ def test_a_step_raises_the_likelihood_of_the_rewarded_completion(policy: PolicyT
     assert after[0] > before[0]
     assert sum(after[1:]) < sum(before[1:])
     assert policy.weight_version == 1 and metrics["weight_version"] == 1.0
-    for key in ("loss", "pg_loss", "grad_norm", "lr", "clip_fraction", "gen_train_logprob_abs_diff", "tokens_per_second"):
+    for key in (
+        "loss",
+        "pg_loss",
+        "grad_norm",
+        "lr",
+        "clip_fraction",
+        "gen_train_logprob_abs_diff",
+        "tokens_per_second",
+    ):
         assert key in metrics
 
 
@@ -110,5 +122,5 @@ def test_save_writes_a_folder_from_pretrained_loads(policy: PolicyTrainer, tmp_p
     out = policy.save(tmp_path / "step-0")
     assert not list(tmp_path.glob(".*tmp*"))
     loaded = AutoModelForCausalLM.from_pretrained(out)
-    for (name, a), (_, b) in zip(policy.model.state_dict().items(), loaded.state_dict().items()):
+    for (name, a), (_, b) in zip(policy.model.state_dict().items(), loaded.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b, msg=name)

@@ -25,8 +25,14 @@ TINY = {
 
 def _run(out_dir, steps=40, seed=0, progress=None):
     return warm_start(
-        out_dir, model=TINY, steps=steps, lr=3e-3, batch_size=8, seed=seed,
-        num_threads=1, progress=progress,
+        out_dir,
+        model=TINY,
+        steps=steps,
+        lr=3e-3,
+        batch_size=8,
+        seed=seed,
+        num_threads=1,
+        progress=progress,
     )
 
 
@@ -57,8 +63,12 @@ def test_warm_start_writes_loadable_folder_and_lowers_loss(tmp_path):
     # Trained weights beat the untrained initialisation on held-out tasks.
     untrained = tmp_path / "untrained"
     build_random_model(
-        TINY, len(tok), seed=0, pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+        TINY,
+        len(tok),
+        seed=0,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
     ).save_pretrained(untrained)
     tok.save_pretrained(untrained)
     assert _validation_loss(out) < _validation_loss(untrained) - 0.5
@@ -100,8 +110,13 @@ def test_model_type_whose_auto_tokenizer_differs_is_refused(tmp_path):
     # AutoTokenizer swaps in Qwen2Tokenizer for qwen2 folders.
     with pytest.raises(ValueError, match="AutoTokenizer"):
         warm_start(
-            tmp_path / "ws", model={**TINY, "model_type": "qwen2"}, steps=1, lr=1e-3,
-            batch_size=2, seed=0, num_threads=1,
+            tmp_path / "ws",
+            model={**TINY, "model_type": "qwen2"},
+            steps=1,
+            lr=1e-3,
+            batch_size=2,
+            seed=0,
+            num_threads=1,
         )
     assert list(tmp_path.iterdir()) == []
 
@@ -132,8 +147,14 @@ def test_shortcut_is_the_line_through_the_first_two_examples():
 def test_shortcut_rate_changes_training_and_is_recorded(tmp_path):
     a = _run(tmp_path / "a", steps=3)
     b = warm_start(
-        tmp_path / "b", model=TINY, steps=3, lr=3e-3, batch_size=8, seed=0,
-        num_threads=1, shortcut_rate=0.0,
+        tmp_path / "b",
+        model=TINY,
+        steps=3,
+        lr=3e-3,
+        batch_size=8,
+        seed=0,
+        num_threads=1,
+        shortcut_rate=0.0,
     )
     assert json.loads((b / WARM_START_META).read_text())["shortcut_rate"] == 0.0
     wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")

@@ -18,7 +18,10 @@ def _tensors(rank: int, mismatch: bool) -> list[tuple[str, torch.Tensor]]:
     if mismatch and rank == 1:
         shapes[2] = (64, 32)
     dtypes = [torch.float32, torch.bfloat16, torch.float32, torch.float32]
-    return [(f"layer{i}.w", torch.randn(s, generator=gen).to(d)) for i, (s, d) in enumerate(zip(shapes, dtypes))]
+    return [
+        (f"layer{i}.w", torch.randn(s, generator=gen).to(d))
+        for i, (s, d) in enumerate(zip(shapes, dtypes, strict=True))
+    ]
 
 
 def _member(rank: int, port: int, bucket: int, mismatch: bool, out: mp.Queue) -> None:

@@ -31,9 +31,7 @@ def test_group_mean_baseline_with_group_std():
 
 def test_scale_none_is_the_plain_difference():
     # Dr.GRPO: no division. LOO baselines 0 and 1/3; group mean .25.
-    torch.testing.assert_close(
-        adv([1.0, 0.0, 0.0, 0.0], scale="none"), torch.tensor([1.0, -1 / 3, -1 / 3, -1 / 3])
-    )
+    torch.testing.assert_close(adv([1.0, 0.0, 0.0, 0.0], scale="none"), torch.tensor([1.0, -1 / 3, -1 / 3, -1 / 3]))
     torch.testing.assert_close(
         adv([1.0, 0.0, 0.0, 0.0], scale="none", leave_one_out=False), torch.tensor([0.75, -0.25, -0.25, -0.25])
     )
@@ -48,7 +46,9 @@ def test_scale_batch_uses_the_std_of_every_valid_reward():
     rewards = [1.0, 0.0, 1.0, 1.0]
     torch.testing.assert_close(
         adv(rewards, groups, scale="batch", leave_one_out=False),
-        torch.tensor([0.999998, -0.999998, 0.0, 0.0]), atol=1e-6, rtol=0,
+        torch.tensor([0.999998, -0.999998, 0.0, 0.0]),
+        atol=1e-6,
+        rtol=0,
     )
     torch.testing.assert_close(
         adv(rewards, groups, scale="batch"), torch.tensor([1.999996, -1.999996, 0.0, 0.0]), atol=1e-6, rtol=0

@@ -29,8 +29,18 @@ def errors(**changes):
 def test_good_configs_have_no_errors():
     assert errors() == []
     # sync mode may use every batch-level feature and no correction
-    assert errors(async_enabled=False, is_correction=None, dynamic_sampling=True, reward_scaling=True,
-                  reward_shaping=True, num_dataloaders=3, dual_clip_c=None) == []
+    assert (
+        errors(
+            async_enabled=False,
+            is_correction=None,
+            dynamic_sampling=True,
+            reward_scaling=True,
+            reward_shaping=True,
+            num_dataloaders=3,
+            dual_clip_c=None,
+        )
+        == []
+    )
     assert errors(is_correction="tis", is_min=None) == []
     assert errors(is_correction="plain", is_min=None, is_max=None) == []
     assert errors(opd=True) == []
@@ -73,9 +83,19 @@ def test_non_positive_sizes_are_reported():
 
 
 def test_every_broken_rule_is_reported_at_once():
-    result = errors(is_correction=None, dynamic_sampling=True, reward_scaling=True, reward_shaping=True,
-                    num_dataloaders=2, dual_clip_c=0.9, is_min=2.0, is_max=1.0, train_global_batch_size=31,
-                    opd=True, zero_prev_logprobs=True)
+    result = errors(
+        is_correction=None,
+        dynamic_sampling=True,
+        reward_scaling=True,
+        reward_shaping=True,
+        num_dataloaders=2,
+        dual_clip_c=0.9,
+        is_min=2.0,
+        is_max=1.0,
+        train_global_batch_size=31,
+        opd=True,
+        zero_prev_logprobs=True,
+    )
     assert [f for f, _ in result] == [
         "loss_fn.is_correction",
         "grpo.dynamic_sampling.enabled",

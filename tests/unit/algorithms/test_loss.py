@@ -76,6 +76,7 @@ def test_unknown_kl_type_raises():
 
 # ---------------------------------------------------------------- clipped_pg_loss: clipping
 
+
 def basic_case(dtype=torch.float32):
     """Two sequences, old logprobs 0 so that ratio = exp(logprobs); seq 0 has one padded token.
 
@@ -165,6 +166,7 @@ def test_dual_clip():
 
 # ---------------------------------------------------------------- importance-sampling correction
 
+
 def is_case():
     """ρ = 1 and A = +1 everywhere, so each valid token's loss is -w and the loss is -(mean w).
 
@@ -201,8 +203,14 @@ def is_case():
 def test_is_corrections(is_correction, is_min, is_max, expected_loss, weight_mean, oob):
     logprobs, old, advantages, mask, generation = is_case()
     loss, metrics = clipped_pg_loss(
-        logprobs, old, advantages, mask, generation_logprobs=generation,
-        is_correction=is_correction, is_min=is_min, is_max=is_max,
+        logprobs,
+        old,
+        advantages,
+        mask,
+        generation_logprobs=generation,
+        is_correction=is_correction,
+        is_min=is_min,
+        is_max=is_max,
     )
     close(loss, expected_loss)
     close(metrics["is_weight_mean"], weight_mean)
@@ -214,8 +222,14 @@ def test_seq_mask_tis_averages_over_valid_tokens_only():
     # (Averaging over all 4 positions would give sqrt(1.5) = 1.2247 and keep it: loss -1.5.)
     generation = torch.tensor([[-math.log(1.5), -math.log(1.5), 0.0, 0.0]])
     loss, metrics = clipped_pg_loss(
-        torch.zeros(1, 4), torch.zeros(1, 4), torch.ones(1), torch.tensor([[1, 1, 0, 0]]),
-        generation_logprobs=generation, is_correction="seq-mask-tis", is_min=0.5, is_max=1.3,
+        torch.zeros(1, 4),
+        torch.zeros(1, 4),
+        torch.ones(1),
+        torch.tensor([[1, 1, 0, 0]]),
+        generation_logprobs=generation,
+        is_correction="seq-mask-tis",
+        is_min=0.5,
+        is_max=1.3,
     )
     assert loss.item() == 0.0
     assert metrics["is_oob_fraction"] == 1.0
@@ -244,15 +258,21 @@ def test_constants_receive_no_gradient():
 
 # ---------------------------------------------------------------- KL term
 
+
 def test_kl_term_is_added_unweighted():
     # ρ = 1, A = +1, plain IS weight 2 on every token -> pg = -2 per token, pg_loss = -2.
     # k3 with log r [0, 1, -1]: [0, .7182818, .3678794], mean .3620537.
     # loss = -2 + 0.1 * .3620537 = -1.9637946 (an IS-weighted KL would give -1.9275893)
     logprobs = torch.zeros(1, 3, requires_grad=True)
     loss, metrics = clipped_pg_loss(
-        logprobs, torch.zeros(1, 3), torch.ones(1), torch.ones(1, 3),
-        generation_logprobs=torch.full((1, 3), -math.log(2.0)), is_correction="plain",
-        reference_logprobs=REF.unsqueeze(0), kl_penalty=0.1,
+        logprobs,
+        torch.zeros(1, 3),
+        torch.ones(1),
+        torch.ones(1, 3),
+        generation_logprobs=torch.full((1, 3), -math.log(2.0)),
+        is_correction="plain",
+        reference_logprobs=REF.unsqueeze(0),
+        kl_penalty=0.1,
     )
     close(loss, -1.9637946)
     close(metrics["pg_loss"], -2.0)
@@ -274,6 +294,7 @@ def test_kl_metric_without_penalty_and_kl_type_choice():
 
 # ---------------------------------------------------------------- masks
 
+
 def test_empty_rows_are_ignored_by_both_reductions():
     logprobs, old, advantages, mask = basic_case()
     logprobs = torch.cat([logprobs.detach(), torch.full((1, 4), NAN)]).requires_grad_()
@@ -293,9 +314,17 @@ def test_empty_rows_are_ignored_by_both_reductions():
 def test_all_masked_batch_gives_zero_loss_and_finite_gradient(reduction):
     logprobs = torch.full((2, 3), NAN, requires_grad=True)
     loss, metrics = clipped_pg_loss(
-        logprobs, torch.zeros(2, 3), torch.ones(2), torch.zeros(2, 3), reduction=reduction,
-        reference_logprobs=torch.zeros(2, 3), kl_penalty=0.1,
-        generation_logprobs=torch.zeros(2, 3), is_correction="seq-mask-tis", is_min=0.5, is_max=2.0,
+        logprobs,
+        torch.zeros(2, 3),
+        torch.ones(2),
+        torch.zeros(2, 3),
+        reduction=reduction,
+        reference_logprobs=torch.zeros(2, 3),
+        kl_penalty=0.1,
+        generation_logprobs=torch.zeros(2, 3),
+        is_correction="seq-mask-tis",
+        is_min=0.5,
+        is_max=2.0,
     )
     assert loss.item() == 0.0
     loss.backward()
@@ -311,6 +340,7 @@ def test_mask_dtypes(mask_dtype):
 
 
 # ---------------------------------------------------------------- dtypes and gradcheck
+
 
 def test_bfloat16_inputs():
     logprobs, old, advantages, mask = basic_case(torch.bfloat16)
@@ -341,8 +371,17 @@ def test_gradcheck_float64(reduction, is_correction):
 
     def f(x):
         loss, _ = clipped_pg_loss(
-            x, old, advantages, mask, generation_logprobs=generation, reference_logprobs=reference,
-            dual_clip_c=1.5, kl_penalty=0.1, is_correction=is_correction, is_min=0.8, is_max=1.3,
+            x,
+            old,
+            advantages,
+            mask,
+            generation_logprobs=generation,
+            reference_logprobs=reference,
+            dual_clip_c=1.5,
+            kl_penalty=0.1,
+            is_correction=is_correction,
+            is_min=0.8,
+            is_max=1.3,
             reduction=reduction,
         )
         return loss
@@ -351,6 +390,7 @@ def test_gradcheck_float64(reduction, is_correction):
 
 
 # ---------------------------------------------------------------- argument checks
+
 
 @pytest.mark.parametrize(
     "kwargs, match",
