@@ -93,6 +93,8 @@ def _job_line(job) -> str:
         parts.append(f"reward {reward:.3f}")
     if val is not None:
         parts.append(f"val pass {val:.3f}")
+    if "buffer_held" in job.metrics:
+        parts.append(f"buffer {job.metrics['buffer_held']:.0f} held {job.metrics['buffer_pending']:.0f} pending")
     return "  ".join(parts)
 
 

@@ -154,15 +154,26 @@ class GRPOConfig(Section):
         description="A group generated at weight version v is trained by a trainer at version s "
         "(optimizer steps taken) only if s − v ≤ this; synchronous GRPO always trains at age 0.",
     )
+    max_buffered_groups: int | None = Field(
+        None,
+        ge=1,
+        description="Buffer capacity of the job (held + pending groups); "
+        "null = num_prompts_per_step × (max_trajectory_age_steps + 1).",
+    )
     val_period: int = Field(0, ge=0, description="Validate every this many steps; 0 = only at start/end.")
     val_at_start: bool = True
     val_at_end: bool = True
     seed: int = Field(0, description="Seed of task order and of generation.")
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+
     async_grpo: AsyncConfig = Field(default_factory=AsyncConfig)
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
     reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig)
     reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig)
+
+    @property
+    def buffer_capacity(self) -> int:
+        return self.max_buffered_groups or self.num_prompts_per_step * (self.max_trajectory_age_steps + 1)
 
 
 class SandboxLimits(Section):

@@ -109,3 +109,90 @@ async def expect_code(call, code: grpc.StatusCode, *words: str) -> None:
     assert info.value.code() == code, info.value.details()
     for word in words:
         assert word in info.value.details()
+
+
+def make_group(group_id: str, version: int = 0, job_id: str = "job-1", n: int = 2, tokens: int = 3):
+    """A valid GRPO group of `n` trajectories of `tokens` completion tokens, all generated at `version`."""
+    from dockyard.common.v1 import common_pb2
+
+    return common_pb2.Group(
+        group_id=group_id,
+        job_id=job_id,
+        task_id=f"task-{group_id}",
+        prompt="fix the bug",
+        weight_version=version,
+        trajectories=[
+            common_pb2.Trajectory(
+                trajectory_id=f"{group_id}/{i}",
+                prompt_token_ids=[1, 2],
+                completion_token_ids=list(range(3, 3 + tokens)),
+                completion_logprobs=[-0.1] * tokens,
+                weight_version=version,
+                reward=float(i),
+                valid=True,
+            )
+            for i in range(n)
+        ],
+    )
+
+
+class RedisServer:
+    """A real redis-server on a free port, AOF on and fsynced per write, restartable on its directory."""
+
+    def __init__(self, binary: str, directory: Path) -> None:
+        self.binary = binary
+        self.directory = directory
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        log = open(self.directory / "redis.log", "ab")
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes"]
+        args += ["--appendfsync", "always", "--dir", str(self.directory)]
+        self.proc = subprocess.Popen([self.binary, *args], stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            try:
+                # Raw RESP: a server still replaying its AOF answers -LOADING, not +PONG.
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(64).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not start:\n{(self.directory / 'redis.log').read_text()[-4000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown save, no AOF rewrite; only what was fsynced survives."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def redis_binary() -> str:
+    import shutil
+
+    return require_tool(shutil.which("redis-server") or "/usr/bin/redis-server", "redis-server")
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URL of a redis-server shared by the session; tests flush its database before use."""
+    server = RedisServer(redis_binary(), tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server.url
+    server.stop()

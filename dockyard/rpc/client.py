@@ -24,7 +24,7 @@ IDEMPOTENT: dict[str, tuple[str, ...]] = {
     "dockyard.coordinator.v1.CoordinatorService": ("GetJob", "ListJobs", "GetWeightSyncGroup"),
     "dockyard.trainer.v1.TrainerService": ("LoadPolicy",),
     "dockyard.rollout.v1.RolloutService": ("LoadPolicy", "GetEngineInfo"),
-    "dockyard.buffer.v1.BufferService": ("PutGroup", "AckGroups", "GetStats"),
+    "dockyard.buffer.v1.BufferService": ("OpenJob", "PutGroup", "AckGroups", "GetStats"),
     "dockyard.sandbox.v1.SandboxService": ("Execute", "RunTests"),
 }
 

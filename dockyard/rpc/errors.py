@@ -38,5 +38,11 @@ class ResourceExhausted(ServiceError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+class Unavailable(ServiceError):
+    """A dependency is down; nothing changed, so the caller may retry."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
 class Unimplemented(ServiceError, NotImplementedError):
     code = grpc.StatusCode.UNIMPLEMENTED

@@ -16,14 +16,26 @@ def main() -> None:
 
     async def build():
         from dockyard.buffer.v1 import buffer_pb2_grpc
-        from services.buffer.memory import MemoryBuffer
+        from services.buffer.backend import BufferBackend
         from services.buffer.servicer import BufferServicer
 
-        # settings.backend is a Literal, so "memory" is the only value that gets here.
-        backend = MemoryBuffer(max_groups=settings.max_groups)
+        backend: BufferBackend
+        if settings.backend == "redis":
+            from services.buffer.redis_backend import RedisBuffer
+
+            backend = RedisBuffer(settings.redis_url)
+        else:
+            from services.buffer.memory import MemoryBuffer
+
+            backend = MemoryBuffer()
+        servicer = BufferServicer(
+            backend,
+            max_group_bytes=int(settings.max_group_mb * 2**20),
+            max_message_bytes=settings.max_message_mb * 2**20,
+        )
         service = Service(
             name="dockyard.buffer.v1.BufferService",
-            servicer=BufferServicer(backend),
+            servicer=servicer,
             add_to_server=buffer_pb2_grpc.add_BufferServiceServicer_to_server,
         )
         return [service], backend.close

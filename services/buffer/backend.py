@@ -1,13 +1,14 @@
 """The interface every buffer backend implements, and the semantics it must keep.
 
-    put_group(group) ----> held ----sample()----> pending ----ack()----> acked
-                            |
-                            +---- sample() finds it too old ----> dropped_stale
+    open_job ─> put_group(group) ──> held ──sample()──> pending ──ack()──> acked
+                   │                  │                   │  └─reclaim() (idle) ─> pending (new lease)
+                   └─ already stale ──┴─ aged out ────────┴─> dropped_stale
 
-The in-memory backend (memory.py) is the reference; a Redis Streams backend
-will sit behind the same class. Inputs reach a backend already validated by
-the servicer (non-empty ids, at least one trajectory, group version equal to
-the oldest trajectory version, max_groups >= 1, non-negative steps and ages),
+The in-memory backend (memory.py) is the reference; the Redis Streams backend
+(redis_backend.py) keeps the same behaviour, proved by one test suite run
+against both. Inputs reach a backend already validated by the servicer
+(non-empty ids, at least one trajectory, group version equal to the oldest
+trajectory version, sizes within limits, positive counts, non-negative steps),
 so backends check state, never shape.
 """
 
@@ -15,74 +16,108 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dockyard.common.v1 import common_pb2
 
 
 @dataclass(frozen=True)
 class BufferStats:
-    """Counters of one job. Invariant: puts == held + pending + acked + dropped_stale."""
+    """State of one job. Invariant: puts == held + pending + acked + dropped_stale."""
 
     held: int = 0  # accepted, waiting to be sampled
-    pending: int = 0  # leased by a sample, not yet acked
-    acked: int = 0  # acked after training; payload freed, id kept
-    dropped_stale: int = 0  # aged out before any sample leased them
+    pending: int = 0  # leased by a sample or reclaim, not yet acked
+    acked: int = 0  # acked after training; payload freed
+    dropped_stale: int = 0  # aged out (on arrival, while held, or when reclaimed)
     puts: int = 0  # groups accepted (duplicates and refused puts excluded)
     duplicate_puts: int = 0  # puts answered duplicate=True
+    reclaimed: int = 0  # leases taken over by reclaim()
+    latest_version: int = 0  # the trainer's clock as the buffer last heard it
+    max_groups: int = 0
+    max_age: int = 0
+    held_versions: dict[int, int] = field(default_factory=dict)  # weight_version -> held groups
 
 
-def is_fresh(trainer_step: int, weight_version: int, max_age: int) -> bool:
-    """The age bound: a group generated at `weight_version` may train at `trainer_step`."""
-    return trainer_step - weight_version <= max_age
+def is_fresh(trainer_version: int, weight_version: int, max_age: int) -> bool:
+    """The age bound: a group generated at `weight_version` may train at `trainer_version`."""
+    return trainer_version - weight_version <= max_age
 
 
 class BufferBackend(abc.ABC):
     """Whole GRPO groups in, fresh whole groups out, acked after the optimizer step.
 
-    Every backend keeps these semantics; everything is per job (`group.job_id`),
-    jobs never see each other's groups or counters.
+    Everything is per job; jobs never see each other's groups or counters. A job
+    has a clock, `latest_version`: the largest trainer version it has heard of
+    (from sample, reclaim or ack), starting at 0.
 
-    put_group(group) -> duplicate
-        Stores the whole group as *held*. Idempotent by group id: if the job has
-        ever accepted that id (held, pending, acked or dropped as stale), nothing
-        changes and the answer is True. Otherwise, if held + pending already equals
-        the capacity, raises ResourceExhausted (the caller backs off and retries;
-        nothing is stored); else stores it and answers False. A duplicate is
-        answered even when full, so a retried put never fails for capacity.
+    open_job(job_id, max_groups, max_age)
+        Creates the job, or updates its capacity and age bound. Every other
+        method raises NotFound for a job never opened (or closed).
 
-    sample(job_id, trainer_step, max_groups, max_age) -> (groups, dropped_stale)
-        `trainer_step` is the trainer's current weight version (optimizer steps
-        taken). First every *held* group with trainer_step - weight_version > max_age
-        is dropped: never returned, its payload freed, counted in the second value
-        and in stats. Then up to `max_groups` held groups are leased, oldest
-        weight_version first, ties in put order, and become *pending*. Pending
-        groups are not aged out and are never returned by another sample. An
-        unknown job samples nothing.
+    close_job(job_id)
+        Frees everything of the job: groups, ids, counters. NotFound if unknown.
 
-    ack(job_id, group_ids) -> acked
-        Moves pending groups to *acked* and frees their payload (the id is kept
-        for idempotency). All-or-nothing: if any id was never accepted by the job,
-        raises NotFound; if any id is held (never leased) or was dropped as stale,
-        raises FailedPrecondition; in both cases nothing changes. Acking an
+    put_group(group) -> (duplicate, dropped_stale)
+        Idempotent by group id: if the job remembers the id (see below), nothing
+        changes and the answer is (True, False). A group from the future
+        (weight_version > latest_version) raises FailedPrecondition. A group
+        already too old (not is_fresh(latest_version, ...)) is accepted and
+        dropped at once: (False, True), counted in puts and dropped_stale. Else,
+        if held + pending equals max_groups, raises ResourceExhausted (nothing
+        stored; the caller backs off); else the group is *held*: (False, False).
+        A duplicate is answered even when full. Ids are remembered while a
+        group of their version could still be fresh (version >= latest_version
+        - max_age - 1); older ids are forgotten, which keeps memory bounded, and
+        a late retry of such a put is dropped as stale on arrival.
+
+    sample(job_id, consumer, trainer_version, max_groups, max_bytes) -> (groups, dropped)
+        Advances latest_version to trainer_version if larger. Drops every held
+        group that is not fresh at latest_version (never returned, payload
+        freed, counted). Then leases held groups, oldest weight_version first,
+        ties in put order, to `consumer`: at most max_groups, and at most
+        max_bytes of serialized groups in total (but always at least one group
+        if any is held). Leased groups become *pending*, with their lease time.
+
+    reclaim(job_id, consumer, trainer_version, max_groups, max_bytes, min_idle) -> (groups, dropped)
+        Advances latest_version like sample. Takes over, for `consumer`, pending
+        groups whose lease is at least `min_idle` seconds old (any consumer's,
+        its own included), oldest lease first, within max_groups and max_bytes
+        as sample; their lease time restarts. A reclaimed group that is no
+        longer fresh is dropped instead (counted), never returned.
+
+    ack(job_id, group_ids, weight_version) -> acked
+        Advances latest_version to weight_version if larger. Moves pending groups
+        to *acked* and frees their payload. All-or-nothing: an id the job never
+        accepted (or has forgotten) raises NotFound; an id held (never leased)
+        or dropped raises FailedPrecondition; then nothing changes. Acking an
         already-acked id is a no-op. Returns the number of groups newly acked.
 
     stats(job_id) -> BufferStats
-        The job's counters; all zero for a job never seen.
 
     Methods are safe to call concurrently from coroutines of one event loop.
     """
 
     @abc.abstractmethod
-    async def put_group(self, group: common_pb2.Group) -> bool: ...
+    async def open_job(self, job_id: str, max_groups: int, max_age: int) -> None: ...
+
+    @abc.abstractmethod
+    async def close_job(self, job_id: str) -> None: ...
+
+    @abc.abstractmethod
+    async def put_group(self, group: common_pb2.Group) -> tuple[bool, bool]: ...
 
     @abc.abstractmethod
     async def sample(
-        self, job_id: str, trainer_step: int, max_groups: int, max_age: int
+        self, job_id: str, consumer: str, trainer_version: int, max_groups: int, max_bytes: int
     ) -> tuple[list[common_pb2.Group], int]: ...
 
     @abc.abstractmethod
-    async def ack(self, job_id: str, group_ids: Sequence[str]) -> int: ...
+    async def reclaim(
+        self, job_id: str, consumer: str, trainer_version: int, max_groups: int, max_bytes: int, min_idle: float
+    ) -> tuple[list[common_pb2.Group], int]: ...
+
+    @abc.abstractmethod
+    async def ack(self, job_id: str, group_ids: Sequence[str], weight_version: int) -> int: ...
 
     @abc.abstractmethod
     async def stats(self, job_id: str) -> BufferStats: ...

@@ -1,18 +1,19 @@
 """The in-memory buffer backend: the reference implementation of backend.BufferBackend.
 
     job --> heap of held groups keyed (weight_version, put order)
-        --> pending: group_id -> Group      (payload kept until acked)
-        --> acked, dropped: sets of ids     (payload freed, id kept for idempotency)
+        --> pending: group_id -> (Group, consumer, lease time)
+        --> ids: weight_version -> {group_id: state}   (pruned with the age bound)
 
 Groups live in this process only and are lost when it exits. Each method
 holds one asyncio.Lock for its whole body, so concurrent coroutines see every
-put, sample and ack as atomic.
+put, sample, reclaim and ack as atomic.
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -20,111 +21,211 @@ from dockyard.common.v1 import common_pb2
 from dockyard.rpc.errors import FailedPrecondition, NotFound, ResourceExhausted
 from services.buffer.backend import BufferBackend, BufferStats, is_fresh
 
+HELD, PENDING, ACKED, DROPPED = "held", "pending", "acked", "dropped"
+
+
+@dataclass
+class _Lease:
+    group: common_pb2.Group
+    consumer: str
+    since: float
+
 
 @dataclass
 class _Job:
+    max_groups: int
+    max_age: int
+    latest_version: int = 0
     # (weight_version, put sequence, group_id, group): the heap top is both the
     # oldest group and the first to age out, so dropping and leasing are pops.
     held: list[tuple[int, int, str, common_pb2.Group]] = field(default_factory=list)
-    held_ids: set[str] = field(default_factory=set)
-    pending: dict[str, common_pb2.Group] = field(default_factory=dict)
-    acked: set[str] = field(default_factory=set)
-    dropped: set[str] = field(default_factory=set)
+    pending: dict[str, _Lease] = field(default_factory=dict)
+    ids: dict[int, dict[str, str]] = field(default_factory=dict)
     puts: int = 0
     duplicate_puts: int = 0
+    acked: int = 0
+    dropped: int = 0
+    reclaimed: int = 0
 
-    def knows(self, group_id: str) -> bool:
-        return (
-            group_id in self.held_ids or group_id in self.pending or group_id in self.acked or group_id in self.dropped
-        )
+    def state(self, group_id: str) -> tuple[int, str] | None:
+        for version, states in self.ids.items():
+            if group_id in states:
+                return version, states[group_id]
+        return None
+
+    def set_state(self, version: int, group_id: str, state: str) -> None:
+        self.ids.setdefault(version, {})[group_id] = state
+
+    def advance(self, version: int) -> None:
+        self.latest_version = max(self.latest_version, version)
+        # Ids of versions that can no longer be fresh are forgotten: a late
+        # retry of such a put is dropped as stale on arrival anyway.
+        horizon = self.latest_version - self.max_age - 1
+        for old in [v for v in self.ids if v < horizon and not self._live(v)]:
+            del self.ids[old]
+
+    def _live(self, version: int) -> bool:
+        return any(state in (HELD, PENDING) for state in self.ids[version].values())
+
+
+def _take(candidates: list[common_pb2.Group], max_groups: int, max_bytes: int) -> int:
+    """How many of `candidates` (in order) fit in max_groups and max_bytes; at least one."""
+    size = 0
+    for n, group in enumerate(candidates[:max_groups]):
+        size += group.ByteSize()
+        if n and size > max_bytes:
+            return n
+    return min(len(candidates), max_groups)
 
 
 class MemoryBuffer(BufferBackend):
-    """Buffer state in a dict of jobs; `max_groups` bounds held plus pending per job."""
-
-    def __init__(self, max_groups: int = 4096) -> None:
-        if max_groups < 1:
-            raise ValueError(f"max_groups must be >= 1, got {max_groups}")
-        self._max_groups = max_groups
+    def __init__(self) -> None:
         self._jobs: dict[str, _Job] = {}
         self._lock = asyncio.Lock()
 
-    async def put_group(self, group: common_pb2.Group) -> bool:
+    def _job(self, job_id: str) -> _Job:
+        try:
+            return self._jobs[job_id]
+        except KeyError:
+            raise NotFound(f"the buffer has no job {job_id!r}; OpenJob first") from None
+
+    async def open_job(self, job_id: str, max_groups: int, max_age: int) -> None:
         async with self._lock:
-            job = self._jobs.setdefault(group.job_id, _Job())
-            if job.knows(group.group_id):
+            job = self._jobs.get(job_id)
+            if job is None:
+                self._jobs[job_id] = _Job(max_groups=max_groups, max_age=max_age)
+            else:
+                job.max_groups, job.max_age = max_groups, max_age
+
+    async def close_job(self, job_id: str) -> None:
+        async with self._lock:
+            self._job(job_id)
+            del self._jobs[job_id]
+
+    async def put_group(self, group: common_pb2.Group) -> tuple[bool, bool]:
+        async with self._lock:
+            job = self._job(group.job_id)
+            if job.state(group.group_id) is not None:
                 job.duplicate_puts += 1
-                return True
+                return True, False
+            version = group.weight_version
+            if version > job.latest_version:
+                raise FailedPrecondition(
+                    f"group {group.group_id!r} was generated at weight version {version}, but the trainer of job "
+                    f"{group.job_id!r} has reached only version {job.latest_version}: a version from the future"
+                )
+            if not is_fresh(job.latest_version, version, job.max_age):
+                job.puts += 1
+                job.dropped += 1
+                job.set_state(version, group.group_id, DROPPED)
+                return False, True
             in_flight = len(job.held) + len(job.pending)
-            if in_flight >= self._max_groups:
+            if in_flight >= job.max_groups:
                 raise ResourceExhausted(
                     f"buffer full for job {group.job_id!r}: {in_flight} groups held or pending "
-                    f"(max_groups={self._max_groups}); the collector should back off and retry "
-                    f"once the trainer has sampled and acked"
+                    f"(max_groups={job.max_groups}); back off and retry once the trainer has sampled and acked"
                 )
             stored = common_pb2.Group()
             stored.CopyFrom(group)  # the caller may reuse or mutate its message
             job.puts += 1
-            heapq.heappush(job.held, (stored.weight_version, job.puts, stored.group_id, stored))
-            job.held_ids.add(stored.group_id)
-            return False
+            heapq.heappush(job.held, (version, job.puts, stored.group_id, stored))
+            job.set_state(version, stored.group_id, HELD)
+            return False, False
 
     async def sample(
-        self, job_id: str, trainer_step: int, max_groups: int, max_age: int
+        self, job_id: str, consumer: str, trainer_version: int, max_groups: int, max_bytes: int
     ) -> tuple[list[common_pb2.Group], int]:
         async with self._lock:
-            job = self._jobs.get(job_id)
-            if job is None:
-                return [], 0
+            job = self._job(job_id)
+            job.advance(trainer_version)
             dropped = 0
-            while job.held and not is_fresh(trainer_step, job.held[0][0], max_age):
-                _, _, group_id, _ = heapq.heappop(job.held)
-                job.held_ids.discard(group_id)
-                job.dropped.add(group_id)
+            while job.held and not is_fresh(job.latest_version, job.held[0][0], job.max_age):
+                version, _, group_id, _ = heapq.heappop(job.held)
+                job.set_state(version, group_id, DROPPED)
                 dropped += 1
-            leased: list[common_pb2.Group] = []
-            while job.held and len(leased) < max_groups:
-                _, _, group_id, group = heapq.heappop(job.held)
-                job.held_ids.discard(group_id)
-                job.pending[group_id] = group
-                leased.append(group)
+            job.dropped += dropped
+            ordered = [entry[3] for entry in heapq.nsmallest(max_groups, job.held)]
+            leased = ordered[: _take(ordered, max_groups, max_bytes)]
+            now = time.monotonic()
+            for group in leased:
+                heapq.heappop(job.held)
+                job.pending[group.group_id] = _Lease(group, consumer, now)
+                job.set_state(group.weight_version, group.group_id, PENDING)
             return leased, dropped
 
-    async def ack(self, job_id: str, group_ids: Sequence[str]) -> int:
+    async def reclaim(
+        self, job_id: str, consumer: str, trainer_version: int, max_groups: int, max_bytes: int, min_idle: float
+    ) -> tuple[list[common_pb2.Group], int]:
         async with self._lock:
-            job = self._jobs.get(job_id) or _Job()
+            job = self._job(job_id)
+            job.advance(trainer_version)
+            now = time.monotonic()
+            idle = sorted(
+                (lease for lease in job.pending.values() if now - lease.since >= min_idle), key=lambda x: x.since
+            )
+            dropped = 0
+            fresh = []
+            for lease in idle:
+                group = lease.group
+                if is_fresh(job.latest_version, group.weight_version, job.max_age):
+                    fresh.append(lease)
+                else:
+                    del job.pending[group.group_id]
+                    job.set_state(group.weight_version, group.group_id, DROPPED)
+                    dropped += 1
+            job.dropped += dropped
+            taken = fresh[: _take([lease.group for lease in fresh], max_groups, max_bytes)]
+            for lease in taken:
+                lease.consumer, lease.since = consumer, now
+            job.reclaimed += len(taken)
+            return [lease.group for lease in taken], dropped
+
+    async def ack(self, job_id: str, group_ids: Sequence[str], weight_version: int) -> int:
+        async with self._lock:
+            job = self._job(job_id)
             # Check every id before changing anything, so a refused ack leaves no trace.
             for group_id in group_ids:
-                if group_id in job.pending or group_id in job.acked:
-                    continue
-                if group_id in job.held_ids:
+                known = job.state(group_id)
+                if known is None:
+                    raise NotFound(f"group {group_id!r} was never put for job {job_id!r} (or is long forgotten)")
+                state = known[1]
+                if state == HELD:
                     raise FailedPrecondition(
                         f"group {group_id!r} of job {job_id!r} is held but was never sampled; "
-                        f"only groups leased by SampleGroups can be acked"
+                        f"only leased groups can be acked"
                     )
-                if group_id in job.dropped:
-                    raise FailedPrecondition(
-                        f"group {group_id!r} of job {job_id!r} aged out before it was sampled; "
-                        f"only groups leased by SampleGroups can be acked"
-                    )
-                raise NotFound(f"group {group_id!r} was never put for job {job_id!r}")
+                if state == DROPPED:
+                    raise FailedPrecondition(f"group {group_id!r} of job {job_id!r} aged out; it cannot be acked")
             acked = 0
             for group_id in group_ids:
-                if job.pending.pop(group_id, None) is not None:
-                    job.acked.add(group_id)
+                lease = job.pending.pop(group_id, None)
+                if lease is not None:
+                    job.set_state(lease.group.weight_version, group_id, ACKED)
                     acked += 1
+            job.acked += acked
+            job.advance(weight_version)
             return acked
 
     async def stats(self, job_id: str) -> BufferStats:
         async with self._lock:
-            job = self._jobs.get(job_id)
-            if job is None:
-                return BufferStats()
+            job = self._job(job_id)
+            versions: dict[int, int] = {}
+            for version, *_ in job.held:
+                versions[version] = versions.get(version, 0) + 1
             return BufferStats(
                 held=len(job.held),
                 pending=len(job.pending),
-                acked=len(job.acked),
-                dropped_stale=len(job.dropped),
+                acked=job.acked,
+                dropped_stale=job.dropped,
                 puts=job.puts,
                 duplicate_puts=job.duplicate_puts,
+                reclaimed=job.reclaimed,
+                latest_version=job.latest_version,
+                max_groups=job.max_groups,
+                max_age=job.max_age,
+                held_versions=versions,
             )
+
+    def num_remembered_ids(self, job_id: str) -> int:
+        """How many ids the job keeps for idempotency (for tests of the memory bound)."""
+        return sum(len(states) for states in self._jobs[job_id].ids.values())

@@ -86,6 +86,7 @@ class CollectStats:
     trajectories: int = 0
     invalid: int = 0
     dropped_uniform: int = 0
+    dropped_stale: int = 0
     verdicts: dict[str, int] = field(default_factory=dict)
     generated_tokens: int = 0
 
@@ -225,7 +226,9 @@ class Collector:
                 if grpo.dynamic_sampling.enabled and not _has_signal(group):
                     stats.dropped_uniform += 1
                     continue
-                await self.put(group)
+                if (await self.put(group)).dropped_stale:
+                    stats.dropped_stale += 1
+                    continue
                 stats.groups += 1
                 for t in group.trajectories:
                     stats.trajectories += 1
@@ -235,19 +238,19 @@ class Collector:
                     stats.verdicts[name] = stats.verdicts.get(name, 0) + 1
         if stats.groups == 0:
             raise RuntimeError(
-                f"step {step}: every group had uniform rewards after {rounds} rounds of dynamic sampling"
+                f"step {step}: no group reached the buffer in {rounds} round(s): "
+                f"{stats.dropped_uniform} had uniform rewards, {stats.dropped_stale} were stale on arrival"
             )
         if stats.invalid == stats.trajectories:
             raise RuntimeError(f"step {step}: every trajectory failed in the sandbox (verdicts: {stats.verdicts})")
         return stats
 
-    async def put(self, group: common_pb2.Group, max_wait: float = 600.0) -> None:
+    async def put(self, group: common_pb2.Group, max_wait: float = 600.0) -> buffer_pb2.PutGroupResponse:
         """PutGroup, waiting with backoff while the buffer is full."""
         delay, waited = 0.1, 0.0
         while True:
             try:
-                await self.buffer.PutGroup(buffer_pb2.PutGroupRequest(group=group))
-                return
+                return await self.buffer.PutGroup(buffer_pb2.PutGroupRequest(group=group))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or waited >= max_wait:
                     raise

@@ -88,6 +88,13 @@ class JobRunner:
     async def _train(self) -> None:
         cfg, record, stubs = self.config, self.record, self.stubs
         self._phase("loading policy")
+        await stubs.buffer.OpenJob(
+            buffer_pb2.OpenJobRequest(
+                job_id=record.job_id,
+                max_groups=cfg.grpo.buffer_capacity,
+                max_trajectory_age_steps=cfg.grpo.max_trajectory_age_steps,
+            )
+        )
         yaml_text = record.config_yaml
         await asyncio.gather(
             stubs.trainer.LoadPolicy(
@@ -116,9 +123,11 @@ class JobRunner:
             t3 = time.perf_counter()
             metrics = {
                 **reply.metrics,
+                **await self._buffer_metrics(),
                 "groups": float(stats.groups),
                 "invalid_trajectories": float(stats.invalid),
                 "dropped_uniform_groups": float(stats.dropped_uniform),
+                "dropped_stale_on_put": float(stats.dropped_stale),
                 **{f"verdict_{name}": float(count) for name, count in stats.verdicts.items()},
                 "generate_score_seconds": t1 - t0,
                 "train_step_seconds": t2 - t1,
@@ -172,6 +181,17 @@ class JobRunner:
         )
         log.info("checkpoint saved", path=reply.path, step=reply.step)
 
+    async def _buffer_metrics(self) -> dict[str, float]:
+        stats = await self.stubs.buffer.GetStats(buffer_pb2.GetStatsRequest(job_id=self.record.job_id), timeout=10)
+        metrics = {
+            f"buffer_{name}": float(getattr(stats, name))
+            for name in ("held", "pending", "acked", "dropped_stale", "puts", "duplicate_puts", "reclaimed")
+        }
+        metrics["buffer_put_rate"] = stats.put_rate
+        metrics["buffer_sample_rate"] = stats.sample_rate
+        metrics.update({f"buffer_age_{age}": float(count) for age, count in sorted(stats.age_histogram.items())})
+        return metrics
+
     async def _cleanup(self) -> None:
         job_id = self.record.job_id
         for unload in (
@@ -184,19 +204,11 @@ class JobRunner:
                 if exc.code() != grpc.StatusCode.NOT_FOUND:
                     log.warning("unload failed", code=exc.code().name, error=exc.details())
         try:
-            stats = await self.stubs.buffer.GetStats(buffer_pb2.GetStatsRequest(job_id=job_id), timeout=10)
-            self.folder.append(
-                "buffer",
-                self.record.step,
-                {
-                    "held": stats.held,
-                    "pending": stats.pending,
-                    "acked": stats.acked,
-                    "dropped_stale": stats.dropped_stale,
-                },
-            )
+            self.folder.append("buffer", self.record.step, await self._buffer_metrics())
+            await self.stubs.buffer.CloseJob(buffer_pb2.CloseJobRequest(job_id=job_id), timeout=10)
         except grpc.aio.AioRpcError as exc:
-            log.warning("buffer stats unavailable", code=exc.code().name)
+            if exc.code() != grpc.StatusCode.NOT_FOUND:
+                log.warning("buffer cleanup failed", code=exc.code().name, error=exc.details())
         if self.config.logger.plot:
             try:
                 await asyncio.to_thread(self.folder.plot)

@@ -14,7 +14,7 @@ from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
 from dockyard.config import ConfigError, load_config_text
 from dockyard.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.rpc.client import connect
-from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound
+from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from dockyard.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from dockyard.weights.collective import SideGroup, send_weights
 from dockyard.weights.rendezvous import current_side_group
@@ -100,14 +100,20 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                     f"the next step is {expected}, not {request.step}"
                 )
             grpo = policy.config.grpo
-            reply = await self.buffer.SampleGroups(
-                buffer_pb2.SampleGroupsRequest(
-                    job_id=job.job_id,
-                    trainer_step=policy.weight_version,
-                    max_groups=grpo.num_prompts_per_step,
-                    max_trajectory_age_steps=grpo.max_trajectory_age_steps,
+            try:
+                reply = await self.buffer.SampleGroups(
+                    buffer_pb2.SampleGroupsRequest(
+                        job_id=job.job_id,
+                        trainer_step=policy.weight_version,
+                        max_groups=grpo.num_prompts_per_step,
+                        consumer=self.settings.consumer,
+                    )
                 )
-            )
+            except grpc.aio.AioRpcError as exc:
+                # Nothing was leased: the step was not taken and may be asked for again.
+                if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
+                    raise FailedPrecondition(f"the buffer refused to sample: {exc.details()}") from None
+                raise Unavailable(f"the buffer is unavailable: {exc.code().name}: {exc.details()}") from None
             groups = list(reply.groups)
             if not groups:
                 raise FailedPrecondition(
@@ -117,7 +123,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             metrics = await asyncio.to_thread(policy.train_step, groups)
             # Acked only now: a trainer that died before this line leaves them pending.
             await self.buffer.AckGroups(
-                buffer_pb2.AckGroupsRequest(job_id=job.job_id, group_ids=[g.group_id for g in groups])
+                buffer_pb2.AckGroupsRequest(
+                    job_id=job.job_id, group_ids=[g.group_id for g in groups], weight_version=policy.weight_version
+                )
             )
             metrics["groups_dropped_stale"] = float(reply.dropped_stale)
             log.info("step done", step=request.step, loss=round(metrics["loss"], 5))

@@ -15,6 +15,7 @@ class TrainerSettings(ServiceSettings):
 
     coordinator_address: str = Field(default_address("coordinator"), description="Coordinator host:port.")
     buffer_address: str = Field(default_address("buffer"), description="Buffer host:port.")
+    consumer: str = Field("trainer-0", min_length=1, description="Name this trainer leases buffer groups under.")
     device: Literal["cpu", "cuda"] = Field("cpu", description="Where the policy lives.")
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads.")
     weight_sync_timeout_seconds: float = Field(120.0, gt=0, description="Side-group collective timeout.")

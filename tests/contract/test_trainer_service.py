@@ -72,6 +72,11 @@ async def test_train_step_consumes_and_acks_fresh_groups(start_service, tmp_path
 
         loaded = await stub.LoadPolicy(pb.LoadPolicyRequest(job_id="job", config_yaml=config))
         assert loaded.weight_version == 0 and loaded.num_parameters > 0
+        # The coordinator opens the job on the buffer; until then the trainer says so.
+        await expect_code(
+            stub.TrainStep(pb.TrainStepRequest(job_id="job", step=1)), grpc.StatusCode.FAILED_PRECONDITION, "OpenJob"
+        )
+        await buf.OpenJob(buffer_pb2.OpenJobRequest(job_id="job", max_groups=4, max_trajectory_age_steps=0))
         await expect_code(
             stub.TrainStep(pb.TrainStepRequest(job_id="job", step=1)),
             grpc.StatusCode.FAILED_PRECONDITION,
@@ -90,12 +95,14 @@ async def test_train_step_consumes_and_acks_fresh_groups(start_service, tmp_path
         stats = await buf.GetStats(buffer_pb2.GetStatsRequest(job_id="job"))
         assert (stats.acked, stats.pending, stats.held) == (1, 0, 0)
 
-        # With max_trajectory_age_steps 0, a version-0 group is stale at step 2.
-        await buf.PutGroup(buffer_pb2.PutGroupRequest(group=group("g1", 0)))
+        assert stats.latest_version == 1  # the ack carried the trainer's new version
+
+        # With max_trajectory_age_steps 0, a version-0 group is stale once the trainer is at 1.
+        assert (await buf.PutGroup(buffer_pb2.PutGroupRequest(group=group("g1", 0)))).dropped_stale
         await expect_code(
             stub.TrainStep(pb.TrainStepRequest(job_id="job", step=2)),
             grpc.StatusCode.FAILED_PRECONDITION,
-            "1 dropped as stale",
+            "no fresh groups",
         )
 
         saved = await stub.SaveCheckpoint(pb.SaveCheckpointRequest(job_id="job"))

@@ -41,7 +41,7 @@ def render(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return value
+        return value or '""'
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, tuple):

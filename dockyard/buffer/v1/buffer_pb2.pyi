@@ -7,6 +7,30 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class OpenJobRequest(_message.Message):
+    __slots__ = ("job_id", "max_groups", "max_trajectory_age_steps")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TRAJECTORY_AGE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    max_groups: int
+    max_trajectory_age_steps: int
+    def __init__(self, job_id: _Optional[str] = ..., max_groups: _Optional[int] = ..., max_trajectory_age_steps: _Optional[int] = ...) -> None: ...
+
+class OpenJobResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CloseJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class CloseJobResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class PutGroupRequest(_message.Message):
     __slots__ = ("group",)
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -14,22 +38,24 @@ class PutGroupRequest(_message.Message):
     def __init__(self, group: _Optional[_Union[_common_pb2.Group, _Mapping]] = ...) -> None: ...
 
 class PutGroupResponse(_message.Message):
-    __slots__ = ("duplicate",)
+    __slots__ = ("duplicate", "dropped_stale")
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_STALE_FIELD_NUMBER: _ClassVar[int]
     duplicate: bool
-    def __init__(self, duplicate: _Optional[bool] = ...) -> None: ...
+    dropped_stale: bool
+    def __init__(self, duplicate: _Optional[bool] = ..., dropped_stale: _Optional[bool] = ...) -> None: ...
 
 class SampleGroupsRequest(_message.Message):
-    __slots__ = ("job_id", "trainer_step", "max_groups", "max_trajectory_age_steps")
+    __slots__ = ("job_id", "trainer_step", "max_groups", "consumer")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TRAINER_STEP_FIELD_NUMBER: _ClassVar[int]
     MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
-    MAX_TRAJECTORY_AGE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     trainer_step: int
     max_groups: int
-    max_trajectory_age_steps: int
-    def __init__(self, job_id: _Optional[str] = ..., trainer_step: _Optional[int] = ..., max_groups: _Optional[int] = ..., max_trajectory_age_steps: _Optional[int] = ...) -> None: ...
+    consumer: str
+    def __init__(self, job_id: _Optional[str] = ..., trainer_step: _Optional[int] = ..., max_groups: _Optional[int] = ..., consumer: _Optional[str] = ...) -> None: ...
 
 class SampleGroupsResponse(_message.Message):
     __slots__ = ("groups", "dropped_stale")
@@ -39,13 +65,37 @@ class SampleGroupsResponse(_message.Message):
     dropped_stale: int
     def __init__(self, groups: _Optional[_Iterable[_Union[_common_pb2.Group, _Mapping]]] = ..., dropped_stale: _Optional[int] = ...) -> None: ...
 
+class ReclaimGroupsRequest(_message.Message):
+    __slots__ = ("job_id", "trainer_step", "max_groups", "consumer", "min_idle_seconds")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_STEP_FIELD_NUMBER: _ClassVar[int]
+    MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    MIN_IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    trainer_step: int
+    max_groups: int
+    consumer: str
+    min_idle_seconds: float
+    def __init__(self, job_id: _Optional[str] = ..., trainer_step: _Optional[int] = ..., max_groups: _Optional[int] = ..., consumer: _Optional[str] = ..., min_idle_seconds: _Optional[float] = ...) -> None: ...
+
+class ReclaimGroupsResponse(_message.Message):
+    __slots__ = ("groups", "dropped_stale")
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_STALE_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[_common_pb2.Group]
+    dropped_stale: int
+    def __init__(self, groups: _Optional[_Iterable[_Union[_common_pb2.Group, _Mapping]]] = ..., dropped_stale: _Optional[int] = ...) -> None: ...
+
 class AckGroupsRequest(_message.Message):
-    __slots__ = ("job_id", "group_ids")
+    __slots__ = ("job_id", "group_ids", "weight_version")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_IDS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     group_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job_id: _Optional[str] = ..., group_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    weight_version: int
+    def __init__(self, job_id: _Optional[str] = ..., group_ids: _Optional[_Iterable[str]] = ..., weight_version: _Optional[int] = ...) -> None: ...
 
 class AckGroupsResponse(_message.Message):
     __slots__ = ("acked",)
@@ -60,17 +110,38 @@ class GetStatsRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("held", "pending", "acked", "dropped_stale", "puts", "duplicate_puts")
+    __slots__ = ("held", "pending", "acked", "dropped_stale", "puts", "duplicate_puts", "reclaimed", "latest_version", "max_groups", "max_trajectory_age_steps", "put_rate", "sample_rate", "age_histogram")
+    class AgeHistogramEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     HELD_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
     ACKED_FIELD_NUMBER: _ClassVar[int]
     DROPPED_STALE_FIELD_NUMBER: _ClassVar[int]
     PUTS_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_PUTS_FIELD_NUMBER: _ClassVar[int]
+    RECLAIMED_FIELD_NUMBER: _ClassVar[int]
+    LATEST_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TRAJECTORY_AGE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    PUT_RATE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
+    AGE_HISTOGRAM_FIELD_NUMBER: _ClassVar[int]
     held: int
     pending: int
     acked: int
     dropped_stale: int
     puts: int
     duplicate_puts: int
-    def __init__(self, held: _Optional[int] = ..., pending: _Optional[int] = ..., acked: _Optional[int] = ..., dropped_stale: _Optional[int] = ..., puts: _Optional[int] = ..., duplicate_puts: _Optional[int] = ...) -> None: ...
+    reclaimed: int
+    latest_version: int
+    max_groups: int
+    max_trajectory_age_steps: int
+    put_rate: float
+    sample_rate: float
+    age_histogram: _containers.ScalarMap[int, int]
+    def __init__(self, held: _Optional[int] = ..., pending: _Optional[int] = ..., acked: _Optional[int] = ..., dropped_stale: _Optional[int] = ..., puts: _Optional[int] = ..., duplicate_puts: _Optional[int] = ..., reclaimed: _Optional[int] = ..., latest_version: _Optional[int] = ..., max_groups: _Optional[int] = ..., max_trajectory_age_steps: _Optional[int] = ..., put_rate: _Optional[float] = ..., sample_rate: _Optional[float] = ..., age_histogram: _Optional[_Mapping[int, int]] = ...) -> None: ...

@@ -28,8 +28,9 @@ if _version_not_supported:
 class BufferServiceStub:
     """The replay buffer: whole GRPO groups in, fresh whole groups out, acked
     after the optimizer step. A group generated at weight version v is
-    eligible at trainer step s iff s - v <= max_trajectory_age_steps; older
-    groups are dropped and counted.
+    eligible while the trainer's version s satisfies s - v <= the job's
+    max_trajectory_age_steps; older groups are dropped and counted.
+    Semantics in docs/buffer.md.
     """
 
     def __init__(self, channel):
@@ -38,6 +39,16 @@ class BufferServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.OpenJob = channel.unary_unary(
+                '/dockyard.buffer.v1.BufferService/OpenJob',
+                request_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.OpenJobRequest.SerializeToString,
+                response_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.OpenJobResponse.FromString,
+                _registered_method=True)
+        self.CloseJob = channel.unary_unary(
+                '/dockyard.buffer.v1.BufferService/CloseJob',
+                request_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.CloseJobRequest.SerializeToString,
+                response_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.CloseJobResponse.FromString,
+                _registered_method=True)
         self.PutGroup = channel.unary_unary(
                 '/dockyard.buffer.v1.BufferService/PutGroup',
                 request_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.PutGroupRequest.SerializeToString,
@@ -47,6 +58,11 @@ class BufferServiceStub:
                 '/dockyard.buffer.v1.BufferService/SampleGroups',
                 request_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.SampleGroupsRequest.SerializeToString,
                 response_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.SampleGroupsResponse.FromString,
+                _registered_method=True)
+        self.ReclaimGroups = channel.unary_unary(
+                '/dockyard.buffer.v1.BufferService/ReclaimGroups',
+                request_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.ReclaimGroupsRequest.SerializeToString,
+                response_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.ReclaimGroupsResponse.FromString,
                 _registered_method=True)
         self.AckGroups = channel.unary_unary(
                 '/dockyard.buffer.v1.BufferService/AckGroups',
@@ -63,9 +79,25 @@ class BufferServiceStub:
 class BufferServiceServicer:
     """The replay buffer: whole GRPO groups in, fresh whole groups out, acked
     after the optimizer step. A group generated at weight version v is
-    eligible at trainer step s iff s - v <= max_trajectory_age_steps; older
-    groups are dropped and counted.
+    eligible while the trainer's version s satisfies s - v <= the job's
+    max_trajectory_age_steps; older groups are dropped and counted.
+    Semantics in docs/buffer.md.
     """
+
+    def OpenJob(self, request, context):
+        """Declare a job (capacity, age bound) before its first put; idempotent,
+        a repeat updates the settings.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseJob(self, request, context):
+        """Free everything the buffer holds for a finished job.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def PutGroup(self, request, context):
         """Store one whole group. Idempotent by group id.
@@ -75,7 +107,15 @@ class BufferServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SampleGroups(self, request, context):
-        """Lease up to max_groups fresh groups, oldest first.
+        """Lease up to max_groups fresh groups, oldest weight version first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReclaimGroups(self, request, context):
+        """Lease again groups that stayed pending (unacked) for at least
+        min_idle_seconds, e.g. those of a trainer that died.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -97,6 +137,16 @@ class BufferServiceServicer:
 
 def add_BufferServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'OpenJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenJob,
+                    request_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.OpenJobRequest.FromString,
+                    response_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.OpenJobResponse.SerializeToString,
+            ),
+            'CloseJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseJob,
+                    request_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.CloseJobRequest.FromString,
+                    response_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.CloseJobResponse.SerializeToString,
+            ),
             'PutGroup': grpc.unary_unary_rpc_method_handler(
                     servicer.PutGroup,
                     request_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.PutGroupRequest.FromString,
@@ -106,6 +156,11 @@ def add_BufferServiceServicer_to_server(servicer, server):
                     servicer.SampleGroups,
                     request_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.SampleGroupsRequest.FromString,
                     response_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.SampleGroupsResponse.SerializeToString,
+            ),
+            'ReclaimGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReclaimGroups,
+                    request_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.ReclaimGroupsRequest.FromString,
+                    response_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.ReclaimGroupsResponse.SerializeToString,
             ),
             'AckGroups': grpc.unary_unary_rpc_method_handler(
                     servicer.AckGroups,
@@ -128,9 +183,64 @@ def add_BufferServiceServicer_to_server(servicer, server):
 class BufferService:
     """The replay buffer: whole GRPO groups in, fresh whole groups out, acked
     after the optimizer step. A group generated at weight version v is
-    eligible at trainer step s iff s - v <= max_trajectory_age_steps; older
-    groups are dropped and counted.
+    eligible while the trainer's version s satisfies s - v <= the job's
+    max_trajectory_age_steps; older groups are dropped and counted.
+    Semantics in docs/buffer.md.
     """
+
+    @staticmethod
+    def OpenJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.buffer.v1.BufferService/OpenJob',
+            dockyard_dot_buffer_dot_v1_dot_buffer__pb2.OpenJobRequest.SerializeToString,
+            dockyard_dot_buffer_dot_v1_dot_buffer__pb2.OpenJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.buffer.v1.BufferService/CloseJob',
+            dockyard_dot_buffer_dot_v1_dot_buffer__pb2.CloseJobRequest.SerializeToString,
+            dockyard_dot_buffer_dot_v1_dot_buffer__pb2.CloseJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def PutGroup(request,
@@ -176,6 +286,33 @@ class BufferService:
             '/dockyard.buffer.v1.BufferService/SampleGroups',
             dockyard_dot_buffer_dot_v1_dot_buffer__pb2.SampleGroupsRequest.SerializeToString,
             dockyard_dot_buffer_dot_v1_dot_buffer__pb2.SampleGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReclaimGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.buffer.v1.BufferService/ReclaimGroups',
+            dockyard_dot_buffer_dot_v1_dot_buffer__pb2.ReclaimGroupsRequest.SerializeToString,
+            dockyard_dot_buffer_dot_v1_dot_buffer__pb2.ReclaimGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,
