@@ -23,7 +23,8 @@ def main() -> None:
         if settings.backend == "redis":
             from services.buffer.redis_backend import RedisBuffer
 
-            backend = RedisBuffer(settings.redis_url)
+            # Ping at startup: a bad URL fails here, not at the first put.
+            backend = await RedisBuffer.connect(settings.redis_url)
         else:
             from services.buffer.memory import MemoryBuffer
 

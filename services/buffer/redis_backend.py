@@ -162,6 +162,8 @@ if redis.call('EXISTS', key) == 0 then
   end
 end
 local entry = redis.call('XADD', key, '*', 'g', gid, 's', size, 'p', payload)
+-- The largest group ever put lets sample skip its size peek when a whole read must fit.
+if tonumber(size) > meta_num('max_size') then redis.call('HSET', META, 'max_size', size) end
 redis.call('HSET', ids_key(v), gid, 'h|' .. entry .. '|' .. size)
 redis.call('HSET', INDEX, gid, v)
 redis.call('HSET', ENTRIES, v .. '/' .. entry, gid)
@@ -204,27 +206,36 @@ for _, v in ipairs(redis.call('ZRANGEBYSCORE', VERSIONS, fmt(oldest_fresh), '+in
   if full or #out >= max_groups then break end
   if held_of(v) > 0 then
     local key = stream_key(v)
-    -- Peek at the sizes first: XREADGROUP cannot stop at a byte limit, and an
-    -- entry read but not returned would be leased to nobody.
-    local n = 0
-    for _, e in ipairs(redis.call('XRANGE', key, '(' .. last_delivered(key), '+', 'COUNT', max_groups - #out)) do
-      local size = tonumber(fields(e[2])['s'])
-      if #out + n > 0 and bytes + size > max_bytes then
-        full = true
-        break
+    local n, peeked = 0, false
+    if bytes + (max_groups - #out) * meta_num('max_size') <= max_bytes then
+      -- Even groups of the largest size seen would fit: read without peeking.
+      n = max_groups - #out
+    else
+      -- Peek at the sizes first: XREADGROUP cannot stop at a byte limit, and an
+      -- entry read but not returned would be leased to nobody.
+      peeked = true
+      for _, e in ipairs(redis.call('XRANGE', key, '(' .. last_delivered(key), '+', 'COUNT', max_groups - #out)) do
+        local size = tonumber(fields(e[2])['s'])
+        if #out + n > 0 and bytes + size > max_bytes then
+          full = true
+          break
+        end
+        bytes = bytes + size
+        n = n + 1
       end
-      bytes = bytes + size
-      n = n + 1
     end
     if n > 0 then
       local read = redis.call('XREADGROUP', 'GROUP', GROUP, consumer, 'COUNT', n, 'STREAMS', key, '>')
-      for _, e in ipairs(read[1][2]) do
+      local got, read_bytes = 0, 0
+      for _, e in ipairs(read and read[1][2] or {}) do
         local f = fields(e[2])
         redis.call('HSET', ids_key(v), f['g'], 'p|' .. e[1] .. '|' .. f['s'])
         out[#out + 1] = f['p']
+        got, read_bytes = got + 1, read_bytes + tonumber(f['s'])
       end
-      add_held(v, -n)
-      incr('pending', n)
+      if not peeked then bytes = bytes + read_bytes end
+      add_held(v, -got)
+      incr('pending', got)
     end
   end
 end
