@@ -226,7 +226,7 @@ class Collector:
                 if grpo.dynamic_sampling.enabled and not _has_signal(group):
                     stats.dropped_uniform += 1
                     continue
-                if (await self.put(group)).dropped_stale:
+                if (await put_with_backoff(self.buffer, group)).dropped_stale:
                     stats.dropped_stale += 1
                     continue
                 stats.groups += 1
@@ -244,20 +244,6 @@ class Collector:
         if stats.invalid == stats.trajectories:
             raise RuntimeError(f"step {step}: every trajectory failed in the sandbox (verdicts: {stats.verdicts})")
         return stats
-
-    async def put(self, group: common_pb2.Group, max_wait: float = 600.0) -> buffer_pb2.PutGroupResponse:
-        """PutGroup, waiting with backoff while the buffer is full."""
-        delay, waited = 0.1, 0.0
-        while True:
-            try:
-                return await self.buffer.PutGroup(buffer_pb2.PutGroupRequest(group=group))
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or waited >= max_wait:
-                    raise
-            log.info("buffer full, backing off", seconds=delay)
-            await asyncio.sleep(delay)
-            waited += delay
-            delay = min(delay * 2, 5.0)
 
     async def validate(self, tasks: Sequence[Task], version: int) -> dict[str, float]:
         """Greedy decoding of each validation task; pass rate = tasks whose every test passes."""
@@ -277,6 +263,23 @@ class Collector:
             "num_tasks": float(len(tasks)),
             "invalid": float(len(results) - len(valid)),
         }
+
+
+async def put_with_backoff(
+    buffer: buffer_pb2_grpc.BufferServiceStub, group: common_pb2.Group, max_wait: float = 600.0
+) -> buffer_pb2.PutGroupResponse:
+    """PutGroup, waiting with exponential backoff while the buffer is full (RESOURCE_EXHAUSTED)."""
+    delay, waited = 0.1, 0.0
+    while True:
+        try:
+            return await buffer.PutGroup(buffer_pb2.PutGroupRequest(group=group))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or waited >= max_wait:
+                raise
+        log.info("buffer full, backing off", seconds=delay)
+        await asyncio.sleep(delay)
+        waited += delay
+        delay = min(delay * 2, 5.0)
 
 
 def _has_signal(group: common_pb2.Group) -> bool:
