@@ -1,7 +1,9 @@
 """The five services as local processes on loopback: what `dockyard up` and `dockyard run` start.
 
 Guarantees: every child is in the parent's care: it gets SIGTERM when the
-parent dies (PR_SET_PDEATHSIG on Linux), `stop()` SIGTERMs all children and
+parent dies (PARENT_PID_ENV asks the service to set PR_SET_PDEATHSIG itself;
+a preexec_fn would run Python between fork and exec, which crashes a parent
+that already holds gRPC threads), `stop()` SIGTERMs all children and
 SIGKILLs any that outlive the grace period, so no service is left orphaned;
 each child's log goes to its own file, and `pids.json` beside the logs names
 every child's pid.
@@ -10,7 +12,6 @@ every child's pid.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import os
 import signal
@@ -21,17 +22,10 @@ import time
 from pathlib import Path
 
 from dockyard.rpc.client import wait_until_serving
+from dockyard.rpc.launch import PARENT_PID_ENV
 from dockyard.rpc.settings import DEFAULT_PORTS
 
 SERVICES = ("buffer", "sandbox", "rollout", "trainer", "coordinator")
-
-
-def _die_with_parent() -> None:
-    # 1 = PR_SET_PDEATHSIG: the kernel sends SIGTERM to the child when its parent exits.
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 def _free_port() -> int:
@@ -51,7 +45,12 @@ class LocalStack:
         return f"127.0.0.1:{self.ports[name]}"
 
     def _env(self, name: str) -> dict[str, str]:
-        env = {**os.environ, **self.extra_env, f"DOCKYARD_{name.upper()}_PORT": str(self.ports[name])}
+        env = {
+            **os.environ,
+            **self.extra_env,
+            f"DOCKYARD_{name.upper()}_PORT": str(self.ports[name]),
+            PARENT_PID_ENV: str(os.getpid()),
+        }
         # Each service reads only the peer addresses it needs; the rest are ignored.
         for peer in SERVICES:
             if peer != name:
@@ -68,7 +67,6 @@ class LocalStack:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
             )
             log.close()
         (self.log_dir / "pids.json").write_text(json.dumps({n: p.pid for n, p in self.procs.items()}))

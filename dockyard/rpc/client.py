@@ -79,15 +79,21 @@ def connect(
     return grpc.aio.insecure_channel(address, options=options, interceptors=[_DefaultDeadline(default_timeout)])
 
 
+async def channel_health(channel: grpc.aio.Channel, service: str = "", timeout: float = 2.0) -> str:
+    """The standard health status name of `service` behind an open channel, or UNREACHABLE."""
+    try:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout
+        )
+    except grpc.aio.AioRpcError:
+        return "UNREACHABLE"
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
 async def health_status(address: str, service: str = "", timeout: float = 2.0) -> str:
     """The standard health status name of `service` at `address`, or UNREACHABLE."""
     async with grpc.aio.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        try:
-            reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
-        except grpc.aio.AioRpcError:
-            return "UNREACHABLE"
-        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        return await channel_health(channel, service, timeout)
 
 
 async def wait_until_serving(address: str, timeout: float, service: str = "") -> None:

@@ -18,7 +18,6 @@ from dockyard.config import MasterConfig
 from dockyard.coordinator.v1 import coordinator_pb2
 from dockyard.rpc.errors import FailedPrecondition
 
-State = coordinator_pb2.JobState
 PENDING, RUNNING = coordinator_pb2.JOB_STATE_PENDING, coordinator_pb2.JOB_STATE_RUNNING
 SUCCEEDED, FAILED, CANCELLED = (
     coordinator_pb2.JOB_STATE_SUCCEEDED,

@@ -17,7 +17,7 @@ from dockyard.common.v1 import common_pb2
 from dockyard.config import ConfigError, load_config_text
 from dockyard.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.rollout.v1 import rollout_pb2_grpc
-from dockyard.rpc.client import connect, health_status
+from dockyard.rpc.client import channel_health, connect
 from dockyard.rpc.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from dockyard.sandbox.v1 import sandbox_pb2_grpc
 from dockyard.trainer.v1 import trainer_pb2_grpc
@@ -79,7 +79,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     async def _service_statuses(self) -> list[coordinator_pb2.ServiceStatus]:
         names = list(self._channels)
         addresses = [getattr(self.settings, f"{name}_address") for name in names]
-        statuses = await asyncio.gather(*(health_status(a, timeout=1.0) for a in addresses))
+        # The coordinator's own channels: no new connection per GetJob, which clients poll.
+        statuses = await asyncio.gather(*(channel_health(self._channels[n], timeout=1.0) for n in names))
         return [
             coordinator_pb2.ServiceStatus(name=n, address=a, status=s)
             for n, a, s in zip(names, addresses, statuses, strict=True)

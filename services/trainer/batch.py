@@ -30,7 +30,6 @@ class Batch:
     rewards: torch.Tensor
     valid: torch.Tensor
     group_ids: torch.Tensor
-    weight_versions: torch.Tensor
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -68,5 +67,4 @@ def build_batch(groups: Sequence[common_pb2.Group], pad_token_id: int) -> Batch:
         rewards=torch.tensor([t.reward for _, t in rows], dtype=torch.float32),
         valid=torch.tensor([t.valid for _, t in rows], dtype=torch.bool),
         group_ids=torch.tensor([group_index[g.group_id] for g, _ in rows], dtype=torch.long),
-        weight_versions=torch.tensor([t.weight_version for _, t in rows], dtype=torch.long),
     )
