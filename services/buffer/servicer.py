@@ -73,13 +73,22 @@ class RateMeter:
 
     def add(self, job_id: str, count: int) -> None:
         if count:
-            self._events.setdefault(job_id, deque()).append((time.monotonic(), count))
+            events = self._events.setdefault(job_id, deque())
+            events.append((time.monotonic(), count))
+            self._expire(events)  # bounded even if nobody asks for the rate
+
+    def forget(self, job_id: str) -> None:
+        self._events.pop(job_id, None)
+
+    def _expire(self, events: deque[tuple[float, int]]) -> None:
+        now = time.monotonic()
+        while events and now - events[0][0] > self._window:
+            events.popleft()
 
     def rate(self, job_id: str) -> float:
         now = time.monotonic()
         events = self._events.get(job_id, deque())
-        while events and now - events[0][0] > self._window:
-            events.popleft()
+        self._expire(events)
         span = min(self._window, now - self._started)
         return sum(count for _, count in events) / span if span > 0 else 0.0
 
@@ -111,6 +120,8 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     ) -> buffer_pb2.CloseJobResponse:
         _require_job_id(request.job_id)
         await self._backend.close_job(request.job_id)
+        self._puts.forget(request.job_id)
+        self._samples.forget(request.job_id)
         return buffer_pb2.CloseJobResponse()
 
     async def PutGroup(
