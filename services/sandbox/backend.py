@@ -53,8 +53,21 @@ class SandboxBackend(abc.ABC):
     """Runs untrusted code under limits; safe to call concurrently."""
 
     @abc.abstractmethod
-    async def execute(self, files: Mapping[str, str], command: Sequence[str], limits: ResourceLimits) -> Outcome:
-        """Write `files` (relative paths) into a fresh work folder and run `command` there."""
+    async def execute(
+        self,
+        files: Mapping[str, str],
+        command: Sequence[str],
+        limits: ResourceLimits,
+        *,
+        seed_dir: str | None = None,
+        image: str | None = None,
+    ) -> Outcome:
+        """Run `command` in a fresh work folder holding a copy of `seed_dir` (a trusted host
+        folder, e.g. a repository checkout) overlaid with `files` (relative paths).
+
+        `image` names the container image to run in (backends without images ignore it;
+        None is the backend's default image).
+        """
 
     @abc.abstractmethod
     async def run_tests(self, program: str, tests: Sequence[str], limits: ResourceLimits) -> Outcome:

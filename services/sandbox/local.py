@@ -185,7 +185,16 @@ class LocalBackend(SandboxBackend):
         self._work_root = work_root
         self._live_groups: set[int] = set()
 
-    async def execute(self, files: Mapping[str, str], command: Sequence[str], limits: ResourceLimits) -> Outcome:
+    async def execute(
+        self,
+        files: Mapping[str, str],
+        command: Sequence[str],
+        limits: ResourceLimits,
+        *,
+        seed_dir: str | None = None,
+        image: str | None = None,
+    ) -> Outcome:
+        del image  # local processes run on the host's own interpreter
         if not command or not command[0]:
             raise InvalidArgument("command: must name the program to run")
         checked = checked_files(files)
@@ -199,6 +208,8 @@ class LocalBackend(SandboxBackend):
                 return Outcome(Status.ERROR, tests_total=1, error_message=f"cannot create the work folder: {exc}")
             try:
                 try:
+                    if seed_dir is not None:
+                        shutil.copytree(seed_dir, work, symlinks=True, dirs_exist_ok=True)
                     for path, content in checked:
                         target = Path(work, path)
                         target.parent.mkdir(parents=True, exist_ok=True)
