@@ -53,20 +53,22 @@ except BaseException as exc:
     os._exit(127)
 """
 
-# argv after -c: report_fd
+# argv after -c: report_fd [ready_fd]; the ready line goes to ready_fd when given (the docker
+# backend passes stderr: the first bytes there, before any untrusted code could write).
 HARNESS_SOURCE = r"""
 def _harness():
     import builtins, json, os, sys, traceback
     write, exit_, compile_, exec_, dict_, enumerate_ = os.write, os._exit, compile, exec, dict, enumerate
     print_exc = traceback.print_exc
     report_fd = int(sys.argv[1])
+    ready_fd = int(sys.argv[2]) if len(sys.argv) > 2 else report_fd
     os.set_inheritable(report_fd, False)  # programs the code starts do not get it
     nonce = sys.stdin.buffer.readline().strip()
 
-    def report(line):
-        write(report_fd, nonce + b" " + line + b"\n")
+    def report(line, fd=report_fd):
+        write(fd, nonce + b" " + line + b"\n")
 
-    report(b"ready")
+    report(b"ready", ready_fd)
     payload = json.loads(sys.stdin.buffer.read())
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     program, tests = payload["program"], payload["tests"]

@@ -1,0 +1,415 @@
+"""The docker backend: each run is one fresh container from a prebuilt image.
+
+    request --> host work folder (mkdtemp) <-- seed_dir copy, then files; chowned to the sandbox user
+            --> container: image (default SANDBOX_IMAGE), bind /work (rw), tmpfs /tmp,
+                  network none, read-only root, cap_drop ALL, no-new-privileges, user 1000 (never root),
+                  pids / memory (= swap) / CPU-quota limits, ulimits cpu, fsize, core = 0,
+                  log driver none, label dockyard.sandbox.owner = host/pid/start-time
+            --> attach (before start) streams stdout / stderr: the first max_output_bytes of each
+                  are kept, the rest drained and dropped
+            --> exit, or wall-clock limit: the container is killed
+            --> Outcome; the container and the work folder are removed whatever happened
+
+Guarantees: the code cannot reach any network (no interface but loopback), cannot
+write anywhere but /work (its own copy) and a size-capped /tmp, runs without any
+capability and cannot gain privileges (setuid binaries do nothing), cannot start
+more than `pids_limit` tasks, use more than `memory_mb` of RAM (the kernel's OOM
+killer ends it), more than `cpus` cores, or live past its wall-clock limit; when
+its main process ends every process of the container ends with it. Every blocking
+docker call runs in a worker thread, never on the event loop. On start the
+backend removes containers that a dead predecessor on this host left behind.
+
+Verdict rule, as in local.py: ERROR only when the infrastructure failed (the
+work folder, the engine, a missing image, the harness never started); whatever
+the code does to itself is FAILED (an OOM kill included, reported as exit code
+-9); the wall-clock kill is TIMEOUT.
+
+RunTests keeps the local backend's report protection: the nonce and the payload
+reach the harness through a file in /work that is opened and unlinked before
+Python starts; the harness writes "<nonce> ready" as the first bytes of stderr
+(before any untrusted code runs) and "<nonce> result ..." to a report file it
+opened first. A program that deletes or rewrites the report file without the
+nonce gets FAILED, never a pass or an ERROR. The same limit as local.py applies:
+code that introspects the harness's own memory could recover the nonce.
+
+Not covered: disk use in /work is bounded per file (`fsize`), not in total; the
+work folder must be a path the docker engine sees at the same place (a service
+that runs in a container needs `work_root` bind-mounted at the same path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import secrets
+import shutil
+import socket
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from dockyard.rpc.errors import InvalidArgument
+from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status
+from services.sandbox.harness import HARNESS_SOURCE
+from services.sandbox.local import REPORT_CAP_BYTES, _remove_tree, _text, checked_files, parse_report
+
+log = structlog.get_logger()
+
+LABEL = "dockyard.sandbox.owner"  # host/pid/process-start-time of the service that made it
+WORK = "/work"
+INPUT_NAME = ".dockyard-input"
+REPORT_NAME = ".dockyard-report"
+# The shell opens the input (then unlinks it) and the report file, then execs the harness with
+# stdin = input, fd 3 = report, ready line on fd 2.
+RUN_TESTS_COMMAND = f'exec 3>{REPORT_NAME} <{INPUT_NAME} && rm -f {INPUT_NAME} && exec python3 -B -u -I -c "$0" 3 2'
+
+
+def _process_start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (clock ticks since boot), None when no such process."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat_line.rsplit(")", 1)[1].split()[19]
+
+
+def owner_label() -> str:
+    pid = os.getpid()
+    return f"{socket.gethostname()}/{pid}/{_process_start_time(pid)}"
+
+
+def owner_is_dead(label: str) -> bool:
+    """True when `label` names a service process of this host that no longer runs."""
+    host, _, rest = label.partition("/")
+    pid, _, started = rest.partition("/")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False  # another host's: not ours to judge
+    return _process_start_time(int(pid)) != started
+
+
+@dataclass
+class _Run:
+    stdout: bytes = b""
+    stderr: bytes = b""
+    truncated: bool = False
+    exit_code: int = 0
+    timed_out: bool = False
+    duration: float = 0.0
+    error: str = ""  # an infrastructure failure
+    report: bytes = b""  # RunTests: the harness's report file
+
+
+class _Capped:
+    def __init__(self, cap: int) -> None:
+        self.cap, self.data, self.truncated = cap, bytearray(), False
+
+    def add(self, chunk: bytes) -> None:
+        room = self.cap - len(self.data)
+        if len(chunk) > room:
+            self.truncated = True
+            chunk = chunk[: max(room, 0)]
+        self.data += chunk
+
+
+class DockerBackend(SandboxBackend):
+    def __init__(
+        self,
+        *,
+        image: str,
+        max_concurrency: int,
+        cpus: float = 1.0,
+        pids_limit: int = 256,
+        max_file_mb: int = 64,
+        tmp_mb: int = 64,
+        user: str = "1000:1000",
+        work_root: str | None = None,
+        client=None,
+    ) -> None:
+        import docker
+
+        self._client = client or docker.from_env(timeout=120)
+        self._image = image
+        self._cpus = cpus
+        self._pids_limit = pids_limit
+        self._max_file_bytes = max_file_mb * 1024 * 1024
+        self._tmp_mb = tmp_mb
+        self._uid, self._gid = (int(part) for part in user.split(":"))
+        self._work_root = work_root
+        self._slots = asyncio.Semaphore(max_concurrency)
+        self._pool = ThreadPoolExecutor(max_workers=max_concurrency + 1, thread_name_prefix="sandbox-docker")
+        self._owner = owner_label()
+        self._live: set[str] = set()
+        self._live_lock = threading.Lock()
+
+    @classmethod
+    async def open(cls, **kwargs) -> DockerBackend:
+        """A backend whose engine answers and whose default image exists; predecessors' leftovers reaped."""
+        backend = cls(**kwargs)
+        await backend._call(backend._check_ready)
+        reaped = await backend._call(backend.reap)
+        if reaped:
+            log.info("reaped containers of a dead sandbox service", count=reaped)
+        return backend
+
+    async def _call(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def _check_ready(self) -> None:
+        import docker.errors
+
+        self._client.ping()
+        try:
+            self._client.images.get(self._image)
+        except docker.errors.ImageNotFound:
+            raise RuntimeError(
+                f"sandbox image {self._image!r} not found: build it with deploy/images/build.sh"
+            ) from None
+
+    def reap(self) -> int:
+        """Remove labelled containers whose owning service (on this host) is gone; returns how many."""
+        count = 0
+        for container in self._client.containers.list(all=True, filters={"label": LABEL}):
+            label = container.labels.get(LABEL, "")
+            if label != self._owner and owner_is_dead(label):
+                try:
+                    container.remove(force=True)
+                    count += 1
+                except Exception as exc:  # already gone, or being removed
+                    log.warning("could not reap container", id=container.id[:12], error=str(exc))
+        return count
+
+    async def execute(
+        self,
+        files: Mapping[str, str],
+        command: Sequence[str],
+        limits: ResourceLimits,
+        *,
+        seed_dir: str | None = None,
+        image: str | None = None,
+    ) -> Outcome:
+        if not command or not command[0]:
+            raise InvalidArgument("command: must name the program to run")
+        checked = checked_files(files)
+        writes = [(str(path), content) for path, content in checked]
+        async with self._slots:
+            run = await self._call(self._run, writes, list(command), limits, seed_dir, image or self._image, None)
+        if run.error:
+            status = Status.ERROR
+        elif run.timed_out:
+            status = Status.TIMEOUT
+        else:
+            status = Status.PASSED if run.exit_code == 0 else Status.FAILED
+        return _outcome(run, status, passed=int(status is Status.PASSED), total=1)
+
+    async def run_tests(self, program: str, tests: Sequence[str], limits: ResourceLimits) -> Outcome:
+        if not tests:
+            raise InvalidArgument("tests: at least one test is required (no tests would pass vacuously)")
+        nonce = secrets.token_hex(16).encode()
+        payload = nonce + b"\n" + json.dumps({"program": program, "tests": list(tests)}).encode()
+        total = len(tests)
+        command = ["sh", "-c", RUN_TESTS_COMMAND, HARNESS_SOURCE]
+        async with self._slots:
+            run = await self._call(self._run, [(INPUT_NAME, payload)], command, limits, None, self._image, nonce)
+        if run.error:
+            return _outcome(run, Status.ERROR, passed=0, total=total)
+        if run.timed_out:
+            return _outcome(run, Status.TIMEOUT, passed=0, total=total)
+        ready = nonce + b" ready\n"
+        if not run.stderr.startswith(ready):
+            message = f"the test harness did not start (exit code {run.exit_code})"
+            return _outcome(run, Status.ERROR, passed=0, total=total, error_message=message)
+        run.stderr = run.stderr[len(ready) :]
+        _, results = parse_report(run.report, nonce, total)
+        if results is None:  # the program ended the harness, or spoiled its report, before it reported
+            return _outcome(run, Status.FAILED, passed=0, total=total)
+        passed = sum(results)
+        return _outcome(run, Status.PASSED if passed == total else Status.FAILED, passed=passed, total=total)
+
+    async def close(self) -> None:
+        with self._live_lock:
+            live = list(self._live)
+        for container_id in live:
+            try:
+                self._client.api.remove_container(container_id, force=True)
+            except Exception:
+                pass
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- the blocking part, run in a worker thread -------------------------------------------------
+
+    def _prepare(self, writes: list[tuple[str, str | bytes]], seed_dir: str | None) -> str:
+        work = tempfile.mkdtemp(prefix="dockyard-sandbox-", dir=self._work_root)
+        if seed_dir is not None:
+            shutil.copytree(seed_dir, work, symlinks=True, dirs_exist_ok=True)
+        for name, content in writes:
+            target = Path(work, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+        if os.geteuid() == 0:
+            for root, dirs, names in os.walk(work):
+                for entry in (root, *(os.path.join(root, n) for n in dirs + names)):
+                    os.lchown(entry, self._uid, self._gid)
+        return work
+
+    def _container_user(self) -> str:
+        # As root the work folder is chowned to the sandbox user; otherwise the container runs as
+        # the service's own (non-root) user, who owns the work folder.
+        return f"{self._uid}:{self._gid}" if os.geteuid() == 0 else f"{os.getuid()}:{os.getgid()}"
+
+    def _run(
+        self,
+        writes: list[tuple[str, str | bytes]],
+        command: list[str],
+        limits: ResourceLimits,
+        seed_dir: str | None,
+        image: str,
+        nonce: bytes | None,
+    ) -> _Run:
+        run = _Run()
+        try:
+            work = self._prepare(writes, seed_dir)
+        except OSError as exc:
+            run.error = f"cannot prepare the work folder: {exc}"
+            return run
+        try:
+            self._run_container(run, work, command, limits, image, nonce)
+            if nonce is not None and not run.error:
+                run.report = _read_report(os.path.join(work, REPORT_NAME))
+        finally:
+            _remove_tree(work)
+        return run
+
+    def _run_container(
+        self, run: _Run, work: str, command: list[str], limits: ResourceLimits, image: str, nonce: bytes | None
+    ) -> None:
+        import docker.errors
+        from docker.types import LogConfig, Mount, Ulimit
+
+        api = self._client.api
+        memory = f"{limits.memory_mb}m"
+        cpu = max(1, math.ceil(limits.cpu_seconds))
+        host_config = api.create_host_config(
+            network_mode="none",
+            read_only=True,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            pids_limit=self._pids_limit,
+            mem_limit=memory,
+            memswap_limit=memory,
+            nano_cpus=int(self._cpus * 1e9),
+            ulimits=[
+                Ulimit(name="cpu", soft=cpu, hard=cpu + 1),
+                Ulimit(name="fsize", soft=self._max_file_bytes, hard=self._max_file_bytes),
+                Ulimit(name="core", soft=0, hard=0),
+            ],
+            mounts=[Mount(WORK, work, type="bind")],
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={self._tmp_mb}m,mode=1777"},
+            log_config=LogConfig(type="none"),
+        )
+        container_id = None
+        start = time.monotonic()
+        try:
+            try:
+                container_id = api.create_container(
+                    image,
+                    command=command,
+                    user=self._container_user(),
+                    working_dir=WORK,
+                    environment={"HOME": WORK},
+                    hostname="sandbox",
+                    network_disabled=True,
+                    labels={LABEL: self._owner},
+                    host_config=host_config,
+                )["Id"]
+                with self._live_lock:
+                    self._live.add(container_id)
+                # Attach before start: nothing the code prints is missed, and nothing goes to a log file.
+                stream = api.attach(container_id, stdout=True, stderr=True, stream=True, logs=False, demux=True)
+                api.start(container_id)
+            except (docker.errors.DockerException, OSError) as exc:
+                run.error = f"cannot start the container: {exc}"
+                return
+            killer = threading.Timer(limits.timeout_seconds, self._kill, (run, container_id))
+            killer.daemon = True
+            killer.start()
+            # The ready line is not the code's output: room for it on top of the cap.
+            out = _Capped(limits.max_output_bytes)
+            err = _Capped(limits.max_output_bytes + (len(nonce) + 7 if nonce is not None else 0))
+            try:
+                for chunk_out, chunk_err in stream:
+                    if chunk_out:
+                        out.add(chunk_out)
+                    if chunk_err:
+                        err.add(chunk_err)
+                state = api.wait(container_id, timeout=max(limits.timeout_seconds, 30) + 30)
+                run.exit_code = state.get("StatusCode", -1)
+                if run.exit_code == 137 and not run.timed_out:
+                    if api.inspect_container(container_id)["State"].get("OOMKilled"):
+                        run.exit_code = -9  # killed by the kernel for using too much memory
+            except Exception as exc:  # the engine went away mid-run
+                if not run.timed_out:
+                    run.error = f"lost the container: {type(exc).__name__}: {exc}"
+            finally:
+                killer.cancel()
+                stream.close()
+            if run.timed_out:
+                run.exit_code = -9
+            run.stdout, run.stderr = bytes(out.data), bytes(err.data)
+            run.truncated = out.truncated or err.truncated
+        finally:
+            run.duration = time.monotonic() - start
+            if container_id is not None:
+                try:
+                    api.remove_container(container_id, force=True)
+                except docker.errors.NotFound:
+                    pass
+                except Exception as exc:
+                    log.warning(
+                        "container not removed; the next service start reaps it", id=container_id[:12], error=str(exc)
+                    )
+                with self._live_lock:
+                    self._live.discard(container_id)
+
+    def _kill(self, run: _Run, container_id: str) -> None:
+        run.timed_out = True
+        try:
+            self._client.api.kill(container_id)
+        except Exception:
+            pass  # it just ended on its own
+
+
+def _read_report(path: str) -> bytes:
+    """At most REPORT_CAP_BYTES of a regular file; never follows a link the code may have planted."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        return os.read(fd, REPORT_CAP_BYTES)
+    finally:
+        os.close(fd)
+
+
+def _outcome(run: _Run, status: Status, *, passed: int, total: int, error_message: str = "") -> Outcome:
+    return Outcome(
+        status=status,
+        tests_passed=passed,
+        tests_total=total,
+        exit_code=run.exit_code,
+        stdout=_text(run.stdout),
+        stderr=_text(run.stderr),
+        output_truncated=run.truncated,
+        duration_seconds=run.duration,
+        error_message=error_message or run.error,
+    )

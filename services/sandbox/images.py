@@ -1,0 +1,228 @@
+"""Sandbox images, built offline: no registry is ever contacted, image builds run without network.
+
+    debootstrap bookworm (minbase + python3, venv, git, patch) --docker import--> BASE_IMAGE
+    BASE_IMAGE + sandbox user + /opt/venv (pytest...) from a wheelhouse -------> SANDBOX_IMAGE
+    SANDBOX_IMAGE + a repository's requirements from a wheelhouse ------------> dockyard/env:<content hash>
+
+Every `ensure_*` function is idempotent: it returns at once when an image with
+the expected tag (and, for built images, the expected content-hash label)
+exists, and builds it otherwise. Only the host side reaches a network: the
+Debian mirror for debootstrap and the package index for `pip download` (into a
+wheelhouse folder that is reused). `python -m services.sandbox.images` (called
+by deploy/images/build.sh) builds the base and the sandbox image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+BASE_IMAGE = "dockyard/sandbox-base:bookworm"
+SANDBOX_IMAGE = "dockyard/sandbox:latest"
+ENV_IMAGE_REPOSITORY = "dockyard/env"
+HASH_LABEL = "dockyard.content-hash"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+BASE_PACKAGES = ("python3", "python3-venv", "git", "ca-certificates", "patch")
+SANDBOX_CONTEXT = Path(__file__).resolve().parents[2] / "deploy" / "images" / "sandbox"
+IMAGE_PYTHON = "3.11"  # bookworm's python3: wheels are downloaded for it, whatever the host runs
+DEFAULT_WHEELHOUSE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dockyard" / "wheelhouse"
+
+# An environment image adds packages to the sandbox image's venv and stays non-root.
+ENV_DOCKERFILE = """\
+ARG BASE_IMAGE
+FROM ${BASE_IMAGE}
+USER root
+COPY requirements.txt /tmp/build/requirements.txt
+COPY wheels /tmp/build/wheels
+RUN test -x /opt/venv/bin/python || python3 -m venv /opt/venv; \\
+    /opt/venv/bin/pip install --no-index --no-cache-dir --find-links /tmp/build/wheels \\
+      -r /tmp/build/requirements.txt && rm -rf /tmp/build
+USER 1000:1000
+WORKDIR /work
+"""
+
+_build_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def _lock(tag: str) -> threading.Lock:
+    with _locks_guard:
+        return _build_locks.setdefault(tag, threading.Lock())
+
+
+def _label(client, tag: str) -> str | None:
+    """The image's content-hash label; None when the image does not exist."""
+    import docker.errors
+
+    try:
+        image = client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        return None
+    return (image.labels or {}).get(HASH_LABEL, "")
+
+
+def ensure_base_image(client, tag: str = BASE_IMAGE, mirror: str = DEBIAN_MIRROR) -> str:
+    """`tag` exists, or is made by debootstrap (minbase + BASE_PACKAGES) and `docker import` (needs root)."""
+    with _lock(tag):
+        if _label(client, tag) is not None:
+            return tag
+        with tempfile.TemporaryDirectory(prefix="dockyard-rootfs-") as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            subprocess.run(
+                [
+                    "debootstrap",
+                    "--variant=minbase",
+                    f"--include={','.join(BASE_PACKAGES)}",
+                    "bookworm",
+                    rootfs,
+                    mirror,
+                ],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+            for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
+                for entry in (rootfs / cache).glob("*.deb" if "archives" in cache else "*_*"):
+                    entry.unlink()
+            tar = subprocess.Popen(["tar", "-C", rootfs, "-c", "."], stdout=subprocess.PIPE)
+            subprocess.run(["docker", "import", "-", tag], stdin=tar.stdout, check=True, stdout=subprocess.DEVNULL)
+            tar.stdout.close()
+            if tar.wait() != 0:
+                raise RuntimeError(f"tar of {rootfs} failed")
+        return tag
+
+
+def download_wheels(requirements: Sequence[str], wheelhouse_dir: str | os.PathLike) -> None:
+    """`pip download` binary wheels of `requirements` (and their dependencies) for the image's Python.
+
+    Wheels already in `wheelhouse_dir` are not fetched again. Needs the package index.
+    """
+    Path(wheelhouse_dir).mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as req:
+        req.write("\n".join(requirements) + "\n")
+        req.flush()
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--only-binary=:all:"]
+            + ["--python-version", IMAGE_PYTHON, "--implementation", "cp"]
+            + ["--platform", "manylinux_2_36_x86_64", "--platform", "linux_x86_64"]
+            + ["--dest", str(wheelhouse_dir), "-r", req.name],
+            check=True,
+        )
+
+
+def _build(client, context: Path, tag: str, base_image: str, content_hash: str) -> None:
+    client.images.build(
+        path=str(context),
+        tag=tag,
+        buildargs={"BASE_IMAGE": base_image},
+        labels={HASH_LABEL: content_hash},
+        network_mode="none",
+        rm=True,
+        forcerm=True,
+        pull=False,
+    )
+
+
+def _context(tmp: Path, dockerfile: str, requirements: Sequence[str], wheelhouse_dir: Path) -> Path:
+    """A build context holding the Dockerfile, requirements.txt and a copy of the wheelhouse."""
+    (tmp / "Dockerfile").write_text(dockerfile)
+    (tmp / "requirements.txt").write_text("\n".join(requirements) + "\n")
+    shutil.copytree(wheelhouse_dir, tmp / "wheels")
+    return tmp
+
+
+def _requirements_file(path: Path) -> list[str]:
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+def ensure_sandbox_image(
+    client,
+    tag: str = SANDBOX_IMAGE,
+    base_image: str = BASE_IMAGE,
+    wheelhouse_dir: str | os.PathLike = DEFAULT_WHEELHOUSE,
+) -> str:
+    """`tag` built from deploy/images/sandbox on `base_image`; rebuilt when its Dockerfile,
+    requirements or base change (content-hash label), otherwise left alone."""
+    dockerfile = (SANDBOX_CONTEXT / "Dockerfile").read_text()
+    requirements = _requirements_file(SANDBOX_CONTEXT / "requirements.txt")
+    base_id = client.images.get(base_image).id
+    content_hash = hashlib.sha256("\0".join([base_id, dockerfile, *requirements]).encode()).hexdigest()
+    with _lock(tag):
+        if _label(client, tag) == content_hash:
+            return tag
+        wheels = Path(wheelhouse_dir) / "sandbox"
+        download_wheels(requirements, wheels)
+        with tempfile.TemporaryDirectory(prefix="dockyard-build-") as tmp:
+            _build(client, _context(Path(tmp), dockerfile, requirements, wheels), tag, base_image, content_hash)
+        return tag
+
+
+def env_image_tag(client, base_image: str, requirements: Sequence[str]) -> str:
+    """The tag ensure_env_image gives these inputs: a hash of the base image id, the sorted
+    requirements and the recipe."""
+    base_id = client.images.get(base_image).id
+    parts = [base_id, ENV_DOCKERFILE, *sorted({r.strip() for r in requirements if r.strip()})]
+    return f"{ENV_IMAGE_REPOSITORY}:{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:20]}"
+
+
+def ensure_env_image(
+    client,
+    base_image: str,
+    requirements: Sequence[str],
+    wheelhouse_dir: str | os.PathLike = DEFAULT_WHEELHOUSE,
+) -> str:
+    """A per-repository environment image: `base_image` plus `requirements` in /opt/venv. Returns its tag.
+
+    - `client`: a docker.DockerClient. `base_image`: normally SANDBOX_IMAGE (it must exist; any
+      Debian-like image with python3 works, /opt/venv is made when missing).
+    - `requirements`: pip requirement strings ("six==1.16.0", "attrs>=23"); order and duplicates
+      do not matter. Pin them: the tag hashes the strings, not what they resolved to.
+    - `wheelhouse_dir`: host folder of wheels. Missing wheels are fetched into it with
+      `pip download` (binary wheels for the image's Python 3.11, x86_64) only when the image must be
+      built; the build itself runs with `--network none` and installs with `--no-index`.
+    - The tag is `dockyard/env:<hash>` of (base image id, sorted requirements, recipe): the same
+      inputs give the same tag and the image is built once; later calls return at once.
+      Thread-safe: concurrent calls for one tag build it once.
+    - The image runs as uid 1000 in /work, like the sandbox image, so DockerBackend can use it as
+      `image=`. Raises docker.errors.BuildError or subprocess.CalledProcessError on failure.
+    """
+    tag = env_image_tag(client, base_image, requirements)
+    wanted = sorted({r.strip() for r in requirements if r.strip()})
+    with _lock(tag):
+        if _label(client, tag) is not None:
+            return tag
+        wheels = Path(wheelhouse_dir) / "env" / tag.rsplit(":", 1)[1]
+        if wanted:
+            download_wheels(wanted, wheels)
+        else:
+            wheels.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="dockyard-build-") as tmp:
+            _build(client, _context(Path(tmp), ENV_DOCKERFILE, wanted, wheels), tag, base_image, tag.rsplit(":")[1])
+        return tag
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Build the sandbox images offline (skips what exists).")
+    parser.add_argument("--base-image", default=BASE_IMAGE)
+    parser.add_argument("--image", default=os.environ.get("DOCKYARD_SANDBOX_IMAGE", SANDBOX_IMAGE))
+    parser.add_argument("--mirror", default=DEBIAN_MIRROR, help="Debian mirror for debootstrap")
+    parser.add_argument("--wheelhouse", default=str(DEFAULT_WHEELHOUSE), help="host folder for downloaded wheels")
+    args = parser.parse_args(argv)
+
+    import docker
+
+    client = docker.from_env()
+    print(f"base image: {ensure_base_image(client, args.base_image, args.mirror)}", flush=True)
+    print(f"sandbox image: {ensure_sandbox_image(client, args.image, args.base_image, args.wheelhouse)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
