@@ -196,3 +196,42 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server.start()
     yield server.url
     server.stop()
+
+
+SANDBOX_IMAGE = "dockyard/sandbox:latest"
+
+
+def require_docker() -> None:
+    """A docker CLI and an engine that answers; otherwise skip loudly here and fail under CI=1."""
+    import shutil
+
+    require_tool(shutil.which("docker") or "/usr/bin/docker", "docker CLI")
+    info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=60)
+    if info.returncode != 0:
+        message = f"the docker engine does not answer (`docker info`: {info.stderr.strip()[-300:]})"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message}: CI must run this test")
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def docker_sandbox_image() -> str:
+    """The sandbox task image's tag, built offline by deploy/images/build.sh when missing (cached:
+    a second build is a no-op). Use it with start_service("sandbox", docker_sandbox_env(image))."""
+    require_docker()
+    build = subprocess.run(
+        [str(REPO_ROOT / "deploy" / "images" / "build.sh"), "--image", SANDBOX_IMAGE],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    if build.returncode != 0:
+        pytest.fail(f"deploy/images/build.sh failed:\n{build.stdout[-2000:]}\n{build.stderr[-4000:]}")
+    return SANDBOX_IMAGE
+
+
+def docker_sandbox_env(image: str, **settings: str) -> dict[str, str]:
+    """Environment of a sandbox service on the docker backend; extra settings by field name."""
+    env = {"DOCKYARD_SANDBOX_BACKEND": "docker", "DOCKYARD_SANDBOX_IMAGE": image}
+    return env | {f"DOCKYARD_SANDBOX_{name.upper()}": value for name, value in settings.items()}

@@ -1,6 +1,7 @@
 """gRPC face of the sandbox: validates limits, calls the backend, returns verdicts.
 
 Execute / RunTests --> resolve_limits (0 -> default; < 0, NaN, > ceiling -> INVALID_ARGUMENT)
+                   --> Admission (max_concurrency running, max_queued waiting, else RESOURCE_EXHAUSTED)
                    --> SandboxBackend --> Outcome --> common.v1.Verdict
 ScorePatch         --> UNIMPLEMENTED until the docker backend exists
 """
@@ -14,6 +15,7 @@ import grpc
 from dockyard.common.v1 import common_pb2
 from dockyard.rpc.errors import InvalidArgument, Unimplemented
 from dockyard.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+from services.sandbox.admission import Admission
 from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status
 from services.sandbox.settings import SandboxSettings
 
@@ -63,19 +65,22 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     def __init__(self, backend: SandboxBackend, settings: SandboxSettings) -> None:
         self._backend = backend
         self._settings = settings
+        self._admission = Admission(settings.max_concurrency, settings.max_queued)
 
     async def Execute(
         self, request: sandbox_pb2.ExecuteRequest, context: grpc.aio.ServicerContext
     ) -> sandbox_pb2.ExecuteResponse:
         limits = resolve_limits(request.limits, self._settings)
-        outcome = await self._backend.execute(dict(request.files), list(request.command), limits)
+        async with self._admission.slot():
+            outcome = await self._backend.execute(dict(request.files), list(request.command), limits)
         return sandbox_pb2.ExecuteResponse(verdict=to_verdict(outcome))
 
     async def RunTests(
         self, request: sandbox_pb2.RunTestsRequest, context: grpc.aio.ServicerContext
     ) -> sandbox_pb2.RunTestsResponse:
         limits = resolve_limits(request.limits, self._settings)
-        outcome = await self._backend.run_tests(request.program, list(request.tests), limits)
+        async with self._admission.slot():
+            outcome = await self._backend.run_tests(request.program, list(request.tests), limits)
         return sandbox_pb2.RunTestsResponse(verdict=to_verdict(outcome))
 
     async def ScorePatch(

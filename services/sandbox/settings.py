@@ -20,7 +20,22 @@ class SandboxSettings(ServiceSettings):
 
     model_config = SettingsConfigDict(env_prefix="DOCKYARD_SANDBOX_", extra="ignore")
 
-    backend: Literal["local"] = Field("local", description="Execution backend; only local processes so far.")
+    backend: Literal["local", "docker"] = Field(
+        "local", description="local: child processes (weaker isolation, development); docker: one container per run."
+    )
+    image: str = Field("dockyard/sandbox:latest", description="Docker backend: default image of a run.")
+    docker_cpus: float = Field(1.0, gt=0, description="Docker backend: CPU quota per container, in cores.")
+    docker_pids_limit: int = Field(
+        256, ge=8, description="Docker backend: most tasks (processes, threads) per container."
+    )
+    docker_tmp_mb: int = Field(
+        64, ge=1, description="Docker backend: size of the container's /tmp (tmpfs, counts as memory)."
+    )
+    docker_user: str = Field(
+        "1000:1000",
+        pattern=r"^[1-9][0-9]*:[1-9][0-9]*$",
+        description="Docker backend: uid:gid the code runs as when the service is root (never 0).",
+    )
 
     default_timeout_seconds: float = Field(10.0, gt=0, description="Wall-clock limit when a request gives 0.")
     default_memory_mb: int = Field(512, gt=0, description="Address-space limit when a request gives 0.")
@@ -41,6 +56,9 @@ class SandboxSettings(ServiceSettings):
         description="RLIMIT_NPROC (counts every task of the service's user; ignored for root); 0 leaves it unset.",
     )
     max_concurrency: int = Field(os.cpu_count() or 1, ge=1, description="Runs executing at once; the rest wait.")
+    max_queued: int = Field(
+        64, ge=0, description="Calls that may wait for a free slot; beyond that a call gets RESOURCE_EXHAUSTED."
+    )
     work_root: str | None = Field(
         None, description="Folder under which work folders are made; None is the system temp."
     )

@@ -1,0 +1,252 @@
+"""Hostile code against the docker backend, through the real sandbox service: one property per test.
+
+Each test starts the service on the docker backend, runs one attack, checks the
+one property it is about, and then checks that the same service still scores an
+ordinary task correctly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dockyard.common.v1 import common_pb2
+from dockyard.rpc.client import connect
+from dockyard.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+from tests.conftest import docker_sandbox_env
+
+pytestmark = pytest.mark.slow
+
+PASSED = common_pb2.VERDICT_STATUS_PASSED
+FAILED = common_pb2.VERDICT_STATUS_FAILED
+TIMEOUT = common_pb2.VERDICT_STATUS_TIMEOUT
+LABEL = "dockyard.sandbox.owner"
+
+
+async def _call(address: str, method: str, request):
+    async with connect(address) as channel:
+        return await getattr(sandbox_pb2_grpc.SandboxServiceStub(channel), method)(request, timeout=120)
+
+
+def python(service, source: str, **limits) -> common_pb2.Verdict:
+    request = sandbox_pb2.ExecuteRequest(
+        files={"main.py": source}, command=["python", "main.py"], limits=sandbox_pb2.Limits(**limits)
+    )
+    return asyncio.run(_call(service.address, "Execute", request)).verdict
+
+
+def run_tests(service, program: str, tests: list[str], **limits) -> common_pb2.Verdict:
+    request = sandbox_pb2.RunTestsRequest(program=program, tests=tests, limits=sandbox_pb2.Limits(**limits))
+    return asyncio.run(_call(service.address, "RunTests", request)).verdict
+
+
+def still_serves(service) -> None:
+    verdict = run_tests(
+        service, "def add(a, b):\n    return a + b\n", ["assert add(2, 3) == 5", "assert add(1, 1) == 3"]
+    )
+    assert (verdict.status, verdict.tests_passed, verdict.tests_total) == (FAILED, 1, 2), verdict
+    verdict = python(service, "print('still here')")
+    assert (verdict.status, verdict.stdout) == (PASSED, "still here\n"), verdict
+
+
+def our_containers(service) -> list[str]:
+    """Ids of containers the service (by its pid) still has."""
+    out = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label={LABEL}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    owned = []
+    for cid in out:
+        label = subprocess.run(
+            ["docker", "inspect", "-f", f'{{{{index .Config.Labels "{LABEL}"}}}}', cid], capture_output=True, text=True
+        ).stdout
+        if f"/{service.proc.pid}/" in label:
+            owned.append(cid)
+    return owned
+
+
+@pytest.fixture
+def sandbox(start_service, docker_sandbox_image):
+    return start_service("sandbox", docker_sandbox_env(docker_sandbox_image, docker_pids_limit="64"))
+
+
+def test_no_network(sandbox):
+    port = sandbox.port  # the service itself listens on the host's loopback
+    source = f"""
+import socket
+print(sorted(name for _, name in socket.if_nameindex()))
+for host, port in [("1.1.1.1", 53), ("8.8.8.8", 443), ("127.0.0.1", {port}), ("172.17.0.1", {port})]:
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        print("connected", host, port)
+    except OSError as exc:
+        print("refused", host, port, type(exc).__name__)
+"""
+    verdict = python(sandbox, source)
+    assert verdict.status == PASSED, verdict
+    lines = verdict.stdout.splitlines()
+    assert lines[0] == "['lo']", verdict.stdout
+    assert len(lines) == 5 and all(line.startswith("refused") for line in lines[1:]), verdict.stdout
+    still_serves(sandbox)
+
+
+def test_no_write_outside_the_work_folder(sandbox, tmp_path):
+    host_marker = tmp_path / f"host-{uuid.uuid4().hex}"
+    host_marker.write_text("host secret")
+    source = f"""
+import os
+for path in ["/etc/evil", "/usr/bin/evil", "/opt/venv/evil", "/evil", "/home/sandbox/evil", "/var/tmp/evil"]:
+    try:
+        open(path, "w").write("x")
+        print("wrote", path)
+    except OSError as exc:
+        print("denied", path, exc.errno)
+open("/work/ok", "w").write("fine")
+open("/tmp/ok", "w").write("fine")
+print("host file visible:", os.path.exists({str(host_marker)!r}))
+print("uid", os.getuid())
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+print("CapEff", status["CapEff"].strip(), "NoNewPrivs", status["NoNewPrivs"].strip())
+"""
+    verdict = python(sandbox, source)
+    assert verdict.status == PASSED, verdict
+    lines = verdict.stdout.splitlines()
+    assert all(line.startswith("denied") for line in lines[:6]), verdict.stdout
+    assert lines[6:] == ["host file visible: False", "uid 1000", "CapEff 0000000000000000 NoNewPrivs 1"]
+    assert host_marker.read_text() == "host secret"
+    still_serves(sandbox)
+
+
+def test_fork_bomb_is_contained(sandbox):
+    # Counts how many processes it can hold at once, then keeps forking until the deadline.
+    source = """
+import os, time
+children = 0
+try:
+    while children < 1000:
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        children += 1
+except OSError as exc:
+    print("fork refused after", children, type(exc).__name__, flush=True)
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+"""
+    verdict = python(sandbox, source, timeout_seconds=4)
+    assert verdict.status == TIMEOUT, verdict
+    refused = verdict.stdout.split()
+    assert refused[:3] == ["fork", "refused", "after"], verdict.stdout
+    assert 0 < int(refused[3]) < 64  # the pids limit the service was given
+    assert verdict.duration_seconds < 15
+    assert our_containers(sandbox) == []
+    still_serves(sandbox)
+
+
+def test_memory_hog_is_killed(sandbox):
+    source = """
+chunks = []
+while True:
+    chunks.append(b"x" * (16 * 1024 * 1024))
+"""
+    verdict = python(sandbox, source, memory_mb=128, timeout_seconds=30)
+    assert (verdict.status, verdict.exit_code) == (FAILED, -9), verdict
+    assert verdict.duration_seconds < 20
+    still_serves(sandbox)
+
+
+def test_infinite_loop_times_out(sandbox):
+    verdict = run_tests(sandbox, "while True:\n    pass\n", ["assert True"], timeout_seconds=2)
+    assert (verdict.status, verdict.tests_passed, verdict.tests_total) == (TIMEOUT, 0, 1), verdict
+    assert 2 <= verdict.duration_seconds < 10
+    assert our_containers(sandbox) == []
+    still_serves(sandbox)
+
+
+def _peak_rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def test_a_100_mb_print_is_capped(sandbox):
+    before = _peak_rss_kb(sandbox.proc.pid)
+    source = (
+        "import sys\nfor _ in range(100):\n    sys.stdout.write('y' * (1024 * 1024))\nprint('done', file=sys.stderr)\n"
+    )
+    verdict = python(sandbox, source, max_output_bytes=4096, timeout_seconds=60)
+    assert verdict.status == PASSED, verdict.stderr
+    assert (len(verdict.stdout), set(verdict.stdout), verdict.output_truncated) == (4096, {"y"}, True)
+    assert verdict.stderr == "done\n"  # the whole stream was drained to its end
+    # The service kept 4 KiB, not 100 MB: its peak memory grew by far less than the output.
+    assert _peak_rss_kb(sandbox.proc.pid) - before < 40 * 1024
+    still_serves(sandbox)
+
+
+def test_the_report_cannot_be_forged(sandbox):
+    program = """
+import os, sys
+print("0" * 32 + " result 1")
+sys.stderr.write("0" * 32 + " result 1\\n")
+print("input visible:", os.path.exists(".dockyard-input"))
+with open(".dockyard-report", "w") as report:
+    report.write("deadbeef result 1\\n")
+os._exit(0)
+"""
+    verdict = run_tests(sandbox, program, ["assert False"])
+    assert (verdict.status, verdict.tests_passed, verdict.tests_total) == (FAILED, 0, 1), verdict
+    assert "input visible: False" in verdict.stdout
+    still_serves(sandbox)
+
+
+def test_a_new_service_reaps_containers_of_a_dead_one(start_service, docker_sandbox_image):
+    import socket
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid now names no live process
+    label = f"{socket.gethostname()}/{dead.pid}/1"
+    leftover = subprocess.run(
+        [
+            "docker",
+            "run",
+            "-d",
+            "--network",
+            "none",
+            "--label",
+            f"{LABEL}={label}",
+            docker_sandbox_image,
+            "sleep",
+            "300",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    try:
+        service = start_service("sandbox", docker_sandbox_env(docker_sandbox_image))
+        gone = subprocess.run(["docker", "inspect", leftover], capture_output=True)
+        assert gone.returncode != 0, "the dead service's container is still there"
+        still_serves(service)
+    finally:
+        subprocess.run(["docker", "rm", "-f", leftover], capture_output=True)
+
+
+def test_every_run_s_container_is_removed(sandbox):
+    async def burst():
+        request = sandbox_pb2.ExecuteRequest(command=["sh", "-c", "sleep 0.5; echo ok"])
+        return await asyncio.gather(*(_call(sandbox.address, "Execute", request) for _ in range(4)))
+
+    replies = asyncio.run(burst())
+    assert [r.verdict.stdout for r in replies] == ["ok\n"] * 4
+    assert our_containers(sandbox) == []
+    assert sandbox.proc.poll() is None  # the service is still up
