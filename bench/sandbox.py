@@ -1,0 +1,166 @@
+"""The sandbox service's docker backend vs a bare `docker run`, on the same command, in one run.
+
+    service     client --Execute(command)--> sandbox service --docker SDK--> one locked-down container
+    docker run  subprocess: docker run --rm --network none IMAGE command
+
+The script starts the sandbox service (`python -m services.sandbox`, docker
+backend, max_concurrency 4) on a free port and stops it at the end. The image
+must exist (deploy/images/build.sh). Both paths run the same argv in the same
+image: a small Python test that imports pytest and checks a few assertions.
+
+At concurrency 1 the two paths alternate run by run, --runs times each, after
+--warmup runs of each; the per-task time is the mean wall time a caller sees.
+Then each path runs --runs tasks at concurrency 2 and 4 (that many callers at
+once) for tasks/s. Prints a table, then `sandbox_vs_docker_run: R`, R = the
+service's per-task time / bare docker run's at concurrency 1 (1.0 is parity,
+lower is better). The service adds the locked-down settings (read-only root,
+no capabilities, limits, a work folder, output capture) and a gRPC hop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dockyard.common.v1 import common_pb2
+from dockyard.rpc.client import connect, health_status
+from dockyard.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TEST = "\n".join(
+    ["import pytest", "assert sum(range(10**5)) == 4999950000", "assert ''.join(sorted('dockyard')) == 'acddkory'"]
+    + ["print('ok')"]
+)
+COMMAND = ["python3", "-c", TEST]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_sandbox(image: str, concurrency: int, workdir: str) -> tuple[subprocess.Popen, str, Path]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "DOCKYARD_SANDBOX_PORT": str(port),
+        "DOCKYARD_SANDBOX_BACKEND": "docker",
+        "DOCKYARD_SANDBOX_IMAGE": image,
+        "DOCKYARD_SANDBOX_MAX_CONCURRENCY": str(concurrency),
+    }
+    log_path = Path(workdir) / "sandbox.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.sandbox"], env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT
+        )
+    return proc, f"127.0.0.1:{port}", log_path
+
+
+async def wait_serving(proc: subprocess.Popen, address: str, log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while await health_status(address) != "SERVING":
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the sandbox service did not start:\n{log.read_text(errors='replace')[-4000:]}")
+        await asyncio.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+async def service_task(stub) -> float:
+    start = time.perf_counter()
+    reply = await stub.Execute(sandbox_pb2.ExecuteRequest(command=COMMAND), timeout=120)
+    elapsed = time.perf_counter() - start
+    if reply.verdict.status != common_pb2.VERDICT_STATUS_PASSED or reply.verdict.stdout != "ok\n":
+        raise RuntimeError(f"the service's run failed: {reply.verdict}")
+    return elapsed
+
+
+async def bare_task(image: str) -> float:
+    start = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        "docker", "run", "--rm", "--network", "none", image, *COMMAND, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0 or out != b"ok\n":
+        raise RuntimeError(f"docker run failed: exit {proc.returncode}, {out[-500:]!r}")
+    return elapsed
+
+
+async def throughput(task, runs: int, concurrency: int) -> float:
+    """Tasks per second with `concurrency` callers sharing `runs` tasks."""
+    remaining = list(range(runs))
+
+    async def caller() -> None:
+        while remaining:
+            remaining.pop()
+            await task()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    return runs / (time.perf_counter() - start)
+
+
+async def bench(address: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    async with connect(address, service="dockyard.sandbox.v1.SandboxService", default_timeout=120.0) as channel:
+        stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+        paths = {"service": lambda: service_task(stub), "docker run": lambda: bare_task(args.image)}
+        for _ in range(args.warmup):
+            for task in paths.values():
+                await task()
+        times: dict[str, list[float]] = {name: [] for name in paths}
+        for _ in range(args.runs):
+            for name, task in paths.items():
+                times[name].append(await task())
+        results = {name: {"per_task": sum(t) / len(t), "c1": len(t) / sum(t)} for name, t in times.items()}
+        for concurrency in (2, 4):
+            for name, task in paths.items():
+                results[name][f"c{concurrency}"] = await throughput(task, args.runs, concurrency)
+        return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=20, help="tasks per path and concurrency level")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed runs per path first")
+    parser.add_argument("--image", default="dockyard/sandbox:latest", help="built by deploy/images/build.sh")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    proc = None
+    with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as workdir:
+        try:
+            proc, address, log = start_sandbox(args.image, 4, workdir)
+            asyncio.run(wait_serving(proc, address, log))
+            results = asyncio.run(bench(address, args))
+        finally:
+            stop(proc)
+
+    engine = subprocess.run(["docker", "version", "-f", "{{.Server.Version}}"], capture_output=True, text=True)
+    print(f"docker engine {engine.stdout.strip()}, image {args.image}, {args.runs} runs per path and level")
+    print(f"{'path':<12} {'per task (s)':>13} {'tasks/s c=1':>12} {'c=2':>8} {'c=4':>8}")
+    for name, r in results.items():
+        print(f"{name:<12} {r['per_task']:>13.3f} {r['c1']:>12.2f} {r['c2']:>8.2f} {r['c4']:>8.2f}")
+    print(f"sandbox_vs_docker_run: {results['service']['per_task'] / results['docker run']['per_task']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
