@@ -4,25 +4,26 @@
                 --RunTests(program, tests, limits)--> verdict: PASSED iff every test passed
                 --ScorePatch-----------------------> UNIMPLEMENTED (needs the docker backend)
 
-    settings.py   SandboxSettings: DOCKYARD_SANDBOX_*, default limits and ceilings
-    backend.py    SandboxBackend, the interface every backend implements; Outcome, ResourceLimits
-    local.py      LocalBackend: child process groups on this host
-    harness.py    the launcher (rlimits, then exec) and the RunTests harness, as source strings
-    servicer.py   SandboxServicer: limits validation, Outcome -> common.v1.Verdict
+    settings.py        SandboxSettings: DOCKYARD_SANDBOX_*, backend choice, default limits and ceilings
+    backend.py         SandboxBackend, the interface every backend implements; Outcome, ResourceLimits
+    docker_backend.py  DockerBackend: one locked-down container per run (production)
+    local.py           LocalBackend: child process groups on this host (development)
+    harness.py         the launcher (rlimits, then exec) and the RunTests harness, as source strings
+    images.py          offline builds of the base, sandbox and per-repository environment images
+    admission.py       Admission: bounded running + waiting calls, RESOURCE_EXHAUSTED beyond
+    servicer.py        SandboxServicer: limits validation, admission, Outcome -> common.v1.Verdict
 
-What it covers: a fresh work folder per call, removed afterwards; a scrubbed
-environment; wall-clock timeout that kills the whole process group; memory
-(RLIMIT_AS), CPU time, file size and core-dump limits; output capped per
-stream; bounded concurrency; a test report the program cannot forge by
-printing or by exiting early.
+What it covers, on either backend: a fresh work folder per call, removed
+afterwards; a wall-clock timeout that kills the run; memory
+and CPU-time limits; output capped per stream; bounded concurrency with a
+bounded queue; a test report the program cannot forge by printing or by
+exiting early. The docker backend adds: no network, no view of the host's
+files, a read-only root, a non-root user without capabilities, a pids limit.
 
-What it does NOT cover: only the local backend exists, and it is weaker
-isolation meant for development. There is no network namespace (code can
-open sockets); the host filesystem is readable; RLIMIT_NPROC is not enforced
-for root (nor are hard limits, which root may raise); a process that starts
-its own session escapes the group kill; code that introspects the harness's
-memory can forge a test report. The docker backend (per-task containers, no
-network, read-only root, pids cgroup) comes later.
+What it does NOT cover: the local backend is weaker isolation, meant for
+development (code can open sockets, read the host filesystem, and root is not
+bound by RLIMIT_NPROC); docker containers share the host's kernel; code that
+introspects the harness's memory can forge a test report on either backend.
 
 Verdicts: ERROR is reserved for infrastructure failures (masked from
 rewards); whatever the code does to itself, crashes included, is FAILED; the

@@ -106,6 +106,8 @@ class _Run:
     duration: float = 0.0
     error: str = ""  # an infrastructure failure
     report: bytes = b""  # RunTests: the harness's report file
+    container_id: str | None = None
+    cancelled: bool = False  # the caller gave up: do not start, or kill now
 
 
 class _Capped:
@@ -136,7 +138,8 @@ class DockerBackend(SandboxBackend):
     ) -> None:
         import docker
 
-        self._client = client or docker.from_env(timeout=120)
+        # Each running container holds one connection (its attach stream) and makes a few calls.
+        self._client = client or docker.from_env(timeout=120, max_pool_size=2 * max_concurrency + 4)
         self._image = image
         self._cpus = cpus
         self._pids_limit = pids_limit
@@ -162,6 +165,22 @@ class DockerBackend(SandboxBackend):
 
     async def _call(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def _run_in_slot(self, *args) -> _Run:
+        """One run on a worker thread, holding a concurrency slot until its container is gone."""
+        run = _Run()
+        async with self._slots:
+            future = asyncio.get_running_loop().run_in_executor(self._pool, self._run, run, *args)
+            try:
+                await asyncio.shield(future)
+            except asyncio.CancelledError:
+                # The caller gave up (deadline, shutdown): end the container now, not at its timeout.
+                run.cancelled = True
+                if run.container_id is not None:
+                    await asyncio.to_thread(self._kill_quietly, run.container_id)
+                await asyncio.wait([future])
+                raise
+        return run
 
     def _check_ready(self) -> None:
         import docker.errors
@@ -200,8 +219,7 @@ class DockerBackend(SandboxBackend):
             raise InvalidArgument("command: must name the program to run")
         checked = checked_files(files)
         writes = [(str(path), content) for path, content in checked]
-        async with self._slots:
-            run = await self._call(self._run, writes, list(command), limits, seed_dir, image or self._image, None)
+        run = await self._run_in_slot(writes, list(command), limits, seed_dir, image or self._image, None)
         if run.error:
             status = Status.ERROR
         elif run.timed_out:
@@ -217,8 +235,7 @@ class DockerBackend(SandboxBackend):
         payload = nonce + b"\n" + json.dumps({"program": program, "tests": list(tests)}).encode()
         total = len(tests)
         command = ["sh", "-c", RUN_TESTS_COMMAND, HARNESS_SOURCE]
-        async with self._slots:
-            run = await self._call(self._run, [(INPUT_NAME, payload)], command, limits, None, self._image, nonce)
+        run = await self._run_in_slot([(INPUT_NAME, payload)], command, limits, None, self._image, nonce)
         if run.error:
             return _outcome(run, Status.ERROR, passed=0, total=total)
         if run.timed_out:
@@ -235,13 +252,18 @@ class DockerBackend(SandboxBackend):
         return _outcome(run, Status.PASSED if passed == total else Status.FAILED, passed=passed, total=total)
 
     async def close(self) -> None:
-        with self._live_lock:
-            live = list(self._live)
-        for container_id in live:
-            try:
-                self._client.api.remove_container(container_id, force=True)
-            except Exception:
-                pass
+        """Remove the containers still running (their calls end as errors or timeouts)."""
+
+        def remove_live() -> None:
+            with self._live_lock:
+                live = list(self._live)
+            for container_id in live:
+                try:
+                    self._client.api.remove_container(container_id, force=True)
+                except Exception:
+                    pass  # gone already
+
+        await asyncio.to_thread(remove_live)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- the blocking part, run in a worker thread -------------------------------------------------
@@ -267,6 +289,7 @@ class DockerBackend(SandboxBackend):
 
     def _run(
         self,
+        run: _Run,
         writes: list[tuple[str, str | bytes]],
         command: list[str],
         limits: ResourceLimits,
@@ -274,7 +297,6 @@ class DockerBackend(SandboxBackend):
         image: str,
         nonce: bytes | None,
     ) -> _Run:
-        run = _Run()
         try:
             work = self._prepare(writes, seed_dir)
         except OSError as exc:
@@ -332,6 +354,10 @@ class DockerBackend(SandboxBackend):
                 )["Id"]
                 with self._live_lock:
                     self._live.add(container_id)
+                run.container_id = container_id
+                if run.cancelled:
+                    run.error = "the call was cancelled before the container started"
+                    return
                 # Attach before start: nothing the code prints is missed, and nothing goes to a log file.
                 stream = api.attach(container_id, stdout=True, stderr=True, stream=True, logs=False, demux=True)
                 api.start(container_id)
@@ -381,6 +407,9 @@ class DockerBackend(SandboxBackend):
 
     def _kill(self, run: _Run, container_id: str) -> None:
         run.timed_out = True
+        self._kill_quietly(container_id)
+
+    def _kill_quietly(self, container_id: str) -> None:
         try:
             self._client.api.kill(container_id)
         except Exception:

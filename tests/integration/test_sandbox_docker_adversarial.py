@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
+import grpc
 import pytest
 
 from dockyard.common.v1 import common_pb2
@@ -250,3 +252,20 @@ def test_every_run_s_container_is_removed(sandbox):
     assert [r.verdict.stdout for r in replies] == ["ok\n"] * 4
     assert our_containers(sandbox) == []
     assert sandbox.proc.poll() is None  # the service is still up
+
+
+def test_a_caller_that_gives_up_ends_its_container(sandbox):
+    async def give_up():
+        async with connect(sandbox.address) as channel:
+            stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+            request = sandbox_pb2.ExecuteRequest(command=["sleep", "60"], limits=sandbox_pb2.Limits(timeout_seconds=60))
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.Execute(request, timeout=2)
+            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+    asyncio.run(give_up())
+    deadline = time.monotonic() + 15
+    while our_containers(sandbox) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert our_containers(sandbox) == [], "the container outlived its cancelled call"
+    still_serves(sandbox)
