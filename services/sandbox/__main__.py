@@ -21,12 +21,18 @@ def main() -> None:
             max_processes=settings.max_processes,
             work_root=settings.work_root,
         )
+        servicer = SandboxServicer(backend, settings)
         service = Service(
             name="dockyard.sandbox.v1.SandboxService",
-            servicer=SandboxServicer(backend, settings),
+            servicer=servicer,
             add_to_server=sandbox_pb2_grpc.add_SandboxServiceServicer_to_server,
         )
-        return [service], backend.close
+
+        async def close() -> None:
+            await backend.close()
+            servicer.close()
+
+        return [service], close
 
     run_service("sandbox", settings, build)
 
