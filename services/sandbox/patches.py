@@ -43,7 +43,10 @@ def _unquote(path: str) -> str:
 
 
 def _strip_component(path: str) -> str:
-    # -p1: "a/pkg/x.py" -> "pkg/x.py"; a path with a single component is kept as it is.
+    # -p1: "a/pkg/x.py" -> "pkg/x.py"; a path with a single component is kept as it is. An
+    # absolute path is refused before stripping, whatever -p1 would make of it.
+    if path.startswith("/"):
+        raise PatchRefused(f"patch path {path!r} is absolute")
     return path.split("/", 1)[1] if "/" in path else path
 
 
