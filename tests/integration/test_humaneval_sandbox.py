@@ -1,0 +1,64 @@
+"""HumanEval through the sandbox service: all 164 canonical solutions pass, wrong ones do not.
+
+Scored exactly as the program_synthesis environment scores a completion (dockyard.tasks.envs),
+over gRPC against a real sandbox server. The backend is a parameter: add "docker" to
+SANDBOX_BACKENDS to run the same 2 x 164 short runs there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dockyard.common.v1 import common_pb2
+from dockyard.rpc.client import connect
+from dockyard.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+from dockyard.tasks import humaneval
+from dockyard.tasks.envs import Environment
+
+pytestmark = pytest.mark.slow
+
+SANDBOX_BACKENDS = ["local"]
+LIMITS = sandbox_pb2.Limits(timeout_seconds=20, memory_mb=1024, cpu_seconds=20)
+
+
+@pytest.fixture(params=SANDBOX_BACKENDS)
+def sandbox_backend_kind(request) -> str:
+    return request.param
+
+
+# The canonical body replaced by one that returns nothing.
+WRONG_BODY = "    return None\n"
+
+
+def test_canonical_solutions_resolve_and_wrong_ones_do_not(start_service, sandbox_backend_kind):
+    service = start_service(
+        "sandbox", {"DOCKYARD_SANDBOX_BACKEND": sandbox_backend_kind, "DOCKYARD_SANDBOX_MAX_CONCURRENCY": "2"}
+    )
+    problems = humaneval.load_problems()
+    assert len(problems) == 164
+    env = Environment("program_synthesis")
+
+    async def main() -> tuple[dict[str, common_pb2.Verdict], dict[str, common_pb2.Verdict]]:
+        async with connect(service.address) as channel:
+            stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+            gate = asyncio.Semaphore(4)
+
+            async def one(problem: humaneval.Problem, completion: str) -> common_pb2.Verdict:
+                async with gate:
+                    return await env.score(stub, humaneval.task_of(problem), completion, problem.task_id, LIMITS)
+
+            canonical = await asyncio.gather(*(one(p, p.canonical_solution) for p in problems))
+            wrong = await asyncio.gather(*(one(p, WRONG_BODY) for p in problems))
+        names = [p.task_id for p in problems]
+        return dict(zip(names, canonical, strict=True)), dict(zip(names, wrong, strict=True))
+
+    canonical, wrong = asyncio.run(main())
+    not_passed = {
+        k: (v.status, v.stderr[-300:]) for k, v in canonical.items() if v.status != common_pb2.VERDICT_STATUS_PASSED
+    }
+    assert not not_passed
+    passed_wrong = [k for k, v in wrong.items() if v.status == common_pb2.VERDICT_STATUS_PASSED]
+    assert not passed_wrong
+    assert all(v.status == common_pb2.VERDICT_STATUS_FAILED and v.tests_passed == 0 for v in wrong.values())
