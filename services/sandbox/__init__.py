@@ -2,13 +2,17 @@
 
     coordinator --Execute(files, argv, limits)-------> verdict: PASSED iff exit code 0
                 --RunTests(program, tests, limits)--> verdict: PASSED iff every test passed
-                --ScorePatch-----------------------> UNIMPLEMENTED (needs the docker backend)
+                --ScorePatch(task set, instance, patch) --> verdict: PASSED iff resolved (SWE-bench style)
 
     settings.py   SandboxSettings: DOCKYARD_SANDBOX_*, default limits and ceilings
     backend.py    SandboxBackend, the interface every backend implements; Outcome, ResourceLimits
     local.py      LocalBackend: child process groups on this host
     harness.py    the launcher (rlimits, then exec) and the RunTests harness, as source strings
     servicer.py   SandboxServicer: limits validation, Outcome -> common.v1.Verdict
+    swe.py        task sets, checkouts from local git mirrors, the in-sandbox driver, SWE verdicts
+    patches.py    patch checks before anything applies a patch; the integrity rule
+    log_parsing.py  pytest logs -> per-test statuses -> grading, as the swebench package does
+    task_builder.py SWE task sets from a PyPI sdist with injected bugs (`dockyard tasks build-swe`)
 
 What it covers: a fresh work folder per call, removed afterwards; a scrubbed
 environment; wall-clock timeout that kills the whole process group; memory
