@@ -9,6 +9,7 @@ flagged. The backend is a parameter: add "docker" to SANDBOX_BACKENDS to run the
 from __future__ import annotations
 
 import asyncio
+import difflib
 import json
 import subprocess
 import sys
@@ -51,12 +52,12 @@ def instances(task_root: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def score(stub, instance_id: str, patch: str) -> sandbox_pb2.ScorePatchRequest:
+def score(stub, instance_id: str, patch: str, timeout: float = 120) -> sandbox_pb2.ScorePatchRequest:
     request = sandbox_pb2.ScorePatchRequest(
         task_set=TASK_SET,
         instance_id=instance_id,
         patch=patch,
-        limits=sandbox_pb2.Limits(timeout_seconds=120, memory_mb=2048, cpu_seconds=120),
+        limits=sandbox_pb2.Limits(timeout_seconds=timeout, memory_mb=2048, cpu_seconds=timeout),
     )
     return stub.ScorePatch(request, timeout=180)
 
@@ -103,6 +104,41 @@ def test_gold_resolves_and_no_fix_does_not(task_root, start_service, sandbox_bac
                 assert not any(t.passed for t in irrelevant.fail_to_pass)
                 assert all(t.passed for t in irrelevant.pass_to_pass)
                 assert irrelevant.verdict.tests_passed == len(inst["PASS_TO_PASS"])
+
+    asyncio.run(main())
+
+
+def patch_of(task_root: Path, inst: dict, path: str, edit) -> str:
+    """A unified diff of `edit(text)` against `path` at the instance's base commit."""
+    mirror = task_root / TASK_SET / "repos" / f"pypi__{PACKAGE}.git"
+    show = ["git", "--git-dir", str(mirror), "show", f"{inst['base_commit']}:{path}"]
+    old = subprocess.run(show, capture_output=True, text=True, check=True).stdout
+    diff = difflib.unified_diff(old.splitlines(True), edit(old).splitlines(True), f"a/{path}", f"b/{path}")
+    return "".join(diff)
+
+
+def test_fuzzy_fallback_and_timeout(task_root, start_service, sandbox_backend_kind):
+    service = start_service(
+        "sandbox", {"DOCKYARD_SANDBOX_BACKEND": sandbox_backend_kind, "DOCKYARD_SANDBOX_TASK_ROOT": str(task_root)}
+    )
+    inst = instances(task_root)[0]
+    # The gold patch with its first context line changed: git apply refuses it, patch --fuzz takes it.
+    lines = inst["patch"].splitlines(keepends=True)
+    first_context = next(i for i, line in enumerate(lines) if line.startswith("@@")) + 1
+    assert lines[first_context].startswith(" ")
+    lines[first_context] = " # a context line that is not in the file\n"
+    fuzzy = "".join(lines)
+    hang = patch_of(task_root, inst, MODULE, lambda text: "while True:\n    pass\n" + text)
+
+    async def main() -> None:
+        async with connect(service.address) as channel:
+            stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+            reply = await score(stub, inst["instance_id"], fuzzy)
+            assert reply.resolved, reply.verdict.stderr
+            assert "git apply: exit 1" in reply.verdict.stderr and "patch --fuzz=5: exit 0" in reply.verdict.stderr
+            reply = await score(stub, inst["instance_id"], hang, timeout=5)
+            assert reply.verdict.status == S.VERDICT_STATUS_TIMEOUT and not reply.resolved
+            assert (await score(stub, inst["instance_id"], inst["patch"])).resolved
 
     asyncio.run(main())
 
