@@ -142,7 +142,9 @@ def inspect_patch(text: str) -> list[str]:
         raise PatchRefused("malformed diff: the last hunk is shorter than its header says")
     if not paths:
         raise PatchRefused("malformed diff: no file headers found")
-    if hunks == 0 and not any(line.startswith(("rename ", "copy ", "deleted file", "new file")) for line in lines):
+    if hunks == 0 and not any(
+        line.startswith(("rename ", "copy ", "deleted file", "new file", "new mode")) for line in lines
+    ):
         raise PatchRefused("malformed diff: no hunks found")
     return sorted(paths)
 

@@ -253,7 +253,13 @@ ImageResolver = Callable[[SweInstance], Awaitable[str | None]]
 
 
 class SweScorer:
-    """Scores patches against task-set instances on any SandboxBackend."""
+    """Scores patches against task-set instances on any SandboxBackend.
+
+    `image_for(instance)` names the image an instance runs in: with a container backend, the
+    per-repository environment image that installs `instance.requirements`; None (the default,
+    and what the local backend ignores anyway) is the backend's default image. A failure there
+    is an ERROR verdict.
+    """
 
     def __init__(
         self,
