@@ -287,17 +287,21 @@ def cmd_build_swe(args) -> int:
     if not sep or not package or not version:
         print(f"error: package must be NAME==VERSION, got {args.package!r}", file=sys.stderr)
         return 2
-    made = build(
-        package,
-        version,
-        Path(args.out),
-        modules=args.module,
-        test_files=args.test_file,
-        max_instances=args.max_instances,
-        max_candidates=args.max_candidates,
-        seed=args.seed,
-        sdist=Path(args.sdist) if args.sdist else None,
-    )
+    try:
+        made = build(
+            package,
+            version,
+            Path(args.out),
+            modules=args.module,
+            test_files=args.test_file,
+            max_instances=args.max_instances,
+            max_candidates=args.max_candidates,
+            seed=args.seed,
+            sdist=Path(args.sdist) if args.sdist else None,
+        )
+    except (OSError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     for instance in made:
         print(
             f"{instance['instance_id']}: {len(instance['FAIL_TO_PASS'])} FAIL_TO_PASS, "

@@ -171,7 +171,10 @@ def build(
         git(root, "add", "--all", "--force")
         git(root, "commit", "--quiet", "-m", f"{package} {version} from its source distribution")
         upstream = git(root, "rev-parse", "HEAD").strip()
-        baseline = run_tests(root, test_files, test_timeout)
+        try:
+            baseline = run_tests(root, test_files, test_timeout)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the tests of unmodified {package} {version} ran past {test_timeout} s") from None
         if not any(s == "PASSED" for s in baseline.values()):
             raise RuntimeError(f"no test of {test_files} passes on unmodified {package} {version}")
         candidates = [m for path in modules for m in mutations(root, path)]
