@@ -192,7 +192,9 @@ def cmd_run(args) -> int:
     cfg = _load(args.config, args.overrides)
     prepare(cfg)
     log_dir = Path(cfg.logger.log_dir) / "logs" / time.strftime("%Y%m%d-%H%M%S")
-    stack = LocalStack(log_dir, free_ports=not args.default_ports)
+    from dockyard.tasks.envs import sandbox_env
+
+    stack = LocalStack(log_dir, free_ports=not args.default_ports, extra_env=sandbox_env(cfg))
     print(f"starting services (logs in {log_dir})")
     _interrupt_on_signals()
     stack.start()

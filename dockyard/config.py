@@ -269,6 +269,12 @@ class MasterConfig(Section):
                 errors.append((f"data.{split}.source", f"env.name={self.env.name} takes source {wanted}"))
             elif dataset.source == "swe" and not dataset.path:
                 errors.append((f"data.{split}.path", "env swe needs the task-set folder"))
+        train_path, val_path = self.data.train.path, self.data.validation.path
+        if self.env.name == "swe" and train_path and val_path:
+            if Path(train_path).resolve().parent != Path(val_path).resolve().parent:
+                errors.append(
+                    ("data.validation.path", "must lie in the same folder as data.train.path (one task root)")
+                )
         if self.cluster.device == "cpu" and self.cluster.weight_sync_backend == "nccl":
             errors.append(("cluster.weight_sync_backend", "nccl needs cluster.device=cuda; use gloo on CPU"))
         if errors:

@@ -12,7 +12,9 @@ collector turns them into ERROR verdicts or a failed job). The verdict carries t
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from dockyard.common.v1 import common_pb2
 from dockyard.config import DatasetConfig, MasterConfig
@@ -68,3 +70,11 @@ class Environment:
 
 def environment(config: MasterConfig) -> Environment:
     return Environment(config.env.name)
+
+
+def sandbox_env(config: MasterConfig) -> dict[str, str]:
+    """Sandbox settings a local stack needs for this config: for swe, the task root that holds
+    data.train.path (validation's task set lies beside it; the config checks that)."""
+    if config.env.name != "swe" or "DOCKYARD_SANDBOX_TASK_ROOT" in os.environ or not config.data.train.path:
+        return {}
+    return {"DOCKYARD_SANDBOX_TASK_ROOT": str(Path(config.data.train.path).resolve().parent)}

@@ -11,7 +11,7 @@ from dockyard.config import ConfigError, load_config
 from dockyard.rollout.v1 import rollout_pb2
 from dockyard.sandbox.v1 import sandbox_pb2
 from dockyard.tasks import humaneval, swe
-from dockyard.tasks.envs import Environment
+from dockyard.tasks.envs import Environment, sandbox_env
 from services.coordinator.collector import Collector, reward_of
 
 TINY = "examples/configs/tiny_expr.yaml"
@@ -114,3 +114,14 @@ def test_expr_env_keeps_the_tiny_recipe_tasks():
     from dockyard.tasks.expr import make_tasks
 
     assert Environment("expr").load("train", cfg.data.train) == make_tasks("train", cfg.data.train.size, 0)
+
+
+def test_swe_task_sets_share_one_task_root(tmp_path, monkeypatch):
+    monkeypatch.delenv("DOCKYARD_SANDBOX_TASK_ROOT", raising=False)
+    base = ["env.name=swe", "data.train.source=swe", "data.validation.source=swe"]
+    train, val = tmp_path / "sets" / "train-set", tmp_path / "sets" / "val-set"
+    cfg = load_config(TINY, [*base, f"data.train.path={train}", f"data.validation.path={val}"])
+    assert sandbox_env(cfg) == {"DOCKYARD_SANDBOX_TASK_ROOT": str(tmp_path / "sets")}
+    assert sandbox_env(load_config(TINY)) == {}
+    with pytest.raises(ConfigError, match="same folder"):
+        load_config(TINY, [*base, f"data.train.path={train}", f"data.validation.path={tmp_path / 'other' / 'v'}"])
