@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from services.sandbox.backend import Outcome, Status
@@ -92,3 +94,30 @@ def test_other_endings(outcome, status, words):
     result = interpret(INSTANCE, outcome, NONCE, [])
     assert result.status == status and words in result.error_message and result.tests_passed == 0
     assert result.tests_total == 3
+
+
+async def test_a_missing_mirror_is_an_error_verdict_and_a_broken_task_set_is_named(tmp_path):
+    from services.sandbox.backend import ResourceLimits
+    from services.sandbox.local import LocalBackend
+    from services.sandbox.swe import SweScorer, TaskSetError, TaskSets
+
+    (tmp_path / "set").mkdir()
+    line = {**_raw(), "test_patch": INSTANCE.test_patch}
+    (tmp_path / "set" / "instances.jsonl").write_text(json.dumps(line) + "\n")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "instances.jsonl").write_text('{"instance_id": "x"}\n')
+    task_sets = TaskSets(str(tmp_path))
+    assert task_sets.names() == ["broken", "set"]
+    scorer = SweScorer(LocalBackend(max_concurrency=1), task_sets, checkout_root=str(tmp_path))
+    try:
+        patch = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-a\n+b\n"
+        result = await scorer.score("set", task_sets.instance("set", "i"), patch, ResourceLimits(5, 256, 5, 4096))
+        assert result.status == "error" and "does not exist" in result.error_message
+    finally:
+        scorer.close()
+    with pytest.raises(TaskSetError, match=r"broken.*instances.jsonl:1") as err:
+        task_sets.instances("broken")
+    assert err.value.kind == "unusable"
+    with pytest.raises(TaskSetError) as err:
+        task_sets.instance("set", "nope")
+    assert err.value.kind == "not_found"
