@@ -192,7 +192,9 @@ def cmd_run(args) -> int:
     cfg = _load(args.config, args.overrides)
     prepare(cfg)
     log_dir = Path(cfg.logger.log_dir) / "logs" / time.strftime("%Y%m%d-%H%M%S")
-    stack = LocalStack(log_dir, free_ports=not args.default_ports)
+    from dockyard.tasks.envs import sandbox_env
+
+    stack = LocalStack(log_dir, free_ports=not args.default_ports, extra_env=sandbox_env(cfg))
     print(f"starting services (logs in {log_dir})")
     _interrupt_on_signals()
     stack.start()
@@ -278,6 +280,39 @@ def cmd_prepare(args) -> int:
     return 0
 
 
+def cmd_build_swe(args) -> int:
+    from pathlib import Path
+
+    from services.sandbox.task_builder import build
+
+    package, sep, version = args.package.partition("==")
+    if not sep or not package or not version:
+        print(f"error: package must be NAME==VERSION, got {args.package!r}", file=sys.stderr)
+        return 2
+    try:
+        made = build(
+            package,
+            version,
+            Path(args.out),
+            modules=args.module,
+            test_files=args.test_file,
+            max_instances=args.max_instances,
+            max_candidates=args.max_candidates,
+            seed=args.seed,
+            sdist=Path(args.sdist) if args.sdist else None,
+        )
+    except (OSError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for instance in made:
+        print(
+            f"{instance['instance_id']}: {len(instance['FAIL_TO_PASS'])} FAIL_TO_PASS, "
+            f"{len(instance['PASS_TO_PASS'])} PASS_TO_PASS"
+        )
+    print(f"{len(made)} instance(s) in {args.out}/instances.jsonl")
+    return 0 if made else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dockyard", description="GRPO post-training against execution-grounded rewards."
@@ -318,6 +353,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare", help="build the policy folder that the config bootstraps")
     with_config(p)
     p.set_defaults(func=cmd_prepare)
+
+    tasks = sub.add_parser("tasks", help="build task sets").add_subparsers(dest="tasks_command", required=True)
+    p = tasks.add_parser("build-swe", help="SWE-bench-style instances from a PyPI sdist with injected bugs")
+    p.add_argument("package", help="NAME==VERSION of a pure-Python project whose sdist ships its tests")
+    p.add_argument("--out", required=True, help="task-set folder to write (instances.jsonl, repos/)")
+    p.add_argument("--module", action="append", required=True, help="source file to mutate (repeatable)")
+    p.add_argument("--test-file", action="append", required=True, help="test file to run (repeatable)")
+    p.add_argument("--max-instances", type=int, default=3, help="stop after this many instances")
+    p.add_argument("--max-candidates", type=int, default=40, help="mutations tried at most")
+    p.add_argument("--seed", type=int, default=0, help="order in which mutations are tried")
+    p.add_argument("--sdist", help="use this sdist file instead of downloading it")
+    p.set_defaults(func=cmd_build_swe)
     return parser
 
 

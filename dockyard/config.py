@@ -184,12 +184,16 @@ class SandboxLimits(Section):
 
 
 class EnvConfig(Section):
+    name: Literal["expr", "program_synthesis", "swe"] = Field(
+        "expr", description="Environment: how completions are scored (dockyard/tasks/envs.py)."
+    )
     reward: Literal["pass_fraction", "all_pass"] = Field("pass_fraction", description="Verdict → reward.")
     sandbox: SandboxLimits = Field(default_factory=SandboxLimits)
 
 
 class DatasetConfig(Section):
-    source: Literal["expr"] = Field("expr", description="Task set.")
+    source: Literal["expr", "humaneval", "swe"] = Field("expr", description="Task set.")
+    path: str | None = Field(None, description="humaneval: a JSONL(.gz) in HumanEval's format; swe: task-set folder.")
     size: int = Field(256, ge=1, description="Tasks drawn from the source.")
     seed: int = 0
 
@@ -258,6 +262,19 @@ class MasterConfig(Section):
             errors.append(("policy.generation.backend", "the vLLM engine is not built yet; use torch"))
         if self.data.num_dataloaders > 1:
             errors.append(("data.num_dataloaders", "one training task source is supported; set it to 1"))
+        wanted = {"expr": "expr", "program_synthesis": "humaneval", "swe": "swe"}[self.env.name]
+        for split in ("train", "validation"):
+            dataset = getattr(self.data, split)
+            if dataset.source != wanted:
+                errors.append((f"data.{split}.source", f"env.name={self.env.name} takes source {wanted}"))
+            elif dataset.source == "swe" and not dataset.path:
+                errors.append((f"data.{split}.path", "env swe needs the task-set folder"))
+        train_path, val_path = self.data.train.path, self.data.validation.path
+        if self.env.name == "swe" and train_path and val_path:
+            if Path(train_path).resolve().parent != Path(val_path).resolve().parent:
+                errors.append(
+                    ("data.validation.path", "must lie in the same folder as data.train.path (one task root)")
+                )
         if self.cluster.device == "cpu" and self.cluster.weight_sync_backend == "nccl":
             errors.append(("cluster.weight_sync_backend", "nccl needs cluster.device=cuda; use gloo on CPU"))
         if errors:

@@ -1,8 +1,8 @@
 """The rollout collector: task → group of completions → sandbox verdicts → rewards → buffer.
 
     Task ─rollout.Generate(n)─> completions (token ids, logprobs, weight version)
-         ─sandbox.RunTests each─> verdicts ─reward_of─> raw rewards
-         ─shaping (overlong, scaling)─> Group ─buffer.PutGroup─> buffer
+         ─env.score each (RunTests or ScorePatch, per env.name)─> verdicts ─reward_of─> raw rewards
+         ─integrity zeroing, shaping (overlong, scaling)─> Group ─buffer.PutGroup─> buffer
 
 Guarantees: an infrastructure failure (sandbox ERROR, an unreachable or
 overloaded sandbox) becomes an invalid trajectory, masked out of every group
@@ -26,13 +26,14 @@ import grpc
 import structlog
 import torch
 
-from dockyard.algorithms import dynamic_sampling_mask, overlong_penalty, scale_rewards
+from dockyard.algorithms import apply_integrity, dynamic_sampling_mask, overlong_penalty, scale_rewards
 from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
 from dockyard.common.v1 import common_pb2
 from dockyard.config import MasterConfig, SamplingConfig
 from dockyard.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from dockyard.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
-from dockyard.tasks.expr import Task, make_tasks, program_for
+from dockyard.tasks.envs import environment
+from dockyard.tasks.expr import Task
 
 log = structlog.get_logger()
 
@@ -77,7 +78,7 @@ class TaskStream:
 
 def load_tasks(config: MasterConfig, split: str) -> list[Task]:
     dataset = config.data.train if split == "train" else config.data.validation
-    return make_tasks(split, dataset.size, dataset.seed)
+    return environment(config).load(split, dataset)
 
 
 @dataclass
@@ -110,6 +111,7 @@ class Collector:
         self._generations = asyncio.Semaphore(max_generations)
         self._scoring = asyncio.Semaphore(max_scoring)
         self._generate_timeout = generate_timeout
+        self.env = environment(config)
         self.tasks = iter(TaskStream(load_tasks(config, "train"), config.grpo.seed))
         limits = config.env.sandbox
         self._limits = sandbox_pb2.Limits(
@@ -122,23 +124,19 @@ class Collector:
     async def score(self, task: Task, completion_text: str, request_id: str) -> common_pb2.Verdict:
         async with self._scoring:
             try:
-                reply = await self.sandbox.RunTests(
-                    sandbox_pb2.RunTestsRequest(
-                        request_id=request_id,
-                        program=program_for(completion_text),
-                        tests=list(task.tests),
-                        limits=self._limits,
-                    ),
-                    timeout=self._limits.timeout_seconds + 30,
-                )
+                return await self.env.score(self.sandbox, task, completion_text, request_id, self._limits)
             except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                # The job's own request is wrong (limits, task set), not the sandbox: fail the job.
+                if exc.code() in (
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    grpc.StatusCode.NOT_FOUND,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                ):
                     raise RuntimeError(f"the sandbox refused the job's request: {exc.details()}") from None
                 log.warning("scoring failed", task=task.task_id, code=exc.code().name, error=exc.details())
                 return common_pb2.Verdict(
                     status=common_pb2.VERDICT_STATUS_ERROR, error_message=f"sandbox: {exc.code().name}: {exc.details()}"
                 )
-            return reply.verdict
 
     async def generate(
         self, task: Task, n: int, sampling: SamplingConfig, request_id: str, seed: int | None = None
@@ -191,6 +189,8 @@ class Collector:
     def _shape(self, trajectories: list[common_pb2.Trajectory]) -> None:
         grpo = self.config.grpo
         rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float64)
+        # Before any penalty: a patch that touched protected (test) files earns nothing for passing.
+        rewards = apply_integrity(rewards, torch.tensor([t.verdict.integrity_violation for t in trajectories]))
         if grpo.reward_shaping.enabled:
             shaping = grpo.reward_shaping
             lengths = torch.tensor([len(t.completion_token_ids) for t in trajectories])

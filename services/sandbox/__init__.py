@@ -2,7 +2,7 @@
 
     coordinator --Execute(files, argv, limits)-------> verdict: PASSED iff exit code 0
                 --RunTests(program, tests, limits)--> verdict: PASSED iff every test passed
-                --ScorePatch-----------------------> UNIMPLEMENTED (needs the docker backend)
+                --ScorePatch(task set, instance, patch) --> verdict: PASSED iff resolved (SWE-bench style)
 
     settings.py        SandboxSettings: DOCKYARD_SANDBOX_*, backend choice, default limits and ceilings
     backend.py         SandboxBackend, the interface every backend implements; Outcome, ResourceLimits
@@ -12,6 +12,10 @@
     images.py          offline builds of the base, sandbox and per-repository environment images
     admission.py       Admission: bounded running + waiting calls, RESOURCE_EXHAUSTED beyond
     servicer.py        SandboxServicer: limits validation, admission, Outcome -> common.v1.Verdict
+    swe.py             task sets, checkouts from local git mirrors, the in-sandbox driver, SWE verdicts
+    patches.py         patch checks before anything applies a patch; the integrity rule
+    log_parsing.py     pytest logs -> per-test statuses -> grading, as the swebench package does
+    task_builder.py    SWE task sets from a PyPI sdist with injected bugs (`dockyard tasks build-swe`)
 
 What it covers, on either backend: a fresh work folder per call, removed
 afterwards; a wall-clock timeout that kills the run; memory

@@ -32,6 +32,29 @@ async def make_backend(settings: SandboxSettings):
     )
 
 
+def make_swe_scorer(settings: SandboxSettings, backend):
+    """SWE scoring over `backend`; with docker, each instance runs in its repository's environment image."""
+    from services.sandbox.swe import SweScorer, TaskSets
+
+    image_for = None
+    if settings.backend == "docker":
+        import asyncio
+
+        import docker
+
+        from services.sandbox.images import ensure_env_image
+
+        client = docker.from_env(timeout=600)
+
+        async def image_for(instance):
+            # Built once per distinct requirement set (content-hashed tag), then reused.
+            if not instance.requirements:
+                return None
+            return await asyncio.to_thread(ensure_env_image, client, settings.image, list(instance.requirements))
+
+    return SweScorer(backend, TaskSets(settings.task_root), checkout_root=settings.work_root, image_for=image_for)
+
+
 def main() -> None:
     settings = SandboxSettings()
 
@@ -40,12 +63,18 @@ def main() -> None:
         from services.sandbox.servicer import SandboxServicer
 
         backend = await make_backend(settings)
+        servicer = SandboxServicer(backend, settings, swe=make_swe_scorer(settings, backend))
         service = Service(
             name="dockyard.sandbox.v1.SandboxService",
-            servicer=SandboxServicer(backend, settings),
+            servicer=servicer,
             add_to_server=sandbox_pb2_grpc.add_SandboxServiceServicer_to_server,
         )
-        return [service], backend.close
+
+        async def close() -> None:
+            await backend.close()
+            servicer.close()
+
+        return [service], close
 
     run_service("sandbox", settings, build)
 

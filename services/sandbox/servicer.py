@@ -3,7 +3,8 @@
 Execute / RunTests --> resolve_limits (0 -> default; < 0, NaN, > ceiling -> INVALID_ARGUMENT)
                    --> Admission (max_concurrency running, max_queued waiting, else RESOURCE_EXHAUSTED)
                    --> SandboxBackend --> Outcome --> common.v1.Verdict
-ScorePatch         --> UNIMPLEMENTED until the docker backend exists
+ScorePatch         --> task set instance (NOT_FOUND / FAILED_PRECONDITION) --> Admission --> SweScorer --> Verdict
+ListInstances      --> the instances of the task sets under the task root (held-out parts omitted)
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import math
 import grpc
 
 from dockyard.common.v1 import common_pb2
-from dockyard.rpc.errors import InvalidArgument, Unimplemented
+from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound
 from dockyard.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from services.sandbox.admission import Admission
 from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status
 from services.sandbox.settings import SandboxSettings
+from services.sandbox.swe import SweResult, SweScorer, TaskSetError, TaskSets
 
 _STATUS = {
     Status.PASSED: common_pb2.VERDICT_STATUS_PASSED,
@@ -61,11 +63,53 @@ def to_verdict(outcome: Outcome) -> common_pb2.Verdict:
     )
 
 
+_TASK_SET_ERRORS = {"not_found": NotFound, "invalid": InvalidArgument, "unusable": FailedPrecondition}
+_SWE_STATUS = {
+    "passed": common_pb2.VERDICT_STATUS_PASSED,
+    "failed": common_pb2.VERDICT_STATUS_FAILED,
+    "patch_failed": common_pb2.VERDICT_STATUS_PATCH_FAILED,
+    "timeout": common_pb2.VERDICT_STATUS_TIMEOUT,
+    "error": common_pb2.VERDICT_STATUS_ERROR,
+}
+
+
+def swe_response(result: SweResult) -> sandbox_pb2.ScorePatchResponse:
+    outcome = result.outcome or Outcome(Status.ERROR)
+    verdict = common_pb2.Verdict(
+        status=_SWE_STATUS[result.status],
+        tests_passed=result.tests_passed,
+        tests_total=result.tests_total,
+        exit_code=outcome.exit_code,
+        stdout=outcome.stdout,
+        stderr=outcome.stderr,
+        output_truncated=outcome.output_truncated,
+        duration_seconds=outcome.duration_seconds,
+        error_message=result.error_message,
+        integrity_violation=result.integrity_violation,
+        protected_paths_touched=result.protected_paths_touched,
+    )
+
+    def results(tests: dict[str, bool]) -> list[sandbox_pb2.TestResult]:
+        return [sandbox_pb2.TestResult(name=t, passed=ok, status=result.statuses.get(t, "")) for t, ok in tests.items()]
+
+    return sandbox_pb2.ScorePatchResponse(
+        verdict=verdict,
+        resolved=result.resolved,
+        pass_rate=result.pass_rate,
+        fail_to_pass=results(result.fail_to_pass),
+        pass_to_pass=results(result.pass_to_pass),
+    )
+
+
 class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
-    def __init__(self, backend: SandboxBackend, settings: SandboxSettings) -> None:
+    def __init__(self, backend: SandboxBackend, settings: SandboxSettings, swe: SweScorer | None = None) -> None:
         self._backend = backend
         self._settings = settings
         self._admission = Admission(settings.max_concurrency, settings.max_queued)
+        self._swe = swe or SweScorer(backend, TaskSets(settings.task_root), checkout_root=settings.work_root)
+
+    def close(self) -> None:
+        self._swe.close()
 
     async def Execute(
         self, request: sandbox_pb2.ExecuteRequest, context: grpc.aio.ServicerContext
@@ -86,4 +130,45 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     async def ScorePatch(
         self, request: sandbox_pb2.ScorePatchRequest, context: grpc.aio.ServicerContext
     ) -> sandbox_pb2.ScorePatchResponse:
-        raise Unimplemented("SWE-style patch scoring is not built yet: it needs the docker backend")
+        if not request.task_set or not request.instance_id:
+            raise InvalidArgument("task_set and instance_id are required")
+        limits = resolve_limits(request.limits, self._settings)
+        if request.limits.max_output_bytes == 0:  # a truncated test log would lose its summary
+            limits = ResourceLimits(
+                limits.timeout_seconds, limits.memory_mb, limits.cpu_seconds, self._settings.max_output_bytes
+            )
+        instance = self._instance(request.task_set, request.instance_id)
+        async with self._admission.slot():
+            result = await self._swe.score(request.task_set, instance, request.patch, limits)
+        return swe_response(result)
+
+    async def ListInstances(
+        self, request: sandbox_pb2.ListInstancesRequest, context: grpc.aio.ServicerContext
+    ) -> sandbox_pb2.ListInstancesResponse:
+        task_sets = self._swe.task_sets
+        names = [request.task_set] if request.task_set else task_sets.names()
+        reply = sandbox_pb2.ListInstancesResponse()
+        for name in names:
+            try:
+                instances = task_sets.instances(name)
+            except TaskSetError as exc:
+                raise _TASK_SET_ERRORS[exc.kind](str(exc)) from None
+            for i in instances.values():
+                reply.instances.add(
+                    task_set=name,
+                    instance_id=i.instance_id,
+                    repo=i.repo,
+                    base_commit=i.base_commit,
+                    num_fail_to_pass=len(i.fail_to_pass),
+                    num_pass_to_pass=len(i.pass_to_pass),
+                    test_command=i.test_cmd,
+                    log_parser=i.log_parser,
+                    requirements=i.requirements,
+                )
+        return reply
+
+    def _instance(self, task_set: str, instance_id: str):
+        try:
+            return self._swe.task_sets.instance(task_set, instance_id)
+        except TaskSetError as exc:
+            raise _TASK_SET_ERRORS[exc.kind](str(exc)) from None

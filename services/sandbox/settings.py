@@ -62,6 +62,11 @@ class SandboxSettings(ServiceSettings):
     work_root: str | None = Field(
         None, description="Folder under which work folders are made; None is the system temp."
     )
+    task_root: str | None = Field(
+        None,
+        description="Folder of SWE task sets (<task_root>/<name>/instances.jsonl and repos/); None: ScorePatch "
+        "answers FAILED_PRECONDITION.",
+    )
 
     @model_validator(mode="after")
     def _defaults_within_ceilings(self) -> SandboxSettings:

@@ -52,8 +52,12 @@ async def every_rpc(address: str) -> None:
 
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stub.ScorePatch(sandbox_pb2.ScorePatchRequest(instance_id="x", patch="diff"), timeout=10)
-        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert "docker backend" in err.value.details()
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "task_set" in err.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as err:  # no task root configured
+            await stub.ScorePatch(sandbox_pb2.ScorePatchRequest(task_set="t", instance_id="x", patch="d"), timeout=10)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "DOCKYARD_SANDBOX_TASK_ROOT" in err.value.details()
 
 
 def test_every_rpc_answers_and_sigterm_exits_zero(start_service):

@@ -14,11 +14,13 @@ class VerdictStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     VERDICT_STATUS_FAILED: _ClassVar[VerdictStatus]
     VERDICT_STATUS_ERROR: _ClassVar[VerdictStatus]
     VERDICT_STATUS_TIMEOUT: _ClassVar[VerdictStatus]
+    VERDICT_STATUS_PATCH_FAILED: _ClassVar[VerdictStatus]
 VERDICT_STATUS_UNSPECIFIED: VerdictStatus
 VERDICT_STATUS_PASSED: VerdictStatus
 VERDICT_STATUS_FAILED: VerdictStatus
 VERDICT_STATUS_ERROR: VerdictStatus
 VERDICT_STATUS_TIMEOUT: VerdictStatus
+VERDICT_STATUS_PATCH_FAILED: VerdictStatus
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "max_new_tokens", "stop", "ignore_eos", "seed")
@@ -39,7 +41,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("status", "tests_passed", "tests_total", "exit_code", "stdout", "stderr", "output_truncated", "duration_seconds", "error_message")
+    __slots__ = ("status", "tests_passed", "tests_total", "exit_code", "stdout", "stderr", "output_truncated", "duration_seconds", "error_message", "integrity_violation", "protected_paths_touched")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     TESTS_PASSED_FIELD_NUMBER: _ClassVar[int]
     TESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +51,8 @@ class Verdict(_message.Message):
     OUTPUT_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     DURATION_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    INTEGRITY_VIOLATION_FIELD_NUMBER: _ClassVar[int]
+    PROTECTED_PATHS_TOUCHED_FIELD_NUMBER: _ClassVar[int]
     status: VerdictStatus
     tests_passed: int
     tests_total: int
@@ -58,7 +62,9 @@ class Verdict(_message.Message):
     output_truncated: bool
     duration_seconds: float
     error_message: str
-    def __init__(self, status: _Optional[_Union[VerdictStatus, str]] = ..., tests_passed: _Optional[int] = ..., tests_total: _Optional[int] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., output_truncated: _Optional[bool] = ..., duration_seconds: _Optional[float] = ..., error_message: _Optional[str] = ...) -> None: ...
+    integrity_violation: bool
+    protected_paths_touched: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, status: _Optional[_Union[VerdictStatus, str]] = ..., tests_passed: _Optional[int] = ..., tests_total: _Optional[int] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., output_truncated: _Optional[bool] = ..., duration_seconds: _Optional[float] = ..., error_message: _Optional[str] = ..., integrity_violation: _Optional[bool] = ..., protected_paths_touched: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Trajectory(_message.Message):
     __slots__ = ("trajectory_id", "prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_text", "weight_version", "reward", "valid", "verdict", "finish_reason")

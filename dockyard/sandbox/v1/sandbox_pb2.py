@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from dockyard.common.v1 import common_pb2 as dockyard_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!dockyard/sandbox/v1/sandbox.proto\x12\x13\x64ockyard.sandbox.v1\x1a\x1f\x64ockyard/common/v1/common.proto\"c\n\x06Limits\x12\x17\n\x0ftimeout_seconds\x18\x01 \x01(\x01\x12\x11\n\tmemory_mb\x18\x02 \x01(\x03\x12\x13\n\x0b\x63pu_seconds\x18\x03 \x01(\x01\x12\x18\n\x10max_output_bytes\x18\x04 \x01(\x03\"\xcf\x01\n\x0e\x45xecuteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12=\n\x05\x66iles\x18\x02 \x03(\x0b\x32..dockyard.sandbox.v1.ExecuteRequest.FilesEntry\x12\x0f\n\x07\x63ommand\x18\x03 \x03(\t\x12+\n\x06limits\x18\x04 \x01(\x0b\x32\x1b.dockyard.sandbox.v1.Limits\x1a,\n\nFilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x0f\x45xecuteResponse\x12,\n\x07verdict\x18\x01 \x01(\x0b\x32\x1b.dockyard.common.v1.Verdict\"r\n\x0fRunTestsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07program\x18\x02 \x01(\t\x12\r\n\x05tests\x18\x03 \x03(\t\x12+\n\x06limits\x18\x04 \x01(\x0b\x32\x1b.dockyard.sandbox.v1.Limits\"@\n\x10RunTestsResponse\x12,\n\x07verdict\x18\x01 \x01(\x0b\x32\x1b.dockyard.common.v1.Verdict\"K\n\x11ScorePatchRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\r\n\x05patch\x18\x03 \x01(\t\"B\n\x12ScorePatchResponse\x12,\n\x07verdict\x18\x01 \x01(\x0b\x32\x1b.dockyard.common.v1.Verdict2\x9e\x02\n\x0eSandboxService\x12T\n\x07\x45xecute\x12#.dockyard.sandbox.v1.ExecuteRequest\x1a$.dockyard.sandbox.v1.ExecuteResponse\x12W\n\x08RunTests\x12$.dockyard.sandbox.v1.RunTestsRequest\x1a%.dockyard.sandbox.v1.RunTestsResponse\x12]\n\nScorePatch\x12&.dockyard.sandbox.v1.ScorePatchRequest\x1a\'.dockyard.sandbox.v1.ScorePatchResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!dockyard/sandbox/v1/sandbox.proto\x12\x13\x64ockyard.sandbox.v1\x1a\x1f\x64ockyard/common/v1/common.proto\"c\n\x06Limits\x12\x17\n\x0ftimeout_seconds\x18\x01 \x01(\x01\x12\x11\n\tmemory_mb\x18\x02 \x01(\x03\x12\x13\n\x0b\x63pu_seconds\x18\x03 \x01(\x01\x12\x18\n\x10max_output_bytes\x18\x04 \x01(\x03\"\xcf\x01\n\x0e\x45xecuteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12=\n\x05\x66iles\x18\x02 \x03(\x0b\x32..dockyard.sandbox.v1.ExecuteRequest.FilesEntry\x12\x0f\n\x07\x63ommand\x18\x03 \x03(\t\x12+\n\x06limits\x18\x04 \x01(\x0b\x32\x1b.dockyard.sandbox.v1.Limits\x1a,\n\nFilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x0f\x45xecuteResponse\x12,\n\x07verdict\x18\x01 \x01(\x0b\x32\x1b.dockyard.common.v1.Verdict\"r\n\x0fRunTestsRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07program\x18\x02 \x01(\t\x12\r\n\x05tests\x18\x03 \x03(\t\x12+\n\x06limits\x18\x04 \x01(\x0b\x32\x1b.dockyard.sandbox.v1.Limits\"@\n\x10RunTestsResponse\x12,\n\x07verdict\x18\x01 \x01(\x0b\x32\x1b.dockyard.common.v1.Verdict\"\x8a\x01\n\x11ScorePatchRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\r\n\x05patch\x18\x03 \x01(\t\x12\x10\n\x08task_set\x18\x04 \x01(\t\x12+\n\x06limits\x18\x05 \x01(\x0b\x32\x1b.dockyard.sandbox.v1.Limits\":\n\nTestResult\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06passed\x18\x02 \x01(\x08\x12\x0e\n\x06status\x18\x03 \x01(\t\"\xd5\x01\n\x12ScorePatchResponse\x12,\n\x07verdict\x18\x01 \x01(\x0b\x32\x1b.dockyard.common.v1.Verdict\x12\x10\n\x08resolved\x18\x02 \x01(\x08\x12\x11\n\tpass_rate\x18\x03 \x01(\x01\x12\x35\n\x0c\x66\x61il_to_pass\x18\x04 \x03(\x0b\x32\x1f.dockyard.sandbox.v1.TestResult\x12\x35\n\x0cpass_to_pass\x18\x05 \x03(\x0b\x32\x1f.dockyard.sandbox.v1.TestResult\"(\n\x14ListInstancesRequest\x12\x10\n\x08task_set\x18\x01 \x01(\t\"\xcf\x01\n\x0fInstanceSummary\x12\x10\n\x08task_set\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0c\n\x04repo\x18\x03 \x01(\t\x12\x13\n\x0b\x62\x61se_commit\x18\x04 \x01(\t\x12\x18\n\x10num_fail_to_pass\x18\x05 \x01(\x05\x12\x18\n\x10num_pass_to_pass\x18\x06 \x01(\x05\x12\x14\n\x0ctest_command\x18\x07 \x03(\t\x12\x12\n\nlog_parser\x18\x08 \x01(\t\x12\x14\n\x0crequirements\x18\t \x03(\t\"P\n\x15ListInstancesResponse\x12\x37\n\tinstances\x18\x01 \x03(\x0b\x32$.dockyard.sandbox.v1.InstanceSummary2\x86\x03\n\x0eSandboxService\x12T\n\x07\x45xecute\x12#.dockyard.sandbox.v1.ExecuteRequest\x1a$.dockyard.sandbox.v1.ExecuteResponse\x12W\n\x08RunTests\x12$.dockyard.sandbox.v1.RunTestsRequest\x1a%.dockyard.sandbox.v1.RunTestsResponse\x12]\n\nScorePatch\x12&.dockyard.sandbox.v1.ScorePatchRequest\x1a\'.dockyard.sandbox.v1.ScorePatchResponse\x12\x66\n\rListInstances\x12).dockyard.sandbox.v1.ListInstancesRequest\x1a*.dockyard.sandbox.v1.ListInstancesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,10 +46,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RUNTESTSREQUEST']._serialized_end=581
   _globals['_RUNTESTSRESPONSE']._serialized_start=583
   _globals['_RUNTESTSRESPONSE']._serialized_end=647
-  _globals['_SCOREPATCHREQUEST']._serialized_start=649
-  _globals['_SCOREPATCHREQUEST']._serialized_end=724
-  _globals['_SCOREPATCHRESPONSE']._serialized_start=726
-  _globals['_SCOREPATCHRESPONSE']._serialized_end=792
-  _globals['_SANDBOXSERVICE']._serialized_start=795
-  _globals['_SANDBOXSERVICE']._serialized_end=1081
+  _globals['_SCOREPATCHREQUEST']._serialized_start=650
+  _globals['_SCOREPATCHREQUEST']._serialized_end=788
+  _globals['_TESTRESULT']._serialized_start=790
+  _globals['_TESTRESULT']._serialized_end=848
+  _globals['_SCOREPATCHRESPONSE']._serialized_start=851
+  _globals['_SCOREPATCHRESPONSE']._serialized_end=1064
+  _globals['_LISTINSTANCESREQUEST']._serialized_start=1066
+  _globals['_LISTINSTANCESREQUEST']._serialized_end=1106
+  _globals['_INSTANCESUMMARY']._serialized_start=1109
+  _globals['_INSTANCESUMMARY']._serialized_end=1316
+  _globals['_LISTINSTANCESRESPONSE']._serialized_start=1318
+  _globals['_LISTINSTANCESRESPONSE']._serialized_end=1398
+  _globals['_SANDBOXSERVICE']._serialized_start=1401
+  _globals['_SANDBOXSERVICE']._serialized_end=1791
 # @@protoc_insertion_point(module_scope)

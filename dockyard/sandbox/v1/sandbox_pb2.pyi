@@ -63,17 +63,73 @@ class RunTestsResponse(_message.Message):
     def __init__(self, verdict: _Optional[_Union[_common_pb2.Verdict, _Mapping]] = ...) -> None: ...
 
 class ScorePatchRequest(_message.Message):
-    __slots__ = ("request_id", "instance_id", "patch")
+    __slots__ = ("request_id", "instance_id", "patch", "task_set", "limits")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     PATCH_FIELD_NUMBER: _ClassVar[int]
+    TASK_SET_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     instance_id: str
     patch: str
-    def __init__(self, request_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., patch: _Optional[str] = ...) -> None: ...
+    task_set: str
+    limits: Limits
+    def __init__(self, request_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., patch: _Optional[str] = ..., task_set: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ...) -> None: ...
+
+class TestResult(_message.Message):
+    __slots__ = ("name", "passed", "status")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    passed: bool
+    status: str
+    def __init__(self, name: _Optional[str] = ..., passed: _Optional[bool] = ..., status: _Optional[str] = ...) -> None: ...
 
 class ScorePatchResponse(_message.Message):
-    __slots__ = ("verdict",)
+    __slots__ = ("verdict", "resolved", "pass_rate", "fail_to_pass", "pass_to_pass")
     VERDICT_FIELD_NUMBER: _ClassVar[int]
+    RESOLVED_FIELD_NUMBER: _ClassVar[int]
+    PASS_RATE_FIELD_NUMBER: _ClassVar[int]
+    FAIL_TO_PASS_FIELD_NUMBER: _ClassVar[int]
+    PASS_TO_PASS_FIELD_NUMBER: _ClassVar[int]
     verdict: _common_pb2.Verdict
-    def __init__(self, verdict: _Optional[_Union[_common_pb2.Verdict, _Mapping]] = ...) -> None: ...
+    resolved: bool
+    pass_rate: float
+    fail_to_pass: _containers.RepeatedCompositeFieldContainer[TestResult]
+    pass_to_pass: _containers.RepeatedCompositeFieldContainer[TestResult]
+    def __init__(self, verdict: _Optional[_Union[_common_pb2.Verdict, _Mapping]] = ..., resolved: _Optional[bool] = ..., pass_rate: _Optional[float] = ..., fail_to_pass: _Optional[_Iterable[_Union[TestResult, _Mapping]]] = ..., pass_to_pass: _Optional[_Iterable[_Union[TestResult, _Mapping]]] = ...) -> None: ...
+
+class ListInstancesRequest(_message.Message):
+    __slots__ = ("task_set",)
+    TASK_SET_FIELD_NUMBER: _ClassVar[int]
+    task_set: str
+    def __init__(self, task_set: _Optional[str] = ...) -> None: ...
+
+class InstanceSummary(_message.Message):
+    __slots__ = ("task_set", "instance_id", "repo", "base_commit", "num_fail_to_pass", "num_pass_to_pass", "test_command", "log_parser", "requirements")
+    TASK_SET_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    REPO_FIELD_NUMBER: _ClassVar[int]
+    BASE_COMMIT_FIELD_NUMBER: _ClassVar[int]
+    NUM_FAIL_TO_PASS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PASS_TO_PASS_FIELD_NUMBER: _ClassVar[int]
+    TEST_COMMAND_FIELD_NUMBER: _ClassVar[int]
+    LOG_PARSER_FIELD_NUMBER: _ClassVar[int]
+    REQUIREMENTS_FIELD_NUMBER: _ClassVar[int]
+    task_set: str
+    instance_id: str
+    repo: str
+    base_commit: str
+    num_fail_to_pass: int
+    num_pass_to_pass: int
+    test_command: _containers.RepeatedScalarFieldContainer[str]
+    log_parser: str
+    requirements: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, task_set: _Optional[str] = ..., instance_id: _Optional[str] = ..., repo: _Optional[str] = ..., base_commit: _Optional[str] = ..., num_fail_to_pass: _Optional[int] = ..., num_pass_to_pass: _Optional[int] = ..., test_command: _Optional[_Iterable[str]] = ..., log_parser: _Optional[str] = ..., requirements: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListInstancesResponse(_message.Message):
+    __slots__ = ("instances",)
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    instances: _containers.RepeatedCompositeFieldContainer[InstanceSummary]
+    def __init__(self, instances: _Optional[_Iterable[_Union[InstanceSummary, _Mapping]]] = ...) -> None: ...

@@ -51,6 +51,11 @@ class SandboxServiceStub:
                 request_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ScorePatchRequest.SerializeToString,
                 response_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ScorePatchResponse.FromString,
                 _registered_method=True)
+        self.ListInstances = channel.unary_unary(
+                '/dockyard.sandbox.v1.SandboxService/ListInstances',
+                request_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ListInstancesRequest.SerializeToString,
+                response_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ListInstancesResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -74,7 +79,16 @@ class SandboxServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ScorePatch(self, request, context):
-        """SWE-bench-style scoring of a patch against a repository's tests.
+        """SWE-bench-style scoring of a patch against a repository's tests: the
+        instance comes from a task set under the service's task root.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListInstances(self, request, context):
+        """The instances of the task sets the service can score (the held-out test
+        patch and the gold patch are not returned).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -97,6 +111,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.ScorePatch,
                     request_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ScorePatchRequest.FromString,
                     response_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ScorePatchResponse.SerializeToString,
+            ),
+            'ListInstances': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListInstances,
+                    request_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ListInstancesRequest.FromString,
+                    response_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ListInstancesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -182,6 +201,33 @@ class SandboxService:
             '/dockyard.sandbox.v1.SandboxService/ScorePatch',
             dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ScorePatchRequest.SerializeToString,
             dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ScorePatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListInstances(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.sandbox.v1.SandboxService/ListInstances',
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ListInstancesRequest.SerializeToString,
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ListInstancesResponse.FromString,
             options,
             channel_credentials,
             insecure,

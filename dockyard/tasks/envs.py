@@ -1,0 +1,80 @@
+"""Environments: how a task set is loaded and how a completion becomes a sandbox verdict.
+
+    env.name            tasks (data.*.source)      completion ─> sandbox call
+    expr                expr (tiny recipe)         first line as f's body ─> RunTests(program, asserts)
+    program_synthesis   humaneval (or a JSONL)     prompt + completion ─> RunTests(program, check(entry_point))
+    swe                 swe (a task-set folder)    the diff in the completion ─> ScorePatch(task_set, instance_id)
+
+Every environment is scored through the sandbox service; gRPC errors propagate to the caller (the
+collector turns them into ERROR verdicts or a failed job). The verdict carries the integrity flag
+(`integrity_violation`), which the collector turns into a zero reward.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from dockyard.common.v1 import common_pb2
+from dockyard.config import DatasetConfig, MasterConfig
+from dockyard.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+from dockyard.tasks import expr, humaneval, swe
+from dockyard.tasks.expr import Task
+
+# The RPC deadline is the sandbox's wall-clock limit plus this margin (queueing, checkout, transfer).
+DEADLINE_MARGIN_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Environment:
+    name: str
+
+    def load(self, split: str, dataset: DatasetConfig) -> list[Task]:
+        if self.name == "expr":
+            return expr.make_tasks(split, dataset.size, dataset.seed)
+        if self.name == "program_synthesis":
+            return humaneval.make_tasks(split, dataset.size, dataset.seed, dataset.path)
+        if dataset.path is None:
+            raise ValueError(f"data.{split}.path must name a task-set folder for env swe")
+        return swe.load_tasks(dataset.path, dataset.size, dataset.seed)
+
+    async def score(
+        self,
+        sandbox: sandbox_pb2_grpc.SandboxServiceStub,
+        task: Task,
+        completion: str,
+        request_id: str,
+        limits: sandbox_pb2.Limits,
+    ) -> common_pb2.Verdict:
+        deadline = limits.timeout_seconds + DEADLINE_MARGIN_SECONDS
+        if self.name == "swe":
+            task_set, instance_id = swe.split_task_id(task.task_id)
+            request = sandbox_pb2.ScorePatchRequest(
+                request_id=request_id,
+                task_set=task_set,
+                instance_id=instance_id,
+                patch=swe.extract_patch(completion),
+                limits=limits,
+            )
+            return (await sandbox.ScorePatch(request, timeout=deadline)).verdict
+        if self.name == "program_synthesis":
+            program = humaneval.program_for(task.prompt, completion)
+        else:
+            program = expr.program_for(completion)
+        request = sandbox_pb2.RunTestsRequest(
+            request_id=request_id, program=program, tests=list(task.tests), limits=limits
+        )
+        return (await sandbox.RunTests(request, timeout=deadline)).verdict
+
+
+def environment(config: MasterConfig) -> Environment:
+    return Environment(config.env.name)
+
+
+def sandbox_env(config: MasterConfig) -> dict[str, str]:
+    """Sandbox settings a local stack needs for this config: for swe, the task root that holds
+    data.train.path (validation's task set lies beside it; the config checks that)."""
+    if config.env.name != "swe" or "DOCKYARD_SANDBOX_TASK_ROOT" in os.environ or not config.data.train.path:
+        return {}
+    return {"DOCKYARD_SANDBOX_TASK_ROOT": str(Path(config.data.train.path).resolve().parent)}

@@ -1,0 +1,68 @@
+"""SWE tasks on the coordinator's side: a task set's public part, prompts, and patches out of completions.
+
+    <task set>/instances.jsonl ─load_tasks─> Task(task_id = "<task set>/<instance_id>", prompt)
+    completion ─extract_patch─> unified diff ─sandbox.ScorePatch(task_set, instance_id, patch)─> verdict
+
+Guarantees: only `instance_id`, `repo` and `problem_statement` are read here; the gold patch, the
+held-out test patch and the test lists stay with the sandbox, which loads the same task set from its
+task root (`DOCKYARD_SANDBOX_TASK_ROOT`, the folder that holds the task-set folder). Splits are the
+task set's own: each split names its task-set folder (`data.train.path`, `data.validation.path`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+from dockyard.tasks.expr import Task
+
+PROMPT = (
+    "You are working in the repository {repo} at its current commit.\n"
+    "Issue:\n{problem}\n\n"
+    "Answer with a single unified diff (git format, paths prefixed a/ and b/) that fixes the issue.\n"
+)
+_FENCE = re.compile(r"```(?:diff|patch)?\n(.*?)```", re.DOTALL)
+
+
+def load_tasks(path: str | Path, n: int, seed: int = 0) -> list[Task]:
+    """n tasks drawn from a task-set folder (seeded permutations, cycling when n exceeds the set)."""
+    folder = Path(path)
+    file = folder / "instances.jsonl"
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} does not exist (a task-set folder holds instances.jsonl)")
+    pool = []
+    for line in file.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            item = json.loads(line)
+            prompt = PROMPT.format(repo=item["repo"], problem=item.get("problem_statement", "").strip())
+            pool.append(Task(task_id=f"{folder.name}/{item['instance_id']}", prompt=prompt, tests=(), solution=""))
+    if not pool:
+        raise ValueError(f"{file} holds no instance")
+    rng = random.Random(f"swe:{folder.name}:{seed}")
+    tasks: list[Task] = []
+    order: list[int] = []
+    while len(tasks) < n:
+        if not order:
+            order = list(range(len(pool)))
+            rng.shuffle(order)
+        tasks.append(pool[order.pop()])
+    return tasks
+
+
+def split_task_id(task_id: str) -> tuple[str, str]:
+    task_set, _, instance_id = task_id.partition("/")
+    return task_set, instance_id
+
+
+def extract_patch(completion: str) -> str:
+    """The diff in a completion: a fenced ```diff block if there is one, else from the first header on."""
+    fenced = _FENCE.search(completion)
+    if fenced:
+        return fenced.group(1)
+    for marker in ("diff --git ", "--- "):
+        at = completion.find(marker)
+        if at == 0 or (at > 0 and completion[at - 1] == "\n"):
+            return completion[at:]
+    return completion

@@ -1,0 +1,429 @@
+"""SWE-bench-style patch scoring: instance + patch -> verdict.
+
+    ScorePatch(task_set, instance_id, patch)
+      host (trusted):  inspect_patch (refuse ../, absolute, .git, binary, symlink, malformed)
+                       integrity: touched paths vs test_patch paths and test files
+                       checkout of repo at base_commit from the task set's local git mirror (cached)
+      sandbox:         DRIVER_SOURCE, in a copy of the checkout:
+                         read its inputs, delete them; git apply (then patch --fuzz=5) the patch;
+                         restore the files the test patch touches; git apply the test patch;
+                         "<nonce> tests-start"; run the test command (2>&1); "<nonce> tests-done RC"
+      host:            log between the markers -> log_parsing.parse_log -> grade -> SweResult
+
+Task sets live under the service's task root: `<task_root>/<name>/instances.jsonl` (one SWE-bench
+instance per line) and `<task_root>/<name>/repos/<owner>__<repo>.git` (a git mirror of each repo).
+Besides SWE-bench's fields an instance names its `test_cmd` (argv list or shell-style string, run
+in the repository root), its `log_parser` (a key of log_parsing.PARSERS, default "pytest") and its
+environment's `requirements` (what a per-repository image installs).
+
+Verdicts (SweResult.status):
+- PASSED: resolved, every FAIL_TO_PASS test passes and every PASS_TO_PASS test is kept;
+- FAILED: the tests ran and it is not resolved (tests_passed / tests_total say how far);
+- PATCH_FAILED: the patch was refused before running (error_message says why) or applied neither
+  with `git apply` nor with `patch --fuzz=5`; the policy's fault, a reward like FAILED;
+- TIMEOUT: the wall-clock limit killed the run;
+- ERROR: infrastructure: the checkout failed, the held-out test patch did not apply, the driver
+  could not run, or the backend reported ERROR; masked from rewards, never a zero.
+
+The nonce that brackets the log is written into the work folder and deleted by the driver before
+any untrusted code runs; code under test cannot print a forged end marker without it. Log lines
+inside the markers can still be forged by code under test (see log_parsing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status
+from services.sandbox.log_parsing import PARSERS, grade, parse_log
+from services.sandbox.patches import PatchRefused, inspect_patch, protected_paths
+
+log = structlog.get_logger()
+
+DRIVER_DIR = ".dockyard-swe"
+EXIT_PATCH_FAILED = 10
+EXIT_TEST_PATCH_FAILED = 11
+_TASK_SET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class TaskSetError(Exception):
+    """A task set or instance that cannot be used; `kind` is "not_found", "invalid" or "unusable"."""
+
+    def __init__(self, message: str, *, kind: str = "unusable") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def _string_list(value: object, name: str) -> list[str]:
+    if isinstance(value, str):  # SWE-bench datasets store these lists as JSON text
+        value = json.loads(value)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{name} must be a list of strings")
+    return list(value)
+
+
+@dataclass(frozen=True)
+class SweInstance:
+    instance_id: str
+    repo: str
+    base_commit: str
+    patch: str  # the gold patch; never sent to the policy
+    test_patch: str  # held out: applied after the solution, before the tests run
+    fail_to_pass: list[str]
+    pass_to_pass: list[str]
+    test_cmd: list[str]
+    log_parser: str = "pytest"
+    requirements: list[str] = field(default_factory=list)
+    problem_statement: str = ""
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> SweInstance:
+        cmd = raw.get("test_cmd")
+        test_cmd = shlex.split(cmd) if isinstance(cmd, str) else _string_list(cmd, "test_cmd")
+        instance = cls(
+            instance_id=str(raw["instance_id"]),
+            repo=str(raw["repo"]),
+            base_commit=str(raw["base_commit"]),
+            patch=str(raw.get("patch", "")),
+            test_patch=str(raw["test_patch"]),
+            fail_to_pass=_string_list(raw["FAIL_TO_PASS"], "FAIL_TO_PASS"),
+            pass_to_pass=_string_list(raw.get("PASS_TO_PASS", []), "PASS_TO_PASS"),
+            test_cmd=test_cmd,
+            log_parser=str(raw.get("log_parser", "pytest")),
+            requirements=_string_list(raw.get("requirements", []), "requirements"),
+            problem_statement=str(raw.get("problem_statement", "")),
+        )
+        if not instance.test_cmd:
+            raise ValueError("test_cmd is empty")
+        if instance.log_parser not in PARSERS:
+            raise ValueError(f"log_parser {instance.log_parser!r} is not one of {sorted(PARSERS)}")
+        if not instance.fail_to_pass:
+            raise ValueError("FAIL_TO_PASS is empty: nothing would tell a fix from no fix")
+        if not re.fullmatch(r"[0-9a-f]{7,40}", instance.base_commit):
+            raise ValueError(f"base_commit {instance.base_commit!r} is not a commit id")
+        return instance
+
+
+def mirror_name(repo: str) -> str:
+    """`owner/name` -> `owner__name.git`, the mirror's folder under `repos/`."""
+    return repo.replace("/", "__") + ".git"
+
+
+def load_instances(path: Path) -> dict[str, SweInstance]:
+    """instances.jsonl -> {instance_id: instance}; ValueError names the line."""
+    instances: dict[str, SweInstance] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            instance = SweInstance.from_dict(json.loads(line))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}:{number}: {type(exc).__name__}: {exc}") from None
+        if instance.instance_id in instances:
+            raise ValueError(f"{path}:{number}: duplicate instance_id {instance.instance_id!r}")
+        instances[instance.instance_id] = instance
+    return instances
+
+
+class TaskSets:
+    """Task sets under a root folder, loaded on first use and kept."""
+
+    def __init__(self, root: str | None) -> None:
+        self.root = Path(root) if root else None
+        self._loaded: dict[str, dict[str, SweInstance]] = {}
+
+    def names(self) -> list[str]:
+        if self.root is None or not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if (p / "instances.jsonl").is_file())
+
+    def instances(self, task_set: str) -> dict[str, SweInstance]:
+        if self.root is None:
+            raise TaskSetError("no task root is configured (DOCKYARD_SANDBOX_TASK_ROOT)")
+        if not _TASK_SET_NAME.match(task_set):
+            raise TaskSetError(f"task_set {task_set!r} is not a plain folder name", kind="invalid")
+        if task_set not in self._loaded:
+            path = self.root / task_set / "instances.jsonl"
+            if not path.is_file():
+                raise TaskSetError(f"task set {task_set!r} not found under {self.root}", kind="not_found")
+            try:
+                self._loaded[task_set] = load_instances(path)
+            except (OSError, ValueError) as exc:
+                raise TaskSetError(f"task set {task_set!r} cannot be loaded: {exc}") from None
+        return self._loaded[task_set]
+
+    def instance(self, task_set: str, instance_id: str) -> SweInstance:
+        try:
+            return self.instances(task_set)[instance_id]
+        except KeyError:
+            raise TaskSetError(
+                f"instance {instance_id!r} not found in task set {task_set!r}", kind="not_found"
+            ) from None
+
+    def mirror(self, task_set: str, repo: str) -> Path:
+        assert self.root is not None
+        return self.root / task_set / "repos" / mirror_name(repo)
+
+
+class Checkouts:
+    """Working copies of `repo` at `base_commit`, made once from the local mirror and reused.
+
+    Trusted host-side git: only the mirror and the commit id (validated hex) reach git's argv.
+    """
+
+    def __init__(self, root: str | None = None) -> None:
+        self._root = Path(tempfile.mkdtemp(prefix="dockyard-swe-checkouts-", dir=root))
+        self._locks: dict[Path, asyncio.Lock] = {}
+
+    async def get(self, mirror: Path, base_commit: str) -> Path:
+        target = self._root / mirror.name / base_commit
+        lock = self._locks.setdefault(target, asyncio.Lock())
+        async with lock:
+            if target.is_dir():
+                return target
+            if not mirror.is_dir():
+                raise RuntimeError(f"git mirror {mirror} does not exist")
+            staging = Path(tempfile.mkdtemp(prefix="staging-", dir=self._root))
+            try:
+                await _git("clone", "--quiet", "--no-checkout", str(mirror), str(staging / "repo"))
+                await _git("-C", str(staging / "repo"), "checkout", "--quiet", "--detach", base_commit)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(staging / "repo", target)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            return target
+
+    def close(self) -> None:
+        shutil.rmtree(self._root, ignore_errors=True)
+
+
+async def _git(*args: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        "git",
+        "-c",
+        "advice.detachedHead=false",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_TERMINAL_PROMPT": "0", "HOME": "/nonexistent"},
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed ({proc.returncode}): {out.decode(errors='replace')[-500:]}")
+
+
+@dataclass(frozen=True)
+class SweResult:
+    status: str  # "passed" (resolved), "failed", "patch_failed", "timeout", "error"
+    tests_passed: int = 0
+    tests_total: int = 0
+    fail_to_pass: dict[str, bool] = field(default_factory=dict)
+    pass_to_pass: dict[str, bool] = field(default_factory=dict)
+    statuses: dict[str, str] = field(default_factory=dict)  # parsed from the log, by test id
+    protected_paths_touched: list[str] = field(default_factory=list)
+    outcome: Outcome | None = None  # the backend's run, when there was one
+    error_message: str = ""
+
+    @property
+    def resolved(self) -> bool:
+        return self.status == "passed"
+
+    @property
+    def pass_rate(self) -> float:
+        return self.tests_passed / self.tests_total if self.tests_total else 0.0
+
+    @property
+    def integrity_violation(self) -> bool:
+        return bool(self.protected_paths_touched)
+
+
+ImageResolver = Callable[[SweInstance], Awaitable[str | None]]
+
+
+class SweScorer:
+    """Scores patches against task-set instances on any SandboxBackend.
+
+    `image_for(instance)` names the image an instance runs in: with a container backend, the
+    per-repository environment image that installs `instance.requirements`; None (the default,
+    and what the local backend ignores anyway) is the backend's default image. A failure there
+    is an ERROR verdict.
+    """
+
+    def __init__(
+        self,
+        backend: SandboxBackend,
+        task_sets: TaskSets,
+        *,
+        checkout_root: str | None = None,
+        image_for: ImageResolver | None = None,
+    ) -> None:
+        self._backend = backend
+        self.task_sets = task_sets
+        self._checkouts = Checkouts(checkout_root)
+        self._image_for = image_for
+
+    def close(self) -> None:
+        self._checkouts.close()
+
+    async def score(self, task_set: str, instance: SweInstance, patch: str, limits: ResourceLimits) -> SweResult:
+        total = len(instance.fail_to_pass) + len(instance.pass_to_pass)
+        try:
+            touched = inspect_patch(patch)
+        except PatchRefused as exc:
+            return SweResult("patch_failed", tests_total=total, error_message=f"patch refused: {exc}")
+        try:
+            test_paths = inspect_patch(instance.test_patch)
+        except PatchRefused as exc:
+            return SweResult("error", tests_total=total, error_message=f"the instance's test_patch is unusable: {exc}")
+        protected = protected_paths(touched, test_paths)
+        try:
+            checkout = await self._checkouts.get(self.task_sets.mirror(task_set, instance.repo), instance.base_commit)
+            image = await self._image_for(instance) if self._image_for else None
+        except Exception as exc:  # any failure to prepare is the infrastructure's, never the policy's
+            log.warning("swe preparation failed", instance=instance.instance_id, error=str(exc))
+            return SweResult("error", tests_total=total, error_message=f"cannot prepare {instance.instance_id}: {exc}")
+        nonce = secrets.token_hex(16)
+        spec = {"nonce": nonce, "test_cmd": instance.test_cmd, "test_files": test_paths}
+        files = {
+            f"{DRIVER_DIR}/run.py": DRIVER_SOURCE,
+            f"{DRIVER_DIR}/spec.json": json.dumps(spec),
+            f"{DRIVER_DIR}/agent.patch": patch,
+            f"{DRIVER_DIR}/test.patch": instance.test_patch,
+        }
+        outcome = await self._backend.execute(
+            files, ["python", f"{DRIVER_DIR}/run.py"], limits, seed_dir=str(checkout), image=image
+        )
+        return interpret(instance, outcome, nonce, protected)
+
+
+def _tail(text: str, n: int = 2000) -> str:
+    return text[-n:]
+
+
+def interpret(instance: SweInstance, outcome: Outcome, nonce: str, protected: list[str]) -> SweResult:
+    """The backend's Outcome of the driver -> SweResult (see the module docstring for the rules)."""
+    total = len(instance.fail_to_pass) + len(instance.pass_to_pass)
+    common = {"tests_total": total, "protected_paths_touched": protected, "outcome": outcome}
+    if outcome.status is Status.ERROR:
+        return SweResult("error", error_message=outcome.error_message or "sandbox error", **common)
+    if outcome.status is Status.TIMEOUT:
+        return SweResult("timeout", error_message="the wall-clock limit killed the run", **common)
+    if outcome.exit_code == EXIT_PATCH_FAILED:
+        return SweResult("patch_failed", error_message="the patch does not apply:\n" + _tail(outcome.stderr), **common)
+    if outcome.exit_code == EXIT_TEST_PATCH_FAILED:
+        message = "the held-out test patch does not apply over the solution:\n" + _tail(outcome.stderr)
+        return SweResult("error", error_message=message, **common)
+    start = f"{nonce} tests-start\n"
+    begin = outcome.stdout.find(start)
+    if begin < 0:
+        message = (
+            f"the scoring driver did not reach the tests (exit code {outcome.exit_code}):\n{_tail(outcome.stderr)}"
+        )
+        return SweResult("error", error_message=message, **common)
+    body = outcome.stdout[begin + len(start) :]
+    done = re.search(rf"^{nonce} tests-done (-?\d+)$", body, re.MULTILINE)
+    if done is None:
+        # The test run was cut short by the code under test, or its log by the output cap.
+        why = "the test log exceeded max_output_bytes" if outcome.output_truncated else "the test run did not finish"
+        return SweResult("failed", error_message=why, **common)
+    statuses = parse_log(instance.log_parser, body[: done.start()])
+    graded = grade(statuses, instance.fail_to_pass, instance.pass_to_pass)
+    f2p_ok = set(graded.fail_to_pass_success)
+    p2p_ok = set(graded.pass_to_pass_success)
+    return SweResult(
+        "passed" if graded.resolved else "failed",
+        tests_passed=graded.tests_passed,
+        fail_to_pass={t: t in f2p_ok for t in instance.fail_to_pass},
+        pass_to_pass={t: t in p2p_ok for t in instance.pass_to_pass},
+        statuses=statuses,
+        **common,
+    )
+
+
+# Runs inside the sandbox as `python .dockyard-swe/run.py` with the repository checkout as cwd.
+# Stdlib only, and every input is read into memory and deleted before the first untrusted byte
+# (the patch) touches the tree. Exit codes: 0 tests ran; 10 patch did not apply; 11 test patch
+# did not apply.
+DRIVER_SOURCE = r"""
+import json, os, shutil, subprocess, sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GIT = ["git", "-c", "safe.directory=*", "-c", "core.autocrlf=false", "-c", "core.hooksPath=/dev/null"]
+
+
+def read(name):
+    with open(os.path.join(HERE, name), "rb") as f:
+        return f.read()
+
+
+def say(text):
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def run(argv, data=None):
+    try:
+        done = subprocess.run(argv, input=data, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except OSError as exc:
+        return 127, f"{argv[0]}: {exc}"
+    return done.returncode, done.stdout.decode("utf-8", "replace")
+
+
+def apply(data, label, fuzzy):
+    rc, out = run(GIT + ["apply", "--verbose", "--whitespace=nowarn", "-"], data)
+    say(f"{label}: git apply: exit {rc}\n{out}")
+    if rc == 0 or not fuzzy:
+        return rc == 0
+    patch = ["patch", "--batch", "--forward", "--fuzz=5", "-p1", "--no-backup-if-mismatch", "--reject-file=-"]
+    rc, out = run(patch + ["--dry-run"], data)
+    say(f"{label}: patch --fuzz=5 --dry-run: exit {rc}\n{out}")
+    if rc != 0:
+        return False
+    rc, out = run(patch, data)
+    say(f"{label}: patch --fuzz=5: exit {rc}\n{out}")
+    return rc == 0
+
+
+def main():
+    spec = json.loads(read("spec.json"))
+    agent, test = read("agent.patch"), read("test.patch")
+    shutil.rmtree(HERE)
+    nonce = spec["nonce"].encode()
+    if not apply(agent, "patch", fuzzy=True):
+        sys.exit(10)
+    for path in spec["test_files"]:  # the held-out tests are judged as written, whatever the patch did
+        rc, _ = run(GIT + ["cat-file", "-e", "HEAD:" + path])
+        if rc == 0:
+            run(GIT + ["checkout", "HEAD", "--", path])
+        elif os.path.lexists(path):
+            os.remove(path)
+    if not apply(test, "test_patch", fuzzy=False):
+        sys.exit(11)
+    argv = list(spec["test_cmd"])
+    if argv[0] in ("python", "python3"):
+        argv = [sys.executable] + argv[1:]
+    elif argv[0] == "pytest":
+        argv = [sys.executable, "-m", "pytest"] + argv[1:]
+    os.write(1, nonce + b" tests-start\n")
+    try:
+        rc = subprocess.run(argv, stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT).returncode
+    except OSError as exc:
+        say(f"cannot start the test command: {exc}")
+        rc = 127
+    os.write(1, b"\n" + nonce + b" tests-done " + str(rc).encode() + b"\n")
+
+
+main()
+"""
