@@ -204,8 +204,21 @@ class ClusterConfig(Section):
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="Device the trainer and rollout are deployed on (their DOCKYARD_*_DEVICE); nccl needs cuda."
     )
+    weight_sync_transport: Literal["collective", "checkpoint"] = Field(
+        "collective",
+        description="How weights reach rollout replicas: the torch.distributed side group, or safetensors "
+        "files in a folder both can read (layouts without a shared collective).",
+    )
     weight_sync_backend: Literal["gloo", "nccl"] = Field("gloo", description="Side-group backend.")
-    weight_sync_bucket_mb: int = Field(256, ge=1, description="Largest tensor bucket broadcast at once.")
+    weight_sync_bucket_mb: int = Field(
+        256, ge=1, description="Bucket size of the packed transfer (two are in flight); shard size of the folder."
+    )
+    weight_sync_folder: str | None = Field(
+        None, description="Folder of the checkpoint transport; null = <logger.log_dir>/<job_id>/weights."
+    )
+    weight_sync_checksum: bool = Field(
+        True, description="SHA-256 of the moved bytes on both sides, compared after every sync (costs a host copy)."
+    )
 
 
 class LoggerConfig(Section):
