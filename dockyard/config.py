@@ -48,8 +48,17 @@ class SamplingConfig(Section):
 
 
 class GenerationConfig(SamplingConfig):
-    backend: Literal["torch", "vllm"] = Field("torch", description="Rollout engine.")
-    vllm_cfg: dict[str, Any] = Field(default_factory=dict, description="Options of the vLLM engine.")
+    backend: Literal["torch", "vllm"] = Field(
+        "torch", description="Rollout engine; vllm needs cluster.device=cuda and vLLM installed on the rollout node."
+    )
+    kv_cache: Literal["auto", "static", "dynamic"] = Field(
+        "auto", description="KV cache of the torch engine; auto = static on CUDA (compiled), dynamic on CPU."
+    )
+    vllm_cfg: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Options of the vLLM engine: engine arguments (e.g. gpu_memory_utilization, max_model_len) "
+        "and env_vars, a mapping set in the environment of vLLM's worker processes.",
+    )
 
 
 class OptimizerConfig(Section):
@@ -267,8 +276,8 @@ class MasterConfig(Section):
             errors.append(
                 ("loss_fn.opd", "on-policy distillation needs a teacher model, which the trainer does not load yet")
             )
-        if self.policy.generation.backend != "torch":
-            errors.append(("policy.generation.backend", "the vLLM engine is not built yet; use torch"))
+        if self.policy.generation.backend == "vllm" and self.cluster.device != "cuda":
+            errors.append(("policy.generation.backend", "vllm runs on GPUs only: set cluster.device=cuda or use torch"))
         if self.data.num_dataloaders > 1:
             errors.append(("data.num_dataloaders", "one training task source is supported; set it to 1"))
         if self.cluster.device == "cpu" and self.cluster.weight_sync_backend == "nccl":

@@ -19,6 +19,9 @@ Guarantees:
 - Every wait has the group's timeout: a peer that dies or stalls makes the
   sync raise SyncFailed within the timeout, never hang. A group that failed
   is closed (communicator aborted) and must be formed again (a new epoch).
+- The sender returns only after every receiver confirmed it loaded the last
+  bucket (a final all-reduce), so a receiver that dies after the last byte left
+  still fails the sync.
 - Both sides can report a SHA-256 over the stream's bytes; equal digests mean
   the receiver holds exactly the bytes the sender sent.
 """
@@ -153,9 +156,7 @@ def _layout(specs: list[TensorSpec]) -> tuple[list[int], int]:
     return offsets, end
 
 
-def _pieces(
-    specs: list[TensorSpec], offsets: list[int], lo: int, hi: int
-) -> Iterable[tuple[int, int, int, int, int]]:
+def _pieces(specs: list[TensorSpec], offsets: list[int], lo: int, hi: int) -> Iterable[tuple[int, int, int, int, int]]:
     """(tensor index, first element, end element, buffer start byte, buffer end byte) within stream bytes [lo, hi)."""
     for i, (spec, off) in enumerate(zip(specs, offsets, strict=True)):
         start, stop = max(lo, off), min(hi, off + spec.nbytes)
@@ -232,7 +233,11 @@ def send_weights(
             _hash_update(digest, buf)
     for work, _ in pending:
         group._wait(work, "last buckets")
-    return SyncReport(digest.hexdigest() if checksum else "", total, time.perf_counter() - start)
+    # Sent is not received: only when every replica confirms is the sync done.
+    if not group._all_ok(True):
+        raise SyncFailed("a rollout replica failed to load the weights it received (see its log)")
+    payload = sum(spec.nbytes for spec in specs)
+    return SyncReport(digest.hexdigest() if checksum else "", payload, time.perf_counter() - start)
 
 
 class TensorSink:
@@ -314,4 +319,6 @@ def receive_weights(
         unpack(plo, phi, pbuf)
     if group.device.type == "cuda":
         torch.cuda.current_stream().synchronize()
-    return SyncReport(digest.hexdigest() if checksum else "", total, time.perf_counter() - start)
+    group._all_ok(True)  # confirm receipt to the sender
+    payload = sum(spec.nbytes for spec in specs)
+    return SyncReport(digest.hexdigest() if checksum else "", payload, time.perf_counter() - start)

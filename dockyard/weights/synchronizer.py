@@ -58,13 +58,21 @@ class WeightSynchronizer:
         return self._stale
 
     async def sync_weights(self, payload, version: int | None = None) -> SyncReport:
-        """Send (a list of named tensors) or receive (a TensorSink) the weights of `version`."""
+        """Move the weights of `version`.
+
+        `payload` is what to send (named tensors), where to receive (a
+        TensorSink), or an engine's own loader: an async callable
+        (transport, version, rendezvous) -> SyncReport.
+        """
         version = self.target if version is None else version
         rendezvous = await self.rendezvous(None) if self.transport.needs_rendezvous else None  # type: ignore[misc]
-        receiving = isinstance(payload, TensorSink)
-        move = self.transport.receive if receiving else self.transport.send
         try:
-            report = await asyncio.to_thread(move, payload, version, rendezvous)
+            if isinstance(payload, TensorSink):
+                report = await asyncio.to_thread(self.transport.receive, payload, version, rendezvous)
+            elif callable(payload):
+                report = await payload(self.transport, version, rendezvous)
+            else:
+                report = await asyncio.to_thread(self.transport.send, payload, version, rendezvous)
         except (SyncFailed, RefitError, OSError) as exc:
             self.failures += 1
             await asyncio.to_thread(self.transport.reset)

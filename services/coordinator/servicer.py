@@ -28,6 +28,7 @@ from services.coordinator.sync_groups import MembershipError, SideGroupRegistry,
 log = structlog.get_logger()
 JOB_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
+
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     def __init__(self, settings: CoordinatorSettings) -> None:
         self.settings = settings
