@@ -60,6 +60,21 @@ class Transport(abc.ABC):
     def close(self) -> None:
         self.reset()
 
+    @abc.abstractmethod
+    def spec(self) -> dict:
+        """Plain values that rebuild an equal transport elsewhere (an engine's worker process)."""
+
+
+def transport_from_spec(spec: dict) -> Transport:
+    timeout = timedelta(seconds=float(spec["timeout_s"]))
+    if spec["kind"] == "collective":
+        return CollectiveTransport(timeout, int(spec["bucket_bytes"]), bool(spec["checksum"]))
+    if spec["kind"] == "checkpoint":
+        return CheckpointTransport(
+            spec["folder"], timeout, int(spec["shard_bytes"]), int(spec["keep"]), bool(spec["checksum"])
+        )
+    raise ValueError(f"unknown transport kind {spec['kind']!r}")
+
 
 class CollectiveTransport(Transport):
     """The side group of the rendezvous each call is given; formed again when that rendezvous changes."""
@@ -94,6 +109,14 @@ class CollectiveTransport(Transport):
     def receive(self, sink, version, rendezvous=None) -> SyncReport:
         return self._guard(lambda: receive_weights(self._group(rendezvous), sink, self.checksum))
 
+    def spec(self) -> dict:
+        return {
+            "kind": "collective",
+            "timeout_s": self.timeout.total_seconds(),
+            "bucket_bytes": self.bucket_bytes,
+            "checksum": self.checksum,
+        }
+
     def _guard(self, move):
         try:
             return move()
@@ -120,6 +143,16 @@ class CheckpointTransport(Transport):
         self.shard_bytes = shard_bytes
         self.keep = keep
         self.checksum = checksum
+
+    def spec(self) -> dict:
+        return {
+            "kind": "checkpoint",
+            "folder": str(self.folder),
+            "timeout_s": self.timeout.total_seconds(),
+            "shard_bytes": self.shard_bytes,
+            "keep": self.keep,
+            "checksum": self.checksum,
+        }
 
     def path(self, version: int) -> Path:
         return self.folder / f"v{version:08d}"
