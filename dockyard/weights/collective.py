@@ -16,8 +16,11 @@ Guarantees:
 - Before any bucket moves, every rank maps the sender's manifest onto its
   engine through `refit_plan`, and all ranks agree on the outcome, so a layout
   mismatch is a clear error on every rank instead of a hang.
-- Every wait has the group's timeout: a peer that dies or stalls makes the
-  sync raise SyncFailed within the timeout, never hang. A group that failed
+- Every blocking wait has the group's timeout: a peer that dies or stalls
+  makes the sync raise SyncFailed within the timeout, never hang. On CUDA the
+  buckets are ordered by streams (the CPU does not wait per bucket), and the
+  CPU waits, against the timeout, only where it must: the manifest, the
+  agreement, and the last collective, which completes after all others. A group that failed
   is closed (communicator aborted) and must be formed again (a new epoch).
 - The sender returns only after every receiver confirmed it loaded the last
   bucket (a final all-reduce), so a receiver that dies after the last byte left
@@ -98,17 +101,36 @@ class SideGroup:
     def rank(self) -> int:
         return self.rendezvous.rank
 
+    def _fail(self, what: str, cause: object) -> SyncFailed:
+        return SyncFailed(
+            f"side group epoch {self.rendezvous.epoch}, rank {self.rank}: {what} failed or timed out "
+            f"after at most {self.timeout.total_seconds():g}s (a peer died or stalled): {cause}"
+        )
+
     def _wait(self, work: dist.Work, what: str) -> None:
+        """Block the CPU until `work` is done, or raise SyncFailed once the timeout has passed."""
         try:
-            if self.device.type == "cuda":
-                work.wait(self.timeout)  # blocks the CPU until done or the timeout
-            else:
+            if self.device.type != "cuda":
                 work.wait()  # gloo: bounded by the group's timeout
+                return
+            # NCCL's own timed wait sleeps in coarse steps; poll finely against our deadline instead.
+            deadline = time.monotonic() + self.timeout.total_seconds()
+            while not work.is_completed():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("no completion")
+                time.sleep(50e-6)
+            work.wait()
+        except SyncFailed:
+            raise
         except Exception as exc:  # noqa: BLE001 - every backend error means the same: the group is gone
-            raise SyncFailed(
-                f"side group epoch {self.rendezvous.epoch}, rank {self.rank}: {what} failed or timed out "
-                f"after at most {self.timeout.total_seconds():g}s (a peer died or stalled): {exc}"
-            ) from exc
+            raise self._fail(what, exc) from exc
+
+    def _order(self, work: dist.Work, what: str) -> None:
+        """Make later work on this device wait for `work`: the CPU runs on (CUDA streams), or waits (gloo)."""
+        if self.device.type == "cuda":
+            work.wait()  # the current stream waits for the collective; the CPU does not
+        else:
+            self._wait(work, what)
 
     def broadcast_async(self, tensor: torch.Tensor) -> dist.Work:
         try:
@@ -225,7 +247,11 @@ def send_weights(
         hi = min(total, lo + bucket_bytes)
         buf = buffers[k % 2][: hi - lo]
         if len(pending) == 2:  # this buffer's previous bucket must have left first
-            group._wait(pending.pop(0)[0], f"bucket {k - 2}")
+            work, _ = pending.pop(0)
+            if checksum:
+                group._wait(work, f"bucket {k - 2}")  # hashing reads on the CPU: never block on a dead peer
+            else:
+                group._order(work, f"bucket {k - 2}")
         for i, a, b, view in _buffer_views(buf, specs, offsets, lo, hi):
             view.copy_(flats[i][a:b], non_blocking=True)
         pending.append((group.broadcast_async(buf), buf))
@@ -306,11 +332,14 @@ def receive_weights(
     for k, lo in enumerate(range(0, total, bucket_bytes)):
         hi = min(total, lo + bucket_bytes)
         buf = buffers[k % 2][: hi - lo]
-        # Unpacking of bucket k-2 (this buffer) finished below before we got here.
+        # Unpacking of bucket k-2 (this buffer) was ordered before this receive.
         work = group.broadcast_async(buf)
         if previous is not None:
             pwork, plo, phi, pbuf = previous
-            group._wait(pwork, f"bucket {k - 1}")
+            if checksum:
+                group._wait(pwork, f"bucket {k - 1}")
+            else:
+                group._order(pwork, f"bucket {k - 1}")
             unpack(plo, phi, pbuf)
         previous = (work, lo, hi, buf)
     if previous is not None:

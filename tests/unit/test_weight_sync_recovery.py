@@ -53,6 +53,7 @@ def _receiver(rendezvous: Rendezvous, slow: bool, out: mp.Queue) -> None:
             time.sleep(0.05)
 
     sink = TensorSink(load=load) if slow else TensorSink(targets=targets)
+    out.put(("ready", None))  # imports done: joining now is quick
     try:
         report = transport.receive(sink, 1, rendezvous)
         digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in targets.values())).hexdigest()
@@ -80,6 +81,7 @@ def test_killed_receiver_fails_the_sync_within_the_timeout_and_the_next_sync_wor
         victim = ctx.Process(target=_receiver, args=(_rendezvous(registry, "rollout"), True, out), daemon=True)
         procs.append(victim)
         victim.start()
+        assert (await asyncio.to_thread(out.get, True, 120))[0] == "ready"
         sending = asyncio.create_task(sync.sync_weights(weights, 1))
         kind, _ = await asyncio.to_thread(out.get, True, 60)
         assert kind == "mid"
@@ -99,6 +101,7 @@ def test_killed_receiver_fails_the_sync_within_the_timeout_and_the_next_sync_wor
         receiver = ctx.Process(target=_receiver, args=(fresh, False, out), daemon=True)
         procs.append(receiver)
         receiver.start()
+        assert (await asyncio.to_thread(out.get, True, 120))[0] == "ready"
         report = await sync.sync_weights(weights, 1)
         kind, payload = await asyncio.to_thread(out.get, True, 60)
         receiver.join(10)
