@@ -80,7 +80,7 @@ def member(role: str, rendezvous, args: argparse.Namespace, out: mp.Queue) -> No
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
         device = torch.device("cpu")
     timeout = timedelta(seconds=args.timeout)
-    transport = CollectiveTransport(timeout, args.bucket_mb * 2**20, checksum=False)
+    transport = CollectiveTransport(timeout, args.bucket_mb * 2**20, checksum=False, device=str(device))
 
     def sync_device() -> None:
         if device.type == "cuda":

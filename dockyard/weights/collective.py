@@ -70,7 +70,10 @@ class SyncReport:
 class SideGroup:
     """One member's handle on the side group of one epoch."""
 
-    def __init__(self, rendezvous: Rendezvous, timeout: timedelta = timedelta(seconds=120)) -> None:
+    def __init__(
+        self, rendezvous: Rendezvous, timeout: timedelta = timedelta(seconds=120), device: str | None = None
+    ) -> None:
+        """`device`: the GPU of an NCCL member ("cuda:1"); default the calling thread's current one."""
         self.rendezvous = rendezvous
         self.timeout = timeout
         is_master = rendezvous.rank == 0
@@ -93,7 +96,9 @@ class SideGroup:
             # watchdog's later timeout is only a backstop.
             options._timeout = timeout * 2 + timedelta(seconds=30)
             self.pg = dist.ProcessGroupNCCL(store, rendezvous.rank, rendezvous.world_size, options)
-            self.device = torch.device("cuda", torch.cuda.current_device())
+            # Explicit: worker threads start on GPU 0 whatever the service's device.
+            chosen = torch.device(device) if device and device.startswith("cuda") else torch.device("cuda")
+            self.device = chosen if chosen.index is not None else torch.device("cuda", torch.cuda.current_device())
         else:
             raise ValueError(f"unknown side-group backend {rendezvous.backend!r}: use gloo or nccl")
 
@@ -347,7 +352,7 @@ def receive_weights(
         group._wait(pwork, "last bucket")
         unpack(plo, phi, pbuf)
     if group.device.type == "cuda":
-        torch.cuda.current_stream().synchronize()
+        torch.cuda.current_stream(group.device).synchronize()
     group._all_ok(True)  # confirm receipt to the sender
     payload = sum(spec.nbytes for spec in specs)
     return SyncReport(digest.hexdigest() if checksum else "", payload, time.perf_counter() - start)

@@ -32,11 +32,14 @@ def coordinator_rendezvous(
     return source
 
 
-def transport_for(config: MasterConfig, job_id: str, timeout: timedelta) -> Transport:
-    """The transport of `cluster.weight_sync_transport`, with the job's bucket size and folder."""
+def transport_for(config: MasterConfig, job_id: str, timeout: timedelta, device: str | None = None) -> Transport:
+    """The transport of `cluster.weight_sync_transport`, with the job's bucket size and folder.
+
+    `device` is where this member's weights live (the service's device setting).
+    """
     cluster = config.cluster
     bucket = cluster.weight_sync_bucket_mb * 2**20
     if cluster.weight_sync_transport == "checkpoint":
         folder = cluster.weight_sync_folder or str(Path(config.logger.log_dir) / job_id / "weights")
         return CheckpointTransport(folder, timeout, shard_bytes=bucket, checksum=cluster.weight_sync_checksum)
-    return CollectiveTransport(timeout, bucket, checksum=cluster.weight_sync_checksum)
+    return CollectiveTransport(timeout, bucket, checksum=cluster.weight_sync_checksum, device=device)

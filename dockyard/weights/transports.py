@@ -65,10 +65,11 @@ class Transport(abc.ABC):
         """Plain values that rebuild an equal transport elsewhere (an engine's worker process)."""
 
 
-def transport_from_spec(spec: dict) -> Transport:
+def transport_from_spec(spec: dict, device: str | None = None) -> Transport:
+    """The transport `spec` describes, for a member on `device`."""
     timeout = timedelta(seconds=float(spec["timeout_s"]))
     if spec["kind"] == "collective":
-        return CollectiveTransport(timeout, int(spec["bucket_bytes"]), bool(spec["checksum"]))
+        return CollectiveTransport(timeout, int(spec["bucket_bytes"]), bool(spec["checksum"]), device)
     if spec["kind"] == "checkpoint":
         return CheckpointTransport(
             spec["folder"], timeout, int(spec["shard_bytes"]), int(spec["keep"]), bool(spec["checksum"])
@@ -82,10 +83,11 @@ class CollectiveTransport(Transport):
     name = "collective"
     needs_rendezvous = True
 
-    def __init__(self, timeout: timedelta, bucket_bytes: int, checksum: bool = True) -> None:
+    def __init__(self, timeout: timedelta, bucket_bytes: int, checksum: bool = True, device: str | None = None) -> None:
         self.timeout = timeout
         self.bucket_bytes = bucket_bytes
         self.checksum = checksum
+        self.device = device  # the member's GPU for NCCL ("cuda:1"); None = the current one
         self.group: SideGroup | None = None
 
     def _group(self, rendezvous: Rendezvous | None) -> SideGroup:
@@ -95,7 +97,7 @@ class CollectiveTransport(Transport):
             return self.group
         self.reset()
         try:
-            self.group = SideGroup(rendezvous, self.timeout)
+            self.group = SideGroup(rendezvous, self.timeout, self.device)
         except Exception as exc:  # noqa: BLE001 - store or connect errors: the peers never came
             raise SyncFailed(
                 f"forming the side group of epoch {rendezvous.epoch} (rank {rendezvous.rank} of "

@@ -186,7 +186,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             sync = self.syncs.get(request.job_id)
             if sync is None:
                 sync = self.syncs[request.job_id] = WeightSynchronizer(
-                    transport_for(self.configs[request.job_id], request.job_id, timeout),
+                    transport_for(self.configs[request.job_id], request.job_id, timeout, self.settings.device),
                     coordinator_rendezvous(self.coordinator, request.job_id, self.settings.replica_name),
                 )
             sync.mark_stale(request.weight_version)

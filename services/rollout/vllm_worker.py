@@ -28,7 +28,7 @@ class WeightLoaderExtension:
         if self._dockyard_transport is None or self._dockyard_spec != spec:
             if self._dockyard_transport is not None:
                 self._dockyard_transport.close()
-            self._dockyard_transport = transport_from_spec(spec)
+            self._dockyard_transport = transport_from_spec(spec, str(self.device))  # type: ignore[attr-defined]
             self._dockyard_spec = dict(spec)
         return self._dockyard_transport
 

@@ -145,7 +145,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             if job.sync is None:
                 timeout = timedelta(seconds=self.settings.weight_sync_timeout_seconds)
                 job.sync = WeightSynchronizer(
-                    transport_for(job.policy.config, job.job_id, timeout),
+                    transport_for(job.policy.config, job.job_id, timeout, self.settings.device),
                     coordinator_rendezvous(self.coordinator, job.job_id, "trainer"),
                 )
             job.sync.mark_stale(job.policy.weight_version)
