@@ -136,3 +136,44 @@ def test_side_group_epochs_follow_membership_and_failures() -> None:
         registry.get("job", "sandbox")
     with pytest.raises(MembershipError, match="rollout replica"):
         registry.leave("job", "trainer")
+
+
+def test_coordinator_rpcs_hand_out_epochs_and_refuse_bad_members(tmp_path) -> None:
+    from dockyard.config import load_config_text
+    from dockyard.coordinator.v1 import coordinator_pb2 as pb
+    from dockyard.rpc.errors import FailedPrecondition, InvalidArgument
+    from services.coordinator.jobs import CANCELLED, JobRecord
+    from services.coordinator.servicer import CoordinatorServicer
+    from services.coordinator.settings import CoordinatorSettings
+
+    async def scenario() -> None:
+        servicer = CoordinatorServicer(CoordinatorSettings())
+        config = load_config_text("policy: {model: {model_type: qwen2}}")
+        record = JobRecord(job_id="j", config=config, config_yaml="", run_dir=str(tmp_path))
+        servicer.jobs["j"] = record
+        servicer.sync_groups.open("j", "gloo")
+        try:
+            get = lambda member, **kw: servicer.GetWeightSyncGroup(  # noqa: E731
+                pb.GetWeightSyncGroupRequest(job_id="j", member=member, **kw), None
+            )
+            first = await get("trainer")
+            assert (first.group.epoch, first.group.world_size, first.rank) == (0, 2, 0)
+            assert (await get("trainer", failed_epoch=0)).group.epoch == 1
+            assert (await get("rollout", failed_epoch=0)).group.epoch == 1  # reported late: no new epoch
+            joined = await get("rollout-b")
+            assert (joined.group.epoch, joined.group.world_size, joined.rank) == (2, 3, 2)
+            left = await servicer.LeaveWeightSyncGroup(
+                pb.LeaveWeightSyncGroupRequest(job_id="j", member="rollout-b"), None
+            )
+            assert (left.group.epoch, left.group.world_size) == (3, 2)
+            with pytest.raises(InvalidArgument, match="member"):
+                await get("sandbox")
+            with pytest.raises(InvalidArgument, match="rollout replica"):
+                await servicer.LeaveWeightSyncGroup(pb.LeaveWeightSyncGroupRequest(job_id="j", member="trainer"), None)
+            record.transition(CANCELLED, "test")
+            with pytest.raises(FailedPrecondition, match="finished"):
+                await get("trainer")
+        finally:
+            await servicer.close()
+
+    asyncio.run(scenario())
