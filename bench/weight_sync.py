@@ -59,7 +59,7 @@ def skeleton(shape: dict, device):
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    config = Qwen2Config(**shape, torch_dtype="bfloat16")
+    config = Qwen2Config(**shape)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     return model.to_empty(device=device)
@@ -149,7 +149,7 @@ def main() -> None:
     parser.add_argument("--backend", choices=["gloo", "nccl"], default=None, help="default: nccl, gloo with --smoke")
     parser.add_argument("--bucket-mb", type=int, default=256, help="cluster.weight_sync_bucket_mb")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--timeout", type=float, default=120.0, help="weight-sync timeout, seconds")
+    parser.add_argument("--timeout", type=float, default=60.0, help="weight-sync timeout, seconds")
     args = parser.parse_args()
     args.backend = args.backend or ("gloo" if args.smoke else "nccl")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
