@@ -133,7 +133,9 @@ class ToggleConfig(Section):
 
 
 class AsyncConfig(ToggleConfig):
-    in_flight_weight_updates: bool = Field(False, description="Update weights mid-generation.")
+    in_flight_weight_updates: bool = Field(
+        False, description="Rollout engines load new weights between decode steps of a running generation."
+    )
 
 
 class RewardScalingConfig(ToggleConfig):
