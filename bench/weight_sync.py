@@ -1,6 +1,6 @@
 """End-to-end weight refit from a trainer process on GPU 0 to a rollout process on GPU 1, vs a raw broadcast.
 
-    parent: the coordinator's SideGroupRegistry hands out the rendezvous (epoch 0: trainer rank 0, rollout rank 1)
+    parent: a rendezvous as the coordinator hands it out (epoch 0: trainer rank 0 hosts the store, rollout rank 1)
     trainer process (GPU 0): a Qwen2-7B-shaped bf16 state dict (random, ~15.2 GB)
         ──CollectiveTransport.send──  what the trainer's PushWeights runs: canonical names, manifest,
                                       packing into two bucket buffers, broadcast, wait for the replica's receipt
@@ -154,20 +154,21 @@ def main() -> None:
     args.backend = args.backend or ("gloo" if args.smoke else "nccl")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import socket
+
     from dockyard.weights.collective import Rendezvous
-    from services.coordinator.sync_groups import SideGroupRegistry
 
     if args.backend == "nccl":
         import torch
 
         if torch.cuda.device_count() < 2:
             sys.exit(f"the nccl benchmark needs two GPUs of one host; found {torch.cuda.device_count()}")
-    registry = SideGroupRegistry("127.0.0.1")
-    registry.open("bench", args.backend)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
 
     def rendezvous(member: str) -> Rendezvous:
-        g, rank = registry.get("bench", member)
-        return Rendezvous(g.master_address, g.master_port, g.world_size, rank, g.epoch, g.backend)
+        return Rendezvous("127.0.0.1", port, 2, 0 if member == "trainer" else 1, 0, args.backend)
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
