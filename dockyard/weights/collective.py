@@ -31,6 +31,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import time
@@ -185,7 +186,12 @@ def _layout(specs: list[TensorSpec]) -> tuple[list[int], int]:
 
 def _pieces(specs: list[TensorSpec], offsets: list[int], lo: int, hi: int) -> Iterable[tuple[int, int, int, int, int]]:
     """(tensor index, first element, end element, buffer start byte, buffer end byte) within stream bytes [lo, hi)."""
-    for i, (spec, off) in enumerate(zip(specs, offsets, strict=True)):
+    # Offsets ascend: start at the last tensor beginning at or before lo, stop past hi.
+    first = max(0, bisect.bisect_right(offsets, lo) - 1)
+    for i in range(first, len(specs)):
+        spec, off = specs[i], offsets[i]
+        if off >= hi:
+            break
         start, stop = max(lo, off), min(hi, off + spec.nbytes)
         if start >= stop:
             continue
