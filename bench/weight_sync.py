@@ -1,99 +1,212 @@
-"""Weight sync over the side group vs a raw broadcast of the same bytes, in one run.
+"""End-to-end weight refit from a trainer process on GPU 0 to a rollout process on GPU 1, vs a raw broadcast.
 
-    rank 0 (trainer) ──send_weights──> rank 1 (rollout)      timed, best of --repeats
-    rank 0           ──broadcast(one flat buffer)──> rank 1   timed, best of --repeats
+    parent: a rendezvous as the coordinator hands it out (epoch 0: trainer rank 0 hosts the store, rollout rank 1)
+    trainer process (GPU 0): a Qwen2-7B-shaped bf16 state dict (random, ~15.2 GB)
+        ──CollectiveTransport.send──  what the trainer's PushWeights runs: canonical names, manifest,
+                                      packing into two bucket buffers, broadcast, wait for the replica's receipt
+    rollout process (GPU 1): a TorchEngine holding a Qwen2-7B-shaped model
+        ──engine.receive_weights──    what the rollout's ReceiveWeights runs: refit plan onto the engine's
+                                      parameters, receive, unpack into them, tag the version
+    baseline, same processes and side group: one raw broadcast of a single buffer of the same bytes
 
-Prints both, then `sync_vs_raw_broadcast: R` (sync time / raw time; 1.0 is the floor).
-The tensors mimic a transformer's: a few large matrices per layer and small vectors.
+Both are timed from a common start (an all-reduce) to the later of the two
+processes' end, best of --repeats after a warm-up. After the last refit the
+two processes compare per-tensor sums of the weights (exact equality).
+Prints, last, `sync_vs_raw_broadcast: R` = raw time / refit time (1.0 = the
+refit moves weights at link speed).
+
+    python bench/weight_sync.py                  # two GPUs, NCCL, 7B-shaped
+    python bench/weight_sync.py --smoke          # CPU, gloo, a tiny model (seconds)
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import multiprocessing as mp
-import socket
+import os
+import queue
+import sys
 import time
+from datetime import timedelta
 
-import torch
-
-from dockyard.weights.collective import Rendezvous, SideGroup, receive_weights, send_weights
-
-
-def model_like(total_mb: int, dtype: torch.dtype) -> list[tuple[str, torch.Tensor]]:
-    hidden = 1024
-    per_layer = 4 * hidden * hidden + 3 * hidden * 4 * hidden + 2 * hidden
-    element = torch.finfo(dtype).bits // 8
-    layers = max(1, total_mb * 2**20 // (per_layer * element))
-    tensors = []
-    for i in range(layers):
-        for name in ("q", "k", "v", "o"):
-            tensors.append((f"layers.{i}.attn.{name}", torch.randn(hidden, hidden, dtype=dtype)))
-        for name in ("gate", "up"):
-            tensors.append((f"layers.{i}.mlp.{name}", torch.randn(4 * hidden, hidden, dtype=dtype)))
-        tensors.append((f"layers.{i}.mlp.down", torch.randn(hidden, 4 * hidden, dtype=dtype)))
-        tensors.append((f"layers.{i}.norm1", torch.ones(hidden, dtype=dtype)))
-        tensors.append((f"layers.{i}.norm2", torch.ones(hidden, dtype=dtype)))
-    return tensors
+QWEN2_7B = dict(
+    hidden_size=3584,
+    intermediate_size=18944,
+    num_hidden_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    vocab_size=152064,
+    tie_word_embeddings=False,
+)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1000,
+    tie_word_embeddings=False,
+)
 
 
-def member(rank: int, port: int, args: argparse.Namespace, out: mp.Queue) -> None:
-    dtype = getattr(torch, args.dtype)
-    group = SideGroup(Rendezvous("127.0.0.1", port, 2, rank, 0, args.backend))
-    tensors = [(n, t.to(group.device)) for n, t in model_like(args.mb, dtype)]
+def say(role: str, message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {role}: {message}", flush=True)
+
+
+def skeleton(shape: dict, device):
+    """A Qwen2 causal LM of `shape` with uninitialised bf16 parameters on `device` (no CPU init)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(**shape)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    return model.to_empty(device=device)
+
+
+def member(role: str, rendezvous, args: argparse.Namespace, out: mp.Queue) -> None:
+    import torch
+
+    from dockyard.models import build_char_tokenizer
+    from dockyard.weights.transports import CollectiveTransport
+    from services.rollout.engine import TorchEngine
+
+    trainer = role == "trainer"
+    if args.backend == "nccl":
+        torch.cuda.set_device(rendezvous.rank)
+        device = torch.device("cuda", rendezvous.rank)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+        device = torch.device("cpu")
+    timeout = timedelta(seconds=args.timeout)
+    transport = CollectiveTransport(timeout, args.bucket_mb * 2**20, checksum=False, device=str(device))
+
+    def sync_device() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    say(role, f"building the {'7B' if not args.smoke else 'tiny'}-shaped model on {device}")
+    model = skeleton(TINY if args.smoke else QWEN2_7B, device)
+    gen = torch.Generator(device=device).manual_seed(1234)
+    if trainer:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0.0, 0.02, generator=gen)
+        tensors = [(name, p.detach()) for name, p in model.named_parameters()]
+        engine = None
+    else:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+        engine = TorchEngine(model, build_char_tokenizer(), device)
+        tensors = list(engine.named_weights().items())
     nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
-    flat = torch.empty(sum(t.numel() for _, t in tensors), dtype=dtype, device=group.device)
-    sync = send_weights if rank == 0 else receive_weights
+    sync_device()
+    say(role, f"{len(tensors)} tensors, {nbytes / 1e9:.2f} GB; joining the side group (epoch {rendezvous.epoch})")
+    group = transport._group(rendezvous)
+    flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
 
-    def timed(fn) -> float:
-        best = float("inf")
-        for _ in range(args.repeats):
-            group._all_ok(True)  # start together
-            if group.device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            fn()
-            if group.device.type == "cuda":
-                torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - start)
-        return best
+    def timed(run) -> float:
+        group._all_ok(True)  # a common start
+        sync_device()
+        start = time.perf_counter()
+        run()
+        sync_device()
+        return time.perf_counter() - start
 
-    raw = timed(lambda: group._broadcast(flat))
-    synced = timed(lambda: sync(group, tensors, args.bucket_mb * 2**20, checksum=False))
-    group.close()
-    if rank == 0:
-        out.put((nbytes, raw, synced))
+    def raw() -> None:
+        group._broadcast(flat, "raw broadcast")
+
+    version = 0
+
+    def refit() -> None:
+        nonlocal version
+        version += 1
+        if trainer:
+            transport.send(tensors, version, rendezvous)
+        else:
+            asyncio.run(engine.receive_weights(transport, version, rendezvous, timeout))
+
+    results = {"raw": [], "refit": []}
+    for i in range(args.repeats + 1):  # the first round warms up both paths
+        for name, run in (("raw", raw), ("refit", refit)):
+            seconds = timed(run)
+            if i > 0:
+                results[name].append(seconds)
+            say(role, f"{'warm-up' if i == 0 else f'round {i}'} {name}: {seconds * 1e3:.1f} ms")
+    with torch.no_grad():
+        sums = [float(t.double().sum()) for _, t in tensors]
+    if engine is not None:
+        assert engine.weight_version == version
+    transport.close()
+    out.put((role, nbytes, results, sums))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
-    parser.add_argument("--mb", type=int, default=256, help="total size of the weights")
-    parser.add_argument("--bucket-mb", type=int, default=256)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--smoke", action="store_true", help="tiny model, gloo on CPU")
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default=None, help="default: nccl, gloo with --smoke")
+    parser.add_argument("--bucket-mb", type=int, default=256, help="cluster.weight_sync_bucket_mb")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=60.0, help="weight-sync timeout, seconds")
     args = parser.parse_args()
+    args.backend = args.backend or ("gloo" if args.smoke else "nccl")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import socket
+
+    from dockyard.weights.collective import Rendezvous
+
+    if args.backend == "nccl":
+        import torch
+
+        if torch.cuda.device_count() < 2:
+            sys.exit(f"the nccl benchmark needs two GPUs of one host; found {torch.cuda.device_count()}")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+
+    def rendezvous(member: str) -> Rendezvous:
+        return Rendezvous("127.0.0.1", port, 2, 0 if member == "trainer" else 1, 0, args.backend)
+
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=member_entry, args=(rank, port, args, out)) for rank in (0, 1)]
+    procs = [
+        ctx.Process(target=member, args=(role, rendezvous(role), args, out), daemon=True)
+        for role in ("trainer", "rollout")
+    ]
     for p in procs:
         p.start()
-    nbytes, raw, synced = out.get(timeout=600)
-    for p in procs:
-        p.join(60)
+    got = {}
+    try:
+        while len(got) < 2:
+            try:
+                role, nbytes, results, sums = out.get(timeout=5)
+                got[role] = (nbytes, results, sums)
+            except queue.Empty:
+                dead = [p for p in procs if not p.is_alive() and p.exitcode != 0]
+                if dead:
+                    sys.exit(f"a member process died (exit code {dead[0].exitcode}); see its output above")
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+    nbytes = got["trainer"][0]
+    raw = min(max(a, b) for a, b in zip(got["trainer"][1]["raw"], got["rollout"][1]["raw"], strict=True))
+    refit = min(max(a, b) for a, b in zip(got["trainer"][1]["refit"], got["rollout"][1]["refit"], strict=True))
+    equal = got["trainer"][2] == got["rollout"][2]
     gb = nbytes / 1e9
-    print(f"backend {args.backend}, {gb:.3f} GB in {args.dtype}, buckets of {args.bucket_mb} MB")
-    print(f"raw broadcast:  {raw * 1e3:9.1f} ms  {gb / raw:7.2f} GB/s")
-    print(f"weight sync:    {synced * 1e3:9.1f} ms  {gb / synced:7.2f} GB/s")
-    print(f"sync_vs_raw_broadcast: {synced / raw:.3f}")
-
-
-def member_entry(rank: int, port: int, args: argparse.Namespace, out: mp.Queue) -> None:
-    if args.backend == "nccl":
-        torch.cuda.set_device(rank)
-    member(rank, port, args, out)
+    print(
+        f"backend {args.backend}, {gb:.2f} GB bf16 in {len(got['trainer'][2])} tensors, buckets of {args.bucket_mb} MiB"
+    )
+    print(f"raw broadcast of one buffer: {raw * 1e3:9.1f} ms  {gb / raw:7.1f} GB/s")
+    print(f"refit (pack, transfer, load into the engine): {refit * 1e3:9.1f} ms  {gb / refit:7.1f} GB/s")
+    print(f"engine weights equal the trainer's (per-tensor sums): {equal}")
+    if not equal:
+        sys.exit("the engine's weights differ from the trainer's after the refit")
+    print(f"sync_vs_raw_broadcast: {raw / refit:.3f}")
 
 
 if __name__ == "__main__":

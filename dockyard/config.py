@@ -48,8 +48,17 @@ class SamplingConfig(Section):
 
 
 class GenerationConfig(SamplingConfig):
-    backend: Literal["torch", "vllm"] = Field("torch", description="Rollout engine.")
-    vllm_cfg: dict[str, Any] = Field(default_factory=dict, description="Options of the vLLM engine.")
+    backend: Literal["torch", "vllm"] = Field(
+        "torch", description="Rollout engine; vllm needs cluster.device=cuda and vLLM installed on the rollout node."
+    )
+    kv_cache: Literal["auto", "static", "dynamic"] = Field(
+        "auto", description="KV cache of the torch engine; auto = static on CUDA (compiled), dynamic on CPU."
+    )
+    vllm_cfg: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Options of the vLLM engine: engine arguments (e.g. gpu_memory_utilization, max_model_len) "
+        "and env_vars, a mapping set in the environment of vLLM's worker processes.",
+    )
 
 
 class OptimizerConfig(Section):
@@ -124,7 +133,9 @@ class ToggleConfig(Section):
 
 
 class AsyncConfig(ToggleConfig):
-    in_flight_weight_updates: bool = Field(False, description="Update weights mid-generation.")
+    in_flight_weight_updates: bool = Field(
+        False, description="Rollout engines load new weights between decode steps of a running generation."
+    )
 
 
 class RewardScalingConfig(ToggleConfig):
@@ -208,8 +219,21 @@ class ClusterConfig(Section):
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="Device the trainer and rollout are deployed on (their DOCKYARD_*_DEVICE); nccl needs cuda."
     )
+    weight_sync_transport: Literal["collective", "checkpoint"] = Field(
+        "collective",
+        description="How weights reach rollout replicas: the torch.distributed side group, or safetensors "
+        "files in a folder both can read (layouts without a shared collective).",
+    )
     weight_sync_backend: Literal["gloo", "nccl"] = Field("gloo", description="Side-group backend.")
-    weight_sync_bucket_mb: int = Field(256, ge=1, description="Largest tensor bucket broadcast at once.")
+    weight_sync_bucket_mb: int = Field(
+        256, ge=1, description="Bucket size of the packed transfer (two are in flight); shard size of the folder."
+    )
+    weight_sync_folder: str | None = Field(
+        None, description="Folder of the checkpoint transport; null = <logger.log_dir>/<job_id>/weights."
+    )
+    weight_sync_checksum: bool = Field(
+        True, description="SHA-256 of the moved bytes on both sides, compared after every sync (costs a host copy)."
+    )
 
 
 class LoggerConfig(Section):
@@ -258,8 +282,8 @@ class MasterConfig(Section):
             errors.append(
                 ("loss_fn.opd", "on-policy distillation needs a teacher model, which the trainer does not load yet")
             )
-        if self.policy.generation.backend != "torch":
-            errors.append(("policy.generation.backend", "the vLLM engine is not built yet; use torch"))
+        if self.policy.generation.backend == "vllm" and self.cluster.device != "cuda":
+            errors.append(("policy.generation.backend", "vllm runs on GPUs only: set cluster.device=cuda or use torch"))
         if self.data.num_dataloaders > 1:
             errors.append(("data.num_dataloaders", "one training task source is supported; set it to 1"))
         wanted = {"expr": "expr", "program_synthesis": "humaneval", "swe": "swe"}[self.env.name]

@@ -1,34 +1,45 @@
-"""Joining a job's side group with the rendezvous the coordinator hands out.
+"""The coordinator as a WeightSynchronizer's rendezvous source, and the transport a job's config asks for.
 
-Guarantees: a member keeps its SideGroup while the coordinator's rendezvous
-(address, port, world size, rank, epoch, backend) is unchanged, and forms a
-new one, closing the old, as soon as it changes (a new epoch).
+Guarantees: a member always forms the rendezvous the coordinator hands out
+now (the transport keeps its group while that rendezvous is unchanged and
+forms a new one, closing the old, when the epoch moves); reporting a failed
+epoch makes the coordinator form the next one.
 """
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
+from pathlib import Path
 
+from dockyard.config import MasterConfig
 from dockyard.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
-from dockyard.weights.collective import Rendezvous, SideGroup
+from dockyard.weights.collective import Rendezvous
+from dockyard.weights.synchronizer import RendezvousSource
+from dockyard.weights.transports import CheckpointTransport, CollectiveTransport, Transport
 
 
-async def current_side_group(
-    coordinator: coordinator_pb2_grpc.CoordinatorServiceStub,
-    job_id: str,
-    member: str,
-    held: SideGroup | None,
-    timeout: timedelta,
-) -> SideGroup:
-    reply = await coordinator.GetWeightSyncGroup(
-        coordinator_pb2.GetWeightSyncGroupRequest(job_id=job_id, member=member)
-    )
-    g = reply.group
-    rendezvous = Rendezvous(g.master_address, g.master_port, g.world_size, reply.rank, g.epoch, g.backend)
-    if held is not None and held.rendezvous == rendezvous:
-        return held
-    if held is not None:
-        held.close()
-    # Forming the group blocks until every member has joined: keep it off the event loop.
-    return await asyncio.to_thread(SideGroup, rendezvous, timeout)
+def coordinator_rendezvous(
+    coordinator: coordinator_pb2_grpc.CoordinatorServiceStub, job_id: str, member: str, rpc_timeout: float = 30.0
+) -> RendezvousSource:
+    async def source(failed_epoch: int | None) -> Rendezvous:
+        request = coordinator_pb2.GetWeightSyncGroupRequest(job_id=job_id, member=member)
+        if failed_epoch is not None:
+            request.failed_epoch = failed_epoch
+        reply = await coordinator.GetWeightSyncGroup(request, timeout=rpc_timeout)
+        g = reply.group
+        return Rendezvous(g.master_address, g.master_port, g.world_size, reply.rank, g.epoch, g.backend)
+
+    return source
+
+
+def transport_for(config: MasterConfig, job_id: str, timeout: timedelta, device: str | None = None) -> Transport:
+    """The transport of `cluster.weight_sync_transport`, with the job's bucket size and folder.
+
+    `device` is where this member's weights live (the service's device setting).
+    """
+    cluster = config.cluster
+    bucket = cluster.weight_sync_bucket_mb * 2**20
+    if cluster.weight_sync_transport == "checkpoint":
+        folder = cluster.weight_sync_folder or str(Path(config.logger.log_dir) / job_id / "weights")
+        return CheckpointTransport(folder, timeout, shard_bytes=bucket, checksum=cluster.weight_sync_checksum)
+    return CollectiveTransport(timeout, bucket, checksum=cluster.weight_sync_checksum, device=device)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import time
 import uuid
 from pathlib import Path
@@ -13,7 +12,6 @@ import grpc
 import structlog
 
 from dockyard.buffer.v1 import buffer_pb2_grpc
-from dockyard.common.v1 import common_pb2
 from dockyard.config import ConfigError, load_config_text
 from dockyard.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.rollout.v1 import rollout_pb2_grpc
@@ -25,16 +23,10 @@ from services.coordinator.jobs import CANCELLED, JobRecord
 from services.coordinator.metrics import RunFolder
 from services.coordinator.runner import JobRunner, Stubs
 from services.coordinator.settings import CoordinatorSettings
+from services.coordinator.sync_groups import MembershipError, SideGroupRegistry, check_member
 
 log = structlog.get_logger()
 JOB_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-MEMBERS = ("trainer", "rollout")
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
@@ -42,7 +34,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         self.settings = settings
         self.jobs: dict[str, JobRecord] = {}
         self.runners: dict[str, asyncio.Task] = {}
-        self.sync_groups: dict[str, common_pb2.WeightSyncGroup] = {}
+        self.sync_groups = SideGroupRegistry(settings.weight_sync_address, settings.weight_sync_port)
         self._channels = {
             name: connect(
                 getattr(settings, f"{name}_address"),
@@ -111,9 +103,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         RunFolder(run_dir).write_config(resolved)
         record = JobRecord(job_id=job_id, config=config, config_yaml=resolved, run_dir=str(run_dir))
         self.jobs[job_id] = record
+        self.sync_groups.open(job_id, config.cluster.weight_sync_backend)
         task = self.runners[job_id] = asyncio.create_task(JobRunner(record, self.stubs, self.settings).run())
         # A finished job's rendezvous is gone for good; drop it with the runner.
-        task.add_done_callback(lambda _: self.sync_groups.pop(job_id, None))
+        task.add_done_callback(lambda _: self.sync_groups.drop(job_id))
         log.info("job created", job_id=job_id, run_dir=str(run_dir))
         return coordinator_pb2.CreateJobResponse(job=record.to_proto())
 
@@ -144,18 +137,33 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         self, request: coordinator_pb2.GetWeightSyncGroupRequest, context: grpc.aio.ServicerContext
     ) -> coordinator_pb2.GetWeightSyncGroupResponse:
         record = self._record(request.job_id)
-        if request.member not in MEMBERS:
-            raise InvalidArgument(f"member must be one of {', '.join(MEMBERS)}, not {request.member!r}")
-        if record.finished:
+        try:
+            check_member(request.member)
+        except MembershipError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if record.finished or record.job_id not in self.sync_groups:
             raise FailedPrecondition(f"job {record.job_id} has finished; its side group is gone")
-        group = self.sync_groups.get(record.job_id)
-        if group is None:
-            port = self.settings.weight_sync_port or _free_port(self.settings.weight_sync_address)
-            group = self.sync_groups[record.job_id] = common_pb2.WeightSyncGroup(
-                master_address=self.settings.weight_sync_address,
-                master_port=port,
-                world_size=len(MEMBERS),
-                epoch=0,
-                backend=record.config.cluster.weight_sync_backend,
-            )
-        return coordinator_pb2.GetWeightSyncGroupResponse(group=group, rank=MEMBERS.index(request.member))
+        failed = request.failed_epoch if request.HasField("failed_epoch") else None
+        try:
+            group, rank = self.sync_groups.get(record.job_id, request.member, failed)
+        except MembershipError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if failed is not None:
+            log.warning("side group formed again after a failed sync", job_id=record.job_id, epoch=group.epoch)
+        return coordinator_pb2.GetWeightSyncGroupResponse(group=group, rank=rank)
+
+    async def LeaveWeightSyncGroup(
+        self, request: coordinator_pb2.LeaveWeightSyncGroupRequest, context: grpc.aio.ServicerContext
+    ) -> coordinator_pb2.LeaveWeightSyncGroupResponse:
+        record = self._record(request.job_id)
+        try:
+            check_member(request.member, replica_only=True)
+        except MembershipError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if record.job_id not in self.sync_groups:
+            raise FailedPrecondition(f"job {record.job_id} has finished; its side group is gone")
+        try:
+            group = self.sync_groups.leave(record.job_id, request.member)
+        except MembershipError as exc:
+            raise InvalidArgument(str(exc)) from None
+        return coordinator_pb2.LeaveWeightSyncGroupResponse(group=group)

@@ -1,13 +1,17 @@
 """The rollout service: generation engines that sample GRPO groups with logprobs.
 
-    LoadPolicy(job config) --> engine per job (torch today; vLLM next) at weight_version 0
+    LoadPolicy(job config) --> engine per job (built-in torch, or vLLM's AsyncLLM) at weight_version 0
     Generate(prompt, n, sampling) --> n completions: tokens, per-token logprobs, text,
-                                      finish reason, all stamped with one weight_version
-    ReceiveWeights --> weights over the side group (not over gRPC)
+                                      finish reason, stamped with the weight version(s) that produced them
+    ReceiveWeights --> weights over the side group or a checkpoint folder (never over gRPC)
+
+Modules: engine.py (the interface and the torch engine), vllm_engine.py and
+vllm_worker.py (the vLLM adapter, imported only when a job asks for it),
+sampling.py (validation at the boundary), servicer.py, settings.py.
 
 Guarantees: sampling controls are validated at the boundary (INVALID_ARGUMENT
-naming the field); an unknown job is NOT_FOUND; generation never blocks the
-server's event loop; every completion carries the logprob of each sampled
-token after temperature, before top-p/top-k truncation (engine.py), and the
-weight version that produced it.
+naming the field; NaN and Inf refused); an unknown job is NOT_FOUND;
+generation never blocks the server's event loop; every completion carries the
+logprob of each sampled token after temperature, before top-p/top-k
+truncation (engine.py), and the weight version(s) that produced it.
 """

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from dockyard.common.v1 import common_pb2
 from dockyard.rpc.errors import InvalidArgument
+
+if TYPE_CHECKING:  # the engines (and bench/) need no protobuf runtime
+    from dockyard.common.v1 import common_pb2
 
 MAX_TEMPERATURE = 100.0
 MAX_STOP_STRINGS = 16

@@ -1,7 +1,8 @@
 """RolloutService over gRPC: one generation engine per job.
 
-    LoadPolicy ──parse config──> load_policy (worker thread) ──> engines[job_id]  (weight_version 0)
+    LoadPolicy ──parse config──> engine (torch, or vLLM's AsyncLLM) ──> engines[job_id]  (weight_version 0)
     Generate   ──validate──> engines[job_id].generate ──> GenerateResponse
+    ReceiveWeights ──WeightSynchronizer (side group or checkpoint folder)──> engine.receive_weights
     GetEngineInfo / UnloadPolicy ──> engines[job_id]
 
 Guarantees: a malformed request is refused with INVALID_ARGUMENT naming the
@@ -11,11 +12,16 @@ included) while they run; a retried LoadPolicy for a loaded job changes
 nothing. A Generate without a `sampling` message uses the job's
 `policy.generation` defaults; one with it is taken literally (proto3: an unset
 temperature is 0, greedy). Weight versions are set only by the weight sync.
+A failed weight sync is UNAVAILABLE with its cause, within the sync timeout;
+the side group has then been torn down and the next ReceiveWeights forms the
+coordinator's next epoch. backend=vllm on a replica without vLLM is
+FAILED_PRECONDITION naming the missing package.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 from datetime import timedelta
 
@@ -23,12 +29,12 @@ import grpc
 import structlog
 
 from dockyard.config import ConfigError, MasterConfig, load_config_text
-from dockyard.coordinator.v1 import coordinator_pb2_grpc
+from dockyard.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from dockyard.rpc.client import connect
-from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, Unimplemented
-from dockyard.weights.collective import SideGroup, SyncReport, receive_weights
-from dockyard.weights.rendezvous import current_side_group
+from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from dockyard.weights.rendezvous import coordinator_rendezvous, transport_for
+from dockyard.weights.synchronizer import WeightSyncFailed, WeightSynchronizer
 from services.rollout.engine import GenerationEngine, UnsupportedRequest
 from services.rollout.sampling import (
     SamplingParams,
@@ -53,7 +59,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.settings = settings
         self.engines: dict[str, GenerationEngine] = {}
         self.configs: dict[str, MasterConfig] = {}
-        self.side_groups: dict[str, SideGroup] = {}
+        self.syncs: dict[str, WeightSynchronizer] = {}
         self._sync_lock = asyncio.Lock()
         self._coordinator_channel = connect(
             settings.coordinator_address,
@@ -82,21 +88,26 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             cfg = load_config_text(request.config_yaml, origin="config_yaml")
         except ConfigError as exc:
             raise InvalidArgument(str(exc)) from None
-        if cfg.policy.generation.backend != "torch":
-            raise Unimplemented(
-                f"policy.generation.backend={cfg.policy.generation.backend!r} is not available on this replica; "
-                "use torch"
-            )
         async with self._load_lock:
             engine = self.engines.get(request.job_id)
             if engine is None:
-                engine = await asyncio.to_thread(self._build_engine, cfg)
+                engine = await self._build_engine(cfg)
                 self.engines[request.job_id] = engine
                 self.configs[request.job_id] = cfg
                 log.info("policy loaded", engine=engine.name, model=engine.model_name, device=self.settings.device)
         return rollout_pb2.LoadPolicyResponse(engine=engine.name, weight_version=engine.weight_version)
 
-    def _build_engine(self, cfg: MasterConfig) -> GenerationEngine:
+    async def _build_engine(self, cfg: MasterConfig) -> GenerationEngine:
+        if cfg.policy.generation.backend == "vllm":
+            from services.rollout.vllm_engine import VllmEngine, VllmUnavailable
+
+            try:
+                return await VllmEngine.create(cfg, self.settings.device)
+            except VllmUnavailable as exc:
+                raise FailedPrecondition(str(exc)) from None
+        return await asyncio.to_thread(self._build_torch_engine, cfg)
+
+    def _build_torch_engine(self, cfg: MasterConfig) -> GenerationEngine:
         from dockyard.models.load import load_policy
         from services.rollout.engine import TorchEngine
 
@@ -106,7 +117,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             raise InvalidArgument(str(exc)) from None
         except FileNotFoundError as exc:
             raise FailedPrecondition(str(exc)) from None
-        return TorchEngine(model, tokenizer, self.settings.device, model_name=cfg.policy.model_name or "")
+        kv_cache = cfg.policy.generation.kv_cache
+        if kv_cache == "auto":
+            kv_cache = "static" if self.settings.device.startswith("cuda") else "dynamic"
+        return TorchEngine(
+            model,
+            tokenizer,
+            self.settings.device,
+            model_name=cfg.policy.model_name or "",
+            kv_cache=kv_cache,
+            in_flight_weight_updates=cfg.grpo.async_grpo.in_flight_weight_updates,
+        )
 
     def _default_sampling(self, job_id: str) -> SamplingParams:
         gen = self.configs[job_id].policy.generation
@@ -151,6 +172,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 for c in result.completions
             ],
             weight_version=result.weight_version,
+            weight_versions=result.weight_versions,
         )
 
     async def ReceiveWeights(
@@ -159,24 +181,23 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         engine = self.engine(request.job_id)
         if request.weight_version < 0:
             raise InvalidArgument(f"weight_version must be >= 0, got {request.weight_version}")
+        timeout = timedelta(seconds=self.settings.weight_sync_timeout_seconds)
         async with self._sync_lock:
-            self.side_groups[request.job_id] = group = await current_side_group(
-                self.coordinator,
-                request.job_id,
-                "rollout",
-                self.side_groups.get(request.job_id),
-                timedelta(seconds=self.settings.weight_sync_timeout_seconds),
-            )
-            bucket = self.configs[request.job_id].cluster.weight_sync_bucket_mb * 1024 * 1024
+            sync = self.syncs.get(request.job_id)
+            if sync is None:
+                sync = self.syncs[request.job_id] = WeightSynchronizer(
+                    transport_for(self.configs[request.job_id], request.job_id, timeout, self.settings.device),
+                    coordinator_rendezvous(self.coordinator, request.job_id, self.settings.replica_name),
+                )
+            sync.mark_stale(request.weight_version)
 
-            def load() -> SyncReport:
-                # Generations wait while the weights change, so none mixes two versions.
-                with engine.exclusive():
-                    report = receive_weights(group, list(engine.named_weights().items()), bucket)
-                    engine.set_weight_version(request.weight_version)
-                return report
+            async def load(transport, version, rendezvous):
+                return await engine.receive_weights(transport, version, rendezvous, timeout)
 
-            report = await asyncio.to_thread(load)
+            try:
+                report = await sync.sync_weights(load, request.weight_version)
+            except WeightSyncFailed as exc:
+                raise Unavailable(str(exc)) from None
         log.info("weights received", version=request.weight_version, seconds=round(report.seconds, 3))
         return rollout_pb2.ReceiveWeightsResponse(
             weight_version=request.weight_version,
@@ -201,19 +222,34 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     ) -> rollout_pb2.UnloadPolicyResponse:
         self.engine(request.job_id)
         async with self._load_lock:
-            self.engines.pop(request.job_id, None)
             self.configs.pop(request.job_id, None)
-            if (group := self.side_groups.pop(request.job_id, None)) is not None:
-                group.close()
+            engine = self.engines.get(request.job_id)
+            if (sync := self.syncs.pop(request.job_id, None)) is not None:
+                sync.close()
+                await self._leave(request.job_id)
+            self.engines.pop(request.job_id, None)
+            if engine is not None:
+                await engine.close()
         _free_memory()
         log.info("policy unloaded")
         return rollout_pb2.UnloadPolicyResponse()
 
+    async def _leave(self, job_id: str) -> None:
+        """Best effort: the coordinator forms the job's group again without this replica."""
+        with contextlib.suppress(Exception):
+            await self.coordinator.LeaveWeightSyncGroup(
+                coordinator_pb2.LeaveWeightSyncGroupRequest(job_id=job_id, member=self.settings.replica_name),
+                timeout=5.0,
+            )
+
     async def close(self) -> None:
-        for group in self.side_groups.values():
-            group.close()
-        self.side_groups.clear()
+        for sync in self.syncs.values():
+            sync.close()
+        self.syncs.clear()
         await self._coordinator_channel.close()
+        for engine in self.engines.values():
+            with contextlib.suppress(Exception):
+                await engine.close()
         self.engines.clear()
         self.configs.clear()
         _free_memory()

@@ -25,4 +25,11 @@ class RolloutSettings(ServiceSettings):
         4096, ge=1, description="Largest max_new_tokens a Generate request may ask for on this replica."
     )
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads; unset keeps torch's default.")
-    weight_sync_timeout_seconds: float = Field(120.0, gt=0, description="Side-group collective timeout.")
+    weight_sync_timeout_seconds: float = Field(
+        120.0, gt=0, description="Timeout of every side-group wait and of waiting for a checkpoint-folder version."
+    )
+    replica_name: str = Field(
+        "rollout",
+        pattern=r"^rollout(-[a-z0-9][a-z0-9_.:-]{0,62})?$",
+        description="This replica's member name in side groups: rollout or rollout-<name>; a new name joins.",
+    )

@@ -16,8 +16,8 @@ from dockyard.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.rpc.client import connect
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from dockyard.trainer.v1 import trainer_pb2, trainer_pb2_grpc
-from dockyard.weights.collective import SideGroup, send_weights
-from dockyard.weights.rendezvous import current_side_group
+from dockyard.weights.rendezvous import coordinator_rendezvous, transport_for
+from dockyard.weights.synchronizer import WeightSyncFailed, WeightSynchronizer
 from services.trainer.policy import PolicyTrainer
 from services.trainer.settings import TrainerSettings
 
@@ -29,7 +29,7 @@ class TrainerJob:
     job_id: str
     policy: PolicyTrainer
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    side_group: SideGroup | None = None
+    sync: WeightSynchronizer | None = None
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
@@ -50,8 +50,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
     async def close(self) -> None:
         for job in self.jobs.values():
-            if job.side_group is not None:
-                job.side_group.close()
+            if job.sync is not None:
+                job.sync.close()
         await self._buffer_channel.close()
         await self._coordinator_channel.close()
 
@@ -142,15 +142,17 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     ) -> trainer_pb2.PushWeightsResponse:
         job = self._job(request.job_id)
         async with job.lock:
-            job.side_group = group = await current_side_group(
-                self.coordinator,
-                job.job_id,
-                "trainer",
-                job.side_group,
-                timedelta(seconds=self.settings.weight_sync_timeout_seconds),
-            )
-            bucket = job.policy.config.cluster.weight_sync_bucket_mb * 1024 * 1024
-            report = await asyncio.to_thread(send_weights, group, job.policy.named_weights(), bucket)
+            if job.sync is None:
+                timeout = timedelta(seconds=self.settings.weight_sync_timeout_seconds)
+                job.sync = WeightSynchronizer(
+                    transport_for(job.policy.config, job.job_id, timeout, self.settings.device),
+                    coordinator_rendezvous(self.coordinator, job.job_id, "trainer"),
+                )
+            job.sync.mark_stale(job.policy.weight_version)
+            try:
+                report = await job.sync.sync_weights(job.policy.named_weights(), job.policy.weight_version)
+            except WeightSyncFailed as exc:
+                raise Unavailable(str(exc)) from None
             log.info(
                 "weights pushed",
                 version=job.policy.weight_version,
@@ -179,7 +181,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     ) -> trainer_pb2.UnloadPolicyResponse:
         job = self._job(request.job_id)
         async with job.lock:
-            if job.side_group is not None:
-                job.side_group.close()
+            if job.sync is not None:
+                job.sync.close()
             del self.jobs[request.job_id]
         return trainer_pb2.UnloadPolicyResponse()

@@ -79,7 +79,7 @@ async def _contract(address: str) -> None:
         )
         reply = await stub.Generate(request)
         assert list(reply.prompt_token_ids) and len(reply.prompt_token_ids) == len(prompt)
-        assert reply.weight_version == 0
+        assert reply.weight_version == 0 and list(reply.weight_versions) == [0]
         assert len(reply.completions) == 3
         for c in reply.completions:
             assert 1 <= len(c.token_ids) <= 8

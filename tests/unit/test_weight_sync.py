@@ -28,8 +28,10 @@ def _member(rank: int, port: int, bucket: int, mismatch: bool, out: mp.Queue) ->
     try:
         group = SideGroup(Rendezvous("127.0.0.1", port, 2, rank, epoch=3))
         tensors = _tensors(rank, mismatch)
-        move = send_weights if rank == 0 else receive_weights
-        report = move(group, tensors, bucket)
+        if rank == 0:
+            report = send_weights(group, tensors, bucket)
+        else:
+            report = receive_weights(group, tensors)
         group.close()
         out.put((rank, "ok", report.checksum, report.num_bytes, [t.float().sum().item() for _, t in tensors]))
     except Exception as exc:

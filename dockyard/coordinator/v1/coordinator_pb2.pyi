@@ -129,12 +129,14 @@ class CancelJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
 
 class GetWeightSyncGroupRequest(_message.Message):
-    __slots__ = ("job_id", "member")
+    __slots__ = ("job_id", "member", "failed_epoch")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_FIELD_NUMBER: _ClassVar[int]
+    FAILED_EPOCH_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     member: str
-    def __init__(self, job_id: _Optional[str] = ..., member: _Optional[str] = ...) -> None: ...
+    failed_epoch: int
+    def __init__(self, job_id: _Optional[str] = ..., member: _Optional[str] = ..., failed_epoch: _Optional[int] = ...) -> None: ...
 
 class GetWeightSyncGroupResponse(_message.Message):
     __slots__ = ("group", "rank")
@@ -143,3 +145,17 @@ class GetWeightSyncGroupResponse(_message.Message):
     group: _common_pb2.WeightSyncGroup
     rank: int
     def __init__(self, group: _Optional[_Union[_common_pb2.WeightSyncGroup, _Mapping]] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class LeaveWeightSyncGroupRequest(_message.Message):
+    __slots__ = ("job_id", "member")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    member: str
+    def __init__(self, job_id: _Optional[str] = ..., member: _Optional[str] = ...) -> None: ...
+
+class LeaveWeightSyncGroupResponse(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: _common_pb2.WeightSyncGroup
+    def __init__(self, group: _Optional[_Union[_common_pb2.WeightSyncGroup, _Mapping]] = ...) -> None: ...

@@ -61,6 +61,11 @@ class CoordinatorServiceStub:
                 request_serializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.GetWeightSyncGroupRequest.SerializeToString,
                 response_deserializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.GetWeightSyncGroupResponse.FromString,
                 _registered_method=True)
+        self.LeaveWeightSyncGroup = channel.unary_unary(
+                '/dockyard.coordinator.v1.CoordinatorService/LeaveWeightSyncGroup',
+                request_serializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.LeaveWeightSyncGroupRequest.SerializeToString,
+                response_deserializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.LeaveWeightSyncGroupResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServiceServicer:
@@ -96,6 +101,16 @@ class CoordinatorServiceServicer:
 
     def GetWeightSyncGroup(self, request, context):
         """Rendezvous and rank of a member of a job's weight-sync side group.
+        A rollout replica naming itself for the first time joins the group: the
+        group is formed again (a new epoch) with it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LeaveWeightSyncGroup(self, request, context):
+        """A rollout replica leaves a job's side group; the group is formed again
+        without it (a new epoch).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -128,6 +143,11 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.GetWeightSyncGroup,
                     request_deserializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.GetWeightSyncGroupRequest.FromString,
                     response_serializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.GetWeightSyncGroupResponse.SerializeToString,
+            ),
+            'LeaveWeightSyncGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.LeaveWeightSyncGroup,
+                    request_deserializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.LeaveWeightSyncGroupRequest.FromString,
+                    response_serializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.LeaveWeightSyncGroupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -267,6 +287,33 @@ class CoordinatorService:
             '/dockyard.coordinator.v1.CoordinatorService/GetWeightSyncGroup',
             dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.GetWeightSyncGroupRequest.SerializeToString,
             dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.GetWeightSyncGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LeaveWeightSyncGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.coordinator.v1.CoordinatorService/LeaveWeightSyncGroup',
+            dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.LeaveWeightSyncGroupRequest.SerializeToString,
+            dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.LeaveWeightSyncGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -50,14 +50,16 @@ class Completion(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("prompt_token_ids", "completions", "weight_version")
+    __slots__ = ("prompt_token_ids", "completions", "weight_version", "weight_versions")
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     completions: _containers.RepeatedCompositeFieldContainer[Completion]
     weight_version: int
-    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., weight_version: _Optional[int] = ...) -> None: ...
+    weight_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., weight_version: _Optional[int] = ..., weight_versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReceiveWeightsRequest(_message.Message):
     __slots__ = ("job_id", "weight_version")

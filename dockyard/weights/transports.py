@@ -1,0 +1,251 @@
+"""The two ways weights travel, chosen from the deployment (cluster.weight_sync_transport).
+
+    collective   torch.distributed side group (NCCL on GPUs, gloo on CPUs), packed buckets
+    checkpoint   a shared folder: the trainer writes version v as safetensors shards,
+                 every replica reads them (layouts without a shared collective)
+
+Guarantees: both go through `refit_plan` and report a SHA-256 over the bytes
+moved (equal on both sides when the receiver holds exactly the sender's
+weights). Every blocking step is bounded: a collective by the group's timeout,
+a wait for a checkpoint folder by `timeout`. A collective transport that
+failed has closed its group; the next operation forms the rendezvous it is
+given (the coordinator hands out a new epoch after a failure).
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+from dockyard.weights.collective import (
+    Rendezvous,
+    SideGroup,
+    SyncFailed,
+    SyncReport,
+    TensorSink,
+    receive_weights,
+    send_weights,
+)
+from dockyard.weights.refit import TensorSpec, canonical_name, refit_plan
+
+MANIFEST = "manifest.json"
+
+
+class Transport(abc.ABC):
+    name: str = "transport"
+    needs_rendezvous: bool = False
+
+    @abc.abstractmethod
+    def send(
+        self, tensors: Iterable[tuple[str, torch.Tensor]], version: int, rendezvous: Rendezvous | None = None
+    ) -> SyncReport:
+        """Trainer: make `tensors` (weights of `version`) available to every replica (blocking)."""
+
+    @abc.abstractmethod
+    def receive(self, sink: TensorSink, version: int, rendezvous: Rendezvous | None = None) -> SyncReport:
+        """Replica: load the weights of `version` into `sink` (blocking)."""
+
+    def reset(self) -> None:
+        """Forget any state a failure left behind."""
+
+    def close(self) -> None:
+        self.reset()
+
+    @abc.abstractmethod
+    def spec(self) -> dict:
+        """Plain values that rebuild an equal transport elsewhere (an engine's worker process)."""
+
+
+def transport_from_spec(spec: dict, device: str | None = None) -> Transport:
+    """The transport `spec` describes, for a member on `device`."""
+    timeout = timedelta(seconds=float(spec["timeout_s"]))
+    if spec["kind"] == "collective":
+        return CollectiveTransport(timeout, int(spec["bucket_bytes"]), bool(spec["checksum"]), device)
+    if spec["kind"] == "checkpoint":
+        return CheckpointTransport(
+            spec["folder"], timeout, int(spec["shard_bytes"]), int(spec["keep"]), bool(spec["checksum"])
+        )
+    raise ValueError(f"unknown transport kind {spec['kind']!r}")
+
+
+class CollectiveTransport(Transport):
+    """The side group of the rendezvous each call is given; formed again when that rendezvous changes."""
+
+    name = "collective"
+    needs_rendezvous = True
+
+    def __init__(self, timeout: timedelta, bucket_bytes: int, checksum: bool = True, device: str | None = None) -> None:
+        self.timeout = timeout
+        self.bucket_bytes = bucket_bytes
+        self.checksum = checksum
+        self.device = device  # the member's GPU for NCCL ("cuda:1"); None = the current one
+        self.group: SideGroup | None = None
+
+    def _group(self, rendezvous: Rendezvous | None) -> SideGroup:
+        if rendezvous is None:
+            raise ValueError("the collective transport needs a rendezvous from the coordinator")
+        if self.group is not None and self.group.rendezvous == rendezvous:
+            return self.group
+        self.reset()
+        try:
+            self.group = SideGroup(rendezvous, self.timeout, self.device)
+        except Exception as exc:  # noqa: BLE001 - store or connect errors: the peers never came
+            raise SyncFailed(
+                f"forming the side group of epoch {rendezvous.epoch} (rank {rendezvous.rank} of "
+                f"{rendezvous.world_size}) failed within {self.timeout.total_seconds():g}s: {exc}"
+            ) from exc
+        return self.group
+
+    def send(self, tensors, version, rendezvous=None) -> SyncReport:
+        return self._guard(lambda: send_weights(self._group(rendezvous), tensors, self.bucket_bytes, self.checksum))
+
+    def receive(self, sink, version, rendezvous=None) -> SyncReport:
+        return self._guard(lambda: receive_weights(self._group(rendezvous), sink, self.checksum))
+
+    def spec(self) -> dict:
+        return {
+            "kind": "collective",
+            "timeout_s": self.timeout.total_seconds(),
+            "bucket_bytes": self.bucket_bytes,
+            "checksum": self.checksum,
+        }
+
+    def _guard(self, move):
+        try:
+            return move()
+        except SyncFailed:
+            self.reset()
+            raise
+
+    def reset(self) -> None:
+        if self.group is not None:
+            self.group.close()
+        self.group = None
+
+
+class CheckpointTransport(Transport):
+    """Version v lives in `folder/v<v>/` (safetensors shards + manifest.json), written atomically by a rename."""
+
+    name = "checkpoint"
+
+    def __init__(
+        self, folder: str | Path, timeout: timedelta, shard_bytes: int = 1 << 30, keep: int = 2, checksum: bool = True
+    ) -> None:
+        self.folder = Path(folder)
+        self.timeout = timeout
+        self.shard_bytes = shard_bytes
+        self.keep = keep
+        self.checksum = checksum
+
+    def spec(self) -> dict:
+        return {
+            "kind": "checkpoint",
+            "folder": str(self.folder),
+            "timeout_s": self.timeout.total_seconds(),
+            "shard_bytes": self.shard_bytes,
+            "keep": self.keep,
+            "checksum": self.checksum,
+        }
+
+    def path(self, version: int) -> Path:
+        return self.folder / f"v{version:08d}"
+
+    def send(self, tensors, version, rendezvous=None) -> SyncReport:
+        from safetensors.torch import save_file
+
+        start = time.perf_counter()
+        final = self.path(version)
+        tmp = self.folder / f".tmp-v{version:08d}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        digest = hashlib.sha256()
+        entries: list[tuple] = []
+        shard: dict[str, torch.Tensor] = {}
+        shard_index, shard_size, total = 0, 0, 0
+
+        def flush() -> None:
+            nonlocal shard, shard_size, shard_index
+            if shard:
+                save_file(shard, str(tmp / f"shard-{shard_index:05d}.safetensors"))
+                shard_index += 1
+            shard, shard_size = {}, 0
+
+        for name, tensor in tensors:
+            name = canonical_name(name)
+            cpu = tensor.detach().to("cpu").contiguous()
+            if shard and shard_size + cpu.nbytes > self.shard_bytes:
+                flush()
+            entries.append((name, list(cpu.shape), str(cpu.dtype).removeprefix("torch."), shard_index))
+            shard[name] = cpu
+            shard_size += cpu.nbytes
+            total += cpu.nbytes
+            if self.checksum:
+                digest.update(memoryview(cpu.view(-1).view(torch.uint8).numpy()))
+        flush()
+        manifest = {"version": version, "checksum": digest.hexdigest() if self.checksum else "", "tensors": entries}
+        (tmp / MANIFEST).write_text(json.dumps(manifest))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        self._prune(version)
+        return SyncReport(manifest["checksum"], total, time.perf_counter() - start)
+
+    def _prune(self, version: int) -> None:
+        for old in self.folder.glob("v*"):
+            try:
+                v = int(old.name[1:])
+            except ValueError:
+                continue
+            if v <= version - self.keep:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def receive(self, sink, version, rendezvous=None) -> SyncReport:
+        from safetensors import safe_open
+
+        start = time.perf_counter()
+        folder = self.path(version)
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        while not (folder / MANIFEST).is_file():
+            if time.monotonic() > deadline:
+                raise SyncFailed(
+                    f"no weights of version {version} appeared in {self.folder} "
+                    f"within {self.timeout.total_seconds():g}s"
+                )
+            time.sleep(0.02)
+        manifest = json.loads((folder / MANIFEST).read_text())
+        if manifest["version"] != version:
+            raise SyncFailed(f"{folder} holds version {manifest['version']}, not {version}")
+        entries = manifest["tensors"]
+        specs = [TensorSpec.from_json(e[:3]) for e in entries]
+        names = refit_plan(specs, sink.layout())
+        digest = hashlib.sha256()
+        total = 0
+        handles: dict[int, object] = {}
+        try:
+            for entry, target in zip(entries, names, strict=True):
+                index = entry[3]
+                if index not in handles:
+                    handles[index] = safe_open(str(folder / f"shard-{index:05d}.safetensors"), framework="pt")
+                tensor = handles[index].get_tensor(entry[0])  # type: ignore[attr-defined]
+                if self.checksum:
+                    digest.update(memoryview(tensor.view(-1).view(torch.uint8).numpy()))
+                total += tensor.nbytes
+                if sink.targets is not None:
+                    sink.targets[target].copy_(tensor)
+                else:
+                    assert sink.load is not None
+                    sink.load([(target, tensor.to(sink.device) if sink.device is not None else tensor)])
+        except (OSError, KeyError) as exc:
+            raise SyncFailed(f"reading weights of version {version} from {folder}: {exc}") from exc
+        checksum = digest.hexdigest() if self.checksum else ""
+        if self.checksum and manifest["checksum"] and checksum != manifest["checksum"]:
+            raise SyncFailed(f"weights of version {version} in {folder} are corrupt: checksum differs from manifest")
+        return SyncReport(checksum, total, time.perf_counter() - start)
