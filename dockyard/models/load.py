@@ -23,10 +23,13 @@ from dockyard.models.tokenizer import build_char_tokenizer
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def load_policy(policy: PolicyConfig, device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_policy(
+    policy: PolicyConfig, device: str = "cpu", dtype: torch.dtype | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The policy model (in `dtype`, default policy.dtype) and its tokenizer."""
     # Offline by construction: a missing folder must fail here, not trigger a download.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    dtype = DTYPES[policy.dtype]
+    dtype = dtype or DTYPES[policy.dtype]
     if policy.model_name is not None:
         path = Path(policy.model_name)
         if not (path / "config.json").is_file():
