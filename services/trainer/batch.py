@@ -49,10 +49,9 @@ def validate_groups(groups: Sequence[common_pb2.Group], vocab_size: int, max_len
             if not all(math.isfinite(x) for x in t.completion_logprobs):
                 raise BatchError(f"{where}: completion_logprobs hold a non-finite value")
             ids = [*t.prompt_token_ids, *t.completion_token_ids]
-            if min(ids) < 0 or max(ids) >= vocab_size:
-                raise BatchError(
-                    f"{where}: token id {min(ids) if min(ids) < 0 else max(ids)} is outside the vocabulary [0, {vocab_size})"
-                )
+            bad = [x for x in ids if not 0 <= x < vocab_size]
+            if bad:
+                raise BatchError(f"{where}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
             if max_length is not None and len(ids) > max_length:
                 raise BatchError(f"{where}: {len(ids)} tokens exceed the model's {max_length} positions")
             completion_tokens += len(t.completion_token_ids)

@@ -142,6 +142,7 @@ class PolicyTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.weight_version = 0
         self.data_state = ""
+        self.resumed_from: Path | None = None if resume is None else resume.path
         if resume is not None:
             self._restore(resume.path)
 

@@ -69,7 +69,8 @@ class TrainerServiceServicer:
     """
 
     def LoadPolicy(self, request, context):
-        """Load (or build) the job's policy and optimizer.
+        """Load (or build) the job's policy and optimizer, or resume them from the
+        latest checkpoint when checkpointing.resume is on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -91,7 +92,8 @@ class TrainerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SaveCheckpoint(self, request, context):
-        """Write the policy as a Hugging Face folder under the run folder.
+        """Write a checkpoint: a Hugging Face folder plus optimizer, scheduler, RNG
+        and data state; keep the top-k by the validation metric.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
