@@ -112,6 +112,8 @@ class PolicyConfig(Section):
             raise ValueError("set policy.model_name (a local model folder) or policy.model (an architecture)")
         if self.model is not None and "model_type" not in self.model:
             raise ValueError("policy.model needs a model_type, e.g. qwen2 or llama")
+        if self.sequence_packing and self.max_tokens_per_micro_batch is None:
+            raise ValueError("policy.sequence_packing needs policy.max_tokens_per_micro_batch (the packed row length)")
         return self
 
 
@@ -288,6 +290,10 @@ class MasterConfig(Section):
             errors.append(("policy.generation.backend", "the vLLM engine is not built yet; use torch"))
         if self.data.num_dataloaders > 1:
             errors.append(("data.num_dataloaders", "one training task source is supported; set it to 1"))
+        if self.policy.sequence_packing and (loss.reduction != "token" or loss.is_correction == "seq-mask-tis"):
+            errors.append(
+                ("policy.sequence_packing", "packed rows need loss_fn.reduction=token and no seq-mask-tis correction")
+            )
         if self.cluster.device == "cpu" and self.cluster.weight_sync_backend == "nccl":
             errors.append(("cluster.weight_sync_backend", "nccl needs cluster.device=cuda; use gloo on CPU"))
         if errors:

@@ -126,7 +126,11 @@ class PolicyTrainer:
         self.model, self.tokenizer = load_policy(source, device, dtype=master)
         self.model.train()
         if pcfg.activation_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            kwargs = {"use_reentrant": False}
+            if hasattr(self.model, "activation_checkpointing_enable"):  # the newer transformers name
+                self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self.reference: torch.nn.Module | None = None
         if config.loss_fn.kl_penalty > 0:
             # The reference is the job's starting policy, also when resuming from a later checkpoint.
