@@ -250,8 +250,17 @@ class CheckpointingConfig(Section):
         return self
 
 
+class SFTConfig(Section):
+    max_num_steps: int = Field(100, ge=1, description="Supervised optimizer steps of the job.")
+    batch_size: int = Field(32, ge=1, description="Demonstrations (training tasks with their reference) per step.")
+    val_period: int = Field(0, ge=0, description="Validate every this many steps; 0 = only at start/end.")
+    val_at_start: bool = Field(False, description="Validate before the first step.")
+    val_at_end: bool = Field(True, description="Validate after the last step.")
+
+
 class MasterConfig(Section):
     policy: PolicyConfig
+    sft: SFTConfig | None = Field(None, description="Present: a supervised fine-tuning job instead of GRPO.")
     loss_fn: LossConfig = Field(default_factory=LossConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)

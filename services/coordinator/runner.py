@@ -128,6 +128,9 @@ class JobRunner:
         start = await self._resume(loaded)
         await self._sync_weights(start)
         val_tasks = load_tasks(cfg, "validation")
+        if cfg.sft is not None:
+            await self._train_sft(start, val_tasks)
+            return
         if cfg.grpo.val_at_start and start == 0:
             await self._validate(0, val_tasks)
         for step in range(start + 1, cfg.grpo.max_num_steps + 1):
@@ -174,6 +177,36 @@ class JobRunner:
             await self._validate(cfg.grpo.max_num_steps, val_tasks)
         if cfg.checkpointing.enabled:
             await self._checkpoint(cfg.grpo.max_num_steps)
+
+    async def _train_sft(self, start: int, val_tasks) -> None:
+        """A supervised job: demonstrations of the training tasks, same validation and checkpoints."""
+        cfg, sft = self.config, self.config.sft
+        if sft.val_at_start and start == 0:
+            await self._validate(0, val_tasks)
+        for step in range(start + 1, sft.max_num_steps + 1):
+            t0 = time.perf_counter()
+            self._phase("training")
+            demos = [
+                trainer_pb2.Demonstration(prompt=task.prompt, completion=task.solution)
+                for task in (next(self.collector.tasks) for _ in range(sft.batch_size))
+            ]
+            reply = await self.stubs.trainer.SupervisedStep(
+                trainer_pb2.SupervisedStepRequest(job_id=self.record.job_id, step=step, demonstrations=demos),
+                timeout=self._slow,
+            )
+            metrics = {**reply.metrics, "step_seconds": time.perf_counter() - t0}
+            self.folder.append("train", step, metrics)
+            self.record.touch(step=step, weight_version=reply.weight_version, metrics=metrics)
+            last = step == sft.max_num_steps
+            if (sft.val_period and step % sft.val_period == 0 and not last) or (last and sft.val_at_end):
+                # Validation generates with the rollout: it needs this step's weights.
+                self._phase("syncing weights")
+                await self._sync_weights(reply.weight_version)
+                await self._validate(step, val_tasks)
+            if cfg.checkpointing.enabled and (
+                last or (cfg.checkpointing.save_period and step % cfg.checkpointing.save_period == 0)
+            ):
+                await self._checkpoint(step)
 
     async def _sync_weights(self, version: int) -> float:
         job_id = self.record.job_id

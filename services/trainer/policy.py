@@ -24,6 +24,8 @@ Guarantees:
 - Logprobs come from logits divided by the sampling temperature, as the rollout
   engine reports them; no reference model is held when kl_penalty is 0; the
   reference is the job's initial policy, also after a resume.
+- `sft_step` (supervised fine-tuning) shares all of the above: the same model,
+  micro-batching, sharding, optimizer, schedule, checkpoints and metrics.
 - A batch that fails `validate_groups` raises BatchError before any tensor or
   collective is touched: nothing is trained on it.
 - `save` + a new PolicyTrainer with checkpointing.resume continue bit for bit:
@@ -203,9 +205,64 @@ class PolicyTrainer:
     # -- training ----------------------------------------------------------------------------
 
     def train_step(self, groups: Sequence[common_pb2.Group]) -> dict[str, float]:
-        """One optimizer step on `groups`; the weight version advances by one."""
+        """One GRPO optimizer step on `groups`; the weight version advances by one."""
         start = time.perf_counter()
         metrics = self.accumulate_gradients(groups)
+        return self._update(metrics, start)
+
+    def sft_step(self, demonstrations: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict[str, float]:
+        """One supervised optimizer step on (prompt ids, completion ids) pairs.
+
+        The loss is the mean negative log-likelihood of every completion token of the
+        batch (prompt tokens are context only), micro-batched and sharded like GRPO.
+        """
+        start = time.perf_counter()
+        group = common_pb2.Group(
+            group_id="sft",
+            trajectories=[
+                common_pb2.Trajectory(
+                    trajectory_id=f"sft/{i}",
+                    prompt_token_ids=list(prompt),
+                    completion_token_ids=list(completion),
+                    completion_logprobs=[0.0] * len(completion),
+                    valid=True,
+                )
+                for i, (prompt, completion) in enumerate(demonstrations)
+            ],
+        )
+        validate_groups([group], self.model.config.vocab_size, self.max_positions)
+        batch = build_batch([group], self.tokenizer.pad_token_id)
+        total_tokens = float(batch.token_mask.sum())
+        micro_batches = self._plan(batch, torch.zeros(len(batch)))
+        count = self._max_over_ranks(len(micro_batches))
+        t1 = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        nll_sum = sequence_tokens = 0.0
+        for i in range(count):
+            if i >= len(micro_batches):
+                self._idle_pass(reference=False)
+                continue
+            mb = micro_batches[i].to(self.device)
+            sequence_tokens += mb.num_tokens
+            with self._autocast():
+                logprobs, _ = _forward(self.model, mb.input_ids, mb.attention_mask, mb.position_ids, 0.0, False)
+            nll = -torch.where(mb.token_mask.bool(), logprobs, 0.0).sum()
+            (nll * (self.world / total_tokens)).backward()
+            nll_sum += float(nll.detach())
+        nll_sum, sequence_tokens = self._sum_over_ranks([nll_sum, sequence_tokens])
+        metrics = {
+            "loss": nll_sum / total_tokens,
+            "num_trajectories": float(len(batch)),
+            "num_tokens": total_tokens,
+            "sequence_tokens": sequence_tokens,
+            "num_micro_batches": float(count),
+            "batch_seconds": t1 - start,
+            "forward_backward_seconds": time.perf_counter() - t1,
+        }
+        return self._update(metrics, start)
+
+    def _update(self, metrics: dict[str, float], start: float) -> dict[str, float]:
+        """Clip, optimizer and scheduler step after the gradients of a step; adds the step's metrics."""
         t_backward = time.perf_counter()
         max_norm = self.config.policy.optimizer.max_grad_norm
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -227,6 +284,20 @@ class PolicyTrainer:
         )
         return metrics
 
+    def _max_over_ranks(self, value: int) -> int:
+        if self.world == 1:
+            return value
+        n = torch.tensor([value], dtype=torch.long)
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        return int(n)
+
+    def _sum_over_ranks(self, values: list[float]) -> list[float]:
+        if self.world == 1:
+            return values
+        totals = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(totals)
+        return totals.tolist()
+
     def accumulate_gradients(self, groups: Sequence[common_pb2.Group]) -> dict[str, float]:
         """Zero the gradients, then backpropagate the step's loss over micro-batches; no update."""
         t0 = time.perf_counter()
@@ -246,11 +317,7 @@ class PolicyTrainer:
         total_tokens = float(batch.token_mask.sum().clamp(min=1))
         total_seqs = float((batch.token_mask.sum(-1) > 0).sum().clamp(min=1))
         micro_batches = self._plan(batch, advantages)
-        count = len(micro_batches)
-        if self.world > 1:
-            n = torch.tensor([count], dtype=torch.long)
-            dist.all_reduce(n, op=dist.ReduceOp.MAX)
-            count = int(n)
+        count = self._max_over_ranks(len(micro_batches))
         t1 = time.perf_counter()
 
         self.optimizer.zero_grad(set_to_none=True)
@@ -312,12 +379,7 @@ class PolicyTrainer:
             tally["nll"] += float(-torch.where(m, old, 0.0).sum())
             tally["entropy"] += float(torch.where(m, entropy, 0.0).sum())
         keys = [*sums, *tally]
-        if self.world > 1:
-            totals = torch.tensor([*sums.values(), *tally.values()], dtype=torch.float64)
-            dist.all_reduce(totals)
-            values = dict(zip(keys, totals.tolist(), strict=True))
-        else:
-            values = {**sums, **tally}
+        values = dict(zip(keys, self._sum_over_ranks([*sums.values(), *tally.values()]), strict=True))
         t2 = time.perf_counter()
 
         valid_rewards = batch.rewards[batch.valid]
@@ -346,12 +408,15 @@ class PolicyTrainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=torch.device(self.device).type, dtype=self.compute_dtype)
 
-    def _idle_pass(self) -> None:
-        """A zero-weight forward/backward, so this rank joins the FSDP collectives of the others."""
+    def _idle_pass(self, reference: bool = True) -> None:
+        """A zero-weight forward/backward, so this rank joins the FSDP collectives of the others.
+
+        `reference`: whether the other ranks' passes also run the reference model.
+        """
         ids = torch.full((1, 2), self.tokenizer.pad_token_id, dtype=torch.long, device=self.device)
         with self._autocast():
             out = self.model(input_ids=ids, use_cache=False).logits
-            if self.reference is not None:
+            if reference and self.reference is not None:
                 with torch.no_grad():
                     self.reference(input_ids=ids, use_cache=False)
         (out.float().sum() * 0.0).backward()

@@ -89,6 +89,8 @@ def follow(device: str, poll: timedelta = timedelta(seconds=30)) -> None:
                 jobs[job_id] = PolicyTrainer(config, device, Path(checkpoint_dir))
             elif method == "train":
                 jobs[job_id].train_step([common_pb2.Group.FromString(b) for b in args[0]])
+            elif method == "sft":
+                jobs[job_id].sft_step(args[0])
             elif method == "weights":
                 for _ in jobs[job_id].named_weights():
                     pass

@@ -178,6 +178,36 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 metrics=metrics,
             )
 
+    async def SupervisedStep(
+        self, request: trainer_pb2.SupervisedStepRequest, context: grpc.aio.ServicerContext
+    ) -> trainer_pb2.SupervisedStepResponse:
+        job = self._job(request.job_id)
+        async with job.lock:
+            policy = job.policy
+            expected = policy.weight_version + 1
+            if request.step != expected:
+                raise FailedPrecondition(
+                    f"the trainer has taken {policy.weight_version} steps; "
+                    f"the next step is {expected}, not {request.step}"
+                )
+            if not request.demonstrations:
+                raise InvalidArgument("empty batch: no demonstrations to train on")
+            tok = policy.tokenizer
+            rows = []
+            for i, demo in enumerate(request.demonstrations):
+                if not demo.prompt or not demo.completion:
+                    raise InvalidArgument(f"demonstrations[{i}]: prompt and completion must both be non-empty")
+                prompt = tok(demo.prompt, add_special_tokens=False)["input_ids"]
+                completion = tok(demo.completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                rows.append((prompt, completion))
+            try:
+                validate_groups_of(rows, policy)
+            except BatchError as exc:
+                raise InvalidArgument(f"batch for step {request.step} refused, nothing trained on it: {exc}") from None
+            metrics = await self._run("sft", job.job_id, (rows,), lambda: policy.sft_step(rows))
+            log.info("supervised step done", step=request.step, loss=round(metrics["loss"], 5))
+            return trainer_pb2.SupervisedStepResponse(weight_version=policy.weight_version, metrics=metrics)
+
     async def PushWeights(
         self, request: trainer_pb2.PushWeightsRequest, context: grpc.aio.ServicerContext
     ) -> trainer_pb2.PushWeightsResponse:
@@ -242,3 +272,22 @@ def checkpoint_dir(config: MasterConfig, job_id: str) -> Path:
     if config.checkpointing.checkpoint_dir is not None:
         return Path(config.checkpointing.checkpoint_dir)
     return Path(config.logger.log_dir) / job_id / "checkpoints"
+
+
+def validate_groups_of(rows: list[tuple[list[int], list[int]]], policy: PolicyTrainer) -> None:
+    """validate_groups for supervised rows, before any rank sees them."""
+    from dockyard.common.v1 import common_pb2
+
+    group = common_pb2.Group(
+        group_id="sft",
+        trajectories=[
+            common_pb2.Trajectory(
+                trajectory_id=f"demonstrations[{i}]",
+                prompt_token_ids=p,
+                completion_token_ids=c,
+                completion_logprobs=[0.0] * len(c),
+            )
+            for i, (p, c) in enumerate(rows)
+        ],
+    )
+    validate_groups([group], policy.model.config.vocab_size, policy.max_positions)

@@ -151,6 +151,28 @@ async def test_bad_batches_are_refused_and_the_trainer_keeps_training(start_serv
         await buf.PutGroup(buffer_pb2.PutGroupRequest(group=group("good", 0)))
         reply = await stub.TrainStep(pb.TrainStepRequest(job_id="job", step=1))
         assert reply.weight_version == 1 and reply.metrics["num_tokens"] > 0
+
+        # Supervised steps: the same refusals, then a step.
+        demo = pb.Demonstration(prompt="f(1)=2 f(x)=", completion="2*x")
+        await expect_code(
+            stub.SupervisedStep(pb.SupervisedStepRequest(job_id="job", step=2)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "no demonstrations",
+        )
+        await expect_code(
+            stub.SupervisedStep(
+                pb.SupervisedStepRequest(job_id="job", step=2, demonstrations=[demo, pb.Demonstration(prompt="x")])
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "demonstrations[1]",
+        )
+        await expect_code(
+            stub.SupervisedStep(pb.SupervisedStepRequest(job_id="job", step=5, demonstrations=[demo])),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "next step is 2",
+        )
+        sft = await stub.SupervisedStep(pb.SupervisedStepRequest(job_id="job", step=2, demonstrations=[demo]))
+        assert sft.weight_version == 2 and sft.metrics["num_tokens"] == 4  # "2*x" + <eos>
     assert trainer.stop() == 0
 
 

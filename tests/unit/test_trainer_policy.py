@@ -225,3 +225,16 @@ def test_warmup_then_cosine_schedule() -> None:
     factors = [policy._lr_factor(s) for s in range(7)]
     assert factors[:3] == [0.5, 1.0, 1.0]
     assert factors[2] > factors[3] > factors[4] > factors[5] > factors[6] == pytest.approx(0.1)
+
+
+def test_supervised_steps_learn_the_demonstrations(policy: PolicyTrainer) -> None:
+    tok = policy.tokenizer
+    demos = [
+        (tok("f(1)=2 f(x)=")["input_ids"], tok("2*x", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]),
+        (tok("f(1)=3 f(x)=")["input_ids"], tok("x+2", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]),
+    ]
+    losses = [policy.sft_step(demos)["loss"] for _ in range(15)]
+    assert policy.weight_version == 15
+    assert losses[-1] < losses[0] - 1.0 and losses == sorted(losses, reverse=True)
+    # The loss is the NLL of the completion tokens only: the untrained model's is about log |V|.
+    assert abs(PolicyTrainer(load_config_text(CONFIG)).sft_step(demos)["loss"] - math.log(len(tok))) < 0.5

@@ -1,8 +1,8 @@
-"""FSDP2 across 2 ranks (torchrun, gloo, CPU) takes the same step as one rank on the same batch.
+"""FSDP2 across 2 ranks (torchrun, gloo, CPU) takes the same steps as one rank on the same batch.
 
 The test runs this file under torchrun; each rank builds the same PolicyTrainer,
-takes one step on the same groups (dealt over the ranks, micro-batched under a
-token budget so the ranks run different numbers of micro-batches), then writes
+takes one GRPO step on the same groups (dealt over the ranks, micro-batched
+under a token budget) and one supervised step on the same rows, then writes
 its metrics, the gathered weights and a checkpoint. The same step taken in the
 test process (one rank, no FSDP) must give the same loss, gradient norm and
 weights, and the 2-rank checkpoint must load with AutoModelForCausalLM.
@@ -63,6 +63,9 @@ def take_step():
 
     policy = PolicyTrainer(load_config_text(CONFIG))
     metrics = policy.train_step(groups())
+    # Then a supervised step on the same rows (the SFT job's step), sharded the same way.
+    demos = [(t.prompt_token_ids, t.completion_token_ids) for g in groups() for t in g.trajectories]
+    metrics["sft_loss"] = policy.sft_step(demos)["loss"]
     weights = {name: tensor.clone() for name, tensor in policy.named_weights()}
     grads = {}
     for name, param in policy.model.named_parameters():
@@ -96,7 +99,7 @@ def test_two_ranks_take_the_single_rank_step(tmp_path: Path) -> None:
     sharded = json.loads((tmp_path / "metrics.json").read_text())
     # Several micro-batches under the token budget; the step is still the global one.
     assert single["num_micro_batches"] >= 2 and sharded["num_micro_batches"] >= 1
-    for key in ("loss", "pg_loss", "kl", "grad_norm", "entropy", "num_tokens", "gen_train_kl"):
+    for key in ("loss", "pg_loss", "kl", "grad_norm", "entropy", "num_tokens", "gen_train_kl", "sft_loss"):
         assert abs(single[key] - sharded[key]) <= 1e-5 * max(1.0, abs(single[key])), key
     assert single["grad_norm"] > 0.5  # clipping was active: the global norm must agree across ranks
     two = torch.load(tmp_path / "weights.pt")

@@ -2,7 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -54,6 +54,39 @@ class TrainStepResponse(_message.Message):
     groups_dropped_stale: int
     metrics: _containers.ScalarMap[str, float]
     def __init__(self, weight_version: _Optional[int] = ..., groups_trained: _Optional[int] = ..., trajectories_trained: _Optional[int] = ..., groups_dropped_stale: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class Demonstration(_message.Message):
+    __slots__ = ("prompt", "completion")
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    prompt: str
+    completion: str
+    def __init__(self, prompt: _Optional[str] = ..., completion: _Optional[str] = ...) -> None: ...
+
+class SupervisedStepRequest(_message.Message):
+    __slots__ = ("job_id", "step", "demonstrations")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    DEMONSTRATIONS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    step: int
+    demonstrations: _containers.RepeatedCompositeFieldContainer[Demonstration]
+    def __init__(self, job_id: _Optional[str] = ..., step: _Optional[int] = ..., demonstrations: _Optional[_Iterable[_Union[Demonstration, _Mapping]]] = ...) -> None: ...
+
+class SupervisedStepResponse(_message.Message):
+    __slots__ = ("weight_version", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    weight_version: int
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, weight_version: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class PushWeightsRequest(_message.Message):
     __slots__ = ("job_id",)
