@@ -238,3 +238,15 @@ def test_supervised_steps_learn_the_demonstrations(policy: PolicyTrainer) -> Non
     assert losses[-1] < losses[0] - 1.0 and losses == sorted(losses, reverse=True)
     # The loss is the NLL of the completion tokens only: the untrained model's is about log |V|.
     assert abs(PolicyTrainer(load_config_text(CONFIG)).sft_step(demos)["loss"] - math.log(len(tok))) < 0.5
+
+
+def test_status_summarises_the_step_metrics(policy: PolicyTrainer) -> None:
+    from dockyard.cli import trainer_summary
+
+    metrics = policy.train_step([_group(policy, ["2*x", "x+1", "x", "7"], [1.0, 0.5, 0.0, 0.0])])
+    lines = trainer_summary(metrics)
+    text = "\n".join(lines)
+    for word in ("loss", "entropy", "clip", "grad norm", "lr", "tokens/s", "|Δlogprob|", "prob error", "fwd/bwd"):
+        assert word in text, word
+    assert f"grad norm {metrics['grad_norm']:.3f}" in text
+    assert trainer_summary({}) == []
