@@ -74,13 +74,15 @@ def _forward(
     # use_cache=False: with a cache, transformers would ignore the packed-sequence position ids.
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     logits = out.logits[:, :-1].float()
-    if temperature > 0:
+    if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     log_probs = torch.log_softmax(logits, dim=-1)
     ent = None
     if entropy:
+        # In chunks of positions: a full [tokens, vocab] temporary is gigabytes at a 150k vocabulary.
         with torch.no_grad():
-            ent = -(log_probs.exp() * log_probs).sum(-1)
+            flat = log_probs.detach().flatten(0, 1)
+            ent = torch.cat([-(c.exp() * c).sum(-1) for c in flat.split(1024)]).view(log_probs.shape[:2])
     return log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1), ent
 
 
