@@ -109,3 +109,31 @@ def test_retention_keeps_the_best_k_and_the_latest(tmp_path: Path) -> None:
     assert [c.step for c in checkpoint.complete_checkpoints(tmp_path)] == [2, 4, 5]
     checkpoint.retain(tmp_path, 1, "pass_rate", higher_is_better=False)
     assert [c.step for c in checkpoint.complete_checkpoints(tmp_path)] == [5]
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("checkpointing.resume=true", ["checkpointing.resume", "checkpoint_dir"]),
+        ("policy.sequence_packing=true", ["sequence_packing", "max_tokens_per_micro_batch"]),
+        ("policy.optimizer.schedule=linear", ["policy.optimizer.schedule"]),
+        ("policy.max_tokens_per_micro_batch=0", ["policy.max_tokens_per_micro_batch"]),
+    ],
+)
+def test_trainer_config_refusals_name_the_field(override: str, words: list[str]) -> None:
+    from dockyard.config import ConfigError
+
+    text = CONFIG.replace("checkpointing: {checkpoint_dir: CKPT, resume: true}", "")
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text, [override])
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_packing_needs_token_reduction() -> None:
+    from dockyard.config import ConfigError
+
+    text = CONFIG.replace("checkpointing: {checkpoint_dir: CKPT, resume: true}", "")
+    overrides = ["policy.max_tokens_per_micro_batch=64", "policy.sequence_packing=true", "loss_fn.reduction=sequence"]
+    with pytest.raises(ConfigError, match="reduction=token"):
+        load_config_text(text, overrides)
