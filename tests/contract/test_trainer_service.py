@@ -188,6 +188,7 @@ class TorchrunTrainer(ServiceProcess):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
         cmd += ["--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "services.trainer"]
         full_env = {**os.environ, **env, "DOCKYARD_TRAINER_PORT": str(self.port), "OMP_NUM_THREADS": "1"}
+        full_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
         self.proc = subprocess.Popen(cmd, env=full_env, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT)
 
 
