@@ -163,7 +163,8 @@ class PolicyTrainer:
             return (step + 1) / opt.warmup_steps
         if opt.schedule == "constant":
             return 1.0
-        horizon = opt.decay_steps or max(1, self.config.grpo.max_num_steps - opt.warmup_steps)
+        steps = self.config.sft.max_num_steps if self.config.sft else self.config.grpo.max_num_steps
+        horizon = opt.decay_steps or max(1, steps - opt.warmup_steps)
         progress = min(1.0, (step - opt.warmup_steps) / horizon)
         return opt.min_lr_ratio + (1 - opt.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
