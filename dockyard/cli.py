@@ -102,6 +102,57 @@ def _print_job(job) -> None:
     from google.protobuf.json_format import MessageToDict
 
     print(json.dumps(MessageToDict(job, preserving_proto_field_name=True), indent=2, sort_keys=True))
+    for line in trainer_summary(dict(job.metrics)):
+        print(line)
+
+
+# (label, metric, format) of the trainer's last step, one line per group; metrics a step lacks are left out.
+_SUMMARY = (
+    (
+        "loss",
+        [
+            ("loss", "loss", ".4f"),
+            ("pg", "pg_loss", ".4f"),
+            ("kl(ref)", "kl", ".4f"),
+            ("entropy", "entropy", ".3f"),
+            ("clip", "clip_fraction", ".3f"),
+            ("dual-clip", "dual_clip_fraction", ".3f"),
+        ],
+    ),
+    (
+        "optim",
+        [("grad norm", "grad_norm", ".3f"), ("lr", "lr", ".3g"), ("tokens/s", "tokens_per_second", ".0f")],
+    ),
+    (
+        "gen vs train",
+        [
+            ("|Δlogprob|", "gen_train_logprob_abs_diff", ".4f"),
+            ("prob error", "gen_train_prob_error", ".4f"),
+            ("kl", "gen_train_kl", ".4f"),
+        ],
+    ),
+    (
+        "seconds",
+        [
+            ("generate+score", "generate_score_seconds", ".2f"),
+            ("train", "train_step_seconds", ".2f"),
+            ("fwd/bwd", "forward_backward_seconds", ".2f"),
+            ("optimizer", "optimizer_seconds", ".2f"),
+            ("weight sync", "weight_sync_seconds", ".2f"),
+            ("step", "step_seconds", ".2f"),
+        ],
+    ),
+)
+
+
+def trainer_summary(metrics: dict[str, float]) -> list[str]:
+    """Readable lines of a step's trainer metrics (what `dockyard status JOB` prints under the JSON)."""
+    lines = []
+    for label, fields in _SUMMARY:
+        parts = [f"{name} {metrics[key]:{fmt}}" for name, key, fmt in fields if key in metrics]
+        if parts:
+            lines.append(f"{label + ':':<14}" + "  ".join(parts))
+    return lines
 
 
 async def _submit(address: str, yaml_text: str) -> str:

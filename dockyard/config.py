@@ -66,7 +66,12 @@ class OptimizerConfig(Section):
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon.")
-    warmup_steps: int = Field(0, ge=0, description="Linear warmup, then constant.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup over this many steps.")
+    schedule: Literal["constant", "cosine"] = Field("constant", description="Learning rate after the warmup.")
+    decay_steps: int | None = Field(
+        None, ge=1, description="Cosine: steps from the end of warmup to min_lr_ratio; null = grpo.max_num_steps."
+    )
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Cosine: final lr as a fraction of lr.")
     max_grad_norm: float | None = Field(1.0, gt=0.0, description="Clip gradients by global norm; null = off.")
 
 
@@ -91,9 +96,21 @@ class PolicyConfig(Section):
         description="Architecture to build with random weights when model_name is null: model_type + config kwargs.",
     )
     bootstrap: BootstrapConfig | None = Field(None, description="Writes model_name before the job when it is missing.")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype.")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Compute dtype of forward/backward, and the dtype the rollout holds."
+    )
+    master_weights_fp32: bool = Field(
+        True, description="With dtype bfloat16, the trainer keeps fp32 parameters and optimizer state."
+    )
+    activation_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     train_global_batch_size: int = Field(64, ge=1, description="Trajectories per optimizer step.")
-    train_micro_batch_size: int = Field(16, ge=1, description="Trajectories per forward/backward.")
+    train_micro_batch_size: int = Field(16, ge=1, description="Most trajectories per forward/backward.")
+    max_tokens_per_micro_batch: int | None = Field(
+        None, ge=1, description="Token budget of a micro-batch (padded rows × length); null = rows only."
+    )
+    sequence_packing: bool = Field(
+        False, description="Concatenate several sequences into one row (no padding) up to the token budget."
+    )
     seed: int = Field(0, description="Seed of random initialisation and of the trainer's RNG.")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
@@ -104,6 +121,8 @@ class PolicyConfig(Section):
             raise ValueError("set policy.model_name (a local model folder) or policy.model (an architecture)")
         if self.model is not None and "model_type" not in self.model:
             raise ValueError("policy.model needs a model_type, e.g. qwen2 or llama")
+        if self.sequence_packing and self.max_tokens_per_micro_batch is None:
+            raise ValueError("policy.sequence_packing needs policy.max_tokens_per_micro_batch (the packed row length)")
         return self
 
 
@@ -244,10 +263,32 @@ class LoggerConfig(Section):
 class CheckpointingConfig(Section):
     enabled: bool = True
     save_period: int = Field(0, ge=0, description="Save every this many steps; 0 = only at the end.")
+    checkpoint_dir: str | None = Field(None, description="Checkpoints go here; null = <log_dir>/<job_id>/checkpoints.")
+    keep_top_k: int | None = Field(
+        None, ge=1, description="Keep the k best by metric_name, plus the latest; null = keep all."
+    )
+    metric_name: str = Field("pass_rate", min_length=1, description="Validation metric that ranks checkpoints.")
+    higher_is_better: bool = Field(True, description="Direction of metric_name.")
+    resume: bool = Field(False, description="Start from the latest checkpoint in checkpoint_dir, if there is one.")
+
+    @model_validator(mode="after")
+    def _resume_needs_dir(self) -> CheckpointingConfig:
+        if self.resume and self.checkpoint_dir is None:
+            raise ValueError("checkpointing.resume needs checkpointing.checkpoint_dir (a folder shared by the runs)")
+        return self
+
+
+class SFTConfig(Section):
+    max_num_steps: int = Field(100, ge=1, description="Supervised optimizer steps of the job.")
+    batch_size: int = Field(32, ge=1, description="Demonstrations (training tasks with their reference) per step.")
+    val_period: int = Field(0, ge=0, description="Validate every this many steps; 0 = only at start/end.")
+    val_at_start: bool = Field(False, description="Validate before the first step.")
+    val_at_end: bool = Field(True, description="Validate after the last step.")
 
 
 class MasterConfig(Section):
     policy: PolicyConfig
+    sft: SFTConfig | None = Field(None, description="Present: a supervised fine-tuning job instead of GRPO.")
     loss_fn: LossConfig = Field(default_factory=LossConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
@@ -299,6 +340,10 @@ class MasterConfig(Section):
                 errors.append(
                     ("data.validation.path", "must lie in the same folder as data.train.path (one task root)")
                 )
+        if self.policy.sequence_packing and (loss.reduction != "token" or loss.is_correction == "seq-mask-tis"):
+            errors.append(
+                ("policy.sequence_packing", "packed rows need loss_fn.reduction=token and no seq-mask-tis correction")
+            )
         if self.cluster.device == "cpu" and self.cluster.weight_sync_backend == "nccl":
             errors.append(("cluster.weight_sync_backend", "nccl needs cluster.device=cuda; use gloo on CPU"))
         if errors:

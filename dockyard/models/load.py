@@ -3,7 +3,8 @@
 A local Hugging Face folder goes through AutoModelForCausalLM/AutoTokenizer
 .from_pretrained, exactly as a real checkpoint would; an architecture given
 in `policy.model` is built with random weights and the built-in character
-tokenizer. Nothing is ever downloaded from a hub. A missing folder raises
+tokenizer (its vocabulary size unless `policy.model` names a larger
+`vocab_size`). Nothing is ever downloaded from a hub. A missing folder raises
 FileNotFoundError (it may appear later); an architecture that cannot be
 built raises ConfigError (it never will).
 """
@@ -23,10 +24,13 @@ from dockyard.models.tokenizer import build_char_tokenizer
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def load_policy(policy: PolicyConfig, device: str = "cpu") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def load_policy(
+    policy: PolicyConfig, device: str = "cpu", dtype: torch.dtype | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The policy model (in `dtype`, default policy.dtype) and its tokenizer."""
     # Offline by construction: a missing folder must fail here, not trigger a download.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    dtype = DTYPES[policy.dtype]
+    dtype = dtype or DTYPES[policy.dtype]
     if policy.model_name is not None:
         path = Path(policy.model_name)
         if not (path / "config.json").is_file():
@@ -37,8 +41,14 @@ def load_policy(policy: PolicyConfig, device: str = "cpu") -> tuple[PreTrainedMo
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     else:
         tokenizer = build_char_tokenizer()
+        # A vocab_size in policy.model builds a model of real shape (e.g. for benchmarks) beside the
+        # small character tokenizer, whose ids are all below it.
+        fields = dict(policy.model)
+        vocab_size = int(fields.pop("vocab_size", len(tokenizer)))
+        if vocab_size < len(tokenizer):
+            raise ConfigError(f"policy.model.vocab_size={vocab_size} is smaller than the tokenizer's {len(tokenizer)}")
         try:
-            model = build_random_model(policy.model, vocab_size=len(tokenizer), seed=policy.seed).to(dtype)
+            model = build_random_model(fields, vocab_size=vocab_size, seed=policy.seed).to(dtype)
         except (ValueError, TypeError, RuntimeError) as exc:
             raise ConfigError(f"policy.model: cannot build a {policy.model.get('model_type')!r} model: {exc}") from None
     if tokenizer.pad_token_id is None:

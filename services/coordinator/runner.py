@@ -1,19 +1,22 @@
 """One job's synchronous (on-policy) GRPO loop, driven from the coordinator.
 
-    load policy (trainer, rollout) ─> weights v0 ─> [validate]
-    for step in 1..max_num_steps:
+    load policy (trainer, rollout; the trainer may resume at step k) ─> weights vk ─> [validate]
+    for step in k+1..max_num_steps:
         collect (generate ─> score ─> buffer) ─> TrainStep ─> weight sync ─> [validate] [checkpoint]
     [validate] ─> checkpoint ─> SUCCEEDED
 
 Guarantees: generation for step s uses the weights of version s − 1 (the
 rollout holds exactly the trainer's weights: both sides' checksums must
-agree after every sync); the job ends FAILED with the cause in its message
+agree after every sync); a checkpoint carries the validation metrics of its
+step (they rank it for top-k retention) and the number of training tasks drawn,
+so a resumed job draws the same tasks an uninterrupted one would; the job ends FAILED with the cause in its message
 on any error, CANCELLED on CancelJob, and both policies are unloaded either way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +44,22 @@ class Stubs:
     sandbox: sandbox_pb2_grpc.SandboxServiceStub
 
 
+class CountingIterator:
+    """Wraps an iterator and counts the items taken from it."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.count = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = next(self.inner)
+        self.count += 1
+        return item
+
+
 class JobRunner:
     def __init__(self, record: JobRecord, stubs: Stubs, settings: CoordinatorSettings) -> None:
         self.record = record
@@ -59,6 +78,8 @@ class JobRunner:
             generate_timeout=settings.generate_timeout_seconds,
         )
         self._slow = settings.train_timeout_seconds
+        self._validated: tuple[int, dict[str, float]] = (-1, {})
+        self._tasks_drawn = CountingIterator(iter(()))
 
     def _phase(self, phase: str) -> None:
         self.record.touch(phase=phase)
@@ -96,7 +117,7 @@ class JobRunner:
             )
         )
         yaml_text = record.config_yaml
-        await asyncio.gather(
+        loaded, _ = await asyncio.gather(
             stubs.trainer.LoadPolicy(
                 trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=yaml_text), timeout=self._slow
             ),
@@ -104,11 +125,15 @@ class JobRunner:
                 rollout_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=yaml_text), timeout=self._slow
             ),
         )
-        await self._sync_weights(0)
+        start = await self._resume(loaded)
+        await self._sync_weights(start)
         val_tasks = load_tasks(cfg, "validation")
-        if cfg.grpo.val_at_start:
+        if cfg.sft is not None:
+            await self._train_sft(start, val_tasks)
+            return
+        if cfg.grpo.val_at_start and start == 0:
             await self._validate(0, val_tasks)
-        for step in range(1, cfg.grpo.max_num_steps + 1):
+        for step in range(start + 1, cfg.grpo.max_num_steps + 1):
             t0 = time.perf_counter()
             self._phase("generating")
             stats = await self.collector.collect_step(step)
@@ -145,12 +170,43 @@ class JobRunner:
                 cfg.checkpointing.enabled
                 and cfg.checkpointing.save_period
                 and step % cfg.checkpointing.save_period == 0
+                and not last
             ):
-                await self._checkpoint()
-        if cfg.grpo.val_at_end:
+                await self._checkpoint(step)
+        if cfg.grpo.val_at_end and start < cfg.grpo.max_num_steps:
             await self._validate(cfg.grpo.max_num_steps, val_tasks)
         if cfg.checkpointing.enabled:
-            await self._checkpoint()
+            await self._checkpoint(cfg.grpo.max_num_steps)
+
+    async def _train_sft(self, start: int, val_tasks) -> None:
+        """A supervised job: demonstrations of the training tasks, same validation and checkpoints."""
+        cfg, sft = self.config, self.config.sft
+        if sft.val_at_start and start == 0:
+            await self._validate(0, val_tasks)
+        for step in range(start + 1, sft.max_num_steps + 1):
+            t0 = time.perf_counter()
+            self._phase("training")
+            demos = [
+                trainer_pb2.Demonstration(prompt=task.prompt, completion=task.solution)
+                for task in (next(self.collector.tasks) for _ in range(sft.batch_size))
+            ]
+            reply = await self.stubs.trainer.SupervisedStep(
+                trainer_pb2.SupervisedStepRequest(job_id=self.record.job_id, step=step, demonstrations=demos),
+                timeout=self._slow,
+            )
+            metrics = {**reply.metrics, "step_seconds": time.perf_counter() - t0}
+            self.folder.append("train", step, metrics)
+            self.record.touch(step=step, weight_version=reply.weight_version, metrics=metrics)
+            last = step == sft.max_num_steps
+            if (sft.val_period and step % sft.val_period == 0 and not last) or (last and sft.val_at_end):
+                # Validation generates with the rollout: it needs this step's weights.
+                self._phase("syncing weights")
+                await self._sync_weights(reply.weight_version)
+                await self._validate(step, val_tasks)
+            if cfg.checkpointing.enabled and (
+                last or (cfg.checkpointing.save_period and step % cfg.checkpointing.save_period == 0)
+            ):
+                await self._checkpoint(step)
 
     async def _sync_weights(self, version: int) -> float:
         job_id = self.record.job_id
@@ -167,19 +223,46 @@ class JobRunner:
             )
         return max(pushed.seconds, received.seconds)
 
+    async def _resume(self, loaded: trainer_pb2.LoadPolicyResponse) -> int:
+        """The step the trainer stands at; on a resume, move the task stream to where it was."""
+        # Counting the tasks drawn is what a checkpoint records as the data position.
+        self.collector.tasks = self._tasks_drawn = CountingIterator(self.collector.tasks)
+        if not loaded.resumed_from:
+            return 0
+        drawn = int(json.loads(loaded.data_state or "{}").get("tasks_drawn", 0))
+        for _ in range(drawn):
+            next(self._tasks_drawn)
+        self._tasks_drawn.count = drawn
+        # The buffer's clock (age bound, puts from the future) starts at the resumed version.
+        await self.stubs.buffer.AckGroups(
+            buffer_pb2.AckGroupsRequest(job_id=self.record.job_id, weight_version=loaded.weight_version), timeout=10
+        )
+        self.folder.append("resume", loaded.weight_version, {"tasks_drawn": float(drawn)})
+        log.info("resumed", checkpoint=loaded.resumed_from, step=loaded.weight_version, tasks_drawn=drawn)
+        self.record.touch(step=loaded.weight_version, weight_version=loaded.weight_version)
+        return loaded.weight_version
+
     async def _validate(self, step: int, tasks) -> None:
         self._phase("validating")
         values = await self.collector.validate(tasks, self.record.weight_version)
+        self._validated = (step, values)
         self.folder.append("validation", step, values)
         self.record.touch(validation_metrics=values)
         log.info("validation", step=step, pass_rate=round(values["pass_rate"], 4))
 
-    async def _checkpoint(self) -> None:
+    async def _checkpoint(self, step: int) -> None:
         self._phase("checkpointing")
+        # Only a validation of this very step ranks the checkpoint; an older one would flatter it.
+        measured, values = self._validated
         reply = await self.stubs.trainer.SaveCheckpoint(
-            trainer_pb2.SaveCheckpointRequest(job_id=self.record.job_id), timeout=self._slow
+            trainer_pb2.SaveCheckpointRequest(
+                job_id=self.record.job_id,
+                metrics=values if measured == step else {},
+                data_state=json.dumps({"tasks_drawn": self._tasks_drawn.count}),
+            ),
+            timeout=self._slow,
         )
-        log.info("checkpoint saved", path=reply.path, step=reply.step)
+        log.info("checkpoint saved", path=reply.path, step=reply.step, removed=len(reply.removed))
 
     async def _buffer_metrics(self) -> dict[str, float]:
         stats = await self.stubs.buffer.GetStats(buffer_pb2.GetStatsRequest(job_id=self.record.job_id), timeout=10)

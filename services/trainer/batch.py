@@ -8,17 +8,55 @@
 Guarantees: position t of the [B, L-1] tensors scores token t+1 of the
 sequence, so `log_softmax(logits[:, :-1])` gathered at `input_ids[:, 1:]`
 lines up with token_mask and generation_logprobs; only completion tokens are
-in token_mask.
+in token_mask. `validate_groups` rejects, before any tensor is built, every
+batch the trainer cannot learn from (no trajectories, no completion tokens,
+a logprob count that differs from the token count, a non-finite reward or
+logprob, a token id outside the vocabulary, a sequence longer than the
+model's positions), naming the group and trajectory; it raises BatchError.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from dockyard.common.v1 import common_pb2
+
+
+class BatchError(ValueError):
+    """A batch the trainer refuses; nothing is trained on it."""
+
+
+def validate_groups(groups: Sequence[common_pb2.Group], vocab_size: int, max_length: int | None) -> None:
+    if not groups or not any(g.trajectories for g in groups):
+        raise BatchError("empty batch: no trajectories to train on")
+    completion_tokens = 0
+    for g in groups:
+        for i, t in enumerate(g.trajectories):
+            where = f"group {g.group_id!r} trajectories[{i}] ({t.trajectory_id!r})"
+            if not t.prompt_token_ids:
+                raise BatchError(f"{where}: empty prompt_token_ids")
+            if len(t.completion_logprobs) != len(t.completion_token_ids):
+                raise BatchError(
+                    f"{where}: {len(t.completion_logprobs)} completion_logprobs for "
+                    f"{len(t.completion_token_ids)} completion_token_ids"
+                )
+            if not math.isfinite(t.reward):
+                raise BatchError(f"{where}: reward is {t.reward}, not a finite number")
+            if not all(math.isfinite(x) for x in t.completion_logprobs):
+                raise BatchError(f"{where}: completion_logprobs hold a non-finite value")
+            ids = [*t.prompt_token_ids, *t.completion_token_ids]
+            bad = [x for x in ids if not 0 <= x < vocab_size]
+            if bad:
+                raise BatchError(f"{where}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+            if max_length is not None and len(ids) > max_length:
+                raise BatchError(f"{where}: {len(ids)} tokens exceed the model's {max_length} positions")
+            completion_tokens += len(t.completion_token_ids)
+    if completion_tokens == 0:
+        raise BatchError("empty batch: no trajectory has a completion token")
 
 
 @dataclass

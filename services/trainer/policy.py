@@ -1,98 +1,312 @@
-"""One job's policy on the trainer: GRPO optimizer steps and checkpoints.
+"""One job's policy on the trainer: GRPO optimizer steps and checkpoints, on one rank or many.
 
-    groups ─build_batch─> advantages (compute_advantages)
-                          logprobs of π_θ (and π_ref when kl_penalty > 0), micro-batched
-                          clipped_pg_loss ─backward─> clip grad norm ─> AdamW step
-                          weight_version += 1
+    groups ─validate─> build_batch ─> advantages (compute_advantages)
+           ─> this rank's rows (sorted by length, dealt round-robin over ranks)
+           ─> micro-batches (≤ train_micro_batch_size rows, ≤ max_tokens_per_micro_batch tokens,
+                             or packed rows of several sequences)
+           ─> logprobs of π_θ (and π_ref when kl_penalty > 0) ─> clipped_pg_loss ─backward─>
+           ─> clip grad norm ─> AdamW step ─> scheduler step ─> weight_version += 1
 
-Guarantees: the loss of a step is the configured reduction over the whole
-global batch whatever the micro-batch size (each micro-batch's loss is
-weighted by its share of tokens or sequences); logprobs are computed from
-logits divided by the sampling temperature, as the rollout engine reports
-them; no reference model is held when kl_penalty is 0.
+Guarantees:
+- The loss of a step is the configured reduction over the whole global batch,
+  whatever the micro-batching, packing or number of ranks: each micro-batch's
+  loss is weighted by its share of the global tokens (or sequences), and the
+  gradients of the ranks are summed. Every rank runs the same number of
+  forward/backward passes (ranks with fewer rows run zero-weight passes), so
+  the FSDP collectives stay in step.
+- With more than one rank (torch.distributed initialised, e.g. by torchrun)
+  the policy is sharded with FSDP2 (`fully_shard` per decoder layer, then the
+  root); every public method is collective and must be called on every rank in
+  the same order, with the same arguments.
+- With dtype bfloat16 and master_weights_fp32, parameters and optimizer state
+  stay fp32 and forward/backward run in bf16 (autocast on one rank, FSDP2's
+  mixed-precision policy on many, gradients reduced in fp32).
+- Logprobs come from logits divided by the sampling temperature, as the rollout
+  engine reports them; no reference model is held when kl_penalty is 0; the
+  reference is the job's initial policy, also after a resume.
+- `sft_step` (supervised fine-tuning) shares all of the above: the same model,
+  micro-batching, sharding, optimizer, schedule, checkpoints and metrics.
+- A batch that fails `validate_groups` raises BatchError before any tensor or
+  collective is touched: nothing is trained on it.
+- `save` + a new PolicyTrainer with checkpointing.resume continue bit for bit:
+  weights, optimizer and scheduler state, every rank's RNG, the step.
 """
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import math
-import os
-import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from transformers import PreTrainedModel
 
 from dockyard.algorithms import clipped_pg_loss, compute_advantages
 from dockyard.common.v1 import common_pb2
 from dockyard.config import MasterConfig
-from dockyard.models.load import load_policy
-from services.trainer.batch import Batch, build_batch
+from dockyard.models.load import DTYPES, load_policy
+from services.trainer import checkpoint
+from services.trainer.batch import Batch, build_batch, validate_groups
 
 _LOSS_STATS = ("pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "is_weight_mean", "ratio_mean")
 
 
 def token_logprobs(model: PreTrainedModel, batch: Batch, temperature: float) -> torch.Tensor:
     """[B, L-1] logprob of each next token under `model`, at the sampling temperature."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
-    if temperature > 0:
+    logprobs, _ = _forward(model, batch.input_ids, batch.attention_mask, None, temperature, entropy=False)
+    return logprobs
+
+
+def _forward(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    temperature: float,
+    entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Sampled-token logprobs [B, L-1] and, when asked, the policy's entropy per position (no grad)."""
+    # use_cache=False: with a cache, transformers would ignore the packed-sequence position ids.
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    logits = out.logits[:, :-1].float()
+    if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    log_probs = torch.log_softmax(logits, dim=-1)
+    ent = None
+    if entropy:
+        # In chunks of positions: a full [tokens, vocab] temporary is gigabytes at a 150k vocabulary.
+        with torch.no_grad():
+            flat = log_probs.detach().flatten(0, 1)
+            ent = torch.cat([-(c.exp() * c).sum(-1) for c in flat.split(1024)]).view(log_probs.shape[:2])
+    return log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1), ent
+
+
+@dataclass
+class MicroBatch:
+    """Rows for one forward/backward: padded rows, or packed rows with restarting position ids."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor | None  # None for packed rows: the position ids delimit the sequences
+    position_ids: torch.Tensor | None
+    token_mask: torch.Tensor
+    generation_logprobs: torch.Tensor
+    advantages: torch.Tensor  # per token
+    num_sequences: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel()) if self.attention_mask is None else int(self.attention_mask.sum())
+
+    def to(self, device: str) -> MicroBatch:
+        return MicroBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()})
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 class PolicyTrainer:
-    def __init__(self, config: MasterConfig, device: str = "cpu") -> None:
+    def __init__(self, config: MasterConfig, device: str = "cpu", checkpoint_dir: Path | None = None) -> None:
         self.config = config
         self.device = device
-        torch.manual_seed(config.policy.seed)
-        self.model, self.tokenizer = load_policy(config.policy, device)
+        self.rank, self.world = _world()
+        self.checkpoint_dir = checkpoint_dir
+        pcfg = config.policy
+        torch.manual_seed(pcfg.seed)
+        resume = None
+        if config.checkpointing.resume and checkpoint_dir is not None:
+            resume = checkpoint.latest(checkpoint_dir)
+        self.compute_dtype = DTYPES[pcfg.dtype]
+        master = torch.float32 if pcfg.master_weights_fp32 else self.compute_dtype
+        self.sync_dtype = self.compute_dtype
+        source = pcfg if resume is None else pcfg.model_copy(update={"model_name": str(resume.path)})
+        self.model, self.tokenizer = load_policy(source, device, dtype=master)
         self.model.train()
-        self.reference: PreTrainedModel | None = None
+        if pcfg.activation_checkpointing:
+            kwargs = {"use_reentrant": False}
+            if hasattr(self.model, "activation_checkpointing_enable"):  # the newer transformers name
+                self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        self.reference: torch.nn.Module | None = None
         if config.loss_fn.kl_penalty > 0:
-            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        opt = config.policy.optimizer
+            # The reference is the job's starting policy, also when resuming from a later checkpoint.
+            self.reference, _ = load_policy(pcfg, device, dtype=master)
+            self.reference.eval().requires_grad_(False)
+        self.autocast = master != self.compute_dtype
+        if self.world > 1:
+            self._shard()
+        opt = pcfg.optimizer
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
         )
-        warmup = opt.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
-        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.weight_version = 0
+        self.data_state = ""
+        self.resumed_from: Path | None = None if resume is None else resume.path
+        if resume is not None:
+            self._restore(resume.path)
+
+    # -- setup -------------------------------------------------------------------------------
+
+    def _lr_factor(self, step: int) -> float:
+        """lr multiplier before optimizer step `step + 1`: linear warmup, then constant or cosine."""
+        opt = self.config.policy.optimizer
+        if step < opt.warmup_steps:
+            return (step + 1) / opt.warmup_steps
+        if opt.schedule == "constant":
+            return 1.0
+        steps = self.config.sft.max_num_steps if self.config.sft else self.config.grpo.max_num_steps
+        horizon = opt.decay_steps or max(1, steps - opt.warmup_steps)
+        progress = min(1.0, (step - opt.warmup_steps) / horizon)
+        return opt.min_lr_ratio + (1 - opt.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def _shard(self) -> None:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        kwargs: dict[str, Any] = {}
+        if self.autocast:
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
+            self.autocast = False  # FSDP casts the gathered parameters itself
+        for model in (self.model, self.reference):
+            if model is None:
+                continue
+            blocks = set(getattr(model, "_no_split_modules", None) or ())
+            for module in model.modules():
+                if type(module).__name__ in blocks:
+                    fully_shard(module, **kwargs)
+            fully_shard(model, **kwargs)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
-    def named_weights(self) -> list[tuple[str, torch.Tensor]]:
-        """What the weight sync broadcasts: named_parameters order (tied weights once), as the engine names them."""
-        return [(name, p.data) for name, p in self.model.named_parameters()]
+    @property
+    def max_positions(self) -> int | None:
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+    # -- weights -----------------------------------------------------------------------------
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, full tensor) in named_parameters order (tied weights once), in the rollout's dtype.
+
+        Collective with more than one rank: every rank must drain the iterator. One
+        parameter is gathered at a time, so at most one tensor beyond the shards exists.
+        """
+        for name, param in self.model.named_parameters():
+            tensor = param.detach()
+            if hasattr(tensor, "full_tensor"):
+                tensor = tensor.full_tensor()
+            yield name, tensor.to(self.sync_dtype)
+
+    # -- training ----------------------------------------------------------------------------
 
     def train_step(self, groups: Sequence[common_pb2.Group]) -> dict[str, float]:
-        """One optimizer step on `groups`; the weight version advances by one."""
+        """One GRPO optimizer step on `groups`; the weight version advances by one."""
         start = time.perf_counter()
         metrics = self.accumulate_gradients(groups)
+        return self._update(metrics, start)
+
+    def sft_step(self, demonstrations: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict[str, float]:
+        """One supervised optimizer step on (prompt ids, completion ids) pairs.
+
+        The loss is the mean negative log-likelihood of every completion token of the
+        batch (prompt tokens are context only), micro-batched and sharded like GRPO.
+        """
+        start = time.perf_counter()
+        group = common_pb2.Group(
+            group_id="sft",
+            trajectories=[
+                common_pb2.Trajectory(
+                    trajectory_id=f"sft/{i}",
+                    prompt_token_ids=list(prompt),
+                    completion_token_ids=list(completion),
+                    completion_logprobs=[0.0] * len(completion),
+                    valid=True,
+                )
+                for i, (prompt, completion) in enumerate(demonstrations)
+            ],
+        )
+        validate_groups([group], self.model.config.vocab_size, self.max_positions)
+        batch = build_batch([group], self.tokenizer.pad_token_id)
+        total_tokens = float(batch.token_mask.sum())
+        micro_batches = self._plan(batch, torch.zeros(len(batch)))
+        count = self._max_over_ranks(len(micro_batches))
+        t1 = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        nll_sum = sequence_tokens = 0.0
+        for i in range(count):
+            if i >= len(micro_batches):
+                self._idle_pass(reference=False)
+                continue
+            mb = micro_batches[i].to(self.device)
+            sequence_tokens += mb.num_tokens
+            with self._autocast():
+                logprobs, _ = _forward(self.model, mb.input_ids, mb.attention_mask, mb.position_ids, 0.0, False)
+            nll = -torch.where(mb.token_mask.bool(), logprobs, 0.0).sum()
+            (nll * (self.world / total_tokens)).backward()
+            nll_sum += float(nll.detach())
+        nll_sum, sequence_tokens = self._sum_over_ranks([nll_sum, sequence_tokens])
+        metrics = {
+            "loss": nll_sum / total_tokens,
+            "num_trajectories": float(len(batch)),
+            "num_tokens": total_tokens,
+            "sequence_tokens": sequence_tokens,
+            "num_micro_batches": float(count),
+            "batch_seconds": t1 - start,
+            "forward_backward_seconds": time.perf_counter() - t1,
+        }
+        return self._update(metrics, start)
+
+    def _update(self, metrics: dict[str, float], start: float) -> dict[str, float]:
+        """Clip, optimizer and scheduler step after the gradients of a step; adds the step's metrics."""
+        t_backward = time.perf_counter()
         max_norm = self.config.policy.optimizer.max_grad_norm
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
         self.weight_version += 1
-        seconds = time.perf_counter() - start
+        end = time.perf_counter()
+        seconds = end - start
         metrics.update(
             grad_norm=float(grad_norm),
             train_seconds=seconds,
-            tokens_per_second=metrics["num_tokens"] / seconds,
+            optimizer_seconds=end - t_backward,
+            tokens_per_second=metrics["sequence_tokens"] / seconds,
             weight_version=float(self.weight_version),
         )
         return metrics
 
+    def _max_over_ranks(self, value: int) -> int:
+        if self.world == 1:
+            return value
+        n = torch.tensor([value], dtype=torch.long)
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        return int(n)
+
+    def _sum_over_ranks(self, values: list[float]) -> list[float]:
+        if self.world == 1:
+            return values
+        totals = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(totals)
+        return totals.tolist()
+
     def accumulate_gradients(self, groups: Sequence[common_pb2.Group]) -> dict[str, float]:
         """Zero the gradients, then backpropagate the step's loss over micro-batches; no update."""
+        t0 = time.perf_counter()
         cfg, loss_cfg = self.config, self.config.loss_fn
         temperature = cfg.policy.generation.temperature
+        validate_groups(groups, self.model.config.vocab_size, self.max_positions)
         batch = build_batch(groups, self.tokenizer.pad_token_id)
         advantages = compute_advantages(
             batch.rewards,
@@ -103,33 +317,43 @@ class PolicyTrainer:
         )
         # Infrastructure failures carry no learning signal: they leave the loss entirely.
         batch.token_mask = batch.token_mask * batch.valid[:, None].float()
-        batch = _to(batch, self.device)
-        advantages = advantages.to(self.device)
         total_tokens = float(batch.token_mask.sum().clamp(min=1))
         total_seqs = float((batch.token_mask.sum(-1) > 0).sum().clamp(min=1))
+        micro_batches = self._plan(batch, advantages)
+        count = self._max_over_ranks(len(micro_batches))
+        t1 = time.perf_counter()
 
         self.optimizer.zero_grad(set_to_none=True)
         sums = dict.fromkeys(("loss", *_LOSS_STATS), 0.0)
-        nll = abs_delta = kl = 0.0
-        micro = cfg.policy.train_micro_batch_size
-        for lo in range(0, len(batch), micro):
-            mb, mb_adv = batch.slice(lo, lo + micro), advantages[lo : lo + micro]
-            mb_tokens = float(mb.token_mask.sum())
-            if mb_tokens == 0:
+        tally = dict.fromkeys(("nll", "abs_delta", "kl", "entropy", "sequence_tokens"), 0.0)
+        # FSDP averages gradients over ranks; the step's loss is their sum.
+        scale = float(self.world)
+        for i in range(count):
+            if i >= len(micro_batches):
+                self._idle_pass()
                 continue
-            logprobs = token_logprobs(self.model, mb, temperature)
-            reference = None
-            if self.reference is not None:
-                with torch.no_grad():
-                    reference = token_logprobs(self.reference, mb, temperature)
+            mb = micro_batches[i].to(self.device)
+            tally["sequence_tokens"] += mb.num_tokens
+            with self._autocast():
+                logprobs, entropy = _forward(
+                    self.model, mb.input_ids, mb.attention_mask, mb.position_ids, temperature, entropy=True
+                )
+                reference = None
+                if self.reference is not None:
+                    with torch.no_grad():
+                        reference, _ = _forward(
+                            self.reference, mb.input_ids, mb.attention_mask, mb.position_ids, temperature, False
+                        )
+            mask = mb.token_mask
+            mb_tokens = float(mask.sum())
             # One optimizer step per batch: the pre-update policy is the current one, so
             # its logprobs are these values, detached (ρ = 1 with the gradient of ρ).
             old = logprobs.detach()
             loss, stats = clipped_pg_loss(
                 logprobs,
                 old,
-                mb_adv,
-                mb.token_mask,
+                mb.advantages,
+                mask,
                 generation_logprobs=mb.generation_logprobs,
                 reference_logprobs=reference,
                 clip_low=loss_cfg.clip_low,
@@ -146,44 +370,189 @@ class PolicyTrainer:
             if loss_cfg.reduction == "token":
                 share = mb_tokens / total_tokens
             else:
-                share = float((mb.token_mask.sum(-1) > 0).sum()) / total_seqs
-            (loss * share).backward()
+                share = float((mask.sum(-1) > 0).sum()) / total_seqs
+            (loss * (share * scale)).backward()
             sums["loss"] += float(loss.detach()) * share
             for key in _LOSS_STATS:
                 sums[key] += stats[key] * share
-            delta = (old - mb.generation_logprobs) * mb.token_mask
-            abs_delta += float(delta.abs().sum())
-            kl += float((-delta).sum())  # k1 estimate of KL(π_gen ‖ π_train) on π_gen's samples
-            nll += float(-(old * mb.token_mask).sum())
+            m = mask.bool()
+            delta = torch.where(m, old - mb.generation_logprobs, 0.0)
+            tally["abs_delta"] += float(delta.abs().sum())
+            tally["kl"] += float((-delta).sum())  # k1 estimate of KL(π_gen ‖ π_train) on π_gen's samples
+            tally["nll"] += float(-torch.where(m, old, 0.0).sum())
+            tally["entropy"] += float(torch.where(m, entropy, 0.0).sum())
+        keys = [*sums, *tally]
+        values = dict(zip(keys, self._sum_over_ranks([*sums.values(), *tally.values()]), strict=True))
+        t2 = time.perf_counter()
 
         valid_rewards = batch.rewards[batch.valid]
-        mean_abs = abs_delta / total_tokens
+        mean_abs = values["abs_delta"] / total_tokens
         return {
-            **sums,
+            **{key: values[key] for key in sums},
             # Mean NLL of the sampled tokens: an estimate of the policy's entropy at the sampling temperature.
-            "sampled_token_nll": nll / total_tokens,
+            "sampled_token_nll": values["nll"] / total_tokens,
+            "entropy": values["entropy"] / total_tokens,
             "reward_mean": float(valid_rewards.mean()) if len(valid_rewards) else 0.0,
             "valid_fraction": float(batch.valid.float().mean()),
             "advantage_abs_mean": float(advantages.abs().mean()),
             "num_trajectories": float(len(batch)),
             "num_tokens": total_tokens,
+            "sequence_tokens": values["sequence_tokens"],
+            "num_micro_batches": float(count),
+            "batch_seconds": t1 - t0,
+            "forward_backward_seconds": t2 - t1,
             "gen_train_logprob_abs_diff": mean_abs,
             "gen_train_prob_error": math.exp(mean_abs) - 1.0,
-            "gen_train_kl": kl / total_tokens,
+            "gen_train_kl": values["kl"] / total_tokens,
         }
 
-    def save(self, folder: Path) -> Path:
-        """Write a Hugging Face folder atomically: a temporary name, then one rename."""
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save_pretrained(tmp)
-        self.tokenizer.save_pretrained(tmp)
-        if folder.exists():
-            shutil.rmtree(folder)
-        tmp.rename(folder)
+    def _autocast(self):
+        if not self.autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=torch.device(self.device).type, dtype=self.compute_dtype)
+
+    def _idle_pass(self, reference: bool = True) -> None:
+        """A zero-weight forward/backward, so this rank joins the FSDP collectives of the others.
+
+        `reference`: whether the other ranks' passes also run the reference model.
+        """
+        ids = torch.full((1, 2), self.tokenizer.pad_token_id, dtype=torch.long, device=self.device)
+        with self._autocast():
+            out = self.model(input_ids=ids, use_cache=False).logits
+            if reference and self.reference is not None:
+                with torch.no_grad():
+                    self.reference(input_ids=ids, use_cache=False)
+        (out.float().sum() * 0.0).backward()
+
+    def _plan(self, batch: Batch, advantages: torch.Tensor) -> list[MicroBatch]:
+        """This rank's micro-batches: its rows of the global batch under the row and token budgets."""
+        pcfg = self.config.policy
+        lengths = batch.attention_mask.sum(-1).tolist()
+        # Longest first, ties by position: deterministic, and rows of a micro-batch have similar lengths.
+        order = sorted(range(len(batch)), key=lambda i: (-lengths[i], i))
+        mine = order[self.rank :: self.world]
+        budget = pcfg.max_tokens_per_micro_batch
+        bins: list[list[int]] = []
+        if pcfg.sequence_packing:
+            space: list[int] = []
+            for i in mine:  # first fit, longest first
+                for b, free in enumerate(space):
+                    if lengths[i] <= free:
+                        bins[b].append(i)
+                        space[b] -= lengths[i]
+                        break
+                else:
+                    bins.append([i])
+                    space.append(max(budget or 0, lengths[i]) - lengths[i])
+            return [self._packed(batch, advantages, rows, lengths) for rows in bins]
+        for i in mine:
+            if bins:
+                rows = bins[-1]
+                width = lengths[rows[0]]  # rows are sorted, the first is the longest
+                fits = budget is None or (len(rows) + 1) * width <= budget
+                if fits and len(rows) < pcfg.train_micro_batch_size:
+                    rows.append(i)
+                    continue
+            bins.append([i])
+        return [self._padded(batch, advantages, rows, lengths) for rows in bins]
+
+    @staticmethod
+    def _padded(batch: Batch, advantages: torch.Tensor, rows: list[int], lengths: list[int]) -> MicroBatch:
+        width = max(lengths[i] for i in rows)
+        index = torch.tensor(rows)
+        mask = batch.token_mask[index, : width - 1]
+        return MicroBatch(
+            batch.input_ids[index, :width],
+            batch.attention_mask[index, :width],
+            None,
+            mask,
+            batch.generation_logprobs[index, : width - 1],
+            advantages[index, None].expand_as(mask).contiguous(),
+            len(rows),
+        )
+
+    @staticmethod
+    def _packed(batch: Batch, advantages: torch.Tensor, rows: list[int], lengths: list[int]) -> MicroBatch:
+        ids, pos, mask, gen, adv = [], [], [], [], []
+        for i in rows:
+            n = lengths[i]
+            ids.append(batch.input_ids[i, :n])
+            pos.append(torch.arange(n))
+            # Position n-1 of a segment would predict the next segment's first token: masked out.
+            mask.append(torch.cat([batch.token_mask[i, : n - 1], torch.zeros(1)]))
+            gen.append(torch.cat([batch.generation_logprobs[i, : n - 1], torch.zeros(1)]))
+            adv.append(torch.full((n,), float(advantages[i])))
+        return MicroBatch(
+            torch.cat(ids)[None],
+            None,
+            torch.cat(pos)[None],
+            torch.cat(mask)[None, :-1],
+            torch.cat(gen)[None, :-1],
+            torch.cat(adv)[None, :-1],
+            len(rows),
+        )
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def save(self, folder: Path, metrics: dict[str, float] | None = None, data_state: str = "") -> Path:
+        """Write a checkpoint atomically (collective: call on every rank; rank 0 writes)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        if data_state:
+            self.data_state = data_state
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        if self.world > 1:
+            model_state = get_model_state_dict(self.model, options=options)
+            optim_state = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+            rng_states: list[Any] = [None] * self.world
+            dist.all_gather_object(rng_states, torch.get_rng_state())
+        else:
+            model_state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+            optim_state = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+            rng_states = [torch.get_rng_state()]
+        if self.rank == 0:
+
+            def write(tmp: Path) -> None:
+                self.model.save_pretrained(tmp, state_dict=model_state)
+                self.tokenizer.save_pretrained(tmp)
+                torch.save(
+                    {
+                        "optimizer": optim_state,
+                        "scheduler": self.scheduler.state_dict(),
+                        "rng": rng_states,
+                        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                        "weight_version": self.weight_version,
+                        "data_state": self.data_state,
+                        "world_size": self.world,
+                    },
+                    tmp / checkpoint.STATE_FILE,
+                )
+
+            meta = {"step": self.weight_version, "weight_version": self.weight_version, "metrics": metrics or {}}
+            checkpoint.write_atomically(folder, write, meta)
+        if self.world > 1:
+            dist.barrier()
         return folder
 
+    def _restore(self, folder: Path) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-def _to(batch: Batch, device: str) -> Batch:
-    return Batch(**{name: value.to(device) for name, value in vars(batch).items()})
+        state = torch.load(folder / checkpoint.STATE_FILE, map_location="cpu", weights_only=False)
+        set_optimizer_state_dict(
+            self.model,
+            self.optimizer,
+            optim_state_dict=state["optimizer"],
+            options=StateDictOptions(full_state_dict=True),
+        )
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.weight_version = int(state["weight_version"])
+        self.data_state = state.get("data_state", "")
+        rng = state["rng"]
+        # Same world size: each rank continues its own stream; otherwise rank 0's.
+        torch.set_rng_state(rng[self.rank] if len(rng) == self.world else rng[0])
+        if state.get("cuda_rng") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])

@@ -1,4 +1,11 @@
-"""TrainerService over gRPC: one PolicyTrainer per job, calls serialised per job."""
+"""TrainerService over gRPC: one PolicyTrainer per job, calls serialised per job.
+
+On a torchrun trainer this servicer lives on rank 0; every call that touches
+the policy is published to the other ranks first (services.trainer.ranks), so
+all ranks run it together. A batch that fails validation is refused with
+INVALID_ARGUMENT before any rank trains on it; its groups are acked (so the
+poison batch does not come back) and nothing else changes.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +18,17 @@ import grpc
 import structlog
 
 from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
-from dockyard.config import ConfigError, load_config_text
+from dockyard.config import ConfigError, MasterConfig, load_config_text
 from dockyard.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.rpc.client import connect
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from dockyard.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from dockyard.weights.rendezvous import coordinator_rendezvous, transport_for
 from dockyard.weights.synchronizer import WeightSyncFailed, WeightSynchronizer
+from services.trainer import checkpoint
+from services.trainer.batch import BatchError, validate_groups
 from services.trainer.policy import PolicyTrainer
+from services.trainer.ranks import Ranks
 from services.trainer.settings import TrainerSettings
 
 log = structlog.get_logger()
@@ -47,11 +57,17 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             max_message_mb=settings.max_message_mb,
         )
         self.coordinator = coordinator_pb2_grpc.CoordinatorServiceStub(self._coordinator_channel)
+        self.ranks = Ranks()
+
+    def _run(self, method: str, job_id: str, args: tuple, local):
+        """Run `local` on this rank after publishing the same command to the other ranks."""
+        return asyncio.to_thread(self.ranks.collective, method, job_id, args, local)
 
     async def close(self) -> None:
         for job in self.jobs.values():
             if job.sync is not None:
                 job.sync.close()
+        await asyncio.to_thread(self.ranks.stop)
         await self._buffer_channel.close()
         await self._coordinator_channel.close()
 
@@ -75,16 +91,25 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         async with self._loading.setdefault(request.job_id, asyncio.Lock()):
             job = self.jobs.get(request.job_id)
             if job is None:
+                folder = checkpoint_dir(config, request.job_id)
                 try:
-                    policy = await asyncio.to_thread(PolicyTrainer, config, self.settings.device)
+                    policy = await self._run(
+                        "load",
+                        request.job_id,
+                        (request.config_yaml, str(folder)),
+                        lambda: PolicyTrainer(config, self.settings.device, folder),
+                    )
                 except ConfigError as exc:
                     raise InvalidArgument(str(exc)) from None
                 except FileNotFoundError as exc:
                     raise FailedPrecondition(f"cannot load the policy: {exc}") from None
                 job = self.jobs[request.job_id] = TrainerJob(request.job_id, policy)
-                log.info("policy loaded", parameters=policy.num_parameters())
+                log.info("policy loaded", parameters=policy.num_parameters(), weight_version=policy.weight_version)
         return trainer_pb2.LoadPolicyResponse(
-            weight_version=job.policy.weight_version, num_parameters=job.policy.num_parameters()
+            weight_version=job.policy.weight_version,
+            num_parameters=job.policy.num_parameters(),
+            resumed_from=str(job.policy.resumed_from or ""),
+            data_state=job.policy.data_state,
         )
 
     async def TrainStep(
@@ -120,7 +145,23 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                     f"the buffer holds no fresh groups for step {request.step} "
                     f"({reply.dropped_stale} dropped as stale); put experience first"
                 )
-            metrics = await asyncio.to_thread(policy.train_step, groups)
+            try:
+                # Checked here, before any rank sees the batch: a refused batch touches no rank.
+                validate_groups(groups, policy.model.config.vocab_size, policy.max_positions)
+            except BatchError as exc:
+                # Acked so the same poison batch is not sampled again; the policy is unchanged.
+                await self.buffer.AckGroups(
+                    buffer_pb2.AckGroupsRequest(
+                        job_id=job.job_id, group_ids=[g.group_id for g in groups], weight_version=policy.weight_version
+                    )
+                )
+                log.warning("batch refused", step=request.step, error=str(exc))
+                raise InvalidArgument(
+                    f"batch for step {request.step} refused, nothing trained on it "
+                    f"(its {len(groups)} group(s) were acked and dropped): {exc}"
+                ) from None
+            payload = [g.SerializeToString() for g in groups]
+            metrics = await self._run("train", job.job_id, (payload,), lambda: policy.train_step(groups))
             # Acked only now: a trainer that died before this line leaves them pending.
             await self.buffer.AckGroups(
                 buffer_pb2.AckGroupsRequest(
@@ -137,6 +178,36 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 metrics=metrics,
             )
 
+    async def SupervisedStep(
+        self, request: trainer_pb2.SupervisedStepRequest, context: grpc.aio.ServicerContext
+    ) -> trainer_pb2.SupervisedStepResponse:
+        job = self._job(request.job_id)
+        async with job.lock:
+            policy = job.policy
+            expected = policy.weight_version + 1
+            if request.step != expected:
+                raise FailedPrecondition(
+                    f"the trainer has taken {policy.weight_version} steps; "
+                    f"the next step is {expected}, not {request.step}"
+                )
+            if not request.demonstrations:
+                raise InvalidArgument("empty batch: no demonstrations to train on")
+            tok = policy.tokenizer
+            rows = []
+            for i, demo in enumerate(request.demonstrations):
+                if not demo.prompt or not demo.completion:
+                    raise InvalidArgument(f"demonstrations[{i}]: prompt and completion must both be non-empty")
+                prompt = tok(demo.prompt, add_special_tokens=False)["input_ids"]
+                completion = tok(demo.completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                rows.append((prompt, completion))
+            try:
+                validate_groups_of(rows, policy)
+            except BatchError as exc:
+                raise InvalidArgument(f"batch for step {request.step} refused, nothing trained on it: {exc}") from None
+            metrics = await self._run("sft", job.job_id, (rows,), lambda: policy.sft_step(rows))
+            log.info("supervised step done", step=request.step, loss=round(metrics["loss"], 5))
+            return trainer_pb2.SupervisedStepResponse(weight_version=policy.weight_version, metrics=metrics)
+
     async def PushWeights(
         self, request: trainer_pb2.PushWeightsRequest, context: grpc.aio.ServicerContext
     ) -> trainer_pb2.PushWeightsResponse:
@@ -149,8 +220,21 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                     coordinator_rendezvous(self.coordinator, job.job_id, "trainer"),
                 )
             job.sync.mark_stale(job.policy.weight_version)
+            loop = asyncio.get_running_loop()
+
+            def push():
+                # Every rank takes part in each parameter's gather (FSDP2): the other ranks drain
+                # the same iterator, so rank 0 finishes it even after a failed sync.
+                weights = job.policy.named_weights()
+                try:
+                    sync = job.sync.sync_weights(weights, job.policy.weight_version)
+                    return asyncio.run_coroutine_threadsafe(sync, loop).result()
+                finally:
+                    for _ in weights:
+                        pass
+
             try:
-                report = await job.sync.sync_weights(job.policy.named_weights(), job.policy.weight_version)
+                report = await self._run("weights", job.job_id, (), push)
             except WeightSyncFailed as exc:
                 raise Unavailable(str(exc)) from None
             log.info(
@@ -172,9 +256,17 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         job = self._job(request.job_id)
         async with job.lock:
             policy = job.policy
-            folder = Path(policy.config.logger.log_dir) / job.job_id / "checkpoints" / f"step-{policy.weight_version}"
-            path = await asyncio.to_thread(policy.save, folder)
-            return trainer_pb2.SaveCheckpointResponse(path=str(path), step=policy.weight_version)
+            cfg = policy.config.checkpointing
+            root = checkpoint_dir(policy.config, job.job_id)
+            folder = root / f"step-{policy.weight_version}"
+            args = (folder, dict(request.metrics), request.data_state)
+            path = await self._run("save", job.job_id, args, lambda: policy.save(*args))
+            removed = await asyncio.to_thread(
+                checkpoint.retain, root, cfg.keep_top_k, cfg.metric_name, cfg.higher_is_better
+            )
+            return trainer_pb2.SaveCheckpointResponse(
+                path=str(path), step=policy.weight_version, removed=[str(p) for p in removed]
+            )
 
     async def UnloadPolicy(
         self, request: trainer_pb2.UnloadPolicyRequest, context: grpc.aio.ServicerContext
@@ -184,4 +276,31 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             if job.sync is not None:
                 job.sync.close()
             del self.jobs[request.job_id]
+            await self._run("unload", request.job_id, (), lambda: None)
         return trainer_pb2.UnloadPolicyResponse()
+
+
+def checkpoint_dir(config: MasterConfig, job_id: str) -> Path:
+    """checkpointing.checkpoint_dir, or <log_dir>/<job_id>/checkpoints."""
+    if config.checkpointing.checkpoint_dir is not None:
+        return Path(config.checkpointing.checkpoint_dir)
+    return Path(config.logger.log_dir) / job_id / "checkpoints"
+
+
+def validate_groups_of(rows: list[tuple[list[int], list[int]]], policy: PolicyTrainer) -> None:
+    """validate_groups for supervised rows, before any rank sees them."""
+    from dockyard.common.v1 import common_pb2
+
+    group = common_pb2.Group(
+        group_id="sft",
+        trajectories=[
+            common_pb2.Trajectory(
+                trajectory_id=f"demonstrations[{i}]",
+                prompt_token_ids=p,
+                completion_token_ids=c,
+                completion_logprobs=[0.0] * len(c),
+            )
+            for i, (p, c) in enumerate(rows)
+        ],
+    )
+    validate_groups([group], policy.model.config.vocab_size, policy.max_positions)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
+import torch
 from transformers import AutoModelForCausalLM
 
 from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
@@ -13,7 +17,7 @@ from dockyard.models.tokenizer import build_char_tokenizer
 from dockyard.rpc.client import connect
 from dockyard.trainer.v1 import trainer_pb2 as pb
 from dockyard.trainer.v1 import trainer_pb2_grpc
-from tests.conftest import expect_code
+from tests.conftest import REPO_ROOT, ServiceProcess, expect_code, free_port
 
 CONFIG = """
 policy:
@@ -112,3 +116,109 @@ async def test_train_step_consumes_and_acks_fresh_groups(start_service, tmp_path
         await stub.UnloadPolicy(pb.UnloadPolicyRequest(job_id="job"))
         await expect_code(stub.UnloadPolicy(pb.UnloadPolicyRequest(job_id="job")), grpc.StatusCode.NOT_FOUND)
     assert trainer.stop() == 0
+
+
+async def test_bad_batches_are_refused_and_the_trainer_keeps_training(start_service, tmp_path: Path) -> None:
+    buffer = start_service("buffer")
+    trainer = start_service("trainer", {"DOCKYARD_TRAINER_BUFFER_ADDRESS": buffer.address})
+    config = CONFIG.replace("LOG_DIR", str(tmp_path))
+    async with connect(trainer.address) as tc, connect(buffer.address) as bc:
+        stub, buf = trainer_pb2_grpc.TrainerServiceStub(tc), buffer_pb2_grpc.BufferServiceStub(bc)
+        await stub.LoadPolicy(pb.LoadPolicyRequest(job_id="job", config_yaml=config))
+        await buf.OpenJob(buffer_pb2.OpenJobRequest(job_id="job", max_groups=4, max_trajectory_age_steps=0))
+
+        nan_reward = group("nan", 0)
+        nan_reward.trajectories[2].reward = float("nan")
+        out_of_vocab = group("vocab", 0)
+        out_of_vocab.trajectories[0].completion_token_ids[0] = 100_000
+        empty = group("empty", 0)
+        for t in empty.trajectories:
+            del t.completion_token_ids[:], t.completion_logprobs[:]
+        for bad, words in [
+            (nan_reward, ["nothing trained", "nan", "trajectories[2]", "reward"]),
+            (out_of_vocab, ["token id 100000", "vocabulary"]),
+            (empty, ["empty batch"]),
+        ]:
+            await buf.PutGroup(buffer_pb2.PutGroupRequest(group=bad))
+            await expect_code(
+                stub.TrainStep(pb.TrainStepRequest(job_id="job", step=1)), grpc.StatusCode.INVALID_ARGUMENT, *words
+            )
+        stats = await buf.GetStats(buffer_pb2.GetStatsRequest(job_id="job"))
+        assert (stats.pending, stats.held) == (0, 0)  # refused batches do not come back
+        assert stats.latest_version == 0  # acked at the unchanged version: nothing was trained
+
+        # The same service trains the next good batch as step 1.
+        await buf.PutGroup(buffer_pb2.PutGroupRequest(group=group("good", 0)))
+        reply = await stub.TrainStep(pb.TrainStepRequest(job_id="job", step=1))
+        assert reply.weight_version == 1 and reply.metrics["num_tokens"] > 0
+
+        # Supervised steps: the same refusals, then a step.
+        demo = pb.Demonstration(prompt="f(1)=2 f(x)=", completion="2*x")
+        await expect_code(
+            stub.SupervisedStep(pb.SupervisedStepRequest(job_id="job", step=2)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "no demonstrations",
+        )
+        await expect_code(
+            stub.SupervisedStep(
+                pb.SupervisedStepRequest(job_id="job", step=2, demonstrations=[demo, pb.Demonstration(prompt="x")])
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "demonstrations[1]",
+        )
+        await expect_code(
+            stub.SupervisedStep(pb.SupervisedStepRequest(job_id="job", step=5, demonstrations=[demo])),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "next step is 2",
+        )
+        sft = await stub.SupervisedStep(pb.SupervisedStepRequest(job_id="job", step=2, demonstrations=[demo]))
+        assert sft.weight_version == 2 and sft.metrics["num_tokens"] == 4  # "2*x" + <eos>
+    assert trainer.stop() == 0
+
+
+class TorchrunTrainer(ServiceProcess):
+    """The trainer service as torchrun starts it on a node: 2 ranks, rank 0 serving gRPC."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.name = "trainer"
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+        cmd += ["--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "services.trainer"]
+        full_env = {**os.environ, **env, "DOCKYARD_TRAINER_PORT": str(self.port), "OMP_NUM_THREADS": "1"}
+        full_env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        self.proc = subprocess.Popen(cmd, env=full_env, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT)
+
+
+async def test_two_rank_trainer_serves_steps_and_checkpoints(start_service, tmp_path: Path) -> None:
+    from dockyard.config import load_config_text
+    from services.trainer.policy import PolicyTrainer
+
+    buffer = start_service("buffer")
+    trainer = TorchrunTrainer({"DOCKYARD_TRAINER_BUFFER_ADDRESS": buffer.address}, tmp_path / "trainer.log")
+    try:
+        trainer.wait_serving(120)
+        config = CONFIG.replace("LOG_DIR", str(tmp_path))
+        async with connect(trainer.address) as tc, connect(buffer.address) as bc:
+            stub, buf = trainer_pb2_grpc.TrainerServiceStub(tc), buffer_pb2_grpc.BufferServiceStub(bc)
+            loaded = await stub.LoadPolicy(pb.LoadPolicyRequest(job_id="job", config_yaml=config))
+            await buf.OpenJob(buffer_pb2.OpenJobRequest(job_id="job", max_groups=4, max_trajectory_age_steps=0))
+            await buf.PutGroup(buffer_pb2.PutGroupRequest(group=group("g0", 0)))
+            reply = await stub.TrainStep(pb.TrainStepRequest(job_id="job", step=1))
+            saved = await stub.SaveCheckpoint(pb.SaveCheckpointRequest(job_id="job", metrics={"pass_rate": 0.25}))
+            await stub.UnloadPolicy(pb.UnloadPolicyRequest(job_id="job"))
+    finally:
+        trainer.stop()
+
+    # The sharded service took exactly the single-rank step on the same group.
+    local = PolicyTrainer(load_config_text(config))
+    assert local.num_parameters() == loaded.num_parameters
+    expected = local.train_step([group("g0", 0)])
+    assert reply.weight_version == 1
+    assert abs(reply.metrics["loss"] - expected["loss"]) < 1e-5
+    assert abs(reply.metrics["grad_norm"] - expected["grad_norm"]) < 1e-4 * expected["grad_norm"]
+    model = AutoModelForCausalLM.from_pretrained(saved.path)
+    for (name, mine), (_, theirs) in zip(local.named_weights(), model.named_parameters(), strict=True):
+        torch.testing.assert_close(theirs, mine, rtol=1e-5, atol=1e-5, msg=name)

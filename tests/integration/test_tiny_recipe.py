@@ -70,3 +70,77 @@ def test_dockyard_run_trains_to_succeeded_and_writes_the_run_folder(tmp_path: Pa
     assert model.num_parameters() > 0
     assert list(runs.glob("logs/*/pids.json")), "no pids.json written"
     assert alive_services(runs / "logs") == []
+
+
+def test_a_stopped_job_resumes_from_its_latest_checkpoint(tmp_path: Path) -> None:
+    model_dir, runs, ckpt = tmp_path / "model", tmp_path / "runs", tmp_path / "ckpt"
+    common = [
+        *SHORT,
+        f"policy.model_name={model_dir}",
+        f"logger.log_dir={runs}",
+        "logger.plot=false",
+        "grpo.val_at_start=false",
+        f"checkpointing.checkpoint_dir={ckpt}",
+        "checkpointing.save_period=1",
+        "checkpointing.keep_top_k=1",
+    ]
+
+    def run(*extra: str) -> list[dict]:
+        before = set(runs.iterdir()) if runs.exists() else set()
+        result = subprocess.run(
+            [sys.executable, "-m", "dockyard.cli", "run", "examples/configs/tiny_expr.yaml", *common, *extra],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            stdin=subprocess.DEVNULL,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        [run_dir] = [p for p in set(runs.iterdir()) - before if p.name != "logs"]
+        return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    first = run()
+    assert [r["step"] for r in first if r["kind"] == "train"] == [1, 2]
+    second = run("checkpointing.resume=true", "grpo.max_num_steps=3")
+    [resume] = [r for r in second if r["kind"] == "resume"]
+    # Two steps of two prompts were drawn before the stop; the resumed job goes on from there.
+    assert (resume["step"], resume["tasks_drawn"]) == (2, 4)
+    train = [r for r in second if r["kind"] == "train"]
+    assert [(r["step"], r["weight_version"]) for r in train] == [(3, 3)]
+    assert [r["step"] for r in second if r["kind"] == "validation"] == [3]
+    # keep_top_k=1: the best validated checkpoint and the latest survive.
+    kept = sorted(p.name for p in ckpt.iterdir() if not p.name.startswith("."))
+    assert "step-3" in kept and len(kept) <= 2
+    assert AutoModelForCausalLM.from_pretrained(ckpt / "step-3").num_parameters() > 0
+
+
+def test_a_supervised_job_trains_validates_and_checkpoints(tmp_path: Path) -> None:
+    runs, ckpt = tmp_path / "runs", tmp_path / "ckpt"
+    overrides = [
+        "sft.max_num_steps=3",
+        "sft.batch_size=8",
+        "sft.val_period=2",
+        "data.validation.size=8",
+        "checkpointing.save_period=2",
+        f"checkpointing.checkpoint_dir={ckpt}",
+        f"logger.log_dir={runs}",
+        "logger.plot=false",
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "dockyard.cli", "run", "examples/configs/tiny_expr_sft.yaml", *overrides],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    [run_dir] = [p for p in runs.iterdir() if p.name != "logs"]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert [(r["step"], r["weight_version"], r["num_trajectories"]) for r in train] == [(1, 1, 8), (2, 2, 8), (3, 3, 8)]
+    assert train[-1]["loss"] < train[0]["loss"] and all(r["grad_norm"] > 0 for r in train)
+    assert [r["step"] for r in records if r["kind"] == "validation"] == [2, 3]
+    saved = json.loads((ckpt / "step-2" / "checkpoint.json").read_text())
+    assert "pass_rate" in saved["metrics"]  # ranked by the validation of its step
+    assert AutoModelForCausalLM.from_pretrained(ckpt / "step-3").num_parameters() > 0

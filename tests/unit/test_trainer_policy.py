@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,129 @@ def test_save_writes_a_folder_from_pretrained_loads(policy: PolicyTrainer, tmp_p
     loaded = AutoModelForCausalLM.from_pretrained(out)
     for (name, a), (_, b) in zip(policy.model.state_dict().items(), loaded.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def _grads(policy: PolicyTrainer) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "  max_tokens_per_micro_batch: 40\n",
+        "  max_tokens_per_micro_batch: 48\n  sequence_packing: true\n",
+        "  activation_checkpointing: true\n  train_micro_batch_size: 1\n",
+    ],
+    ids=["token-budget", "packing", "activation-checkpointing"],
+)
+def test_batching_choices_give_the_same_loss_and_gradients(extra: str) -> None:
+    base = PolicyTrainer(load_config_text(CONFIG))
+    other = PolicyTrainer(
+        load_config_text(CONFIG.replace("  train_micro_batch_size: 4\n", "  train_micro_batch_size: 4\n" + extra))
+    )
+    group = _group(base, ["2*x", "x+1", "(x*x)-1", "7"], [1.0, 0.5, 0.0, 0.0])
+    group.trajectories[0].completion_logprobs[:] = [-0.5, -1.5, -2.0]
+    if "checkpointing" in extra:
+        model = other.model
+        assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
+    a = base.accumulate_gradients([group])
+    b = other.accumulate_gradients([group])
+    assert b["num_micro_batches"] > a["num_micro_batches"] or "checkpointing" in extra or "packing" in extra
+    for key in ("loss", "pg_loss", "entropy", "gen_train_kl", "num_tokens"):
+        assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), key
+    ga, gb = _grads(base), _grads(other)
+    assert ga.keys() == gb.keys()
+    for name in ga:
+        torch.testing.assert_close(gb[name], ga[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_packing_puts_several_sequences_in_one_row() -> None:
+    extra = "  max_tokens_per_micro_batch: 64\n  sequence_packing: true\n"
+    policy = PolicyTrainer(
+        load_config_text(CONFIG.replace("  train_micro_batch_size: 4\n", "  train_micro_batch_size: 4\n" + extra))
+    )
+    group = _group(policy, ["2*x", "x+1", "x", "7"], [1.0, 0.5, 0.0, 0.0])
+    metrics = policy.accumulate_gradients([group])
+    # 4 sequences of 13-15 tokens fit in one 64-token row: no padding at all.
+    assert metrics["num_micro_batches"] == 1
+    lengths = sum(len(t.prompt_token_ids) + len(t.completion_token_ids) for t in group.trajectories)
+    assert metrics["sequence_tokens"] == lengths
+
+
+@pytest.mark.parametrize(
+    ("mutate", "words"),
+    [
+        (lambda g: g.trajectories[1].__setattr__("reward", float("nan")), ["trajectories[1]", "reward is nan"]),
+        (lambda g: g.trajectories[0].completion_logprobs.append(-1.0), ["completion_logprobs for"]),
+        (lambda g: g.trajectories[2].prompt_token_ids.append(10_000), ["token id 10000", "vocabulary"]),
+        (lambda g: g.trajectories[0].completion_logprobs.__setitem__(0, float("inf")), ["non-finite"]),
+        (lambda g: g.trajectories[3].prompt_token_ids.extend([5] * 80), ["exceed", "64 positions"]),
+        (
+            lambda g: [
+                t.ClearField("completion_token_ids") or t.ClearField("completion_logprobs") for t in g.trajectories
+            ],
+            ["empty batch"],
+        ),
+        (lambda g: g.ClearField("trajectories"), ["empty batch"]),
+    ],
+    ids=["nan-reward", "shape", "vocab", "inf-logprob", "too-long", "no-tokens", "no-trajectories"],
+)
+def test_bad_batches_are_refused_before_training(policy: PolicyTrainer, mutate, words) -> None:
+    from services.trainer.batch import BatchError
+
+    group = _group(policy, ["2*x", "x+1", "x", "7"], [1.0, 0.5, 0.0, 0.0])
+    mutate(group)
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    with pytest.raises(BatchError) as info:
+        policy.train_step([group])
+    for word in words:
+        assert word in str(info.value)
+    assert policy.weight_version == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.model.parameters(), strict=True))
+
+
+def test_bfloat16_keeps_fp32_master_weights() -> None:
+    config = load_config_text(
+        CONFIG.replace("  train_global_batch_size: 4\n", "  train_global_batch_size: 4\n  dtype: bfloat16\n")
+    )
+    policy = PolicyTrainer(config)
+    assert all(p.dtype == torch.float32 for p in policy.model.parameters())
+    assert all(t.dtype == torch.bfloat16 for _, t in policy.named_weights())  # what the rollout receives
+    metrics = policy.train_step([_group(policy, ["2*x", "x+1", "x", "7"], [1.0, 0.5, 0.0, 0.0])])
+    assert metrics["grad_norm"] > 0 and math.isfinite(metrics["loss"])
+
+
+def test_warmup_then_cosine_schedule() -> None:
+    config = load_config_text(
+        CONFIG.replace("lr: 0.002", "lr: 0.002, warmup_steps: 2, schedule: cosine, min_lr_ratio: 0.1") + "\n"
+    )
+    config.grpo.max_num_steps = 6
+    policy = PolicyTrainer(config)
+    factors = [policy._lr_factor(s) for s in range(7)]
+    assert factors[:3] == [0.5, 1.0, 1.0]
+    assert factors[2] > factors[3] > factors[4] > factors[5] > factors[6] == pytest.approx(0.1)
+
+
+def test_supervised_steps_learn_the_demonstrations(policy: PolicyTrainer) -> None:
+    tok = policy.tokenizer
+    demos = [
+        (tok("f(1)=2 f(x)=")["input_ids"], tok("2*x", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]),
+        (tok("f(1)=3 f(x)=")["input_ids"], tok("x+2", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]),
+    ]
+    losses = [policy.sft_step(demos)["loss"] for _ in range(15)]
+    assert policy.weight_version == 15
+    assert losses[-1] < losses[0] - 1.0 and losses == sorted(losses, reverse=True)
+    # The loss is the NLL of the completion tokens only: the untrained model's is about log |V|.
+    assert abs(PolicyTrainer(load_config_text(CONFIG)).sft_step(demos)["loss"] - math.log(len(tok))) < 0.5
+
+
+def test_status_summarises_the_step_metrics(policy: PolicyTrainer) -> None:
+    from dockyard.cli import trainer_summary
+
+    metrics = policy.train_step([_group(policy, ["2*x", "x+1", "x", "7"], [1.0, 0.5, 0.0, 0.0])])
+    lines = trainer_summary(metrics)
+    text = "\n".join(lines)
+    for word in ("loss", "entropy", "clip", "grad norm", "lr", "tokens/s", "|Δlogprob|", "prob error", "fwd/bwd"):
+        assert word in text, word
+    assert f"grad norm {metrics['grad_norm']:.3f}" in text
+    assert trainer_summary({}) == []

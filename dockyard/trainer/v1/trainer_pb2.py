@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!dockyard/trainer/v1/trainer.proto\x12\x13\x64ockyard.trainer.v1\"8\n\x11LoadPolicyRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\"D\n\x12LoadPolicyResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x16\n\x0enum_parameters\x18\x02 \x01(\x03\"0\n\x10TrainStepRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\"\xf5\x01\n\x11TrainStepResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x16\n\x0egroups_trained\x18\x02 \x01(\x05\x12\x1c\n\x14trajectories_trained\x18\x03 \x01(\x05\x12\x1c\n\x14groups_dropped_stale\x18\x04 \x01(\x05\x12\x44\n\x07metrics\x18\x05 \x03(\x0b\x32\x33.dockyard.trainer.v1.TrainStepResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"$\n\x12PushWeightsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"c\n\x13PushWeightsResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x11\n\tnum_bytes\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\"\'\n\x15SaveCheckpointRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"4\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\"%\n\x13UnloadPolicyRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x16\n\x14UnloadPolicyResponse2\xfd\x03\n\x0eTrainerService\x12]\n\nLoadPolicy\x12&.dockyard.trainer.v1.LoadPolicyRequest\x1a\'.dockyard.trainer.v1.LoadPolicyResponse\x12Z\n\tTrainStep\x12%.dockyard.trainer.v1.TrainStepRequest\x1a&.dockyard.trainer.v1.TrainStepResponse\x12`\n\x0bPushWeights\x12\'.dockyard.trainer.v1.PushWeightsRequest\x1a(.dockyard.trainer.v1.PushWeightsResponse\x12i\n\x0eSaveCheckpoint\x12*.dockyard.trainer.v1.SaveCheckpointRequest\x1a+.dockyard.trainer.v1.SaveCheckpointResponse\x12\x63\n\x0cUnloadPolicy\x12(.dockyard.trainer.v1.UnloadPolicyRequest\x1a).dockyard.trainer.v1.UnloadPolicyResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!dockyard/trainer/v1/trainer.proto\x12\x13\x64ockyard.trainer.v1\"8\n\x11LoadPolicyRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\"n\n\x12LoadPolicyResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x16\n\x0enum_parameters\x18\x02 \x01(\x03\x12\x14\n\x0cresumed_from\x18\x03 \x01(\t\x12\x12\n\ndata_state\x18\x04 \x01(\t\"0\n\x10TrainStepRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\"\xf5\x01\n\x11TrainStepResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x16\n\x0egroups_trained\x18\x02 \x01(\x05\x12\x1c\n\x14trajectories_trained\x18\x03 \x01(\x05\x12\x1c\n\x14groups_dropped_stale\x18\x04 \x01(\x05\x12\x44\n\x07metrics\x18\x05 \x03(\x0b\x32\x33.dockyard.trainer.v1.TrainStepResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"3\n\rDemonstration\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x12\n\ncompletion\x18\x02 \x01(\t\"q\n\x15SupervisedStepRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12:\n\x0e\x64\x65monstrations\x18\x03 \x03(\x0b\x32\".dockyard.trainer.v1.Demonstration\"\xab\x01\n\x16SupervisedStepResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12I\n\x07metrics\x18\x02 \x03(\x0b\x32\x38.dockyard.trainer.v1.SupervisedStepResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"$\n\x12PushWeightsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"c\n\x13PushWeightsResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x11\n\tnum_bytes\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\"\xb5\x01\n\x15SaveCheckpointRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12H\n\x07metrics\x18\x02 \x03(\x0b\x32\x37.dockyard.trainer.v1.SaveCheckpointRequest.MetricsEntry\x12\x12\n\ndata_state\x18\x03 \x01(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"E\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0f\n\x07removed\x18\x03 \x03(\t\"%\n\x13UnloadPolicyRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x16\n\x14UnloadPolicyResponse2\xe8\x04\n\x0eTrainerService\x12]\n\nLoadPolicy\x12&.dockyard.trainer.v1.LoadPolicyRequest\x1a\'.dockyard.trainer.v1.LoadPolicyResponse\x12Z\n\tTrainStep\x12%.dockyard.trainer.v1.TrainStepRequest\x1a&.dockyard.trainer.v1.TrainStepResponse\x12i\n\x0eSupervisedStep\x12*.dockyard.trainer.v1.SupervisedStepRequest\x1a+.dockyard.trainer.v1.SupervisedStepResponse\x12`\n\x0bPushWeights\x12\'.dockyard.trainer.v1.PushWeightsRequest\x1a(.dockyard.trainer.v1.PushWeightsResponse\x12i\n\x0eSaveCheckpoint\x12*.dockyard.trainer.v1.SaveCheckpointRequest\x1a+.dockyard.trainer.v1.SaveCheckpointResponse\x12\x63\n\x0cUnloadPolicy\x12(.dockyard.trainer.v1.UnloadPolicyRequest\x1a).dockyard.trainer.v1.UnloadPolicyResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,28 +33,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TRAINSTEPRESPONSE_METRICSENTRY']._loaded_options = None
   _globals['_TRAINSTEPRESPONSE_METRICSENTRY']._serialized_options = b'8\001'
+  _globals['_SUPERVISEDSTEPRESPONSE_METRICSENTRY']._loaded_options = None
+  _globals['_SUPERVISEDSTEPRESPONSE_METRICSENTRY']._serialized_options = b'8\001'
+  _globals['_SAVECHECKPOINTREQUEST_METRICSENTRY']._loaded_options = None
+  _globals['_SAVECHECKPOINTREQUEST_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_LOADPOLICYREQUEST']._serialized_start=58
   _globals['_LOADPOLICYREQUEST']._serialized_end=114
   _globals['_LOADPOLICYRESPONSE']._serialized_start=116
-  _globals['_LOADPOLICYRESPONSE']._serialized_end=184
-  _globals['_TRAINSTEPREQUEST']._serialized_start=186
-  _globals['_TRAINSTEPREQUEST']._serialized_end=234
-  _globals['_TRAINSTEPRESPONSE']._serialized_start=237
-  _globals['_TRAINSTEPRESPONSE']._serialized_end=482
-  _globals['_TRAINSTEPRESPONSE_METRICSENTRY']._serialized_start=436
-  _globals['_TRAINSTEPRESPONSE_METRICSENTRY']._serialized_end=482
-  _globals['_PUSHWEIGHTSREQUEST']._serialized_start=484
-  _globals['_PUSHWEIGHTSREQUEST']._serialized_end=520
-  _globals['_PUSHWEIGHTSRESPONSE']._serialized_start=522
-  _globals['_PUSHWEIGHTSRESPONSE']._serialized_end=621
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=623
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=662
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=664
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=716
-  _globals['_UNLOADPOLICYREQUEST']._serialized_start=718
-  _globals['_UNLOADPOLICYREQUEST']._serialized_end=755
-  _globals['_UNLOADPOLICYRESPONSE']._serialized_start=757
-  _globals['_UNLOADPOLICYRESPONSE']._serialized_end=779
-  _globals['_TRAINERSERVICE']._serialized_start=782
-  _globals['_TRAINERSERVICE']._serialized_end=1291
+  _globals['_LOADPOLICYRESPONSE']._serialized_end=226
+  _globals['_TRAINSTEPREQUEST']._serialized_start=228
+  _globals['_TRAINSTEPREQUEST']._serialized_end=276
+  _globals['_TRAINSTEPRESPONSE']._serialized_start=279
+  _globals['_TRAINSTEPRESPONSE']._serialized_end=524
+  _globals['_TRAINSTEPRESPONSE_METRICSENTRY']._serialized_start=478
+  _globals['_TRAINSTEPRESPONSE_METRICSENTRY']._serialized_end=524
+  _globals['_DEMONSTRATION']._serialized_start=526
+  _globals['_DEMONSTRATION']._serialized_end=577
+  _globals['_SUPERVISEDSTEPREQUEST']._serialized_start=579
+  _globals['_SUPERVISEDSTEPREQUEST']._serialized_end=692
+  _globals['_SUPERVISEDSTEPRESPONSE']._serialized_start=695
+  _globals['_SUPERVISEDSTEPRESPONSE']._serialized_end=866
+  _globals['_SUPERVISEDSTEPRESPONSE_METRICSENTRY']._serialized_start=478
+  _globals['_SUPERVISEDSTEPRESPONSE_METRICSENTRY']._serialized_end=524
+  _globals['_PUSHWEIGHTSREQUEST']._serialized_start=868
+  _globals['_PUSHWEIGHTSREQUEST']._serialized_end=904
+  _globals['_PUSHWEIGHTSRESPONSE']._serialized_start=906
+  _globals['_PUSHWEIGHTSRESPONSE']._serialized_end=1005
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=1008
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=1189
+  _globals['_SAVECHECKPOINTREQUEST_METRICSENTRY']._serialized_start=478
+  _globals['_SAVECHECKPOINTREQUEST_METRICSENTRY']._serialized_end=524
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=1191
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1260
+  _globals['_UNLOADPOLICYREQUEST']._serialized_start=1262
+  _globals['_UNLOADPOLICYREQUEST']._serialized_end=1299
+  _globals['_UNLOADPOLICYRESPONSE']._serialized_start=1301
+  _globals['_UNLOADPOLICYRESPONSE']._serialized_end=1323
+  _globals['_TRAINERSERVICE']._serialized_start=1326
+  _globals['_TRAINERSERVICE']._serialized_end=1942
 # @@protoc_insertion_point(module_scope)

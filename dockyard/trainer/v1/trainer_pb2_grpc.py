@@ -46,6 +46,11 @@ class TrainerServiceStub:
                 request_serializer=dockyard_dot_trainer_dot_v1_dot_trainer__pb2.TrainStepRequest.SerializeToString,
                 response_deserializer=dockyard_dot_trainer_dot_v1_dot_trainer__pb2.TrainStepResponse.FromString,
                 _registered_method=True)
+        self.SupervisedStep = channel.unary_unary(
+                '/dockyard.trainer.v1.TrainerService/SupervisedStep',
+                request_serializer=dockyard_dot_trainer_dot_v1_dot_trainer__pb2.SupervisedStepRequest.SerializeToString,
+                response_deserializer=dockyard_dot_trainer_dot_v1_dot_trainer__pb2.SupervisedStepResponse.FromString,
+                _registered_method=True)
         self.PushWeights = channel.unary_unary(
                 '/dockyard.trainer.v1.TrainerService/PushWeights',
                 request_serializer=dockyard_dot_trainer_dot_v1_dot_trainer__pb2.PushWeightsRequest.SerializeToString,
@@ -69,7 +74,8 @@ class TrainerServiceServicer:
     """
 
     def LoadPolicy(self, request, context):
-        """Load (or build) the job's policy and optimizer.
+        """Load (or build) the job's policy and optimizer, or resume them from the
+        latest checkpoint when checkpointing.resume is on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -77,6 +83,13 @@ class TrainerServiceServicer:
 
     def TrainStep(self, request, context):
         """Sample fresh groups from the buffer, take one optimizer step, ack them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SupervisedStep(self, request, context):
+        """One supervised (SFT) optimizer step on demonstrations sent in the request.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -91,7 +104,8 @@ class TrainerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SaveCheckpoint(self, request, context):
-        """Write the policy as a Hugging Face folder under the run folder.
+        """Write a checkpoint: a Hugging Face folder plus optimizer, scheduler, RNG
+        and data state; keep the top-k by the validation metric.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -116,6 +130,11 @@ def add_TrainerServiceServicer_to_server(servicer, server):
                     servicer.TrainStep,
                     request_deserializer=dockyard_dot_trainer_dot_v1_dot_trainer__pb2.TrainStepRequest.FromString,
                     response_serializer=dockyard_dot_trainer_dot_v1_dot_trainer__pb2.TrainStepResponse.SerializeToString,
+            ),
+            'SupervisedStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.SupervisedStep,
+                    request_deserializer=dockyard_dot_trainer_dot_v1_dot_trainer__pb2.SupervisedStepRequest.FromString,
+                    response_serializer=dockyard_dot_trainer_dot_v1_dot_trainer__pb2.SupervisedStepResponse.SerializeToString,
             ),
             'PushWeights': grpc.unary_unary_rpc_method_handler(
                     servicer.PushWeights,
@@ -189,6 +208,33 @@ class TrainerService:
             '/dockyard.trainer.v1.TrainerService/TrainStep',
             dockyard_dot_trainer_dot_v1_dot_trainer__pb2.TrainStepRequest.SerializeToString,
             dockyard_dot_trainer_dot_v1_dot_trainer__pb2.TrainStepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SupervisedStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.trainer.v1.TrainerService/SupervisedStep',
+            dockyard_dot_trainer_dot_v1_dot_trainer__pb2.SupervisedStepRequest.SerializeToString,
+            dockyard_dot_trainer_dot_v1_dot_trainer__pb2.SupervisedStepResponse.FromString,
             options,
             channel_credentials,
             insecure,

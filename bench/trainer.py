@@ -1,0 +1,217 @@
+"""Trainer step throughput and model FLOPs utilisation, against a plain LM step in the same run.
+
+    synthetic GRPO groups (random tokens, varied lengths) ──PolicyTrainer.train_step──>  timed
+    the same rows, same micro-batches ──model(labels=...) + backward + AdamW──>          timed (baseline)
+
+Default: a Qwen2.5-0.5B-shaped qwen2 model (hidden 896, 24 layers, 14 heads, 2 kv heads,
+intermediate 4864, vocab 151936, tied embeddings; random init) in bf16 with fp32 master weights,
+32 sequences of 256-512 prompt + 512-1536 completion tokens, micro-batches of <= 16384 tokens.
+`--smoke` runs a tiny model on CPU in fp32 for a few seconds.
+
+Model FLOPs per step (real tokens only; padding, activation recompute and the entropy are not
+counted), for each sequence of S tokens:
+    6 · N · S  +  6 · L · d · S · (S + 1)
+where N = parameters of every matmul (attention q/k/v/o and MLP of each layer, plus the LM head
+V·d, counted even when tied to the embedding) and the second term is causal attention
+(QKᵀ and AV: 2·2·d per query-key pair, forward, ×3 with backward, S(S+1)/2 pairs per layer).
+MFU = model FLOPs per second / peak; the default peak is an H200's dense bf16, 989 TFLOP/s.
+
+Prints tokens/s and MFU for both, then `trainer_vs_plain_step: R` (dockyard tokens/s over the
+plain step's; 1.0 is parity).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from dockyard.common.v1 import common_pb2
+from dockyard.config import load_config_text
+
+QWEN25_05B = {
+    "model_type": "qwen2",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": True,
+    "vocab_size": 151936,
+}
+TINY = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": True,
+    "vocab_size": 512,
+}
+
+
+def config_yaml(args: argparse.Namespace, model: dict) -> str:
+    fields = ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in model.items())
+    budget = "null" if args.tokens_per_micro_batch is None else args.tokens_per_micro_batch
+    return f"""
+policy:
+  model: {{{fields}}}
+  dtype: {args.dtype}
+  activation_checkpointing: {str(args.activation_checkpointing).lower()}
+  train_global_batch_size: {args.sequences}
+  train_micro_batch_size: {args.sequences}
+  max_tokens_per_micro_batch: {budget}
+  sequence_packing: {str(args.packing).lower()}
+  optimizer: {{lr: 1.0e-6, max_grad_norm: 1.0}}
+grpo: {{num_prompts_per_step: {args.sequences // args.group_size}, num_generations_per_prompt: {args.group_size}}}
+"""
+
+
+def make_groups(args: argparse.Namespace, vocab: int) -> list[common_pb2.Group]:
+    gen = torch.Generator().manual_seed(0)
+
+    def length(upper: int) -> int:
+        return int(torch.randint(upper // 2, upper + 1, (), generator=gen))
+
+    groups = []
+    for g in range(args.sequences // args.group_size):
+        prompt = torch.randint(4, vocab, (length(args.prompt_tokens),), generator=gen).tolist()
+        trajectories = []
+        for i in range(args.group_size):
+            n = length(args.completion_tokens)
+            trajectories.append(
+                common_pb2.Trajectory(
+                    trajectory_id=f"g{g}/{i}",
+                    prompt_token_ids=prompt,
+                    completion_token_ids=torch.randint(4, vocab, (n,), generator=gen).tolist(),
+                    completion_logprobs=(-torch.rand(n, generator=gen) * 4).tolist(),
+                    reward=float(torch.rand((), generator=gen)),
+                    valid=True,
+                )
+            )
+        groups.append(common_pb2.Group(group_id=f"g{g}", job_id="bench", trajectories=trajectories))
+    return groups
+
+
+def model_flops(model_cfg, lengths: list[int]) -> float:
+    d, layers = model_cfg.hidden_size, model_cfg.num_hidden_layers
+    heads, kv = model_cfg.num_attention_heads, model_cfg.num_key_value_heads
+    head_dim = getattr(model_cfg, "head_dim", None) or d // heads
+    attn = d * heads * head_dim + 2 * d * kv * head_dim + heads * head_dim * d
+    mlp = 3 * d * model_cfg.intermediate_size
+    n = layers * (attn + mlp) + model_cfg.vocab_size * d
+    return sum(6 * n * s + 6 * layers * heads * head_dim * s * (s + 1) for s in lengths)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny model on CPU, fp32, a few seconds")
+    parser.add_argument("--device", default=None, help="default: cuda when available")
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
+    parser.add_argument("--sequences", type=int, default=32)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=512, help="prompt lengths uniform in [n/2, n]")
+    parser.add_argument("--completion-tokens", type=int, default=1536, help="completion lengths uniform in [n/2, n]")
+    parser.add_argument("--tokens-per-micro-batch", type=int, default=16384)
+    parser.add_argument("--packing", action="store_true")
+    parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps (after --warmup)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="peak of the device (H200 bf16 dense)")
+    args = parser.parse_args()
+    if args.smoke:
+        args.device = args.device or "cpu"
+        args.dtype = args.dtype or "float32"
+        args.sequences, args.group_size = 8, 4
+        args.prompt_tokens, args.completion_tokens, args.tokens_per_micro_batch = 32, 64, 256
+        args.steps, args.warmup = 2, 1
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.dtype = args.dtype or "bfloat16"
+
+    from services.trainer.policy import PolicyTrainer
+
+    model = TINY if args.smoke else QWEN25_05B
+    config = load_config_text(config_yaml(args, model))
+    policy = PolicyTrainer(config, device)
+    cfg = policy.model.config
+    groups = make_groups(args, cfg.vocab_size)
+    lengths = [len(t.prompt_token_ids) + len(t.completion_token_ids) for g in groups for t in g.trajectories]
+    flops = model_flops(cfg, lengths)
+    tokens = sum(lengths)
+    print(
+        f"model: {cfg.model_type} {policy.num_parameters() / 1e6:.1f}M parameters, {args.dtype} on {device}; "
+        f"batch: {len(lengths)} sequences, {tokens} tokens (longest {max(lengths)}), "
+        f"budget {args.tokens_per_micro_batch} tokens/micro-batch, packing {args.packing}, "
+        f"activation checkpointing {args.activation_checkpointing}"
+    )
+
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def timed(step) -> float:
+        times = []
+        for i in range(args.warmup + args.steps):
+            sync()
+            start = time.perf_counter()
+            step()
+            sync()
+            if i >= args.warmup:
+                times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    last: dict[str, float] = {}
+
+    def grpo_step() -> None:
+        last.update(policy.train_step(groups))
+
+    ours = timed(grpo_step)
+    # Baseline: the same micro-batches through a bare causal-LM loss, backward and AdamW step.
+    from services.trainer.batch import build_batch
+
+    batch = build_batch(groups, policy.tokenizer.pad_token_id)
+    advantages = torch.zeros(len(batch))
+    micro = [mb.to(device) for mb in policy._plan(batch, advantages)]
+
+    def plain_step() -> None:
+        policy.optimizer.zero_grad(set_to_none=True)
+        for mb in micro:
+            labels = (
+                mb.input_ids if mb.attention_mask is None else mb.input_ids.masked_fill(mb.attention_mask == 0, -100)
+            )
+            with policy._autocast():
+                out = policy.model(
+                    input_ids=mb.input_ids,
+                    attention_mask=mb.attention_mask,
+                    position_ids=mb.position_ids,
+                    labels=labels,
+                    use_cache=False,
+                )
+            (out.loss / len(micro)).backward()
+        torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
+        policy.optimizer.step()
+
+    plain = timed(plain_step)
+    for name, seconds in (("dockyard GRPO step", ours), ("plain LM step", plain)):
+        tflops = flops / seconds / 1e12
+        print(
+            f"{name:>20}: {seconds * 1000:8.1f} ms/step  {tokens / seconds:10.0f} tokens/s  "
+            f"{tflops:7.2f} TFLOP/s  MFU {100 * tflops / args.peak_tflops:5.1f}% (of {args.peak_tflops:g})"
+        )
+    print(
+        f"breakdown (last step): batch {last['batch_seconds'] * 1000:.1f} ms, forward/backward "
+        f"{last['forward_backward_seconds'] * 1000:.1f} ms, optimizer {last['optimizer_seconds'] * 1000:.1f} ms, "
+        f"{int(last['num_micro_batches'])} micro-batches"
+    )
+    if device.startswith("cuda"):
+        print(f"peak memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+    print(f"trainer_vs_plain_step: {plain / ours:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Checkpoint folders: atomic saves, the latest one, top-k retention.
+
+    <checkpoint_dir>/step-<N>/            Hugging Face folder (config.json, model.safetensors, tokenizer)
+                       trainer_state.pt   optimizer, scheduler, RNG of every rank, step, weight version,
+                                          the coordinator's data position
+                       checkpoint.json    step, weight version, validation metrics (written last)
+    <checkpoint_dir>/.step-<N>.tmp-<pid>/ a save in progress; never read
+
+Guarantees: a checkpoint is written under a temporary name and renamed into
+place in one step, so a crash mid-save leaves at most a temporary folder that
+`complete_checkpoints` ignores; only folders holding checkpoint.json count, so
+`latest` is always a whole checkpoint. `retain` keeps the latest checkpoint
+(resume needs it) plus the k best by the named metric, and deletes the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+STATE_FILE = "trainer_state.pt"
+META_FILE = "checkpoint.json"
+_NAME = re.compile(r"^step-(\d+)$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    path: Path
+    meta: dict[str, Any]
+
+    def metric(self, name: str) -> float | None:
+        value = self.meta.get("metrics", {}).get(name)
+        return None if value is None else float(value)
+
+
+def write_atomically(folder: Path, write: Callable[[Path], None], meta: dict[str, Any]) -> Path:
+    """Run `write(tmp)`, add checkpoint.json, then rename tmp to `folder` (replacing an old one)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write(tmp)
+    (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+    if folder.exists():
+        # Same step saved again (e.g. the end of a run that just saved periodically).
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+    return folder
+
+
+def complete_checkpoints(root: Path) -> list[Checkpoint]:
+    """Whole checkpoints under `root`, oldest step first."""
+    found = []
+    if not root.is_dir():
+        return found
+    for child in root.iterdir():
+        match = _NAME.match(child.name)
+        if match and (child / META_FILE).is_file():
+            found.append(Checkpoint(int(match.group(1)), child, json.loads((child / META_FILE).read_text())))
+    return sorted(found, key=lambda c: c.step)
+
+
+def latest(root: Path) -> Checkpoint | None:
+    found = complete_checkpoints(root)
+    return found[-1] if found else None
+
+
+def retain(root: Path, keep_top_k: int | None, metric_name: str, higher_is_better: bool) -> list[Path]:
+    """Delete all but the latest and the `keep_top_k` best checkpoints; returns what was deleted."""
+    found = complete_checkpoints(root)
+    if keep_top_k is None or not found:
+        return []
+    sign = 1.0 if higher_is_better else -1.0
+
+    def rank(c: Checkpoint) -> tuple[int, float, int]:
+        value = c.metric(metric_name)
+        # Unmeasured checkpoints rank below measured ones; ties go to the newer step.
+        return (0, 0.0, c.step) if value is None else (1, sign * value, c.step)
+
+    best = sorted((c for c in found if c.metric(metric_name) is not None), key=rank, reverse=True)[:keep_top_k]
+    keep = {c.path for c in best} | {found[-1].path}
+    removed = []
+    for c in found:
+        if c.path not in keep:
+            shutil.rmtree(c.path, ignore_errors=True)
+            removed.append(c.path)
+    return removed
