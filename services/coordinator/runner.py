@@ -35,6 +35,9 @@ from services.coordinator.settings import CoordinatorSettings
 
 log = structlog.get_logger()
 
+# A weight sync that failed on the side group is tried this many times in all.
+SYNC_ATTEMPTS = 2
+
 
 @dataclass
 class Stubs:
@@ -209,13 +212,27 @@ class JobRunner:
                 await self._checkpoint(step)
 
     async def _sync_weights(self, version: int) -> float:
+        """Push and receive one version; a sync that failed on the side group (UNAVAILABLE) is tried
+        once more: both ends tear their group down and the next attempt forms the next epoch."""
         job_id = self.record.job_id
-        pushed, received = await asyncio.gather(
-            self.stubs.trainer.PushWeights(trainer_pb2.PushWeightsRequest(job_id=job_id), timeout=self._slow),
-            self.stubs.rollout.ReceiveWeights(
-                rollout_pb2.ReceiveWeightsRequest(job_id=job_id, weight_version=version), timeout=self._slow
-            ),
-        )
+        for attempt in range(1, SYNC_ATTEMPTS + 1):
+            # Both calls run to their end (return_exceptions) so a retry never overlaps a stale one.
+            pushed, received = await asyncio.gather(
+                self.stubs.trainer.PushWeights(trainer_pb2.PushWeightsRequest(job_id=job_id), timeout=self._slow),
+                self.stubs.rollout.ReceiveWeights(
+                    rollout_pb2.ReceiveWeightsRequest(job_id=job_id, weight_version=version), timeout=self._slow
+                ),
+                return_exceptions=True,
+            )
+            failures = [r for r in (pushed, received) if isinstance(r, BaseException)]
+            if not failures:
+                break
+            retriable = all(
+                isinstance(f, grpc.aio.AioRpcError) and f.code() == grpc.StatusCode.UNAVAILABLE for f in failures
+            )
+            if attempt == SYNC_ATTEMPTS or not retriable:
+                raise failures[0]
+            log.warning("weight sync failed; trying again", version=version, error=str(failures[0]))
         if pushed.checksum != received.checksum or received.weight_version != version:
             raise RuntimeError(
                 f"weight sync of version {version} is corrupt: trainer sent {pushed.checksum[:12]}, "
