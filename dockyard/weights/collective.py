@@ -1,31 +1,40 @@
-"""Weights over a torch.distributed side group: packed, double-buffered buckets with a timeout on every wait.
+"""Weights over a torch.distributed side group: direct and packed transfers with a timeout on every wait.
 
     trainer (rank 0, hosts the TCPStore)                       rollout ranks 1..N
       manifest (names, shapes, dtypes) ──broadcast──>          refit_plan -> all agree (all-reduce MIN)
-      pack bucket i+1 into buffer B  ║ broadcast buffer A ──>  unpack bucket i-1 ║ receive bucket i
-                 (two buffers of bucket_bytes; packing overlaps the transfer on both sides)
+      small tensors: pack bucket i+1 ║ broadcast bucket i ──>  unpack bucket i-1 ║ receive bucket i
+      large tensors: their own bytes ──broadcast──>            straight into the engine's tensor
+                     (or via a bucket buffer where layout or dtype differ)
 
 The side group is a standalone ProcessGroupGloo/NCCL built on its own
 TCPStore, so it never touches the default process group that FSDP uses.
 
 Guarantees:
-- The weights travel as one byte stream (each tensor at a 64-byte aligned
-  offset) cut into buckets of exactly `bucket_bytes` (the last one shorter),
-  so a tensor larger than a bucket spans several and at most two buckets of
-  memory are used beyond the model, whatever the tensor sizes and dtypes.
-- Before any bucket moves, every rank maps the sender's manifest onto its
+- Every rank derives the same list of broadcasts from the manifest, the
+  bucket size and the direct threshold the sender broadcasts with it, so the
+  ranks cannot disagree on what moves next. Tensors below the threshold travel
+  as one byte stream (64-byte aligned offsets) cut into buckets of exactly
+  `bucket_bytes`; larger ones follow, each in pieces of at most a bucket, from
+  and into their own storage where they are contiguous on the group's device
+  (and, on the receiver, of the sent dtype). Everything else goes through one
+  of two bucket buffers, so at most two buckets of memory are used beyond the
+  model, whatever the tensor sizes, dtypes and strides (a whole-tensor loader
+  also holds at most two tensors being assembled).
+- Before any byte moves, every rank maps the sender's manifest onto its
   engine through `refit_plan`, and all ranks agree on the outcome, so a layout
   mismatch is a clear error on every rank instead of a hang.
 - Every blocking wait has the group's timeout: a peer that dies or stalls
   makes the sync raise SyncFailed within the timeout, never hang. On CUDA the
-  buckets are ordered by streams (the CPU does not wait per bucket), and the
-  CPU waits, against the timeout, only where it must: the manifest, the
-  agreement, and the last collective, which completes after all others. A group that failed
+  transfers are ordered by streams (the CPU does not wait per transfer), and
+  the CPU waits, against the timeout, only where it must: the manifest, the
+  agreement, and the last collective, which completes after all others (the
+  receiver then synchronizes its stream: the weights are whole on return, and
+  it synchronizes the device before the first broadcast writes into them). A group that failed
   is closed (communicator aborted) and must be formed again (a new epoch).
 - The sender returns only after every receiver confirmed it loaded the last
-  bucket (a final all-reduce), so a receiver that dies after the last byte left
+  transfer (a final all-reduce), so a receiver that dies after the last byte left
   still fails the sync.
-- Both sides can report a SHA-256 over the stream's bytes; equal digests mean
+- Both sides can report a SHA-256 over the bytes moved, in transfer order; equal digests mean
   the receiver holds exactly the bytes the sender sent.
 """
 
