@@ -296,10 +296,10 @@ class TransferPlan:
 def default_direct_bytes(bucket_bytes: int) -> int:
     """Tensors of at least this size are broadcast from (and into) their own storage; smaller ones are packed.
 
-    Below about bucket/16 (16 MiB for 256 MiB buckets) one more collective
-    costs more than the copies that packing adds.
+    A sixteenth of a bucket, at most 16 MiB: below about that, one more
+    collective costs more than the copies that packing adds.
     """
-    return max(ALIGN, bucket_bytes // 16)
+    return max(ALIGN, min(bucket_bytes // 16, 16 << 20))
 
 
 def transfer_plan(specs: list[TensorSpec], bucket_bytes: int, direct_bytes: int) -> TransferPlan:
