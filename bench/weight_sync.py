@@ -9,6 +9,12 @@
                                       parameters, receive, unpack into them, tag the version
     baseline, same processes and side group: one raw broadcast of a single buffer of the same bytes
 
+The refit runs as the deployment configures it except for the checksum
+(cluster.weight_sync_checksum, on by default: a SHA-256 of every byte on the
+host of both sides), which is off unless --checksum: with it the figure
+measures the host hash, not the transfer. --direct-mb 0 measures the
+all-packed path for comparison.
+
 Both are timed from a common start (an all-reduce) to the later of the two
 processes' end, best of --repeats after a warm-up. After the last refit the
 two processes compare per-tensor sums of the weights (exact equality).
@@ -17,6 +23,7 @@ refit moves weights at link speed).
 
     python bench/weight_sync.py                  # two GPUs, NCCL, 7B-shaped
     python bench/weight_sync.py --smoke          # CPU, gloo, a tiny model (seconds)
+    python bench/weight_sync.py --direct-mb 0    # every tensor packed (the path before the direct one)
 """
 
 from __future__ import annotations
@@ -80,7 +87,8 @@ def member(role: str, rendezvous, args: argparse.Namespace, out: mp.Queue) -> No
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
         device = torch.device("cpu")
     timeout = timedelta(seconds=args.timeout)
-    transport = CollectiveTransport(timeout, args.bucket_mb * 2**20, checksum=False, device=str(device))
+    direct = None if args.direct_mb is None else int(args.direct_mb * 2**20)
+    transport = CollectiveTransport(timeout, args.bucket_mb * 2**20, args.checksum, str(device), direct)
 
     def sync_device() -> None:
         if device.type == "cuda":
@@ -148,10 +156,24 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny model, gloo on CPU")
     parser.add_argument("--backend", choices=["gloo", "nccl"], default=None, help="default: nccl, gloo with --smoke")
     parser.add_argument("--bucket-mb", type=int, default=256, help="cluster.weight_sync_bucket_mb")
+    parser.add_argument(
+        "--direct-mb",
+        type=float,
+        default=None,
+        help="tensors of at least this size skip the buckets (default bucket/16, at most 16 MiB; 0 packs every tensor)",
+    )
+    parser.add_argument(
+        "--checksum",
+        action="store_true",
+        help="SHA-256 on both sides, as cluster.weight_sync_checksum (default true in deployments) does; "
+        "off by default here: it measures the host hash, not the transfer",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=60.0, help="weight-sync timeout, seconds")
     args = parser.parse_args()
     args.backend = args.backend or ("gloo" if args.smoke else "nccl")
+    if args.smoke and args.direct_mb is None:
+        args.direct_mb = 0.01  # the tiny model's larger tensors go direct, its smaller ones packed: both paths run
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import socket
@@ -198,8 +220,10 @@ def main() -> None:
     refit = min(max(a, b) for a, b in zip(got["trainer"][1]["refit"], got["rollout"][1]["refit"], strict=True))
     equal = got["trainer"][2] == got["rollout"][2]
     gb = nbytes / 1e9
+    direct = "bucket/16 (max 16 MiB)" if args.direct_mb is None else f"{args.direct_mb:g} MiB"
     print(
-        f"backend {args.backend}, {gb:.2f} GB bf16 in {len(got['trainer'][2])} tensors, buckets of {args.bucket_mb} MiB"
+        f"backend {args.backend}, {gb:.2f} GB bf16 in {len(got['trainer'][2])} tensors, "
+        f"buckets of {args.bucket_mb} MiB, direct from {direct}, checksum {'on' if args.checksum else 'off'}"
     )
     print(f"raw broadcast of one buffer: {raw * 1e3:9.1f} ms  {gb / raw:7.1f} GB/s")
     print(f"refit (pack, transfer, load into the engine): {refit * 1e3:9.1f} ms  {gb / refit:7.1f} GB/s")

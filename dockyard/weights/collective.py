@@ -1,31 +1,40 @@
-"""Weights over a torch.distributed side group: packed, double-buffered buckets with a timeout on every wait.
+"""Weights over a torch.distributed side group: direct and packed transfers with a timeout on every wait.
 
     trainer (rank 0, hosts the TCPStore)                       rollout ranks 1..N
       manifest (names, shapes, dtypes) ──broadcast──>          refit_plan -> all agree (all-reduce MIN)
-      pack bucket i+1 into buffer B  ║ broadcast buffer A ──>  unpack bucket i-1 ║ receive bucket i
-                 (two buffers of bucket_bytes; packing overlaps the transfer on both sides)
+      small tensors: pack bucket i+1 ║ broadcast bucket i ──>  unpack bucket i-1 ║ receive bucket i
+      large tensors: their own bytes ──broadcast──>            straight into the engine's tensor
+                     (or via a bucket buffer where layout or dtype differ)
 
 The side group is a standalone ProcessGroupGloo/NCCL built on its own
 TCPStore, so it never touches the default process group that FSDP uses.
 
 Guarantees:
-- The weights travel as one byte stream (each tensor at a 64-byte aligned
-  offset) cut into buckets of exactly `bucket_bytes` (the last one shorter),
-  so a tensor larger than a bucket spans several and at most two buckets of
-  memory are used beyond the model, whatever the tensor sizes and dtypes.
-- Before any bucket moves, every rank maps the sender's manifest onto its
+- Every rank derives the same list of broadcasts from the manifest, the
+  bucket size and the direct threshold the sender broadcasts with it, so the
+  ranks cannot disagree on what moves next. Tensors below the threshold travel
+  as one byte stream (64-byte aligned offsets) cut into buckets of exactly
+  `bucket_bytes`; larger ones follow, each in pieces of at most a bucket, from
+  and into their own storage where they are contiguous on the group's device
+  (and, on the receiver, of the sent dtype). Everything else goes through one
+  of two bucket buffers, so at most two buckets of memory are used beyond the
+  model, whatever the tensor sizes, dtypes and strides (a whole-tensor loader
+  also holds at most two tensors being assembled).
+- Before any byte moves, every rank maps the sender's manifest onto its
   engine through `refit_plan`, and all ranks agree on the outcome, so a layout
   mismatch is a clear error on every rank instead of a hang.
 - Every blocking wait has the group's timeout: a peer that dies or stalls
   makes the sync raise SyncFailed within the timeout, never hang. On CUDA the
-  buckets are ordered by streams (the CPU does not wait per bucket), and the
-  CPU waits, against the timeout, only where it must: the manifest, the
-  agreement, and the last collective, which completes after all others. A group that failed
+  transfers are ordered by streams (the CPU does not wait per transfer), and
+  the CPU waits, against the timeout, only where it must: the manifest, the
+  agreement, and the last collective, which completes after all others (the
+  receiver then synchronizes its stream: the weights are whole on return, and
+  it synchronizes the device before the first broadcast writes into them). A group that failed
   is closed (communicator aborted) and must be formed again (a new epoch).
 - The sender returns only after every receiver confirmed it loaded the last
-  bucket (a final all-reduce), so a receiver that dies after the last byte left
+  transfer (a final all-reduce), so a receiver that dies after the last byte left
   still fails the sync.
-- Both sides can report a SHA-256 over the stream's bytes; equal digests mean
+- Both sides can report a SHA-256 over the bytes moved, in transfer order; equal digests mean
   the receiver holds exactly the bytes the sender sent.
 """
 
@@ -199,31 +208,61 @@ def _pieces(specs: list[TensorSpec], offsets: list[int], lo: int, hi: int) -> It
         yield i, (start - off) // size, (stop - off) // size, start - lo, stop - lo
 
 
-def _buffer_views(
-    buf: torch.Tensor, specs: list[TensorSpec], offsets: list[int], lo: int, hi: int
-) -> Iterable[tuple[int, int, int, torch.Tensor]]:
-    for i, a, b, s, e in _pieces(specs, offsets, lo, hi):
-        yield i, a, b, buf[s:e].view(specs[i].torch_dtype)
-
-
 def _hash_update(digest, buf: torch.Tensor) -> None:
     digest.update(memoryview(buf.detach().cpu().contiguous().numpy()))
 
 
-def _send_manifest(group: SideGroup, specs: list[TensorSpec], bucket_bytes: int) -> None:
+def _copy_flat(t: torch.Tensor, a: int, b: int, flat: torch.Tensor, into_flat: bool) -> None:
+    """Copy between elements [a, b) of `t` in row-major order and the 1-D `flat` (casting), never copying all of `t`.
+
+    A contiguous or 1-D `t` is sliced as a view; otherwise the range is split
+    into whole rows along dim 0 (one strided copy) and partial rows at either
+    end (recursion), so a non-contiguous tensor larger than a bucket moves
+    through a bucket-sized buffer.
+    """
+    if a >= b:
+        return
+    if t.dim() <= 1 or t.is_contiguous():
+        part = t.view(-1)[a:b]
+        if into_flat:
+            flat.copy_(part)
+        else:
+            part.copy_(flat)
+        return
+    row = t[0].numel()
+    first, pos = a // row, 0
+    if a % row:  # a partial first row
+        end = min(b, (first + 1) * row)
+        _copy_flat(t[first], a - first * row, end - first * row, flat[: end - a], into_flat)
+        pos, first = end - a, first + 1
+    last = b // row
+    if last > first:  # whole rows: one strided copy
+        n = (last - first) * row
+        block = flat[pos : pos + n].view(last - first, *t.shape[1:])
+        if into_flat:
+            block.copy_(t[first:last])
+        else:
+            t[first:last].copy_(block)
+        pos += n
+    if pos < b - a:  # a partial last row
+        _copy_flat(t[last], 0, b - a - pos, flat[pos:], into_flat)
+
+
+def _send_manifest(group: SideGroup, specs: list[TensorSpec], bucket_bytes: int, direct_bytes: int) -> None:
     body = json.dumps([s.to_json() for s in specs]).encode()
-    header = torch.tensor([len(body), bucket_bytes], dtype=torch.int64, device=group.device)
+    header = torch.tensor([len(body), bucket_bytes, direct_bytes], dtype=torch.int64, device=group.device)
     group._broadcast(header, "manifest header")
     group._broadcast(torch.frombuffer(bytearray(body), dtype=torch.uint8).to(group.device), "manifest")
 
 
-def _receive_manifest(group: SideGroup) -> tuple[list[TensorSpec], int]:
-    header = torch.zeros(2, dtype=torch.int64, device=group.device)
+def _receive_manifest(group: SideGroup) -> tuple[list[TensorSpec], int, int]:
+    header = torch.zeros(3, dtype=torch.int64, device=group.device)
     group._broadcast(header, "manifest header")
-    length, bucket_bytes = (int(v) for v in header.tolist())
+    length, bucket_bytes, direct_bytes = (int(v) for v in header.tolist())
     body = torch.empty(length, dtype=torch.uint8, device=group.device)
     group._broadcast(body, "manifest")
-    return [TensorSpec.from_json(item) for item in json.loads(bytes(body.cpu().numpy()))], bucket_bytes
+    specs = [TensorSpec.from_json(item) for item in json.loads(bytes(body.cpu().numpy()))]
+    return specs, bucket_bytes, direct_bytes
 
 
 def _agree(group: SideGroup, error: Exception | None) -> None:
@@ -236,40 +275,128 @@ def _agree(group: SideGroup, error: Exception | None) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Transfer:
+    """One broadcast: bytes [lo, hi) of tensor `index` (direct), or of the packed stream when `index` is -1."""
+
+    index: int
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True)
+class TransferPlan:
+    """What moves, in which order; every rank derives the same plan from the manifest alone."""
+
+    transfers: list[Transfer]
+    packed: list[int]  # manifest indices of the packed tensors, in stream order
+    packed_offsets: list[int]  # their byte offsets in the packed stream
+
+
+def default_direct_bytes(bucket_bytes: int) -> int:
+    """Tensors of at least this size are broadcast from (and into) their own storage; smaller ones are packed.
+
+    A sixteenth of a bucket, at most 16 MiB: below about that, one more
+    collective costs more than the copies that packing adds.
+    """
+    return max(ALIGN, min(bucket_bytes // 16, 16 << 20))
+
+
+def transfer_plan(specs: list[TensorSpec], bucket_bytes: int, direct_bytes: int) -> TransferPlan:
+    """Packed buckets of the small tensors first, then each large tensor in manifest order, cut into buckets.
+
+    `direct_bytes` <= 0 packs every tensor. Every transfer is at most
+    `bucket_bytes` long and starts at a multiple of it (so at an element
+    boundary), which is what bounds the scratch memory of either side.
+    """
+    direct = [i for i, s in enumerate(specs) if direct_bytes > 0 and s.nbytes >= direct_bytes]
+    chosen = set(direct)
+    packed = [i for i in range(len(specs)) if i not in chosen]
+    offsets, total = _layout([specs[i] for i in packed])
+    transfers = [Transfer(-1, lo, min(total, lo + bucket_bytes)) for lo in range(0, total, bucket_bytes)]
+    for i in direct:
+        n = specs[i].nbytes
+        transfers.extend(Transfer(i, lo, min(n, lo + bucket_bytes)) for lo in range(0, n, bucket_bytes))
+    return TransferPlan(transfers, packed, offsets)
+
+
+def _packed_views(
+    buf: torch.Tensor, specs: list[TensorSpec], plan: TransferPlan, lo: int, hi: int
+) -> Iterable[tuple[int, int, int, torch.Tensor]]:
+    """(manifest index, first element, end element, view of `buf`) of each packed piece in stream bytes [lo, hi)."""
+    packed_specs = [specs[i] for i in plan.packed]
+    for j, a, b, s, e in _pieces(packed_specs, plan.packed_offsets, lo, hi):
+        yield plan.packed[j], a, b, buf[s:e].view(packed_specs[j].torch_dtype)
+
+
+def _byte_view(t: torch.Tensor) -> torch.Tensor:
+    return t.view(-1).view(torch.uint8)
+
+
+def _bucket_bytes(bucket_bytes: int) -> int:
+    return max(ALIGN, bucket_bytes // ALIGN * ALIGN)
+
+
 @torch.no_grad()
 def send_weights(
-    group: SideGroup, tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, checksum: bool = True
+    group: SideGroup,
+    tensors: Iterable[tuple[str, torch.Tensor]],
+    bucket_bytes: int,
+    checksum: bool = True,
+    direct_bytes: int | None = None,
 ) -> SyncReport:
-    """Rank 0: broadcast `tensors` (in this order, by canonical name) to every other rank."""
+    """Rank 0: broadcast `tensors` (in this order, by canonical name) to every other rank.
+
+    Tensors of at least `direct_bytes` (default `default_direct_bytes`) that are
+    contiguous on the group's device leave from their own storage; the rest
+    are copied into one of two bucket buffers first.
+    """
     if group.rank != 0:
         raise ValueError(f"rank {group.rank} cannot send: rank 0 sends")
     start = time.perf_counter()
-    bucket_bytes = max(ALIGN, bucket_bytes // ALIGN * ALIGN)
+    bucket_bytes = _bucket_bytes(bucket_bytes)
+    direct_bytes = default_direct_bytes(bucket_bytes) if direct_bytes is None else max(0, direct_bytes)
     items = [(canonical_name(n), t.detach()) for n, t in tensors]
     specs = [TensorSpec.of(n, t) for n, t in items]
-    flats = [t.reshape(-1) for _, t in items]
-    _send_manifest(group, specs, bucket_bytes)
+    _send_manifest(group, specs, bucket_bytes, direct_bytes)
     _agree(group, None)
-    offsets, total = _layout(specs)
-    buffers = [torch.empty(min(bucket_bytes, max(total, 1)), dtype=torch.uint8, device=group.device) for _ in (0, 1)]
+    plan = transfer_plan(specs, bucket_bytes, direct_bytes)
+    longest = max((t.hi - t.lo for t in plan.transfers), default=1)
+    buffers: list[torch.Tensor] = []  # the two bucket buffers, made on first use (none if every tensor goes direct)
     digest = hashlib.sha256()
-    pending: list[tuple[dist.Work, torch.Tensor]] = []
-    for k, lo in enumerate(range(0, total, bucket_bytes)):
-        hi = min(total, lo + bucket_bytes)
-        buf = buffers[k % 2][: hi - lo]
-        if len(pending) == 2:  # this buffer's previous bucket must have left first
-            work, _ = pending.pop(0)
-            if checksum:
-                group._wait(work, f"bucket {k - 2}")  # hashing reads on the CPU: never block on a dead peer
+    pending: list[dist.Work] = []
+    in_buffer: list[tuple[dist.Work, int]] = []  # the last broadcast out of each buffer, oldest first
+    for k, transfer in enumerate(plan.transfers):
+        n = transfer.hi - transfer.lo
+        t = items[transfer.index][1] if transfer.index >= 0 else None
+        slot = None
+        if t is not None and t.is_contiguous() and t.device == group.device:
+            src = _byte_view(t)[transfer.lo : transfer.hi]  # no copy: the tensor's own bytes
+        else:
+            if len(buffers) < 2:
+                buffers.append(torch.empty(longest, dtype=torch.uint8, device=group.device))
+                slot = len(buffers) - 1
+            else:  # this buffer's previous broadcast must have left first
+                work, slot = in_buffer.pop(0)
+                if checksum:
+                    group._wait(work, f"transfer {k}: buffer reuse")  # hashing reads on the CPU: never block
+                else:
+                    group._order(work, f"transfer {k}: buffer reuse")
+            src = buffers[slot][:n]
+            if t is not None:  # a large tensor that is not contiguous here: gathered piece by piece
+                size = t.element_size()
+                _copy_flat(t, transfer.lo // size, transfer.hi // size, src.view(t.dtype), into_flat=True)
             else:
-                group._order(work, f"bucket {k - 2}")
-        for i, a, b, view in _buffer_views(buf, specs, offsets, lo, hi):
-            view.copy_(flats[i][a:b], non_blocking=True)
-        pending.append((group.broadcast_async(buf), buf))
+                for i, a, b, view in _packed_views(src, specs, plan, transfer.lo, transfer.hi):
+                    _copy_flat(items[i][1], a, b, view, into_flat=True)
+        work = group.broadcast_async(src)
+        pending.append(work)
+        if slot is not None:
+            in_buffer.append((work, slot))
         if checksum:
-            _hash_update(digest, buf)
-    for work, _ in pending:
-        group._wait(work, "last buckets")
+            _hash_update(digest, src)
+    for k, work in enumerate(pending):  # on NCCL the last completes after all; gloo may run them out of order
+        group._wait(work, f"transfer {k}")
     # Sent is not received: only when every replica confirms is the sync done.
     if not group._all_ok(True):
         raise SyncFailed("a rollout replica failed to load the weights it received (see its log)")
@@ -302,13 +429,21 @@ class TensorSink:
 def receive_weights(
     group: SideGroup, sink: TensorSink | Iterable[tuple[str, torch.Tensor]], checksum: bool = True
 ) -> SyncReport:
-    """Ranks > 0: load rank 0's weights into `sink` (live tensors are overwritten in place, cast as needed)."""
+    """Ranks > 0: load rank 0's weights into `sink` (live tensors are overwritten in place, cast as needed).
+
+    A large tensor lands directly in its live target when dtype, device and
+    contiguity match; otherwise it goes through a bucket buffer and is cast
+    and copied into place from there.
+    """
     if group.rank == 0:
         raise ValueError("rank 0 cannot receive: rank 0 sends")
     if not isinstance(sink, TensorSink):
         sink = TensorSink(targets=dict(sink))
     start = time.perf_counter()
-    specs, bucket_bytes = _receive_manifest(group)
+    if group.device.type == "cuda":
+        # Kernels still reading the weights (any stream) finish before a broadcast writes into them.
+        torch.cuda.synchronize(group.device)
+    specs, bucket_bytes, direct_bytes = _receive_manifest(group)
     error: Exception | None = None
     names: list[str] = []
     try:
@@ -316,48 +451,82 @@ def receive_weights(
     except RefitError as exc:
         error = exc
     _agree(group, error)
-    offsets, total = _layout(specs)
-    buffers = [torch.empty(min(bucket_bytes, max(total, 1)), dtype=torch.uint8, device=group.device) for _ in (0, 1)]
+    plan = transfer_plan(specs, bucket_bytes, direct_bytes)
+    longest = max((t.hi - t.lo for t in plan.transfers), default=1)
+    buffers: list[torch.Tensor] = []
     digest = hashlib.sha256()
-    partial: dict[int, torch.Tensor] = {}  # whole-tensor loaders: tensors that span buckets, being assembled
+    partial: dict[int, torch.Tensor] = {}  # whole-tensor loaders: tensors being assembled
 
-    def unpack(lo: int, hi: int, buf: torch.Tensor) -> None:
+    def buffer(slot: int) -> torch.Tensor:
+        while len(buffers) <= slot:
+            buffers.append(torch.empty(longest, dtype=torch.uint8, device=group.device))
+        return buffers[slot]
+
+    def assembled(i: int) -> torch.Tensor:
+        return partial.setdefault(i, torch.empty(specs[i].numel, dtype=specs[i].torch_dtype, device=group.device))
+
+    def destination(transfer: Transfer, slot: int) -> tuple[torch.Tensor, bool]:
+        """Where transfer's bytes land, and whether they must be copied out of a bucket buffer afterwards."""
+        n = transfer.hi - transfer.lo
+        if transfer.index < 0:
+            return buffer(slot)[:n], True
+        spec = specs[transfer.index]
+        if sink.targets is None:
+            return _byte_view(assembled(transfer.index))[transfer.lo : transfer.hi], False
+        t = sink.targets[names[transfer.index]]
+        if t.dtype == spec.torch_dtype and t.is_contiguous() and t.device == group.device:
+            return _byte_view(t)[transfer.lo : transfer.hi], False  # no copy: straight into the live tensor
+        return buffer(slot)[:n], True
+
+    def finish(transfer: Transfer, dst: tuple[torch.Tensor, bool], work: dist.Work, k: int) -> None:
+        """Transfer `k` has arrived (ordered on CUDA, waited on gloo): hash it, copy it into place, load it."""
+        view, copy_out = dst
         if checksum:
-            _hash_update(digest, buf)
-        whole = []
-        for i, a, b, view in _buffer_views(buf, specs, offsets, lo, hi):
-            if sink.targets is not None:
-                sink.targets[names[i]].view(-1)[a:b].copy_(view)
-                continue
-            if a == 0 and b == specs[i].numel:
-                whole.append((names[i], view.clone().view(specs[i].shape)))
-                continue
-            dest = partial.setdefault(i, torch.empty(specs[i].numel, dtype=specs[i].torch_dtype, device=buf.device))
-            dest[a:b].copy_(view)
-            if b == specs[i].numel:
-                whole.append((names[i], partial.pop(i).view(specs[i].shape)))
+            group._wait(work, f"transfer {k}")
+            _hash_update(digest, view)
+        elif copy_out or sink.load is not None:
+            group._order(work, f"transfer {k}")
+        whole: list[tuple[str, torch.Tensor]] = []
+        if transfer.index >= 0:
+            spec = specs[transfer.index]
+            if copy_out:  # a dtype, device or layout mismatch: cast and copy from the bucket buffer
+                size = spec.torch_dtype.itemsize
+                flat = view.view(spec.torch_dtype)
+                _copy_flat(sink.targets[names[transfer.index]], transfer.lo // size, transfer.hi // size, flat, False)
+            elif sink.load is not None and transfer.hi == spec.nbytes:
+                whole.append((names[transfer.index], partial.pop(transfer.index).view(spec.shape)))
+        else:
+            for i, a, b, piece in _packed_views(view, specs, plan, transfer.lo, transfer.hi):
+                if sink.targets is not None:
+                    _copy_flat(sink.targets[names[i]], a, b, piece, into_flat=False)
+                    continue
+                if a == 0 and b == specs[i].numel:
+                    whole.append((names[i], piece.clone().view(specs[i].shape)))
+                    continue
+                assembled(i)[a:b].copy_(piece)
+                if b == specs[i].numel:
+                    whole.append((names[i], partial.pop(i).view(specs[i].shape)))
         if whole and sink.load is not None:
             sink.load(whole)
 
-    previous: tuple[dist.Work, int, int, torch.Tensor] | None = None
-    for k, lo in enumerate(range(0, total, bucket_bytes)):
-        hi = min(total, lo + bucket_bytes)
-        buf = buffers[k % 2][: hi - lo]
-        # Unpacking of bucket k-2 (this buffer) was ordered before this receive.
-        work = group.broadcast_async(buf)
+    pending: list[dist.Work] = []
+    previous: tuple[Transfer, tuple[torch.Tensor, bool], dist.Work, int] | None = None
+    uses = 0  # transfers through a bucket buffer so far: they alternate between the two
+    for k, transfer in enumerate(plan.transfers):
+        # The copy out of this buffer's previous transfer (two buffer uses ago) was ordered before this receive.
+        dst = destination(transfer, uses % 2)
+        uses += dst[1]
+        work = group.broadcast_async(dst[0])
+        pending.append(work)
         if previous is not None:
-            pwork, plo, phi, pbuf = previous
-            if checksum:
-                group._wait(pwork, f"bucket {k - 1}")
-            else:
-                group._order(pwork, f"bucket {k - 1}")
-            unpack(plo, phi, pbuf)
-        previous = (work, lo, hi, buf)
+            finish(*previous)
+        previous = (transfer, dst, work, k)
+    for k, work in enumerate(pending):  # on NCCL the last completes after all; gloo may run them out of order
+        group._wait(work, f"transfer {k}")
     if previous is not None:
-        pwork, plo, phi, pbuf = previous
-        group._wait(pwork, "last bucket")
-        unpack(plo, phi, pbuf)
+        finish(*previous)
     if group.device.type == "cuda":
+        # The copies out of the buffers ran on this stream; the weights are whole before anyone reads them.
         torch.cuda.current_stream(group.device).synchronize()
     group._all_ok(True)  # confirm receipt to the sender
     payload = sum(spec.nbytes for spec in specs)

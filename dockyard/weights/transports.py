@@ -69,7 +69,10 @@ def transport_from_spec(spec: dict, device: str | None = None) -> Transport:
     """The transport `spec` describes, for a member on `device`."""
     timeout = timedelta(seconds=float(spec["timeout_s"]))
     if spec["kind"] == "collective":
-        return CollectiveTransport(timeout, int(spec["bucket_bytes"]), bool(spec["checksum"]), device)
+        direct = spec.get("direct_bytes")
+        return CollectiveTransport(
+            timeout, int(spec["bucket_bytes"]), bool(spec["checksum"]), device, None if direct is None else int(direct)
+        )
     if spec["kind"] == "checkpoint":
         return CheckpointTransport(
             spec["folder"], timeout, int(spec["shard_bytes"]), int(spec["keep"]), bool(spec["checksum"])
@@ -83,10 +86,18 @@ class CollectiveTransport(Transport):
     name = "collective"
     needs_rendezvous = True
 
-    def __init__(self, timeout: timedelta, bucket_bytes: int, checksum: bool = True, device: str | None = None) -> None:
+    def __init__(
+        self,
+        timeout: timedelta,
+        bucket_bytes: int,
+        checksum: bool = True,
+        device: str | None = None,
+        direct_bytes: int | None = None,
+    ) -> None:
         self.timeout = timeout
         self.bucket_bytes = bucket_bytes
         self.checksum = checksum
+        self.direct_bytes = direct_bytes  # tensors this large skip the buckets; None = derived from bucket_bytes
         self.device = device  # the member's GPU for NCCL ("cuda:1"); None = the current one
         self.group: SideGroup | None = None
 
@@ -106,7 +117,9 @@ class CollectiveTransport(Transport):
         return self.group
 
     def send(self, tensors, version, rendezvous=None) -> SyncReport:
-        return self._guard(lambda: send_weights(self._group(rendezvous), tensors, self.bucket_bytes, self.checksum))
+        return self._guard(
+            lambda: send_weights(self._group(rendezvous), tensors, self.bucket_bytes, self.checksum, self.direct_bytes)
+        )
 
     def receive(self, sink, version, rendezvous=None) -> SyncReport:
         return self._guard(lambda: receive_weights(self._group(rendezvous), sink, self.checksum))
@@ -117,6 +130,7 @@ class CollectiveTransport(Transport):
             "timeout_s": self.timeout.total_seconds(),
             "bucket_bytes": self.bucket_bytes,
             "checksum": self.checksum,
+            "direct_bytes": self.direct_bytes,
         }
 
     def _guard(self, move):
