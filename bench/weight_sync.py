@@ -160,7 +160,7 @@ def main() -> None:
         "--direct-mb",
         type=float,
         default=None,
-        help="tensors of at least this size skip the buckets (default bucket/16, at most 16 MiB; 0 packs every tensor)",
+        help="tensors of at least this size skip the buckets (default a quarter of a bucket; 0 packs every tensor)",
     )
     parser.add_argument(
         "--checksum",
@@ -220,7 +220,7 @@ def main() -> None:
     refit = min(max(a, b) for a, b in zip(got["trainer"][1]["refit"], got["rollout"][1]["refit"], strict=True))
     equal = got["trainer"][2] == got["rollout"][2]
     gb = nbytes / 1e9
-    direct = "bucket/16 (max 16 MiB)" if args.direct_mb is None else f"{args.direct_mb:g} MiB"
+    direct = "bucket/4" if args.direct_mb is None else f"{args.direct_mb:g} MiB"
     print(
         f"backend {args.backend}, {gb:.2f} GB bf16 in {len(got['trainer'][2])} tensors, "
         f"buckets of {args.bucket_mb} MiB, direct from {direct}, checksum {'on' if args.checksum else 'off'}"
