@@ -10,10 +10,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.sandbox.images import SANDBOX_IMAGE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,7 +99,11 @@ def require_tool(path: Path | str, what: str) -> str:
     path = Path(path)
     if path.exists():
         return str(path)
-    message = f"{what} not found at {path} (make tools installs it)"
+    missing(f"{what} not found at {path} (make tools installs it)")
+
+
+def missing(message: str) -> NoReturn:
+    """Skip loudly for what this machine lacks; under CI=1 that is a failure."""
     if os.environ.get("CI"):
         pytest.fail(f"{message}: CI must run this test")
     pytest.skip(message)
@@ -198,9 +205,6 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server.stop()
 
 
-SANDBOX_IMAGE = "dockyard/sandbox:latest"
-
-
 def require_docker() -> None:
     """A docker CLI and an engine that answers; otherwise skip loudly here and fail under CI=1."""
     import shutil
@@ -208,10 +212,7 @@ def require_docker() -> None:
     require_tool(shutil.which("docker") or "/usr/bin/docker", "docker CLI")
     info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=60)
     if info.returncode != 0:
-        message = f"the docker engine does not answer (`docker info`: {info.stderr.strip()[-300:]})"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message}: CI must run this test")
-        pytest.skip(message)
+        missing(f"the docker engine does not answer (`docker info`: {info.stderr.strip()[-300:]})")
 
 
 @pytest.fixture(scope="session")

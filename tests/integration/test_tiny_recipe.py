@@ -38,11 +38,10 @@ def alive_services(log_root: Path) -> list[str]:
     return alive
 
 
-def test_dockyard_run_trains_to_succeeded_and_writes_the_run_folder(tmp_path: Path) -> None:
-    model_dir, runs = tmp_path / "model", tmp_path / "runs"
-    overrides = [*SHORT, f"policy.model_name={model_dir}", f"logger.log_dir={runs}"]
+def dockyard_run(config: str, overrides: list[str]) -> subprocess.CompletedProcess:
+    """`dockyard run CONFIG OVERRIDES` from the repository root; asserts that it succeeded."""
     result = subprocess.run(
-        [sys.executable, "-m", "dockyard.cli", "run", "examples/configs/tiny_expr.yaml", *overrides],
+        [sys.executable, "-m", "dockyard.cli", "run", config, *overrides],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -50,6 +49,13 @@ def test_dockyard_run_trains_to_succeeded_and_writes_the_run_folder(tmp_path: Pa
         stdin=subprocess.DEVNULL,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def test_dockyard_run_trains_to_succeeded_and_writes_the_run_folder(tmp_path: Path) -> None:
+    model_dir, runs = tmp_path / "model", tmp_path / "runs"
+    overrides = [*SHORT, f"policy.model_name={model_dir}", f"logger.log_dir={runs}"]
+    result = dockyard_run("examples/configs/tiny_expr.yaml", overrides)
     assert "SUCCEEDED" in result.stdout
 
     [run_dir] = [p for p in runs.iterdir() if p.name != "logs"]
@@ -87,15 +93,7 @@ def test_a_stopped_job_resumes_from_its_latest_checkpoint(tmp_path: Path) -> Non
 
     def run(*extra: str) -> list[dict]:
         before = set(runs.iterdir()) if runs.exists() else set()
-        result = subprocess.run(
-            [sys.executable, "-m", "dockyard.cli", "run", "examples/configs/tiny_expr.yaml", *common, *extra],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            stdin=subprocess.DEVNULL,
-        )
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        dockyard_run("examples/configs/tiny_expr.yaml", [*common, *extra])
         [run_dir] = [p for p in set(runs.iterdir()) - before if p.name != "logs"]
         return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -126,15 +124,7 @@ def test_a_supervised_job_trains_validates_and_checkpoints(tmp_path: Path) -> No
         f"logger.log_dir={runs}",
         "logger.plot=false",
     ]
-    result = subprocess.run(
-        [sys.executable, "-m", "dockyard.cli", "run", "examples/configs/tiny_expr_sft.yaml", *overrides],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    dockyard_run("examples/configs/tiny_expr_sft.yaml", overrides)
     [run_dir] = [p for p in runs.iterdir() if p.name != "logs"]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["kind"] == "train"]
