@@ -296,9 +296,9 @@ class TransferPlan:
 def default_direct_bytes(bucket_bytes: int) -> int:
     """Tensors of at least this size are broadcast from (and into) their own storage; smaller ones are packed.
 
-    A quarter of a bucket. Measured on two H200s (7B-shaped bf16, 256 MiB buckets), direct
-    transfers from 64 MiB beat packing everything (refit 51.8 ms vs 54.0 ms) while thresholds of
-    16 and 4 MiB were slower (59.5 and 58.4 ms): each extra collective costs more than the
+    A quarter of a bucket. On two H200s (7B-shaped bf16, 256 MiB buckets; bench/README.md) direct
+    transfers from 64 MiB and packing everything were within run-to-run spread of each other,
+    while thresholds of 16 and 4 MiB were slower: each extra collective costs more than the
     copies that packing adds.
     """
     return max(ALIGN, bucket_bytes // 4)

@@ -10,22 +10,15 @@ from datetime import timedelta
 import pytest
 import torch
 
-from dockyard.models import build_char_tokenizer, build_random_model
 from dockyard.weights.transports import CheckpointTransport
 from services.rollout import engine as engine_module
 from services.rollout.engine import TorchEngine
 from services.rollout.sampling import SamplingParams
-from tests.unit.test_torch_engine import PROMPT, TINY, greedy_reference, recompute_logprobs
+from tests.unit.test_torch_engine import PROMPT, greedy_reference, recompute_logprobs, tiny_engine
 
 
 def _engine(kv_cache: str = "dynamic", in_flight: bool = False) -> TorchEngine:
-    torch.set_num_threads(1)
-    tok = build_char_tokenizer()
-    model = build_random_model(
-        TINY, len(tok), seed=0, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.bos_token_id,
-    )  # fmt: skip
-    return TorchEngine(model, tok, "cpu", kv_cache=kv_cache, in_flight_weight_updates=in_flight)
+    return tiny_engine("cpu", kv_cache=kv_cache, in_flight_weight_updates=in_flight)
 
 
 def test_static_cache_generates_what_the_model_computes() -> None:

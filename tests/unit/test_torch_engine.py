@@ -26,8 +26,8 @@ TINY = {
 PROMPT = "1+2="
 
 
-@pytest.fixture(scope="module")
-def engine() -> TorchEngine:
+def tiny_engine(device: str, **options) -> TorchEngine:
+    """A TorchEngine on the TINY model (seed 0) with the character tokenizer; `options` go to TorchEngine."""
     torch.set_num_threads(1)
     tok = build_char_tokenizer()
     model = build_random_model(
@@ -38,7 +38,12 @@ def engine() -> TorchEngine:
         eos_token_id=tok.eos_token_id,
         bos_token_id=tok.bos_token_id,
     )
-    return TorchEngine(model, tok, os.environ.get("DOCKYARD_TEST_DEVICE", "cpu"))
+    return TorchEngine(model, tok, device, **options)
+
+
+@pytest.fixture(scope="module")
+def engine() -> TorchEngine:
+    return tiny_engine(os.environ.get("DOCKYARD_TEST_DEVICE", "cpu"))
 
 
 def run(engine: TorchEngine, n: int, **sampling) -> GenerationResult:

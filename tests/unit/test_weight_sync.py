@@ -38,11 +38,12 @@ def _member(rank: int, port: int, bucket: int, mismatch: bool, out: mp.Queue) ->
         out.put((rank, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), None))
 
 
-def _run_pair(bucket: int, mismatch: bool = False) -> dict[int, tuple]:
+def run_pair(member, *args) -> dict[int, tuple]:
+    """Runs `member(rank, port, *args, out)` for ranks 0 and 1 in spawned processes; each puts (rank, ...) on `out`."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_member, args=(rank, port, bucket, mismatch, out)) for rank in (0, 1)]
+    procs = [ctx.Process(target=member, args=(rank, port, *args, out)) for rank in (0, 1)]
     for p in procs:
         p.start()
     results = {}
@@ -62,7 +63,7 @@ def _run_pair(bucket: int, mismatch: bool = False) -> dict[int, tuple]:
 
 def test_receiver_holds_exactly_the_senders_weights_with_small_buckets() -> None:
     # 1 KiB buckets force several buckets and a dtype switch between them.
-    results = _run_pair(bucket=1024)
+    results = run_pair(_member, 1024, False)
     assert results[0][0] == "ok" and results[1][0] == "ok", results
     sent_checksum, sent_bytes, sent_sums = results[0][1:]
     got_checksum, got_bytes, got_sums = results[1][1:]
@@ -72,7 +73,7 @@ def test_receiver_holds_exactly_the_senders_weights_with_small_buckets() -> None
 
 
 def test_layout_mismatch_is_an_error_on_every_rank_not_a_hang() -> None:
-    results = _run_pair(bucket=1 << 20, mismatch=True)
+    results = run_pair(_member, 1 << 20, True)
     for rank in (0, 1):
         status, message = results[rank][0], results[rank][1]
         assert status == "error", results

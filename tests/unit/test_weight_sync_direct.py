@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import multiprocessing as mp
-import queue
 import traceback
 
 import torch
@@ -12,7 +11,7 @@ import torch
 from dockyard.weights import collective
 from dockyard.weights.collective import Rendezvous, SideGroup, TensorSink, receive_weights, send_weights
 from dockyard.weights.refit import TensorSpec
-from tests.conftest import free_port
+from tests.unit.test_weight_sync import run_pair
 
 BUCKET = 1024  # bytes: the 64x48 float32 tensors span several buckets
 DIRECT = 512  # tensors of at least this many bytes go direct
@@ -101,24 +100,7 @@ def _member(rank: int, port: int, out: mp.Queue) -> None:
 
 
 def test_mixed_tensors_arrive_exactly_through_the_direct_and_the_buffered_paths() -> None:
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_member, args=(rank, port, out)) for rank in (0, 1)]
-    for p in procs:
-        p.start()
-    results = {}
-    try:
-        for _ in procs:
-            item = out.get(timeout=90)
-            results[item[0]] = item[1:]
-    except queue.Empty:
-        raise AssertionError(f"a member hung; got {results}") from None
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
+    results = run_pair(_member)
     assert results[0][0] == "ok" and results[1][0] == "ok", results
     sent_checksums, (got_checksums, received, copied) = results[0][1], results[1][1:]
     targets, loaded = torch.load(io.BytesIO(received))
