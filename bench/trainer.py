@@ -5,7 +5,7 @@
 
 Default: a Qwen2.5-0.5B-shaped qwen2 model (hidden 896, 24 layers, 14 heads, 2 kv heads,
 intermediate 4864, vocab 151936, tied embeddings; random init) in bf16 with fp32 master weights,
-32 sequences of 256-512 prompt + 512-1536 completion tokens, micro-batches of <= 16384 tokens.
+32 sequences of 256-512 prompt + 768-1536 completion tokens, micro-batches of <= 16384 tokens.
 `--smoke` runs a tiny model on CPU in fp32 for a few seconds.
 
 Model FLOPs per step (real tokens only; padding, activation recompute and the entropy are not

@@ -83,12 +83,11 @@ def prepare(cfg) -> None:
 
 
 def _job_line(job) -> str:
-    from dockyard.coordinator.v1 import coordinator_pb2
+    from services.coordinator.jobs import state_name
 
-    state_name = coordinator_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_")
     reward = job.metrics.get("reward_mean")
     val = job.validation_metrics.get("pass_rate")
-    parts = [f"{job.job_id}", state_name, f"step {job.step}/{job.max_steps}", job.phase]
+    parts = [f"{job.job_id}", state_name(job.state), f"step {job.step}/{job.max_steps}", job.phase]
     if reward is not None:
         parts.append(f"reward {reward:.3f}")
     if val is not None:
@@ -169,12 +168,8 @@ async def _follow(address: str, job_id: str, stack=None) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dockyard.coordinator.v1 import coordinator_pb2
+    from services.coordinator.jobs import FINISHED
 
-    finished = {
-        coordinator_pb2.JOB_STATE_SUCCEEDED,
-        coordinator_pb2.JOB_STATE_FAILED,
-        coordinator_pb2.JOB_STATE_CANCELLED,
-    }
     channel, stub = _coordinator(address)
     async with channel:
         with Progress(
@@ -197,7 +192,7 @@ async def _follow(address: str, job_id: str, stack=None) -> int:
                     val=f"{v['pass_rate']:.3f}" if "pass_rate" in v else "-",
                     tps=f"{m['generated_tokens_per_second']:.0f}" if "generated_tokens_per_second" in m else "-",
                 )
-                if job.state in finished:
+                if job.state in FINISHED:
                     break
                 if stack is not None and (dead := stack.dead()):
                     raise RuntimeError(f"service(s) exited during the job: {', '.join(dead)}; logs in {stack.log_dir}")
@@ -332,14 +327,12 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_build_swe(args) -> int:
-    from pathlib import Path
-
     from services.sandbox.task_builder import build
 
     package, sep, version = args.package.partition("==")
     if not sep or not package or not version:
         print(f"error: package must be NAME==VERSION, got {args.package!r}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         made = build(
             package,

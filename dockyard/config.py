@@ -69,7 +69,10 @@ class OptimizerConfig(Section):
     warmup_steps: int = Field(0, ge=0, description="Linear warmup over this many steps.")
     schedule: Literal["constant", "cosine"] = Field("constant", description="Learning rate after the warmup.")
     decay_steps: int | None = Field(
-        None, ge=1, description="Cosine: steps from the end of warmup to min_lr_ratio; null = grpo.max_num_steps."
+        None,
+        ge=1,
+        description="Cosine: steps from the end of warmup to min_lr_ratio; "
+        "null = the job's max_num_steps (grpo or sft) − warmup_steps.",
     )
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Cosine: final lr as a fraction of lr.")
     max_grad_norm: float | None = Field(1.0, gt=0.0, description="Clip gradients by global norm; null = off.")
@@ -349,6 +352,11 @@ class MasterConfig(Section):
         if errors:
             raise ValueError("; ".join(f"{field}: {message}" for field, message in errors))
         return self
+
+    @property
+    def max_num_steps(self) -> int:
+        """Optimizer steps of the job: sft.max_num_steps for a supervised job, else grpo.max_num_steps."""
+        return self.sft.max_num_steps if self.sft else self.grpo.max_num_steps
 
     def resolved_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

@@ -75,7 +75,7 @@ class JobRecord:
             job_id=self.job_id,
             state=self.state,
             step=self.step,
-            max_steps=self.config.sft.max_num_steps if self.config.sft else self.config.grpo.max_num_steps,
+            max_steps=self.config.max_num_steps,
             weight_version=self.weight_version,
             phase=self.phase,
             metrics=self.metrics,

@@ -249,7 +249,6 @@ class JobRunner:
         drawn = int(json.loads(loaded.data_state or "{}").get("tasks_drawn", 0))
         for _ in range(drawn):
             next(self._tasks_drawn)
-        self._tasks_drawn.count = drawn
         # The buffer's clock (age bound, puts from the future) starts at the resumed version.
         await self.stubs.buffer.AckGroups(
             buffer_pb2.AckGroupsRequest(job_id=self.record.job_id, weight_version=loaded.weight_version), timeout=10

@@ -13,6 +13,7 @@ batch the trainer cannot learn from (no trajectories, no completion tokens,
 a logprob count that differs from the token count, a non-finite reward or
 logprob, a token id outside the vocabulary, a sequence longer than the
 model's positions), naming the group and trajectory; it raises BatchError.
+`validate_rows` applies the same checks to supervised (prompt, completion) rows.
 """
 
 from __future__ import annotations
@@ -48,15 +49,30 @@ def validate_groups(groups: Sequence[common_pb2.Group], vocab_size: int, max_len
                 raise BatchError(f"{where}: reward is {t.reward}, not a finite number")
             if not all(math.isfinite(x) for x in t.completion_logprobs):
                 raise BatchError(f"{where}: completion_logprobs hold a non-finite value")
-            ids = [*t.prompt_token_ids, *t.completion_token_ids]
-            bad = [x for x in ids if not 0 <= x < vocab_size]
-            if bad:
-                raise BatchError(f"{where}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
-            if max_length is not None and len(ids) > max_length:
-                raise BatchError(f"{where}: {len(ids)} tokens exceed the model's {max_length} positions")
+            _check_ids(where, [*t.prompt_token_ids, *t.completion_token_ids], vocab_size, max_length)
             completion_tokens += len(t.completion_token_ids)
     if completion_tokens == 0:
         raise BatchError("empty batch: no trajectory has a completion token")
+
+
+def validate_rows(rows: Sequence[tuple[Sequence[int], Sequence[int]]], vocab_size: int, max_length: int | None) -> None:
+    """validate_groups for supervised (prompt ids, completion ids) rows, named demonstrations[i]."""
+    if not rows:
+        raise BatchError("empty batch: no demonstrations to train on")
+    for i, (prompt, completion) in enumerate(rows):
+        if not prompt:
+            raise BatchError(f"demonstrations[{i}]: empty prompt_token_ids")
+        _check_ids(f"demonstrations[{i}]", [*prompt, *completion], vocab_size, max_length)
+    if not any(completion for _, completion in rows):
+        raise BatchError("empty batch: no demonstration has a completion token")
+
+
+def _check_ids(where: str, ids: list[int], vocab_size: int, max_length: int | None) -> None:
+    bad = [x for x in ids if not 0 <= x < vocab_size]
+    if bad:
+        raise BatchError(f"{where}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    if max_length is not None and len(ids) > max_length:
+        raise BatchError(f"{where}: {len(ids)} tokens exceed the model's {max_length} positions")
 
 
 @dataclass

@@ -77,13 +77,9 @@ def retain(root: Path, keep_top_k: int | None, metric_name: str, higher_is_bette
     if keep_top_k is None or not found:
         return []
     sign = 1.0 if higher_is_better else -1.0
-
-    def rank(c: Checkpoint) -> tuple[int, float, int]:
-        value = c.metric(metric_name)
-        # Unmeasured checkpoints rank below measured ones; ties go to the newer step.
-        return (0, 0.0, c.step) if value is None else (1, sign * value, c.step)
-
-    best = sorted((c for c in found if c.metric(metric_name) is not None), key=rank, reverse=True)[:keep_top_k]
+    # Only measured checkpoints compete for the top k; ties go to the newer step.
+    measured = [c for c in found if c.metric(metric_name) is not None]
+    best = sorted(measured, key=lambda c: (sign * c.metric(metric_name), c.step), reverse=True)[:keep_top_k]
     keep = {c.path for c in best} | {found[-1].path}
     removed = []
     for c in found:

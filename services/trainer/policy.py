@@ -26,8 +26,8 @@ Guarantees:
   reference is the job's initial policy, also after a resume.
 - `sft_step` (supervised fine-tuning) shares all of the above: the same model,
   micro-batching, sharding, optimizer, schedule, checkpoints and metrics.
-- A batch that fails `validate_groups` raises BatchError before any tensor or
-  collective is touched: nothing is trained on it.
+- A batch that fails `validate_groups` (`validate_rows` for sft_step) raises
+  BatchError before any tensor or collective is touched: nothing is trained on it.
 - `save` + a new PolicyTrainer with checkpointing.resume continue bit for bit:
   weights, optimizer and scheduler state, every rank's RNG, the step.
 """
@@ -51,7 +51,7 @@ from dockyard.common.v1 import common_pb2
 from dockyard.config import MasterConfig
 from dockyard.models.load import DTYPES, load_policy
 from services.trainer import checkpoint
-from services.trainer.batch import Batch, build_batch, validate_groups
+from services.trainer.batch import Batch, build_batch, validate_groups, validate_rows
 
 _LOSS_STATS = ("pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "is_weight_mean", "ratio_mean")
 
@@ -163,8 +163,7 @@ class PolicyTrainer:
             return (step + 1) / opt.warmup_steps
         if opt.schedule == "constant":
             return 1.0
-        steps = self.config.sft.max_num_steps if self.config.sft else self.config.grpo.max_num_steps
-        horizon = opt.decay_steps or max(1, steps - opt.warmup_steps)
+        horizon = opt.decay_steps or max(1, self.config.max_num_steps - opt.warmup_steps)
         progress = min(1.0, (step - opt.warmup_steps) / horizon)
         return opt.min_lr_ratio + (1 - opt.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
@@ -220,6 +219,7 @@ class PolicyTrainer:
         batch (prompt tokens are context only), micro-batched and sharded like GRPO.
         """
         start = time.perf_counter()
+        validate_rows(demonstrations, self.model.config.vocab_size, self.max_positions)
         group = common_pb2.Group(
             group_id="sft",
             trajectories=[
@@ -233,7 +233,6 @@ class PolicyTrainer:
                 for i, (prompt, completion) in enumerate(demonstrations)
             ],
         )
-        validate_groups([group], self.model.config.vocab_size, self.max_positions)
         batch = build_batch([group], self.tokenizer.pad_token_id)
         total_tokens = float(batch.token_mask.sum())
         micro_batches = self._plan(batch, torch.zeros(len(batch)))

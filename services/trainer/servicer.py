@@ -26,7 +26,7 @@ from dockyard.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from dockyard.weights.rendezvous import coordinator_rendezvous, transport_for
 from dockyard.weights.synchronizer import WeightSyncFailed, WeightSynchronizer
 from services.trainer import checkpoint
-from services.trainer.batch import BatchError, validate_groups
+from services.trainer.batch import BatchError, validate_groups, validate_rows
 from services.trainer.policy import PolicyTrainer
 from services.trainer.ranks import Ranks
 from services.trainer.settings import TrainerSettings
@@ -118,12 +118,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         job = self._job(request.job_id)
         async with job.lock:
             policy = job.policy
-            expected = policy.weight_version + 1
-            if request.step != expected:
-                raise FailedPrecondition(
-                    f"the trainer has taken {policy.weight_version} steps; "
-                    f"the next step is {expected}, not {request.step}"
-                )
+            _check_next_step(policy, request.step)
             grpo = policy.config.grpo
             try:
                 reply = await self.buffer.SampleGroups(
@@ -184,12 +179,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         job = self._job(request.job_id)
         async with job.lock:
             policy = job.policy
-            expected = policy.weight_version + 1
-            if request.step != expected:
-                raise FailedPrecondition(
-                    f"the trainer has taken {policy.weight_version} steps; "
-                    f"the next step is {expected}, not {request.step}"
-                )
+            _check_next_step(policy, request.step)
             if not request.demonstrations:
                 raise InvalidArgument("empty batch: no demonstrations to train on")
             tok = policy.tokenizer
@@ -201,7 +191,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 completion = tok(demo.completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
                 rows.append((prompt, completion))
             try:
-                validate_groups_of(rows, policy)
+                validate_rows(rows, policy.model.config.vocab_size, policy.max_positions)
             except BatchError as exc:
                 raise InvalidArgument(f"batch for step {request.step} refused, nothing trained on it: {exc}") from None
             metrics = await self._run("sft", job.job_id, (rows,), lambda: policy.sft_step(rows))
@@ -287,20 +277,9 @@ def checkpoint_dir(config: MasterConfig, job_id: str) -> Path:
     return Path(config.logger.log_dir) / job_id / "checkpoints"
 
 
-def validate_groups_of(rows: list[tuple[list[int], list[int]]], policy: PolicyTrainer) -> None:
-    """validate_groups for supervised rows, before any rank sees them."""
-    from dockyard.common.v1 import common_pb2
-
-    group = common_pb2.Group(
-        group_id="sft",
-        trajectories=[
-            common_pb2.Trajectory(
-                trajectory_id=f"demonstrations[{i}]",
-                prompt_token_ids=p,
-                completion_token_ids=c,
-                completion_logprobs=[0.0] * len(c),
-            )
-            for i, (p, c) in enumerate(rows)
-        ],
-    )
-    validate_groups([group], policy.model.config.vocab_size, policy.max_positions)
+def _check_next_step(policy: PolicyTrainer, step: int) -> None:
+    expected = policy.weight_version + 1
+    if step != expected:
+        raise FailedPrecondition(
+            f"the trainer has taken {policy.weight_version} steps; the next step is {expected}, not {step}"
+        )

@@ -206,6 +206,27 @@ def test_bad_batches_are_refused_before_training(policy: PolicyTrainer, mutate, 
     assert all(torch.equal(a, b) for a, b in zip(before, policy.model.parameters(), strict=True))
 
 
+@pytest.mark.parametrize(
+    ("rows", "words"),
+    [
+        ([([5], [6, 1]), ([], [6, 1])], ["demonstrations[1]", "empty prompt"]),
+        ([([5], [6, 10**6])], ["demonstrations[0]", "vocabulary"]),
+        ([([5], [6] * 1000)], ["demonstrations[0]", "positions"]),
+        ([([5], [])], ["empty batch"]),
+        ([], ["empty batch"]),
+    ],
+    ids=["empty-prompt", "vocab", "too-long", "no-tokens", "no-rows"],
+)
+def test_bad_demonstrations_are_refused_before_training(policy: PolicyTrainer, rows, words) -> None:
+    from services.trainer.batch import BatchError
+
+    with pytest.raises(BatchError) as info:
+        policy.sft_step(rows)
+    for word in words:
+        assert word in str(info.value)
+    assert policy.weight_version == 0
+
+
 def test_bfloat16_keeps_fp32_master_weights() -> None:
     config = load_config_text(
         CONFIG.replace("  train_global_batch_size: 4\n", "  train_global_batch_size: 4\n  dtype: bfloat16\n")
