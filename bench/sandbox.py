@@ -33,6 +33,7 @@ from pathlib import Path
 from dockyard.common.v1 import common_pb2
 from dockyard.rpc.client import connect, health_status
 from dockyard.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+from services.sandbox.images import SANDBOX_IMAGE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TEST = "\n".join(
@@ -141,7 +142,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=20, help="tasks per path and concurrency level")
     parser.add_argument("--warmup", type=int, default=2, help="untimed runs per path first")
-    parser.add_argument("--image", default="dockyard/sandbox:latest", help="built by deploy/images/build.sh")
+    parser.add_argument("--image", default=SANDBOX_IMAGE, help="built by deploy/images/build.sh")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 

@@ -49,6 +49,32 @@ class Outcome:
     error_message: str = ""
 
 
+def run_outcome(
+    status: Status,
+    *,
+    passed: int,
+    total: int,
+    exit_code: int,
+    stdout: bytes,
+    stderr: bytes,
+    truncated: bool,
+    duration: float,
+    error_message: str,
+) -> Outcome:
+    """The Outcome of a finished run, its output decoded (invalid UTF-8 replaced)."""
+    return Outcome(
+        status=status,
+        tests_passed=passed,
+        tests_total=total,
+        exit_code=exit_code,
+        stdout=stdout.decode("utf-8", errors="replace"),
+        stderr=stderr.decode("utf-8", errors="replace"),
+        output_truncated=truncated,
+        duration_seconds=duration,
+        error_message=error_message,
+    )
+
+
 class SandboxBackend(abc.ABC):
     """Runs untrusted code under limits; safe to call concurrently."""
 

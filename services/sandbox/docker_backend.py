@@ -58,9 +58,9 @@ from pathlib import Path
 import structlog
 
 from dockyard.rpc.errors import InvalidArgument
-from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status
+from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status, run_outcome
 from services.sandbox.harness import HARNESS_SOURCE
-from services.sandbox.local import REPORT_CAP_BYTES, _remove_tree, _text, checked_files, parse_report
+from services.sandbox.local import REPORT_CAP_BYTES, _Capped, _remove_tree, checked_files, parse_report
 
 log = structlog.get_logger()
 
@@ -108,18 +108,6 @@ class _Run:
     report: bytes = b""  # RunTests: the harness's report file
     container_id: str | None = None
     cancelled: bool = False  # the caller gave up: do not start, or kill now
-
-
-class _Capped:
-    def __init__(self, cap: int) -> None:
-        self.cap, self.data, self.truncated = cap, bytearray(), False
-
-    def add(self, chunk: bytes) -> None:
-        room = self.cap - len(self.data)
-        if len(chunk) > room:
-            self.truncated = True
-            chunk = chunk[: max(room, 0)]
-        self.data += chunk
 
 
 class DockerBackend(SandboxBackend):
@@ -431,14 +419,14 @@ def _read_report(path: str) -> bytes:
 
 
 def _outcome(run: _Run, status: Status, *, passed: int, total: int, error_message: str = "") -> Outcome:
-    return Outcome(
-        status=status,
-        tests_passed=passed,
-        tests_total=total,
+    return run_outcome(
+        status,
+        passed=passed,
+        total=total,
         exit_code=run.exit_code,
-        stdout=_text(run.stdout),
-        stderr=_text(run.stderr),
-        output_truncated=run.truncated,
-        duration_seconds=run.duration,
+        stdout=run.stdout,
+        stderr=run.stderr,
+        truncated=run.truncated,
+        duration=run.duration,
         error_message=error_message or run.error,
     )

@@ -23,8 +23,9 @@ or json after start (the harness bound them before the program ran).
 What it does not protect against: the program runs in the harness's own
 process, so code that deliberately introspects it (gc.get_objects, frames,
 /proc/self/mem) can recover the nonce and forge a result, and a program may
-return objects that compare equal to anything. Running each test out of
-process (the docker backend's job) is what closes those.
+return objects that compare equal to anything. Neither backend closes those
+(the docker backend runs this same harness): that would take running each
+test out of process.
 """
 
 from __future__ import annotations

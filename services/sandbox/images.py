@@ -195,17 +195,18 @@ def ensure_env_image(
       `image=`. Raises docker.errors.BuildError or subprocess.CalledProcessError on failure.
     """
     tag = env_image_tag(client, base_image, requirements)
+    digest = tag.rsplit(":", 1)[1]
     wanted = sorted({r.strip() for r in requirements if r.strip()})
     with _lock(tag):
         if _label(client, tag) is not None:
             return tag
-        wheels = Path(wheelhouse_dir) / "env" / tag.rsplit(":", 1)[1]
+        wheels = Path(wheelhouse_dir) / "env" / digest
         if wanted:
             download_wheels(wanted, wheels)
         else:
             wheels.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="dockyard-build-") as tmp:
-            _build(client, _context(Path(tmp), ENV_DOCKERFILE, wanted, wheels), tag, base_image, tag.rsplit(":")[1])
+            _build(client, _context(Path(tmp), ENV_DOCKERFILE, wanted, wheels), tag, base_image, digest)
         return tag
 
 

@@ -54,7 +54,7 @@ from pathlib import Path, PurePosixPath
 import structlog
 
 from dockyard.rpc.errors import InvalidArgument
-from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status
+from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status, run_outcome
 from services.sandbox.harness import HARNESS_SOURCE, LAUNCHER_SOURCE
 
 log = structlog.get_logger()
@@ -96,21 +96,29 @@ def checked_files(files: Mapping[str, str]) -> list[tuple[PurePosixPath, str]]:
     return checked
 
 
-class _Capture(asyncio.Protocol):
+class _Capped:
+    """Keeps the first `cap` bytes it is given and drops the rest."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.data, self.truncated = cap, bytearray(), False
+
+    def add(self, chunk: bytes) -> None:
+        room = self.cap - len(self.data)
+        if len(chunk) > room:
+            self.truncated = True
+            chunk = chunk[: max(room, 0)]
+        self.data += chunk
+
+
+class _Capture(_Capped, asyncio.Protocol):
     """Keeps the first `cap` bytes of a pipe and drains the rest."""
 
     def __init__(self, cap: int) -> None:
-        self.cap = cap
-        self.data = bytearray()
-        self.truncated = False
+        super().__init__(cap)
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def data_received(self, data: bytes) -> None:
-        room = self.cap - len(self.data)
-        if len(data) > room:
-            self.truncated = True
-            data = data[: max(room, 0)]
-        self.data += data
+        self.add(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed.done():
@@ -127,6 +135,20 @@ class _Run:
     truncated: bool = False
     duration: float = 0.0
     report: bytes = b""
+
+
+def _outcome(run: _Run, status: Status, *, passed: int, total: int, error_message: str = "") -> Outcome:
+    return run_outcome(
+        status,
+        passed=passed,
+        total=total,
+        exit_code=run.exit_code,
+        stdout=run.stdout,
+        stderr=run.stderr,
+        truncated=run.truncated,
+        duration=run.duration,
+        error_message=error_message or run.spawn_error,
+    )
 
 
 def _text(data: bytes) -> str:
@@ -225,7 +247,7 @@ class LocalBackend(SandboxBackend):
             status = Status.TIMEOUT
         else:
             status = Status.PASSED if run.exit_code == 0 else Status.FAILED
-        return self._outcome(run, status, passed=int(status is Status.PASSED), total=1)
+        return _outcome(run, status, passed=int(status is Status.PASSED), total=1)
 
     async def run_tests(self, program: str, tests: Sequence[str], limits: ResourceLimits) -> Outcome:
         if not tests:
@@ -245,35 +267,21 @@ class LocalBackend(SandboxBackend):
             finally:
                 _remove_tree(work)
         if run.spawn_error:
-            return self._outcome(run, Status.ERROR, passed=0, total=total)
+            return _outcome(run, Status.ERROR, passed=0, total=total)
         if run.timed_out:
-            return self._outcome(run, Status.TIMEOUT, passed=0, total=total)
+            return _outcome(run, Status.TIMEOUT, passed=0, total=total)
         started, results = parse_report(run.report, nonce, total)
         if not started:
             message = f"the test harness did not start (exit code {run.exit_code})"
-            return self._outcome(run, Status.ERROR, passed=0, total=total, error_message=message)
+            return _outcome(run, Status.ERROR, passed=0, total=total, error_message=message)
         if results is None:  # the program ended the harness before it could report
-            return self._outcome(run, Status.FAILED, passed=0, total=total)
+            return _outcome(run, Status.FAILED, passed=0, total=total)
         passed = sum(results)
-        return self._outcome(run, Status.PASSED if passed == total else Status.FAILED, passed=passed, total=total)
+        return _outcome(run, Status.PASSED if passed == total else Status.FAILED, passed=passed, total=total)
 
     async def close(self) -> None:
         for pgid in list(self._live_groups):
             _kill_group(pgid)
-
-    @staticmethod
-    def _outcome(run: _Run, status: Status, *, passed: int, total: int, error_message: str = "") -> Outcome:
-        return Outcome(
-            status=status,
-            tests_passed=passed,
-            tests_total=total,
-            exit_code=run.exit_code,
-            stdout=_text(run.stdout),
-            stderr=_text(run.stderr),
-            output_truncated=run.truncated,
-            duration_seconds=run.duration,
-            error_message=error_message or run.spawn_error,
-        )
 
     def _launcher_argv(self, argv: list[str], status_fd: int, limits: ResourceLimits) -> list[str]:
         rlimits = ",".join(

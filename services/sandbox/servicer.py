@@ -9,6 +9,7 @@ ListInstances      --> the instances of the task sets under the task root (held-
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import grpc
@@ -134,9 +135,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             raise InvalidArgument("task_set and instance_id are required")
         limits = resolve_limits(request.limits, self._settings)
         if request.limits.max_output_bytes == 0:  # a truncated test log would lose its summary
-            limits = ResourceLimits(
-                limits.timeout_seconds, limits.memory_mb, limits.cpu_seconds, self._settings.max_output_bytes
-            )
+            limits = dataclasses.replace(limits, max_output_bytes=self._settings.max_output_bytes)
         instance = self._instance(request.task_set, request.instance_id)
         async with self._admission.slot():
             result = await self._swe.score(request.task_set, instance, request.patch, limits)

@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from dockyard.rpc.settings import ServiceSettings
+from services.sandbox.images import SANDBOX_IMAGE
 
 
 class SandboxSettings(ServiceSettings):
@@ -23,7 +24,7 @@ class SandboxSettings(ServiceSettings):
     backend: Literal["local", "docker"] = Field(
         "local", description="local: child processes (weaker isolation, development); docker: one container per run."
     )
-    image: str = Field("dockyard/sandbox:latest", description="Docker backend: default image of a run.")
+    image: str = Field(SANDBOX_IMAGE, description="Docker backend: default image of a run.")
     docker_cpus: float = Field(1.0, gt=0, description="Docker backend: CPU quota per container, in cores.")
     docker_pids_limit: int = Field(
         256, ge=8, description="Docker backend: most tasks (processes, threads) per container."

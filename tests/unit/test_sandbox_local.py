@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ LIMITS = ResourceLimits(timeout_seconds=10.0, memory_mb=256, cpu_seconds=10.0, m
 
 
 def limits(**changes) -> ResourceLimits:
-    return ResourceLimits(**{**LIMITS.__dict__, **changes})
+    return dataclasses.replace(LIMITS, **changes)
 
 
 @pytest.fixture
