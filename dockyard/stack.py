@@ -57,10 +57,8 @@ class LocalStack:
                 env.setdefault(f"DOCKYARD_{name.upper()}_{peer.upper()}_ADDRESS", self.address(peer))
         return env
 
-    def start(self, timeout: float = 120.0) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        for name in SERVICES:
-            log = open(self.log_dir / f"{name}.log", "ab")
+    def _spawn(self, name: str) -> None:
+        with open(self.log_dir / f"{name}.log", "ab") as log:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", f"services.{name}"],
                 env=self._env(name),
@@ -68,15 +66,32 @@ class LocalStack:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
-            log.close()
         (self.log_dir / "pids.json").write_text(json.dumps({n: p.pid for n, p in self.procs.items()}))
+
+    def start(self, timeout: float = 120.0) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for name in SERVICES:
+            self._spawn(name)
         try:
-            asyncio.run(self._wait(timeout))
+            asyncio.run(self._wait(SERVICES, timeout))
         except BaseException:
             self.stop()
             raise
 
-    async def _wait(self, timeout: float) -> None:
+    def kill(self, name: str) -> None:
+        """SIGKILL one service, as a crash would: no drain, no cleanup."""
+        proc = self.procs[name]
+        proc.kill()
+        proc.wait()
+
+    def restart(self, name: str, timeout: float = 120.0) -> None:
+        """Start a service that died (or was killed) again, on the same port, and wait until it serves."""
+        if self.procs[name].poll() is None:
+            raise RuntimeError(f"{name} is still running; kill it first")
+        self._spawn(name)
+        asyncio.run(self._wait((name,), timeout))
+
+    async def _wait(self, names, timeout: float) -> None:
         async def one(name: str) -> None:
             task = asyncio.ensure_future(wait_until_serving(self.address(name), timeout))
             while not task.done():
@@ -87,7 +102,7 @@ class LocalStack:
                 await asyncio.sleep(0.1)
             task.result()
 
-        await asyncio.gather(*(one(name) for name in SERVICES))
+        await asyncio.gather(*(one(name) for name in names))
 
     def dead(self) -> list[str]:
         return [name for name, proc in self.procs.items() if proc.poll() is not None]
