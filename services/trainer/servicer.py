@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 
 import grpc
 import structlog
 
 from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
 from dockyard.common.v1 import common_pb2
-from dockyard.config import ConfigError, MasterConfig, load_config_text
+from dockyard.config import ConfigError, load_config_text
 from dockyard.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.rpc.client import connect
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
@@ -100,7 +99,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         async with self._loading.setdefault(request.job_id, asyncio.Lock()):
             job = self.jobs.get(request.job_id)
             if job is None:
-                folder = checkpoint_dir(config, request.job_id)
+                folder = config.checkpoint_folder(request.job_id)
                 try:
                     policy = await self._run(
                         "load",
@@ -311,7 +310,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         async with job.lock:
             policy = job.policy
             cfg = policy.config.checkpointing
-            root = checkpoint_dir(policy.config, job.job_id)
+            root = policy.config.checkpoint_folder(job.job_id)
             folder = root / f"step-{policy.weight_version}"
             args = (folder, dict(request.metrics), request.data_state)
             path = await self._run("save", job.job_id, args, lambda: policy.save(*args))
@@ -332,13 +331,6 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             del self.jobs[request.job_id]
             await self._run("unload", request.job_id, (), lambda: None)
         return trainer_pb2.UnloadPolicyResponse()
-
-
-def checkpoint_dir(config: MasterConfig, job_id: str) -> Path:
-    """checkpointing.checkpoint_dir, or <log_dir>/<job_id>/checkpoints."""
-    if config.checkpointing.checkpoint_dir is not None:
-        return Path(config.checkpointing.checkpoint_dir)
-    return Path(config.logger.log_dir) / job_id / "checkpoints"
 
 
 def staleness_metrics(groups: list[common_pb2.Group], trainer_version: int) -> dict[str, float]:
