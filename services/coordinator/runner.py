@@ -118,25 +118,27 @@ class JobRunner:
         log.info("phase", phase=phase, step=self.record.step)
 
     async def run(self) -> None:
+        """Train, then unload and close the books; only then does the job become SUCCEEDED or FAILED,
+        so a client that sees a finished job finds its run folder complete."""
         record = self.record
         structlog.contextvars.bind_contextvars(job_id=record.job_id)
+        outcome, message = SUCCEEDED, ""
         try:
             record.transition(RUNNING)
             await self._train()
-            record.transition(SUCCEEDED)
             self._phase("done")
         except asyncio.CancelledError:
-            if not record.finished:
-                record.transition(CANCELLED, "cancelled by request")
+            outcome, message = CANCELLED, "cancelled by request"
             self._phase("cancelled")
         except Exception as exc:
             detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
             where = f" ({exc.code().name})" if isinstance(exc, grpc.aio.AioRpcError) else ""
             log.exception("job failed", phase=record.phase)
-            if not record.finished:
-                record.transition(FAILED, f"{record.phase}{where}: {detail}")
+            outcome, message = FAILED, f"{record.phase}{where}: {detail}"
         finally:
             await self._cleanup()
+            if not record.finished:
+                record.transition(outcome, message)
 
     async def _train(self) -> None:
         cfg, record, stubs = self.config, self.record, self.stubs
