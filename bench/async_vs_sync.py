@@ -8,12 +8,13 @@ checkpoints off, so the wall time is the pipeline: generation + scoring + traini
 sync. Sync mode generates a step's groups, then trains, then syncs; async mode keeps one
 step's groups generating while the trainer trains (max_trajectory_age_steps=1, TIS
 correction). Wall time is measured from CreateJob to SUCCEEDED; model loading is the same in
-both. The sync job runs first, then the async one, on the same warm services.
+both. A one-step sync job warms the services up first (kernels, compiled caches; untimed), then
+the sync job runs, then the async one, on the same services.
 
 `--smoke`: 4 steps on CPU (seconds of work per step; the services share the CPU cores, so
 the overlap async mode buys is bounded by them). `--gpus 2`: the trainer on GPU 0 and the
 rollout on GPU 1 (CUDA_VISIBLE_DEVICES per service), bf16, a Qwen2.5-0.5B-shaped model,
-longer completions (stop strings off), NCCL weight sync.
+256-token completions (stop strings off), NCCL weight sync.
 
 Prints both wall times, the steps/s of each, and last `async_speedup: R` (T_sync / T_async;
 higher is better, 1.0 is parity).
@@ -41,6 +42,7 @@ COMMON = [
     "grpo.val_at_end=false",
     "grpo.val_period=0",
     "checkpointing.enabled=false",
+    "logger.plot=false",
     "grpo.max_trajectory_age_steps=1",
 ]
 ASYNC = ["grpo.async_grpo.enabled=true", "loss_fn.is_correction=tis", "loss_fn.is_max=2"]
@@ -58,7 +60,7 @@ GPU = [
     "policy.model.num_key_value_heads=2",
     "policy.model.max_position_embeddings=1024",
     "policy.generation.stop_strings=[]",
-    "policy.generation.max_new_tokens=512",
+    "policy.generation.max_new_tokens=256",
     "policy.train_micro_batch_size=16",
 ]
 
@@ -82,6 +84,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="4 steps on CPU")
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps of each job")
     parser.add_argument("--gpus", type=int, choices=(0, 2), default=0, help="2: trainer on GPU 0, rollout on GPU 1")
+    parser.add_argument("--log-dir", type=Path, default=None, help="keep the services' logs here")
     parser.add_argument("overrides", nargs="*", help="extra config overrides (section.key=value)")
     args = parser.parse_args()
     steps = args.steps or (4 if args.smoke else 10)
@@ -94,9 +97,12 @@ def main() -> None:
             extra_env = {"DOCKYARD_TRAINER_DEVICE": "cuda", "DOCKYARD_ROLLOUT_DEVICE": "cuda"}
         else:
             extra_env = {}
-        stack = LocalStack(Path(tmp) / "logs", free_ports=True, extra_env=extra_env, service_env=service_env)
+        stack = LocalStack(args.log_dir or Path(tmp) / "logs", free_ports=True, extra_env=extra_env, service_env=service_env)
         stack.start()
         try:
+            warm = load_config(ROOT / "examples" / "configs" / "tiny_expr.yaml", overrides + args.overrides)
+            warm = warm.model_copy(update={"grpo": warm.grpo.model_copy(update={"max_num_steps": 1})})
+            asyncio.run(run_job(stack.address("coordinator"), warm.resolved_yaml()))
             walls = {}
             for mode, extra in (("sync", []), ("async", ASYNC)):
                 cfg = load_config(ROOT / "examples" / "configs" / "tiny_expr.yaml", overrides + extra + args.overrides)
