@@ -97,7 +97,9 @@ def main() -> None:
             extra_env = {"DOCKYARD_TRAINER_DEVICE": "cuda", "DOCKYARD_ROLLOUT_DEVICE": "cuda"}
         else:
             extra_env = {}
-        stack = LocalStack(args.log_dir or Path(tmp) / "logs", free_ports=True, extra_env=extra_env, service_env=service_env)
+        stack = LocalStack(
+            args.log_dir or Path(tmp) / "logs", free_ports=True, extra_env=extra_env, service_env=service_env
+        )
         stack.start()
         try:
             warm = load_config(ROOT / "examples" / "configs" / "tiny_expr.yaml", overrides + args.overrides)
