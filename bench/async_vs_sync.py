@@ -35,6 +35,8 @@ from dockyard.rpc.client import connect
 from dockyard.stack import LocalStack
 
 ROOT = Path(__file__).resolve().parents[1]
+# Printed from each job's last step: where the time of a step goes, and how old the trained samples were.
+PHASES = ("staleness_", "step_seconds", "generate_score_seconds", "wait_for_groups_seconds", "train_step_seconds")
 COMMON = [
     "policy.model_name=null",
     "policy.bootstrap=null",
@@ -110,7 +112,7 @@ def main() -> None:
                 cfg = load_config(ROOT / "examples" / "configs" / "tiny_expr.yaml", overrides + extra + args.overrides)
                 wall, metrics = asyncio.run(run_job(stack.address("coordinator"), cfg.resolved_yaml()))
                 walls[mode] = wall
-                shown = {k: round(v, 3) for k, v in metrics.items() if k.startswith(("staleness_", "step_seconds"))}
+                shown = {k: round(v, 3) for k, v in metrics.items() if k.startswith(PHASES)}
                 rate = f"{steps / wall:.3f} steps/s"
                 print(f"{mode:5s}: {steps} steps in {wall:.1f} s ({rate}); last step {json.dumps(shown)}")
         finally:
