@@ -85,7 +85,9 @@ def explain_auth_failure(url: str, password: str | None, variable: str, error: E
     has_password = password is not None or url_password(url) is not None
     reason = mask_secret(mask_secret(str(error), password), url_password(url))
     if not has_password:
-        hint = f"it requires a password: set {variable} or {variable}_FILE, or put it in the URL (redis://:PASSWORD@host)"
+        hint = (
+            f"it requires a password: set {variable} or {variable}_FILE, or put it in the URL (redis://:PASSWORD@host)"
+        )
     elif "no password is set" in reason or "without any password configured" in reason:
         hint = f"it has no password configured: unset {variable}(_FILE) and the URL's password"
     else:
