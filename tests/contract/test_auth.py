@@ -121,3 +121,16 @@ def test_bad_settings_stop_the_service_at_startup(tmp_path: Path, setting: str, 
         assert word in result.stderr, result.stderr
     assert TOKEN not in result.stderr + result.stdout
     assert "Traceback" not in result.stderr
+
+
+def test_cli_refuses_a_bad_token_file_with_usage_status(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "dockyard.cli", "status", "--coordinator", "127.0.0.1:1"],
+        env={"PATH": "/usr/bin:/bin", "DOCKYARD_AUTH_TOKEN_FILE": str(tmp_path / "absent")},
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "DOCKYARD_AUTH_TOKEN_FILE=" in result.stderr and "no such file" in result.stderr
