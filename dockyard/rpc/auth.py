@@ -183,7 +183,7 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
                 return await continuation(handler_call_details)
             refusal = WRONG_TOKEN
         else:
-            refusal = MISSING_TOKEN
+            refusal = WRONG_TOKEN if given else MISSING_TOKEN  # several values: refused, never guessed between
         handler = await continuation(handler_call_details)
         if handler is None:
             return None  # unknown method: UNIMPLEMENTED reveals nothing a token would protect
