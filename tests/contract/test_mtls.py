@@ -27,7 +27,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
 from dockyard.rpc.auth import AuthSettings
-from dockyard.rpc.client import channel_health, connect
+from dockyard.rpc.client import channel_health, connect, health_status
 from tests.conftest import REPO_ROOT, expect_code, free_port
 
 TOKEN = "mtls-token-42"
@@ -131,16 +131,21 @@ async def wait_serving(address: str, auth: AuthSettings, proc: subprocess.Popen)
             await asyncio.sleep(0.1)
 
 
-async def test_mutual_tls(buffer, pki: dict[str, AuthSettings]) -> None:
+async def test_mutual_tls(buffer, pki: dict[str, AuthSettings], monkeypatch: pytest.MonkeyPatch) -> None:
     address, proc = buffer
     await wait_serving(address, pki["client"], proc)
+    # health_status (what `dockyard up` waits with) takes its transport from the environment.
+    assert await health_status(address) == "UNREACHABLE"
+    client = pki["client"]
+    for variable, value in (("CERT", client.tls_cert), ("KEY", client.tls_key), ("CA", client.tls_ca)):
+        monkeypatch.setenv(f"DOCKYARD_TLS_{variable}", value)
+    assert await health_status(address) == "SERVING"
     request = buffer_pb2.GetStatsRequest(job_id="job-1")
     async with connect(address, default_timeout=10, auth=pki["client"]) as channel:
         stub = buffer_pb2_grpc.BufferServiceStub(channel)
         await stub.OpenJob(buffer_pb2.OpenJobRequest(job_id="job-1", max_groups=2, max_trajectory_age_steps=1))
         assert (await stub.GetStats(request)).held == 0
     # TLS does not replace the token: both are checked.
-    client = pki["client"]
     no_token = AuthSettings(tls_cert=client.tls_cert, tls_key=client.tls_key, tls_ca=client.tls_ca)
     async with connect(address, default_timeout=10, auth=no_token) as channel:
         stub = buffer_pb2_grpc.BufferServiceStub(channel)
