@@ -439,6 +439,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         import grpc
 
+        from dockyard.rpc.auth import AuthConfigError
+
+        if isinstance(exc, AuthConfigError):
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         if isinstance(exc, grpc.aio.AioRpcError):
             print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return EXIT_FAILED
