@@ -21,7 +21,7 @@ from dockyard.rpc.server import message_size_options
 
 # Methods safe to repeat, by service: the only ones the channel retries.
 IDEMPOTENT: dict[str, tuple[str, ...]] = {
-    "dockyard.coordinator.v1.CoordinatorService": ("GetJob", "ListJobs", "GetWeightSyncGroup"),
+    "dockyard.coordinator.v1.CoordinatorService": ("GetJob", "ListJobs", "GetWeightSyncGroup", "ListMembers"),
     "dockyard.trainer.v1.TrainerService": ("LoadPolicy",),
     "dockyard.rollout.v1.RolloutService": ("LoadPolicy", "GetEngineInfo"),
     "dockyard.buffer.v1.BufferService": ("OpenJob", "PutGroup", "AckGroups", "GetStats"),

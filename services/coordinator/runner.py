@@ -1,13 +1,18 @@
 """One job's synchronous (on-policy) GRPO loop, driven from the coordinator.
 
-    load policy (trainer, rollout; the trainer may resume at step k) ─> weights vk ─> [validate]
+    wait for a rollout replica and a sandbox worker ─> load policy (trainer, every alive replica;
+    the trainer may resume at step k) ─> weights vk ─> [validate]
     for step in k+1..max_num_steps:
         collect (generate ─> score ─> buffer) ─> TrainStep ─> weight sync ─> [validate] [checkpoint]
     [validate] ─> checkpoint ─> SUCCEEDED
 
-Guarantees: generation for step s uses the weights of version s − 1 (the
-rollout holds exactly the trainer's weights: both sides' checksums must
-agree after every sync); a checkpoint carries the validation metrics of its
+Guarantees: generation for step s uses the weights of version s − 1 (a
+replica is routed to only at the current version; every replica that took
+part in a sync holds exactly the trainer's weights: the checksums must
+agree); a replica that registers later is loaded and joins the next sync (or
+is synced at once when no replica is ready), and only then gets work; a
+replica that died in a sync is dropped and the sync tried again without it;
+a checkpoint carries the validation metrics of its
 step (they rank it for top-k retention) and the number of training tasks drawn,
 so a resumed job draws the same tasks an uninterrupted one would; the job ends FAILED with the cause in its message
 on any error, CANCELLED on CancelJob, and both policies are unloaded either way.
@@ -25,13 +30,15 @@ import grpc
 import structlog
 
 from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
-from dockyard.rollout.v1 import rollout_pb2, rollout_pb2_grpc
-from dockyard.sandbox.v1 import sandbox_pb2_grpc
+from dockyard.rollout.v1 import rollout_pb2
+from dockyard.rpc.client import channel_health
 from dockyard.trainer.v1 import trainer_pb2, trainer_pb2_grpc
-from services.coordinator.collector import Collector, load_tasks
+from services.coordinator.collector import Collector, NoReplica, load_tasks
+from services.coordinator.fleet import ROLLOUT, SANDBOX, Fleet, Member
 from services.coordinator.jobs import CANCELLED, FAILED, RUNNING, SUCCEEDED, JobRecord
 from services.coordinator.metrics import RunFolder
 from services.coordinator.settings import CoordinatorSettings
+from services.coordinator.sync_groups import SideGroupRegistry
 
 log = structlog.get_logger()
 
@@ -41,10 +48,12 @@ SYNC_ATTEMPTS = 2
 
 @dataclass
 class Stubs:
+    """The fixed services, the fleet of rollout replicas and sandbox workers, and the side groups."""
+
     trainer: trainer_pb2_grpc.TrainerServiceStub
-    rollout: rollout_pb2_grpc.RolloutServiceStub
     buffer: buffer_pb2_grpc.BufferServiceStub
-    sandbox: sandbox_pb2_grpc.SandboxServiceStub
+    fleet: Fleet
+    sync_groups: SideGroupRegistry
 
 
 class CountingIterator:
@@ -70,16 +79,23 @@ class JobRunner:
         self.settings = settings
         self.config = record.config
         self.folder = RunFolder(Path(record.run_dir))
+        self.fleet = stubs.fleet
         self.collector = Collector(
             record.job_id,
             record.config,
-            stubs.rollout,
-            stubs.sandbox,
+            stubs.fleet,
             stubs.buffer,
             max_generations=settings.max_concurrent_generations,
             max_scoring=settings.max_concurrent_scoring,
             generate_timeout=settings.generate_timeout_seconds,
+            max_regenerations=settings.max_regenerations,
+            max_scoring_attempts=settings.max_scoring_attempts,
+            wait_timeout=settings.fleet_wait_timeout_seconds,
         )
+        self.collector.admit = self._admit_replicas
+        self._sync_lock = asyncio.Lock()
+        # Replicas whose LoadPolicy for this job succeeded, by name -> fleet incarnation.
+        self._loaded: dict[str, int] = {}
         self._slow = settings.train_timeout_seconds
         self._validated: tuple[int, dict[str, float]] = (-1, {})
         self._tasks_drawn = CountingIterator(iter(()))
@@ -111,6 +127,7 @@ class JobRunner:
 
     async def _train(self) -> None:
         cfg, record, stubs = self.config, self.record, self.stubs
+        await self._wait_for_fleet()
         self._phase("loading policy")
         await stubs.buffer.OpenJob(
             buffer_pb2.OpenJobRequest(
@@ -124,9 +141,7 @@ class JobRunner:
             stubs.trainer.LoadPolicy(
                 trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=yaml_text), timeout=self._slow
             ),
-            stubs.rollout.LoadPolicy(
-                rollout_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=yaml_text), timeout=self._slow
-            ),
+            self._load_replicas(self.fleet.alive(ROLLOUT)),
         )
         start = await self._resume(loaded)
         await self._sync_weights(start)
@@ -141,6 +156,7 @@ class JobRunner:
             self._phase("generating")
             stats = await self.collector.collect_step(step)
             t1 = time.perf_counter()
+            fleet_metrics = self.fleet_metrics(step)
             self._phase("training")
             reply = await stubs.trainer.TrainStep(
                 trainer_pb2.TrainStepRequest(job_id=record.job_id, step=step), timeout=self._slow
@@ -156,6 +172,9 @@ class JobRunner:
                 "invalid_trajectories": float(stats.invalid),
                 "dropped_uniform_groups": float(stats.dropped_uniform),
                 "dropped_stale_on_put": float(stats.dropped_stale),
+                "regenerated_groups": float(stats.regenerated_groups),
+                "sandbox_retries": float(stats.sandbox_retries),
+                **fleet_metrics,
                 **{f"verdict_{name}": float(count) for name, count in stats.verdicts.items()},
                 "generate_score_seconds": t1 - t0,
                 "train_step_seconds": t2 - t1,
@@ -211,34 +230,139 @@ class JobRunner:
             ):
                 await self._checkpoint(step)
 
-    async def _sync_weights(self, version: int) -> float:
-        """Push and receive one version; a sync that failed on the side group (UNAVAILABLE) is tried
-        once more: both ends tear their group down and the next attempt forms the next epoch."""
+    async def _wait_for_fleet(self) -> None:
+        """Until at least one rollout replica and one sandbox worker are alive, or FAILED after the timeout."""
+        deadline = time.monotonic() + self.settings.fleet_wait_timeout_seconds
+        for kind, what in ((ROLLOUT, "rollout replicas"), (SANDBOX, "sandbox workers")):
+            while not self.fleet.alive(kind):
+                self._phase(f"waiting for {what}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"no {kind} member registered with the coordinator within "
+                        f"{self.settings.fleet_wait_timeout_seconds:.0f}s: start {what} with "
+                        f"DOCKYARD_{kind.upper()}_COORDINATOR_ADDRESS pointing at this coordinator"
+                    )
+                await self.fleet.changed(1.0)
+
+    async def _load_replicas(self, replicas: list[Member]) -> list[Member]:
+        """LoadPolicy on each replica not yet loaded (in this incarnation); those that answered."""
+        job_id, yaml_text = self.record.job_id, self.record.config_yaml
+        todo = [m for m in replicas if self._loaded.get(m.name) != m.incarnation]
+        replies = await asyncio.gather(
+            *(
+                m.stub.LoadPolicy(
+                    rollout_pb2.LoadPolicyRequest(job_id=job_id, config_yaml=yaml_text), timeout=self._slow
+                )
+                for m in todo
+            ),
+            return_exceptions=True,
+        )
+        for member, reply in zip(todo, replies, strict=True):
+            if isinstance(reply, grpc.aio.AioRpcError) and reply.code() not in (
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+            ):
+                raise reply  # the replica refuses the job (bad config, missing model): fail it
+            if isinstance(reply, BaseException):
+                log.warning("replica did not load the policy", replica=member.name, error=str(reply))
+                self.fleet.mark_failed(member)
+                continue
+            self._loaded[member.name] = member.incarnation
+            log.info("replica loaded", replica=member.name)
+        return [m for m in replicas if self._loaded.get(m.name) == m.incarnation]
+
+    async def _admit_replicas(self) -> None:
+        """Bring replicas that joined to the current version now (when none is ready to generate)."""
+        version = self.record.weight_version
+        if self._sync_lock.locked():
+            return
+        waiting = [m for m in self.fleet.alive(ROLLOUT) if m.versions.get(self.record.job_id) != version]
+        if waiting:
+            log.info("syncing replicas that joined", replicas=[m.name for m in waiting], version=version)
+            try:
+                await self._sync_weights(version, only=waiting)
+            except (grpc.aio.AioRpcError, NoReplica) as exc:
+                log.warning("replicas could not join yet", error=str(exc))
+
+    async def _sync_weights(self, version: int, only: list[Member] | None = None) -> float:
+        """Push `version` once from the trainer and receive it on every alive replica (or `only` these)
+        at once; the side group is formed with exactly those replicas. A sync that failed on the side
+        group (UNAVAILABLE) is tried once more without the replicas that died meanwhile."""
         job_id = self.record.job_id
-        for attempt in range(1, SYNC_ATTEMPTS + 1):
-            # Both calls run to their end (return_exceptions) so a retry never overlaps a stale one.
-            pushed, received = await asyncio.gather(
-                self.stubs.trainer.PushWeights(trainer_pb2.PushWeightsRequest(job_id=job_id), timeout=self._slow),
-                self.stubs.rollout.ReceiveWeights(
-                    rollout_pb2.ReceiveWeightsRequest(job_id=job_id, weight_version=version), timeout=self._slow
-                ),
-                return_exceptions=True,
-            )
-            failures = [r for r in (pushed, received) if isinstance(r, BaseException)]
-            if not failures:
-                break
-            retriable = all(
-                isinstance(f, grpc.aio.AioRpcError) and f.code() == grpc.StatusCode.UNAVAILABLE for f in failures
-            )
-            if attempt == SYNC_ATTEMPTS or not retriable:
-                raise failures[0]
-            log.warning("weight sync failed; trying again", version=version, error=str(failures[0]))
-        if pushed.checksum != received.checksum or received.weight_version != version:
-            raise RuntimeError(
-                f"weight sync of version {version} is corrupt: trainer sent {pushed.checksum[:12]}, "
-                f"rollout holds {received.checksum[:12]} at version {received.weight_version}"
-            )
-        return max(pushed.seconds, received.seconds)
+        async with self._sync_lock:
+            for attempt in range(1, SYNC_ATTEMPTS + 1):
+                replicas = await self._load_replicas(
+                    [m for m in (only or self.fleet.alive(ROLLOUT)) if self.fleet.usable(m)]
+                )
+                if not replicas:
+                    raise NoReplica(f"no rollout replica alive to receive weight version {version}")
+                self.stubs.sync_groups.set_replicas(job_id, [m.name for m in replicas])
+                # Every call runs to its end (return_exceptions) so a retry never overlaps a stale one.
+                pushed, *received = await asyncio.gather(
+                    self.stubs.trainer.PushWeights(trainer_pb2.PushWeightsRequest(job_id=job_id), timeout=self._slow),
+                    *(
+                        m.stub.ReceiveWeights(
+                            rollout_pb2.ReceiveWeightsRequest(job_id=job_id, weight_version=version),
+                            timeout=self._slow,
+                        )
+                        for m in replicas
+                    ),
+                    return_exceptions=True,
+                )
+                failures = [r for r in (pushed, *received) if isinstance(r, BaseException)]
+                if not failures:
+                    break
+                retriable = all(
+                    isinstance(f, grpc.aio.AioRpcError) and f.code() == grpc.StatusCode.UNAVAILABLE for f in failures
+                )
+                if attempt == SYNC_ATTEMPTS or not retriable:
+                    raise failures[0]
+                await self._drop_dead(replicas)
+                log.warning("weight sync failed; trying again", version=version, error=str(failures[0]))
+            seconds = [pushed.seconds]
+            for member, reply in zip(replicas, received, strict=True):
+                if pushed.checksum != reply.checksum or reply.weight_version != version:
+                    raise RuntimeError(
+                        f"weight sync of version {version} is corrupt: trainer sent {pushed.checksum[:12]}, "
+                        f"replica {member.name} holds {reply.checksum[:12]} at version {reply.weight_version}"
+                    )
+                self.fleet.set_version(member, job_id, version)
+                seconds.append(reply.seconds)
+            if self.config.grpo.async_grpo.enabled:
+                self.collector.required_version = None
+            else:
+                self.collector.required_version = version
+            return max(seconds)
+
+    async def _drop_dead(self, replicas: list[Member]) -> None:
+        """After a failed sync: replicas that no longer answer health checks leave routing and the group."""
+        statuses = await asyncio.gather(*(channel_health(m.channel, timeout=2.0) for m in replicas))
+        for member, status in zip(replicas, statuses, strict=True):
+            if status != "SERVING":
+                log.warning("replica dropped from the weight sync", replica=member.name, status=status)
+                self.fleet.mark_failed(member)
+
+    def fleet_metrics(self, step: int) -> dict[str, float]:
+        """Per-replica generation records since the last call (written as "generation" records) and
+        their totals, plus each sandbox worker's last reported queue."""
+        timeline, self.collector.timeline = self.collector.timeline, []
+        metrics: dict[str, float] = {}
+        for entry in timeline:
+            self.folder.append("generation", step, entry)
+            name = entry["replica"]
+            busy = entry["end"] - entry["start"]
+            metrics[f"replica_{name}_busy_seconds"] = metrics.get(f"replica_{name}_busy_seconds", 0.0) + busy
+            metrics[f"replica_{name}_groups"] = metrics.get(f"replica_{name}_groups", 0.0) + 1
+            metrics[f"replica_{name}_tokens"] = metrics.get(f"replica_{name}_tokens", 0.0) + entry["tokens"]
+        for name in {e["replica"] for e in timeline}:
+            busy = metrics[f"replica_{name}_busy_seconds"]
+            metrics[f"replica_{name}_tokens_per_second"] = metrics[f"replica_{name}_tokens"] / max(busy, 1e-9)
+        for worker in self.fleet.members(SANDBOX):
+            metrics[f"sandbox_{worker.name}_running"] = float(worker.running)
+            metrics[f"sandbox_{worker.name}_queued"] = float(worker.queued)
+        metrics["fleet_rollout_alive"] = float(len(self.fleet.alive(ROLLOUT)))
+        metrics["fleet_sandbox_alive"] = float(len(self.fleet.alive(SANDBOX)))
+        return metrics
 
     async def _resume(self, loaded: trainer_pb2.LoadPolicyResponse) -> int:
         """The step the trainer stands at; on a resume, move the task stream to where it was."""
@@ -293,15 +417,13 @@ class JobRunner:
 
     async def _cleanup(self) -> None:
         job_id = self.record.job_id
-        for unload in (
-            self.stubs.trainer.UnloadPolicy(trainer_pb2.UnloadPolicyRequest(job_id=job_id), timeout=30),
-            self.stubs.rollout.UnloadPolicy(rollout_pb2.UnloadPolicyRequest(job_id=job_id), timeout=30),
-        ):
-            try:
-                await unload
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.NOT_FOUND:
-                    log.warning("unload failed", code=exc.code().name, error=exc.details())
+        unloads = [self.stubs.trainer.UnloadPolicy(trainer_pb2.UnloadPolicyRequest(job_id=job_id), timeout=30)]
+        for member in self.fleet.members(ROLLOUT):
+            if member.name in self._loaded:
+                unloads.append(member.stub.UnloadPolicy(rollout_pb2.UnloadPolicyRequest(job_id=job_id), timeout=30))
+        for result in await asyncio.gather(*unloads, return_exceptions=True):
+            if isinstance(result, grpc.aio.AioRpcError) and result.code() != grpc.StatusCode.NOT_FOUND:
+                log.warning("unload failed", code=result.code().name, error=result.details())
         try:
             self.folder.append("buffer", self.record.step, await self._buffer_metrics())
             await self.stubs.buffer.CloseJob(buffer_pb2.CloseJobRequest(job_id=job_id), timeout=10)
