@@ -69,13 +69,20 @@ def connect(
     service: str | None = None,
     default_timeout: float = 30.0,
     max_message_mb: int = 64,
+    max_reconnect_backoff: float | None = None,
 ) -> grpc.aio.Channel:
-    """An insecure channel to `address`; calls to `service`'s IDEMPOTENT methods are retried."""
+    """An insecure channel to `address`; calls to `service`'s IDEMPOTENT methods are retried.
+
+    `max_reconnect_backoff` caps gRPC's wait between reconnection attempts (120 s by default), for
+    callers that must notice quickly that a peer is back."""
     options = [
         *message_size_options(max_message_mb),
         ("grpc.service_config", _service_config(service)),
         ("grpc.enable_retries", 1),
     ]
+    if max_reconnect_backoff is not None:
+        backoff_ms = max(100, int(max_reconnect_backoff * 1000))
+        options += [("grpc.max_reconnect_backoff_ms", backoff_ms), ("grpc.initial_reconnect_backoff_ms", backoff_ms)]
     return grpc.aio.insecure_channel(address, options=options, interceptors=[_DefaultDeadline(default_timeout)])
 
 

@@ -49,7 +49,12 @@ class Membership:
         self._load = load
         self._warn_every = warn_every
         self._last_warning = -float("inf")
-        self._channel = connect(coordinator_address, service="dockyard.coordinator.v1.CoordinatorService")
+        # A restarted coordinator is found within about one heartbeat, not after gRPC's long backoff.
+        self._channel = connect(
+            coordinator_address,
+            service="dockyard.coordinator.v1.CoordinatorService",
+            max_reconnect_backoff=heartbeat_seconds,
+        )
         self._stub = coordinator_pb2_grpc.CoordinatorServiceStub(self._channel)
         self._serving_address = serving_address
         self._task: asyncio.Task | None = None

@@ -86,7 +86,7 @@ class Member:
 def _channel(kind: str, address: str, max_message_mb: int):
     # Sandbox calls are not retried on the channel: the collector retries them on another worker.
     service = "dockyard.rollout.v1.RolloutService" if kind == ROLLOUT else None
-    channel = connect(address, service=service, max_message_mb=max_message_mb)
+    channel = connect(address, service=service, max_message_mb=max_message_mb, max_reconnect_backoff=2.0)
     stub = (
         rollout_pb2_grpc.RolloutServiceStub(channel)
         if kind == ROLLOUT
