@@ -291,9 +291,10 @@ class JobRunner:
         job_id = self.record.job_id
         async with self._sync_lock:
             for attempt in range(1, SYNC_ATTEMPTS + 1):
-                replicas = await self._load_replicas(
-                    [m for m in (only or self.fleet.alive(ROLLOUT)) if self.fleet.usable(m)]
-                )
+                candidates = [m for m in (only or self.fleet.alive(ROLLOUT)) if self.fleet.usable(m)]
+                # A replica that died since its last call would hold the whole side group up to its timeout.
+                await self._drop_dead(candidates)
+                replicas = await self._load_replicas([m for m in candidates if self.fleet.usable(m)])
                 if not replicas:
                     raise NoReplica(f"no rollout replica alive to receive weight version {version}")
                 self.stubs.sync_groups.set_replicas(job_id, [m.name for m in replicas])

@@ -121,16 +121,33 @@ async def test_every_alive_replica_receives_and_the_side_group_has_exactly_them(
     assert [m.name for m in runner.fleet.replicas("job", 3)] == ["rollout-a", "rollout-b"]
 
 
-async def test_a_replica_that_died_is_dropped_and_the_sync_goes_on_without_it(health):
+async def test_a_replica_that_dies_in_the_sync_is_dropped_and_the_sync_goes_on_without_it(health):
     lost = rpc_error(grpc.StatusCode.UNAVAILABLE)
-    runner, calls = make_runner([lost, pushed()], {"rollout-a": [received()] * 2, "rollout-b": [lost]})
-    runner.fleet.get("rollout-b").channel = "b"
-    health.add("b")  # rollout-b no longer answers health checks
+    runner, calls = make_runner([lost, pushed()], {"rollout-a": [received()] * 2, "rollout-b": []})
+    dying = runner.fleet.get("rollout-b")
+    dying.channel = "b"
+
+    async def die(request, timeout=None):
+        calls["receive:rollout-b"] = calls.get("receive:rollout-b", 0) + 1
+        health.add("b")  # from now on rollout-b no longer answers health checks
+        raise lost
+
+    dying.stub.ReceiveWeights = die
     await runner._sync_weights(3)
     assert (calls["push"], calls["receive:rollout-a"], calls["receive:rollout-b"]) == (2, 2, 1)
     group, _ = runner.stubs.sync_groups.get("job", "trainer")
     assert group.world_size == 2 and group.epoch >= 2
     assert [m.name for m in runner.fleet.replicas("job", 3)] == ["rollout-a"]
+
+
+async def test_a_replica_found_dead_before_the_sync_is_left_out_of_the_group(health):
+    runner, calls = make_runner([pushed()], {"rollout-a": [received()], "rollout-b": [received()]})
+    runner.fleet.get("rollout-b").channel = "b"
+    health.add("b")
+    await runner._sync_weights(3)
+    assert calls["push"] == 1 and "receive:rollout-b" not in calls and "load:rollout-b" not in calls
+    group, _ = runner.stubs.sync_groups.get("job", "trainer")
+    assert group.world_size == 2
 
 
 async def test_a_replica_that_registers_later_is_loaded_and_joins_the_next_sync():
