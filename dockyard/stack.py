@@ -53,6 +53,7 @@ class LocalStack:
         *,
         free_ports: bool = False,
         extra_env: dict[str, str] | None = None,
+        service_env: dict[str, dict[str, str]] | None = None,
         rollout_replicas: int = 1,
         sandbox_workers: int = 1,
     ) -> None:
@@ -65,6 +66,9 @@ class LocalStack:
             for name, kind in self.kinds.items()
         }
         self.extra_env = extra_env or {}
+        # Per service (or per process, e.g. "rollout-2"), on top of extra_env: e.g. CUDA_VISIBLE_DEVICES
+        # to put trainer and rollout on two GPUs.
+        self.service_env = service_env or {}
         self.procs: dict[str, subprocess.Popen] = {}
 
     def address(self, name: str) -> str:
@@ -76,6 +80,8 @@ class LocalStack:
         env = {
             **os.environ,
             **self.extra_env,
+            **self.service_env.get(kind, {}),
+            **(self.service_env.get(name, {}) if name != kind else {}),
             f"{prefix}PORT": str(self.ports[name]),
             PARENT_PID_ENV: str(os.getpid()),
         }

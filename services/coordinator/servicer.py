@@ -47,7 +47,6 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
             trainer=trainer_pb2_grpc.TrainerServiceStub(self._channels["trainer"]),
             buffer=buffer_pb2_grpc.BufferServiceStub(self._channels["buffer"]),
             fleet=self.fleet,
-            sync_groups=self.sync_groups,
         )
 
     async def close(self) -> None:
@@ -111,7 +110,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         record = JobRecord(job_id=job_id, config=config, config_yaml=resolved, run_dir=str(run_dir))
         self.jobs[job_id] = record
         self.sync_groups.open(job_id, config.cluster.weight_sync_backend)
-        task = self.runners[job_id] = asyncio.create_task(JobRunner(record, self.stubs, self.settings).run())
+        runner = JobRunner(record, self.stubs, self.settings, self.sync_groups)
+        task = self.runners[job_id] = asyncio.create_task(runner.run())
         # A finished job's rendezvous is gone for good; drop it with the runner.
         task.add_done_callback(lambda _: (self.sync_groups.drop(job_id), self.fleet.forget_job(job_id)))
         log.info("job created", job_id=job_id, run_dir=str(run_dir))

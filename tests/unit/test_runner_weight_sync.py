@@ -50,9 +50,8 @@ def make_runner(push_results: list, replicas: dict[str, list]) -> tuple[JobRunne
     registry.open("job", "gloo")
     runner = JobRunner.__new__(JobRunner)
     runner.record = SimpleNamespace(job_id="job", config_yaml="{}", weight_version=0)
-    runner.stubs = SimpleNamespace(
-        trainer=SimpleNamespace(PushWeights=answer(push_results, calls, "push")), sync_groups=registry
-    )
+    runner.stubs = SimpleNamespace(trainer=SimpleNamespace(PushWeights=answer(push_results, calls, "push")))
+    runner.sync_groups = registry
     runner.fleet = fleet
     runner.config = SimpleNamespace(grpo=SimpleNamespace(async_grpo=SimpleNamespace(enabled=False)))
     runner.collector = SimpleNamespace(required_version=None)
@@ -116,7 +115,7 @@ async def test_checksums_that_differ_on_any_replica_fail_the_sync():
 async def test_every_alive_replica_receives_and_the_side_group_has_exactly_them():
     runner, calls = make_runner([pushed()], {"rollout-a": [received()], "rollout-b": [received(seconds=0.75)]})
     assert await runner._sync_weights(3) == 0.75
-    group, rank = runner.stubs.sync_groups.get("job", "trainer")
+    group, rank = runner.sync_groups.get("job", "trainer")
     assert (group.world_size, rank) == (3, 0)
     assert [m.name for m in runner.fleet.replicas("job", 3)] == ["rollout-a", "rollout-b"]
 
@@ -135,7 +134,7 @@ async def test_a_replica_that_dies_in_the_sync_is_dropped_and_the_sync_goes_on_w
     dying.stub.ReceiveWeights = die
     await runner._sync_weights(3)
     assert (calls["push"], calls["receive:rollout-a"], calls["receive:rollout-b"]) == (2, 2, 1)
-    group, _ = runner.stubs.sync_groups.get("job", "trainer")
+    group, _ = runner.sync_groups.get("job", "trainer")
     assert group.world_size == 2 and group.epoch >= 2
     assert [m.name for m in runner.fleet.replicas("job", 3)] == ["rollout-a"]
 
@@ -146,7 +145,7 @@ async def test_a_replica_found_dead_before_the_sync_is_left_out_of_the_group(hea
     health.add("b")
     await runner._sync_weights(3)
     assert calls["push"] == 1 and "receive:rollout-b" not in calls and "load:rollout-b" not in calls
-    group, _ = runner.stubs.sync_groups.get("job", "trainer")
+    group, _ = runner.sync_groups.get("job", "trainer")
     assert group.world_size == 2
 
 
