@@ -530,13 +530,19 @@ class JobRunner:
                 await self._drop_dead(replicas)
                 log.warning("weight sync failed; trying again", version=version, error=str(failures[0]))
             seconds = [pushed.seconds]
+            # An asynchronous trainer may have stepped before the push of a join: those replicas hold
+            # weights of another version than asked, and wait for the next sync instead of generating.
+            labelled = pushed.weight_version == version
+            if not labelled:
+                log.warning("the trainer pushed another version; replicas join at the next sync", asked=version)
             for member, reply in zip(replicas, received, strict=True):
                 if pushed.checksum != reply.checksum or reply.weight_version != version:
                     raise RuntimeError(
                         f"weight sync of version {version} is corrupt: trainer sent {pushed.checksum[:12]}, "
                         f"replica {member.name} holds {reply.checksum[:12]} at version {reply.weight_version}"
                     )
-                self.fleet.set_version(member, job_id, version)
+                if labelled:
+                    self.fleet.set_version(member, job_id, version)
                 seconds.append(reply.seconds)
             if self.config.grpo.async_grpo.enabled:
                 self.collector.required_version = None

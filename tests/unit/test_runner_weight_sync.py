@@ -61,8 +61,8 @@ def make_runner(push_results: list, replicas: dict[str, list]) -> tuple[JobRunne
     return runner, calls
 
 
-def pushed(seconds: float = 0.5) -> trainer_pb2.PushWeightsResponse:
-    return trainer_pb2.PushWeightsResponse(checksum="abc", seconds=seconds)
+def pushed(seconds: float = 0.5, version: int = 3) -> trainer_pb2.PushWeightsResponse:
+    return trainer_pb2.PushWeightsResponse(checksum="abc", seconds=seconds, weight_version=version)
 
 
 def received(version: int = 3, seconds: float = 0.25) -> rollout_pb2.ReceiveWeightsResponse:
@@ -150,7 +150,7 @@ async def test_a_replica_found_dead_before_the_sync_is_left_out_of_the_group(hea
 
 
 async def test_a_replica_that_registers_later_is_loaded_and_joins_the_next_sync():
-    runner, calls = make_runner([pushed(), pushed()], {"rollout-a": [received(1), received(2)]})
+    runner, calls = make_runner([pushed(version=1), pushed(version=2)], {"rollout-a": [received(1), received(2)]})
     await runner._sync_weights(1)
     late = runner.fleet.register(ROLLOUT, "rollout-b", "127.0.0.1:2")
     late.stub = replica_stub([received(2)], calls, "rollout-b")
@@ -158,3 +158,10 @@ async def test_a_replica_that_registers_later_is_loaded_and_joins_the_next_sync(
     await runner._sync_weights(2)
     assert calls["load:rollout-b"] == 1 and calls["load:rollout-a"] == 1
     assert [m.name for m in runner.fleet.replicas("job", 2)] == ["rollout-a", "rollout-b"]
+
+
+async def test_replicas_synced_to_another_version_than_asked_are_not_routed_to():
+    # An asynchronous trainer stepped before the push: the weights are version 4, not 3.
+    runner, _ = make_runner([pushed(version=4)], {"rollout-a": [received(3)]})
+    await runner._sync_weights(3)
+    assert runner.fleet.replicas("job") == []
