@@ -114,7 +114,7 @@ class Membership:
                 await self._task
         if self.registered:
             with contextlib.suppress(Exception):
-                await self._stub.UnregisterMember(coordinator_pb2.UnregisterMemberRequest(name=self.name), timeout=2.0)
+                await self._stub.UnregisterMember(coordinator_pb2.UnregisterMemberRequest(name=self.name), timeout=1.0)
         await self._channel.close()
 
 
