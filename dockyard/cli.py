@@ -1,8 +1,9 @@
 """The `dockyard` command line.
 
-    dockyard up                         the five services on localhost:50051-50055 until Ctrl-C
+    dockyard up [--rollout-replicas N] [--sandbox-workers M]
+                                        the five services on localhost:50051-50055 until Ctrl-C
     dockyard submit CONFIG [k=v ...]    submit a job to a running coordinator, print its id
-    dockyard status [JOB]               one job in detail, or every job
+    dockyard status [JOB]               one job in detail, or every job and the fleet
     dockyard cancel JOB                 cancel a job
     dockyard prepare CONFIG [k=v ...]   build the policy folder a recipe bootstraps (warm start)
     dockyard run CONFIG [k=v ...]       prepare + up + submit + follow, then stop everything
@@ -101,7 +102,8 @@ def _print_job(job) -> None:
     from google.protobuf.json_format import MessageToDict
 
     print(json.dumps(MessageToDict(job, preserving_proto_field_name=True), indent=2, sort_keys=True))
-    for line in trainer_summary(dict(job.metrics)) + pipeline_summary(dict(job.metrics)):
+    metrics = dict(job.metrics)
+    for line in trainer_summary(metrics) + pipeline_summary(metrics) + fleet_summary(metrics):
         print(line)
 
 
@@ -143,6 +145,39 @@ _SUMMARY = (
         ],
     ),
 )
+
+
+def fleet_summary(metrics: dict[str, float]) -> list[str]:
+    """One line per rollout replica and sandbox worker of a step's metrics, and the fleet's retries."""
+    lines = []
+    if "regenerated_groups" in metrics:
+        lines.append(
+            f"{'fleet:':<14}regenerated groups {metrics['regenerated_groups']:.0f}  "
+            f"sandbox retries {metrics.get('sandbox_retries', 0):.0f}"
+        )
+    for key in sorted(metrics):
+        if key.startswith("replica_") and key.endswith("_groups"):
+            name = key.removeprefix("replica_").removesuffix("_groups")
+            lines.append(
+                f"{name + ':':<14}groups {metrics[key]:.0f}  busy {metrics[f'replica_{name}_busy_seconds']:.2f}s  "
+                f"tokens/s {metrics[f'replica_{name}_tokens_per_second']:.0f}"
+            )
+        if key.startswith("sandbox_") and key.endswith("_queued"):
+            name = key.removeprefix("sandbox_").removesuffix("_queued")
+            lines.append(f"{name + ':':<14}running {metrics[f'sandbox_{name}_running']:.0f}  queued {metrics[key]:.0f}")
+    return lines
+
+
+def member_line(member) -> str:
+    """A fleet member as `dockyard status` lists it."""
+    from dockyard.coordinator.v1 import coordinator_pb2
+
+    kind = coordinator_pb2.MemberKind.Name(member.kind).removeprefix("MEMBER_KIND_").lower()
+    parts = [f"{member.name:<14}", f"{kind:<8}", f"{member.status:<8}", member.address, f"load {member.load}"]
+    parts.append(f"in flight {member.in_flight}  seen {member.seconds_since_heartbeat:.1f}s ago")
+    if member.weight_versions:
+        parts.append("versions " + ",".join(f"{j}@{v}" for j, v in sorted(member.weight_versions.items())))
+    return "  ".join(parts)
 
 
 def trainer_summary(metrics: dict[str, float]) -> list[str]:
@@ -258,7 +293,13 @@ def cmd_run(args) -> int:
     log_dir = Path(cfg.logger.log_dir) / "logs" / time.strftime("%Y%m%d-%H%M%S")
     from dockyard.tasks.envs import sandbox_env
 
-    stack = LocalStack(log_dir, free_ports=not args.default_ports, extra_env=sandbox_env(cfg))
+    stack = LocalStack(
+        log_dir,
+        free_ports=not args.default_ports,
+        extra_env=sandbox_env(cfg),
+        rollout_replicas=args.rollout_replicas,
+        sandbox_workers=args.sandbox_workers,
+    )
     print(f"starting services (logs in {log_dir})")
     _interrupt_on_signals()
     stack.start()
@@ -284,7 +325,7 @@ def cmd_run(args) -> int:
 def cmd_up(args) -> int:
     from dockyard.stack import LocalStack
 
-    stack = LocalStack(Path(args.log_dir))
+    stack = LocalStack(Path(args.log_dir), rollout_replicas=args.rollout_replicas, sandbox_workers=args.sandbox_workers)
     _interrupt_on_signals()
     stack.start()
     for name in stack.procs:
@@ -322,6 +363,10 @@ def cmd_status(args) -> int:
                     print(_job_line(job))
                 if not jobs:
                     print("no jobs")
+                members = (await stub.ListMembers(coordinator_pb2.ListMembersRequest())).members
+                print(f"fleet: {len(members)} member(s)")
+                for member in members:
+                    print("  " + member_line(member))
         return 0
 
     return asyncio.run(go())
@@ -385,16 +430,22 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("config", help="job config YAML")
         p.add_argument("overrides", nargs="*", help="section.key=value (or +section.key=value to add a key)")
 
+    def with_fleet(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--rollout-replicas", type=int, default=1, help="rollout processes (rollout-1..N when N > 1)")
+        p.add_argument("--sandbox-workers", type=int, default=1, help="sandbox processes (sandbox-1..M when M > 1)")
+
     def with_coordinator(p: argparse.ArgumentParser) -> None:
         p.add_argument("--coordinator", default=default_address("coordinator"), help="coordinator host:port")
 
     p = sub.add_parser("run", help="start the services, run one job to the end, stop them")
     with_config(p)
     p.add_argument("--default-ports", action="store_true", help="bind 50051-50055 instead of free ports")
+    with_fleet(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("up", help="run the five services locally until Ctrl-C")
     p.add_argument("--log-dir", default="runs/logs/up", help="service logs go here")
+    with_fleet(p)
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("submit", help="submit a job to a running coordinator")

@@ -1,5 +1,11 @@
 """The five services as local processes on loopback: what `dockyard up` and `dockyard run` start.
 
+    buffer, sandbox (or sandbox-1..M), rollout (or rollout-1..N), trainer, coordinator
+
+Rollout replicas and sandbox workers register with the coordinator themselves
+(DOCKYARD_<SVC>_COORDINATOR_ADDRESS); with N > 1 (M > 1) each process is named
+`rollout-<i>` (`sandbox-<i>`), which is also its name in the fleet.
+
 Guarantees: every child is in the parent's care: it gets SIGTERM when the
 parent dies (PARENT_PID_ENV asks the service to set PR_SET_PDEATHSIG itself;
 a preexec_fn would run Python between fork and exec, which crashes a parent
@@ -34,6 +40,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _instances(service: str, count: int) -> list[str]:
+    if count < 1:
+        raise ValueError(f"a stack needs at least one {service} process, not {count}")
+    return [service] if count == 1 else [f"{service}-{i}" for i in range(1, count + 1)]
+
+
 class LocalStack:
     def __init__(
         self,
@@ -42,11 +54,20 @@ class LocalStack:
         free_ports: bool = False,
         extra_env: dict[str, str] | None = None,
         service_env: dict[str, dict[str, str]] | None = None,
+        rollout_replicas: int = 1,
+        sandbox_workers: int = 1,
     ) -> None:
         self.log_dir = log_dir
-        self.ports = {name: (_free_port() if free_ports else DEFAULT_PORTS[name]) for name in SERVICES}
+        counts = {"rollout": rollout_replicas, "sandbox": sandbox_workers}
+        # Process name -> service; in start order.
+        self.kinds = {name: s for s in SERVICES for name in _instances(s, counts.get(s, 1))}
+        self.ports = {
+            name: (_free_port() if free_ports or name != kind else DEFAULT_PORTS[kind])
+            for name, kind in self.kinds.items()
+        }
         self.extra_env = extra_env or {}
-        # Per service, on top of extra_env: e.g. CUDA_VISIBLE_DEVICES to put trainer and rollout on two GPUs.
+        # Per service (or per process, e.g. "rollout-2"), on top of extra_env: e.g. CUDA_VISIBLE_DEVICES
+        # to put trainer and rollout on two GPUs.
         self.service_env = service_env or {}
         self.procs: dict[str, subprocess.Popen] = {}
 
@@ -54,23 +75,30 @@ class LocalStack:
         return f"127.0.0.1:{self.ports[name]}"
 
     def _env(self, name: str) -> dict[str, str]:
+        kind = self.kinds[name]
+        prefix = f"DOCKYARD_{kind.upper()}_"
         env = {
             **os.environ,
             **self.extra_env,
-            **self.service_env.get(name, {}),
-            f"DOCKYARD_{name.upper()}_PORT": str(self.ports[name]),
+            **self.service_env.get(kind, {}),
+            **(self.service_env.get(name, {}) if name != kind else {}),
+            f"{prefix}PORT": str(self.ports[name]),
             PARENT_PID_ENV: str(os.getpid()),
         }
-        # Each service reads only the peer addresses it needs; the rest are ignored.
+        if kind == "rollout":
+            env[f"{prefix}REPLICA_NAME"] = name
+        if kind == "sandbox":
+            env[f"{prefix}NAME"] = name
+        # Each service reads only the peer addresses it needs (one process per fixed service).
         for peer in SERVICES:
-            if peer != name:
-                env.setdefault(f"DOCKYARD_{name.upper()}_{peer.upper()}_ADDRESS", self.address(peer))
+            if peer != kind and peer in self.ports:
+                env.setdefault(f"{prefix}{peer.upper()}_ADDRESS", self.address(peer))
         return env
 
     def _spawn(self, name: str) -> None:
         with open(self.log_dir / f"{name}.log", "ab") as log:
             self.procs[name] = subprocess.Popen(
-                [sys.executable, "-m", f"services.{name}"],
+                [sys.executable, "-m", f"services.{self.kinds[name]}"],
                 env=self._env(name),
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -80,10 +108,10 @@ class LocalStack:
 
     def start(self, timeout: float = 120.0) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        for name in SERVICES:
+        for name in self.kinds:
             self._spawn(name)
         try:
-            asyncio.run(self._wait(SERVICES, timeout))
+            asyncio.run(self._wait(tuple(self.kinds), timeout))
         except BaseException:
             self.stop()
             raise
@@ -119,7 +147,7 @@ class LocalStack:
 
     def stop(self, grace: float = 15.0) -> dict[str, int]:
         # The coordinator first, so no job drives services that are going away.
-        for name in reversed(SERVICES):
+        for name in reversed(list(self.kinds)):
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)

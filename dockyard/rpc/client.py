@@ -24,7 +24,7 @@ from dockyard.rpc.server import message_size_options
 
 # Methods safe to repeat, by service: the only ones the channel retries.
 IDEMPOTENT: dict[str, tuple[str, ...]] = {
-    "dockyard.coordinator.v1.CoordinatorService": ("GetJob", "ListJobs", "GetWeightSyncGroup"),
+    "dockyard.coordinator.v1.CoordinatorService": ("GetJob", "ListJobs", "GetWeightSyncGroup", "ListMembers"),
     "dockyard.trainer.v1.TrainerService": ("LoadPolicy",),
     "dockyard.rollout.v1.RolloutService": ("LoadPolicy", "GetEngineInfo"),
     "dockyard.buffer.v1.BufferService": ("OpenJob", "PutGroup", "AckGroups", "GetStats"),
@@ -116,10 +116,13 @@ def connect(
     default_timeout: float = 30.0,
     max_message_mb: int = 64,
     auth: AuthSettings | None = None,
+    max_reconnect_backoff: float | None = None,
 ) -> grpc.aio.Channel:
     """A channel to `address`; calls to `service`'s IDEMPOTENT methods are retried.
 
     `auth` (default: read from the environment) adds the shared token and mTLS when configured.
+    `max_reconnect_backoff` caps gRPC's wait between reconnection attempts (120 s by default), for
+    callers that must notice quickly that a peer is back.
     """
     auth = auth or load_auth_settings()
     options = [
@@ -127,6 +130,9 @@ def connect(
         ("grpc.service_config", _service_config(service)),
         ("grpc.enable_retries", 1),
     ]
+    if max_reconnect_backoff is not None:
+        backoff_ms = max(100, int(max_reconnect_backoff * 1000))
+        options += [("grpc.max_reconnect_backoff_ms", backoff_ms), ("grpc.initial_reconnect_backoff_ms", backoff_ms)]
     interceptors: list = [_CallDefaults(default_timeout, auth.token)]
     if auth.token:
         # Streaming calls carry it too, should a service ever define one.

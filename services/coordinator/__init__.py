@@ -1,8 +1,9 @@
-"""The coordinator: jobs, the weight-version clock, the side-group rendezvous, the collector.
+"""The coordinator: jobs, the weight-version clock, the side-group rendezvous, the fleet, the collector.
 
-    CreateJob ─> JobRunner (one asyncio task per job, sync GRPO):
-        load policy on trainer + rollout ─> weights v0 over the side group
-        repeat: collector (rollout.Generate ─> sandbox.RunTests ─> rewards ─> buffer.PutGroup)
+    RegisterMember / Heartbeat ─> fleet (rollout replicas, sandbox workers; fleet.py)
+    CreateJob ─> JobRunner (one asyncio task per job):
+        wait for the fleet ─> load policy on trainer + every replica ─> weights v0 over the side group
+        repeat: collector (Generate on a replica ─> RunTests on a worker ─> rewards ─> buffer.PutGroup)
                 trainer.TrainStep ─> PushWeights/ReceiveWeights ─> validation every val_period
         ─> checkpoint ─> SUCCEEDED
 

@@ -1,8 +1,19 @@
 """The rollout collector: task → group of completions → sandbox verdicts → rewards → buffer.
 
-    Task ─rollout.Generate(n)─> completions (token ids, logprobs, weight version)
-         ─env.score each (RunTests or ScorePatch, per env.name)─> verdicts ─reward_of─> raw rewards
-         ─integrity zeroing, shaping (overlong, scaling)─> Group ─buffer.PutGroup─> buffer
+    Task ─Generate(n) on ONE ready replica of the fleet─> completions (token ids, logprobs, weight version)
+         ─env.score each on the least loaded sandbox worker (RunTests or ScorePatch, per env.name)─> verdicts
+         ─reward_of─> raw rewards ─integrity zeroing, shaping (overlong, scaling)─> Group ─buffer.PutGroup─> buffer
+
+Routing (services/coordinator/fleet.py): a group goes whole to one replica
+(sticky per group id, least loaded when assigned) that holds the job's policy
+at `required_version` (sync mode: the current version; None: any synced
+version). When that call fails with UNAVAILABLE / DEADLINE_EXCEEDED /
+CANCELLED, or the replica expires while it runs, the replica is taken out of
+routing until it heartbeats again and the group (same id) is generated again
+on another ready replica, at most `max_regenerations` times (counted). A
+scoring call that fails with UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE is
+tried on another worker, at most `max_scoring_attempts` workers (retries
+counted); when none can score it, its verdict is ERROR.
 
 Guarantees: an infrastructure failure (sandbox ERROR, an unreachable or
 overloaded sandbox) becomes an invalid trajectory, masked out of every group
@@ -22,7 +33,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Iterator, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -33,10 +45,18 @@ from dockyard.algorithms import apply_integrity, dynamic_sampling_mask, overlong
 from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
 from dockyard.common.v1 import common_pb2
 from dockyard.config import MasterConfig, SamplingConfig
-from dockyard.rollout.v1 import rollout_pb2, rollout_pb2_grpc
-from dockyard.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+from dockyard.rollout.v1 import rollout_pb2
+from dockyard.sandbox.v1 import sandbox_pb2
 from dockyard.tasks.envs import environment
 from dockyard.tasks.expr import Task
+from services.coordinator.fleet import MEMBER_DOWN, Fleet, Member
+
+# Sandbox failures that another worker may not have: try the call there.
+SCORING_RETRIABLE = MEMBER_DOWN | {grpc.StatusCode.RESOURCE_EXHAUSTED}
+# The job's own request is wrong (limits, task set), not the sandbox: fail the job.
+SCORING_REFUSED = frozenset(
+    {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
+)
 
 log = structlog.get_logger()
 
@@ -96,25 +116,47 @@ class CollectStats:
     failed: int = 0
 
 
+class ReplicaLost(Exception):
+    """The replica serving a Generate expired (no heartbeat) while the call ran."""
+
+
+class NoReplica(RuntimeError):
+    """No rollout replica became ready within the fleet wait timeout."""
+
+
 class Collector:
     def __init__(
         self,
         job_id: str,
         config: MasterConfig,
-        rollout: rollout_pb2_grpc.RolloutServiceStub,
-        sandbox: sandbox_pb2_grpc.SandboxServiceStub,
+        fleet: Fleet,
         buffer: buffer_pb2_grpc.BufferServiceStub,
         *,
         max_generations: int,
         max_scoring: int,
         generate_timeout: float,
+        max_regenerations: int = 3,
+        max_scoring_attempts: int = 3,
+        wait_timeout: float = 120.0,
     ) -> None:
         self.job_id = job_id
         self.config = config
-        self.rollout, self.sandbox, self.buffer = rollout, sandbox, buffer
+        self.fleet, self.buffer = fleet, buffer
         self._generations = asyncio.Semaphore(max_generations)
         self._scoring = asyncio.Semaphore(max_scoring)
         self._generate_timeout = generate_timeout
+        self._max_regenerations = max_regenerations
+        self._max_scoring_attempts = max_scoring_attempts
+        self._wait_timeout = wait_timeout
+        # Sync mode sets the version every generation must use; None routes to any synced replica.
+        self.required_version: int | None = None
+        # Called when no replica is ready: loads and syncs replicas that joined (the runner's).
+        self.admit: Callable[[], Awaitable[None]] | None = None
+        self.regenerated_groups = 0
+        self.sandbox_retries = 0
+        # One record per Generate (replica, group, start/end since the job started, version, tokens).
+        self.timeline: list[dict] = []
+        self._started = time.monotonic()
         self.env = environment(config)
         self.tasks = iter(TaskStream(load_tasks(config, "train"), config.grpo.seed))
         # Group ids start with this; a job that went on after a trainer restart adds a run number,
@@ -131,36 +173,111 @@ class Collector:
         )
 
     async def score(self, task: Task, completion_text: str, request_id: str) -> common_pb2.Verdict:
+        """The verdict of one completion; ERROR (invalid, masked) when no sandbox worker could score it."""
         async with self._scoring:
-            try:
-                return await self.env.score(self.sandbox, task, completion_text, request_id, self._limits)
-            except grpc.aio.AioRpcError as exc:
-                # The job's own request is wrong (limits, task set), not the sandbox: fail the job.
-                if exc.code() in (
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    grpc.StatusCode.NOT_FOUND,
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                ):
-                    raise RuntimeError(f"the sandbox refused the job's request: {exc.details()}") from None
-                log.warning("scoring failed", task=task.task_id, code=exc.code().name, error=exc.details())
-                return common_pb2.Verdict(
-                    status=common_pb2.VERDICT_STATUS_ERROR, error_message=f"sandbox: {exc.code().name}: {exc.details()}"
-                )
+            tried: set[str] = set()
+            error = "no sandbox worker is alive"
+            for attempt in range(self._max_scoring_attempts):
+                worker = self.fleet.pick_sandbox(exclude=frozenset(tried))
+                if worker is None:
+                    break
+                if attempt:
+                    self.sandbox_retries += 1
+                try:
+                    with self.fleet.calling(worker):
+                        return await self.env.score(worker.stub, task, completion_text, request_id, self._limits)
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() in SCORING_REFUSED:
+                        raise RuntimeError(f"the sandbox refused the job's request: {exc.details()}") from None
+                    if exc.code() in MEMBER_DOWN:
+                        self.fleet.mark_failed(worker)
+                    tried.add(worker.name)
+                    error = f"sandbox {worker.name}: {exc.code().name}: {exc.details()}"
+                    log.warning("scoring failed", task=task.task_id, worker=worker.name, code=exc.code().name)
+                    if exc.code() not in SCORING_RETRIABLE:
+                        break
+            return common_pb2.Verdict(status=common_pb2.VERDICT_STATUS_ERROR, error_message=error)
 
     async def generate(
         self, task: Task, n: int, sampling: SamplingConfig, request_id: str, seed: int | None = None
     ) -> rollout_pb2.GenerateResponse:
+        """One Generate of the whole group on one ready replica; generated again elsewhere if it is lost."""
+        request = rollout_pb2.GenerateRequest(
+            job_id=self.job_id,
+            request_id=request_id,
+            prompt=task.prompt,
+            num_samples=n,
+            sampling=sampling_params(sampling, seed),
+        )
         async with self._generations:
-            return await self.rollout.Generate(
-                rollout_pb2.GenerateRequest(
-                    job_id=self.job_id,
-                    request_id=request_id,
-                    prompt=task.prompt,
-                    num_samples=n,
-                    sampling=sampling_params(sampling, seed),
-                ),
-                timeout=self._generate_timeout,
-            )
+            for attempt in range(self._max_regenerations + 1):
+                replica = await self._ready_replica(request_id)
+                start = time.monotonic()
+                try:
+                    with self.fleet.calling(replica):
+                        reply = await self._generate_on(replica, request)
+                except (grpc.aio.AioRpcError, ReplicaLost) as exc:
+                    code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+                    if code is not None and code not in MEMBER_DOWN:
+                        raise
+                    self.fleet.mark_failed(replica)
+                    if attempt == self._max_regenerations:
+                        raise
+                    self.regenerated_groups += 1
+                    log.warning(
+                        "replica lost; generating the group again",
+                        group=request_id,
+                        replica=replica.name,
+                        error=code.name if code else "expired",
+                    )
+                    continue
+                end = time.monotonic()
+                self.timeline.append(
+                    {
+                        "replica": replica.name,
+                        "group_id": request_id,
+                        "start": start - self._started,
+                        "end": end - self._started,
+                        "weight_version": reply.weight_version,
+                        "tokens": sum(len(c.token_ids) for c in reply.completions),
+                        "attempt": attempt,
+                    }
+                )
+                return reply
+        raise AssertionError("unreachable")
+
+    async def _ready_replica(self, group_id: str) -> Member:
+        deadline = time.monotonic() + self._wait_timeout
+        while True:
+            replica = self.fleet.pick_replica(self.job_id, group_id, self.required_version)
+            if replica is not None:
+                return replica
+            if self.admit is not None:
+                await self.admit()
+                replica = self.fleet.pick_replica(self.job_id, group_id, self.required_version)
+                if replica is not None:
+                    return replica
+            if time.monotonic() > deadline:
+                raise NoReplica(
+                    f"no rollout replica ready at weight version {self.required_version} "
+                    f"within {self._wait_timeout:.0f}s (fleet: {[m.name for m in self.fleet.alive('rollout')]})"
+                )
+            await self.fleet.changed(1.0)
+
+    async def _generate_on(self, replica: Member, request: rollout_pb2.GenerateRequest) -> rollout_pb2.GenerateResponse:
+        """The Generate call, abandoned (ReplicaLost) if the replica stops being usable meanwhile."""
+        call = asyncio.ensure_future(replica.stub.Generate(request, timeout=self._generate_timeout))
+        try:
+            while True:
+                done, _ = await asyncio.wait({call}, timeout=0.5)
+                if done:
+                    return call.result()
+                if not self.fleet.usable(replica):
+                    raise ReplicaLost(replica.name)
+        finally:
+            if not call.done():
+                call.cancel()
+                await asyncio.gather(call, return_exceptions=True)
 
     async def make_group(self, task: Task, group_id: str, seed: int) -> common_pb2.Group:
         n = self.config.grpo.num_generations_per_prompt

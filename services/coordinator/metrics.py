@@ -2,7 +2,9 @@
 
     runs/<job-id>/config.yaml       the exact config the job ran with
     runs/<job-id>/metrics.jsonl     one JSON object per step ("kind": "train"), per validation
-                                    ("kind": "validation") and the buffer's final counts ("kind": "buffer")
+                                    ("kind": "validation"), per Generate call ("kind": "generation":
+                                    replica, group, start/end, weight version, tokens) and the
+                                    buffer's final counts ("kind": "buffer")
     runs/<job-id>/groups.jsonl      one line per group the collector finished: id, outcome
                                     (put, duplicate, dropped_stale, dropped_uniform, failed), weight version
     runs/<job-id>/curves.png        reward per step and validation pass rate
@@ -27,7 +29,7 @@ class RunFolder:
     def write_config(self, resolved_yaml: str) -> None:
         (self.path / "config.yaml").write_text(resolved_yaml)
 
-    def append(self, kind: str, step: int, values: dict[str, float]) -> None:
+    def append(self, kind: str, step: int, values: dict[str, float | int | str]) -> None:
         record = {"kind": kind, "step": step, "time": time.time(), **values}
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(record) + "\n")

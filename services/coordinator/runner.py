@@ -1,6 +1,7 @@
 """One job's GRPO loop, driven from the coordinator: synchronous (on-policy) or asynchronous.
 
-    load policy (trainer, rollout; the trainer may resume at step k) ─> weights vk ─> [validate]
+    wait for a rollout replica and a sandbox worker ─> load policy (trainer, every alive replica;
+    the trainer may resume at step k) ─> weights vk ─> [validate]
     sync:  for step in k+1..max_num_steps:
                collect (generate ─> score ─> buffer) ─> TrainStep ─> weight sync ─> [validate] [checkpoint]
     async: a producer generates, scores and puts groups without pause (one step's groups in flight,
@@ -9,10 +10,14 @@
     [validate] ─> checkpoint ─> SUCCEEDED
 
 Guarantees: in sync mode generation for step s uses the weights of version
-s − 1; in async mode every trained group is within max_trajectory_age_steps
-of the trainer (the buffer drops older ones, counted). The rollout holds
-exactly the trainer's weights after every sync (both sides' checksums must
-agree). A checkpoint carries the validation metrics of its step (they rank it
+s − 1 (a replica is routed to only at the current version); in async mode
+every trained group is within max_trajectory_age_steps of the trainer (the
+buffer drops older ones, counted) and any loaded, synced replica generates.
+Every replica that took part in a sync holds exactly the trainer's weights
+(the checksums must agree); a replica that registers later is loaded and
+joins the next sync (or is synced at once when no replica is ready), and only
+then gets work; a replica that died in a sync is dropped and the sync tried
+again without it. A checkpoint carries the validation metrics of its step (they rank it
 for top-k retention) and the number of training tasks drawn, so a resumed job
 draws the same tasks an uninterrupted one would. A trainer that restarts is
 waited for: it resumes from the job's latest checkpoint, the buffer's clock
@@ -21,7 +26,7 @@ so the resumed run never collides with acked ids, and the job goes on. A
 buffer or trainer that is unreachable is retried until
 recovery_timeout_seconds. Every finished group's outcome goes to groups.jsonl.
 The job ends FAILED with the cause in its message on any other error,
-CANCELLED on CancelJob, and both policies are unloaded either way.
+CANCELLED on CancelJob, and every policy is unloaded either way.
 """
 
 from __future__ import annotations
@@ -36,10 +41,11 @@ import grpc
 import structlog
 
 from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
-from dockyard.rollout.v1 import rollout_pb2, rollout_pb2_grpc
-from dockyard.sandbox.v1 import sandbox_pb2_grpc
+from dockyard.rollout.v1 import rollout_pb2
+from dockyard.rpc.client import channel_health
 from dockyard.trainer.v1 import trainer_pb2, trainer_pb2_grpc
-from services.coordinator.collector import Collector, CollectStats, load_tasks
+from services.coordinator.collector import Collector, CollectStats, NoReplica, load_tasks
+from services.coordinator.fleet import ROLLOUT, SANDBOX, Fleet, Member
 from services.coordinator.jobs import CANCELLED, FAILED, RUNNING, SUCCEEDED, JobRecord
 from services.coordinator.metrics import RunFolder
 from services.coordinator.settings import CoordinatorSettings
@@ -55,10 +61,11 @@ _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 @dataclass
 class Stubs:
+    """The fixed services, the fleet of rollout replicas and sandbox workers, and the side groups."""
+
     trainer: trainer_pb2_grpc.TrainerServiceStub
-    rollout: rollout_pb2_grpc.RolloutServiceStub
     buffer: buffer_pb2_grpc.BufferServiceStub
-    sandbox: sandbox_pb2_grpc.SandboxServiceStub
+    fleet: Fleet
 
 
 class CountingIterator:
@@ -90,16 +97,25 @@ class JobRunner:
         self.settings = settings
         self.config = record.config
         self.folder = RunFolder(Path(record.run_dir))
+        self.fleet = stubs.fleet
         self.collector = Collector(
             record.job_id,
             record.config,
-            stubs.rollout,
-            stubs.sandbox,
+            stubs.fleet,
             stubs.buffer,
             max_generations=settings.max_concurrent_generations,
             max_scoring=settings.max_concurrent_scoring,
             generate_timeout=settings.generate_timeout_seconds,
+            max_regenerations=settings.max_regenerations,
+            max_scoring_attempts=settings.max_scoring_attempts,
+            wait_timeout=settings.fleet_wait_timeout_seconds,
         )
+        self.collector.admit = self._admit_replicas
+        self._sync_lock = asyncio.Lock()
+        # Replicas whose LoadPolicy for this job succeeded, by name -> fleet incarnation.
+        self._loaded: dict[str, int] = {}
+        # The collector's fleet counters at the last step's end.
+        self._fleet_counts = (0, 0)
         self.sync_groups = sync_groups
         self.collector.on_group = self.folder.record_group
         self._slow = settings.train_timeout_seconds
@@ -142,6 +158,7 @@ class JobRunner:
 
     async def _train(self) -> None:
         cfg, record, stubs = self.config, self.record, self.stubs
+        await self._wait_for_fleet()
         self._phase("loading policy")
         await self._open_buffer()
         yaml_text = record.config_yaml
@@ -149,9 +166,7 @@ class JobRunner:
             stubs.trainer.LoadPolicy(
                 trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=yaml_text), timeout=self._slow
             ),
-            stubs.rollout.LoadPolicy(
-                rollout_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=yaml_text), timeout=self._slow
-            ),
+            self._load_replicas(self.fleet.alive(ROLLOUT)),
         )
         start = await self._resume(loaded)
         await self._sync_weights(start)
@@ -325,6 +340,7 @@ class JobRunner:
     async def _end_step(self, step: int, version: int, metrics: dict[str, float], val_tasks) -> None:
         cfg = self.config
         metrics.update(await self._buffer_metrics())
+        metrics.update(self.fleet_metrics(step))
         self.folder.append("train", step, metrics)
         self.record.touch(step=step, weight_version=version, metrics=metrics)
         last = step == cfg.grpo.max_num_steps
@@ -422,34 +438,151 @@ class JobRunner:
             ):
                 await self._checkpoint(step)
 
-    async def _sync_weights(self, version: int) -> float:
-        """Push and receive one version; a sync that failed on the side group (UNAVAILABLE) is tried
-        once more: both ends tear their group down and the next attempt forms the next epoch."""
+    async def _wait_for_fleet(self) -> None:
+        """Until at least one rollout replica and one sandbox worker are alive, or FAILED after the timeout."""
+        deadline = time.monotonic() + self.settings.fleet_wait_timeout_seconds
+        for kind, what in ((ROLLOUT, "rollout replicas"), (SANDBOX, "sandbox workers")):
+            while not self.fleet.alive(kind):
+                self._phase(f"waiting for {what}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"no {kind} member registered with the coordinator within "
+                        f"{self.settings.fleet_wait_timeout_seconds:.0f}s: start {what} with "
+                        f"DOCKYARD_{kind.upper()}_COORDINATOR_ADDRESS pointing at this coordinator"
+                    )
+                await self.fleet.changed(1.0)
+
+    async def _load_replicas(self, replicas: list[Member]) -> list[Member]:
+        """LoadPolicy on each replica not yet loaded (in this incarnation); those that answered."""
+        job_id, yaml_text = self.record.job_id, self.record.config_yaml
+        todo = [m for m in replicas if self._loaded.get(m.name) != m.incarnation]
+        replies = await asyncio.gather(
+            *(
+                m.stub.LoadPolicy(
+                    rollout_pb2.LoadPolicyRequest(job_id=job_id, config_yaml=yaml_text), timeout=self._slow
+                )
+                for m in todo
+            ),
+            return_exceptions=True,
+        )
+        for member, reply in zip(todo, replies, strict=True):
+            if isinstance(reply, grpc.aio.AioRpcError) and reply.code() not in (
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+            ):
+                raise reply  # the replica refuses the job (bad config, missing model): fail it
+            if isinstance(reply, BaseException):
+                log.warning("replica did not load the policy", replica=member.name, error=str(reply))
+                self.fleet.mark_failed(member)
+                continue
+            self._loaded[member.name] = member.incarnation
+            log.info("replica loaded", replica=member.name)
+        return [m for m in replicas if self._loaded.get(m.name) == m.incarnation]
+
+    async def _admit_replicas(self) -> None:
+        """Bring replicas that joined to the current version now (when none is ready to generate)."""
+        version = self.record.weight_version
+        if self._sync_lock.locked():
+            return
+        waiting = [m for m in self.fleet.alive(ROLLOUT) if m.versions.get(self.record.job_id) != version]
+        if waiting:
+            log.info("syncing replicas that joined", replicas=[m.name for m in waiting], version=version)
+            try:
+                await self._sync_weights(version, only=waiting)
+            except (grpc.aio.AioRpcError, NoReplica) as exc:
+                log.warning("replicas could not join yet", error=str(exc))
+
+    async def _sync_weights(self, version: int, only: list[Member] | None = None) -> float:
+        """Push `version` once from the trainer and receive it on every alive replica (or `only` these)
+        at once; the side group is formed with exactly those replicas. A sync that failed on the side
+        group (UNAVAILABLE) is tried once more without the replicas that died meanwhile."""
         job_id = self.record.job_id
-        for attempt in range(1, SYNC_ATTEMPTS + 1):
-            # Both calls run to their end (return_exceptions) so a retry never overlaps a stale one.
-            pushed, received = await asyncio.gather(
-                self.stubs.trainer.PushWeights(trainer_pb2.PushWeightsRequest(job_id=job_id), timeout=self._slow),
-                self.stubs.rollout.ReceiveWeights(
-                    rollout_pb2.ReceiveWeightsRequest(job_id=job_id, weight_version=version), timeout=self._slow
-                ),
-                return_exceptions=True,
-            )
-            failures = [r for r in (pushed, received) if isinstance(r, BaseException)]
-            if not failures:
-                break
-            retriable = all(
-                isinstance(f, grpc.aio.AioRpcError) and f.code() == grpc.StatusCode.UNAVAILABLE for f in failures
-            )
-            if attempt == SYNC_ATTEMPTS or not retriable:
-                raise failures[0]
-            log.warning("weight sync failed; trying again", version=version, error=str(failures[0]))
-        if pushed.checksum != received.checksum or received.weight_version != version:
-            raise RuntimeError(
-                f"weight sync of version {version} is corrupt: trainer sent {pushed.checksum[:12]}, "
-                f"rollout holds {received.checksum[:12]} at version {received.weight_version}"
-            )
-        return max(pushed.seconds, received.seconds)
+        async with self._sync_lock:
+            for attempt in range(1, SYNC_ATTEMPTS + 1):
+                candidates = [m for m in (only or self.fleet.alive(ROLLOUT)) if self.fleet.usable(m)]
+                # A replica that died since its last call would hold the whole side group up to its timeout.
+                await self._drop_dead(candidates)
+                replicas = await self._load_replicas([m for m in candidates if self.fleet.usable(m)])
+                if not replicas:
+                    raise NoReplica(f"no rollout replica alive to receive weight version {version}")
+                if self.sync_groups is not None and job_id in self.sync_groups:
+                    self.sync_groups.set_replicas(job_id, [m.name for m in replicas])
+                # Every call runs to its end (return_exceptions) so a retry never overlaps a stale one.
+                pushed, *received = await asyncio.gather(
+                    self.stubs.trainer.PushWeights(trainer_pb2.PushWeightsRequest(job_id=job_id), timeout=self._slow),
+                    *(
+                        m.stub.ReceiveWeights(
+                            rollout_pb2.ReceiveWeightsRequest(job_id=job_id, weight_version=version),
+                            timeout=self._slow,
+                        )
+                        for m in replicas
+                    ),
+                    return_exceptions=True,
+                )
+                failures = [r for r in (pushed, *received) if isinstance(r, BaseException)]
+                if not failures:
+                    break
+                retriable = all(
+                    isinstance(f, grpc.aio.AioRpcError) and f.code() == grpc.StatusCode.UNAVAILABLE for f in failures
+                )
+                if attempt == SYNC_ATTEMPTS or not retriable:
+                    raise failures[0]
+                await self._drop_dead(replicas)
+                log.warning("weight sync failed; trying again", version=version, error=str(failures[0]))
+            seconds = [pushed.seconds]
+            # An asynchronous trainer may have stepped before the push of a join: those replicas hold
+            # weights of another version than asked, and wait for the next sync instead of generating.
+            labelled = pushed.weight_version == version
+            if not labelled:
+                log.warning("the trainer pushed another version; replicas join at the next sync", asked=version)
+            for member, reply in zip(replicas, received, strict=True):
+                if pushed.checksum != reply.checksum or reply.weight_version != version:
+                    raise RuntimeError(
+                        f"weight sync of version {version} is corrupt: trainer sent {pushed.checksum[:12]}, "
+                        f"replica {member.name} holds {reply.checksum[:12]} at version {reply.weight_version}"
+                    )
+                if labelled:
+                    self.fleet.set_version(member, job_id, version)
+                seconds.append(reply.seconds)
+            if self.config.grpo.async_grpo.enabled:
+                self.collector.required_version = None
+            else:
+                self.collector.required_version = version
+            return max(seconds)
+
+    async def _drop_dead(self, replicas: list[Member]) -> None:
+        """After a failed sync: replicas that no longer answer health checks leave routing and the group."""
+        statuses = await asyncio.gather(*(channel_health(m.channel, timeout=2.0) for m in replicas))
+        for member, status in zip(replicas, statuses, strict=True):
+            if status != "SERVING":
+                log.warning("replica dropped from the weight sync", replica=member.name, status=status)
+                self.fleet.mark_failed(member)
+
+    def fleet_metrics(self, step: int) -> dict[str, float]:
+        """Per-replica generation records since the last call (written as "generation" records) and
+        their totals, plus each sandbox worker's last reported queue."""
+        timeline, self.collector.timeline = self.collector.timeline, []
+        metrics: dict[str, float] = {}
+        for entry in timeline:
+            self.folder.append("generation", step, entry)
+            name = entry["replica"]
+            busy = entry["end"] - entry["start"]
+            metrics[f"replica_{name}_busy_seconds"] = metrics.get(f"replica_{name}_busy_seconds", 0.0) + busy
+            metrics[f"replica_{name}_groups"] = metrics.get(f"replica_{name}_groups", 0.0) + 1
+            metrics[f"replica_{name}_tokens"] = metrics.get(f"replica_{name}_tokens", 0.0) + entry["tokens"]
+        for name in {e["replica"] for e in timeline}:
+            busy = metrics[f"replica_{name}_busy_seconds"]
+            metrics[f"replica_{name}_tokens_per_second"] = metrics[f"replica_{name}_tokens"] / max(busy, 1e-9)
+        for worker in self.fleet.members(SANDBOX):
+            metrics[f"sandbox_{worker.name}_running"] = float(worker.running)
+            metrics[f"sandbox_{worker.name}_queued"] = float(worker.queued)
+        counts = (self.collector.regenerated_groups, self.collector.sandbox_retries)
+        metrics["regenerated_groups"] = float(counts[0] - self._fleet_counts[0])
+        metrics["sandbox_retries"] = float(counts[1] - self._fleet_counts[1])
+        self._fleet_counts = counts
+        metrics["fleet_rollout_alive"] = float(len(self.fleet.alive(ROLLOUT)))
+        metrics["fleet_sandbox_alive"] = float(len(self.fleet.alive(SANDBOX)))
+        return metrics
 
     async def _resume(self, loaded: trainer_pb2.LoadPolicyResponse) -> int:
         """The step the trainer stands at; on a resume, move the task stream to where it was."""
@@ -509,15 +642,13 @@ class JobRunner:
 
     async def _cleanup(self) -> None:
         job_id = self.record.job_id
-        for unload in (
-            self.stubs.trainer.UnloadPolicy(trainer_pb2.UnloadPolicyRequest(job_id=job_id), timeout=30),
-            self.stubs.rollout.UnloadPolicy(rollout_pb2.UnloadPolicyRequest(job_id=job_id), timeout=30),
-        ):
-            try:
-                await unload
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.NOT_FOUND:
-                    log.warning("unload failed", code=exc.code().name, error=exc.details())
+        unloads = [self.stubs.trainer.UnloadPolicy(trainer_pb2.UnloadPolicyRequest(job_id=job_id), timeout=30)]
+        for member in self.fleet.members(ROLLOUT):
+            if member.name in self._loaded:
+                unloads.append(member.stub.UnloadPolicy(rollout_pb2.UnloadPolicyRequest(job_id=job_id), timeout=30))
+        for result in await asyncio.gather(*unloads, return_exceptions=True):
+            if isinstance(result, grpc.aio.AioRpcError) and result.code() != grpc.StatusCode.NOT_FOUND:
+                log.warning("unload failed", code=result.code().name, error=result.details())
         try:
             self.folder.append("buffer", self.record.step, await self._buffer_metrics())
             await self.stubs.buffer.CloseJob(buffer_pb2.CloseJobRequest(job_id=job_id), timeout=10)

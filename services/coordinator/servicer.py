@@ -1,4 +1,4 @@
-"""CoordinatorService over gRPC: job CRUD, the weight-sync rendezvous, a runner per job."""
+"""CoordinatorService over gRPC: job CRUD, the weight-sync rendezvous, fleet membership, a runner per job."""
 
 from __future__ import annotations
 
@@ -14,11 +14,10 @@ import structlog
 from dockyard.buffer.v1 import buffer_pb2_grpc
 from dockyard.config import ConfigError, load_config_text
 from dockyard.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
-from dockyard.rollout.v1 import rollout_pb2_grpc
 from dockyard.rpc.client import channel_health, connect
 from dockyard.rpc.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from dockyard.sandbox.v1 import sandbox_pb2_grpc
 from dockyard.trainer.v1 import trainer_pb2_grpc
+from services.coordinator.fleet import KINDS, Fleet, FleetError
 from services.coordinator.jobs import CANCELLED, JobRecord
 from services.coordinator.metrics import RunFolder
 from services.coordinator.runner import JobRunner, Stubs
@@ -35,19 +34,19 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         self.jobs: dict[str, JobRecord] = {}
         self.runners: dict[str, asyncio.Task] = {}
         self.sync_groups = SideGroupRegistry(settings.weight_sync_address, settings.weight_sync_port)
+        self.fleet = Fleet(settings.member_timeout_seconds, max_message_mb=settings.max_message_mb)
         self._channels = {
             name: connect(
                 getattr(settings, f"{name}_address"),
                 service=f"dockyard.{name}.v1.{name.capitalize()}Service",
                 max_message_mb=settings.max_message_mb,
             )
-            for name in ("trainer", "rollout", "buffer", "sandbox")
+            for name in ("trainer", "buffer")
         }
         self.stubs = Stubs(
             trainer=trainer_pb2_grpc.TrainerServiceStub(self._channels["trainer"]),
-            rollout=rollout_pb2_grpc.RolloutServiceStub(self._channels["rollout"]),
             buffer=buffer_pb2_grpc.BufferServiceStub(self._channels["buffer"]),
-            sandbox=sandbox_pb2_grpc.SandboxServiceStub(self._channels["sandbox"]),
+            fleet=self.fleet,
         )
 
     async def close(self) -> None:
@@ -59,6 +58,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         await asyncio.gather(*self.runners.values(), return_exceptions=True)
         for channel in self._channels.values():
             await channel.close()
+        await self.fleet.close()
 
     def _record(self, job_id: str) -> JobRecord:
         if not job_id:
@@ -73,10 +73,16 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         addresses = [getattr(self.settings, f"{name}_address") for name in names]
         # The coordinator's own channels: no new connection per GetJob, which clients poll.
         statuses = await asyncio.gather(*(channel_health(self._channels[n], timeout=1.0) for n in names))
-        return [
+        fixed = [
             coordinator_pb2.ServiceStatus(name=n, address=a, status=s)
             for n, a, s in zip(names, addresses, statuses, strict=True)
         ]
+        # Rollout replicas and sandbox workers as registered: ALIVE, FAILED or EXPIRED.
+        members = [
+            coordinator_pb2.ServiceStatus(name=m.name, address=m.address, status=m.status)
+            for m in self.fleet.to_proto()
+        ]
+        return fixed + members
 
     async def CreateJob(
         self, request: coordinator_pb2.CreateJobRequest, context: grpc.aio.ServicerContext
@@ -107,7 +113,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         runner = JobRunner(record, self.stubs, self.settings, self.sync_groups)
         task = self.runners[job_id] = asyncio.create_task(runner.run())
         # A finished job's rendezvous is gone for good; drop it with the runner.
-        task.add_done_callback(lambda _: self.sync_groups.drop(job_id))
+        task.add_done_callback(lambda _: (self.sync_groups.drop(job_id), self.fleet.forget_job(job_id)))
         log.info("job created", job_id=job_id, run_dir=str(run_dir))
         return coordinator_pb2.CreateJobResponse(job=record.to_proto())
 
@@ -168,3 +174,42 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         except MembershipError as exc:
             raise InvalidArgument(str(exc)) from None
         return coordinator_pb2.LeaveWeightSyncGroupResponse(group=group)
+
+    async def RegisterMember(
+        self, request: coordinator_pb2.RegisterMemberRequest, context: grpc.aio.ServicerContext
+    ) -> coordinator_pb2.RegisterMemberResponse:
+        kind = KINDS.get(request.kind)
+        if kind is None:
+            raise InvalidArgument("kind must be MEMBER_KIND_ROLLOUT or MEMBER_KIND_SANDBOX")
+        try:
+            member = self.fleet.register(kind, request.name, request.address)
+        except FleetError as exc:
+            raise InvalidArgument(str(exc)) from None
+        log.info("member registered", kind=kind, member=member.name, address=member.address)
+        return coordinator_pb2.RegisterMemberResponse(heartbeat_seconds=self.fleet.member_timeout / 3)
+
+    async def Heartbeat(
+        self, request: coordinator_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> coordinator_pb2.HeartbeatResponse:
+        if not request.name:
+            raise InvalidArgument("name is required")
+        if min(request.load, request.running, request.queued) < 0:
+            raise InvalidArgument("load, running and queued must be >= 0")
+        if self.fleet.heartbeat(request.name, request.load, request.running, request.queued) is None:
+            raise NotFound(f"no live member {request.name!r}: register again")
+        return coordinator_pb2.HeartbeatResponse()
+
+    async def UnregisterMember(
+        self, request: coordinator_pb2.UnregisterMemberRequest, context: grpc.aio.ServicerContext
+    ) -> coordinator_pb2.UnregisterMemberResponse:
+        if not request.name:
+            raise InvalidArgument("name is required")
+        if not self.fleet.unregister(request.name):
+            raise NotFound(f"no member {request.name!r}")
+        log.info("member left", member=request.name)
+        return coordinator_pb2.UnregisterMemberResponse()
+
+    async def ListMembers(
+        self, request: coordinator_pb2.ListMembersRequest, context: grpc.aio.ServicerContext
+    ) -> coordinator_pb2.ListMembersResponse:
+        return coordinator_pb2.ListMembersResponse(members=self.fleet.to_proto())

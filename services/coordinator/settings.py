@@ -1,4 +1,8 @@
-"""Coordinator settings (DOCKYARD_COORDINATOR_*)."""
+"""Coordinator settings (DOCKYARD_COORDINATOR_*).
+
+Rollout replicas and sandbox workers are not configured here: they register
+with the coordinator (see services/coordinator/fleet.py).
+"""
 
 from __future__ import annotations
 
@@ -12,13 +16,23 @@ class CoordinatorSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="DOCKYARD_COORDINATOR_", extra="ignore")
 
     trainer_address: str = Field(default_address("trainer"), description="Trainer host:port.")
-    rollout_address: str = Field(default_address("rollout"), description="Rollout host:port.")
     buffer_address: str = Field(default_address("buffer"), description="Buffer host:port.")
-    sandbox_address: str = Field(default_address("sandbox"), description="Sandbox host:port.")
     weight_sync_address: str = Field(
         "127.0.0.1", description="Host where the trainer's rank 0 hosts the side-group store; rollouts must reach it."
     )
     weight_sync_port: int = Field(0, ge=0, le=65535, description="Its port; 0 picks a free port on this host.")
+    member_timeout_seconds: float = Field(
+        8.0, gt=0, description="A rollout replica or sandbox worker with no heartbeat for this long is expired."
+    )
+    fleet_wait_timeout_seconds: float = Field(
+        120.0, gt=0, description="How long a job waits for a rollout replica and a sandbox worker before FAILED."
+    )
+    max_regenerations: int = Field(
+        3, ge=0, description="Times a group whose replica failed is generated again on another replica."
+    )
+    max_scoring_attempts: int = Field(
+        3, ge=1, description="Sandbox workers one scoring call is tried on before its verdict is ERROR."
+    )
     max_concurrent_generations: int = Field(4, ge=1, description="Generate calls in flight per job.")
     max_concurrent_scoring: int = Field(8, ge=1, description="Sandbox calls in flight per job.")
     generate_timeout_seconds: float = Field(300.0, gt=0, description="Deadline of one Generate call.")

@@ -3,6 +3,8 @@
     job created ──open──> epoch 0: trainer (rank 0) + the deployed replica "rollout" (rank 1)
     a new replica asks ──> joins: epoch + 1, ranks 1..N in join order
     a replica leaves   ──> epoch + 1 without it
+    set_replicas(names) ──> epoch + 1 with exactly those replicas (when that changes the membership):
+                            the runner names the replicas of each sync before it starts
     a member reports failed_epoch == current ──> epoch + 1 (same members, fresh port)
 
 Guarantees: every change of membership and every reported failure forms a
@@ -101,6 +103,16 @@ class SideGroupRegistry:
             self._reform(group)
         rank = 0 if member == TRAINER else 1 + group.replicas.index(member)
         return self._proto(group), rank
+
+    def set_replicas(self, job_id: str, names: list[str]) -> common_pb2.WeightSyncGroup:
+        """Make the replicas of the job's group exactly `names` (ranks 1..N in that order)."""
+        for name in names:
+            check_member(name, replica_only=True)
+        group = self._groups[job_id]
+        if group.replicas != list(names):
+            group.replicas = list(names)
+            self._reform(group)
+        return self._proto(group)
 
     def leave(self, job_id: str, member: str) -> common_pb2.WeightSyncGroup:
         check_member(member, replica_only=True)

@@ -18,6 +18,7 @@ def main() -> None:
         import torch
 
         from dockyard.rollout.v1 import rollout_pb2_grpc
+        from dockyard.rpc.membership import membership_for
         from services.rollout.servicer import RolloutServicer
 
         if settings.num_threads is not None:
@@ -28,7 +29,18 @@ def main() -> None:
             servicer=servicer,
             add_to_server=rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
         )
-        return [service], servicer.close
+        membership = membership_for(
+            settings, "rollout", settings.replica_name, lambda: (servicer.in_flight, servicer.in_flight, 0)
+        )
+        if membership is not None:
+            membership.start()
+
+        async def close() -> None:
+            if membership is not None:
+                await membership.stop()
+            await servicer.close()
+
+        return [service], close
 
     run_service("rollout", settings, build)
 

@@ -67,6 +67,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             max_message_mb=settings.max_message_mb,
         )
         self.coordinator = coordinator_pb2_grpc.CoordinatorServiceStub(self._coordinator_channel)
+        self.in_flight = 0  # Generate calls running now: the load this replica reports in heartbeats
         # One load at a time: two concurrent loads of one job would build two engines.
         self._load_lock = asyncio.Lock()
 
@@ -159,10 +160,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         engine = self.engine(request.job_id)
         if sampling is None:
             sampling = self._default_sampling(request.job_id)
+        self.in_flight += 1
         try:
             result = await engine.generate(request.prompt, num_samples, sampling)
         except UnsupportedRequest as exc:
             raise InvalidArgument(str(exc)) from None
+        finally:
+            self.in_flight -= 1
         return rollout_pb2.GenerateResponse(
             prompt_token_ids=result.prompt_token_ids,
             completions=[

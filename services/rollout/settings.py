@@ -18,7 +18,8 @@ class RolloutSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="DOCKYARD_ROLLOUT_", extra="ignore")
 
     coordinator_address: str = Field(
-        default_address("coordinator"), description="Coordinator host:port (weight-sync rendezvous)."
+        default_address("coordinator"),
+        description="Coordinator host:port: registration, heartbeats, weight-sync rendezvous; empty: standalone.",
     )
     device: str = Field("cpu", description="Where engines put the policy: cpu, cuda or cuda:N.")
     max_new_tokens_ceiling: int = Field(
@@ -31,5 +32,11 @@ class RolloutSettings(ServiceSettings):
     replica_name: str = Field(
         "rollout",
         pattern=r"^rollout(-[a-z0-9][a-z0-9_.:-]{0,62})?$",
-        description="This replica's member name in side groups: rollout or rollout-<name>; a new name joins.",
+        description="This replica's name in the fleet and in side groups: rollout or rollout-<name>.",
+    )
+    advertise_address: str = Field(
+        "", description="host:port the coordinator calls this replica at; empty: 127.0.0.1:<port>."
+    )
+    heartbeat_seconds: float = Field(
+        2.0, gt=0, description="Interval of heartbeats to the coordinator (registration is retried as often)."
     )

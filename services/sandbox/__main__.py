@@ -59,6 +59,7 @@ def main() -> None:
     settings = SandboxSettings()
 
     async def build():
+        from dockyard.rpc.membership import membership_for
         from dockyard.sandbox.v1 import sandbox_pb2_grpc
         from services.sandbox.servicer import SandboxServicer
 
@@ -70,7 +71,13 @@ def main() -> None:
             add_to_server=sandbox_pb2_grpc.add_SandboxServiceServicer_to_server,
         )
 
+        membership = membership_for(settings, "sandbox", settings.name, servicer.load)
+        if membership is not None:
+            membership.start()
+
         async def close() -> None:
+            if membership is not None:
+                await membership.stop()
             await backend.close()
             servicer.close()
 

@@ -23,10 +23,15 @@ class Admission:
         self._max_queued = max_queued
         self._slots = asyncio.Semaphore(max_running)
         self._waiting = 0
+        self._running = 0
 
     @property
     def waiting(self) -> int:
         return self._waiting
+
+    @property
+    def running(self) -> int:
+        return self._running
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -41,7 +46,9 @@ class Admission:
             await self._slots.acquire()
         finally:
             self._waiting -= 1
+        self._running += 1
         try:
             yield
         finally:
+            self._running -= 1
             self._slots.release()

@@ -112,6 +112,11 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     def close(self) -> None:
         self._swe.close()
 
+    def load(self) -> tuple[int, int, int]:
+        """(running + queued, running, queued): what heartbeats report to the coordinator."""
+        running, queued = self._admission.running, self._admission.waiting
+        return running + queued, running, queued
+
     async def Execute(
         self, request: sandbox_pb2.ExecuteRequest, context: grpc.aio.ServicerContext
     ) -> sandbox_pb2.ExecuteResponse:

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from dockyard.rpc.settings import ServiceSettings
+from dockyard.rpc.settings import ServiceSettings, default_address
 from services.sandbox.images import SANDBOX_IMAGE
 
 
@@ -67,6 +67,22 @@ class SandboxSettings(ServiceSettings):
         None,
         description="Folder of SWE task sets (<task_root>/<name>/instances.jsonl and repos/); None: ScorePatch "
         "answers FAILED_PRECONDITION.",
+    )
+
+    coordinator_address: str = Field(
+        default_address("coordinator"),
+        description="Coordinator host:port to register with and heartbeat to; empty: standalone (no registration).",
+    )
+    name: str = Field(
+        "sandbox",
+        pattern=r"^sandbox(-[a-z0-9][a-z0-9_.:-]{0,62})?$",
+        description="This worker's name in the fleet: sandbox or sandbox-<name>.",
+    )
+    advertise_address: str = Field(
+        "", description="host:port the coordinator calls this worker at; empty: 127.0.0.1:<port>."
+    )
+    heartbeat_seconds: float = Field(
+        2.0, gt=0, description="Interval of heartbeats to the coordinator, which carry the running and queued calls."
     )
 
     @model_validator(mode="after")

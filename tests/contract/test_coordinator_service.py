@@ -1,4 +1,4 @@
-"""CoordinatorService on a real server: job CRUD, state machine, refusals.
+"""CoordinatorService on a real server: job CRUD, state machine, refusals, fleet membership.
 
 The rendezvous of a running job is checked in tests/integration/test_local_stack.py.
 """
@@ -29,7 +29,9 @@ logger: {log_dir: LOG_DIR}
 def coordinator(start_service, tmp_path: Path):
     # Peers point at closed ports: every job fails fast and explains why.
     dead = f"127.0.0.1:{free_port()}"
-    env = {f"DOCKYARD_COORDINATOR_{peer}_ADDRESS": dead for peer in ("TRAINER", "ROLLOUT", "BUFFER", "SANDBOX")}
+    env = {f"DOCKYARD_COORDINATOR_{peer}_ADDRESS": dead for peer in ("TRAINER", "BUFFER")}
+    env["DOCKYARD_COORDINATOR_FLEET_WAIT_TIMEOUT_SECONDS"] = "1"
+    env["DOCKYARD_COORDINATOR_MEMBER_TIMEOUT_SECONDS"] = "60"
     return start_service("coordinator", env)
 
 
@@ -62,6 +64,18 @@ async def test_jobs_refusals_and_rendezvous(coordinator, tmp_path: Path) -> None
         await expect_code(stub.GetJob(pb.GetJobRequest(job_id="nope")), grpc.StatusCode.NOT_FOUND, "nope")
         await expect_code(stub.GetJob(pb.GetJobRequest()), grpc.StatusCode.INVALID_ARGUMENT)
 
+        # No rollout replica has registered: the job waits, then fails saying what is missing.
+        await stub.CreateJob(pb.CreateJobRequest(config_yaml=config, job_id="job-0"))
+        lonely = await wait_finished(stub, "job-0")
+        assert lonely.state == pb.JOB_STATE_FAILED
+        assert (
+            "waiting for rollout replicas" in lonely.message
+            and "DOCKYARD_ROLLOUT_COORDINATOR_ADDRESS" in lonely.message
+        )
+        dead = f"127.0.0.1:{free_port()}"
+        for kind, name in ((pb.MEMBER_KIND_ROLLOUT, "rollout"), (pb.MEMBER_KIND_SANDBOX, "sandbox")):
+            await stub.RegisterMember(pb.RegisterMemberRequest(kind=kind, name=name, address=dead))
+
         created = (await stub.CreateJob(pb.CreateJobRequest(config_yaml=config, job_id="job-a"))).job
         assert created.job_id == "job-a" and created.max_steps == 3
         assert (tmp_path / "runs" / "job-a" / "config.yaml").is_file()
@@ -89,7 +103,10 @@ async def test_jobs_refusals_and_rendezvous(coordinator, tmp_path: Path) -> None
         job = await wait_finished(stub, "job-a")
         assert job.state == pb.JOB_STATE_FAILED
         assert "loading policy" in job.message and "UNAVAILABLE" in job.message
-        assert {s.name: s.status for s in job.services}["trainer"] == "UNREACHABLE"
+        services = {s.name: s.status for s in job.services}
+        assert services["trainer"] == "UNREACHABLE"
+        # Registered members are listed with the fixed services.
+        assert services["rollout"] in ("ALIVE", "FAILED") and services["sandbox"] == "ALIVE"
         await expect_code(
             stub.CancelJob(pb.CancelJobRequest(job_id="job-a")), grpc.StatusCode.FAILED_PRECONDITION, "FAILED"
         )
@@ -100,5 +117,42 @@ async def test_jobs_refusals_and_rendezvous(coordinator, tmp_path: Path) -> None
 
         second = (await stub.CreateJob(pb.CreateJobRequest(config_yaml=config))).job
         listed = (await stub.ListJobs(pb.ListJobsRequest())).jobs
-        assert [j.job_id for j in listed] == [second.job_id, "job-a"]
+        assert [j.job_id for j in listed] == [second.job_id, "job-a", "job-0"]
     assert coordinator.stop() == 0
+
+
+async def test_members_register_heartbeat_and_leave(coordinator) -> None:
+    address = "127.0.0.1:1"
+    async with connect(coordinator.address) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+        for request, word in (
+            (pb.RegisterMemberRequest(name="rollout", address=address), "kind"),
+            (pb.RegisterMemberRequest(kind=pb.MEMBER_KIND_ROLLOUT, name="sandbox-1", address=address), "name"),
+            (pb.RegisterMemberRequest(kind=pb.MEMBER_KIND_SANDBOX, name="sandbox-1", address="nowhere"), "address"),
+        ):
+            await expect_code(stub.RegisterMember(request), grpc.StatusCode.INVALID_ARGUMENT, word)
+        await expect_code(stub.Heartbeat(pb.HeartbeatRequest(name="rollout-x")), grpc.StatusCode.NOT_FOUND, "register")
+        await expect_code(
+            stub.Heartbeat(pb.HeartbeatRequest(name="rollout-x", load=-1)), grpc.StatusCode.INVALID_ARGUMENT, "load"
+        )
+
+        await stub.RegisterMember(
+            pb.RegisterMemberRequest(kind=pb.MEMBER_KIND_SANDBOX, name="sandbox-2", address=address)
+        )
+        await stub.RegisterMember(
+            pb.RegisterMemberRequest(kind=pb.MEMBER_KIND_ROLLOUT, name="rollout-1", address=address)
+        )
+        await stub.Heartbeat(pb.HeartbeatRequest(name="sandbox-2", load=5, running=2, queued=3))
+        members = (await stub.ListMembers(pb.ListMembersRequest())).members
+        assert [(m.name, m.kind, m.status) for m in members] == [
+            ("rollout-1", pb.MEMBER_KIND_ROLLOUT, "ALIVE"),
+            ("sandbox-2", pb.MEMBER_KIND_SANDBOX, "ALIVE"),
+        ]
+        assert members[1].load == 5 and members[1].address == address
+
+        await stub.UnregisterMember(pb.UnregisterMemberRequest(name="sandbox-2"))
+        await expect_code(
+            stub.UnregisterMember(pb.UnregisterMemberRequest(name="sandbox-2")), grpc.StatusCode.NOT_FOUND
+        )
+        await expect_code(stub.Heartbeat(pb.HeartbeatRequest(name="sandbox-2")), grpc.StatusCode.NOT_FOUND)
+        assert [m.name for m in (await stub.ListMembers(pb.ListMembersRequest())).members] == ["rollout-1"]

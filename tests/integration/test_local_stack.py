@@ -124,3 +124,6 @@ def test_running_job_rendezvous_cancel_and_cli_status(stack: LocalStack, tmp_pat
     )
     assert status.returncode == 0, status.stderr
     assert f"{job_id}  CANCELLED" in status.stdout
+    # The one replica and the one worker registered themselves and are listed with their state.
+    assert "fleet: 2 member(s)" in status.stdout
+    assert any(line.split()[:3] == ["rollout", "rollout", "ALIVE"] for line in status.stdout.splitlines())

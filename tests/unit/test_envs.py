@@ -13,6 +13,7 @@ from dockyard.sandbox.v1 import sandbox_pb2
 from dockyard.tasks import humaneval, swe
 from dockyard.tasks.envs import Environment, sandbox_env
 from services.coordinator.collector import Collector, reward_of
+from services.coordinator.fleet import Fleet
 
 TINY = "examples/configs/tiny_expr.yaml"
 
@@ -92,9 +93,12 @@ async def test_swe_env_scores_through_score_patch_and_integrity_zeroes_the_rewar
     )
     refused = common_pb2.Verdict(status=common_pb2.VERDICT_STATUS_PATCH_FAILED, tests_total=4)
     sandbox = FakeSandbox([passed, cheat, refused])
-    collector = Collector(
-        "job", cfg, FakeRollout(), sandbox, None, max_generations=1, max_scoring=1, generate_timeout=10
-    )
+    fleet = Fleet(60.0, channel_factory=lambda kind, address, mb: (None, None))
+    fleet.register("sandbox", "sandbox", "127.0.0.1:1").stub = sandbox
+    replica = fleet.register("rollout", "rollout", "127.0.0.1:2")
+    replica.stub = FakeRollout()
+    fleet.set_version(replica, "job", 0)
+    collector = Collector("job", cfg, fleet, None, max_generations=1, max_scoring=1, generate_timeout=10)
     task = next(collector.tasks)
     assert task.task_id == "bugs/i1" and "f is wrong" in task.prompt
     group = await collector.make_group(task, "job/s0/g0", seed=0)

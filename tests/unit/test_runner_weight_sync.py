@@ -1,7 +1,9 @@
-"""The runner's weight sync: one more attempt after a side-group failure, none after anything else."""
+"""The runner's weight sync over the fleet: every alive replica at once, one more attempt after a
+side-group failure (without replicas that died), none after anything else, checksums on every replica."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import grpc
@@ -9,65 +11,157 @@ import pytest
 
 from dockyard.rollout.v1 import rollout_pb2
 from dockyard.trainer.v1 import trainer_pb2
+from services.coordinator import runner as runner_module
+from services.coordinator.fleet import ROLLOUT, Fleet
 from services.coordinator.runner import SYNC_ATTEMPTS, JobRunner
+from services.coordinator.sync_groups import SideGroupRegistry
 
 
 def rpc_error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=f"{code.name} on purpose")
 
 
-def runner(push_results: list, receive_results: list) -> tuple[SimpleNamespace, dict]:
-    calls = {"push": 0, "receive": 0}
+def answer(results: list, calls: dict, kind: str):
+    async def call(request, timeout=None):
+        calls[kind] = calls.get(kind, 0) + 1
+        result = results.pop(0) if isinstance(results, list) else results
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
-    def answer(results: list, kind: str):
-        async def call(request, timeout=None):
-            calls[kind] += 1
-            result = results.pop(0)
-            if isinstance(result, BaseException):
-                raise result
-            return result
+    return call
 
-        return call
 
-    stubs = SimpleNamespace(
-        trainer=SimpleNamespace(PushWeights=answer(push_results, "push")),
-        rollout=SimpleNamespace(ReceiveWeights=answer(receive_results, "receive")),
+def replica_stub(receive_results, calls: dict, name: str) -> SimpleNamespace:
+    return SimpleNamespace(
+        ReceiveWeights=answer(receive_results, calls, f"receive:{name}"),
+        LoadPolicy=answer(rollout_pb2.LoadPolicyResponse(), calls, f"load:{name}"),
     )
-    return SimpleNamespace(record=SimpleNamespace(job_id="job"), stubs=stubs, _slow=5.0), calls
 
 
-def pushed(seconds: float = 0.5) -> trainer_pb2.PushWeightsResponse:
-    return trainer_pb2.PushWeightsResponse(checksum="abc", seconds=seconds)
+def make_runner(push_results: list, replicas: dict[str, list]) -> tuple[JobRunner, dict]:
+    calls: dict = {}
+    stubs_by_name = {name: replica_stub(results, calls, name) for name, results in replicas.items()}
+    fleet = Fleet(60.0, channel_factory=lambda kind, address, mb: (None, None))
+    for name in replicas:
+        member = fleet.register(ROLLOUT, name, "127.0.0.1:1")
+        member.stub = stubs_by_name[name]
+    registry = SideGroupRegistry("127.0.0.1", port_fn=lambda host: 1234)
+    registry.open("job", "gloo")
+    runner = JobRunner.__new__(JobRunner)
+    runner.record = SimpleNamespace(job_id="job", config_yaml="{}", weight_version=0)
+    runner.stubs = SimpleNamespace(trainer=SimpleNamespace(PushWeights=answer(push_results, calls, "push")))
+    runner.sync_groups = registry
+    runner.fleet = fleet
+    runner.config = SimpleNamespace(grpo=SimpleNamespace(async_grpo=SimpleNamespace(enabled=False)))
+    runner.collector = SimpleNamespace(required_version=None)
+    runner._slow = 5.0
+    runner._sync_lock = asyncio.Lock()
+    runner._loaded = {}
+    return runner, calls
+
+
+def pushed(seconds: float = 0.5, version: int = 3) -> trainer_pb2.PushWeightsResponse:
+    return trainer_pb2.PushWeightsResponse(checksum="abc", seconds=seconds, weight_version=version)
 
 
 def received(version: int = 3, seconds: float = 0.25) -> rollout_pb2.ReceiveWeightsResponse:
     return rollout_pb2.ReceiveWeightsResponse(checksum="abc", weight_version=version, seconds=seconds)
 
 
+@pytest.fixture(autouse=True)
+def health(monkeypatch):
+    """Health answers by replica name: the test sets which are dead."""
+    dead: set[str] = set()
+
+    async def channel_health(channel, timeout=2.0):
+        return "UNREACHABLE" if channel in dead else "SERVING"
+
+    monkeypatch.setattr(runner_module, "channel_health", channel_health)
+    return dead
+
+
 async def test_a_side_group_failure_is_tried_again_and_then_succeeds():
-    fake, calls = runner([rpc_error(grpc.StatusCode.UNAVAILABLE), pushed()], [received(), received()])
-    assert await JobRunner._sync_weights(fake, 3) == 0.5
-    assert calls == {"push": 2, "receive": 2}
+    runner, calls = make_runner([rpc_error(grpc.StatusCode.UNAVAILABLE), pushed()], {"rollout": [received()] * 2})
+    assert await runner._sync_weights(3) == 0.5
+    assert (calls["push"], calls["receive:rollout"], calls["load:rollout"]) == (2, 2, 1)
+    assert runner.collector.required_version == 3
 
 
 async def test_a_sync_that_keeps_failing_raises_after_the_last_attempt():
     failures = [rpc_error(grpc.StatusCode.UNAVAILABLE) for _ in range(SYNC_ATTEMPTS)]
-    fake, calls = runner(failures, [received() for _ in range(SYNC_ATTEMPTS)])
+    runner, calls = make_runner(failures, {"rollout": [received() for _ in range(SYNC_ATTEMPTS)]})
     with pytest.raises(grpc.aio.AioRpcError) as exc:
-        await JobRunner._sync_weights(fake, 3)
+        await runner._sync_weights(3)
     assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
     assert calls["push"] == SYNC_ATTEMPTS
 
 
 async def test_other_failures_are_not_retried():
-    fake, calls = runner([pushed()], [rpc_error(grpc.StatusCode.FAILED_PRECONDITION)])
+    runner, calls = make_runner([pushed()], {"rollout": [rpc_error(grpc.StatusCode.FAILED_PRECONDITION)]})
     with pytest.raises(grpc.aio.AioRpcError) as exc:
-        await JobRunner._sync_weights(fake, 3)
+        await runner._sync_weights(3)
     assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert calls == {"push": 1, "receive": 1}
+    assert (calls["push"], calls["receive:rollout"]) == (1, 1)
 
 
-async def test_checksums_that_differ_fail_the_sync():
-    fake, _ = runner([pushed()], [rollout_pb2.ReceiveWeightsResponse(checksum="xyz", weight_version=3)])
-    with pytest.raises(RuntimeError, match="corrupt"):
-        await JobRunner._sync_weights(fake, 3)
+async def test_checksums_that_differ_on_any_replica_fail_the_sync():
+    bad = rollout_pb2.ReceiveWeightsResponse(checksum="xyz", weight_version=3)
+    runner, _ = make_runner([pushed()], {"rollout-a": [received()], "rollout-b": [bad]})
+    with pytest.raises(RuntimeError, match="corrupt.*rollout-b"):
+        await runner._sync_weights(3)
+
+
+async def test_every_alive_replica_receives_and_the_side_group_has_exactly_them():
+    runner, calls = make_runner([pushed()], {"rollout-a": [received()], "rollout-b": [received(seconds=0.75)]})
+    assert await runner._sync_weights(3) == 0.75
+    group, rank = runner.sync_groups.get("job", "trainer")
+    assert (group.world_size, rank) == (3, 0)
+    assert [m.name for m in runner.fleet.replicas("job", 3)] == ["rollout-a", "rollout-b"]
+
+
+async def test_a_replica_that_dies_in_the_sync_is_dropped_and_the_sync_goes_on_without_it(health):
+    lost = rpc_error(grpc.StatusCode.UNAVAILABLE)
+    runner, calls = make_runner([lost, pushed()], {"rollout-a": [received()] * 2, "rollout-b": []})
+    dying = runner.fleet.get("rollout-b")
+    dying.channel = "b"
+
+    async def die(request, timeout=None):
+        calls["receive:rollout-b"] = calls.get("receive:rollout-b", 0) + 1
+        health.add("b")  # from now on rollout-b no longer answers health checks
+        raise lost
+
+    dying.stub.ReceiveWeights = die
+    await runner._sync_weights(3)
+    assert (calls["push"], calls["receive:rollout-a"], calls["receive:rollout-b"]) == (2, 2, 1)
+    group, _ = runner.sync_groups.get("job", "trainer")
+    assert group.world_size == 2 and group.epoch >= 2
+    assert [m.name for m in runner.fleet.replicas("job", 3)] == ["rollout-a"]
+
+
+async def test_a_replica_found_dead_before_the_sync_is_left_out_of_the_group(health):
+    runner, calls = make_runner([pushed()], {"rollout-a": [received()], "rollout-b": [received()]})
+    runner.fleet.get("rollout-b").channel = "b"
+    health.add("b")
+    await runner._sync_weights(3)
+    assert calls["push"] == 1 and "receive:rollout-b" not in calls and "load:rollout-b" not in calls
+    group, _ = runner.sync_groups.get("job", "trainer")
+    assert group.world_size == 2
+
+
+async def test_a_replica_that_registers_later_is_loaded_and_joins_the_next_sync():
+    runner, calls = make_runner([pushed(version=1), pushed(version=2)], {"rollout-a": [received(1), received(2)]})
+    await runner._sync_weights(1)
+    late = runner.fleet.register(ROLLOUT, "rollout-b", "127.0.0.1:2")
+    late.stub = replica_stub([received(2)], calls, "rollout-b")
+    assert runner.fleet.replicas("job", 1) == [runner.fleet.get("rollout-a")]
+    await runner._sync_weights(2)
+    assert calls["load:rollout-b"] == 1 and calls["load:rollout-a"] == 1
+    assert [m.name for m in runner.fleet.replicas("job", 2)] == ["rollout-a", "rollout-b"]
+
+
+async def test_replicas_synced_to_another_version_than_asked_are_not_routed_to():
+    # An asynchronous trainer stepped before the push: the weights are version 4, not 3.
+    runner, _ = make_runner([pushed(version=4)], {"rollout-a": [received(3)]})
+    await runner._sync_weights(3)
+    assert runner.fleet.replicas("job") == []

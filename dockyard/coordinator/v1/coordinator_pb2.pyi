@@ -11,6 +11,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class MemberKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MEMBER_KIND_UNSPECIFIED: _ClassVar[MemberKind]
+    MEMBER_KIND_ROLLOUT: _ClassVar[MemberKind]
+    MEMBER_KIND_SANDBOX: _ClassVar[MemberKind]
+
 class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
@@ -19,12 +25,94 @@ class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_STATE_SUCCEEDED: _ClassVar[JobState]
     JOB_STATE_FAILED: _ClassVar[JobState]
     JOB_STATE_CANCELLED: _ClassVar[JobState]
+MEMBER_KIND_UNSPECIFIED: MemberKind
+MEMBER_KIND_ROLLOUT: MemberKind
+MEMBER_KIND_SANDBOX: MemberKind
 JOB_STATE_UNSPECIFIED: JobState
 JOB_STATE_PENDING: JobState
 JOB_STATE_RUNNING: JobState
 JOB_STATE_SUCCEEDED: JobState
 JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
+
+class Member(_message.Message):
+    __slots__ = ("kind", "name", "address", "status", "load", "in_flight", "seconds_since_heartbeat", "weight_versions")
+    class WeightVersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    kind: MemberKind
+    name: str
+    address: str
+    status: str
+    load: int
+    in_flight: int
+    seconds_since_heartbeat: float
+    weight_versions: _containers.ScalarMap[str, int]
+    def __init__(self, kind: _Optional[_Union[MemberKind, str]] = ..., name: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., load: _Optional[int] = ..., in_flight: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., weight_versions: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class RegisterMemberRequest(_message.Message):
+    __slots__ = ("kind", "name", "address")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    kind: MemberKind
+    name: str
+    address: str
+    def __init__(self, kind: _Optional[_Union[MemberKind, str]] = ..., name: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class RegisterMemberResponse(_message.Message):
+    __slots__ = ("heartbeat_seconds",)
+    HEARTBEAT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    heartbeat_seconds: float
+    def __init__(self, heartbeat_seconds: _Optional[float] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("name", "load", "running", "queued")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    load: int
+    running: int
+    queued: int
+    def __init__(self, name: _Optional[str] = ..., load: _Optional[int] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UnregisterMemberRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class UnregisterMemberResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListMembersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListMembersResponse(_message.Message):
+    __slots__ = ("members",)
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ...) -> None: ...
 
 class ServiceStatus(_message.Message):
     __slots__ = ("name", "address", "status")

@@ -66,6 +66,26 @@ class CoordinatorServiceStub:
                 request_serializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.LeaveWeightSyncGroupRequest.SerializeToString,
                 response_deserializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.LeaveWeightSyncGroupResponse.FromString,
                 _registered_method=True)
+        self.RegisterMember = channel.unary_unary(
+                '/dockyard.coordinator.v1.CoordinatorService/RegisterMember',
+                request_serializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterMemberRequest.SerializeToString,
+                response_deserializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterMemberResponse.FromString,
+                _registered_method=True)
+        self.Heartbeat = channel.unary_unary(
+                '/dockyard.coordinator.v1.CoordinatorService/Heartbeat',
+                request_serializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.HeartbeatResponse.FromString,
+                _registered_method=True)
+        self.UnregisterMember = channel.unary_unary(
+                '/dockyard.coordinator.v1.CoordinatorService/UnregisterMember',
+                request_serializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.UnregisterMemberRequest.SerializeToString,
+                response_deserializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.UnregisterMemberResponse.FromString,
+                _registered_method=True)
+        self.ListMembers = channel.unary_unary(
+                '/dockyard.coordinator.v1.CoordinatorService/ListMembers',
+                request_serializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.ListMembersRequest.SerializeToString,
+                response_deserializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.ListMembersResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServiceServicer:
@@ -116,6 +136,38 @@ class CoordinatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterMember(self, request, context):
+        """A rollout replica or sandbox worker joins the fleet (or comes back): the
+        coordinator calls it at `address` from now on. Registering again under a
+        name counts as a new process: it is loaded and synced again before work.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Heartbeat(self, request, context):
+        """A member's periodic sign of life with its load; NOT_FOUND for a member
+        the coordinator does not know (expired, or the coordinator restarted):
+        the member then registers again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnregisterMember(self, request, context):
+        """A member leaves the fleet on a graceful shutdown.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListMembers(self, request, context):
+        """The fleet as the coordinator sees it now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -148,6 +200,26 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
                     servicer.LeaveWeightSyncGroup,
                     request_deserializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.LeaveWeightSyncGroupRequest.FromString,
                     response_serializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.LeaveWeightSyncGroupResponse.SerializeToString,
+            ),
+            'RegisterMember': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterMember,
+                    request_deserializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterMemberRequest.FromString,
+                    response_serializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterMemberResponse.SerializeToString,
+            ),
+            'Heartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Heartbeat,
+                    request_deserializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.HeartbeatRequest.FromString,
+                    response_serializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'UnregisterMember': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnregisterMember,
+                    request_deserializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.UnregisterMemberRequest.FromString,
+                    response_serializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.UnregisterMemberResponse.SerializeToString,
+            ),
+            'ListMembers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMembers,
+                    request_deserializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.ListMembersRequest.FromString,
+                    response_serializer=dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.ListMembersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -314,6 +386,114 @@ class CoordinatorService:
             '/dockyard.coordinator.v1.CoordinatorService/LeaveWeightSyncGroup',
             dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.LeaveWeightSyncGroupRequest.SerializeToString,
             dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.LeaveWeightSyncGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterMember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.coordinator.v1.CoordinatorService/RegisterMember',
+            dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterMemberRequest.SerializeToString,
+            dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.RegisterMemberResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.coordinator.v1.CoordinatorService/Heartbeat',
+            dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.HeartbeatRequest.SerializeToString,
+            dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnregisterMember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.coordinator.v1.CoordinatorService/UnregisterMember',
+            dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.UnregisterMemberRequest.SerializeToString,
+            dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.UnregisterMemberResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMembers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.coordinator.v1.CoordinatorService/ListMembers',
+            dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.ListMembersRequest.SerializeToString,
+            dockyard_dot_coordinator_dot_v1_dot_coordinator__pb2.ListMembersResponse.FromString,
             options,
             channel_credentials,
             insecure,
