@@ -11,6 +11,13 @@ agree after every sync); a checkpoint carries the validation metrics of its
 step (they rank it for top-k retention) and the number of training tasks drawn,
 so a resumed job draws the same tasks an uninterrupted one would; the job ends FAILED with the cause in its message
 on any error, CANCELLED on CancelJob, and both policies are unloaded either way.
+
+Recovery (a runner started by a restarted coordinator for a job it had): the
+step is the trainer's weight_version as LoadPolicy reports it, never the
+persisted step (a TrainStep whose reply was lost is not trained again), and
+the task stream continues from the persisted cursor (`_mark_cursor`), which is
+stored before each TrainStep, so it always names the tasks of the step the
+trainer stands at or the one after.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +37,7 @@ from dockyard.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from dockyard.sandbox.v1 import sandbox_pb2_grpc
 from dockyard.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from services.coordinator.collector import Collector, load_tasks
-from services.coordinator.jobs import CANCELLED, FAILED, RUNNING, SUCCEEDED, JobRecord
+from services.coordinator.jobs import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED, JobRecord
 from services.coordinator.metrics import RunFolder
 from services.coordinator.settings import CoordinatorSettings
 
@@ -37,6 +45,8 @@ log = structlog.get_logger()
 
 # A weight sync that failed on the side group is tried this many times in all.
 SYNC_ATTEMPTS = 2
+# How long a step waits for its cursor to be stored; a store that is down delays, never stops, a job.
+CURSOR_FLUSH_SECONDS = 5.0
 
 
 @dataclass
@@ -64,8 +74,18 @@ class CountingIterator:
 
 
 class JobRunner:
-    def __init__(self, record: JobRecord, stubs: Stubs, settings: CoordinatorSettings) -> None:
+    def __init__(
+        self,
+        record: JobRecord,
+        stubs: Stubs,
+        settings: CoordinatorSettings,
+        *,
+        recovering: bool = False,
+        flush: Callable[[float], Awaitable[bool]] | None = None,
+    ) -> None:
         self.record = record
+        self.recovering = recovering
+        self._flush = flush
         self.stubs = stubs
         self.settings = settings
         self.config = record.config
@@ -92,7 +112,8 @@ class JobRunner:
         record = self.record
         structlog.contextvars.bind_contextvars(job_id=record.job_id)
         try:
-            record.transition(RUNNING)
+            if record.state == PENDING:
+                record.transition(RUNNING)
             await self._train()
             record.transition(SUCCEEDED)
             self._phase("done")
@@ -139,7 +160,9 @@ class JobRunner:
         for step in range(start + 1, cfg.grpo.max_num_steps + 1):
             t0 = time.perf_counter()
             self._phase("generating")
+            drawn = self._tasks_drawn.count
             stats = await self.collector.collect_step(step)
+            await self._mark_cursor(step, drawn)
             t1 = time.perf_counter()
             self._phase("training")
             reply = await stubs.trainer.TrainStep(
@@ -189,10 +212,12 @@ class JobRunner:
         for step in range(start + 1, sft.max_num_steps + 1):
             t0 = time.perf_counter()
             self._phase("training")
+            drawn = self._tasks_drawn.count
             demos = [
                 trainer_pb2.Demonstration(prompt=task.prompt, completion=task.solution)
                 for task in (next(self.collector.tasks) for _ in range(sft.batch_size))
             ]
+            await self._mark_cursor(step, drawn)
             reply = await self.stubs.trainer.SupervisedStep(
                 trainer_pb2.SupervisedStepRequest(job_id=self.record.job_id, step=step, demonstrations=demos),
                 timeout=self._slow,
@@ -240,21 +265,54 @@ class JobRunner:
             )
         return max(pushed.seconds, received.seconds)
 
+    async def _mark_cursor(self, step: int, drawn_before: int) -> None:
+        """Record the tasks drawn before and after collecting `step`; stored before the step trains."""
+        cursor = {"step": step, "tasks_drawn_before": drawn_before, "tasks_drawn_after": self._tasks_drawn.count}
+        self.record.touch(cursor=cursor)
+        if self._flush is not None and not await self._flush(CURSOR_FLUSH_SECONDS):
+            log.error("the task cursor is not stored yet; a coordinator restart now could misplace it", step=step)
+
+    def _recovered_tasks_drawn(self, loaded: trainer_pb2.LoadPolicyResponse) -> int:
+        """Tasks drawn before step weight_version + 1, from the persisted cursor or the checkpoint."""
+        version, cursor = loaded.weight_version, self.record.cursor
+        if cursor.get("step") == version + 1:
+            return int(cursor["tasks_drawn_before"])
+        if cursor.get("step") == version:
+            return int(cursor["tasks_drawn_after"])
+        if loaded.resumed_from:
+            return int(json.loads(loaded.data_state or "{}").get("tasks_drawn", 0))
+        if version == 0:
+            return 0
+        raise RuntimeError(
+            f"the trainer stands at step {version}, but the stored task cursor is at step {cursor.get('step')} "
+            "and no checkpoint says where the task stream was"
+        )
+
     async def _resume(self, loaded: trainer_pb2.LoadPolicyResponse) -> int:
         """The step the trainer stands at; on a resume, move the task stream to where it was."""
         # Counting the tasks drawn is what a checkpoint records as the data position.
         self.collector.tasks = self._tasks_drawn = CountingIterator(self.collector.tasks)
-        if not loaded.resumed_from:
+        if self.recovering:
+            drawn = self._recovered_tasks_drawn(loaded)
+        elif not loaded.resumed_from:
             return 0
-        drawn = int(json.loads(loaded.data_state or "{}").get("tasks_drawn", 0))
+        else:
+            drawn = int(json.loads(loaded.data_state or "{}").get("tasks_drawn", 0))
         for _ in range(drawn):
             next(self._tasks_drawn)
         # The buffer's clock (age bound, puts from the future) starts at the resumed version.
         await self.stubs.buffer.AckGroups(
             buffer_pb2.AckGroupsRequest(job_id=self.record.job_id, weight_version=loaded.weight_version), timeout=10
         )
-        self.folder.append("resume", loaded.weight_version, {"tasks_drawn": float(drawn)})
-        log.info("resumed", checkpoint=loaded.resumed_from, step=loaded.weight_version, tasks_drawn=drawn)
+        kind = "recover" if self.recovering else "resume"
+        self.folder.append(kind, loaded.weight_version, {"tasks_drawn": float(drawn)})
+        log.info(
+            kind,
+            checkpoint=loaded.resumed_from,
+            step=loaded.weight_version,
+            stored_step=self.record.step,
+            tasks_drawn=drawn,
+        )
         self.record.touch(step=loaded.weight_version, weight_version=loaded.weight_version)
         return loaded.weight_version
 
