@@ -6,6 +6,7 @@ The rendezvous of a running job is checked in tests/integration/test_local_stack
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import grpc
@@ -102,3 +103,58 @@ async def test_jobs_refusals_and_rendezvous(coordinator, tmp_path: Path) -> None
         listed = (await stub.ListJobs(pb.ListJobsRequest())).jobs
         assert [j.job_id for j in listed] == [second.job_id, "job-a"]
     assert coordinator.stop() == 0
+
+
+async def test_jobs_outlive_a_coordinator_restart(start_service, tmp_path: Path) -> None:
+    """A second coordinator on the same store serves the first one's finished jobs as they were,
+    and continues (here: fails, the peers being down) a job stored as RUNNING."""
+    dead = f"127.0.0.1:{free_port()}"
+    env = {f"DOCKYARD_COORDINATOR_{peer}_ADDRESS": dead for peer in ("TRAINER", "ROLLOUT", "BUFFER", "SANDBOX")}
+    env["DOCKYARD_COORDINATOR_STATE_DIR"] = str(tmp_path / "state")
+    config = CONFIG.replace("LOG_DIR", str(tmp_path / "runs"))
+    first = start_service("coordinator", env)
+    async with connect(first.address) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+        await stub.CreateJob(pb.CreateJobRequest(config_yaml=config, job_id="job-a"))
+        failed = await wait_finished(stub, "job-a")
+        await stub.CreateJob(pb.CreateJobRequest(config_yaml=config, job_id="job-b"))
+        await wait_finished(stub, "job-b")
+        listed = (await stub.ListJobs(pb.ListJobsRequest())).jobs
+    assert failed.state == pb.JOB_STATE_FAILED
+    first.proc.kill()  # no graceful stop: what is stored is all the next coordinator gets
+    first.proc.wait()
+
+    # job-b as if the coordinator had died while it ran.
+    stored = tmp_path / "state" / "job-b" / "job.json"
+    document = json.loads(stored.read_text())
+    stored.write_text(json.dumps({**document, "state": "RUNNING", "message": "", "phase": "training", "step": 2}))
+
+    second = start_service("coordinator", env)
+    async with connect(second.address) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+        again = (await stub.GetJob(pb.GetJobRequest(job_id="job-a"))).job
+        for name in (
+            "job_id",
+            "state",
+            "step",
+            "max_steps",
+            "phase",
+            "message",
+            "run_dir",
+            "create_time",
+            "update_time",
+        ):
+            assert getattr(again, name) == getattr(failed, name), name
+        assert [j.job_id for j in (await stub.ListJobs(pb.ListJobsRequest())).jobs] == [j.job_id for j in listed]
+        # The same create is still the same job; a finished job still refuses a cancel.
+        retried = (await stub.CreateJob(pb.CreateJobRequest(config_yaml=config, job_id="job-a"))).job
+        assert retried.create_time == failed.create_time and retried.state == pb.JOB_STATE_FAILED
+        await expect_code(
+            stub.CancelJob(pb.CancelJobRequest(job_id="job-a")), grpc.StatusCode.FAILED_PRECONDITION, "FAILED"
+        )
+        # The RUNNING job got a runner again: it fails where a fresh one would, loading the policy.
+        resumed = await wait_finished(stub, "job-b")
+        assert resumed.state == pb.JOB_STATE_FAILED
+        assert "loading policy" in resumed.message and "UNAVAILABLE" in resumed.message
+    assert second.stop() == 0
+    assert json.loads(stored.read_text())["state"] == "FAILED"
