@@ -4,6 +4,7 @@
     runs/<job-id>/metrics.jsonl     one JSON object per step ("kind": "train"), per validation
                                     ("kind": "validation") and the buffer's final counts ("kind": "buffer")
     runs/<job-id>/curves.png        reward per step and validation pass rate
+    runs/<job-id>/job.json          the job store's document (services/coordinator/store.py), not written here
 
 Guarantees: every line of metrics.jsonl is a complete JSON object, flushed
 when written, so a reader (or a crash) never sees half a record.
