@@ -91,7 +91,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
                 log.error("stored job left out", job_id=document.get("job_id"), error=str(exc))
                 continue
             self.jobs[record.job_id] = record
-            self.persister.track(record)
+            self.persister.track(record, write=False)
             if record.state in (PENDING, RUNNING):
                 # Past every epoch the job used: no replica mixes an old rendezvous with the new one.
                 self._start(record, epoch=record.sync_epoch + 1, recovering=True)

@@ -158,11 +158,12 @@ class JobPersister:
         self._max_retry = max_retry_seconds
         self._task: asyncio.Task | None = None
 
-    def track(self, record: JobRecord) -> None:
-        """Persist `record` now and on every later change."""
+    def track(self, record: JobRecord, *, write: bool = True) -> None:
+        """Persist `record` on every change, and now unless `write` is False (it was just loaded)."""
         self._records[record.job_id] = record
         record.on_change = self.changed
-        self.changed(record, True)
+        if write:
+            self.changed(record, True)
 
     def changed(self, record: JobRecord, urgent: bool = False) -> None:
         # Urgent or not, the same path: one writer, the latest state; `urgent` is for callers

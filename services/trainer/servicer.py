@@ -258,6 +258,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     async def SaveCheckpoint(
         self, request: trainer_pb2.SaveCheckpointRequest, context: grpc.aio.ServicerContext
     ) -> trainer_pb2.SaveCheckpointResponse:
+        # Finished even if the caller goes away: no step may change the weights halfway through a save.
+        return await run_to_completion(self._save_checkpoint(request))
+
+    async def _save_checkpoint(self, request: trainer_pb2.SaveCheckpointRequest) -> trainer_pb2.SaveCheckpointResponse:
         job = self._job(request.job_id)
         async with job.lock:
             policy = job.policy
