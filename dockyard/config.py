@@ -320,8 +320,6 @@ class MasterConfig(Section):
             zero_prev_logprobs=loss.zero_prev_logprobs,
         )
         # Accepted by the schema, not built yet: refused here rather than silently ignored.
-        if g.async_grpo.enabled:
-            errors.append(("grpo.async_grpo.enabled", "asynchronous GRPO is not built yet; set it to false"))
         if loss.opd:
             errors.append(
                 ("loss_fn.opd", "on-policy distillation needs a teacher model, which the trainer does not load yet")
@@ -357,6 +355,12 @@ class MasterConfig(Section):
     def max_num_steps(self) -> int:
         """Optimizer steps of the job: sft.max_num_steps for a supervised job, else grpo.max_num_steps."""
         return self.sft.max_num_steps if self.sft else self.grpo.max_num_steps
+
+    def checkpoint_folder(self, job_id: str) -> Path:
+        """checkpointing.checkpoint_dir, or <log_dir>/<job_id>/checkpoints."""
+        if self.checkpointing.checkpoint_dir is not None:
+            return Path(self.checkpointing.checkpoint_dir)
+        return Path(self.logger.log_dir) / job_id / "checkpoints"
 
     def resolved_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)

@@ -35,10 +35,19 @@ def _free_port() -> int:
 
 
 class LocalStack:
-    def __init__(self, log_dir: Path, *, free_ports: bool = False, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        *,
+        free_ports: bool = False,
+        extra_env: dict[str, str] | None = None,
+        service_env: dict[str, dict[str, str]] | None = None,
+    ) -> None:
         self.log_dir = log_dir
         self.ports = {name: (_free_port() if free_ports else DEFAULT_PORTS[name]) for name in SERVICES}
         self.extra_env = extra_env or {}
+        # Per service, on top of extra_env: e.g. CUDA_VISIBLE_DEVICES to put trainer and rollout on two GPUs.
+        self.service_env = service_env or {}
         self.procs: dict[str, subprocess.Popen] = {}
 
     def address(self, name: str) -> str:
@@ -48,6 +57,7 @@ class LocalStack:
         env = {
             **os.environ,
             **self.extra_env,
+            **self.service_env.get(name, {}),
             f"DOCKYARD_{name.upper()}_PORT": str(self.ports[name]),
             PARENT_PID_ENV: str(os.getpid()),
         }

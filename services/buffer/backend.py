@@ -50,8 +50,9 @@ class BufferBackend(abc.ABC):
     has a clock, `latest_version`: the largest trainer version it has heard of
     (from sample, reclaim or ack), starting at 0.
 
-    open_job(job_id, max_groups, max_age)
-        Creates the job, or updates its capacity and age bound. Every other
+    open_job(job_id, max_groups, max_age, rewind_to=None)
+        Creates the job, or updates its capacity and age bound; rewind_to sets
+        latest_version (the only way the clock moves back). Every other
         method raises NotFound for a job never opened (or closed).
 
     close_job(job_id)
@@ -98,7 +99,7 @@ class BufferBackend(abc.ABC):
     """
 
     @abc.abstractmethod
-    async def open_job(self, job_id: str, max_groups: int, max_age: int) -> None: ...
+    async def open_job(self, job_id: str, max_groups: int, max_age: int, rewind_to: int | None = None) -> None: ...
 
     @abc.abstractmethod
     async def close_job(self, job_id: str) -> None: ...

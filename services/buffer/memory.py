@@ -89,13 +89,12 @@ class MemoryBuffer(BufferBackend):
         except KeyError:
             raise NotFound(f"the buffer has no job {job_id!r}; OpenJob first") from None
 
-    async def open_job(self, job_id: str, max_groups: int, max_age: int) -> None:
+    async def open_job(self, job_id: str, max_groups: int, max_age: int, rewind_to: int | None = None) -> None:
         async with self._lock:
-            job = self._jobs.get(job_id)
-            if job is None:
-                self._jobs[job_id] = _Job(max_groups=max_groups, max_age=max_age)
-            else:
-                job.max_groups, job.max_age = max_groups, max_age
+            job = self._jobs.setdefault(job_id, _Job(max_groups=max_groups, max_age=max_age))
+            job.max_groups, job.max_age = max_groups, max_age
+            if rewind_to is not None:
+                job.latest_version = rewind_to
 
     async def close_job(self, job_id: str) -> None:
         async with self._lock:

@@ -412,9 +412,12 @@ class RedisBuffer(BufferBackend):
     def _no_job(job_id: str) -> NotFound:
         return NotFound(f"the buffer has no job {job_id!r}; OpenJob first")
 
-    async def open_job(self, job_id: str, max_groups: int, max_age: int) -> None:
+    async def open_job(self, job_id: str, max_groups: int, max_age: int, rewind_to: int | None = None) -> None:
         keys, _ = self._keys(job_id)
-        await self._redis.hset(keys[0], mapping={"max_groups": max_groups, "max_age": max_age})
+        settings = {"max_groups": max_groups, "max_age": max_age}
+        if rewind_to is not None:
+            settings["latest_version"] = rewind_to
+        await self._redis.hset(keys[0], mapping=settings)
 
     async def close_job(self, job_id: str) -> None:
         keys, base = self._keys(job_id)

@@ -112,7 +112,10 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             raise InvalidArgument(f"max_groups must be >= 1, got {request.max_groups}")
         if request.max_trajectory_age_steps < 0:
             raise InvalidArgument(f"max_trajectory_age_steps must be >= 0, got {request.max_trajectory_age_steps}")
-        await self._backend.open_job(request.job_id, request.max_groups, request.max_trajectory_age_steps)
+        rewind_to = request.rewind_to_version if request.HasField("rewind_to_version") else None
+        if rewind_to is not None and rewind_to < 0:
+            raise InvalidArgument(f"rewind_to_version must be >= 0, got {rewind_to}")
+        await self._backend.open_job(request.job_id, request.max_groups, request.max_trajectory_age_steps, rewind_to)
         return buffer_pb2.OpenJobResponse()
 
     async def CloseJob(

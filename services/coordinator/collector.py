@@ -9,9 +9,12 @@ overloaded sandbox) becomes an invalid trajectory, masked out of every group
 statistic, never a fake zero reward; a request the sandbox refuses as invalid
 (a config asking for limits beyond its ceilings) fails the job instead, and so
 does a step in which every trajectory failed, since it could teach nothing; a
-group is put whole, once, with a stable id (`<job>/s<step>/g<index>`), so a
-retried put is a no-op; a full buffer (RESOURCE_EXHAUSTED) is waited out with
-backoff; with dynamic sampling, groups whose valid rewards are all equal are
+group is put whole, once, with a stable id (`<job>/s<step>/g<index>` in
+synchronous mode, `<job>/g<index>` in asynchronous mode, `<job>/r<run>/...`
+after a trainer restart), so a retried put is a no-op; a full or unreachable
+buffer (RESOURCE_EXHAUSTED, UNAVAILABLE) is waited out with backoff; every
+finished group's outcome (put, duplicate, dropped_stale, dropped_uniform) is
+reported through `on_group`; with dynamic sampling, groups whose valid rewards are all equal are
 dropped (counted) and refilled from further tasks.
 """
 
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -90,6 +93,7 @@ class CollectStats:
     dropped_stale: int = 0
     verdicts: dict[str, int] = field(default_factory=dict)
     generated_tokens: int = 0
+    failed: int = 0
 
 
 class Collector:
@@ -113,6 +117,11 @@ class Collector:
         self._generate_timeout = generate_timeout
         self.env = environment(config)
         self.tasks = iter(TaskStream(load_tasks(config, "train"), config.grpo.seed))
+        # Group ids start with this; a job that went on after a trainer restart adds a run number,
+        # so the groups of the resumed run never collide with the acked ids of the lost one.
+        self.id_prefix = job_id
+        # Called with (group id, outcome, weight version) for every group the collector finished.
+        self.on_group: Callable[[str, str, int], None] = lambda *_: None
         limits = config.env.sandbox
         self._limits = sandbox_pb2.Limits(
             timeout_seconds=limits.timeout_seconds,
@@ -217,25 +226,12 @@ class Collector:
                 break
             batch = []
             for _ in range(missing):
-                batch.append(
-                    (next(self.tasks), f"{self.job_id}/s{step}/g{index}", grpo.seed * 1_000_003 + step * 1009 + index)
-                )
+                seed = grpo.seed * 1_000_003 + step * 1009 + index
+                batch.append((next(self.tasks), f"{self.id_prefix}/s{step}/g{index}", seed))
                 index += 1
             groups = await asyncio.gather(*(self.make_group(task, gid, seed) for task, gid, seed in batch))
             for group in groups:
-                if grpo.dynamic_sampling.enabled and not _has_signal(group):
-                    stats.dropped_uniform += 1
-                    continue
-                if (await put_with_backoff(self.buffer, group)).dropped_stale:
-                    stats.dropped_stale += 1
-                    continue
-                stats.groups += 1
-                for t in group.trajectories:
-                    stats.trajectories += 1
-                    stats.invalid += not t.valid
-                    stats.generated_tokens += len(t.completion_token_ids)
-                    name = common_pb2.VerdictStatus.Name(t.verdict.status).removeprefix("VERDICT_STATUS_").lower()
-                    stats.verdicts[name] = stats.verdicts.get(name, 0) + 1
+                await self.deliver(group, stats)
         if stats.groups == 0:
             raise RuntimeError(
                 f"step {step}: no group reached the buffer in {rounds} round(s): "
@@ -244,6 +240,27 @@ class Collector:
         if stats.invalid == stats.trajectories:
             raise RuntimeError(f"step {step}: every trajectory failed in the sandbox (verdicts: {stats.verdicts})")
         return stats
+
+    async def deliver(self, group: common_pb2.Group, stats: CollectStats) -> bool:
+        """Put one finished group into the buffer (or drop it), counting it in `stats`; True if it is held."""
+        if self.config.grpo.dynamic_sampling.enabled and not _has_signal(group):
+            stats.dropped_uniform += 1
+            self.on_group(group.group_id, "dropped_uniform", group.weight_version)
+            return False
+        reply = await put_with_backoff(self.buffer, group)
+        outcome = "duplicate" if reply.duplicate else "dropped_stale" if reply.dropped_stale else "put"
+        self.on_group(group.group_id, outcome, group.weight_version)
+        if outcome != "put":
+            stats.dropped_stale += reply.dropped_stale
+            return False
+        stats.groups += 1
+        for t in group.trajectories:
+            stats.trajectories += 1
+            stats.invalid += not t.valid
+            stats.generated_tokens += len(t.completion_token_ids)
+            name = common_pb2.VerdictStatus.Name(t.verdict.status).removeprefix("VERDICT_STATUS_").lower()
+            stats.verdicts[name] = stats.verdicts.get(name, 0) + 1
+        return True
 
     async def validate(self, tasks: Sequence[Task], version: int) -> dict[str, float]:
         """Greedy decoding of each validation task; pass rate = tasks whose every test passes."""
@@ -265,18 +282,23 @@ class Collector:
         }
 
 
+# Put errors waited out: a full buffer, and a buffer that is down (restarting; puts are idempotent).
+_RETRIED_PUT = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
 async def put_with_backoff(
     buffer: buffer_pb2_grpc.BufferServiceStub, group: common_pb2.Group, max_wait: float = 600.0
 ) -> buffer_pb2.PutGroupResponse:
-    """PutGroup, waiting with exponential backoff while the buffer is full (RESOURCE_EXHAUSTED)."""
+    """PutGroup, waiting with exponential backoff while the buffer is full or unreachable."""
     delay, waited = 0.1, 0.0
     while True:
         try:
-            return await buffer.PutGroup(buffer_pb2.PutGroupRequest(group=group))
+            return await buffer.PutGroup(buffer_pb2.PutGroupRequest(group=group), timeout=30)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED or waited >= max_wait:
+            if exc.code() not in _RETRIED_PUT or waited >= max_wait:
                 raise
-        log.info("buffer full, backing off", seconds=delay)
+            reason = "full" if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else "unavailable"
+        log.info("buffer " + reason + ", backing off", seconds=delay)
         await asyncio.sleep(delay)
         waited += delay
         delay = min(delay * 2, 5.0)

@@ -3,11 +3,13 @@
     runs/<job-id>/config.yaml       the exact config the job ran with
     runs/<job-id>/metrics.jsonl     one JSON object per step ("kind": "train"), per validation
                                     ("kind": "validation") and the buffer's final counts ("kind": "buffer")
+    runs/<job-id>/groups.jsonl      one line per group the collector finished: id, outcome
+                                    (put, duplicate, dropped_stale, dropped_uniform, failed), weight version
     runs/<job-id>/curves.png        reward per step and validation pass rate
     runs/<job-id>/job.json          the job store's document (services/coordinator/store.py), not written here
 
-Guarantees: every line of metrics.jsonl is a complete JSON object, flushed
-when written, so a reader (or a crash) never sees half a record.
+Guarantees: every line of metrics.jsonl and groups.jsonl is a complete JSON
+object, flushed when written, so a reader (or a crash) never sees half a record.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ class RunFolder:
     def append(self, kind: str, step: int, values: dict[str, float]) -> None:
         record = {"kind": kind, "step": step, "time": time.time(), **values}
         with self.metrics_path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def record_group(self, group_id: str, outcome: str, weight_version: int) -> None:
+        record = {"group_id": group_id, "outcome": outcome, "weight_version": weight_version, "time": time.time()}
+        with (self.path / "groups.jsonl").open("a") as f:
             f.write(json.dumps(record) + "\n")
 
     def records(self) -> list[dict]:

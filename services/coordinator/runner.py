@@ -1,23 +1,34 @@
-"""One job's synchronous (on-policy) GRPO loop, driven from the coordinator.
+"""One job's GRPO loop, driven from the coordinator: synchronous (on-policy) or asynchronous.
 
     load policy (trainer, rollout; the trainer may resume at step k) ─> weights vk ─> [validate]
-    for step in k+1..max_num_steps:
-        collect (generate ─> score ─> buffer) ─> TrainStep ─> weight sync ─> [validate] [checkpoint]
+    sync:  for step in k+1..max_num_steps:
+               collect (generate ─> score ─> buffer) ─> TrainStep ─> weight sync ─> [validate] [checkpoint]
+    async: a producer generates, scores and puts groups without pause (one step's groups in flight,
+           the buffer's capacity and age bound hold it back); for step in k+1..max_num_steps:
+               wait for a step's fresh groups ─> TrainStep ─> weight sync ─> [validate] [checkpoint]
     [validate] ─> checkpoint ─> SUCCEEDED
 
-Guarantees: generation for step s uses the weights of version s − 1 (the
-rollout holds exactly the trainer's weights: both sides' checksums must
-agree after every sync); a checkpoint carries the validation metrics of its
-step (they rank it for top-k retention) and the number of training tasks drawn,
-so a resumed job draws the same tasks an uninterrupted one would; the job ends FAILED with the cause in its message
-on any error, CANCELLED on CancelJob, and both policies are unloaded either way.
+Guarantees: in sync mode generation for step s uses the weights of version
+s − 1; in async mode every trained group is within max_trajectory_age_steps
+of the trainer (the buffer drops older ones, counted). The rollout holds
+exactly the trainer's weights after every sync (both sides' checksums must
+agree). A checkpoint carries the validation metrics of its step (they rank it
+for top-k retention) and the number of training tasks drawn, so a resumed job
+draws the same tasks an uninterrupted one would. A trainer that restarts is
+waited for: it resumes from the job's latest checkpoint, the buffer's clock
+is rewound to its version, group ids take a new run number (`<job>/r<n>/...`)
+so the resumed run never collides with acked ids, and the job goes on. A
+buffer or trainer that is unreachable is retried until
+recovery_timeout_seconds. Every finished group's outcome goes to groups.jsonl.
+The job ends FAILED with the cause in its message on any other error,
+CANCELLED on CancelJob, and both policies are unloaded either way.
 
 Recovery (a runner started by a restarted coordinator for a job it had): the
 step is the trainer's weight_version as LoadPolicy reports it, never the
-persisted step (a TrainStep whose reply was lost is not trained again), and
-the task stream continues from the persisted cursor (`_mark_cursor`), which is
-stored before each TrainStep, so it always names the tasks of the step the
-trainer stands at or the one after.
+persisted step (a TrainStep whose reply was lost is not trained again); the
+task stream, the group index and the run number continue from the persisted
+cursor (`_mark_cursor`), which is stored before each TrainStep, so it always
+names the step the trainer stands at or the one after.
 """
 
 from __future__ import annotations
@@ -36,15 +47,18 @@ from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
 from dockyard.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from dockyard.sandbox.v1 import sandbox_pb2_grpc
 from dockyard.trainer.v1 import trainer_pb2, trainer_pb2_grpc
-from services.coordinator.collector import Collector, load_tasks
+from services.coordinator.collector import Collector, CollectStats, load_tasks
 from services.coordinator.jobs import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED, JobRecord
 from services.coordinator.metrics import RunFolder
 from services.coordinator.settings import CoordinatorSettings
+from services.coordinator.sync_groups import SideGroupRegistry
 
 log = structlog.get_logger()
 
 # A weight sync that failed on the side group is tried this many times in all.
 SYNC_ATTEMPTS = 2
+# Errors of a service that is restarting or briefly unreachable: retried, not fatal.
+_TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # How long a step waits for its cursor to be stored; a store that is down delays, never stops, a job.
 CURSOR_FLUSH_SECONDS = 5.0
 
@@ -79,12 +93,13 @@ class JobRunner:
         record: JobRecord,
         stubs: Stubs,
         settings: CoordinatorSettings,
+        sync_groups: SideGroupRegistry | None = None,
         *,
         recovering: bool = False,
         flush: Callable[[float], Awaitable[bool]] | None = None,
     ) -> None:
         self.record = record
-        self.recovering = recovering
+        self.recovering = recovering  # started by a restarted coordinator for a job it had
         self._flush = flush
         self.stubs = stubs
         self.settings = settings
@@ -100,46 +115,51 @@ class JobRunner:
             max_scoring=settings.max_concurrent_scoring,
             generate_timeout=settings.generate_timeout_seconds,
         )
+        self.sync_groups = sync_groups
+        self.collector.on_group = self.folder.record_group
         self._slow = settings.train_timeout_seconds
         self._validated: tuple[int, dict[str, float]] = (-1, {})
         self._tasks_drawn = CountingIterator(iter(()))
+        self.run_number = 0  # trainer restarts survived so far
+        # Asynchronous mode: the producer's counters since the last step, its last error, its wake-up.
+        self._group_index = 0
+        self._produced = CollectStats()
+        self._producer_error: BaseException | None = None
+        self._fatal: BaseException | None = None
+        self._delivered = asyncio.Event()
 
     def _phase(self, phase: str) -> None:
         self.record.touch(phase=phase)
         log.info("phase", phase=phase, step=self.record.step)
 
     async def run(self) -> None:
+        """Train, then unload and close the books; only then does the job become SUCCEEDED or FAILED,
+        so a client that sees a finished job finds its run folder complete."""
         record = self.record
         structlog.contextvars.bind_contextvars(job_id=record.job_id)
+        outcome, message = SUCCEEDED, ""
         try:
             if record.state == PENDING:
                 record.transition(RUNNING)
             await self._train()
-            record.transition(SUCCEEDED)
             self._phase("done")
         except asyncio.CancelledError:
-            if not record.finished:
-                record.transition(CANCELLED, "cancelled by request")
+            outcome, message = CANCELLED, "cancelled by request"
             self._phase("cancelled")
         except Exception as exc:
             detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
             where = f" ({exc.code().name})" if isinstance(exc, grpc.aio.AioRpcError) else ""
             log.exception("job failed", phase=record.phase)
-            if not record.finished:
-                record.transition(FAILED, f"{record.phase}{where}: {detail}")
+            outcome, message = FAILED, f"{record.phase}{where}: {detail}"
         finally:
             await self._cleanup()
+            if not record.finished:
+                record.transition(outcome, message)
 
     async def _train(self) -> None:
         cfg, record, stubs = self.config, self.record, self.stubs
         self._phase("loading policy")
-        await stubs.buffer.OpenJob(
-            buffer_pb2.OpenJobRequest(
-                job_id=record.job_id,
-                max_groups=cfg.grpo.buffer_capacity,
-                max_trajectory_age_steps=cfg.grpo.max_trajectory_age_steps,
-            )
-        )
+        await self._open_buffer()
         yaml_text = record.config_yaml
         loaded, _ = await asyncio.gather(
             stubs.trainer.LoadPolicy(
@@ -157,7 +177,18 @@ class JobRunner:
             return
         if cfg.grpo.val_at_start and start == 0:
             await self._validate(0, val_tasks)
-        for step in range(start + 1, cfg.grpo.max_num_steps + 1):
+        if cfg.grpo.async_grpo.enabled:
+            await self._train_async(start, val_tasks)
+        else:
+            await self._train_sync(start, val_tasks)
+        if cfg.grpo.val_at_end and start < cfg.grpo.max_num_steps:
+            await self._validate(cfg.grpo.max_num_steps, val_tasks)
+        if cfg.checkpointing.enabled:
+            await self._checkpoint(cfg.grpo.max_num_steps)
+
+    async def _train_sync(self, start: int, val_tasks) -> None:
+        step = start + 1
+        while step <= self.config.grpo.max_num_steps:
             t0 = time.perf_counter()
             self._phase("generating")
             drawn = self._tasks_drawn.count
@@ -165,21 +196,17 @@ class JobRunner:
             await self._mark_cursor(step, drawn)
             t1 = time.perf_counter()
             self._phase("training")
-            reply = await stubs.trainer.TrainStep(
-                trainer_pb2.TrainStepRequest(job_id=record.job_id, step=step), timeout=self._slow
-            )
+            reply = await self._train_step(step)
+            if reply is None:  # the trainer restarted from a checkpoint: go on from there
+                step = self.record.step + 1
+                continue
             t2 = time.perf_counter()
             self._phase("syncing weights")
             sync_seconds = await self._sync_weights(reply.weight_version)
             t3 = time.perf_counter()
             metrics = {
                 **reply.metrics,
-                **await self._buffer_metrics(),
-                "groups": float(stats.groups),
-                "invalid_trajectories": float(stats.invalid),
-                "dropped_uniform_groups": float(stats.dropped_uniform),
-                "dropped_stale_on_put": float(stats.dropped_stale),
-                **{f"verdict_{name}": float(count) for name, count in stats.verdicts.items()},
+                **self._collect_metrics(stats),
                 "generate_score_seconds": t1 - t0,
                 "train_step_seconds": t2 - t1,
                 "weight_sync_seconds": t3 - t2,
@@ -187,22 +214,202 @@ class JobRunner:
                 "step_seconds": t3 - t0,
                 "generated_tokens_per_second": stats.generated_tokens / max(t1 - t0, 1e-9),
             }
-            self.folder.append("train", step, metrics)
-            record.touch(step=step, weight_version=reply.weight_version, metrics=metrics)
-            last = step == cfg.grpo.max_num_steps
-            if cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and not (last and cfg.grpo.val_at_end):
-                await self._validate(step, val_tasks)
-            if (
-                cfg.checkpointing.enabled
-                and cfg.checkpointing.save_period
-                and step % cfg.checkpointing.save_period == 0
-                and not last
-            ):
+            await self._end_step(step, reply.weight_version, metrics, val_tasks)
+            step += 1
+
+    async def _train_async(self, start: int, val_tasks) -> None:
+        producer = asyncio.create_task(self._produce())
+        try:
+            step, started = start + 1, time.perf_counter()
+            while step <= self.config.grpo.max_num_steps:
+                t0 = time.perf_counter()
+                self._phase("waiting for groups")
+                await self._wait_for_groups(producer)
+                await self._mark_cursor(step, self._tasks_drawn.count)
+                t1 = time.perf_counter()
+                self._phase("training")
+                reply = await self._train_step(step)
+                if reply is None:
+                    step = self.record.step + 1
+                    continue
+                t2 = time.perf_counter()
+                self._phase("syncing weights")
+                sync_seconds = await self._sync_weights(reply.weight_version)
+                t3 = time.perf_counter()
+                stats, self._produced = self._produced, CollectStats()
+                metrics = {
+                    **reply.metrics,
+                    **self._collect_metrics(stats),
+                    "failed_groups": float(stats.failed),
+                    "wait_for_groups_seconds": t1 - t0,
+                    "train_step_seconds": t2 - t1,
+                    "weight_sync_seconds": t3 - t2,
+                    "weight_sync_transfer_seconds": sync_seconds,
+                    "step_seconds": t3 - t0,
+                    "generated_tokens_per_second": stats.generated_tokens / max(t3 - t0, 1e-9),
+                    "elapsed_seconds": t3 - started,
+                }
+                await self._end_step(step, reply.weight_version, metrics, val_tasks)
+                step += 1
+        finally:
+            producer.cancel()
+            await asyncio.gather(producer, return_exceptions=True)
+
+    async def _produce(self) -> None:
+        """Generate, score and put groups without pause; one step's worth in flight at most."""
+        grpo = self.config.grpo
+        slots = asyncio.Semaphore(grpo.num_prompts_per_step)
+        running: set[asyncio.Task] = set()
+
+        def finished(task: asyncio.Task) -> None:
+            running.discard(task)
+            slots.release()
+
+        try:
+            while True:
+                await slots.acquire()
+                index, self._group_index = self._group_index, self._group_index + 1
+                group_id = f"{self.collector.id_prefix}/g{index}"
+                one = asyncio.create_task(
+                    self._produce_one(next(self.collector.tasks), group_id, grpo.seed * 1_000_003 + index)
+                )
+                running.add(one)
+                one.add_done_callback(finished)
+        finally:
+            for one in running:
+                one.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def _produce_one(self, task, group_id: str, seed: int) -> None:
+        try:
+            group = await self.collector.make_group(task, group_id, seed)
+            await self.collector.deliver(group, self._produced)
+            self._delivered.set()
+        except asyncio.CancelledError:
+            raise
+        except RuntimeError as exc:  # the sandbox refused the job's own request: no retry helps
+            self._fatal = exc
+            self._delivered.set()
+        except Exception as exc:  # noqa: BLE001 - one group's failure is counted, the job goes on
+            self._produced.failed += 1
+            self._producer_error = exc
+            self.collector.on_group(group_id, "failed", -1)
+            log.warning("a group failed; it is counted and not retried", group=group_id, error=str(exc))
+            await asyncio.sleep(1.0)  # keep a failing fleet from spinning
+
+    async def _wait_for_groups(self, producer: asyncio.Task) -> None:
+        """Until the buffer holds a step's worth of groups; fail if the producer stalls."""
+        need = self.config.grpo.num_prompts_per_step
+        patience = self.settings.generate_timeout_seconds
+        last_held, deadline = -1, time.monotonic() + patience
+        while True:
+            if producer.done():
+                producer.result()
+            if self._fatal is not None:
+                raise self._fatal
+            held = await self._held_groups()
+            if held >= need:
+                return
+            if held != last_held:
+                last_held, deadline = held, time.monotonic() + patience
+            elif time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the buffer has held {held} of the {need} groups a step needs for {patience:.0f} s; "
+                    f"last generation error: {self._producer_error}"
+                )
+            self._delivered.clear()
+            try:
+                await asyncio.wait_for(self._delivered.wait(), 1.0)
+            except TimeoutError:
+                pass
+
+    async def _held_groups(self) -> int:
+        try:
+            stats = await self.stubs.buffer.GetStats(buffer_pb2.GetStatsRequest(job_id=self.record.job_id), timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in _TRANSIENT:
+                raise
+            return -1  # the buffer is restarting
+        return stats.held
+
+    def _collect_metrics(self, stats: CollectStats) -> dict[str, float]:
+        return {
+            "groups": float(stats.groups),
+            "invalid_trajectories": float(stats.invalid),
+            "dropped_uniform_groups": float(stats.dropped_uniform),
+            "dropped_stale_on_put": float(stats.dropped_stale),
+            **{f"verdict_{name}": float(count) for name, count in stats.verdicts.items()},
+        }
+
+    async def _end_step(self, step: int, version: int, metrics: dict[str, float], val_tasks) -> None:
+        cfg = self.config
+        metrics.update(await self._buffer_metrics())
+        self.folder.append("train", step, metrics)
+        self.record.touch(step=step, weight_version=version, metrics=metrics)
+        last = step == cfg.grpo.max_num_steps
+        if cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and not (last and cfg.grpo.val_at_end):
+            await self._validate(step, val_tasks)
+        if cfg.checkpointing.enabled and cfg.checkpointing.save_period and step % cfg.checkpointing.save_period == 0:
+            if not last:
                 await self._checkpoint(step)
-        if cfg.grpo.val_at_end and start < cfg.grpo.max_num_steps:
-            await self._validate(cfg.grpo.max_num_steps, val_tasks)
-        if cfg.checkpointing.enabled:
-            await self._checkpoint(cfg.grpo.max_num_steps)
+
+    async def _train_step(self, step: int) -> trainer_pb2.TrainStepResponse | None:
+        """TrainStep, retried while the trainer or the buffer is unreachable; None after a trainer restart."""
+        deadline = time.monotonic() + self.settings.recovery_timeout_seconds
+        while True:
+            try:
+                return await self.stubs.trainer.TrainStep(
+                    trainer_pb2.TrainStepRequest(job_id=self.record.job_id, step=step), timeout=self._slow
+                )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:  # a new trainer process: it holds no policy
+                    await self._recover_trainer()
+                    return None
+                if exc.code() not in _TRANSIENT or time.monotonic() > deadline:
+                    raise
+                log.warning("trainer step unavailable; retrying", step=step, error=exc.details())
+            await asyncio.sleep(1.0)
+
+    async def _recover_trainer(self) -> None:
+        """A restarted trainer: load the policy from the job's latest checkpoint and go on from its step."""
+        cfg, record = self.config, self.record
+        if not cfg.checkpointing.enabled:
+            raise RuntimeError(
+                "the trainer restarted and lost the policy; the job keeps no checkpoints "
+                "(checkpointing.enabled=false), so there is nothing to resume from"
+            )
+        self._phase("recovering trainer")
+        self.run_number += 1
+        self.collector.id_prefix = f"{record.job_id}/r{self.run_number}"
+        checkpointing = cfg.checkpointing.model_copy(
+            update={"resume": True, "checkpoint_dir": str(cfg.checkpoint_folder(record.job_id))}
+        )
+        resumed = cfg.model_copy(update={"checkpointing": checkpointing})
+        loaded = await self.stubs.trainer.LoadPolicy(
+            trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=resumed.resolved_yaml()),
+            timeout=self._slow,
+        )
+        version = loaded.weight_version
+        # The versions after the checkpoint were lost: the resumed weights generate at `version`.
+        await self._open_buffer(rewind_to=version)
+        if self.sync_groups is not None and record.job_id in self.sync_groups:
+            self.sync_groups.reform(record.job_id)  # the old group's store died with the trainer
+        await self._sync_weights(version)
+        lost = record.step - version
+        self.folder.append("recovery", version, {"steps_lost": float(lost), "run_number": float(self.run_number)})
+        log.warning("trainer restarted; resumed", checkpoint=loaded.resumed_from, step=version, steps_lost=lost)
+        record.touch(step=version, weight_version=version)
+
+    async def _open_buffer(self, rewind_to: int | None = None) -> None:
+        grpo = self.config.grpo
+        request = buffer_pb2.OpenJobRequest(
+            job_id=self.record.job_id,
+            max_groups=grpo.buffer_capacity,
+            max_trajectory_age_steps=grpo.max_trajectory_age_steps,
+        )
+        if rewind_to is not None:
+            request.rewind_to_version = rewind_to
+        await self.stubs.buffer.OpenJob(request, timeout=30)
 
     async def _train_sft(self, start: int, val_tasks) -> None:
         """A supervised job: demonstrations of the training tasks, same validation and checkpoints."""
@@ -266,19 +473,28 @@ class JobRunner:
         return max(pushed.seconds, received.seconds)
 
     async def _mark_cursor(self, step: int, drawn_before: int) -> None:
-        """Record the tasks drawn before and after collecting `step`; stored before the step trains."""
-        cursor = {"step": step, "tasks_drawn_before": drawn_before, "tasks_drawn_after": self._tasks_drawn.count}
+        """Where the task stream stands around `step`; stored before the step trains."""
+        cursor = {
+            "step": step,
+            "tasks_drawn_before": drawn_before,
+            "tasks_drawn_after": self._tasks_drawn.count,
+            "next_group_index": self._group_index,
+            "run_number": self.run_number,
+        }
         self.record.touch(cursor=cursor)
         if self._flush is not None and not await self._flush(CURSOR_FLUSH_SECONDS):
             log.error("the task cursor is not stored yet; a coordinator restart now could misplace it", step=step)
 
     def _recovered_tasks_drawn(self, loaded: trainer_pb2.LoadPolicyResponse) -> int:
-        """Tasks drawn before step weight_version + 1, from the persisted cursor or the checkpoint."""
+        """Tasks drawn before step weight_version + 1, from the persisted cursor or the checkpoint;
+        the group index and run number of the cursor are restored with it."""
         version, cursor = loaded.weight_version, self.record.cursor
-        if cursor.get("step") == version + 1:
-            return int(cursor["tasks_drawn_before"])
-        if cursor.get("step") == version:
-            return int(cursor["tasks_drawn_after"])
+        if cursor.get("step") in (version, version + 1):
+            self._group_index = int(cursor.get("next_group_index", 0))
+            self.run_number = int(cursor.get("run_number", 0))
+            if self.run_number:
+                self.collector.id_prefix = f"{self.record.job_id}/r{self.run_number}"
+            return int(cursor["tasks_drawn_before" if cursor["step"] == version + 1 else "tasks_drawn_after"])
         if loaded.resumed_from:
             return int(json.loads(loaded.data_state or "{}").get("tasks_drawn", 0))
         if version == 0:
@@ -339,7 +555,12 @@ class JobRunner:
         log.info("checkpoint saved", path=reply.path, step=reply.step, removed=len(reply.removed))
 
     async def _buffer_metrics(self) -> dict[str, float]:
-        stats = await self.stubs.buffer.GetStats(buffer_pb2.GetStatsRequest(job_id=self.record.job_id), timeout=10)
+        try:
+            stats = await self.stubs.buffer.GetStats(buffer_pb2.GetStatsRequest(job_id=self.record.job_id), timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in _TRANSIENT:
+                raise
+            return {}  # the buffer is restarting: this step goes without its counters
         metrics = {
             f"buffer_{name}": float(getattr(stats, name))
             for name in ("held", "pending", "acked", "dropped_stale", "puts", "duplicate_puts", "reclaimed")

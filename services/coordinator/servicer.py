@@ -102,7 +102,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         job_id = record.job_id
         self.sync_groups.open(job_id, record.config.cluster.weight_sync_backend, epoch)
         record.touch(sync_epoch=epoch)
-        runner = JobRunner(record, self.stubs, self.settings, recovering=recovering, flush=self.persister.flush)
+        runner = JobRunner(
+            record, self.stubs, self.settings, self.sync_groups, recovering=recovering, flush=self.persister.flush
+        )
         task = self.runners[job_id] = asyncio.create_task(runner.run())
         # A finished job's rendezvous is gone for good; drop it with the runner.
         task.add_done_callback(lambda _: self.sync_groups.drop(job_id))

@@ -22,6 +22,9 @@ class CoordinatorSettings(ServiceSettings):
     max_concurrent_generations: int = Field(4, ge=1, description="Generate calls in flight per job.")
     max_concurrent_scoring: int = Field(8, ge=1, description="Sandbox calls in flight per job.")
     generate_timeout_seconds: float = Field(300.0, gt=0, description="Deadline of one Generate call.")
+    recovery_timeout_seconds: float = Field(
+        300.0, gt=0, description="How long a job waits for an unreachable trainer or buffer to come back."
+    )
     train_timeout_seconds: float = Field(1800.0, gt=0, description="Deadline of LoadPolicy/TrainStep/weight sync.")
     state_dir: str = Field(
         "runs", description="Folder of the job store: <state_dir>/<job_id>/job.json (unless a Redis URL is set)."

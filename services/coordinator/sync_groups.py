@@ -73,6 +73,12 @@ class SideGroupRegistry:
     def __contains__(self, job_id: str) -> bool:
         return job_id in self._groups
 
+    def reform(self, job_id: str) -> common_pb2.WeightSyncGroup:
+        """The same members on a new epoch: after a member restarted (its old group is dead)."""
+        group = self._groups[job_id]
+        self._reform(group)
+        return self._proto(group)
+
     def _reform(self, group: _Group) -> None:
         group.epoch += 1
         group.port = self._new_port()

@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, NamedTuple
@@ -138,6 +139,9 @@ class GenerationEngine(abc.ABC):
 # One lock for every TorchEngine of the process: seeding goes through the
 # global torch RNG, so generations must not interleave.
 _GENERATION_LOCK = threading.Lock()
+# And one thread that runs them all: CUDA graphs captured by a compiled static-cache
+# forward keep their state in the capturing thread, so a replay from another thread fails.
+_GENERATION_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dockyard-generate")
 
 
 class _SampledLogprobs(LogitsProcessor):
@@ -370,7 +374,9 @@ class TorchEngine(GenerationEngine):
         return list(self.tokenizer(prompt)["input_ids"])
 
     async def generate(self, prompt: str, num_samples: int, sampling: SamplingParams) -> GenerationResult:
-        return await asyncio.to_thread(self.generate_blocking, prompt, num_samples, sampling)
+        return await asyncio.get_running_loop().run_in_executor(
+            _GENERATION_THREAD, self.generate_blocking, prompt, num_samples, sampling
+        )
 
     # -- the work, in a worker thread --------------------------------------
 

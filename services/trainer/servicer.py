@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 
 import grpc
 import structlog
 
 from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
-from dockyard.config import ConfigError, MasterConfig, load_config_text
+from dockyard.common.v1 import common_pb2
+from dockyard.config import ConfigError, load_config_text
 from dockyard.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.rpc.client import connect
 from dockyard.rpc.completion import run_to_completion
@@ -28,6 +28,7 @@ from dockyard.weights.rendezvous import coordinator_rendezvous, transport_for
 from dockyard.weights.synchronizer import WeightSyncFailed, WeightSynchronizer
 from services.trainer import checkpoint
 from services.trainer.batch import BatchError, validate_groups, validate_rows
+from services.trainer.ledger import TrainedLedger
 from services.trainer.policy import PolicyTrainer
 from services.trainer.ranks import Ranks
 from services.trainer.settings import TrainerSettings
@@ -39,8 +40,15 @@ log = structlog.get_logger()
 class TrainerJob:
     job_id: str
     policy: PolicyTrainer
+    ledger: TrainedLedger
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     sync: WeightSynchronizer | None = None
+    # A fresh trainer first takes over the groups its predecessor left pending.
+    reclaim_due: bool = True
+    # Trained groups whose ack has not reached the buffer yet (it was down).
+    unacked: list[str] = field(default_factory=list)
+    # The reply of the last step, answered again to a caller that lost it.
+    last_reply: trainer_pb2.TrainStepResponse | None = None
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
@@ -92,7 +100,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         async with self._loading.setdefault(request.job_id, asyncio.Lock()):
             job = self.jobs.get(request.job_id)
             if job is None:
-                folder = checkpoint_dir(config, request.job_id)
+                folder = config.checkpoint_folder(request.job_id)
                 try:
                     policy = await self._run(
                         "load",
@@ -104,7 +112,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                     raise InvalidArgument(str(exc)) from None
                 except FileNotFoundError as exc:
                     raise FailedPrecondition(f"cannot load the policy: {exc}") from None
-                job = self.jobs[request.job_id] = TrainerJob(request.job_id, policy)
+                job = self.jobs[request.job_id] = TrainerJob(request.job_id, policy, TrainedLedger(folder))
                 log.info("policy loaded", parameters=policy.num_parameters(), weight_version=policy.weight_version)
         # After any step in flight (one whose caller died): the version answered is the one it made.
         async with job.lock:
@@ -125,38 +133,18 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         job = self._job(request.job_id)
         async with job.lock:
             policy = job.policy
+            if job.last_reply is not None and request.step == policy.weight_version == job.last_reply.weight_version:
+                # The caller lost the reply of a step that was taken: answer it again, never train twice.
+                return job.last_reply
             _check_next_step(policy, request.step)
-            grpo = policy.config.grpo
-            try:
-                reply = await self.buffer.SampleGroups(
-                    buffer_pb2.SampleGroupsRequest(
-                        job_id=job.job_id,
-                        trainer_step=policy.weight_version,
-                        max_groups=grpo.num_prompts_per_step,
-                        consumer=self.settings.consumer,
-                    )
-                )
-            except grpc.aio.AioRpcError as exc:
-                # Nothing was leased: the step was not taken and may be asked for again.
-                if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
-                    raise FailedPrecondition(f"the buffer refused to sample: {exc.details()}") from None
-                raise Unavailable(f"the buffer is unavailable: {exc.code().name}: {exc.details()}") from None
-            groups = list(reply.groups)
-            if not groups:
-                raise FailedPrecondition(
-                    f"the buffer holds no fresh groups for step {request.step} "
-                    f"({reply.dropped_stale} dropped as stale); put experience first"
-                )
+            await self._ack(job, [], policy.weight_version)
+            groups, dropped, reclaimed = await self._lease(job)
             try:
                 # Checked here, before any rank sees the batch: a refused batch touches no rank.
                 validate_groups(groups, policy.model.config.vocab_size, policy.max_positions)
             except BatchError as exc:
                 # Acked so the same poison batch is not sampled again; the policy is unchanged.
-                await self.buffer.AckGroups(
-                    buffer_pb2.AckGroupsRequest(
-                        job_id=job.job_id, group_ids=[g.group_id for g in groups], weight_version=policy.weight_version
-                    )
-                )
+                await self._ack(job, [g.group_id for g in groups], policy.weight_version)
                 log.warning("batch refused", step=request.step, error=str(exc))
                 raise InvalidArgument(
                     f"batch for step {request.step} refused, nothing trained on it "
@@ -164,21 +152,96 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 ) from None
             payload = [g.SerializeToString() for g in groups]
             metrics = await self._run("train", job.job_id, (payload,), lambda: policy.train_step(groups))
-            # Acked only now: a trainer that died before this line leaves them pending.
-            await self.buffer.AckGroups(
-                buffer_pb2.AckGroupsRequest(
-                    job_id=job.job_id, group_ids=[g.group_id for g in groups], weight_version=policy.weight_version
-                )
+            group_ids = [g.group_id for g in groups]
+            # On disk before the ack: a trainer that dies in between finds these in its ledger
+            # when it reclaims them, and acks them instead of training on them again.
+            await asyncio.to_thread(
+                job.ledger.record,
+                request.step,
+                policy.weight_version,
+                group_ids,
+                [t.trajectory_id for g in groups for t in g.trajectories],
             )
-            metrics["groups_dropped_stale"] = float(reply.dropped_stale)
-            log.info("step done", step=request.step, loss=round(metrics["loss"], 5))
-            return trainer_pb2.TrainStepResponse(
+            await self._ack(job, group_ids, policy.weight_version)
+            metrics.update(staleness_metrics(groups, request.step - 1))
+            metrics["groups_dropped_stale"] = float(dropped)
+            metrics["groups_reclaimed"] = float(reclaimed)
+            log.info("step done", step=request.step, loss=round(metrics["loss"], 5), groups=len(groups))
+            job.last_reply = trainer_pb2.TrainStepResponse(
                 weight_version=policy.weight_version,
                 groups_trained=len(groups),
                 trajectories_trained=sum(len(g.trajectories) for g in groups),
-                groups_dropped_stale=reply.dropped_stale,
+                groups_dropped_stale=dropped,
                 metrics=metrics,
             )
+            return job.last_reply
+
+    async def _lease(self, job: TrainerJob) -> tuple[list[common_pb2.Group], int, int]:
+        """This step's groups: first those a dead predecessor left pending, then fresh ones."""
+        policy = job.policy
+        wanted = policy.config.grpo.num_prompts_per_step
+        groups: list[common_pb2.Group] = []
+        dropped = reclaimed = 0
+        try:
+            if job.reclaim_due:
+                reply = await self.buffer.ReclaimGroups(
+                    buffer_pb2.ReclaimGroupsRequest(
+                        job_id=job.job_id,
+                        trainer_step=policy.weight_version,
+                        max_groups=wanted,
+                        consumer=self.settings.consumer,
+                        min_idle_seconds=0.0,
+                    )
+                )
+                done = [g.group_id for g in reply.groups if g.group_id in job.ledger]
+                groups = [g for g in reply.groups if g.group_id not in job.ledger]
+                dropped, reclaimed = reply.dropped_stale, len(groups)
+                if done:
+                    log.warning("acking reclaimed groups the ledger says were trained", groups=len(done))
+                    await self._ack(job, done, policy.weight_version)
+                job.reclaim_due = False
+                if reclaimed:
+                    log.info("reclaimed pending groups", groups=reclaimed)
+            if len(groups) < wanted:
+                reply = await self.buffer.SampleGroups(
+                    buffer_pb2.SampleGroupsRequest(
+                        job_id=job.job_id,
+                        trainer_step=policy.weight_version,
+                        max_groups=wanted - len(groups),
+                        consumer=self.settings.consumer,
+                    )
+                )
+                groups += reply.groups
+                dropped += reply.dropped_stale
+        except grpc.aio.AioRpcError as exc:
+            # What was leased stays pending and is reclaimed by the next call: nothing is lost.
+            job.reclaim_due = True
+            if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
+                raise FailedPrecondition(f"the buffer refused to sample: {exc.details()}") from None
+            raise Unavailable(f"the buffer is unavailable: {exc.code().name}: {exc.details()}") from None
+        if not groups:
+            raise FailedPrecondition(
+                f"the buffer holds no fresh groups for step {policy.weight_version + 1} "
+                f"({dropped} dropped as stale); put experience first"
+            )
+        return groups, dropped, reclaimed
+
+    async def _ack(self, job: TrainerJob, group_ids: list[str], weight_version: int) -> None:
+        """Ack these and any earlier unacked groups; if the buffer is down they wait for the next call."""
+        job.unacked += group_ids
+        if not job.unacked:
+            return
+        try:
+            await self.buffer.AckGroups(
+                buffer_pb2.AckGroupsRequest(job_id=job.job_id, group_ids=job.unacked, weight_version=weight_version),
+                timeout=self.settings.buffer_timeout_seconds,
+            )
+            job.unacked = []
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise
+            # Safe to defer: the ledger already names them, so a reclaim can never retrain them.
+            log.warning("ack deferred: the buffer is unavailable", groups=len(job.unacked), error=exc.details())
 
     async def SupervisedStep(
         self, request: trainer_pb2.SupervisedStepRequest, context: grpc.aio.ServicerContext
@@ -266,7 +329,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         async with job.lock:
             policy = job.policy
             cfg = policy.config.checkpointing
-            root = checkpoint_dir(policy.config, job.job_id)
+            root = policy.config.checkpoint_folder(job.job_id)
             folder = root / f"step-{policy.weight_version}"
             args = (folder, dict(request.metrics), request.data_state)
             path = await self._run("save", job.job_id, args, lambda: policy.save(*args))
@@ -289,11 +352,13 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         return trainer_pb2.UnloadPolicyResponse()
 
 
-def checkpoint_dir(config: MasterConfig, job_id: str) -> Path:
-    """checkpointing.checkpoint_dir, or <log_dir>/<job_id>/checkpoints."""
-    if config.checkpointing.checkpoint_dir is not None:
-        return Path(config.checkpointing.checkpoint_dir)
-    return Path(config.logger.log_dir) / job_id / "checkpoints"
+def staleness_metrics(groups: list[common_pb2.Group], trainer_version: int) -> dict[str, float]:
+    """Histogram of the trained samples' age (trainer version − generating version), with mean and max."""
+    ages = [trainer_version - t.weight_version for g in groups for t in g.trajectories]
+    metrics = {f"staleness_{age}": float(ages.count(age)) for age in sorted(set(ages))}
+    metrics["staleness_mean"] = sum(ages) / max(len(ages), 1)
+    metrics["staleness_max"] = float(max(ages, default=0))
+    return metrics
 
 
 def _check_next_step(policy: PolicyTrainer, step: int) -> None:

@@ -18,4 +18,5 @@ class TrainerSettings(ServiceSettings):
     consumer: str = Field("trainer-0", min_length=1, description="Name this trainer leases buffer groups under.")
     device: Literal["cpu", "cuda"] = Field("cpu", description="Where the policy lives.")
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads.")
+    buffer_timeout_seconds: float = Field(30.0, gt=0, description="Deadline of one call to the buffer.")
     weight_sync_timeout_seconds: float = Field(120.0, gt=0, description="Side-group collective timeout.")

@@ -16,15 +16,17 @@ def rpc_error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
 
 
 class FullThenFree:
-    """A buffer that answers RESOURCE_EXHAUSTED `full` times, then accepts."""
+    """A buffer that answers `code` (RESOURCE_EXHAUSTED: full) `full` times, then accepts."""
 
-    def __init__(self, full: int, then: grpc.StatusCode | None = None) -> None:
-        self.calls, self.full, self.then = 0, full, then
+    def __init__(
+        self, full: int, then: grpc.StatusCode | None = None, code: grpc.StatusCode = grpc.StatusCode.RESOURCE_EXHAUSTED
+    ) -> None:
+        self.calls, self.full, self.then, self.code = 0, full, then, code
 
-    async def PutGroup(self, request):
+    async def PutGroup(self, request, timeout=None):
         self.calls += 1
         if self.calls <= self.full:
-            raise rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED)
+            raise rpc_error(self.code)
         if self.then is not None:
             raise rpc_error(self.then)
         return buffer_pb2.PutGroupResponse()
@@ -41,6 +43,12 @@ async def test_a_buffer_full_for_too_long_fails_the_put() -> None:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await put_with_backoff(buffer, make_group("g"), max_wait=0.25)
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and 2 <= buffer.calls < 10
+
+
+async def test_an_unreachable_buffer_is_waited_out_like_a_full_one() -> None:
+    buffer = FullThenFree(full=2, code=grpc.StatusCode.UNAVAILABLE)
+    reply = await put_with_backoff(buffer, make_group("g"), max_wait=10)
+    assert reply == buffer_pb2.PutGroupResponse() and buffer.calls == 3
 
 
 async def test_other_errors_are_not_retried_by_the_collector() -> None:

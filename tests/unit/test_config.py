@@ -64,7 +64,7 @@ def test_override_without_equals_is_refused() -> None:
         ("policy.optimizer.lr=-1", "policy.optimizer.lr"),
         ("loss_fn.dual_clip_c=0.5", "loss_fn.dual_clip_c"),
         ("policy.train_global_batch_size=5", "policy.train_global_batch_size"),
-        ("grpo.async_grpo.enabled=true", "grpo.async_grpo.enabled"),
+        ("grpo.async_grpo.enabled=true", "loss_fn.is_correction"),
     ],
 )
 def test_bad_value_fails_naming_the_field(override: str, field: str) -> None:
@@ -97,3 +97,8 @@ def test_missing_file_and_bad_yaml() -> None:
         load_config("/nonexistent/job.yaml")
     with pytest.raises(ConfigError):
         load_config_text("policy: [unclosed")
+
+
+def test_async_grpo_with_importance_sampling_correction_is_accepted() -> None:
+    cfg = load_config_text(MINIMAL, ["grpo.async_grpo.enabled=true", "loss_fn.is_correction=tis", "loss_fn.is_max=2"])
+    assert cfg.grpo.async_grpo.enabled and cfg.loss_fn.is_correction == "tis"

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from dockyard.common.v1 import common_pb2 as dockyard_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x64ockyard/buffer/v1/buffer.proto\x12\x12\x64ockyard.buffer.v1\x1a\x1f\x64ockyard/common/v1/common.proto\"V\n\x0eOpenJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nmax_groups\x18\x02 \x01(\x05\x12 \n\x18max_trajectory_age_steps\x18\x03 \x01(\x05\"\x11\n\x0fOpenJobResponse\"!\n\x0f\x43loseJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x12\n\x10\x43loseJobResponse\";\n\x0fPutGroupRequest\x12(\n\x05group\x18\x01 \x01(\x0b\x32\x19.dockyard.common.v1.Group\"<\n\x10PutGroupResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12\x15\n\rdropped_stale\x18\x02 \x01(\x08\"a\n\x13SampleGroupsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0ctrainer_step\x18\x02 \x01(\x03\x12\x12\n\nmax_groups\x18\x03 \x01(\x05\x12\x10\n\x08\x63onsumer\x18\x04 \x01(\t\"X\n\x14SampleGroupsResponse\x12)\n\x06groups\x18\x01 \x03(\x0b\x32\x19.dockyard.common.v1.Group\x12\x15\n\rdropped_stale\x18\x02 \x01(\x05\"|\n\x14ReclaimGroupsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0ctrainer_step\x18\x02 \x01(\x03\x12\x12\n\nmax_groups\x18\x03 \x01(\x05\x12\x10\n\x08\x63onsumer\x18\x04 \x01(\t\x12\x18\n\x10min_idle_seconds\x18\x05 \x01(\x01\"Y\n\x15ReclaimGroupsResponse\x12)\n\x06groups\x18\x01 \x03(\x0b\x32\x19.dockyard.common.v1.Group\x12\x15\n\rdropped_stale\x18\x02 \x01(\x05\"M\n\x10\x41\x63kGroupsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tgroup_ids\x18\x02 \x03(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\"\"\n\x11\x41\x63kGroupsResponse\x12\r\n\x05\x61\x63ked\x18\x01 \x01(\x05\"!\n\x0fGetStatsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x89\x03\n\x10GetStatsResponse\x12\x0c\n\x04held\x18\x01 \x01(\x03\x12\x0f\n\x07pending\x18\x02 \x01(\x03\x12\r\n\x05\x61\x63ked\x18\x03 \x01(\x03\x12\x15\n\rdropped_stale\x18\x04 \x01(\x03\x12\x0c\n\x04puts\x18\x05 \x01(\x03\x12\x16\n\x0e\x64uplicate_puts\x18\x06 \x01(\x03\x12\x11\n\treclaimed\x18\x07 \x01(\x03\x12\x16\n\x0elatest_version\x18\x08 \x01(\x03\x12\x12\n\nmax_groups\x18\t \x01(\x05\x12 \n\x18max_trajectory_age_steps\x18\n \x01(\x05\x12\x10\n\x08put_rate\x18\x0b \x01(\x01\x12\x13\n\x0bsample_rate\x18\x0c \x01(\x01\x12M\n\rage_histogram\x18\r \x03(\x0b\x32\x36.dockyard.buffer.v1.GetStatsResponse.AgeHistogramEntry\x1a\x33\n\x11\x41geHistogramEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\x8b\x05\n\rBufferService\x12R\n\x07OpenJob\x12\".dockyard.buffer.v1.OpenJobRequest\x1a#.dockyard.buffer.v1.OpenJobResponse\x12U\n\x08\x43loseJob\x12#.dockyard.buffer.v1.CloseJobRequest\x1a$.dockyard.buffer.v1.CloseJobResponse\x12U\n\x08PutGroup\x12#.dockyard.buffer.v1.PutGroupRequest\x1a$.dockyard.buffer.v1.PutGroupResponse\x12\x61\n\x0cSampleGroups\x12\'.dockyard.buffer.v1.SampleGroupsRequest\x1a(.dockyard.buffer.v1.SampleGroupsResponse\x12\x64\n\rReclaimGroups\x12(.dockyard.buffer.v1.ReclaimGroupsRequest\x1a).dockyard.buffer.v1.ReclaimGroupsResponse\x12X\n\tAckGroups\x12$.dockyard.buffer.v1.AckGroupsRequest\x1a%.dockyard.buffer.v1.AckGroupsResponse\x12U\n\x08GetStats\x12#.dockyard.buffer.v1.GetStatsRequest\x1a$.dockyard.buffer.v1.GetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x64ockyard/buffer/v1/buffer.proto\x12\x12\x64ockyard.buffer.v1\x1a\x1f\x64ockyard/common/v1/common.proto\"\x8c\x01\n\x0eOpenJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nmax_groups\x18\x02 \x01(\x05\x12 \n\x18max_trajectory_age_steps\x18\x03 \x01(\x05\x12\x1e\n\x11rewind_to_version\x18\x04 \x01(\x03H\x00\x88\x01\x01\x42\x14\n\x12_rewind_to_version\"\x11\n\x0fOpenJobResponse\"!\n\x0f\x43loseJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x12\n\x10\x43loseJobResponse\";\n\x0fPutGroupRequest\x12(\n\x05group\x18\x01 \x01(\x0b\x32\x19.dockyard.common.v1.Group\"<\n\x10PutGroupResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12\x15\n\rdropped_stale\x18\x02 \x01(\x08\"a\n\x13SampleGroupsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0ctrainer_step\x18\x02 \x01(\x03\x12\x12\n\nmax_groups\x18\x03 \x01(\x05\x12\x10\n\x08\x63onsumer\x18\x04 \x01(\t\"X\n\x14SampleGroupsResponse\x12)\n\x06groups\x18\x01 \x03(\x0b\x32\x19.dockyard.common.v1.Group\x12\x15\n\rdropped_stale\x18\x02 \x01(\x05\"|\n\x14ReclaimGroupsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0ctrainer_step\x18\x02 \x01(\x03\x12\x12\n\nmax_groups\x18\x03 \x01(\x05\x12\x10\n\x08\x63onsumer\x18\x04 \x01(\t\x12\x18\n\x10min_idle_seconds\x18\x05 \x01(\x01\"Y\n\x15ReclaimGroupsResponse\x12)\n\x06groups\x18\x01 \x03(\x0b\x32\x19.dockyard.common.v1.Group\x12\x15\n\rdropped_stale\x18\x02 \x01(\x05\"M\n\x10\x41\x63kGroupsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tgroup_ids\x18\x02 \x03(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\"\"\n\x11\x41\x63kGroupsResponse\x12\r\n\x05\x61\x63ked\x18\x01 \x01(\x05\"!\n\x0fGetStatsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x89\x03\n\x10GetStatsResponse\x12\x0c\n\x04held\x18\x01 \x01(\x03\x12\x0f\n\x07pending\x18\x02 \x01(\x03\x12\r\n\x05\x61\x63ked\x18\x03 \x01(\x03\x12\x15\n\rdropped_stale\x18\x04 \x01(\x03\x12\x0c\n\x04puts\x18\x05 \x01(\x03\x12\x16\n\x0e\x64uplicate_puts\x18\x06 \x01(\x03\x12\x11\n\treclaimed\x18\x07 \x01(\x03\x12\x16\n\x0elatest_version\x18\x08 \x01(\x03\x12\x12\n\nmax_groups\x18\t \x01(\x05\x12 \n\x18max_trajectory_age_steps\x18\n \x01(\x05\x12\x10\n\x08put_rate\x18\x0b \x01(\x01\x12\x13\n\x0bsample_rate\x18\x0c \x01(\x01\x12M\n\rage_histogram\x18\r \x03(\x0b\x32\x36.dockyard.buffer.v1.GetStatsResponse.AgeHistogramEntry\x1a\x33\n\x11\x41geHistogramEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\x8b\x05\n\rBufferService\x12R\n\x07OpenJob\x12\".dockyard.buffer.v1.OpenJobRequest\x1a#.dockyard.buffer.v1.OpenJobResponse\x12U\n\x08\x43loseJob\x12#.dockyard.buffer.v1.CloseJobRequest\x1a$.dockyard.buffer.v1.CloseJobResponse\x12U\n\x08PutGroup\x12#.dockyard.buffer.v1.PutGroupRequest\x1a$.dockyard.buffer.v1.PutGroupResponse\x12\x61\n\x0cSampleGroups\x12\'.dockyard.buffer.v1.SampleGroupsRequest\x1a(.dockyard.buffer.v1.SampleGroupsResponse\x12\x64\n\rReclaimGroups\x12(.dockyard.buffer.v1.ReclaimGroupsRequest\x1a).dockyard.buffer.v1.ReclaimGroupsResponse\x12X\n\tAckGroups\x12$.dockyard.buffer.v1.AckGroupsRequest\x1a%.dockyard.buffer.v1.AckGroupsResponse\x12U\n\x08GetStats\x12#.dockyard.buffer.v1.GetStatsRequest\x1a$.dockyard.buffer.v1.GetStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,36 +34,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GETSTATSRESPONSE_AGEHISTOGRAMENTRY']._loaded_options = None
   _globals['_GETSTATSRESPONSE_AGEHISTOGRAMENTRY']._serialized_options = b'8\001'
-  _globals['_OPENJOBREQUEST']._serialized_start=88
-  _globals['_OPENJOBREQUEST']._serialized_end=174
-  _globals['_OPENJOBRESPONSE']._serialized_start=176
-  _globals['_OPENJOBRESPONSE']._serialized_end=193
-  _globals['_CLOSEJOBREQUEST']._serialized_start=195
-  _globals['_CLOSEJOBREQUEST']._serialized_end=228
-  _globals['_CLOSEJOBRESPONSE']._serialized_start=230
-  _globals['_CLOSEJOBRESPONSE']._serialized_end=248
-  _globals['_PUTGROUPREQUEST']._serialized_start=250
-  _globals['_PUTGROUPREQUEST']._serialized_end=309
-  _globals['_PUTGROUPRESPONSE']._serialized_start=311
-  _globals['_PUTGROUPRESPONSE']._serialized_end=371
-  _globals['_SAMPLEGROUPSREQUEST']._serialized_start=373
-  _globals['_SAMPLEGROUPSREQUEST']._serialized_end=470
-  _globals['_SAMPLEGROUPSRESPONSE']._serialized_start=472
-  _globals['_SAMPLEGROUPSRESPONSE']._serialized_end=560
-  _globals['_RECLAIMGROUPSREQUEST']._serialized_start=562
-  _globals['_RECLAIMGROUPSREQUEST']._serialized_end=686
-  _globals['_RECLAIMGROUPSRESPONSE']._serialized_start=688
-  _globals['_RECLAIMGROUPSRESPONSE']._serialized_end=777
-  _globals['_ACKGROUPSREQUEST']._serialized_start=779
-  _globals['_ACKGROUPSREQUEST']._serialized_end=856
-  _globals['_ACKGROUPSRESPONSE']._serialized_start=858
-  _globals['_ACKGROUPSRESPONSE']._serialized_end=892
-  _globals['_GETSTATSREQUEST']._serialized_start=894
-  _globals['_GETSTATSREQUEST']._serialized_end=927
-  _globals['_GETSTATSRESPONSE']._serialized_start=930
-  _globals['_GETSTATSRESPONSE']._serialized_end=1323
-  _globals['_GETSTATSRESPONSE_AGEHISTOGRAMENTRY']._serialized_start=1272
-  _globals['_GETSTATSRESPONSE_AGEHISTOGRAMENTRY']._serialized_end=1323
-  _globals['_BUFFERSERVICE']._serialized_start=1326
-  _globals['_BUFFERSERVICE']._serialized_end=1977
+  _globals['_OPENJOBREQUEST']._serialized_start=89
+  _globals['_OPENJOBREQUEST']._serialized_end=229
+  _globals['_OPENJOBRESPONSE']._serialized_start=231
+  _globals['_OPENJOBRESPONSE']._serialized_end=248
+  _globals['_CLOSEJOBREQUEST']._serialized_start=250
+  _globals['_CLOSEJOBREQUEST']._serialized_end=283
+  _globals['_CLOSEJOBRESPONSE']._serialized_start=285
+  _globals['_CLOSEJOBRESPONSE']._serialized_end=303
+  _globals['_PUTGROUPREQUEST']._serialized_start=305
+  _globals['_PUTGROUPREQUEST']._serialized_end=364
+  _globals['_PUTGROUPRESPONSE']._serialized_start=366
+  _globals['_PUTGROUPRESPONSE']._serialized_end=426
+  _globals['_SAMPLEGROUPSREQUEST']._serialized_start=428
+  _globals['_SAMPLEGROUPSREQUEST']._serialized_end=525
+  _globals['_SAMPLEGROUPSRESPONSE']._serialized_start=527
+  _globals['_SAMPLEGROUPSRESPONSE']._serialized_end=615
+  _globals['_RECLAIMGROUPSREQUEST']._serialized_start=617
+  _globals['_RECLAIMGROUPSREQUEST']._serialized_end=741
+  _globals['_RECLAIMGROUPSRESPONSE']._serialized_start=743
+  _globals['_RECLAIMGROUPSRESPONSE']._serialized_end=832
+  _globals['_ACKGROUPSREQUEST']._serialized_start=834
+  _globals['_ACKGROUPSREQUEST']._serialized_end=911
+  _globals['_ACKGROUPSRESPONSE']._serialized_start=913
+  _globals['_ACKGROUPSRESPONSE']._serialized_end=947
+  _globals['_GETSTATSREQUEST']._serialized_start=949
+  _globals['_GETSTATSREQUEST']._serialized_end=982
+  _globals['_GETSTATSRESPONSE']._serialized_start=985
+  _globals['_GETSTATSRESPONSE']._serialized_end=1378
+  _globals['_GETSTATSRESPONSE_AGEHISTOGRAMENTRY']._serialized_start=1327
+  _globals['_GETSTATSRESPONSE_AGEHISTOGRAMENTRY']._serialized_end=1378
+  _globals['_BUFFERSERVICE']._serialized_start=1381
+  _globals['_BUFFERSERVICE']._serialized_end=2032
 # @@protoc_insertion_point(module_scope)

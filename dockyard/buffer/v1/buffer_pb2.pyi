@@ -8,14 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenJobRequest(_message.Message):
-    __slots__ = ("job_id", "max_groups", "max_trajectory_age_steps")
+    __slots__ = ("job_id", "max_groups", "max_trajectory_age_steps", "rewind_to_version")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
     MAX_TRAJECTORY_AGE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    REWIND_TO_VERSION_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     max_groups: int
     max_trajectory_age_steps: int
-    def __init__(self, job_id: _Optional[str] = ..., max_groups: _Optional[int] = ..., max_trajectory_age_steps: _Optional[int] = ...) -> None: ...
+    rewind_to_version: int
+    def __init__(self, job_id: _Optional[str] = ..., max_groups: _Optional[int] = ..., max_trajectory_age_steps: _Optional[int] = ..., rewind_to_version: _Optional[int] = ...) -> None: ...
 
 class OpenJobResponse(_message.Message):
     __slots__ = ()
