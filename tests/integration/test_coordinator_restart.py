@@ -1,11 +1,14 @@
 """The coordinator dies (SIGKILL) in the middle of a run and is started again on its job store.
 
 Five real processes run the tiny recipe; once the job has taken a step, the
-coordinator is killed and restarted on the same port and store (the run
-folder, or Redis). The job is served again at once, continues at the
-trainer's step and reaches SUCCEEDED; the trainer trains every step 1..N
-exactly once, the run's metrics hold no step twice, and the side group of
-the recovered job lies past every epoch the job used before.
+coordinator is killed and restarted on the same port and store: the run
+folder with a synchronous job killed while the trainer runs a step (its reply
+is lost), Redis with an asynchronous job killed while it waits for groups
+(the producer's groups partly in the buffer). The job is served again at
+once, continues at the trainer's step and reaches SUCCEEDED; the trainer's
+ledger holds every step 1..N once and no group or trajectory twice, the
+run's books balance (`assert_accounted`), the metrics hold no step twice, and
+the side group of the recovered job lies past every epoch it used before.
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ from dockyard.rpc.client import connect
 from dockyard.stack import LocalStack
 from services.coordinator.store import REDIS_KEY
 from tests.conftest import REPO_ROOT
+from tests.integration.test_restarts import ASYNC, assert_accounted
 
 pytestmark = pytest.mark.slow
 
-STEPS = 4
+STEPS = 3
 FINISHED = (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED)
 
 
-def tiny_config(log_dir: Path) -> str:
+def tiny_config(log_dir: Path, extra: list[str]) -> str:
     cfg = load_config(
         REPO_ROOT / "examples" / "configs" / "tiny_expr.yaml",
         [
@@ -46,6 +50,7 @@ def tiny_config(log_dir: Path) -> str:
             "checkpointing.enabled=false",
             "logger.plot=false",
             f"logger.log_dir={log_dir}",
+            *extra,
         ],
     )
     return cfg.resolved_yaml()
@@ -106,17 +111,17 @@ def store_of(backend: str, request: pytest.FixtureRequest, tmp_path: Path):
     return {"DOCKYARD_COORDINATOR_STATE_REDIS_URL": url}, lambda job_id: json.loads(client.hget(REDIS_KEY, job_id))
 
 
-# The folder case kills the coordinator while the trainer runs a step (its reply is lost), the
-# Redis case while the rollout generates (the step's groups are partly in the buffer).
-@pytest.mark.parametrize(("backend", "kill_in"), [("folder", "training"), ("redis", "generating")])
+@pytest.mark.parametrize(
+    ("backend", "mode", "kill_in"), [("folder", "sync", "training"), ("redis", "async", "waiting for groups")]
+)
 def test_killed_coordinator_comes_back_and_finishes_the_job(
-    stack: LocalStack, backend: str, kill_in: str, request: pytest.FixtureRequest, tmp_path: Path
+    stack: LocalStack, backend: str, mode: str, kill_in: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     env, stored = store_of(backend, request, tmp_path)
     stack.kill("coordinator")
     stack.extra_env = env
     stack.restart("coordinator")
-    config = tiny_config(tmp_path / "runs")
+    config = tiny_config(tmp_path / "runs", ASYNC if mode == "async" else [])
     job_id = f"restart-{backend}"
     asyncio.run(call(stack, "CreateJob", pb.CreateJobRequest(config_yaml=config, job_id=job_id)))
     before = asyncio.run(
@@ -138,8 +143,10 @@ def test_killed_coordinator_comes_back_and_finishes_the_job(
     assert [(j.job_id, j.state) for j in listed] == [(job_id, pb.JOB_STATE_SUCCEEDED)]
 
     # Each step trained once, in order: a step whose reply the dead coordinator lost was not trained again.
+    books = assert_accounted(tmp_path / "runs" / job_id, max_age=1 if mode == "async" else 0)
+    assert [line["step"] for line in books["ledger"]] == list(range(1, STEPS + 1))
     assert trained_steps(stack.log_dir / "trainer.log", job_id) == list(range(1, STEPS + 1))
-    records = [json.loads(line) for line in (tmp_path / "runs" / job_id / "metrics.jsonl").read_text().splitlines()]
+    records = books["records"]
     train = [r["step"] for r in records if r["kind"] == "train"]
     assert len(train) == len(set(train)) and train == sorted(train) and train[-1] == STEPS
     recovered = [r for r in records if r["kind"] == "recover"]
