@@ -100,6 +100,7 @@ class JobRunner:
     ) -> None:
         self.record = record
         self.recovering = recovering  # started by a restarted coordinator for a job it had
+        self._rewind = False  # recovering onto a trainer that went back to an older checkpoint
         self._flush = flush
         self.stubs = stubs
         self.settings = settings
@@ -141,8 +142,12 @@ class JobRunner:
         try:
             if record.state == PENDING:
                 record.transition(RUNNING)
-            await self._train()
-            self._phase("done")
+            if self.recovering and record.phase == "done":
+                # The loop had ended before the restart; only the books were left to close.
+                log.info("recovered a job whose training had ended; closing its books")
+            else:
+                await self._train()
+                self._phase("done")
         except asyncio.CancelledError:
             outcome, message = CANCELLED, "cancelled by request"
             self._phase("cancelled")
@@ -489,19 +494,27 @@ class JobRunner:
         """Tasks drawn before step weight_version + 1, from the persisted cursor or the checkpoint;
         the group index and run number of the cursor are restored with it."""
         version, cursor = loaded.weight_version, self.record.cursor
+        self._group_index = int(cursor.get("next_group_index", 0))
+        self.run_number = int(cursor.get("run_number", 0))
+        if loaded.resumed_from:
+            # The trainer may have come back from a checkpoint (its reply cannot say whether it
+            # restarted): steps after it may have acked their groups, so this run takes new group
+            # ids, and the buffer's clock goes back to the trainer's version.
+            self.run_number += 1
+            self._group_index = 0
+            self._rewind = True
+        if self.run_number:
+            self.collector.id_prefix = f"{self.record.job_id}/r{self.run_number}"
         if cursor.get("step") in (version, version + 1):
-            self._group_index = int(cursor.get("next_group_index", 0))
-            self.run_number = int(cursor.get("run_number", 0))
-            if self.run_number:
-                self.collector.id_prefix = f"{self.record.job_id}/r{self.run_number}"
             return int(cursor["tasks_drawn_before" if cursor["step"] == version + 1 else "tasks_drawn_after"])
         if loaded.resumed_from:
             return int(json.loads(loaded.data_state or "{}").get("tasks_drawn", 0))
-        if version == 0:
+        if not cursor:  # no step was collected before the restart
             return 0
         raise RuntimeError(
             f"the trainer stands at step {version}, but the stored task cursor is at step {cursor.get('step')} "
-            "and no checkpoint says where the task stream was"
+            "and no checkpoint says where the task stream was (the trainer lost the job and the job keeps "
+            "no checkpoint to resume from)"
         )
 
     async def _resume(self, loaded: trainer_pb2.LoadPolicyResponse) -> int:
@@ -516,6 +529,8 @@ class JobRunner:
             drawn = int(json.loads(loaded.data_state or "{}").get("tasks_drawn", 0))
         for _ in range(drawn):
             next(self._tasks_drawn)
+        if self._rewind:
+            await self._open_buffer(rewind_to=loaded.weight_version)
         # The buffer's clock (age bound, puts from the future) starts at the resumed version.
         await self.stubs.buffer.AckGroups(
             buffer_pb2.AckGroupsRequest(job_id=self.record.job_id, weight_version=loaded.weight_version), timeout=10
