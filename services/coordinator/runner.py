@@ -166,9 +166,11 @@ class JobRunner:
         self._phase("loading policy")
         await self._open_buffer()
         yaml_text = record.config_yaml
+        # Recovering: a trainer that still holds the job answers its state; one that restarted resumes.
+        trainer_yaml = self._resuming_yaml() if self.recovering and cfg.checkpointing.enabled else yaml_text
         loaded, _ = await asyncio.gather(
             stubs.trainer.LoadPolicy(
-                trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=yaml_text), timeout=self._slow
+                trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=trainer_yaml), timeout=self._slow
             ),
             stubs.rollout.LoadPolicy(
                 rollout_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=yaml_text), timeout=self._slow
@@ -386,12 +388,8 @@ class JobRunner:
         self._phase("recovering trainer")
         self.run_number += 1
         self.collector.id_prefix = f"{record.job_id}/r{self.run_number}"
-        checkpointing = cfg.checkpointing.model_copy(
-            update={"resume": True, "checkpoint_dir": str(cfg.checkpoint_folder(record.job_id))}
-        )
-        resumed = cfg.model_copy(update={"checkpointing": checkpointing})
         loaded = await self.stubs.trainer.LoadPolicy(
-            trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=resumed.resolved_yaml()),
+            trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=self._resuming_yaml()),
             timeout=self._slow,
         )
         version = loaded.weight_version
@@ -404,6 +402,14 @@ class JobRunner:
         self.folder.append("recovery", version, {"steps_lost": float(lost), "run_number": float(self.run_number)})
         log.warning("trainer restarted; resumed", checkpoint=loaded.resumed_from, step=version, steps_lost=lost)
         record.touch(step=version, weight_version=version)
+
+    def _resuming_yaml(self) -> str:
+        """The job's config asking a trainer that lost the policy to resume from the latest checkpoint."""
+        cfg = self.config
+        checkpointing = cfg.checkpointing.model_copy(
+            update={"resume": True, "checkpoint_dir": str(cfg.checkpoint_folder(self.record.job_id))}
+        )
+        return cfg.model_copy(update={"checkpointing": checkpointing}).resolved_yaml()
 
     async def _open_buffer(self, rewind_to: int | None = None) -> None:
         grpo = self.config.grpo
