@@ -112,17 +112,32 @@ def store_of(backend: str, request: pytest.FixtureRequest, tmp_path: Path):
 
 
 @pytest.mark.parametrize(
-    ("backend", "mode", "kill_in"), [("folder", "sync", "training"), ("redis", "async", "waiting for groups")]
+    ("backend", "mode", "kill_in", "trainer_too"),
+    [
+        ("folder", "sync", "training", False),
+        ("redis", "async", "waiting for groups", False),
+        # Both die: the trainer comes back from its checkpoint, the coordinator from its store.
+        ("folder", "sync", "generating", True),
+    ],
 )
 def test_killed_coordinator_comes_back_and_finishes_the_job(
-    stack: LocalStack, backend: str, mode: str, kill_in: str, request: pytest.FixtureRequest, tmp_path: Path
+    stack: LocalStack,
+    backend: str,
+    mode: str,
+    kill_in: str,
+    trainer_too: bool,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
 ) -> None:
     env, stored = store_of(backend, request, tmp_path)
     stack.kill("coordinator")
     stack.extra_env = env
     stack.restart("coordinator")
-    config = tiny_config(tmp_path / "runs", ASYNC if mode == "async" else [])
-    job_id = f"restart-{backend}"
+    extra = (ASYNC if mode == "async" else []) + (
+        ["checkpointing.enabled=true", "checkpointing.save_period=1"] if trainer_too else []
+    )
+    config = tiny_config(tmp_path / "runs", extra)
+    job_id = f"restart-{backend}-{mode}" + ("-with-trainer" if trainer_too else "")
     asyncio.run(call(stack, "CreateJob", pb.CreateJobRequest(config_yaml=config, job_id=job_id)))
     before = asyncio.run(
         wait_for(stack, job_id, lambda j: j.step >= 1 and j.phase == kill_in, f"{kill_in} after step 1")
@@ -131,6 +146,9 @@ def test_killed_coordinator_comes_back_and_finishes_the_job(
     epoch_before = stored(job_id)["sync_epoch"]
 
     stack.kill("coordinator")
+    if trainer_too:
+        stack.kill("trainer")
+        stack.restart("trainer")
     stack.restart("coordinator")
 
     again = asyncio.run(call(stack, "GetJob", pb.GetJobRequest(job_id=job_id))).job
