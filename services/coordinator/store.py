@@ -118,7 +118,8 @@ class RedisStore(JobStore):
 
         self.url = url
         self.key = key
-        self._redis = aioredis.Redis.from_url(url)
+        # Bounded calls: a black-holed Redis makes a write fail (and be retried), not hang the writer.
+        self._redis = aioredis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=10)
 
     def describe(self) -> str:
         return f"redis {masked_url(self.url)} key {self.key}"
