@@ -102,7 +102,7 @@ def _print_job(job) -> None:
     from google.protobuf.json_format import MessageToDict
 
     print(json.dumps(MessageToDict(job, preserving_proto_field_name=True), indent=2, sort_keys=True))
-    for line in trainer_summary(dict(job.metrics)):
+    for line in trainer_summary(dict(job.metrics)) + pipeline_summary(dict(job.metrics)):
         print(line)
 
 
@@ -135,6 +135,7 @@ _SUMMARY = (
         "seconds",
         [
             ("generate+score", "generate_score_seconds", ".2f"),
+            ("wait for groups", "wait_for_groups_seconds", ".2f"),
             ("train", "train_step_seconds", ".2f"),
             ("fwd/bwd", "forward_backward_seconds", ".2f"),
             ("optimizer", "optimizer_seconds", ".2f"),
@@ -152,6 +153,23 @@ def trainer_summary(metrics: dict[str, float]) -> list[str]:
         parts = [f"{name} {metrics[key]:{fmt}}" for name, key, fmt in fields if key in metrics]
         if parts:
             lines.append(f"{label + ':':<14}" + "  ".join(parts))
+    return lines
+
+
+def pipeline_summary(metrics: dict[str, float]) -> list[str]:
+    """The pipeline around the step: trained samples by age, the buffer's occupancy, the verdict mix."""
+    lines = []
+    ages = sorted((int(k.removeprefix("staleness_")), v) for k, v in metrics.items() if k[10:].isdigit())
+    if ages:
+        histogram = "  ".join(f"age {age}: {count:.0f}" for age, count in ages)
+        lines.append(f"{'staleness:':<14}{histogram}  (mean {metrics.get('staleness_mean', 0):.2f})")
+    occupancy = (("held", "buffer_held"), ("pending", "buffer_pending"), ("dropped stale", "buffer_dropped_stale"))
+    buffer = [f"{name} {metrics[key]:.0f}" for name, key in occupancy if key in metrics]
+    if buffer:
+        lines.append(f"{'buffer:':<14}" + "  ".join(buffer))
+    verdicts = [f"{k.removeprefix('verdict_')} {v:.0f}" for k, v in sorted(metrics.items()) if k.startswith("verdict_")]
+    if verdicts:
+        lines.append(f"{'verdicts:':<14}" + "  ".join(verdicts))
     return lines
 
 
@@ -426,6 +444,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         import grpc
 
+        from dockyard.rpc.auth import AuthConfigError
+
+        if isinstance(exc, AuthConfigError):
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
         if isinstance(exc, grpc.aio.AioRpcError):
             print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
             return EXIT_FAILED

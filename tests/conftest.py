@@ -157,11 +157,15 @@ def make_group(group_id: str, version: int = 0, job_id: str = "job-1", n: int = 
 
 
 class RedisServer:
-    """A real redis-server on a free port, AOF on and fsynced per write, restartable on its directory."""
+    """A real redis-server on a free port, AOF on and fsynced per write, restartable on its directory.
 
-    def __init__(self, binary: str, directory: Path) -> None:
+    With `password`, it runs with --requirepass; `url` never contains the password.
+    """
+
+    def __init__(self, binary: str, directory: Path, password: str | None = None) -> None:
         self.binary = binary
         self.directory = directory
+        self.password = password
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen | None = None
@@ -170,6 +174,8 @@ class RedisServer:
         log = open(self.directory / "redis.log", "ab")
         args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes"]
         args += ["--appendfsync", "always", "--dir", str(self.directory)]
+        if self.password:
+            args += ["--requirepass", self.password]
         self.proc = subprocess.Popen([self.binary, *args], stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + timeout
@@ -180,7 +186,8 @@ class RedisServer:
                 # Raw RESP: a server still replaying its AOF answers -LOADING, not +PONG.
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(64).startswith(b"+PONG"):
+                    # With --requirepass a ready server answers -NOAUTH (a loading one still says -LOADING).
+                    if s.recv(64).startswith((b"+PONG", b"-NOAUTH")):
                         return
             except OSError:
                 pass

@@ -12,6 +12,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 
+from dockyard.rpc.auth import AuthConfigError, load_auth_settings
 from dockyard.rpc.logging import configure_logging
 from dockyard.rpc.server import Service, serve
 from dockyard.rpc.settings import DEFAULT_PORTS, ServiceSettings
@@ -41,9 +42,14 @@ def run_service(name: str, settings: ServiceSettings, build: Build) -> None:
     """Configure logging, build the servicers inside the event loop, serve until SIGTERM."""
     _die_with_parent()
     configure_logging(name, settings.log_level)
+    try:
+        # Before anything heavy loads: a bad token file or TLS setting stops the service at once.
+        auth = load_auth_settings()
+    except AuthConfigError as exc:
+        raise SystemExit(f"{name}: {exc}") from None
 
     async def main() -> None:
         services, on_stop = await build()
-        await serve(name, settings, services, default_port=DEFAULT_PORTS[name], on_stop=on_stop)
+        await serve(name, settings, services, default_port=DEFAULT_PORTS[name], on_stop=on_stop, auth=auth)
 
     asyncio.run(main())

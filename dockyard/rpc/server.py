@@ -1,11 +1,14 @@
 """A grpc.aio server with what every dockyard service needs.
 
-    request --> RpcContextInterceptor --> servicer
-                 binds rpc / request_id / job_id into every log line,
-                 turns ServiceError into its status code, INTERNAL otherwise
+    request --> TokenAuthInterceptor --> RpcContextInterceptor --> servicer
+                 (when a token is set:    binds rpc / request_id / job_id into every log line,
+                  UNAUTHENTICATED         turns ServiceError into its status code, INTERNAL otherwise
+                  without it; see auth.py)
 
 Guarantees: the standard health service and server reflection are on (so
-`grpcurl -plaintext HOST:PORT list` works without proto files); message-size
+`grpcurl -plaintext HOST:PORT list` works without proto files; with a token
+configured, both stay open and every dockyard method needs it); the port is plaintext
+or, with DOCKYARD_TLS_*, mutual TLS; message-size
 limits match the clients'; on SIGTERM or SIGINT every service reports
 NOT_SERVING first and keeps serving for `drain_seconds` (so health checkers
 and load balancers see it go), then the server stops with a grace period for
@@ -27,6 +30,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from dockyard.rpc.auth import AuthSettings, TokenAuthInterceptor, load_auth_settings
 from dockyard.rpc.errors import ServiceError
 from dockyard.rpc.settings import ServiceSettings
 
@@ -89,10 +93,15 @@ async def serve(
     *,
     default_port: int,
     on_stop: Callable[[], Awaitable[None]] | None = None,
+    auth: AuthSettings | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT, then drain and stop gracefully."""
+    """Serve until SIGTERM/SIGINT, then drain and stop gracefully. `auth` defaults to the environment's."""
+    auth = auth or load_auth_settings()
+    interceptors: list[grpc.aio.ServerInterceptor] = [RpcContextInterceptor()]
+    if auth.token is not None:
+        interceptors.insert(0, TokenAuthInterceptor(auth.token))
     server = grpc.aio.server(
-        interceptors=[RpcContextInterceptor()],
+        interceptors=interceptors,
         options=message_size_options(settings.max_message_mb),
     )
     health_servicer = health.aio.HealthServicer()
@@ -106,12 +115,14 @@ async def serve(
     )
     port = settings.port or default_port
     address = f"{settings.host}:{port}"
-    if server.add_insecure_port(address) == 0:
+    credentials = auth.server_credentials()
+    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    if bound == 0:
         raise OSError(f"{name}: cannot bind {address}")
     await server.start()
     for service_name in ["", *names]:
         await health_servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("serving", address=address, services=names)
+    log.info("serving", address=address, services=names, token_auth=auth.token is not None, tls=auth.tls)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -62,7 +62,8 @@ def extract_patch(completion: str) -> str:
     if fenced:
         return fenced.group(1)
     for marker in ("diff --git ", "--- "):
-        at = completion.find(marker)
-        if at == 0 or (at > 0 and completion[at - 1] == "\n"):
-            return completion[at:]
+        # A header counts only at the start of a line; prose that quotes one mid-line does not.
+        header = re.search(f"^{re.escape(marker)}", completion, re.MULTILINE)
+        if header:
+            return completion[header.start() :]
     return completion

@@ -12,7 +12,12 @@ from services.buffer.settings import BufferSettings
 
 
 def main() -> None:
-    settings = BufferSettings()
+    from dockyard.redis_url import RedisConfigError
+
+    try:
+        settings = BufferSettings()
+    except RedisConfigError as exc:
+        raise SystemExit(f"buffer: {exc}") from None
 
     async def build():
         from dockyard.buffer.v1 import buffer_pb2_grpc
@@ -21,10 +26,19 @@ def main() -> None:
 
         backend: BufferBackend
         if settings.backend == "redis":
+            from redis.exceptions import ConnectionError as RedisConnectionError
+
+            from dockyard.redis_url import RedisAuthError, mask_secret, mask_url
             from services.buffer.redis_backend import RedisBuffer
 
-            # Ping at startup: a bad URL fails here, not at the first put.
-            backend = await RedisBuffer.connect(settings.redis_url)
+            # Ping at startup: a bad URL or password fails here, not at the first put.
+            try:
+                backend = await RedisBuffer.connect(settings.redis_url, password=settings.redis_password_value)
+            except RedisAuthError as exc:
+                raise SystemExit(f"buffer: {exc}") from None
+            except (RedisConnectionError, OSError) as exc:
+                reason = mask_secret(str(exc), settings.redis_password_value)
+                raise SystemExit(f"buffer: cannot reach Redis at {mask_url(settings.redis_url)}: {reason}") from None
         else:
             from services.buffer.memory import MemoryBuffer
 

@@ -42,8 +42,10 @@ import math
 from collections.abc import Sequence
 
 import redis.asyncio as aioredis
+from redis.exceptions import AuthenticationError
 
 from dockyard.common.v1 import common_pb2
+from dockyard.redis_url import explain_auth_failure
 from dockyard.rpc.errors import FailedPrecondition, NotFound, ResourceExhausted
 from services.buffer.backend import BufferBackend, BufferStats
 
@@ -380,8 +382,9 @@ def _tag(job_id: str) -> str:
 class RedisBuffer(BufferBackend):
     """Buffer state in Redis Streams; any number of buffer processes may share one Redis."""
 
-    def __init__(self, url: str, *, key_prefix: str = "dockyard:buffer") -> None:
-        self._redis = aioredis.Redis.from_url(url)
+    def __init__(self, url: str, *, key_prefix: str = "dockyard:buffer", password: str | None = None) -> None:
+        # `password` is sent besides the URL (AUTH); a password inside the URL works as well.
+        self._redis = aioredis.Redis.from_url(url, password=password)
         self._prefix = key_prefix
         self._put = self._redis.register_script(_PUT)
         self._sample = self._redis.register_script(_SAMPLE)
@@ -390,11 +393,24 @@ class RedisBuffer(BufferBackend):
         self._close = self._redis.register_script(_CLOSE)
 
     @classmethod
-    async def connect(cls, url: str, *, key_prefix: str = "dockyard:buffer") -> RedisBuffer:
-        """A backend whose Redis answered PING: a wrong URL fails at startup, not at the first put."""
-        backend = cls(url, key_prefix=key_prefix)
+    async def connect(
+        cls,
+        url: str,
+        *,
+        key_prefix: str = "dockyard:buffer",
+        password: str | None = None,
+        password_variable: str = "DOCKYARD_BUFFER_REDIS_PASSWORD",
+    ) -> RedisBuffer:
+        """A backend whose Redis answered PING: a wrong URL or password fails at startup, not at the first put.
+
+        A refused password raises RedisAuthError, whose message masks it and names `password_variable`.
+        """
+        backend = cls(url, key_prefix=key_prefix, password=password)
         try:
             await backend._redis.ping()
+        except AuthenticationError as exc:
+            await backend.close()
+            raise explain_auth_failure(url, password, password_variable, exc) from None
         except Exception:
             await backend.close()
             raise

@@ -24,28 +24,16 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import structlog
 
+from dockyard.redis_url import mask_url
 from services.coordinator.jobs import JobRecord
 
 log = structlog.get_logger()
 
 REDIS_KEY = "dockyard:coordinator:jobs"
 DOCUMENT_NAME = "job.json"
-
-
-def masked_url(url: str) -> str:
-    """The URL with its password (if any) replaced by ***, fit for logs and errors."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 class JobStore(abc.ABC):
@@ -122,7 +110,7 @@ class RedisStore(JobStore):
         self._redis = aioredis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=10)
 
     def describe(self) -> str:
-        return f"redis {masked_url(self.url)} key {self.key}"
+        return f"redis {mask_url(self.url)} key {self.key}"
 
     async def save(self, job_id: str, document: dict[str, Any]) -> None:
         await self._redis.hset(self.key, job_id, json.dumps(document))

@@ -41,6 +41,7 @@ class Ranks:
         self.world = dist.get_world_size() if dist.is_initialized() else 1
         self._lock = threading.Lock()
         self._seq = 0
+        self._unread: list[int] = []  # published commands some follower may not have read yet
 
     def collective(self, method: str, job_id: str, args: tuple, local: Callable[[], T]) -> T:
         with self._lock:
@@ -56,11 +57,14 @@ class Ranks:
     def _publish(self, method: str, job_id: str, args: tuple) -> None:
         store = _store()
         self._seq += 1
+        # Forget the commands, and their read counters, that every follower has read: the store stays small.
+        for old in list(self._unread):
+            if store.add(f"{_PREFIX}/read/{old}", 0) >= self.world - 1:
+                store.delete_key(f"{_PREFIX}/cmd/{old}")
+                store.delete_key(f"{_PREFIX}/read/{old}")
+                self._unread.remove(old)
         store.set(f"{_PREFIX}/cmd/{self._seq}", pickle.dumps((method, job_id, args)))
-        # Forget commands every follower has read.
-        old = self._seq - 1
-        if old > 0 and store.add(f"{_PREFIX}/read/{old}", 0) >= self.world - 1:
-            store.delete_key(f"{_PREFIX}/cmd/{old}")
+        self._unread.append(self._seq)
 
 
 def follow(device: str, poll: timedelta = timedelta(seconds=30)) -> None:

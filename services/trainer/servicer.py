@@ -348,6 +348,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             if job.sync is not None:
                 job.sync.close()
             del self.jobs[request.job_id]
+            self._loading.pop(request.job_id, None)
             await self._run("unload", request.job_id, (), lambda: None)
         return trainer_pb2.UnloadPolicyResponse()
 

@@ -10,7 +10,8 @@ Conventions the page follows, and these tests check:
   because the ``data.validation`` section's own default says so.
 - Every field of every service's settings class has a row
   ``| `DOCKYARD_<SERVICE>_<FIELD>` | default | meaning |``, with the default in backticks
-  (except machine-dependent defaults, listed in MACHINE_DEPENDENT).
+  (except machine-dependent defaults, listed in MACHINE_DEPENDENT); the settings every service
+  shares (``dockyard.rpc.auth.AuthSettings``, ``DOCKYARD_<FIELD>``) sit under ``### Shared``.
 - No row names a field or variable that the code does not have.
 """
 
@@ -26,6 +27,7 @@ import pytest
 from pydantic import BaseModel
 
 from dockyard.config import MasterConfig
+from dockyard.rpc.auth import AuthSettings
 from dockyard.rpc.settings import DEFAULT_PORTS, ServiceSettings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
@@ -82,7 +84,8 @@ def config_fields(
 
 
 def settings_variables() -> dict[str, tuple[Any, str]]:
-    """{DOCKYARD_<SERVICE>_<FIELD>: (default, service)} for every service's settings class."""
+    """{DOCKYARD_<SERVICE>_<FIELD>: (default, service)} for every service's settings class, and
+    {DOCKYARD_<FIELD>: (default, "shared")} for the settings every service shares."""
     variables = {}
     for service in DEFAULT_PORTS:
         module = importlib.import_module(f"services.{service}.settings")
@@ -97,6 +100,9 @@ def settings_variables() -> dict[str, tuple[Any, str]]:
         assert prefix == f"DOCKYARD_{service.upper()}_", f"{cls.__name__} has env_prefix {prefix!r}"
         for name, field in cls.model_fields.items():
             variables[f"{prefix}{name.upper()}"] = (field.get_default(call_default_factory=True), service)
+    shared_prefix = AuthSettings.model_config.get("env_prefix", "")
+    for name, field in AuthSettings.model_fields.items():
+        variables[f"{shared_prefix}{name.upper()}"] = (field.get_default(call_default_factory=True), "shared")
     return variables
 
 

@@ -48,6 +48,8 @@ def test_patch_is_extracted_from_a_completion():
     assert swe.extract_patch(f"Here is the fix:\n```diff\n{diff}```\nDone.") == diff
     assert swe.extract_patch(f"Some words\n{diff}") == diff
     assert swe.extract_patch(diff) == diff
+    # A header quoted mid-line is prose; the diff starts at the first header that begins a line.
+    assert swe.extract_patch(f"I will edit --- the file:\n{diff}") == diff
 
 
 class FakeSandbox:

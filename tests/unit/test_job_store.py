@@ -12,7 +12,7 @@ import pytest
 
 from dockyard.config import load_config_text
 from services.coordinator.jobs import FAILED, RUNNING, SUCCEEDED, JobRecord
-from services.coordinator.store import FolderStore, JobPersister, JobStore, RedisStore, masked_url, open_store
+from services.coordinator.store import FolderStore, JobPersister, JobStore, RedisStore, open_store
 from services.coordinator.sync_groups import SideGroupRegistry
 
 CONFIG = """
@@ -127,11 +127,8 @@ async def test_redis_store_keeps_documents_in_one_hash(redis_server: str) -> Non
 
 
 def test_redis_password_never_shows() -> None:
-    url = "redis://user:s3cret@db.example:6380/2"
-    assert masked_url(url) == "redis://user:***@db.example:6380/2"
-    assert masked_url("redis://:s3cret@db/0") == "redis://:***@db/0"
-    assert masked_url("redis://db:6379/0") == "redis://db:6379/0"
-    assert "s3cret" not in open_store("runs", url).describe()
+    described = open_store("runs", "redis://user:s3cret@db.example:6380/2").describe()
+    assert "s3cret" not in described and "***" in described and "db.example:6380" in described
     assert isinstance(open_store("runs", ""), FolderStore)
 
 

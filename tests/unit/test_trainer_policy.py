@@ -272,3 +272,17 @@ def test_status_summarises_the_step_metrics(policy: PolicyTrainer) -> None:
         assert word in text, word
     assert f"grad norm {metrics['grad_norm']:.3f}" in text
     assert trainer_summary({}) == []
+
+
+def test_status_shows_the_pipeline_staleness_buffer_and_verdicts() -> None:
+    from dockyard.cli import pipeline_summary
+
+    lines = pipeline_summary(
+        {"staleness_1": 24.0, "staleness_0": 40.0, "staleness_mean": 0.375, "buffer_held": 3.0, "verdict_error": 2.0}
+    )
+    assert lines == [
+        "staleness:    age 0: 40  age 1: 24  (mean 0.38)",
+        "buffer:       held 3",
+        "verdicts:     error 2",
+    ]
+    assert pipeline_summary({"loss": 1.0}) == []
