@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
@@ -293,10 +294,14 @@ def cmd_run(args) -> int:
     log_dir = Path(cfg.logger.log_dir) / "logs" / time.strftime("%Y%m%d-%H%M%S")
     from dockyard.tasks.envs import sandbox_env
 
+    extra_env = sandbox_env(cfg)
+    # The job's state (job.json) goes to its run folder unless the environment says otherwise.
+    if "DOCKYARD_COORDINATOR_STATE_DIR" not in os.environ:
+        extra_env["DOCKYARD_COORDINATOR_STATE_DIR"] = str(Path(cfg.logger.log_dir).resolve())
     stack = LocalStack(
         log_dir,
         free_ports=not args.default_ports,
-        extra_env=sandbox_env(cfg),
+        extra_env=extra_env,
         rollout_replicas=args.rollout_replicas,
         sandbox_workers=args.sandbox_workers,
     )

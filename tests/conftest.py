@@ -78,13 +78,26 @@ class ServiceProcess:
         return self.log_path.read_text(errors="replace")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def coordinator_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Coordinators started by tests (LocalStack, `dockyard run`) keep job state here, never in the
+    repository's runs/, so no test recovers a job another test run left behind."""
+    path = tmp_path_factory.mktemp("coordinator-state")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DOCKYARD_COORDINATOR_STATE_DIR", str(path))
+        yield path
+
+
 @pytest.fixture
 def start_service(tmp_path: Path) -> Iterator:
     """start_service(name, **env) -> ServiceProcess, SERVING; stopped (SIGTERM) after the test."""
     started: list[ServiceProcess] = []
 
     def start(name: str, env: dict[str, str] | None = None) -> ServiceProcess:
-        service = ServiceProcess(name, env or {}, tmp_path / f"{name}-{len(started)}.log")
+        env = dict(env or {})
+        # Each test's coordinator keeps its jobs to itself unless the test shares a store on purpose.
+        env.setdefault("DOCKYARD_COORDINATOR_STATE_DIR", str(tmp_path / "coordinator-state"))
+        service = ServiceProcess(name, env, tmp_path / f"{name}-{len(started)}.log")
         started.append(service)
         service.wait_serving()
         return service

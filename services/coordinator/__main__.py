@@ -1,4 +1,4 @@
-"""dockyard-coordinator: serve CoordinatorService (settings from DOCKYARD_COORDINATOR_*)."""
+"""dockyard-coordinator: load the job store, serve CoordinatorService (settings from DOCKYARD_COORDINATOR_*)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ def main() -> None:
         from services.coordinator.servicer import CoordinatorServicer
 
         servicer = CoordinatorServicer(settings)
+        # Stored jobs first: a GetJob answered before this would miss them.
+        await servicer.recover()
         service = Service(
             name="dockyard.coordinator.v1.CoordinatorService",
             servicer=servicer,

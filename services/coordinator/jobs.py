@@ -4,17 +4,22 @@
        └──────────────────────────────────────> CANCELLED
 
 Guarantees: `transition` refuses any other move with FailedPrecondition, so a
-finished job never changes state again.
+finished job never changes state again. Every change (`transition`, `touch`)
+is reported to `on_change` (a transition as urgent), which is how the job store
+learns what to persist; `to_document` / `from_document` round-trip every field
+but the hook, the config rebuilt from its resolved YAML.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from dockyard.config import MasterConfig
+from dockyard.config import MasterConfig, load_config_text
 from dockyard.coordinator.v1 import coordinator_pb2
 from dockyard.rpc.errors import FailedPrecondition
 
@@ -25,6 +30,8 @@ SUCCEEDED, FAILED, CANCELLED = (
     coordinator_pb2.JOB_STATE_CANCELLED,
 )
 FINISHED = frozenset({SUCCEEDED, FAILED, CANCELLED})
+# Bumped when the stored document changes shape; older documents are refused by name.
+DOCUMENT_VERSION = 1
 _ALLOWED = {PENDING: {RUNNING, CANCELLED, FAILED}, RUNNING: {SUCCEEDED, FAILED, CANCELLED}}
 
 
@@ -47,6 +54,11 @@ class JobRecord:
     validation_metrics: dict[str, float] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
+    # Where the runner's task stream stands (see JobRunner._mark_cursor); persisted with the job.
+    cursor: dict[str, Any] = field(default_factory=dict)
+    # The latest side-group epoch handed out for this job; a recovered job starts past it.
+    sync_epoch: int = 0
+    on_change: Callable[[JobRecord, bool], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def finished(self) -> bool:
@@ -60,12 +72,65 @@ class JobRecord:
         self.state = new
         if message:
             self.message = message
-        self.touch()
+        self.updated = time.time()
+        self._changed(urgent=True)
 
     def touch(self, **changes: object) -> None:
         for name, value in changes.items():
             setattr(self, name, value)
         self.updated = time.time()
+        self._changed(urgent=False)
+
+    def _changed(self, urgent: bool) -> None:
+        if self.on_change is not None:
+            self.on_change(self, urgent)
+
+    def to_document(self) -> dict[str, Any]:
+        """Every persisted field as plain JSON values."""
+        return {
+            "version": DOCUMENT_VERSION,
+            "job_id": self.job_id,
+            "config_yaml": self.config_yaml,
+            "run_dir": self.run_dir,
+            "state": state_name(self.state),
+            "step": self.step,
+            "weight_version": self.weight_version,
+            "phase": self.phase,
+            "message": self.message,
+            "metrics": dict(self.metrics),
+            "validation_metrics": dict(self.validation_metrics),
+            "created": self.created,
+            "updated": self.updated,
+            "cursor": dict(self.cursor),
+            "sync_epoch": self.sync_epoch,
+        }
+
+    @classmethod
+    def from_document(cls, doc: dict[str, Any]) -> JobRecord:
+        """The record `to_document` wrote; ValueError names what is wrong with a bad document."""
+        if doc.get("version") != DOCUMENT_VERSION:
+            raise ValueError(f"job document version {doc.get('version')!r} is not {DOCUMENT_VERSION}")
+        try:
+            state = coordinator_pb2.JobState.Value(f"JOB_STATE_{doc['state']}")
+            return cls(
+                job_id=doc["job_id"],
+                config=load_config_text(doc["config_yaml"], origin=f"stored job {doc['job_id']}"),
+                config_yaml=doc["config_yaml"],
+                run_dir=doc["run_dir"],
+                state=state,
+                step=int(doc["step"]),
+                weight_version=int(doc["weight_version"]),
+                phase=doc["phase"],
+                message=doc["message"],
+                metrics={k: float(v) for k, v in doc["metrics"].items()},
+                validation_metrics={k: float(v) for k, v in doc["validation_metrics"].items()},
+                created=float(doc["created"]),
+                updated=float(doc["updated"]),
+                cursor=dict(doc["cursor"]),
+                sync_epoch=int(doc["sync_epoch"]),
+            )
+        except KeyError as exc:
+            raise ValueError(f"job document lacks {exc}") from None
 
     def to_proto(self, services: list[coordinator_pb2.ServiceStatus] | None = None) -> coordinator_pb2.Job:
         create_time, update_time = Timestamp(), Timestamp()

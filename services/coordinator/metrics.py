@@ -8,6 +8,7 @@
     runs/<job-id>/groups.jsonl      one line per group the collector finished: id, outcome
                                     (put, duplicate, dropped_stale, dropped_uniform, failed), weight version
     runs/<job-id>/curves.png        reward per step and validation pass rate
+    runs/<job-id>/job.json          the job store's document (services/coordinator/store.py), not written here
 
 Guarantees: every line of metrics.jsonl and groups.jsonl is a complete JSON
 object, flushed when written, so a reader (or a crash) never sees half a record.

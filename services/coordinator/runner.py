@@ -27,6 +27,13 @@ buffer or trainer that is unreachable is retried until
 recovery_timeout_seconds. Every finished group's outcome goes to groups.jsonl.
 The job ends FAILED with the cause in its message on any other error,
 CANCELLED on CancelJob, and every policy is unloaded either way.
+
+Recovery (a runner started by a restarted coordinator for a job it had): the
+step is the trainer's weight_version as LoadPolicy reports it, never the
+persisted step (a TrainStep whose reply was lost is not trained again); the
+task stream, the group index and the run number continue from the persisted
+cursor (`_mark_cursor`), which is stored before each TrainStep, so it always
+names the step the trainer stands at or the one after.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +54,7 @@ from dockyard.rpc.client import channel_health
 from dockyard.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from services.coordinator.collector import Collector, CollectStats, NoReplica, load_tasks
 from services.coordinator.fleet import ROLLOUT, SANDBOX, Fleet, Member
-from services.coordinator.jobs import CANCELLED, FAILED, RUNNING, SUCCEEDED, JobRecord
+from services.coordinator.jobs import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED, JobRecord
 from services.coordinator.metrics import RunFolder
 from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.sync_groups import SideGroupRegistry
@@ -57,6 +65,8 @@ log = structlog.get_logger()
 SYNC_ATTEMPTS = 2
 # Errors of a service that is restarting or briefly unreachable: retried, not fatal.
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# How long a step waits for its cursor to be stored; a store that is down delays, never stops, a job.
+CURSOR_FLUSH_SECONDS = 5.0
 
 
 @dataclass
@@ -91,8 +101,14 @@ class JobRunner:
         stubs: Stubs,
         settings: CoordinatorSettings,
         sync_groups: SideGroupRegistry | None = None,
+        *,
+        recovering: bool = False,
+        flush: Callable[[float], Awaitable[bool]] | None = None,
     ) -> None:
         self.record = record
+        self.recovering = recovering  # started by a restarted coordinator for a job it had
+        self._rewind = False  # recovering onto a trainer that went back to an older checkpoint
+        self._flush = flush
         self.stubs = stubs
         self.settings = settings
         self.config = record.config
@@ -140,9 +156,14 @@ class JobRunner:
         structlog.contextvars.bind_contextvars(job_id=record.job_id)
         outcome, message = SUCCEEDED, ""
         try:
-            record.transition(RUNNING)
-            await self._train()
-            self._phase("done")
+            if record.state == PENDING:
+                record.transition(RUNNING)
+            if self.recovering and record.phase == "done":
+                # The loop had ended before the restart; only the books were left to close.
+                log.info("recovered a job whose training had ended; closing its books")
+            else:
+                await self._train()
+                self._phase("done")
         except asyncio.CancelledError:
             outcome, message = CANCELLED, "cancelled by request"
             self._phase("cancelled")
@@ -162,9 +183,11 @@ class JobRunner:
         self._phase("loading policy")
         await self._open_buffer()
         yaml_text = record.config_yaml
+        # Recovering: a trainer that still holds the job answers its state; one that restarted resumes.
+        trainer_yaml = self._resuming_yaml() if self.recovering and cfg.checkpointing.enabled else yaml_text
         loaded, _ = await asyncio.gather(
             stubs.trainer.LoadPolicy(
-                trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=yaml_text), timeout=self._slow
+                trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=trainer_yaml), timeout=self._slow
             ),
             self._load_replicas(self.fleet.alive(ROLLOUT)),
         )
@@ -190,7 +213,9 @@ class JobRunner:
         while step <= self.config.grpo.max_num_steps:
             t0 = time.perf_counter()
             self._phase("generating")
+            drawn = self._tasks_drawn.count
             stats = await self.collector.collect_step(step)
+            await self._mark_cursor(step, drawn)
             t1 = time.perf_counter()
             self._phase("training")
             reply = await self._train_step(step)
@@ -222,6 +247,7 @@ class JobRunner:
                 t0 = time.perf_counter()
                 self._phase("waiting for groups")
                 await self._wait_for_groups(producer)
+                await self._mark_cursor(step, self._tasks_drawn.count)
                 t1 = time.perf_counter()
                 self._phase("training")
                 reply = await self._train_step(step)
@@ -378,12 +404,8 @@ class JobRunner:
         self._phase("recovering trainer")
         self.run_number += 1
         self.collector.id_prefix = f"{record.job_id}/r{self.run_number}"
-        checkpointing = cfg.checkpointing.model_copy(
-            update={"resume": True, "checkpoint_dir": str(cfg.checkpoint_folder(record.job_id))}
-        )
-        resumed = cfg.model_copy(update={"checkpointing": checkpointing})
         loaded = await self.stubs.trainer.LoadPolicy(
-            trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=resumed.resolved_yaml()),
+            trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=self._resuming_yaml()),
             timeout=self._slow,
         )
         version = loaded.weight_version
@@ -396,6 +418,14 @@ class JobRunner:
         self.folder.append("recovery", version, {"steps_lost": float(lost), "run_number": float(self.run_number)})
         log.warning("trainer restarted; resumed", checkpoint=loaded.resumed_from, step=version, steps_lost=lost)
         record.touch(step=version, weight_version=version)
+
+    def _resuming_yaml(self) -> str:
+        """The job's config asking a trainer that lost the policy to resume from the latest checkpoint."""
+        cfg = self.config
+        checkpointing = cfg.checkpointing.model_copy(
+            update={"resume": True, "checkpoint_dir": str(cfg.checkpoint_folder(self.record.job_id))}
+        )
+        return cfg.model_copy(update={"checkpointing": checkpointing}).resolved_yaml()
 
     async def _open_buffer(self, rewind_to: int | None = None) -> None:
         grpo = self.config.grpo
@@ -416,10 +446,12 @@ class JobRunner:
         for step in range(start + 1, sft.max_num_steps + 1):
             t0 = time.perf_counter()
             self._phase("training")
+            drawn = self._tasks_drawn.count
             demos = [
                 trainer_pb2.Demonstration(prompt=task.prompt, completion=task.solution)
                 for task in (next(self.collector.tasks) for _ in range(sft.batch_size))
             ]
+            await self._mark_cursor(step, drawn)
             reply = await self.stubs.trainer.SupervisedStep(
                 trainer_pb2.SupervisedStepRequest(job_id=self.record.job_id, step=step, demonstrations=demos),
                 timeout=self._slow,
@@ -584,21 +616,73 @@ class JobRunner:
         metrics["fleet_sandbox_alive"] = float(len(self.fleet.alive(SANDBOX)))
         return metrics
 
+    async def _mark_cursor(self, step: int, drawn_before: int) -> None:
+        """Where the task stream stands around `step`; stored before the step trains."""
+        cursor = {
+            "step": step,
+            "tasks_drawn_before": drawn_before,
+            "tasks_drawn_after": self._tasks_drawn.count,
+            "next_group_index": self._group_index,
+            "run_number": self.run_number,
+        }
+        self.record.touch(cursor=cursor)
+        if self._flush is not None and not await self._flush(CURSOR_FLUSH_SECONDS):
+            log.error("the task cursor is not stored yet; a coordinator restart now could misplace it", step=step)
+
+    def _recovered_tasks_drawn(self, loaded: trainer_pb2.LoadPolicyResponse) -> int:
+        """Tasks drawn before step weight_version + 1, from the persisted cursor or the checkpoint;
+        the group index and run number of the cursor are restored with it."""
+        version, cursor = loaded.weight_version, self.record.cursor
+        self._group_index = int(cursor.get("next_group_index", 0))
+        self.run_number = int(cursor.get("run_number", 0))
+        if loaded.resumed_from:
+            # The trainer may have come back from a checkpoint (its reply cannot say whether it
+            # restarted): steps after it may have acked their groups, so this run takes new group
+            # ids, and the buffer's clock goes back to the trainer's version.
+            self.run_number += 1
+            self._group_index = 0
+            self._rewind = True
+        if self.run_number:
+            self.collector.id_prefix = f"{self.record.job_id}/r{self.run_number}"
+        if cursor.get("step") in (version, version + 1):
+            return int(cursor["tasks_drawn_before" if cursor["step"] == version + 1 else "tasks_drawn_after"])
+        if loaded.resumed_from:
+            return int(json.loads(loaded.data_state or "{}").get("tasks_drawn", 0))
+        if not cursor:  # no step was collected before the restart
+            return 0
+        raise RuntimeError(
+            f"the trainer stands at step {version}, but the stored task cursor is at step {cursor.get('step')} "
+            "and no checkpoint says where the task stream was (the trainer lost the job and the job keeps "
+            "no checkpoint to resume from)"
+        )
+
     async def _resume(self, loaded: trainer_pb2.LoadPolicyResponse) -> int:
         """The step the trainer stands at; on a resume, move the task stream to where it was."""
         # Counting the tasks drawn is what a checkpoint records as the data position.
         self.collector.tasks = self._tasks_drawn = CountingIterator(self.collector.tasks)
-        if not loaded.resumed_from:
+        if self.recovering:
+            drawn = self._recovered_tasks_drawn(loaded)
+        elif not loaded.resumed_from:
             return 0
-        drawn = int(json.loads(loaded.data_state or "{}").get("tasks_drawn", 0))
+        else:
+            drawn = int(json.loads(loaded.data_state or "{}").get("tasks_drawn", 0))
         for _ in range(drawn):
             next(self._tasks_drawn)
+        if self._rewind:
+            await self._open_buffer(rewind_to=loaded.weight_version)
         # The buffer's clock (age bound, puts from the future) starts at the resumed version.
         await self.stubs.buffer.AckGroups(
             buffer_pb2.AckGroupsRequest(job_id=self.record.job_id, weight_version=loaded.weight_version), timeout=10
         )
-        self.folder.append("resume", loaded.weight_version, {"tasks_drawn": float(drawn)})
-        log.info("resumed", checkpoint=loaded.resumed_from, step=loaded.weight_version, tasks_drawn=drawn)
+        kind = "recover" if self.recovering else "resume"
+        self.folder.append(kind, loaded.weight_version, {"tasks_drawn": float(drawn)})
+        log.info(
+            kind,
+            checkpoint=loaded.resumed_from,
+            step=loaded.weight_version,
+            stored_step=self.record.step,
+            tasks_drawn=drawn,
+        )
         self.record.touch(step=loaded.weight_version, weight_version=loaded.weight_version)
         return loaded.weight_version
 

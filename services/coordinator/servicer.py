@@ -1,4 +1,15 @@
-"""CoordinatorService over gRPC: job CRUD, the weight-sync rendezvous, fleet membership, a runner per job."""
+"""CoordinatorService over gRPC: job CRUD, the weight-sync rendezvous, fleet membership, a runner per job.
+
+    start ─recover()─> stored jobs: finished ones served as they were; PENDING/RUNNING ones get a
+                       runner in recovery mode and a side group past every epoch they used
+    CreateJob ─> record (persisted on every change) ─> runner
+
+Guarantees: every job is in the job store (folder or Redis) from its creation
+on; a coordinator that dies without a graceful stop (SIGKILL, OOM, a lost host)
+and starts again on the same store serves every job it had and continues the
+unfinished ones; a graceful stop (SIGTERM) cancels unfinished jobs, persisted
+as CANCELLED, as before.
+"""
 
 from __future__ import annotations
 
@@ -12,16 +23,18 @@ import grpc
 import structlog
 
 from dockyard.buffer.v1 import buffer_pb2_grpc
+from dockyard.common.v1 import common_pb2
 from dockyard.config import ConfigError, load_config_text
 from dockyard.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.rpc.client import channel_health, connect
 from dockyard.rpc.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from dockyard.trainer.v1 import trainer_pb2_grpc
 from services.coordinator.fleet import KINDS, Fleet, FleetError
-from services.coordinator.jobs import CANCELLED, JobRecord
+from services.coordinator.jobs import CANCELLED, PENDING, RUNNING, JobRecord
 from services.coordinator.metrics import RunFolder
 from services.coordinator.runner import JobRunner, Stubs
 from services.coordinator.settings import CoordinatorSettings
+from services.coordinator.store import JobPersister, open_store
 from services.coordinator.sync_groups import MembershipError, SideGroupRegistry, check_member
 
 log = structlog.get_logger()
@@ -35,6 +48,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         self.runners: dict[str, asyncio.Task] = {}
         self.sync_groups = SideGroupRegistry(settings.weight_sync_address, settings.weight_sync_port)
         self.fleet = Fleet(settings.member_timeout_seconds, max_message_mb=settings.max_message_mb)
+        self.persister = JobPersister(open_store(settings.state_dir, settings.state_redis_url))
         self._channels = {
             name: connect(
                 getattr(settings, f"{name}_address"),
@@ -56,9 +70,48 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         for task in self.runners.values():
             task.cancel()
         await asyncio.gather(*self.runners.values(), return_exceptions=True)
+        await self.persister.close()
         for channel in self._channels.values():
             await channel.close()
         await self.fleet.close()
+
+    async def recover(self) -> None:
+        """Load every stored job; continue the unfinished ones."""
+        store = self.persister.store
+        try:
+            documents = await store.load_all()
+        except Exception as exc:
+            # Starting without the jobs would fork their history: refuse to start instead.
+            raise RuntimeError(f"cannot read the job store ({store.describe()}): {exc}") from None
+        resumed = 0
+        for document in documents:
+            try:
+                record = JobRecord.from_document(document)
+            except ValueError as exc:
+                log.error("stored job left out", job_id=document.get("job_id"), error=str(exc))
+                continue
+            self.jobs[record.job_id] = record
+            self.persister.track(record, write=False)
+            if record.state in (PENDING, RUNNING):
+                # Past every epoch the job used: no replica mixes an old rendezvous with the new one.
+                self._start(record, epoch=record.sync_epoch + 1, recovering=True)
+                resumed += 1
+        log.info("job store loaded", store=store.describe(), jobs=len(documents), resumed=resumed)
+
+    def _start(self, record: JobRecord, *, epoch: int = 0, recovering: bool = False) -> None:
+        job_id = record.job_id
+        self.sync_groups.open(job_id, record.config.cluster.weight_sync_backend, epoch)
+        record.touch(sync_epoch=epoch)
+        runner = JobRunner(
+            record, self.stubs, self.settings, self.sync_groups, recovering=recovering, flush=self.persister.flush
+        )
+        task = self.runners[job_id] = asyncio.create_task(runner.run())
+        # A finished job's rendezvous is gone for good; drop it with the runner.
+        task.add_done_callback(lambda _: (self.sync_groups.drop(job_id), self.fleet.forget_job(job_id)))
+
+    def _note_epoch(self, record: JobRecord, group: common_pb2.WeightSyncGroup) -> None:
+        if group.epoch != record.sync_epoch:
+            record.touch(sync_epoch=group.epoch)
 
     def _record(self, job_id: str) -> JobRecord:
         if not job_id:
@@ -109,11 +162,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         RunFolder(run_dir).write_config(resolved)
         record = JobRecord(job_id=job_id, config=config, config_yaml=resolved, run_dir=str(run_dir))
         self.jobs[job_id] = record
-        self.sync_groups.open(job_id, config.cluster.weight_sync_backend)
-        runner = JobRunner(record, self.stubs, self.settings, self.sync_groups)
-        task = self.runners[job_id] = asyncio.create_task(runner.run())
-        # A finished job's rendezvous is gone for good; drop it with the runner.
-        task.add_done_callback(lambda _: (self.sync_groups.drop(job_id), self.fleet.forget_job(job_id)))
+        self.persister.track(record)
+        self._start(record)
         log.info("job created", job_id=job_id, run_dir=str(run_dir))
         return coordinator_pb2.CreateJobResponse(job=record.to_proto())
 
@@ -155,6 +205,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
             group, rank = self.sync_groups.get(record.job_id, request.member, failed)
         except MembershipError as exc:
             raise InvalidArgument(str(exc)) from None
+        self._note_epoch(record, group)
         if failed is not None:
             log.warning("side group formed again after a failed sync", job_id=record.job_id, epoch=group.epoch)
         return coordinator_pb2.GetWeightSyncGroupResponse(group=group, rank=rank)
@@ -173,6 +224,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
             group = self.sync_groups.leave(record.job_id, request.member)
         except MembershipError as exc:
             raise InvalidArgument(str(exc)) from None
+        self._note_epoch(record, group)
         return coordinator_pb2.LeaveWeightSyncGroupResponse(group=group)
 
     async def RegisterMember(

@@ -40,3 +40,9 @@ class CoordinatorSettings(ServiceSettings):
         300.0, gt=0, description="How long a job waits for an unreachable trainer or buffer to come back."
     )
     train_timeout_seconds: float = Field(1800.0, gt=0, description="Deadline of LoadPolicy/TrainStep/weight sync.")
+    state_dir: str = Field(
+        "runs", description="Folder of the job store: <state_dir>/<job_id>/job.json (unless a Redis URL is set)."
+    )
+    state_redis_url: str = Field(
+        "", description="redis://[:password@]host:port/db: keep job state in Redis instead of the folder."
+    )

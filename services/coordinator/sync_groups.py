@@ -1,6 +1,7 @@
 """Side-group membership and epochs of every job, as the coordinator hands them out.
 
     job created ──open──> epoch 0: trainer (rank 0) + the deployed replica "rollout" (rank 1)
+    job recovered by a restarted coordinator ──open──> the stored epoch + 1, same members
     a new replica asks ──> joins: epoch + 1, ranks 1..N in join order
     a replica leaves   ──> epoch + 1 without it
     set_replicas(names) ──> epoch + 1 with exactly those replicas (when that changes the membership):
@@ -63,9 +64,10 @@ class SideGroupRegistry:
     def _new_port(self) -> int:
         return self.fixed_port or self._port_fn(self.address)
 
-    def open(self, job_id: str, backend: str) -> None:
+    def open(self, job_id: str, backend: str, epoch: int = 0) -> None:
+        """A job's group at `epoch` (a recovered job passes one beyond any it used before)."""
         if job_id not in self._groups:
-            self._groups[job_id] = _Group(backend=backend, port=self._new_port())
+            self._groups[job_id] = _Group(backend=backend, epoch=epoch, port=self._new_port())
 
     def drop(self, job_id: str) -> None:
         self._groups.pop(job_id, None)

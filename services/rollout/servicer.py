@@ -32,6 +32,7 @@ from dockyard.config import ConfigError, MasterConfig, load_config_text
 from dockyard.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from dockyard.rpc.client import connect
+from dockyard.rpc.completion import run_to_completion
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from dockyard.weights.rendezvous import coordinator_rendezvous, transport_for
 from dockyard.weights.synchronizer import WeightSyncFailed, WeightSynchronizer
@@ -182,6 +183,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def ReceiveWeights(
         self, request: rollout_pb2.ReceiveWeightsRequest, context: grpc.aio.ServicerContext
     ) -> rollout_pb2.ReceiveWeightsResponse:
+        # Finished even if the caller goes away: the sync lock is never left while a transfer runs.
+        return await run_to_completion(self._receive_weights(request))
+
+    async def _receive_weights(self, request: rollout_pb2.ReceiveWeightsRequest) -> rollout_pb2.ReceiveWeightsResponse:
         engine = self.engine(request.job_id)
         if request.weight_version < 0:
             raise InvalidArgument(f"weight_version must be >= 0, got {request.weight_version}")

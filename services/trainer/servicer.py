@@ -21,6 +21,7 @@ from dockyard.common.v1 import common_pb2
 from dockyard.config import ConfigError, load_config_text
 from dockyard.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.rpc.client import connect
+from dockyard.rpc.completion import run_to_completion
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from dockyard.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from dockyard.weights.rendezvous import coordinator_rendezvous, transport_for
@@ -113,16 +114,22 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                     raise FailedPrecondition(f"cannot load the policy: {exc}") from None
                 job = self.jobs[request.job_id] = TrainerJob(request.job_id, policy, TrainedLedger(folder))
                 log.info("policy loaded", parameters=policy.num_parameters(), weight_version=policy.weight_version)
-        return trainer_pb2.LoadPolicyResponse(
-            weight_version=job.policy.weight_version,
-            num_parameters=job.policy.num_parameters(),
-            resumed_from=str(job.policy.resumed_from or ""),
-            data_state=job.policy.data_state,
-        )
+        # After any step in flight (one whose caller died): the version answered is the one it made.
+        async with job.lock:
+            return trainer_pb2.LoadPolicyResponse(
+                weight_version=job.policy.weight_version,
+                num_parameters=job.policy.num_parameters(),
+                resumed_from=str(job.policy.resumed_from or ""),
+                data_state=job.policy.data_state,
+            )
 
     async def TrainStep(
         self, request: trainer_pb2.TrainStepRequest, context: grpc.aio.ServicerContext
     ) -> trainer_pb2.TrainStepResponse:
+        # Finished even if the caller goes away: a step is never half taken, a lock never left early.
+        return await run_to_completion(self._train_step(request))
+
+    async def _train_step(self, request: trainer_pb2.TrainStepRequest) -> trainer_pb2.TrainStepResponse:
         job = self._job(request.job_id)
         async with job.lock:
             policy = job.policy
@@ -239,6 +246,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     async def SupervisedStep(
         self, request: trainer_pb2.SupervisedStepRequest, context: grpc.aio.ServicerContext
     ) -> trainer_pb2.SupervisedStepResponse:
+        # Finished even if the caller goes away: a step is never half taken, a lock never left early.
+        return await run_to_completion(self._supervised_step(request))
+
+    async def _supervised_step(self, request: trainer_pb2.SupervisedStepRequest) -> trainer_pb2.SupervisedStepResponse:
         job = self._job(request.job_id)
         async with job.lock:
             policy = job.policy
@@ -264,6 +275,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     async def PushWeights(
         self, request: trainer_pb2.PushWeightsRequest, context: grpc.aio.ServicerContext
     ) -> trainer_pb2.PushWeightsResponse:
+        # Finished even if the caller goes away: a step is never half taken, a lock never left early.
+        return await run_to_completion(self._push_weights(request))
+
+    async def _push_weights(self, request: trainer_pb2.PushWeightsRequest) -> trainer_pb2.PushWeightsResponse:
         job = self._job(request.job_id)
         async with job.lock:
             if job.sync is None:
@@ -306,6 +321,10 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     async def SaveCheckpoint(
         self, request: trainer_pb2.SaveCheckpointRequest, context: grpc.aio.ServicerContext
     ) -> trainer_pb2.SaveCheckpointResponse:
+        # Finished even if the caller goes away: no step may change the weights halfway through a save.
+        return await run_to_completion(self._save_checkpoint(request))
+
+    async def _save_checkpoint(self, request: trainer_pb2.SaveCheckpointRequest) -> trainer_pb2.SaveCheckpointResponse:
         job = self._job(request.job_id)
         async with job.lock:
             policy = job.policy

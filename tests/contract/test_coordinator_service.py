@@ -6,14 +6,17 @@ The rendezvous of a running job is checked in tests/integration/test_local_stack
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import grpc
 import pytest
 
+from dockyard.config import load_config_text
 from dockyard.coordinator.v1 import coordinator_pb2 as pb
 from dockyard.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.rpc.client import connect
+from services.coordinator.jobs import RUNNING, JobRecord
 from tests.conftest import expect_code, free_port
 
 CONFIG = """
@@ -156,3 +159,106 @@ async def test_members_register_heartbeat_and_leave(coordinator) -> None:
         )
         await expect_code(stub.Heartbeat(pb.HeartbeatRequest(name="sandbox-2")), grpc.StatusCode.NOT_FOUND)
         assert [m.name for m in (await stub.ListMembers(pb.ListMembersRequest())).members] == ["rollout-1"]
+
+
+async def test_jobs_outlive_a_coordinator_restart(start_service, tmp_path: Path) -> None:
+    """A second coordinator on the same store serves the first one's finished jobs as they were,
+    and continues (here: fails, the peers being down) a job stored as RUNNING."""
+    dead = f"127.0.0.1:{free_port()}"
+    env = {f"DOCKYARD_COORDINATOR_{peer}_ADDRESS": dead for peer in ("TRAINER", "ROLLOUT", "BUFFER", "SANDBOX")}
+    env["DOCKYARD_COORDINATOR_STATE_DIR"] = str(tmp_path / "state")
+    config = CONFIG.replace("LOG_DIR", str(tmp_path / "runs"))
+    first = start_service("coordinator", env)
+    async with connect(first.address) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+        await stub.CreateJob(pb.CreateJobRequest(config_yaml=config, job_id="job-a"))
+        failed = await wait_finished(stub, "job-a")
+        await stub.CreateJob(pb.CreateJobRequest(config_yaml=config, job_id="job-b"))
+        await wait_finished(stub, "job-b")
+        listed = (await stub.ListJobs(pb.ListJobsRequest())).jobs
+    assert failed.state == pb.JOB_STATE_FAILED
+    first.proc.kill()  # no graceful stop: what is stored is all the next coordinator gets
+    first.proc.wait()
+
+    # job-b as if the coordinator had died while it ran.
+    stored = tmp_path / "state" / "job-b" / "job.json"
+    document = json.loads(stored.read_text())
+    stored.write_text(json.dumps({**document, "state": "RUNNING", "message": "", "phase": "training", "step": 2}))
+
+    second = start_service("coordinator", env)
+    async with connect(second.address) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+        again = (await stub.GetJob(pb.GetJobRequest(job_id="job-a"))).job
+        for name in (
+            "job_id",
+            "state",
+            "step",
+            "max_steps",
+            "phase",
+            "message",
+            "run_dir",
+            "create_time",
+            "update_time",
+        ):
+            assert getattr(again, name) == getattr(failed, name), name
+        assert [j.job_id for j in (await stub.ListJobs(pb.ListJobsRequest())).jobs] == [j.job_id for j in listed]
+        # The same create is still the same job; a finished job still refuses a cancel.
+        retried = (await stub.CreateJob(pb.CreateJobRequest(config_yaml=config, job_id="job-a"))).job
+        assert retried.create_time == failed.create_time and retried.state == pb.JOB_STATE_FAILED
+        await expect_code(
+            stub.CancelJob(pb.CancelJobRequest(job_id="job-a")), grpc.StatusCode.FAILED_PRECONDITION, "FAILED"
+        )
+        # The RUNNING job got a runner again: it fails where a fresh one would, loading the policy.
+        resumed = await wait_finished(stub, "job-b")
+        assert resumed.state == pb.JOB_STATE_FAILED
+        assert "loading policy" in resumed.message and "UNAVAILABLE" in resumed.message
+    assert second.stop() == 0
+    assert json.loads(stored.read_text())["state"] == "FAILED"
+
+
+class LoadPolicyHangs(grpc.GenericRpcHandler):
+    """Every peer at once: the buffer's OpenJob succeeds, LoadPolicy never answers, anything else
+    is NOT_FOUND at once (raw bytes in and out: b"" is an empty response message)."""
+
+    def service(self, details):
+        async def empty(request, context):
+            return b""
+
+        async def hang(request, context):
+            await asyncio.sleep(3600)
+
+        async def not_found(request, context):
+            await context.abort(grpc.StatusCode.NOT_FOUND, "no such job here")
+
+        method = details.method.rsplit("/", 1)[-1]
+        handler = {"OpenJob": empty, "LoadPolicy": hang}.get(method, not_found)
+        return grpc.unary_unary_rpc_method_handler(handler)
+
+
+async def test_a_recovered_job_gets_a_newer_side_group_and_can_be_cancelled(start_service, tmp_path: Path) -> None:
+    peers = grpc.aio.server()
+    peers.add_generic_rpc_handlers((LoadPolicyHangs(),))
+    peer = f"127.0.0.1:{peers.add_insecure_port('127.0.0.1:0')}"
+    await peers.start()
+    env = {f"DOCKYARD_COORDINATOR_{p}_ADDRESS": peer for p in ("TRAINER", "ROLLOUT", "BUFFER", "SANDBOX")}
+    env["DOCKYARD_COORDINATOR_STATE_DIR"] = str(tmp_path / "state")
+    config = load_config_text(CONFIG.replace("LOG_DIR", str(tmp_path / "runs")))
+    record = JobRecord("job-r", config, config.resolved_yaml(), str(tmp_path / "runs" / "job-r"), state=RUNNING)
+    record.touch(step=1, weight_version=1, sync_epoch=3)
+    (tmp_path / "state" / "job-r").mkdir(parents=True)
+    (tmp_path / "state" / "job-r" / "job.json").write_text(json.dumps(record.to_document()))
+    try:
+        coordinator = start_service("coordinator", env)
+        async with connect(coordinator.address) as channel:
+            stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+            job = (await stub.GetJob(pb.GetJobRequest(job_id="job-r"))).job
+            assert job.state == pb.JOB_STATE_RUNNING and job.phase == "loading policy", job
+            group = await stub.GetWeightSyncGroup(pb.GetWeightSyncGroupRequest(job_id="job-r", member="trainer"))
+            assert group.group.epoch == 4, "a recovered job's side group starts past every epoch it used"
+            cancelled = (await stub.CancelJob(pb.CancelJobRequest(job_id="job-r"))).job
+            assert cancelled.state == pb.JOB_STATE_CANCELLED
+        assert coordinator.stop() == 0
+    finally:
+        await peers.stop(None)
+    stored = json.loads((tmp_path / "state" / "job-r" / "job.json").read_text())
+    assert stored["state"] == "CANCELLED" and stored["sync_epoch"] == 4
