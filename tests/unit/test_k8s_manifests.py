@@ -146,6 +146,12 @@ def test_env_vars_are_real_settings_with_working_values(docs) -> None:
             assert env[f"{prefix}HOST"] == "0.0.0.0", f"{where} must bind every interface"
             assert int(env[f"{prefix}PORT"]) == port == container_ports(template)["grpc"]
             for name, value in env.items():
+                if name == f"{prefix}ADVERTISE_ADDRESS":
+                    # Where the coordinator calls this pod back: its own IP (downward API), its own port.
+                    pod_ip = next(e for e in container["env"] if e["name"] == "POD_IP")
+                    assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP", where
+                    assert value == f"$(POD_IP):{port}", f"{where}: {name}={value}"
+                    continue
                 if not (name.startswith(prefix) and name.endswith("_ADDRESS")) or name.endswith("WEIGHT_SYNC_ADDRESS"):
                     continue
                 peer = name.removeprefix(prefix).removesuffix("_ADDRESS").lower()
