@@ -165,7 +165,8 @@ async def test_jobs_outlive_a_coordinator_restart(start_service, tmp_path: Path)
     """A second coordinator on the same store serves the first one's finished jobs as they were,
     and continues (here: fails, the peers being down) a job stored as RUNNING."""
     dead = f"127.0.0.1:{free_port()}"
-    env = {f"DOCKYARD_COORDINATOR_{peer}_ADDRESS": dead for peer in ("TRAINER", "ROLLOUT", "BUFFER", "SANDBOX")}
+    env = {f"DOCKYARD_COORDINATOR_{peer}_ADDRESS": dead for peer in ("TRAINER", "BUFFER")}
+    env["DOCKYARD_COORDINATOR_FLEET_WAIT_TIMEOUT_SECONDS"] = "1"
     env["DOCKYARD_COORDINATOR_STATE_DIR"] = str(tmp_path / "state")
     config = CONFIG.replace("LOG_DIR", str(tmp_path / "runs"))
     first = start_service("coordinator", env)
@@ -208,10 +209,10 @@ async def test_jobs_outlive_a_coordinator_restart(start_service, tmp_path: Path)
         await expect_code(
             stub.CancelJob(pb.CancelJobRequest(job_id="job-a")), grpc.StatusCode.FAILED_PRECONDITION, "FAILED"
         )
-        # The RUNNING job got a runner again: it fails where a fresh one would, loading the policy.
+        # The RUNNING job got a runner again: it fails where a fresh one would, with no fleet to run on.
         resumed = await wait_finished(stub, "job-b")
         assert resumed.state == pb.JOB_STATE_FAILED
-        assert "loading policy" in resumed.message and "UNAVAILABLE" in resumed.message
+        assert "no rollout member registered" in resumed.message
     assert second.stop() == 0
     assert json.loads(stored.read_text())["state"] == "FAILED"
 
@@ -240,7 +241,7 @@ async def test_a_recovered_job_gets_a_newer_side_group_and_can_be_cancelled(star
     peers.add_generic_rpc_handlers((LoadPolicyHangs(),))
     peer = f"127.0.0.1:{peers.add_insecure_port('127.0.0.1:0')}"
     await peers.start()
-    env = {f"DOCKYARD_COORDINATOR_{p}_ADDRESS": peer for p in ("TRAINER", "ROLLOUT", "BUFFER", "SANDBOX")}
+    env = {f"DOCKYARD_COORDINATOR_{p}_ADDRESS": peer for p in ("TRAINER", "BUFFER")}
     env["DOCKYARD_COORDINATOR_STATE_DIR"] = str(tmp_path / "state")
     config = load_config_text(CONFIG.replace("LOG_DIR", str(tmp_path / "runs")))
     record = JobRecord("job-r", config, config.resolved_yaml(), str(tmp_path / "runs" / "job-r"), state=RUNNING)
@@ -252,7 +253,8 @@ async def test_a_recovered_job_gets_a_newer_side_group_and_can_be_cancelled(star
         async with connect(coordinator.address) as channel:
             stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
             job = (await stub.GetJob(pb.GetJobRequest(job_id="job-r"))).job
-            assert job.state == pb.JOB_STATE_RUNNING and job.phase == "loading policy", job
+            # A runner again: it waits for its fleet (none registers here).
+            assert job.state == pb.JOB_STATE_RUNNING and job.phase == "waiting for rollout replicas", job
             group = await stub.GetWeightSyncGroup(pb.GetWeightSyncGroupRequest(job_id="job-r", member="trainer"))
             assert group.group.epoch == 4, "a recovered job's side group starts past every epoch it used"
             cancelled = (await stub.CancelJob(pb.CancelJobRequest(job_id="job-r"))).job

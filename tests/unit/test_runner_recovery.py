@@ -25,7 +25,7 @@ CURSOR = {"step": 5, "tasks_drawn_before": 8, "tasks_drawn_after": 10, "next_gro
 def runner(tmp_path: Path, cursor: dict) -> JobRunner:
     config = load_config_text(CONFIG)
     record = JobRecord("job-a", config, config.resolved_yaml(), str(tmp_path / "job-a"), state=RUNNING, cursor=cursor)
-    return JobRunner(record, Stubs(None, None, None, None), CoordinatorSettings(), recovering=True)
+    return JobRunner(record, Stubs(None, None, None), CoordinatorSettings(), recovering=True)
 
 
 def loaded(version: int, resumed_from: str = "", tasks_drawn: int | None = None) -> trainer_pb2.LoadPolicyResponse:
