@@ -5,15 +5,16 @@
     dockyard/sandbox-service                                  base.txt + sandbox.txt   (no torch)
     dockyard/redis                                            Debian's redis-tools .debs (redis-server)
 
-Each image is deploy/images/<dir>/Dockerfile on the debootstrap base image
+Each image is deploy/images/<name>/Dockerfile on the debootstrap base image
 (services/sandbox/images.py makes it). The host `pip download`s the wheels of
-each requirement set into its own wheelhouse folder (reused across builds), and
+each requirement set into its own wheelhouse folder (reused across builds) and
 `apt-get download`s the Redis packages (the host is Debian bookworm, like the
-base); the build runs with --network none and installs with --no-index / dpkg. An image carries a
-content-hash label of its base image id, Dockerfile, requirements and the
-source it copies (dockyard/, services/, examples/configs/): an unchanged image
-is not rebuilt. The three torch images have identical build steps up to their
-last lines, so Docker's layer cache builds the torch venv once and they share it.
+base); builds run with --network none and install with --no-index or dpkg.
+Each image carries a content-hash label of its base image id, Dockerfile,
+requirements and the source it copies (dockyard/, services/, examples/configs/):
+an unchanged image is not rebuilt. The three torch images have identical build
+steps up to their last lines, so Docker's layer cache builds the torch venv once
+and they share it.
 
     python deploy/images/fleet.py [--only trainer,buffer] [--tag-suffix :latest]
 TORCH_SPEC (default torch==2.13.0, a CPU build) picks the torch of the torch images.
