@@ -7,7 +7,8 @@ volume (a short warm start), submits the recipe for two GRPO steps and follows
 it. The host reads the job with grpcurl through the published coordinator
 port. Only the sandbox container has the Docker socket. After `down -v`, no
 container, volume or network of the project remains, nor any sandbox task
-container. Missing docker or compose fails under CI=1.
+container. The buffer's groups went through Redis (its append-only file names
+the job). Missing docker or compose fails under CI=1.
 """
 
 from __future__ import annotations
@@ -125,6 +126,10 @@ def test_compose_runs_the_tiny_recipe_and_leaves_nothing_behind(images, tmp_path
         # The run folder lies on the shared volume, written by the coordinator.
         run = project.compose("exec", "-T", "coordinator", "ls", f"runs/{job_id}")
         assert run.returncode == 0 and "metrics.jsonl" in run.stdout.split(), run.stdout + run.stderr
+
+        # The buffer kept the job's groups in Redis, whose append-only file lies on its volume.
+        aof = project.compose("exec", "-T", "redis", "sh", "-c", "cat /data/appendonlydir/*.incr.aof")
+        assert f"dockyard:buffer:{{{job_id}}}" in aof.stdout, aof.stderr
 
         # Only the sandbox container has the Docker socket.
         ids = project.compose("ps", "-a", "-q").stdout.split()
