@@ -141,11 +141,14 @@ def test_compose_runs_the_tiny_recipe_and_leaves_nothing_behind(images, tmp_path
             if any(m["Destination"] == "/var/run/docker.sock" for m in c["Mounts"])
         }
         assert with_socket == {"sandbox"}
+        # Task containers are labelled <the sandbox container's hostname>/<pid>/<start time>.
+        service_of = {c["Config"]["Hostname"]: c["Config"]["Labels"]["com.docker.compose.service"] for c in inspected}
+        (sandbox_host,) = [host for host, service in service_of.items() if service == "sandbox"]
     finally:
         down = project.compose("down", "-v", "--remove-orphans", timeout=300)
     assert down.returncode == 0, down.stderr
     assert project.left() == {"containers": [], "volumes": [], "networks": []}
     tasks = sh("docker", "ps", "-a", "-q", "--filter", f"label={LABEL}").stdout.split()
     owners = [sh("docker", "inspect", "-f", f'{{{{index .Config.Labels "{LABEL}"}}}}', t).stdout for t in tasks]
-    assert not [o for o in owners if o.startswith("dockyard-sandbox/")], "sandbox task containers left"
+    assert not [o for o in owners if o.startswith(f"{sandbox_host}/")], "sandbox task containers left"
     shutil.rmtree(project.work_root, ignore_errors=True)
