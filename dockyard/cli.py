@@ -3,6 +3,7 @@
     dockyard up [--rollout-replicas N] [--sandbox-workers M]
                                         the five services on localhost:50051-50055 until Ctrl-C
     dockyard submit CONFIG [k=v ...]    submit a job to a running coordinator, print its id
+                                        (--wait: then follow it; exit 0 only when it SUCCEEDS)
     dockyard status [JOB]               one job in detail, or every job and the fleet
     dockyard cancel JOB                 cancel a job
     dockyard prepare CONFIG [k=v ...]   build the policy folder a recipe bootstraps (warm start)
@@ -350,8 +351,14 @@ def cmd_up(args) -> int:
 def cmd_submit(args) -> int:
     cfg = _load(args.config, args.overrides)
     prepare(cfg)
-    print(asyncio.run(_submit(args.coordinator, cfg.resolved_yaml())))
-    return 0
+    job_id = asyncio.run(_submit(args.coordinator, cfg.resolved_yaml()))
+    print(job_id, flush=True)
+    if not args.wait:
+        return 0
+    from dockyard.coordinator.v1 import coordinator_pb2
+
+    state = asyncio.run(_follow(args.coordinator, job_id))
+    return 0 if state == coordinator_pb2.JOB_STATE_SUCCEEDED else EXIT_FAILED
 
 
 def cmd_status(args) -> int:
@@ -456,6 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("submit", help="submit a job to a running coordinator")
     with_config(p)
     with_coordinator(p)
+    p.add_argument("--wait", action="store_true", help="follow the job; exit 0 only when it succeeds")
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("status", help="show one job, or list every job")

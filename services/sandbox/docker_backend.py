@@ -184,8 +184,10 @@ class DockerBackend(SandboxBackend):
     def reap(self) -> int:
         """Remove labelled containers whose owning service (on this host) is gone; returns how many."""
         count = 0
-        for container in self._client.containers.list(all=True, filters={"label": LABEL}):
-            label = container.labels.get(LABEL, "")
+        # sparse: the listing's own labels, no inspect per container, so a container another
+        # service removes meanwhile cannot fail the listing (NotFound) and the start with it.
+        for container in self._client.containers.list(all=True, sparse=True, filters={"label": LABEL}):
+            label = (container.attrs.get("Labels") or {}).get(LABEL, "")
             if label != self._owner and owner_is_dead(label):
                 try:
                     container.remove(force=True)

@@ -28,6 +28,7 @@ from dockyard.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.rpc.client import connect
 from dockyard.stack import LocalStack
 from tests.conftest import REPO_ROOT
+from tests.integration.test_restarts import assert_accounted
 
 pytestmark = pytest.mark.slow
 
@@ -153,6 +154,8 @@ def test_a_rollout_replica_killed_mid_generation_is_replaced(stack: LocalStack, 
     assert any(r["attempt"] > 0 and r["replica"] == "rollout-1" for r in generations)
     # After the kill the side group went on with rollout-1 alone.
     assert train[-1]["fleet_rollout_alive"] == 1.0
+    # None trained twice, and every group put was trained, dropped as stale or left in the buffer.
+    assert_accounted(Path(job.run_dir), max_age=0)
 
 
 async def both_alive(stub, kind: str) -> bool:
@@ -182,6 +185,7 @@ def test_a_sandbox_worker_killed_mid_run_is_retried_elsewhere(stack: LocalStack,
     assert sum(r["invalid_trajectories"] for r in train) == 0
     assert all(r["num_trajectories"] == 16 for r in train)
     assert "sandbox_sandbox-1_queued" in train[-1]
+    assert_accounted(Path(job.run_dir), max_age=0)
 
 
 def test_a_replica_that_registers_mid_job_gets_the_current_weights_first(stack: LocalStack, tmp_path: Path) -> None:
