@@ -229,11 +229,7 @@ class JobRunner:
             metrics = {
                 **reply.metrics,
                 **self._collect_metrics(stats),
-                "generate_score_seconds": t1 - t0,
-                "train_step_seconds": t2 - t1,
-                "weight_sync_seconds": t3 - t2,
-                "weight_sync_transfer_seconds": sync_seconds,
-                "step_seconds": t3 - t0,
+                **_phase_seconds("generate_score_seconds", t0, t1, t2, t3, sync_seconds),
                 "generated_tokens_per_second": stats.generated_tokens / max(t1 - t0, 1e-9),
             }
             await self._end_step(step, reply.weight_version, metrics, val_tasks)
@@ -263,11 +259,7 @@ class JobRunner:
                     **reply.metrics,
                     **self._collect_metrics(stats),
                     "failed_groups": float(stats.failed),
-                    "wait_for_groups_seconds": t1 - t0,
-                    "train_step_seconds": t2 - t1,
-                    "weight_sync_seconds": t3 - t2,
-                    "weight_sync_transfer_seconds": sync_seconds,
-                    "step_seconds": t3 - t0,
+                    **_phase_seconds("wait_for_groups_seconds", t0, t1, t2, t3, sync_seconds),
                     "generated_tokens_per_second": stats.generated_tokens / max(t3 - t0, 1e-9),
                     "elapsed_seconds": t3 - started,
                 }
@@ -329,7 +321,8 @@ class JobRunner:
                 producer.result()
             if self._fatal is not None:
                 raise self._fatal
-            held = await self._held_groups()
+            stats = await self._buffer_stats()
+            held = -1 if stats is None else stats.held  # -1: the buffer is restarting
             if held >= need:
                 return
             if held != last_held:
@@ -345,14 +338,14 @@ class JobRunner:
             except TimeoutError:
                 pass
 
-    async def _held_groups(self) -> int:
+    async def _buffer_stats(self) -> buffer_pb2.GetStatsResponse | None:
+        """The buffer's counters of the job; None while the buffer is restarting."""
         try:
-            stats = await self.stubs.buffer.GetStats(buffer_pb2.GetStatsRequest(job_id=self.record.job_id), timeout=10)
+            return await self.stubs.buffer.GetStats(buffer_pb2.GetStatsRequest(job_id=self.record.job_id), timeout=10)
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in _TRANSIENT:
                 raise
-            return -1  # the buffer is restarting
-        return stats.held
+            return None
 
     def _collect_metrics(self, stats: CollectStats) -> dict[str, float]:
         return {
@@ -709,11 +702,8 @@ class JobRunner:
         log.info("checkpoint saved", path=reply.path, step=reply.step, removed=len(reply.removed))
 
     async def _buffer_metrics(self) -> dict[str, float]:
-        try:
-            stats = await self.stubs.buffer.GetStats(buffer_pb2.GetStatsRequest(job_id=self.record.job_id), timeout=10)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() not in _TRANSIENT:
-                raise
+        stats = await self._buffer_stats()
+        if stats is None:
             return {}  # the buffer is restarting: this step goes without its counters
         metrics = {
             f"buffer_{name}": float(getattr(stats, name))
@@ -744,3 +734,14 @@ class JobRunner:
                 await asyncio.to_thread(self.folder.plot)
             except Exception:
                 log.exception("plot failed")
+
+
+def _phase_seconds(first: str, t0: float, t1: float, t2: float, t3: float, transfer: float) -> dict[str, float]:
+    """A step's time by phase: `first` (generating or waiting for groups), training, weight sync."""
+    return {
+        first: t1 - t0,
+        "train_step_seconds": t2 - t1,
+        "weight_sync_seconds": t3 - t2,
+        "weight_sync_transfer_seconds": transfer,
+        "step_seconds": t3 - t0,
+    }

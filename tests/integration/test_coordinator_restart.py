@@ -27,7 +27,8 @@ from dockyard.rpc.client import connect
 from dockyard.stack import LocalStack
 from services.coordinator.store import REDIS_KEY
 from tests.conftest import REPO_ROOT
-from tests.integration.test_restarts import ASYNC, assert_accounted
+from tests.integration.books import assert_accounted
+from tests.integration.test_restarts import ASYNC
 
 pytestmark = pytest.mark.slow
 

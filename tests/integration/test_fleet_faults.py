@@ -28,7 +28,7 @@ from dockyard.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.rpc.client import connect
 from dockyard.stack import LocalStack
 from tests.conftest import REPO_ROOT
-from tests.integration.test_restarts import assert_accounted
+from tests.integration.books import assert_accounted
 
 pytestmark = pytest.mark.slow
 

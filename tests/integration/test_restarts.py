@@ -1,19 +1,12 @@
 """A trainer and a buffer killed with SIGKILL mid-job and started again: the job goes on, nothing is lost.
 
 Real processes (LocalStack), the tiny recipe on a random-init model, and the
-books of the run checked afterwards (`assert_accounted`):
-
-- the trainer's ledger names no group and no trajectory twice (none trained twice);
-- every group the collector finished is in the buffer's count exactly once, and
-  every accepted group was trained on, dropped as stale (counted) or is still
-  held or pending at the end: puts == trained + dropped_stale + held + pending;
-- every trained sample is within the age bound.
+books of the run checked afterwards (tests/integration/books.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 
@@ -24,8 +17,8 @@ from dockyard.config import load_config
 from dockyard.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.rpc.client import connect
 from dockyard.stack import LocalStack
-from services.trainer.ledger import read_ledger
 from tests.conftest import REPO_ROOT
+from tests.integration.books import assert_accounted
 
 pytestmark = pytest.mark.slow
 
@@ -69,30 +62,6 @@ def wait_for(stack: LocalStack, job_id: str, done, timeout: float = 240.0) -> co
 
 def succeeded(job: coordinator_pb2.Job) -> bool:
     return job.state == coordinator_pb2.JOB_STATE_SUCCEEDED
-
-
-def assert_accounted(run_dir: Path, max_age: int) -> dict:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    groups = [json.loads(line) for line in (run_dir / "groups.jsonl").read_text().splitlines()]
-    ledger = read_ledger(run_dir / "checkpoints")
-    trained = [gid for line in ledger for gid in line["group_ids"]]
-    trajectories = [tid for line in ledger for tid in line["trajectory_ids"]]
-    assert len(trained) == len(set(trained)), "a group was trained twice"
-    assert len(trajectories) == len(set(trajectories)), "a trajectory was trained twice"
-    accepted = {g["group_id"] for g in groups if g["outcome"] in ("put", "dropped_stale", "duplicate")}
-    assert set(trained) <= accepted, "the trainer trained a group the collector never put"
-    buffer = [r for r in records if r["kind"] == "buffer"][-1]
-    assert buffer["buffer_puts"] == len(accepted)
-    assert buffer["buffer_acked"] == len(trained)
-    assert (
-        len(accepted)
-        == len(trained) + buffer["buffer_dropped_stale"] + buffer["buffer_held"] + buffer["buffer_pending"]
-    )
-    for r in records:
-        if r["kind"] == "train":
-            ages = [int(k.removeprefix("staleness_")) for k in r if k.removeprefix("staleness_").isdigit()]
-            assert ages and max(ages) <= max_age, r
-    return {"records": records, "ledger": ledger}
 
 
 @pytest.fixture
