@@ -7,7 +7,7 @@
     async: a producer generates, scores and puts groups without pause (one step's groups in flight,
            the buffer's capacity and age bound hold it back); for step in k+1..max_num_steps:
                wait for a step's fresh groups ─> TrainStep ─> weight sync ─> [validate] [checkpoint]
-    [validate] ─> checkpoint ─> SUCCEEDED
+    the last step validates (val_at_end) and checkpoints ─> SUCCEEDED
 
 Guarantees: in sync mode generation for step s uses the weights of version
 s − 1 (a replica is routed to only at the current version); in async mode
@@ -22,9 +22,10 @@ for top-k retention) and the number of training tasks drawn, so a resumed job
 draws the same tasks an uninterrupted one would. A trainer that restarts is
 waited for: it resumes from the job's latest checkpoint, the buffer's clock
 is rewound to its version, group ids take a new run number (`<job>/r<n>/...`)
-so the resumed run never collides with acked ids, and the job goes on. A
-buffer or trainer that is unreachable is retried until
-recovery_timeout_seconds. Every finished group's outcome goes to groups.jsonl.
+so the resumed run never collides with acked ids, and the job goes on;
+this holds whichever trainer call finds the restart (TrainStep, the weight
+sync, SaveCheckpoint). A buffer or trainer that is unreachable is retried
+until recovery_timeout_seconds. Every finished group's outcome goes to groups.jsonl.
 The job ends FAILED with the cause in its message on any other error,
 CANCELLED on CancelJob, and every policy is unloaded either way.
 
@@ -44,6 +45,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import structlog
@@ -60,6 +62,7 @@ from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.sync_groups import SideGroupRegistry
 
 log = structlog.get_logger()
+T = TypeVar("T")
 
 # A weight sync that failed on the side group is tried this many times in all.
 SYNC_ATTEMPTS = 2
@@ -76,6 +79,13 @@ class Stubs:
     trainer: trainer_pb2_grpc.TrainerServiceStub
     buffer: buffer_pb2_grpc.BufferServiceStub
     fleet: Fleet
+    trainer_channel: grpc.aio.Channel | None = None  # for health checks while the trainer restarts
+
+
+class TrainerRestarted(Exception):
+    """The trainer lost the job's policy (a new process answered NOT_FOUND) or may have (it failed
+    mid-sync with every replica alive): recovery loads the policy again, which a trainer that kept
+    it answers unchanged, and the job goes on from the trainer's version."""
 
 
 class CountingIterator:
@@ -138,6 +148,7 @@ class JobRunner:
         self._validated: tuple[int, dict[str, float]] = (-1, {})
         self._tasks_drawn = CountingIterator(iter(()))
         self.run_number = 0  # trainer restarts survived so far
+        self._trained_to = 0  # the trainer's version after its last TrainStep
         # Asynchronous mode: the producer's counters since the last step, its last error, its wake-up.
         self._group_index = 0
         self._produced = CollectStats()
@@ -192,21 +203,23 @@ class JobRunner:
             self._load_replicas(self.fleet.alive(ROLLOUT)),
         )
         start = await self._resume(loaded)
-        await self._sync_weights(start)
+        try:
+            await self._sync_weights(start)
+        except TrainerRestarted as exc:  # no checkpoint yet is fine: the resume starts afresh
+            await self._recover_trainer(exc)
+            start = self.record.step
         val_tasks = load_tasks(cfg, "validation")
         if cfg.sft is not None:
             await self._train_sft(start, val_tasks)
             return
         if cfg.grpo.val_at_start and start == 0:
             await self._validate(0, val_tasks)
-        if cfg.grpo.async_grpo.enabled:
-            await self._train_async(start, val_tasks)
-        else:
-            await self._train_sync(start, val_tasks)
-        if cfg.grpo.val_at_end and start < cfg.grpo.max_num_steps:
-            await self._validate(cfg.grpo.max_num_steps, val_tasks)
-        if cfg.checkpointing.enabled:
-            await self._checkpoint(cfg.grpo.max_num_steps)
+        if start < cfg.grpo.max_num_steps:
+            loop = self._train_async if cfg.grpo.async_grpo.enabled else self._train_sync
+            await loop(start, val_tasks)  # the last step validates and checkpoints
+        elif cfg.checkpointing.enabled:
+            # Recovered after the last step trained: its checkpoint may not have been saved.
+            await self._checkpoint(start)
 
     async def _train_sync(self, start: int, val_tasks) -> None:
         step = start + 1
@@ -217,22 +230,24 @@ class JobRunner:
             stats = await self.collector.collect_step(step)
             await self._mark_cursor(step, drawn)
             t1 = time.perf_counter()
-            self._phase("training")
-            reply = await self._train_step(step)
-            if reply is None:  # the trainer restarted from a checkpoint: go on from there
-                step = self.record.step + 1
+            try:
+                self._phase("training")
+                reply = await self._train_step(step)
+                t2 = time.perf_counter()
+                self._phase("syncing weights")
+                sync_seconds = await self._sync_weights(reply.weight_version)
+                t3 = time.perf_counter()
+                metrics = {
+                    **reply.metrics,
+                    **self._collect_metrics(stats),
+                    **_phase_seconds("generate_score_seconds", t0, t1, t2, t3, sync_seconds),
+                    "generated_tokens_per_second": stats.generated_tokens / max(t1 - t0, 1e-9),
+                }
+                await self._end_step(step, reply.weight_version, metrics, val_tasks)
+            except TrainerRestarted as exc:
+                await self._recover_trainer(exc)
+                step = self.record.step + 1  # go on from the checkpoint it resumed
                 continue
-            t2 = time.perf_counter()
-            self._phase("syncing weights")
-            sync_seconds = await self._sync_weights(reply.weight_version)
-            t3 = time.perf_counter()
-            metrics = {
-                **reply.metrics,
-                **self._collect_metrics(stats),
-                **_phase_seconds("generate_score_seconds", t0, t1, t2, t3, sync_seconds),
-                "generated_tokens_per_second": stats.generated_tokens / max(t1 - t0, 1e-9),
-            }
-            await self._end_step(step, reply.weight_version, metrics, val_tasks)
             step += 1
 
     async def _train_async(self, start: int, val_tasks) -> None:
@@ -241,33 +256,38 @@ class JobRunner:
             step, started = start + 1, time.perf_counter()
             while step <= self.config.grpo.max_num_steps:
                 t0 = time.perf_counter()
+                if producer.cancelled():  # stopped for the last step, which a trainer restart sent back
+                    producer = asyncio.create_task(self._produce())
                 self._phase("waiting for groups")
                 await self._wait_for_groups(producer)
                 await self._mark_cursor(step, self._tasks_drawn.count)
                 t1 = time.perf_counter()
-                self._phase("training")
-                reply = await self._train_step(step)
-                if reply is None:
+                try:
+                    self._phase("training")
+                    reply = await self._train_step(step)
+                    t2 = time.perf_counter()
+                    self._phase("syncing weights")
+                    sync_seconds = await self._sync_weights(reply.weight_version)
+                    t3 = time.perf_counter()
+                    stats, self._produced = self._produced, CollectStats()
+                    metrics = {
+                        **reply.metrics,
+                        **self._collect_metrics(stats),
+                        "failed_groups": float(stats.failed),
+                        **_phase_seconds("wait_for_groups_seconds", t0, t1, t2, t3, sync_seconds),
+                        "generated_tokens_per_second": stats.generated_tokens / max(t3 - t0, 1e-9),
+                        "elapsed_seconds": t3 - started,
+                    }
+                    if step == self.config.grpo.max_num_steps:
+                        await _stop(producer)  # the final validation and checkpoint need no more groups
+                    await self._end_step(step, reply.weight_version, metrics, val_tasks)
+                except TrainerRestarted as exc:
+                    await self._recover_trainer(exc)
                     step = self.record.step + 1
                     continue
-                t2 = time.perf_counter()
-                self._phase("syncing weights")
-                sync_seconds = await self._sync_weights(reply.weight_version)
-                t3 = time.perf_counter()
-                stats, self._produced = self._produced, CollectStats()
-                metrics = {
-                    **reply.metrics,
-                    **self._collect_metrics(stats),
-                    "failed_groups": float(stats.failed),
-                    **_phase_seconds("wait_for_groups_seconds", t0, t1, t2, t3, sync_seconds),
-                    "generated_tokens_per_second": stats.generated_tokens / max(t3 - t0, 1e-9),
-                    "elapsed_seconds": t3 - started,
-                }
-                await self._end_step(step, reply.weight_version, metrics, val_tasks)
                 step += 1
         finally:
-            producer.cancel()
-            await asyncio.gather(producer, return_exceptions=True)
+            await _stop(producer)
 
     async def _produce(self) -> None:
         """Generate, score and put groups without pause; one step's worth in flight at most."""
@@ -363,51 +383,92 @@ class JobRunner:
         self.folder.append("train", step, metrics)
         self.record.touch(step=step, weight_version=version, metrics=metrics)
         last = step == cfg.grpo.max_num_steps
-        if cfg.grpo.val_period and step % cfg.grpo.val_period == 0 and not (last and cfg.grpo.val_at_end):
+        if (last and cfg.grpo.val_at_end) or (cfg.grpo.val_period and step % cfg.grpo.val_period == 0):
             await self._validate(step, val_tasks)
-        if cfg.checkpointing.enabled and cfg.checkpointing.save_period and step % cfg.checkpointing.save_period == 0:
-            if not last:
-                await self._checkpoint(step)
+        if cfg.checkpointing.enabled and (
+            last or (cfg.checkpointing.save_period and step % cfg.checkpointing.save_period == 0)
+        ):
+            await self._checkpoint(step)
 
-    async def _train_step(self, step: int) -> trainer_pb2.TrainStepResponse | None:
-        """TrainStep, retried while the trainer or the buffer is unreachable; None after a trainer restart."""
+    async def _train_step(self, step: int) -> trainer_pb2.TrainStepResponse:
+        reply = await self._call_trainer(
+            "TrainStep",
+            lambda: self.stubs.trainer.TrainStep(
+                trainer_pb2.TrainStepRequest(job_id=self.record.job_id, step=step), timeout=self._slow
+            ),
+        )
+        self._trained_to = reply.weight_version
+        return reply
+
+    async def _call_trainer(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """A trainer call, tried again while the trainer or the buffer is unreachable (up to
+        recovery_timeout_seconds); TrainerRestarted when a new trainer process answers NOT_FOUND."""
         deadline = time.monotonic() + self.settings.recovery_timeout_seconds
         while True:
             try:
-                return await self.stubs.trainer.TrainStep(
-                    trainer_pb2.TrainStepRequest(job_id=self.record.job_id, step=step), timeout=self._slow
-                )
+                return await call()
             except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.NOT_FOUND:  # a new trainer process: it holds no policy
-                    await self._recover_trainer()
-                    return None
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    raise TrainerRestarted(f"{what}: {exc.details()}") from exc
                 if exc.code() not in _TRANSIENT or time.monotonic() > deadline:
                     raise
-                log.warning("trainer step unavailable; retrying", step=step, error=exc.details())
+                log.warning("trainer call unavailable; retrying", call=what, error=exc.details())
             await asyncio.sleep(1.0)
 
-    async def _recover_trainer(self) -> None:
-        """A restarted trainer: load the policy from the job's latest checkpoint and go on from its step."""
-        cfg, record = self.config, self.record
-        if not cfg.checkpointing.enabled:
-            raise RuntimeError(
-                "the trainer restarted and lost the policy; the job keeps no checkpoints "
-                "(checkpointing.enabled=false), so there is nothing to resume from"
-            )
+    async def _wait_for_trainer(self) -> None:
+        """Until the trainer answers health checks (a restarted one takes a while to come up)."""
+        channel = self.stubs.trainer_channel
+        if channel is None:
+            return
+        patience = self.settings.recovery_timeout_seconds
+        deadline = time.monotonic() + patience
+        while await channel_health(channel) != "SERVING":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the trainer has not answered health checks for {patience:.0f} s")
+            await asyncio.sleep(1.0)
+
+    async def _recover_trainer(self, cause: TrainerRestarted) -> None:
+        """A restarted trainer: load the policy from the job's latest checkpoint and go on from its
+        step. A trainer that restarts again meanwhile is recovered in turn, up to recovery_timeout_seconds."""
+        record = self.record
         self._phase("recovering trainer")
+        deadline = time.monotonic() + self.settings.recovery_timeout_seconds
+        while True:
+            log.warning("the trainer restarted; recovering", found_by=str(cause), step=record.step)
+            try:
+                await self._resume_trainer()
+                return
+            except TrainerRestarted as again:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the trainer kept restarting for {self.settings.recovery_timeout_seconds:.0f} s"
+                    ) from again
+                cause = again
+
+    async def _resume_trainer(self) -> None:
+        cfg, record = self.config, self.record
         self.run_number += 1
         self.collector.id_prefix = f"{record.job_id}/r{self.run_number}"
-        loaded = await self.stubs.trainer.LoadPolicy(
-            trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=self._resuming_yaml()),
-            timeout=self._slow,
+        # A trainer that kept the policy answers LoadPolicy with its state; a new one loads it.
+        yaml_text = self._resuming_yaml() if cfg.checkpointing.enabled else record.config_yaml
+        loaded = await self._call_trainer(
+            "LoadPolicy",
+            lambda: self.stubs.trainer.LoadPolicy(
+                trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=yaml_text), timeout=self._slow
+            ),
         )
         version = loaded.weight_version
+        if not cfg.checkpointing.enabled and version != self._trained_to:
+            raise RuntimeError(
+                f"the trainer restarted and lost the policy of step {self._trained_to}; the job keeps no "
+                "checkpoints (checkpointing.enabled=false), so there is nothing to resume from"
+            )
         # The versions after the checkpoint were lost: the resumed weights generate at `version`.
         await self._open_buffer(rewind_to=version)
         if self.sync_groups is not None and record.job_id in self.sync_groups:
             self.sync_groups.reform(record.job_id)  # the old group's store died with the trainer
         await self._sync_weights(version)
-        lost = record.step - version
+        lost = max(self._trained_to, record.step) - version
         self.folder.append("recovery", version, {"steps_lost": float(lost), "run_number": float(self.run_number)})
         log.warning("trainer restarted; resumed", checkpoint=loaded.resumed_from, step=version, steps_lost=lost)
         record.touch(step=version, weight_version=version)
@@ -514,13 +575,15 @@ class JobRunner:
             log.info("syncing replicas that joined", replicas=[m.name for m in waiting], version=version)
             try:
                 await self._sync_weights(version, only=waiting)
-            except (grpc.aio.AioRpcError, NoReplica) as exc:
+            except (grpc.aio.AioRpcError, NoReplica, TrainerRestarted) as exc:
+                # A trainer restart is found and recovered by the step loop's next trainer call.
                 log.warning("replicas could not join yet", error=str(exc))
 
     async def _sync_weights(self, version: int, only: list[Member] | None = None) -> float:
         """Push `version` once from the trainer and receive it on every alive replica (or `only` these)
         at once; the side group is formed with exactly those replicas. A sync that failed on the side
-        group (UNAVAILABLE) is tried once more without the replicas that died meanwhile."""
+        group (UNAVAILABLE) because replicas died is tried once more without them; one whose trainer
+        side failed with every replica alive raises TrainerRestarted once the trainer answers again."""
         job_id = self.record.job_id
         async with self._sync_lock:
             for attempt in range(1, SYNC_ATTEMPTS + 1):
@@ -547,12 +610,20 @@ class JobRunner:
                 failures = [r for r in (pushed, *received) if isinstance(r, BaseException)]
                 if not failures:
                     break
+                if isinstance(pushed, grpc.aio.AioRpcError) and pushed.code() == grpc.StatusCode.NOT_FOUND:
+                    raise TrainerRestarted(f"PushWeights: {pushed.details()}") from pushed
+                dropped = await self._drop_dead(replicas)
+                if isinstance(pushed, BaseException) and not dropped:
+                    # Every replica is alive, so the trainer's side failed: it may have died mid-sync.
+                    # Recovery finds out; a trainer that kept the policy answers its LoadPolicy unchanged.
+                    await self._wait_for_trainer()
+                    detail = pushed.details() if isinstance(pushed, grpc.aio.AioRpcError) else str(pushed)
+                    raise TrainerRestarted(f"PushWeights failed with every replica alive: {detail}") from pushed
                 retriable = all(
                     isinstance(f, grpc.aio.AioRpcError) and f.code() == grpc.StatusCode.UNAVAILABLE for f in failures
                 )
                 if attempt == SYNC_ATTEMPTS or not retriable:
                     raise failures[0]
-                await self._drop_dead(replicas)
                 log.warning("weight sync failed; trying again", version=version, error=str(failures[0]))
             seconds = [pushed.seconds]
             # An asynchronous trainer may have stepped before the push of a join: those replicas hold
@@ -575,13 +646,16 @@ class JobRunner:
                 self.collector.required_version = version
             return max(seconds)
 
-    async def _drop_dead(self, replicas: list[Member]) -> None:
-        """After a failed sync: replicas that no longer answer health checks leave routing and the group."""
+    async def _drop_dead(self, replicas: list[Member]) -> int:
+        """Replicas that no longer answer health checks leave routing and the group; how many did."""
         statuses = await asyncio.gather(*(channel_health(m.channel, timeout=2.0) for m in replicas))
+        dropped = 0
         for member, status in zip(replicas, statuses, strict=True):
             if status != "SERVING":
                 log.warning("replica dropped from the weight sync", replica=member.name, status=status)
                 self.fleet.mark_failed(member)
+                dropped += 1
+        return dropped
 
     def fleet_metrics(self, step: int) -> dict[str, float]:
         """Per-replica generation records since the last call (written as "generation" records) and
@@ -677,6 +751,7 @@ class JobRunner:
             tasks_drawn=drawn,
         )
         self.record.touch(step=loaded.weight_version, weight_version=loaded.weight_version)
+        self._trained_to = loaded.weight_version
         return loaded.weight_version
 
     async def _validate(self, step: int, tasks) -> None:
@@ -691,13 +766,13 @@ class JobRunner:
         self._phase("checkpointing")
         # Only a validation of this very step ranks the checkpoint; an older one would flatter it.
         measured, values = self._validated
-        reply = await self.stubs.trainer.SaveCheckpoint(
-            trainer_pb2.SaveCheckpointRequest(
-                job_id=self.record.job_id,
-                metrics=values if measured == step else {},
-                data_state=json.dumps({"tasks_drawn": self._tasks_drawn.count}),
-            ),
-            timeout=self._slow,
+        request = trainer_pb2.SaveCheckpointRequest(
+            job_id=self.record.job_id,
+            metrics=values if measured == step else {},
+            data_state=json.dumps({"tasks_drawn": self._tasks_drawn.count}),
+        )
+        reply = await self._call_trainer(
+            "SaveCheckpoint", lambda: self.stubs.trainer.SaveCheckpoint(request, timeout=self._slow)
         )
         log.info("checkpoint saved", path=reply.path, step=reply.step, removed=len(reply.removed))
 
@@ -734,6 +809,11 @@ class JobRunner:
                 await asyncio.to_thread(self.folder.plot)
             except Exception:
                 log.exception("plot failed")
+
+
+async def _stop(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 def _phase_seconds(first: str, t0: float, t1: float, t2: float, t3: float, transfer: float) -> dict[str, float]:

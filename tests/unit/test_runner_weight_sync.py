@@ -1,5 +1,6 @@
 """The runner's weight sync over the fleet: every alive replica at once, one more attempt after a
-side-group failure (without replicas that died), none after anything else, checksums on every replica."""
+replica died in it (without it), a suspected trainer restart when the trainer's side failed with
+every replica alive, no retry after anything else, checksums on every replica."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dockyard.rollout.v1 import rollout_pb2
 from dockyard.trainer.v1 import trainer_pb2
 from services.coordinator import runner as runner_module
 from services.coordinator.fleet import ROLLOUT, Fleet
-from services.coordinator.runner import SYNC_ATTEMPTS, JobRunner
+from services.coordinator.runner import SYNC_ATTEMPTS, JobRunner, TrainerRestarted
 from services.coordinator.sync_groups import SideGroupRegistry
 
 
@@ -50,7 +51,10 @@ def make_runner(push_results: list, replicas: dict[str, list]) -> tuple[JobRunne
     registry.open("job", "gloo")
     runner = JobRunner.__new__(JobRunner)
     runner.record = SimpleNamespace(job_id="job", config_yaml="{}", weight_version=0)
-    runner.stubs = SimpleNamespace(trainer=SimpleNamespace(PushWeights=answer(push_results, calls, "push")))
+    runner.stubs = SimpleNamespace(
+        trainer=SimpleNamespace(PushWeights=answer(push_results, calls, "push")), trainer_channel="trainer"
+    )
+    runner.settings = SimpleNamespace(recovery_timeout_seconds=5.0)
     runner.sync_groups = registry
     runner.fleet = fleet
     runner.config = SimpleNamespace(grpo=SimpleNamespace(async_grpo=SimpleNamespace(enabled=False)))
@@ -81,20 +85,32 @@ def health(monkeypatch):
     return dead
 
 
-async def test_a_side_group_failure_is_tried_again_and_then_succeeds():
-    runner, calls = make_runner([rpc_error(grpc.StatusCode.UNAVAILABLE), pushed()], {"rollout": [received()] * 2})
-    assert await runner._sync_weights(3) == 0.5
-    assert (calls["push"], calls["receive:rollout"], calls["load:rollout"]) == (2, 2, 1)
-    assert runner.collector.required_version == 3
+def dies_in_the_sync(runner: JobRunner, name: str, calls: dict, health: set[str], at_call: int = 1) -> None:
+    """`name` receives normally until its `at_call`-th ReceiveWeights, where it dies."""
+    member = runner.fleet.get(name)
+    member.channel = name
+
+    async def receive(request, timeout=None):
+        calls[f"receive:{name}"] = calls.get(f"receive:{name}", 0) + 1
+        if calls[f"receive:{name}"] < at_call:
+            return received()
+        health.add(name)  # from now on it no longer answers health checks
+        raise rpc_error(grpc.StatusCode.UNAVAILABLE)
+
+    member.stub.ReceiveWeights = receive
 
 
-async def test_a_sync_that_keeps_failing_raises_after_the_last_attempt():
-    failures = [rpc_error(grpc.StatusCode.UNAVAILABLE) for _ in range(SYNC_ATTEMPTS)]
-    runner, calls = make_runner(failures, {"rollout": [received() for _ in range(SYNC_ATTEMPTS)]})
+async def test_a_sync_whose_replicas_keep_dying_raises_after_the_last_attempt(health):
+    assert SYNC_ATTEMPTS == 2
+    lost = rpc_error(grpc.StatusCode.UNAVAILABLE)
+    runner, calls = make_runner([lost, lost], {"rollout-a": [received()] * 2, "rollout-b": [], "rollout-c": []})
+    dies_in_the_sync(runner, "rollout-b", calls, health)
+    dies_in_the_sync(runner, "rollout-c", calls, health, at_call=2)
     with pytest.raises(grpc.aio.AioRpcError) as exc:
         await runner._sync_weights(3)
     assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
     assert calls["push"] == SYNC_ATTEMPTS
+    assert [m.name for m in runner.fleet.alive(ROLLOUT)] == ["rollout-a"]
 
 
 async def test_other_failures_are_not_retried():
@@ -103,6 +119,32 @@ async def test_other_failures_are_not_retried():
         await runner._sync_weights(3)
     assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert (calls["push"], calls["receive:rollout"]) == (1, 1)
+
+
+async def test_a_push_that_fails_with_every_replica_alive_is_a_suspected_trainer_restart(health, monkeypatch):
+    # The trainer died mid-sync: the replicas' side of the group broke with it (not UNAVAILABLE).
+    runner, calls = make_runner(
+        [rpc_error(grpc.StatusCode.UNAVAILABLE)], {"rollout": [rpc_error(grpc.StatusCode.INTERNAL)]}
+    )
+    health.add("trainer")
+    sleeps = []
+
+    async def sleep(seconds):
+        sleeps.append(seconds)
+        health.discard("trainer")  # it answers again after a while
+
+    monkeypatch.setattr(runner_module.asyncio, "sleep", sleep)
+    with pytest.raises(TrainerRestarted, match="every replica alive"):
+        await runner._sync_weights(3)
+    # Waited for the trainer, tried nothing more: recovery asks it whether it kept the policy.
+    assert calls["push"] == 1 and len(sleeps) == 1 and "trainer" not in health
+
+
+async def test_a_trainer_that_lost_the_policy_is_a_restart_not_a_failed_sync():
+    runner, calls = make_runner([rpc_error(grpc.StatusCode.NOT_FOUND)], {"rollout": [received()]})
+    with pytest.raises(TrainerRestarted, match="PushWeights"):
+        await runner._sync_weights(3)
+    assert calls["push"] == 1 and runner.collector.required_version is None
 
 
 async def test_checksums_that_differ_on_any_replica_fail_the_sync():
@@ -123,15 +165,7 @@ async def test_every_alive_replica_receives_and_the_side_group_has_exactly_them(
 async def test_a_replica_that_dies_in_the_sync_is_dropped_and_the_sync_goes_on_without_it(health):
     lost = rpc_error(grpc.StatusCode.UNAVAILABLE)
     runner, calls = make_runner([lost, pushed()], {"rollout-a": [received()] * 2, "rollout-b": []})
-    dying = runner.fleet.get("rollout-b")
-    dying.channel = "b"
-
-    async def die(request, timeout=None):
-        calls["receive:rollout-b"] = calls.get("receive:rollout-b", 0) + 1
-        health.add("b")  # from now on rollout-b no longer answers health checks
-        raise lost
-
-    dying.stub.ReceiveWeights = die
+    dies_in_the_sync(runner, "rollout-b", calls, health)
     await runner._sync_weights(3)
     assert (calls["push"], calls["receive:rollout-a"], calls["receive:rollout-b"]) == (2, 2, 1)
     group, _ = runner.sync_groups.get("job", "trainer")
