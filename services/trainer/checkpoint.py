@@ -5,11 +5,14 @@
                                           the coordinator's data position
                        checkpoint.json    step, weight version, validation metrics (written last)
     <checkpoint_dir>/.step-<N>.tmp-<pid>/ a save in progress; never read
+    <checkpoint_dir>/.step-<N>.old-<pid>/ a checkpoint being deleted; never read
 
 Guarantees: a checkpoint is written under a temporary name and renamed into
 place in one step, so a crash mid-save leaves at most a temporary folder that
 `complete_checkpoints` ignores; only folders holding checkpoint.json count, so
-`latest` is always a whole checkpoint. `retain` keeps the latest checkpoint
+`latest` is always a whole checkpoint. A checkpoint is deleted (replaced by a
+save of the same step, or retired by `retain`) by renaming it aside first, so a
+crash mid-delete never leaves a partial folder that counts. `retain` keeps the latest checkpoint
 (resume needs it) plus the k best by the named metric, and deletes the rest.
 """
 
@@ -47,11 +50,21 @@ def write_atomically(folder: Path, write: Callable[[Path], None], meta: dict[str
     shutil.rmtree(tmp, ignore_errors=True)
     write(tmp)
     (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
-    if folder.exists():
-        # Same step saved again (e.g. the end of a run that just saved periodically).
-        shutil.rmtree(folder)
+    # Same step saved again (a recovered job's final save): the old one goes aside, not away, until
+    # the new one is in place.
+    aside = _move_aside(folder) if folder.exists() else None
     tmp.rename(folder)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
     return folder
+
+
+def _move_aside(folder: Path) -> Path:
+    """Take `folder` out of the complete checkpoints in one rename; returns where it went."""
+    aside = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+    shutil.rmtree(aside, ignore_errors=True)
+    folder.rename(aside)
+    return aside
 
 
 def complete_checkpoints(root: Path) -> list[Checkpoint]:
@@ -84,6 +97,6 @@ def retain(root: Path, keep_top_k: int | None, metric_name: str, higher_is_bette
     removed = []
     for c in found:
         if c.path not in keep:
-            shutil.rmtree(c.path, ignore_errors=True)
+            shutil.rmtree(_move_aside(c.path), ignore_errors=True)
             removed.append(c.path)
     return removed

@@ -100,6 +100,38 @@ def test_a_crash_mid_save_leaves_the_previous_latest(tmp_path: Path) -> None:
     assert trainer(tmp_path).resumed_from == tmp_path / "step-0"
 
 
+def crash_mid_delete(monkeypatch) -> None:
+    """shutil.rmtree that deletes the weights file first and then dies."""
+
+    def rmtree(path, ignore_errors=False):
+        weights = Path(path) / "model.safetensors"
+        if weights.exists():
+            weights.unlink()
+            raise OSError("killed mid-delete")
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", rmtree)
+
+
+def with_weights(tmp: Path) -> None:
+    tmp.mkdir()
+    (tmp / "model.safetensors").write_bytes(b"weights")
+
+
+def test_a_crash_deleting_a_checkpoint_never_leaves_a_partial_one_that_counts(tmp_path: Path, monkeypatch) -> None:
+    for step in (1, 2):
+        checkpoint.write_atomically(tmp_path / f"step-{step}", with_weights, {"step": step})
+    crash_mid_delete(monkeypatch)
+    # The same step saved again: the crash hits deleting the old copy, after the new one is in place.
+    with pytest.raises(OSError):
+        checkpoint.write_atomically(tmp_path / "step-2", with_weights, {"step": 2, "again": True})
+    # Retiring an old checkpoint dies halfway through deleting it.
+    with pytest.raises(OSError):
+        checkpoint.retain(tmp_path, 0, "pass_rate", higher_is_better=True)
+    found = checkpoint.complete_checkpoints(tmp_path)
+    assert [c.step for c in found] == [2] and found[0].meta["again"] is True
+    assert all((c.path / "model.safetensors").exists() for c in found)
+
+
 def test_retention_keeps_the_best_k_and_the_latest(tmp_path: Path) -> None:
     for step, rate in [(1, 0.2), (2, 0.9), (3, None), (4, 0.5), (5, 0.1)]:
         metrics = {} if rate is None else {"pass_rate": rate}
