@@ -7,9 +7,8 @@ Rollout replicas and sandbox workers register with the coordinator themselves
 `rollout-<i>` (`sandbox-<i>`), which is also its name in the fleet.
 
 Guarantees: every child is in the parent's care: it gets SIGTERM when the
-parent dies (PARENT_PID_ENV asks the service to set PR_SET_PDEATHSIG itself;
-a preexec_fn would run Python between fork and exec, which crashes a parent
-that already holds gRPC threads), `stop()` SIGTERMs all children and
+parent process dies (PARENT_PID_ENV asks the service to watch for that itself,
+whichever thread of the parent started it), `stop()` SIGTERMs all children and
 SIGKILLs any that outlive the grace period, so no service is left orphaned;
 each child's log goes to its own file, and `pids.json` beside the logs names
 every child's pid.

@@ -7,9 +7,10 @@ configured, so `dockyard-trainer --help`-style calls stay fast.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import signal
+import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from dockyard.rpc.auth import AuthConfigError, load_auth_settings
@@ -20,22 +21,29 @@ from dockyard.rpc.settings import DEFAULT_PORTS, ServiceSettings
 # Set by a supervising process (dockyard.stack) to its pid: the service then
 # dies with it instead of outliving it as an orphan.
 PARENT_PID_ENV = "DOCKYARD_PARENT_PID"
+# How often a supervised service checks that its parent is alive.
+PARENT_POLL_SECONDS = 0.5
 
 Build = Callable[[], Awaitable[tuple[Sequence[Service], Callable[[], Awaitable[None]] | None]]]
 
 
 def _die_with_parent() -> None:
+    """SIGTERM this process once the supervising process is gone.
+
+    A watch thread rather than PR_SET_PDEATHSIG: the kernel sends that signal when the parent
+    *thread* that spawned the child exits, so a service restarted from a worker thread would
+    die with the thread, not with the process."""
     parent = os.environ.get(PARENT_PID_ENV)
     if not parent:
         return
-    try:
-        # 1 = PR_SET_PDEATHSIG: the kernel sends SIGTERM when the parent exits.
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-    except OSError:
-        return  # not Linux: the parent's stop() still ends us
-    if os.getppid() != int(parent):
-        # The parent died before prctl took effect.
+    parent_pid = int(parent)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_SECONDS)
         os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def run_service(name: str, settings: ServiceSettings, build: Build) -> None:

@@ -10,7 +10,9 @@
 - a sandbox worker killed during a run: its calls are retried on the other
   worker (counted) and no verdict became an ERROR, let alone a zero;
 - a replica that registers mid-job is loaded and synced before it generates:
-  each of its generations carries the version the trainer held then.
+  each of its generations carries the version the trainer held then;
+- in asynchronous mode, a replica and a sandbox worker killed mid-run: the
+  producer's groups are generated again and scored elsewhere, the books close.
 """
 
 from __future__ import annotations
@@ -74,7 +76,10 @@ async def wait_for(stub, predicate, what: str, timeout: float = 60.0, every: flo
         await asyncio.sleep(every)
 
 
-async def submit(stub, tmp_path: Path, steps: int) -> str:
+ASYNC = ["grpo.async_grpo.enabled=true", "loss_fn.is_correction=tis", "loss_fn.is_max=2"]
+
+
+async def submit(stub, tmp_path: Path, steps: int, overrides: tuple[str, ...] = ()) -> str:
     cfg = load_config(
         REPO_ROOT / "examples" / "configs" / "tiny_expr.yaml",
         [
@@ -89,6 +94,7 @@ async def submit(stub, tmp_path: Path, steps: int) -> str:
             "checkpointing.enabled=false",
             "logger.plot=false",
             f"logger.log_dir={tmp_path}",
+            *overrides,
         ],
     )
     # Both kinds of member have registered before the job starts.
@@ -217,3 +223,35 @@ def test_a_replica_that_registers_mid_job_gets_the_current_weights_first(stack: 
     assert min(r["step"] for r in late) >= 3
     train = {r["step"]: r for r in records(job) if r["kind"] == "train"}
     assert train[min(r["step"] for r in late)]["fleet_rollout_alive"] == 2.0
+
+
+def test_an_async_job_goes_on_when_a_replica_and_a_sandbox_worker_die(stack: LocalStack, tmp_path: Path) -> None:
+    ensure_running(stack, "rollout-1", "rollout-2", "sandbox-1", "sandbox-2")
+
+    async def drive() -> pb.Job:
+        async with connect(stack.address("coordinator")) as channel:
+            stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+            await wait_for(stub, lambda: both_alive(stub, "rollout"), "both replicas")
+            await wait_for(stub, lambda: both_alive(stub, "sandbox"), "both sandbox workers")
+            job_id = await submit(stub, tmp_path, steps=5, overrides=tuple(ASYNC))
+            await job_at(stub, job_id, 1)
+
+            async def busy():
+                listed = await members(stub)
+                return listed["rollout-2"].in_flight > 0 and listed["sandbox-2"].in_flight > 0
+
+            await wait_for(stub, busy, "calls in flight on rollout-2 and sandbox-2", every=0.02)
+            stack.kill("rollout-2")
+            stack.kill("sandbox-2")
+            return await finished(stub, job_id)
+
+    job = asyncio.run(drive())
+    assert job.state == pb.JOB_STATE_SUCCEEDED, job.message
+    train = [r for r in records(job) if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5]
+    assert sum(r["regenerated_groups"] for r in train) >= 1
+    assert sum(r["sandbox_retries"] for r in train) >= 1
+    assert sum(r.get("verdict_error", 0) for r in train) == 0
+    assert sum(r["failed_groups"] for r in train) == 0
+    assert train[-1]["fleet_rollout_alive"] == 1.0 and train[-1]["fleet_sandbox_alive"] == 1.0
+    assert_accounted(Path(job.run_dir), max_age=1)
