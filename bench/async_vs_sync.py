@@ -16,8 +16,8 @@ the overlap async mode buys is bounded by them). `--gpus 2`: the trainer on GPU 
 rollout on GPU 1 (CUDA_VISIBLE_DEVICES per service), bf16, a Qwen2.5-0.5B-shaped model,
 256-token completions (stop strings off), NCCL weight sync.
 
-Prints both wall times, the steps/s of each, and last `async_speedup: R` (T_sync / T_async;
-higher is better, 1.0 is parity).
+Prints both wall times, the steps/s of each, the groups each job generated, trained on and
+dropped as stale, and last `async_speedup: R` (T_sync / T_async; higher is better, 1.0 is parity).
 """
 
 from __future__ import annotations
@@ -67,7 +67,18 @@ GPU = [
 ]
 
 
-async def run_job(address: str, config_yaml: str) -> tuple[float, dict]:
+def group_books(run_dir: Path) -> str:
+    """Groups the job generated, trained on and dropped as too old: what async mode wasted."""
+    groups = [json.loads(line) for line in (run_dir / "groups.jsonl").read_text().splitlines()]
+    buffer = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    final = [r for r in buffer if r["kind"] == "buffer"][-1]
+    return (
+        f"groups: {len(groups)} generated, {final['buffer_acked']:.0f} trained, "
+        f"{final['buffer_dropped_stale']:.0f} dropped as stale, {final['buffer_held']:.0f} left"
+    )
+
+
+async def run_job(address: str, config_yaml: str) -> tuple[float, dict, Path]:
     async with connect(address) as channel:
         stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
         t0 = time.perf_counter()
@@ -75,7 +86,7 @@ async def run_job(address: str, config_yaml: str) -> tuple[float, dict]:
         while True:
             job = (await stub.GetJob(coordinator_pb2.GetJobRequest(job_id=job.job_id))).job
             if job.state == coordinator_pb2.JOB_STATE_SUCCEEDED:
-                return time.perf_counter() - t0, dict(job.metrics)
+                return time.perf_counter() - t0, dict(job.metrics), Path(job.run_dir)
             if job.state in (coordinator_pb2.JOB_STATE_FAILED, coordinator_pb2.JOB_STATE_CANCELLED):
                 raise SystemExit(f"job {job.job_id} ended {job.state}: {job.message}")
             await asyncio.sleep(0.1)
@@ -110,11 +121,12 @@ def main() -> None:
             walls = {}
             for mode, extra in (("sync", []), ("async", ASYNC)):
                 cfg = load_config(ROOT / "examples" / "configs" / "tiny_expr.yaml", overrides + extra + args.overrides)
-                wall, metrics = asyncio.run(run_job(stack.address("coordinator"), cfg.resolved_yaml()))
+                wall, metrics, run_dir = asyncio.run(run_job(stack.address("coordinator"), cfg.resolved_yaml()))
                 walls[mode] = wall
                 shown = {k: round(v, 3) for k, v in metrics.items() if k.startswith(PHASES)}
                 rate = f"{steps / wall:.3f} steps/s"
                 print(f"{mode:5s}: {steps} steps in {wall:.1f} s ({rate}); last step {json.dumps(shown)}")
+                print(f"{mode:5s}: {group_books(run_dir)}")
         finally:
             stack.stop()
     print(f"async_speedup: {walls['sync'] / walls['async']:.3f}")

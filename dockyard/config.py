@@ -185,7 +185,8 @@ class GRPOConfig(Section):
         1,
         ge=0,
         description="A group generated at weight version v is trained by a trainer at version s "
-        "(optimizer steps taken) only if s − v ≤ this; synchronous GRPO always trains at age 0.",
+        "(optimizer steps taken) only if s − v ≤ this; synchronous GRPO always trains at age 0, "
+        "and asynchronous GRPO generates at most this many steps' groups ahead of the trainer.",
     )
     max_buffered_groups: int | None = Field(
         None,

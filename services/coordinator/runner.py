@@ -5,7 +5,7 @@
     sync:  for step in k+1..max_num_steps:
                collect (generate ─> score ─> buffer) ─> TrainStep ─> weight sync ─> [validate] [checkpoint]
     async: a producer generates, scores and puts groups without pause (one step's groups in flight,
-           the buffer's capacity and age bound hold it back); for step in k+1..max_num_steps:
+           at most max_trajectory_age_steps steps' groups ahead of the trainer); for step in k+1..max_num_steps:
                wait for a step's fresh groups ─> TrainStep ─> weight sync ─> [validate] [checkpoint]
     the last step validates (val_at_end) and checkpoints ─> SUCCEEDED
 
@@ -68,6 +68,8 @@ T = TypeVar("T")
 SYNC_ATTEMPTS = 2
 # Errors of a service that is restarting or briefly unreachable: retried, not fatal.
 _TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# How often an asynchronous producer that is far enough ahead looks whether the trainer took groups.
+PRODUCER_POLL_SECONDS = 0.2
 # How long a step waits for its cursor to be stored; a store that is down delays, never stops, a job.
 CURSOR_FLUSH_SECONDS = 5.0
 
@@ -290,9 +292,12 @@ class JobRunner:
             await _stop(producer)
 
     async def _produce(self) -> None:
-        """Generate, score and put groups without pause; one step's worth in flight at most."""
+        """Generate, score and put groups without pause: one step's worth in flight at most, and
+        at most max_trajectory_age_steps steps' worth ahead of the trainer (held in the buffer or
+        in flight), since groups further ahead would age out before the trainer could take them."""
         grpo = self.config.grpo
         slots = asyncio.Semaphore(grpo.num_prompts_per_step)
+        ahead = grpo.num_prompts_per_step * max(grpo.max_trajectory_age_steps, 1)
         running: set[asyncio.Task] = set()
 
         def finished(task: asyncio.Task) -> None:
@@ -302,6 +307,7 @@ class JobRunner:
         try:
             while True:
                 await slots.acquire()
+                await self._until_fewer_ahead(ahead, lambda: len(running))
                 index, self._group_index = self._group_index, self._group_index + 1
                 group_id = f"{self.collector.id_prefix}/g{index}"
                 one = asyncio.create_task(
@@ -313,6 +319,16 @@ class JobRunner:
             for one in running:
                 one.cancel()
             await asyncio.gather(*running, return_exceptions=True)
+
+    async def _until_fewer_ahead(self, ahead: int, in_flight: Callable[[], int]) -> None:
+        """Until the buffer's held groups plus those in flight are fewer than `ahead`; the trainer
+        taking a step's groups makes room. A buffer that is restarting does not hold this up:
+        its puts wait it out."""
+        while True:
+            stats = await self._buffer_stats()
+            if stats is None or stats.held + in_flight() < ahead:
+                return
+            await asyncio.sleep(PRODUCER_POLL_SECONDS)
 
     async def _produce_one(self, task, group_id: str, seed: int) -> None:
         try:
