@@ -8,15 +8,23 @@ from services.coordinator.settings import CoordinatorSettings
 
 
 def main() -> None:
-    settings = CoordinatorSettings()
+    from dockyard.redis_url import RedisConfigError
+
+    try:
+        settings = CoordinatorSettings()
+    except RedisConfigError as exc:
+        raise SystemExit(f"coordinator: {exc}") from None
 
     async def build():
         from dockyard.coordinator.v1 import coordinator_pb2_grpc
-        from services.coordinator.servicer import CoordinatorServicer
+        from services.coordinator.servicer import CoordinatorServicer, StoreUnreadable
 
         servicer = CoordinatorServicer(settings)
         # Stored jobs first: a GetJob answered before this would miss them.
-        await servicer.recover()
+        try:
+            await servicer.recover()
+        except StoreUnreadable as exc:
+            raise SystemExit(f"coordinator: {exc}") from None
         service = Service(
             name="dockyard.coordinator.v1.CoordinatorService",
             servicer=servicer,

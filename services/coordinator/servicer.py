@@ -41,6 +41,10 @@ log = structlog.get_logger()
 JOB_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 
+class StoreUnreadable(RuntimeError):
+    """The job store cannot be read at startup; the coordinator refuses to start without its jobs."""
+
+
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     def __init__(self, settings: CoordinatorSettings) -> None:
         self.settings = settings
@@ -48,7 +52,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         self.runners: dict[str, asyncio.Task] = {}
         self.sync_groups = SideGroupRegistry(settings.weight_sync_address, settings.weight_sync_port)
         self.fleet = Fleet(settings.member_timeout_seconds, max_message_mb=settings.max_message_mb)
-        self.persister = JobPersister(open_store(settings.state_dir, settings.state_redis_url))
+        self.persister = JobPersister(
+            open_store(settings.state_dir, settings.state_redis_url, settings.state_redis_password_value)
+        )
         self._channels = {
             name: connect(
                 getattr(settings, f"{name}_address"),
@@ -83,7 +89,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
             documents = await store.load_all()
         except Exception as exc:
             # Starting without the jobs would fork their history: refuse to start instead.
-            raise RuntimeError(f"cannot read the job store ({store.describe()}): {exc}") from None
+            raise StoreUnreadable(f"cannot read the job store ({store.describe()}): {exc}") from None
         resumed = 0
         for document in documents:
             try:

@@ -6,14 +6,17 @@ with the coordinator (see services/coordinator/fleet.py).
 
 from __future__ import annotations
 
-from pydantic import Field
+from functools import cached_property
+
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from dockyard.redis_url import read_password
 from dockyard.rpc.settings import ServiceSettings, default_address
 
 
 class CoordinatorSettings(ServiceSettings):
-    model_config = SettingsConfigDict(env_prefix="DOCKYARD_COORDINATOR_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="DOCKYARD_COORDINATOR_", extra="ignore", hide_input_in_errors=True)
 
     trainer_address: str = Field(default_address("trainer"), description="Trainer host:port.")
     buffer_address: str = Field(default_address("buffer"), description="Buffer host:port.")
@@ -44,5 +47,25 @@ class CoordinatorSettings(ServiceSettings):
         "runs", description="Folder of the job store: <state_dir>/<job_id>/job.json (unless a Redis URL is set)."
     )
     state_redis_url: str = Field(
-        "", description="redis://[:password@]host:port/db: keep job state in Redis instead of the folder."
+        "",
+        repr=False,
+        description="redis://[:password@]host:port/db: keep job state in Redis instead of the folder.",
     )
+    state_redis_password: str = Field("", repr=False, description="Password of that Redis, kept out of the URL.")
+    state_redis_password_file: str = Field("", description="File holding that password (a mounted secret).")
+
+    @cached_property
+    def state_redis_password_value(self) -> str | None:
+        """The password to send besides the URL (None: none, or it is in the URL); RedisConfigError if unusable."""
+        return read_password(
+            self.state_redis_url,
+            self.state_redis_password,
+            self.state_redis_password_file,
+            "DOCKYARD_COORDINATOR_STATE_REDIS_PASSWORD",
+        )
+
+    @model_validator(mode="after")
+    def _password_readable(self) -> CoordinatorSettings:
+        if self.state_redis_url:
+            _ = self.state_redis_password_value  # a missing or empty password file fails now, at startup
+        return self

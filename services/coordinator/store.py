@@ -12,7 +12,8 @@ event loop on I/O and never raises into a job: a failed write is logged as an
 error and retried with backoff until it lands; writes are coalesced (a job
 touched many times while one write is in flight is written once more, with
 its latest state); `flush` returns once every change made before it is
-stored. A Redis password in the URL is never logged.
+stored. A Redis password (in the URL or given apart) is never logged, and a
+refused one is explained by the variable to set (dockyard/redis_url.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 import structlog
 
-from dockyard.redis_url import mask_url
+from dockyard.redis_url import explain_auth_failure, mask_secret, mask_url
 from services.coordinator.jobs import JobRecord
 
 log = structlog.get_logger()
@@ -101,13 +102,16 @@ class FolderStore(JobStore):
 class RedisStore(JobStore):
     """One hash, field job id -> JSON document."""
 
-    def __init__(self, url: str, key: str = REDIS_KEY) -> None:
+    PASSWORD_VARIABLE = "DOCKYARD_COORDINATOR_STATE_REDIS_PASSWORD"
+
+    def __init__(self, url: str, key: str = REDIS_KEY, password: str | None = None) -> None:
         import redis.asyncio as aioredis
 
         self.url = url
         self.key = key
+        self._password = password
         # Bounded calls: a black-holed Redis makes a write fail (and be retried), not hang the writer.
-        self._redis = aioredis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=10)
+        self._redis = aioredis.Redis.from_url(url, password=password, socket_timeout=10, socket_connect_timeout=10)
 
     def describe(self) -> str:
         return f"redis {mask_url(self.url)} key {self.key}"
@@ -116,8 +120,16 @@ class RedisStore(JobStore):
         await self._redis.hset(self.key, job_id, json.dumps(document))
 
     async def load_all(self) -> list[dict[str, Any]]:
+        from redis.exceptions import AuthenticationError, RedisError
+
+        try:
+            stored = await self._redis.hgetall(self.key)
+        except AuthenticationError as exc:
+            raise explain_auth_failure(self.url, self._password, self.PASSWORD_VARIABLE, exc) from None
+        except (RedisError, OSError) as exc:
+            raise RuntimeError(mask_secret(str(exc), self._password)) from None
         documents = []
-        for field, value in sorted((await self._redis.hgetall(self.key)).items()):
+        for field, value in sorted(stored.items()):
             try:
                 documents.append(json.loads(value))
             except ValueError as exc:
@@ -128,9 +140,9 @@ class RedisStore(JobStore):
         await self._redis.aclose()
 
 
-def open_store(state_dir: str, redis_url: str) -> JobStore:
+def open_store(state_dir: str, redis_url: str, redis_password: str | None = None) -> JobStore:
     """Redis when a URL is given, the folder otherwise."""
-    return RedisStore(redis_url) if redis_url else FolderStore(state_dir)
+    return RedisStore(redis_url, password=redis_password) if redis_url else FolderStore(state_dir)
 
 
 class JobPersister:

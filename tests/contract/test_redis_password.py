@@ -1,12 +1,13 @@
-"""The buffer on a password-protected Redis (redis-server --requirepass).
+"""The buffer and the coordinator's job store on a password-protected Redis (redis-server --requirepass).
 
-The right password, in the URL or in DOCKYARD_BUFFER_REDIS_PASSWORD_FILE,
+The right password, in the URL or in DOCKYARD_<SVC>_..._PASSWORD_FILE,
 works; a wrong or missing one, or one given twice, stops the service at
 startup with a message that says what to set and never shows the password.
 """
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -79,16 +80,16 @@ async def test_right_password_in_the_url_or_a_file(start_service, protected: Red
     assert PASSWORD not in in_url.logs() + in_file.logs()
 
 
-def start_failing(env: dict[str, str]) -> subprocess.CompletedProcess:
+def start_failing(env: dict[str, str], service: str = "buffer") -> subprocess.CompletedProcess:
     result = subprocess.run(
-        [sys.executable, "-m", "services.buffer"],
-        env={"PATH": "/usr/bin:/bin", **env, "DOCKYARD_BUFFER_PORT": str(free_port())},
+        [sys.executable, "-m", f"services.{service}"],
+        env={"PATH": "/usr/bin:/bin", **env, f"DOCKYARD_{service.upper()}_PORT": str(free_port())},
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert result.returncode != 0, "the buffer started"
+    assert result.returncode != 0, f"the {service} started"
     assert "Traceback" not in result.stderr, result.stderr
     return result
 
@@ -109,6 +110,62 @@ def test_bad_password_stops_the_buffer_at_startup(protected: RedisServer, case: 
         "twice": buffer_env(with_password(protected.url, PASSWORD), DOCKYARD_BUFFER_REDIS_PASSWORD=PASSWORD),
     }[case]
     result = start_failing(env)
+    for word in words:
+        assert word in result.stderr, result.stderr
+    assert PASSWORD not in result.stderr + result.stdout
+    assert wrong not in result.stderr + result.stdout
+
+
+def coordinator_env(url: str, **extra: str) -> dict[str, str]:
+    return {"DOCKYARD_COORDINATOR_STATE_REDIS_URL": url, **extra}
+
+
+async def test_the_coordinator_keeps_jobs_in_a_protected_redis(
+    start_service, protected: RedisServer, tmp_path: Path
+) -> None:
+    import redis.asyncio as aioredis
+
+    from dockyard.config import load_config
+    from dockyard.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
+
+    (tmp_path / "pw").write_text(PASSWORD + "\n")
+    env = coordinator_env(protected.url, DOCKYARD_COORDINATOR_STATE_REDIS_PASSWORD_FILE=str(tmp_path / "pw"))
+    coordinator = start_service("coordinator", env)
+    cfg = load_config(REPO_ROOT / "examples" / "configs" / "tiny_expr.yaml", ["policy.model_name=null"])
+    async with connect(coordinator.address, default_timeout=10) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+        job = (await stub.CreateJob(coordinator_pb2.CreateJobRequest(config_yaml=cfg.resolved_yaml()))).job
+        await stub.CancelJob(coordinator_pb2.CancelJobRequest(job_id=job.job_id))
+    client = aioredis.Redis.from_url(protected.url, password=PASSWORD)
+    try:
+        for _ in range(50):  # the store is written in the background
+            if await client.hexists("dockyard:coordinator:jobs", job.job_id):
+                break
+            await asyncio.sleep(0.1)
+        assert await client.hexists("dockyard:coordinator:jobs", job.job_id)
+    finally:
+        await client.aclose()
+    assert PASSWORD not in coordinator.logs()
+
+
+@pytest.mark.parametrize(
+    ("case", "words"),
+    [
+        ("wrong", ["refused the password", "redis://:***@127.0.0.1"]),
+        ("missing", ["requires a password", "DOCKYARD_COORDINATOR_STATE_REDIS_PASSWORD"]),
+        ("twice", ["one place only", "DOCKYARD_COORDINATOR_STATE_REDIS_URL"]),
+    ],
+)
+def test_bad_password_stops_the_coordinator_at_startup(protected: RedisServer, case: str, words: list[str]) -> None:
+    wrong = "not-" + PASSWORD
+    env = {
+        "wrong": coordinator_env(with_password(protected.url, wrong)),
+        "missing": coordinator_env(protected.url),
+        "twice": coordinator_env(
+            with_password(protected.url, PASSWORD), DOCKYARD_COORDINATOR_STATE_REDIS_PASSWORD=PASSWORD
+        ),
+    }[case]
+    result = start_failing(env, "coordinator")
     for word in words:
         assert word in result.stderr, result.stderr
     assert PASSWORD not in result.stderr + result.stdout
