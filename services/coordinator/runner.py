@@ -233,12 +233,7 @@ class JobRunner:
             await self._mark_cursor(step, drawn)
             t1 = time.perf_counter()
             try:
-                self._phase("training")
-                reply = await self._train_step(step)
-                t2 = time.perf_counter()
-                self._phase("syncing weights")
-                sync_seconds = await self._sync_weights(reply.weight_version)
-                t3 = time.perf_counter()
+                reply, t2, t3, sync_seconds = await self._train_and_sync(step)
                 metrics = {
                     **reply.metrics,
                     **self._collect_metrics(stats),
@@ -265,12 +260,7 @@ class JobRunner:
                 await self._mark_cursor(step, self._tasks_drawn.count)
                 t1 = time.perf_counter()
                 try:
-                    self._phase("training")
-                    reply = await self._train_step(step)
-                    t2 = time.perf_counter()
-                    self._phase("syncing weights")
-                    sync_seconds = await self._sync_weights(reply.weight_version)
-                    t3 = time.perf_counter()
+                    reply, t2, t3, sync_seconds = await self._train_and_sync(step)
                     stats, self._produced = self._produced, CollectStats()
                     metrics = {
                         **reply.metrics,
@@ -405,6 +395,16 @@ class JobRunner:
             last or (cfg.checkpointing.save_period and step % cfg.checkpointing.save_period == 0)
         ):
             await self._checkpoint(step)
+
+    async def _train_and_sync(self, step: int) -> tuple[trainer_pb2.TrainStepResponse, float, float, float]:
+        """TrainStep, then the weight sync of its version: the reply, when each of the two ended
+        (perf_counter), and the seconds of the transfer itself."""
+        self._phase("training")
+        reply = await self._train_step(step)
+        trained = time.perf_counter()
+        self._phase("syncing weights")
+        transfer = await self._sync_weights(reply.weight_version)
+        return reply, trained, time.perf_counter(), transfer
 
     async def _train_step(self, step: int) -> trainer_pb2.TrainStepResponse:
         reply = await self._call_trainer(
