@@ -85,9 +85,8 @@ class Stubs:
 
 
 class TrainerRestarted(Exception):
-    """The trainer lost the job's policy (a new process answered NOT_FOUND) or may have (it failed
-    mid-sync with every replica alive): recovery loads the policy again, which a trainer that kept
-    it answers unchanged, and the job goes on from the trainer's version."""
+    """The trainer lost the job's policy (a new process answered NOT_FOUND, or holds an older
+    version after a failed sync): recovery loads it again and the job goes on from its version."""
 
 
 class CountingIterator:
@@ -465,14 +464,7 @@ class JobRunner:
         cfg, record = self.config, self.record
         self.run_number += 1
         self.collector.id_prefix = f"{record.job_id}/r{self.run_number}"
-        # A trainer that kept the policy answers LoadPolicy with its state; a new one loads it.
-        yaml_text = self._resuming_yaml() if cfg.checkpointing.enabled else record.config_yaml
-        loaded = await self._call_trainer(
-            "LoadPolicy",
-            lambda: self.stubs.trainer.LoadPolicy(
-                trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=yaml_text), timeout=self._slow
-            ),
-        )
+        loaded = await self._load_trainer()
         version = loaded.weight_version
         if not cfg.checkpointing.enabled and version != self._trained_to:
             raise RuntimeError(
@@ -488,6 +480,19 @@ class JobRunner:
         self.folder.append("recovery", version, {"steps_lost": float(lost), "run_number": float(self.run_number)})
         log.warning("trainer restarted; resumed", checkpoint=loaded.resumed_from, step=version, steps_lost=lost)
         record.touch(step=version, weight_version=version)
+        self._trained_to = version
+
+    async def _load_trainer(self) -> trainer_pb2.LoadPolicyResponse:
+        """LoadPolicy after a (possible) restart: a trainer that kept the policy answers its state
+        unchanged; a new one loads it, from the latest checkpoint when the job keeps them."""
+        record = self.record
+        yaml_text = self._resuming_yaml() if self.config.checkpointing.enabled else record.config_yaml
+        return await self._call_trainer(
+            "LoadPolicy",
+            lambda: self.stubs.trainer.LoadPolicy(
+                trainer_pb2.LoadPolicyRequest(job_id=record.job_id, config_yaml=yaml_text), timeout=self._slow
+            ),
+        )
 
     def _resuming_yaml(self) -> str:
         """The job's config asking a trainer that lost the policy to resume from the latest checkpoint."""
@@ -598,8 +603,9 @@ class JobRunner:
     async def _sync_weights(self, version: int, only: list[Member] | None = None) -> float:
         """Push `version` once from the trainer and receive it on every alive replica (or `only` these)
         at once; the side group is formed with exactly those replicas. A sync that failed on the side
-        group (UNAVAILABLE) because replicas died is tried once more without them; one whose trainer
-        side failed with every replica alive raises TrainerRestarted once the trainer answers again."""
+        group (UNAVAILABLE) because replicas died is tried once more without them. One whose trainer
+        side failed with every replica alive waits for the trainer, asks it for the policy again
+        (LoadPolicy) and is tried once more if it still holds `version`; otherwise TrainerRestarted."""
         job_id = self.record.job_id
         async with self._sync_lock:
             for attempt in range(1, SYNC_ATTEMPTS + 1):
@@ -629,15 +635,20 @@ class JobRunner:
                 if isinstance(pushed, grpc.aio.AioRpcError) and pushed.code() == grpc.StatusCode.NOT_FOUND:
                     raise TrainerRestarted(f"PushWeights: {pushed.details()}") from pushed
                 dropped = await self._drop_dead(replicas)
-                if isinstance(pushed, BaseException) and not dropped:
-                    # Every replica is alive, so the trainer's side failed: it may have died mid-sync.
-                    # Recovery finds out; a trainer that kept the policy answers its LoadPolicy unchanged.
-                    await self._wait_for_trainer()
-                    detail = pushed.details() if isinstance(pushed, grpc.aio.AioRpcError) else str(pushed)
-                    raise TrainerRestarted(f"PushWeights failed with every replica alive: {detail}") from pushed
                 retriable = all(
                     isinstance(f, grpc.aio.AioRpcError) and f.code() == grpc.StatusCode.UNAVAILABLE for f in failures
                 )
+                if isinstance(pushed, BaseException) and not dropped:
+                    # Every replica is alive, so the trainer's side failed: it may have died mid-sync.
+                    await self._wait_for_trainer()
+                    held = (await self._load_trainer()).weight_version
+                    if held != version:
+                        detail = pushed.details() if isinstance(pushed, grpc.aio.AioRpcError) else str(pushed)
+                        raise TrainerRestarted(
+                            f"PushWeights failed with every replica alive ({detail}); the trainer now holds "
+                            f"version {held}, not {version}"
+                        ) from pushed
+                    retriable = True  # it kept the policy: the group broke for another reason
                 if attempt == SYNC_ATTEMPTS or not retriable:
                     raise failures[0]
                 log.warning("weight sync failed; trying again", version=version, error=str(failures[0]))

@@ -35,8 +35,9 @@ def not_found() -> grpc.aio.AioRpcError:
 class Trainer:
     """Checkpoints when asked; at one (call, weight version) its process dies and comes back empty."""
 
-    def __init__(self, restart_at: tuple[str, int] | None, checkpointing: bool = True) -> None:
+    def __init__(self, restart_at: tuple[str, int] | None, flaky_push_at: int | None = None) -> None:
         self.restart_at = restart_at
+        self.flaky_push_at = flaky_push_at  # a push that fails once, the policy kept
         self.loaded = False
         self.version = 0
         self.checkpoints: list[int] = []
@@ -52,6 +53,8 @@ class Trainer:
     async def LoadPolicy(self, request, timeout=None):
         resume = load_config_text(request.config_yaml).checkpointing.resume
         self.loads.append(resume)
+        if self.loaded:  # as the real trainer: a policy it holds is answered unchanged
+            return trainer_pb2.LoadPolicyResponse(weight_version=self.version)
         self.loaded = True
         self.version = max(self.checkpoints) if resume and self.checkpoints else 0
         resumed = f"step-{self.version}" if resume and self.checkpoints else ""
@@ -66,6 +69,11 @@ class Trainer:
 
     async def PushWeights(self, request, timeout=None):
         self._alive("PushWeights")
+        if self.version == self.flaky_push_at:
+            self.flaky_push_at = None
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details="side group broke"
+            )
         return trainer_pb2.PushWeightsResponse(checksum="c", weight_version=self.version)
 
     async def SaveCheckpoint(self, request, timeout=None):
@@ -184,3 +192,14 @@ async def test_without_checkpoints_a_trainer_restart_fails_the_job_with_the_reas
     assert runner.record.state == FAILED
     assert "nothing to resume from" in runner.record.message
     assert trainer.trained == [1, 2]
+
+
+async def test_a_sync_that_failed_on_a_trainer_that_kept_the_policy_is_tried_again(tmp_path) -> None:
+    trainer = Trainer(restart_at=None, flaky_push_at=2)
+    runner, buffer = await make_runner(tmp_path, trainer, ["checkpointing.save_period=1"])
+    await runner.run()
+    assert runner.record.state == SUCCEEDED, runner.record.message
+    # Asked once whether it still held the policy; nothing trained again, no recovery.
+    assert trainer.trained == [1, 2, 3, 4] and trainer.loads == [False, True]
+    assert buffer.rewinds == [] and runner.run_number == 0
+    assert trainer.checkpoints == [1, 2, 3, 4]

@@ -40,7 +40,7 @@ def replica_stub(receive_results, calls: dict, name: str) -> SimpleNamespace:
     )
 
 
-def make_runner(push_results: list, replicas: dict[str, list]) -> tuple[JobRunner, dict]:
+def make_runner(push_results: list, replicas: dict[str, list], trainer_holds: int = 3) -> tuple[JobRunner, dict]:
     calls: dict = {}
     stubs_by_name = {name: replica_stub(results, calls, name) for name, results in replicas.items()}
     fleet = Fleet(60.0, channel_factory=lambda kind, address, mb: (None, None))
@@ -51,13 +51,18 @@ def make_runner(push_results: list, replicas: dict[str, list]) -> tuple[JobRunne
     registry.open("job", "gloo")
     runner = JobRunner.__new__(JobRunner)
     runner.record = SimpleNamespace(job_id="job", config_yaml="{}", weight_version=0)
-    runner.stubs = SimpleNamespace(
-        trainer=SimpleNamespace(PushWeights=answer(push_results, calls, "push")), trainer_channel="trainer"
+    trainer = SimpleNamespace(
+        PushWeights=answer(push_results, calls, "push"),
+        LoadPolicy=answer(trainer_pb2.LoadPolicyResponse(weight_version=trainer_holds), calls, "load:trainer"),
     )
+    runner.stubs = SimpleNamespace(trainer=trainer, trainer_channel="trainer")
     runner.settings = SimpleNamespace(recovery_timeout_seconds=5.0)
     runner.sync_groups = registry
     runner.fleet = fleet
-    runner.config = SimpleNamespace(grpo=SimpleNamespace(async_grpo=SimpleNamespace(enabled=False)))
+    runner.config = SimpleNamespace(
+        grpo=SimpleNamespace(async_grpo=SimpleNamespace(enabled=False)),
+        checkpointing=SimpleNamespace(enabled=False),
+    )
     runner.collector = SimpleNamespace(required_version=None)
     runner._slow = 5.0
     runner._sync_lock = asyncio.Lock()
@@ -121,23 +126,39 @@ async def test_other_failures_are_not_retried():
     assert (calls["push"], calls["receive:rollout"]) == (1, 1)
 
 
-async def test_a_push_that_fails_with_every_replica_alive_is_a_suspected_trainer_restart(health, monkeypatch):
-    # The trainer died mid-sync: the replicas' side of the group broke with it (not UNAVAILABLE).
-    runner, calls = make_runner(
-        [rpc_error(grpc.StatusCode.UNAVAILABLE)], {"rollout": [rpc_error(grpc.StatusCode.INTERNAL)]}
-    )
+@pytest.fixture
+def trainer_comes_back(health, monkeypatch) -> list[float]:
+    """The trainer does not answer health checks until the runner has waited once."""
     health.add("trainer")
-    sleeps = []
+    sleeps: list[float] = []
 
     async def sleep(seconds):
         sleeps.append(seconds)
-        health.discard("trainer")  # it answers again after a while
+        health.discard("trainer")
 
     monkeypatch.setattr(runner_module.asyncio, "sleep", sleep)
-    with pytest.raises(TrainerRestarted, match="every replica alive"):
+    return sleeps
+
+
+async def test_a_push_that_fails_with_every_replica_alive_is_tried_again_if_the_trainer_kept_the_policy(
+    trainer_comes_back,
+):
+    # The trainer's side broke (not UNAVAILABLE on the replica): it is waited for, then asked.
+    runner, calls = make_runner(
+        [rpc_error(grpc.StatusCode.UNAVAILABLE), pushed()],
+        {"rollout": [rpc_error(grpc.StatusCode.INTERNAL), received()]},
+    )
+    assert await runner._sync_weights(3) == 0.5
+    assert (calls["push"], calls["load:trainer"], len(trainer_comes_back)) == (2, 1, 1)
+
+
+async def test_a_trainer_that_came_back_with_another_version_is_a_restart(trainer_comes_back):
+    runner, calls = make_runner(
+        [rpc_error(grpc.StatusCode.UNAVAILABLE)], {"rollout": [rpc_error(grpc.StatusCode.INTERNAL)]}, trainer_holds=1
+    )
+    with pytest.raises(TrainerRestarted, match="holds version 1, not 3"):
         await runner._sync_weights(3)
-    # Waited for the trainer, tried nothing more: recovery asks it whether it kept the policy.
-    assert calls["push"] == 1 and len(sleeps) == 1 and "trainer" not in health
+    assert (calls["push"], calls["load:trainer"]) == (1, 1)
 
 
 async def test_a_trainer_that_lost_the_policy_is_a_restart_not_a_failed_sync():
