@@ -81,7 +81,6 @@ class Stubs:
     trainer: trainer_pb2_grpc.TrainerServiceStub
     buffer: buffer_pb2_grpc.BufferServiceStub
     fleet: Fleet
-    trainer_channel: grpc.aio.Channel | None = None  # for health checks while the trainer restarts
 
 
 class TrainerRestarted(Exception):
@@ -430,18 +429,6 @@ class JobRunner:
                 log.warning("trainer call unavailable; retrying", call=what, error=exc.details())
             await asyncio.sleep(1.0)
 
-    async def _wait_for_trainer(self) -> None:
-        """Until the trainer answers health checks (a restarted one takes a while to come up)."""
-        channel = self.stubs.trainer_channel
-        if channel is None:
-            return
-        patience = self.settings.recovery_timeout_seconds
-        deadline = time.monotonic() + patience
-        while await channel_health(channel) != "SERVING":
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the trainer has not answered health checks for {patience:.0f} s")
-            await asyncio.sleep(1.0)
-
     async def _recover_trainer(self, cause: TrainerRestarted) -> None:
         """A restarted trainer: load the policy from the job's latest checkpoint and go on from its
         step. A trainer that restarts again meanwhile is recovered in turn, up to recovery_timeout_seconds."""
@@ -604,8 +591,8 @@ class JobRunner:
         """Push `version` once from the trainer and receive it on every alive replica (or `only` these)
         at once; the side group is formed with exactly those replicas. A sync that failed on the side
         group (UNAVAILABLE) because replicas died is tried once more without them. One whose trainer
-        side failed with every replica alive waits for the trainer, asks it for the policy again
-        (LoadPolicy) and is tried once more if it still holds `version`; otherwise TrainerRestarted."""
+        side failed with every replica alive asks the trainer for the policy again (LoadPolicy) and
+        is tried once more if it still holds `version`; otherwise TrainerRestarted."""
         job_id = self.record.job_id
         async with self._sync_lock:
             for attempt in range(1, SYNC_ATTEMPTS + 1):
@@ -632,23 +619,7 @@ class JobRunner:
                 failures = [r for r in (pushed, *received) if isinstance(r, BaseException)]
                 if not failures:
                     break
-                if isinstance(pushed, grpc.aio.AioRpcError) and pushed.code() == grpc.StatusCode.NOT_FOUND:
-                    raise TrainerRestarted(f"PushWeights: {pushed.details()}") from pushed
-                dropped = await self._drop_dead(replicas)
-                retriable = all(
-                    isinstance(f, grpc.aio.AioRpcError) and f.code() == grpc.StatusCode.UNAVAILABLE for f in failures
-                )
-                if isinstance(pushed, BaseException) and not dropped:
-                    # Every replica is alive, so the trainer's side failed: it may have died mid-sync.
-                    await self._wait_for_trainer()
-                    held = (await self._load_trainer()).weight_version
-                    if held != version:
-                        detail = pushed.details() if isinstance(pushed, grpc.aio.AioRpcError) else str(pushed)
-                        raise TrainerRestarted(
-                            f"PushWeights failed with every replica alive ({detail}); the trainer now holds "
-                            f"version {held}, not {version}"
-                        ) from pushed
-                    retriable = True  # it kept the policy: the group broke for another reason
+                retriable = await self._sync_retriable(version, pushed, failures, replicas)
                 if attempt == SYNC_ATTEMPTS or not retriable:
                     raise failures[0]
                 log.warning("weight sync failed; trying again", version=version, error=str(failures[0]))
@@ -672,6 +643,27 @@ class JobRunner:
             else:
                 self.collector.required_version = version
             return max(seconds)
+
+    async def _sync_retriable(
+        self, version: int, pushed, failures: list[BaseException], replicas: list[Member]
+    ) -> bool:
+        """After a failed sync: whether to try again (replicas that died are dropped first), or
+        TrainerRestarted when the trainer lost the policy."""
+        if isinstance(pushed, grpc.aio.AioRpcError) and pushed.code() == grpc.StatusCode.NOT_FOUND:
+            raise TrainerRestarted(f"PushWeights: {pushed.details()}") from pushed
+        dropped = await self._drop_dead(replicas)
+        if isinstance(pushed, BaseException) and not dropped:
+            # Every replica is alive, so the trainer's side failed: it may have died mid-sync. Ask it
+            # again (LoadPolicy waits out a trainer that is still coming back).
+            held = (await self._load_trainer()).weight_version
+            if held != version:
+                detail = pushed.details() if isinstance(pushed, grpc.aio.AioRpcError) else str(pushed)
+                raise TrainerRestarted(
+                    f"PushWeights failed with every replica alive ({detail}); the trainer now holds "
+                    f"version {held}, not {version}"
+                ) from pushed
+            return True  # it kept the policy: the group broke for another reason
+        return all(isinstance(f, grpc.aio.AioRpcError) and f.code() == grpc.StatusCode.UNAVAILABLE for f in failures)
 
     async def _drop_dead(self, replicas: list[Member]) -> int:
         """Replicas that no longer answer health checks leave routing and the group; how many did."""

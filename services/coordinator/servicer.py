@@ -67,7 +67,6 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
             trainer=trainer_pb2_grpc.TrainerServiceStub(self._channels["trainer"]),
             buffer=buffer_pb2_grpc.BufferServiceStub(self._channels["buffer"]),
             fleet=self.fleet,
-            trainer_channel=self._channels["trainer"],
         )
 
     async def close(self) -> None:

@@ -53,9 +53,14 @@ def make_runner(push_results: list, replicas: dict[str, list], trainer_holds: in
     runner.record = SimpleNamespace(job_id="job", config_yaml="{}", weight_version=0)
     trainer = SimpleNamespace(
         PushWeights=answer(push_results, calls, "push"),
-        LoadPolicy=answer(trainer_pb2.LoadPolicyResponse(weight_version=trainer_holds), calls, "load:trainer"),
+        # A trainer that is still coming back answers UNAVAILABLE once, then the version it holds.
+        LoadPolicy=answer(
+            [rpc_error(grpc.StatusCode.UNAVAILABLE), trainer_pb2.LoadPolicyResponse(weight_version=trainer_holds)],
+            calls,
+            "load:trainer",
+        ),
     )
-    runner.stubs = SimpleNamespace(trainer=trainer, trainer_channel="trainer")
+    runner.stubs = SimpleNamespace(trainer=trainer)
     runner.settings = SimpleNamespace(recovery_timeout_seconds=5.0)
     runner.sync_groups = registry
     runner.fleet = fleet
@@ -127,14 +132,12 @@ async def test_other_failures_are_not_retried():
 
 
 @pytest.fixture
-def trainer_comes_back(health, monkeypatch) -> list[float]:
-    """The trainer does not answer health checks until the runner has waited once."""
-    health.add("trainer")
+def trainer_comes_back(monkeypatch) -> list[float]:
+    """The runner's waits for a trainer that answers only on the second LoadPolicy (no real sleep)."""
     sleeps: list[float] = []
 
     async def sleep(seconds):
         sleeps.append(seconds)
-        health.discard("trainer")
 
     monkeypatch.setattr(runner_module.asyncio, "sleep", sleep)
     return sleeps
@@ -149,7 +152,7 @@ async def test_a_push_that_fails_with_every_replica_alive_is_tried_again_if_the_
         {"rollout": [rpc_error(grpc.StatusCode.INTERNAL), received()]},
     )
     assert await runner._sync_weights(3) == 0.5
-    assert (calls["push"], calls["load:trainer"], len(trainer_comes_back)) == (2, 1, 1)
+    assert (calls["push"], calls["load:trainer"], len(trainer_comes_back)) == (2, 2, 1)
 
 
 async def test_a_trainer_that_came_back_with_another_version_is_a_restart(trainer_comes_back):
@@ -158,7 +161,7 @@ async def test_a_trainer_that_came_back_with_another_version_is_a_restart(traine
     )
     with pytest.raises(TrainerRestarted, match="holds version 1, not 3"):
         await runner._sync_weights(3)
-    assert (calls["push"], calls["load:trainer"]) == (1, 1)
+    assert (calls["push"], calls["load:trainer"]) == (1, 2)
 
 
 async def test_a_trainer_that_lost_the_policy_is_a_restart_not_a_failed_sync():
