@@ -33,5 +33,10 @@ class ServiceSettings(BaseSettings):
     log_level: str = Field("info", description="debug, info, warning or error.")
 
 
+def member_name_pattern(kind: str) -> str:
+    """A fleet member's name: the kind alone (`rollout`) or the kind and a suffix (`rollout-2`)."""
+    return rf"^{kind}(-[a-z0-9][a-z0-9_.:-]{{0,62}})?$"
+
+
 def default_address(service: str) -> str:
     return f"127.0.0.1:{DEFAULT_PORTS[service]}"

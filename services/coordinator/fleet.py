@@ -34,14 +34,12 @@ import grpc
 from dockyard.coordinator.v1 import coordinator_pb2
 from dockyard.rollout.v1 import rollout_pb2_grpc
 from dockyard.rpc.client import connect
+from dockyard.rpc.settings import member_name_pattern
 from dockyard.sandbox.v1 import sandbox_pb2_grpc
 
 ROLLOUT, SANDBOX = "rollout", "sandbox"
 KINDS = {coordinator_pb2.MEMBER_KIND_ROLLOUT: ROLLOUT, coordinator_pb2.MEMBER_KIND_SANDBOX: SANDBOX}
-NAME = {
-    ROLLOUT: re.compile(r"^rollout(-[a-z0-9][a-z0-9_.:-]{0,62})?$"),
-    SANDBOX: re.compile(r"^sandbox(-[a-z0-9][a-z0-9_.:-]{0,62})?$"),
-}
+NAME = {kind: re.compile(member_name_pattern(kind)) for kind in (ROLLOUT, SANDBOX)}
 ADDRESS = re.compile(r"^[^\s:]+:[0-9]{1,5}$")
 # Status codes after which a member is taken out of routing until it heartbeats again.
 MEMBER_DOWN = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})

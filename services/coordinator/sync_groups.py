@@ -23,9 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dockyard.common.v1 import common_pb2
+from dockyard.rpc.settings import member_name_pattern
 
 TRAINER = "trainer"
-REPLICA = re.compile(r"^rollout(-[a-z0-9][a-z0-9_.:-]{0,62})?$")
+REPLICA = re.compile(member_name_pattern("rollout"))
 
 
 class MembershipError(ValueError):

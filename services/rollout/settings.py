@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from dockyard.rpc.settings import ServiceSettings, default_address
+from dockyard.rpc.settings import ServiceSettings, default_address, member_name_pattern
 
 
 class RolloutSettings(ServiceSettings):
@@ -31,7 +31,7 @@ class RolloutSettings(ServiceSettings):
     )
     replica_name: str = Field(
         "rollout",
-        pattern=r"^rollout(-[a-z0-9][a-z0-9_.:-]{0,62})?$",
+        pattern=member_name_pattern("rollout"),
         description="This replica's name in the fleet and in side groups: rollout or rollout-<name>.",
     )
     advertise_address: str = Field(

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from dockyard.rpc.settings import ServiceSettings, default_address
+from dockyard.rpc.settings import ServiceSettings, default_address, member_name_pattern
 from services.sandbox.images import SANDBOX_IMAGE
 
 
@@ -75,7 +75,7 @@ class SandboxSettings(ServiceSettings):
     )
     name: str = Field(
         "sandbox",
-        pattern=r"^sandbox(-[a-z0-9][a-z0-9_.:-]{0,62})?$",
+        pattern=member_name_pattern("sandbox"),
         description="This worker's name in the fleet: sandbox or sandbox-<name>.",
     )
     advertise_address: str = Field(
