@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.config import load_config
-from dockyard.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.rpc.client import connect
 from dockyard.stack import LocalStack
 

@@ -41,8 +41,8 @@ from pathlib import Path
 import redis
 import redis.asyncio as aioredis
 
-from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
-from dockyard.common.v1 import common_pb2
+from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
+from dockyard.api.common.v1 import common_pb2
 from dockyard.rpc.client import connect, health_status
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -30,9 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
+from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.rpc.client import connect, health_status
-from dockyard.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from services.sandbox.images import SANDBOX_IMAGE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
 from dockyard.config import load_config_text
 
 QWEN25_05B = {

@@ -31,7 +31,7 @@ EXIT_USAGE = 2
 
 
 def _coordinator(address: str):
-    from dockyard.coordinator.v1 import coordinator_pb2_grpc
+    from dockyard.api.coordinator.v1 import coordinator_pb2_grpc
     from dockyard.rpc.client import connect
 
     channel = connect(address, service="dockyard.coordinator.v1.CoordinatorService")
@@ -172,7 +172,7 @@ def fleet_summary(metrics: dict[str, float]) -> list[str]:
 
 def member_line(member) -> str:
     """A fleet member as `dockyard status` lists it."""
-    from dockyard.coordinator.v1 import coordinator_pb2
+    from dockyard.api.coordinator.v1 import coordinator_pb2
 
     kind = coordinator_pb2.MemberKind.Name(member.kind).removeprefix("MEMBER_KIND_").lower()
     parts = [f"{member.name:<14}", f"{kind:<8}", f"{member.status:<8}", member.address, f"load {member.load}"]
@@ -210,7 +210,7 @@ def pipeline_summary(metrics: dict[str, float]) -> list[str]:
 
 
 async def _submit(address: str, yaml_text: str) -> str:
-    from dockyard.coordinator.v1 import coordinator_pb2
+    from dockyard.api.coordinator.v1 import coordinator_pb2
 
     channel, stub = _coordinator(address)
     async with channel:
@@ -222,7 +222,7 @@ async def _follow(address: str, job_id: str, stack=None) -> int:
     """Show a progress bar until the job finishes; returns the job's final state."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from dockyard.coordinator.v1 import coordinator_pb2
+    from dockyard.api.coordinator.v1 import coordinator_pb2
     from services.coordinator.jobs import FINISHED
 
     channel, stub = _coordinator(address)
@@ -287,7 +287,7 @@ def _interrupt_on_signals() -> None:
 
 
 def cmd_run(args) -> int:
-    from dockyard.coordinator.v1 import coordinator_pb2
+    from dockyard.api.coordinator.v1 import coordinator_pb2
     from dockyard.stack import LocalStack
 
     cfg = _load(args.config, args.overrides)
@@ -355,14 +355,14 @@ def cmd_submit(args) -> int:
     print(job_id, flush=True)
     if not args.wait:
         return 0
-    from dockyard.coordinator.v1 import coordinator_pb2
+    from dockyard.api.coordinator.v1 import coordinator_pb2
 
     state = asyncio.run(_follow(args.coordinator, job_id))
     return 0 if state == coordinator_pb2.JOB_STATE_SUCCEEDED else EXIT_FAILED
 
 
 def cmd_status(args) -> int:
-    from dockyard.coordinator.v1 import coordinator_pb2
+    from dockyard.api.coordinator.v1 import coordinator_pb2
 
     async def go() -> int:
         channel, stub = _coordinator(args.coordinator)
@@ -385,7 +385,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_cancel(args) -> int:
-    from dockyard.coordinator.v1 import coordinator_pb2
+    from dockyard.api.coordinator.v1 import coordinator_pb2
 
     async def go() -> int:
         channel, stub = _coordinator(args.coordinator)

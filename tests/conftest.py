@@ -133,7 +133,7 @@ async def expect_code(call, code: grpc.StatusCode, *words: str) -> None:
 
 def make_group(group_id: str, version: int = 0, job_id: str = "job-1", n: int = 2, tokens: int = 3):
     """A valid GRPO group of `n` trajectories of `tokens` completion tokens, all generated at `version`."""
-    from dockyard.common.v1 import common_pb2
+    from dockyard.api.common.v1 import common_pb2
 
     return common_pb2.Group(
         group_id=group_id,

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import grpc
 import structlog
 
-from dockyard.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
+from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.rpc.client import connect, wait_until_serving
 from dockyard.rpc.settings import DEFAULT_PORTS
 

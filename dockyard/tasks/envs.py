@@ -16,9 +16,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
+from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.config import DatasetConfig, MasterConfig
-from dockyard.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.tasks import expr, humaneval, swe
 from dockyard.tasks.expr import Task
 

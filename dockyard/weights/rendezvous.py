@@ -11,8 +11,8 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.config import MasterConfig
-from dockyard.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.weights.collective import Rendezvous
 from dockyard.weights.synchronizer import RendezvousSource
 from dockyard.weights.transports import CheckpointTransport, CollectiveTransport, Transport

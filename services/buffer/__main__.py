@@ -20,7 +20,7 @@ def main() -> None:
         raise SystemExit(f"buffer: {exc}") from None
 
     async def build():
-        from dockyard.buffer.v1 import buffer_pb2_grpc
+        from dockyard.api.buffer.v1 import buffer_pb2_grpc
         from services.buffer.backend import BufferBackend
         from services.buffer.servicer import BufferServicer
 

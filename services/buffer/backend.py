@@ -18,7 +18,7 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
 
 
 @dataclass(frozen=True)

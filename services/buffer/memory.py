@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
 from dockyard.rpc.errors import FailedPrecondition, NotFound, ResourceExhausted
 from services.buffer.backend import BufferBackend, BufferStats, is_fresh
 

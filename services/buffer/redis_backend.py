@@ -44,7 +44,7 @@ from collections.abc import Sequence
 import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError
 
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
 from dockyard.redis_url import explain_auth_failure
 from dockyard.rpc.errors import FailedPrecondition, NotFound, ResourceExhausted
 from services.buffer.backend import BufferBackend, BufferStats

@@ -21,8 +21,8 @@ from collections import deque
 import grpc
 import structlog
 
-from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
-from dockyard.common.v1 import common_pb2
+from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
+from dockyard.api.common.v1 import common_pb2
 from dockyard.rpc.errors import InvalidArgument
 from services.buffer.backend import BufferBackend
 

@@ -16,7 +16,7 @@ def main() -> None:
         raise SystemExit(f"coordinator: {exc}") from None
 
     async def build():
-        from dockyard.coordinator.v1 import coordinator_pb2_grpc
+        from dockyard.api.coordinator.v1 import coordinator_pb2_grpc
         from services.coordinator.servicer import CoordinatorServicer, StoreUnreadable
 
         servicer = CoordinatorServicer(settings)

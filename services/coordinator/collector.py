@@ -42,11 +42,11 @@ import structlog
 import torch
 
 from dockyard.algorithms import apply_integrity, dynamic_sampling_mask, overlong_penalty, scale_rewards
-from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
-from dockyard.common.v1 import common_pb2
+from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
+from dockyard.api.common.v1 import common_pb2
+from dockyard.api.rollout.v1 import rollout_pb2
+from dockyard.api.sandbox.v1 import sandbox_pb2
 from dockyard.config import MasterConfig, SamplingConfig
-from dockyard.rollout.v1 import rollout_pb2
-from dockyard.sandbox.v1 import sandbox_pb2
 from dockyard.tasks.envs import environment
 from dockyard.tasks.expr import Task
 from services.coordinator.fleet import MEMBER_DOWN, Fleet, Member

@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from dockyard.coordinator.v1 import coordinator_pb2
-from dockyard.rollout.v1 import rollout_pb2_grpc
+from dockyard.api.coordinator.v1 import coordinator_pb2
+from dockyard.api.rollout.v1 import rollout_pb2_grpc
+from dockyard.api.sandbox.v1 import sandbox_pb2_grpc
 from dockyard.rpc.client import connect
 from dockyard.rpc.settings import member_name_pattern
-from dockyard.sandbox.v1 import sandbox_pb2_grpc
 
 ROLLOUT, SANDBOX = "rollout", "sandbox"
 KINDS = {coordinator_pb2.MEMBER_KIND_ROLLOUT: ROLLOUT, coordinator_pb2.MEMBER_KIND_SANDBOX: SANDBOX}

@@ -19,8 +19,8 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from dockyard.api.coordinator.v1 import coordinator_pb2
 from dockyard.config import MasterConfig, load_config_text
-from dockyard.coordinator.v1 import coordinator_pb2
 from dockyard.rpc.errors import FailedPrecondition
 
 PENDING, RUNNING = coordinator_pb2.JOB_STATE_PENDING, coordinator_pb2.JOB_STATE_RUNNING

@@ -50,10 +50,10 @@ from typing import TypeVar
 import grpc
 import structlog
 
-from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
-from dockyard.rollout.v1 import rollout_pb2
+from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
+from dockyard.api.rollout.v1 import rollout_pb2
+from dockyard.api.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from dockyard.rpc.client import channel_health
-from dockyard.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from services.coordinator.collector import Collector, CollectStats, NoReplica, load_tasks
 from services.coordinator.fleet import ROLLOUT, SANDBOX, Fleet, Member
 from services.coordinator.jobs import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED, JobRecord

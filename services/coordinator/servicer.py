@@ -22,13 +22,13 @@ from pathlib import Path
 import grpc
 import structlog
 
-from dockyard.buffer.v1 import buffer_pb2_grpc
-from dockyard.common.v1 import common_pb2
+from dockyard.api.buffer.v1 import buffer_pb2_grpc
+from dockyard.api.common.v1 import common_pb2
+from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
+from dockyard.api.trainer.v1 import trainer_pb2_grpc
 from dockyard.config import ConfigError, load_config_text
-from dockyard.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.rpc.client import channel_health, connect
 from dockyard.rpc.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from dockyard.trainer.v1 import trainer_pb2_grpc
 from services.coordinator.fleet import KINDS, Fleet, FleetError
 from services.coordinator.jobs import CANCELLED, PENDING, RUNNING, JobRecord
 from services.coordinator.metrics import RunFolder

@@ -22,7 +22,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
 from dockyard.rpc.settings import member_name_pattern
 
 TRAINER = "trainer"

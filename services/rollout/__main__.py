@@ -17,7 +17,7 @@ def main() -> None:
     async def build():
         import torch
 
-        from dockyard.rollout.v1 import rollout_pb2_grpc
+        from dockyard.api.rollout.v1 import rollout_pb2_grpc
         from dockyard.rpc.membership import membership_for
         from services.rollout.servicer import RolloutServicer
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from dockyard.rpc.errors import InvalidArgument
 
 if TYPE_CHECKING:  # the engines (and bench/) need no protobuf runtime
-    from dockyard.common.v1 import common_pb2
+    from dockyard.api.common.v1 import common_pb2
 
 MAX_TEMPERATURE = 100.0
 MAX_STOP_STRINGS = 16

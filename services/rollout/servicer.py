@@ -28,9 +28,9 @@ from datetime import timedelta
 import grpc
 import structlog
 
+from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
+from dockyard.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from dockyard.config import ConfigError, MasterConfig, load_config_text
-from dockyard.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
-from dockyard.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from dockyard.rpc.client import connect
 from dockyard.rpc.completion import run_to_completion
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable

@@ -59,8 +59,8 @@ def main() -> None:
     settings = SandboxSettings()
 
     async def build():
+        from dockyard.api.sandbox.v1 import sandbox_pb2_grpc
         from dockyard.rpc.membership import membership_for
-        from dockyard.sandbox.v1 import sandbox_pb2_grpc
         from services.sandbox.servicer import SandboxServicer
 
         backend = await make_backend(settings)

@@ -14,9 +14,9 @@ import math
 
 import grpc
 
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
+from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound
-from dockyard.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from services.sandbox.admission import Admission
 from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status
 from services.sandbox.settings import SandboxSettings

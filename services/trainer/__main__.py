@@ -38,7 +38,7 @@ def main() -> None:
     async def build():
         import torch
 
-        from dockyard.trainer.v1 import trainer_pb2_grpc
+        from dockyard.api.trainer.v1 import trainer_pb2_grpc
         from services.trainer.servicer import TrainerServicer
 
         if settings.num_threads:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
 
 
 class BatchError(ValueError):

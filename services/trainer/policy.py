@@ -47,7 +47,7 @@ import torch.distributed as dist
 from transformers import PreTrainedModel
 
 from dockyard.algorithms import clipped_pg_loss, compute_advantages
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
 from dockyard.config import MasterConfig
 from dockyard.models.load import DTYPES, load_policy
 from services.trainer import checkpoint

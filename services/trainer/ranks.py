@@ -69,7 +69,7 @@ class Ranks:
 
 def follow(device: str, poll: timedelta = timedelta(seconds=30)) -> None:
     """Ranks > 0: run rank 0's commands until it says stop."""
-    from dockyard.common.v1 import common_pb2
+    from dockyard.api.common.v1 import common_pb2
     from dockyard.config import load_config_text
     from services.trainer.policy import PolicyTrainer
 

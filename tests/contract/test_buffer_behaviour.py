@@ -15,7 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
 from dockyard.rpc.errors import FailedPrecondition, NotFound, ResourceExhausted
 from services.buffer.backend import BufferBackend, BufferStats
 from services.buffer.memory import MemoryBuffer

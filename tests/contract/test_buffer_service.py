@@ -9,8 +9,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from dockyard.buffer.v1 import buffer_pb2 as pb
-from dockyard.buffer.v1 import buffer_pb2_grpc
+from dockyard.api.buffer.v1 import buffer_pb2 as pb
+from dockyard.api.buffer.v1 import buffer_pb2_grpc
 from dockyard.rpc.client import connect
 from tests.conftest import expect_code, make_group
 

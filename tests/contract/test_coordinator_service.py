@@ -12,9 +12,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from dockyard.api.coordinator.v1 import coordinator_pb2 as pb
+from dockyard.api.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.config import load_config_text
-from dockyard.coordinator.v1 import coordinator_pb2 as pb
-from dockyard.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.rpc.client import connect
 from services.coordinator.jobs import RUNNING, JobRecord
 from tests.conftest import expect_code, free_port

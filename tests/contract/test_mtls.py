@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
+from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
 from dockyard.rpc.auth import AuthSettings
 from dockyard.rpc.client import channel_health, connect, health_status
 from tests.conftest import REPO_ROOT, expect_code, free_port

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
+from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
 from dockyard.redis_url import RedisConfigError, mask_url, read_password
 from dockyard.rpc.client import connect
 from tests.conftest import REPO_ROOT, RedisServer, free_port, make_group, redis_binary
@@ -125,8 +125,8 @@ async def test_the_coordinator_keeps_jobs_in_a_protected_redis(
 ) -> None:
     import redis.asyncio as aioredis
 
+    from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
     from dockyard.config import load_config
-    from dockyard.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 
     (tmp_path / "pw").write_text(PASSWORD + "\n")
     env = coordinator_env(protected.url, DOCKYARD_COORDINATOR_STATE_REDIS_PASSWORD_FILE=str(tmp_path / "pw"))

@@ -8,8 +8,8 @@ import math
 import grpc
 import pytest
 
-from dockyard.common.v1 import common_pb2
-from dockyard.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from dockyard.api.common.v1 import common_pb2
+from dockyard.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from dockyard.rpc.client import connect, health_status
 from tests.conftest import expect_code
 

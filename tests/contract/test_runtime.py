@@ -10,9 +10,9 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
+from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
+from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.rpc.client import connect
-from dockyard.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 
 
 def test_sigterm_reports_not_serving_then_finishes_in_flight_calls(start_service) -> None:

@@ -6,9 +6,9 @@ import asyncio
 
 import grpc
 
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
+from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.rpc.client import connect
-from dockyard.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from tests.conftest import expect_code
 
 PASSED = common_pb2.VERDICT_STATUS_PASSED

@@ -12,9 +12,9 @@ import math
 import grpc
 import pytest
 
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
+from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.rpc.client import connect
-from dockyard.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 
 PASSED = common_pb2.VERDICT_STATUS_PASSED
 FAILED = common_pb2.VERDICT_STATUS_FAILED

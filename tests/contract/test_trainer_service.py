@@ -11,12 +11,12 @@ import grpc
 import torch
 from transformers import AutoModelForCausalLM
 
-from dockyard.buffer.v1 import buffer_pb2, buffer_pb2_grpc
-from dockyard.common.v1 import common_pb2
+from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
+from dockyard.api.common.v1 import common_pb2
+from dockyard.api.trainer.v1 import trainer_pb2 as pb
+from dockyard.api.trainer.v1 import trainer_pb2_grpc
 from dockyard.models.tokenizer import build_char_tokenizer
 from dockyard.rpc.client import connect
-from dockyard.trainer.v1 import trainer_pb2 as pb
-from dockyard.trainer.v1 import trainer_pb2_grpc
 from tests.conftest import REPO_ROOT, ServiceProcess, expect_code, free_port
 
 CONFIG = """

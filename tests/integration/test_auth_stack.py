@@ -19,9 +19,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from dockyard.api.coordinator.v1 import coordinator_pb2 as pb
+from dockyard.api.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.config import load_config
-from dockyard.coordinator.v1 import coordinator_pb2 as pb
-from dockyard.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.rpc.auth import AuthSettings
 from dockyard.rpc.client import connect
 from dockyard.stack import LocalStack

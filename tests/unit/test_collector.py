@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from dockyard.buffer.v1 import buffer_pb2
-from dockyard.common.v1 import common_pb2
+from dockyard.api.buffer.v1 import buffer_pb2
+from dockyard.api.common.v1 import common_pb2
 from services.coordinator.collector import put_with_backoff, reward_of
 from tests.conftest import make_group
 

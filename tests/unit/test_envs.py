@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
+from dockyard.api.rollout.v1 import rollout_pb2
+from dockyard.api.sandbox.v1 import sandbox_pb2
 from dockyard.config import ConfigError, load_config
-from dockyard.rollout.v1 import rollout_pb2
-from dockyard.sandbox.v1 import sandbox_pb2
 from dockyard.tasks import humaneval, swe
 from dockyard.tasks.envs import Environment, sandbox_env
 from services.coordinator.collector import Collector, reward_of

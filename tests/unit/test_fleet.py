@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
 from dockyard.config import load_config
 from services.coordinator.collector import Collector, reward_of
 from services.coordinator.fleet import ROLLOUT, SANDBOX, Fleet, FleetError

@@ -8,7 +8,7 @@ import asyncio
 
 import grpc
 
-from dockyard.coordinator.v1 import coordinator_pb2_grpc
+from dockyard.api.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.rpc.membership import Membership
 from dockyard.rpc.server import RpcContextInterceptor
 from services.coordinator.servicer import CoordinatorServicer

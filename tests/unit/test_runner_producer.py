@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dockyard.buffer.v1 import buffer_pb2
+from dockyard.api.buffer.v1 import buffer_pb2
 from dockyard.config import load_config
 from services.coordinator import runner as runner_module
 from services.coordinator.fleet import Fleet

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from dockyard.api.trainer.v1 import trainer_pb2
 from dockyard.config import load_config_text
-from dockyard.trainer.v1 import trainer_pb2
 from services.coordinator.jobs import RUNNING, JobRecord
 from services.coordinator.runner import JobRunner, Stubs
 from services.coordinator.settings import CoordinatorSettings

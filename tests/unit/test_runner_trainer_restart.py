@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from dockyard.buffer.v1 import buffer_pb2
+from dockyard.api.buffer.v1 import buffer_pb2
+from dockyard.api.rollout.v1 import rollout_pb2
+from dockyard.api.trainer.v1 import trainer_pb2
 from dockyard.config import load_config, load_config_text
-from dockyard.rollout.v1 import rollout_pb2
-from dockyard.trainer.v1 import trainer_pb2
 from services.coordinator import runner as runner_module
 from services.coordinator.collector import CollectStats
 from services.coordinator.fleet import ROLLOUT, SANDBOX, Fleet

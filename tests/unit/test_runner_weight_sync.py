@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from dockyard.rollout.v1 import rollout_pb2
-from dockyard.trainer.v1 import trainer_pb2
+from dockyard.api.rollout.v1 import rollout_pb2
+from dockyard.api.trainer.v1 import trainer_pb2
 from services.coordinator import runner as runner_module
 from services.coordinator.fleet import ROLLOUT, Fleet
 from services.coordinator.runner import SYNC_ATTEMPTS, JobRunner, TrainerRestarted

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
 from dockyard.rpc.errors import InvalidArgument
 from services.rollout.sampling import SamplingParams, sampling_from_proto, validate_num_samples
 

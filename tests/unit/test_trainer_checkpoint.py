@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
 from dockyard.config import load_config_text
 from services.trainer import checkpoint
 from services.trainer.policy import PolicyTrainer

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from dockyard.common.v1 import common_pb2
+from dockyard.api.common.v1 import common_pb2
 from dockyard.config import load_config_text
 from tests.conftest import REPO_ROOT, free_port
 

@@ -139,7 +139,7 @@ def test_missing_vllm_is_a_clear_failed_precondition(monkeypatch, model_dir) -> 
     with pytest.raises(VllmUnavailable, match="backend=vllm: vLLM is not importable"):
         import_vllm()
 
-    from dockyard.rollout.v1 import rollout_pb2
+    from dockyard.api.rollout.v1 import rollout_pb2
     from services.rollout.servicer import RolloutServicer
     from services.rollout.settings import RolloutSettings
 

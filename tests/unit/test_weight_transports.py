@@ -139,8 +139,8 @@ def test_side_group_epochs_follow_membership_and_failures() -> None:
 
 
 def test_coordinator_rpcs_hand_out_epochs_and_refuse_bad_members(tmp_path) -> None:
+    from dockyard.api.coordinator.v1 import coordinator_pb2 as pb
     from dockyard.config import load_config_text
-    from dockyard.coordinator.v1 import coordinator_pb2 as pb
     from dockyard.rpc.errors import FailedPrecondition, InvalidArgument
     from services.coordinator.jobs import CANCELLED, JobRecord
     from services.coordinator.servicer import CoordinatorServicer

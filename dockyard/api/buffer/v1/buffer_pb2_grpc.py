@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from dockyard.buffer.v1 import buffer_pb2 as dockyard_dot_buffer_dot_v1_dot_buffer__pb2
+from dockyard.api.buffer.v1 import buffer_pb2 as dockyard_dot_buffer_dot_v1_dot_buffer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

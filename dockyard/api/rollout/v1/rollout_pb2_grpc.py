@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from dockyard.rollout.v1 import rollout_pb2 as dockyard_dot_rollout_dot_v1_dot_rollout__pb2
+from dockyard.api.rollout.v1 import rollout_pb2 as dockyard_dot_rollout_dot_v1_dot_rollout__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

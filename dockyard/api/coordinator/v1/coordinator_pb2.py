@@ -22,7 +22,7 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from dockyard.common.v1 import common_pb2 as dockyard_dot_common_dot_v1_dot_common__pb2
+from dockyard.api.common.v1 import common_pb2 as dockyard_dot_common_dot_v1_dot_common__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 

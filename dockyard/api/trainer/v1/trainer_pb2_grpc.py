@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from dockyard.trainer.v1 import trainer_pb2 as dockyard_dot_trainer_dot_v1_dot_trainer__pb2
+from dockyard.api.trainer.v1 import trainer_pb2 as dockyard_dot_trainer_dot_v1_dot_trainer__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

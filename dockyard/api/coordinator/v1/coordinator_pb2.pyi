@@ -1,6 +1,6 @@
 import datetime
 
-from dockyard.common.v1 import common_pb2 as _common_pb2
+from dockyard.api.common.v1 import common_pb2 as _common_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
