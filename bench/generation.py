@@ -66,8 +66,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from dockyard.models import build_char_tokenizer
+    from services.rollout.decoding import DecodingParams
     from services.rollout.engine import TorchEngine
-    from services.rollout.sampling import SamplingParams
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --smoke on CPU")
@@ -82,7 +82,7 @@ def main() -> None:
     prompt_ids = tokenizer(prompt)["input_ids"]
     assert len(prompt_ids) == prompt_tokens, len(prompt_ids)
     engine = TorchEngine(model, tokenizer, device, kv_cache="static")  # also gives the model a neutral config
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True, seed=0)
+    decoding = DecodingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True, seed=0)
     say(f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters; prompt {prompt_tokens} tokens")
 
     def synced(fn):
@@ -118,9 +118,9 @@ def main() -> None:
         say(f"batch {batch}: baseline {hf_seconds:.1f} s, {tokens / hf_seconds:,.0f} tok/s")
 
         say(f"batch {batch}: engine warm-up of the same shape (static cache; compiles on CUDA)")
-        _, warm = synced(lambda batch=batch: engine.generate_blocking(prompt, batch, sampling))
+        _, warm = synced(lambda batch=batch: engine.generate_blocking(prompt, batch, decoding))
         say(f"batch {batch}: engine warm-up took {warm:.1f} s; timed run")
-        result, engine_seconds = synced(lambda batch=batch: engine.generate_blocking(prompt, batch, sampling))
+        result, engine_seconds = synced(lambda batch=batch: engine.generate_blocking(prompt, batch, decoding))
         assert all(len(c.token_ids) == new_tokens for c in result.completions)
         assert all(len(c.logprobs) == new_tokens for c in result.completions)
         say(f"batch {batch}: engine {engine_seconds:.1f} s, {tokens / engine_seconds:,.0f} tok/s")

@@ -28,8 +28,8 @@ import time
 
 import torch
 
-from dockyard.api.common.v1 import common_pb2
 from dockyard.config import load_config_text
+from services.trainer.experience import Sample, TrainingGroup
 
 QWEN25_05B = {
     "model_type": "qwen2",
@@ -72,7 +72,7 @@ grpo: {{num_prompts_per_step: {args.sequences // args.group_size}, num_generatio
 """
 
 
-def make_groups(args: argparse.Namespace, vocab: int) -> list[common_pb2.Group]:
+def make_groups(args: argparse.Namespace, vocab: int) -> list[TrainingGroup]:
     gen = torch.Generator().manual_seed(0)
 
     def length(upper: int) -> int:
@@ -81,20 +81,20 @@ def make_groups(args: argparse.Namespace, vocab: int) -> list[common_pb2.Group]:
     groups = []
     for g in range(args.sequences // args.group_size):
         prompt = torch.randint(4, vocab, (length(args.prompt_tokens),), generator=gen).tolist()
-        trajectories = []
+        samples = []
         for i in range(args.group_size):
             n = length(args.completion_tokens)
-            trajectories.append(
-                common_pb2.Trajectory(
+            samples.append(
+                Sample(
                     trajectory_id=f"g{g}/{i}",
-                    prompt_token_ids=prompt,
-                    completion_token_ids=torch.randint(4, vocab, (n,), generator=gen).tolist(),
-                    completion_logprobs=(-torch.rand(n, generator=gen) * 4).tolist(),
+                    prompt_ids=prompt,
+                    completion_ids=torch.randint(4, vocab, (n,), generator=gen).tolist(),
+                    generation_logprobs=(-torch.rand(n, generator=gen) * 4).tolist(),
                     reward=float(torch.rand((), generator=gen)),
                     valid=True,
                 )
             )
-        groups.append(common_pb2.Group(group_id=f"g{g}", job_id="bench", trajectories=trajectories))
+        groups.append(TrainingGroup(group_id=f"g{g}", samples=samples))
     return groups
 
 
@@ -140,7 +140,7 @@ def main() -> None:
     policy = PolicyTrainer(config, device)
     cfg = policy.model.config
     groups = make_groups(args, cfg.vocab_size)
-    lengths = [len(t.prompt_token_ids) + len(t.completion_token_ids) for g in groups for t in g.trajectories]
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for g in groups for s in g.samples]
     flops = model_flops(cfg, lengths)
     tokens = sum(lengths)
     print(

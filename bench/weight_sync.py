@@ -7,7 +7,7 @@
     rollout process (GPU 1): a TorchEngine holding a Qwen2-7B-shaped model
         ──engine.receive_weights──    what the rollout's ReceiveWeights runs: refit plan onto the engine's
                                       parameters, receive, unpack into them, tag the version
-    baseline, same processes and side group: one raw broadcast of a single buffer of the same bytes
+    baseline, same processes and weight-sync group: one raw broadcast of a single buffer of the same bytes
 
 The refit runs as the deployment configures it except for the checksum
 (cluster.weight_sync_checksum, on by default: a SHA-256 of every byte on the
@@ -111,7 +111,9 @@ def member(role: str, rendezvous, args: argparse.Namespace, out: mp.Queue) -> No
         tensors = list(engine.named_weights().items())
     nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
     sync_device()
-    say(role, f"{len(tensors)} tensors, {nbytes / 1e9:.2f} GB; joining the side group (epoch {rendezvous.epoch})")
+    say(
+        role, f"{len(tensors)} tensors, {nbytes / 1e9:.2f} GB; joining the weight-sync group (epoch {rendezvous.epoch})"
+    )
     group = transport._group(rendezvous)
     flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
 

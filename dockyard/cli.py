@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -86,7 +87,7 @@ def prepare(cfg) -> None:
 
 
 def _job_line(job) -> str:
-    from services.coordinator.jobs import state_name
+    from dockyard.jobs import state_name
 
     reward = job.metrics.get("reward_mean")
     val = job.validation_metrics.get("pass_rate")
@@ -223,7 +224,7 @@ async def _follow(address: str, job_id: str, stack=None) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dockyard.api.coordinator.v1 import coordinator_pb2
-    from services.coordinator.jobs import FINISHED
+    from dockyard.jobs import FINISHED
 
     channel, stub = _coordinator(address)
     async with channel:
@@ -402,34 +403,20 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_build_swe(args) -> int:
-    from services.sandbox.task_builder import build
-
     package, sep, version = args.package.partition("==")
     if not sep or not package or not version:
         print(f"error: package must be NAME==VERSION, got {args.package!r}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        made = build(
-            package,
-            version,
-            Path(args.out),
-            modules=args.module,
-            test_files=args.test_file,
-            max_instances=args.max_instances,
-            max_candidates=args.max_candidates,
-            seed=args.seed,
-            sdist=Path(args.sdist) if args.sdist else None,
-        )
-    except (OSError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    for instance in made:
-        print(
-            f"{instance['instance_id']}: {len(instance['FAIL_TO_PASS'])} FAIL_TO_PASS, "
-            f"{len(instance['PASS_TO_PASS'])} PASS_TO_PASS"
-        )
-    print(f"{len(made)} instance(s) in {args.out}/instances.jsonl")
-    return 0 if made else 1
+    # The builder is a sandbox-side tool (it grades with the sandbox's log parser): it runs as its own
+    # process, as the services do, so the library never imports it.
+    argv = [args.package, "--out", args.out]
+    argv += [a for module in args.module for a in ("--module", module)]
+    argv += [a for test_file in args.test_file for a in ("--test-file", test_file)]
+    argv += ["--max-instances", str(args.max_instances), "--max-candidates", str(args.max_candidates)]
+    argv += ["--seed", str(args.seed)]
+    if args.sdist:
+        argv += ["--sdist", args.sdist]
+    return subprocess.run([sys.executable, "-m", "services.sandbox.task_builder", *argv]).returncode
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -244,10 +244,10 @@ class ClusterConfig(Section):
     )
     weight_sync_transport: Literal["collective", "checkpoint"] = Field(
         "collective",
-        description="How weights reach rollout replicas: the torch.distributed side group, or safetensors "
+        description="How weights reach rollout replicas: the torch.distributed weight-sync group, or safetensors "
         "files in a folder both can read (layouts without a shared collective).",
     )
-    weight_sync_backend: Literal["gloo", "nccl"] = Field("gloo", description="Side-group backend.")
+    weight_sync_backend: Literal["gloo", "nccl"] = Field("gloo", description="Weight-sync group backend.")
     weight_sync_bucket_mb: int = Field(
         256, ge=1, description="Bucket size of the packed transfer (two are in flight); shard size of the folder."
     )

@@ -1,6 +1,6 @@
 """GRPO math as a pure torch library: advantages, losses, reward shaping, launch rules.
 
-    rewards ─> rewards.* (shaping) ─> sampling.dynamic_sampling_mask ─> advantages.compute_advantages
+    rewards ─> rewards.* (shaping) ─> dynamic_sampling.dynamic_sampling_mask ─> advantages.compute_advantages
             ─> loss.clipped_pg_loss (with loss.kl_estimate) ─> scalar loss + metrics
 
 Guarantees: every name below is public API with a stable signature; nothing here holds state,
@@ -8,10 +8,10 @@ touches a device other than its inputs', or does I/O. Formulas and defaults: doc
 """
 
 from dockyard.algorithms.advantages import SCALES, compute_advantages, opd_advantages
+from dockyard.algorithms.dynamic_sampling import dynamic_sampling_mask
 from dockyard.algorithms.launch_rules import launch_errors
 from dockyard.algorithms.loss import IS_CORRECTIONS, KL_TYPES, REDUCTIONS, clipped_pg_loss, kl_estimate
 from dockyard.algorithms.rewards import apply_integrity, invalid_action_penalty, overlong_penalty, scale_rewards
-from dockyard.algorithms.sampling import dynamic_sampling_mask
 
 __all__ = [
     "IS_CORRECTIONS",

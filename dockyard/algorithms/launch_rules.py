@@ -46,8 +46,9 @@ def launch_errors(
                     f"(seq-mask-tis or icepop with loss_fn.is_min/is_max is the usual choice), or set {_ASYNC}=false",
                 )
             )
-        # The async path trains on rewards exactly as the collector stored them; these are
-        # batch-level transforms that only the synchronous loop applies.
+        # The collector applies all three to each group before the put, in either loop; the rule
+        # keeps them to synchronous runs, whose steps train on groups of one weight version
+        # (docs/algorithms.md, launch rules).
         for field, feature, enabled in (
             ("grpo.dynamic_sampling.enabled", "dynamic sampling", dynamic_sampling),
             ("grpo.reward_scaling.enabled", "reward scaling", reward_scaling),

@@ -54,7 +54,8 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFas
 
 from dockyard.models.build import DEFAULT_MODEL, build_random_model
 from dockyard.models.tokenizer import build_char_tokenizer
-from dockyard.tasks.expr import Task, make_tasks
+from dockyard.tasks.expr import make_tasks
+from dockyard.tasks.task import Task
 
 # The recipe's values live in examples/configs/tiny_expr.yaml; this is the
 # demonstrator's default, measured to leave GRPO a visible gain.

@@ -2,17 +2,15 @@
 
 Every call made through `connect()` carries a deadline (the caller's
 `timeout=` or the channel default), so a dead peer never hangs a caller.
-Retries happen only for the methods listed in IDEMPOTENT (calling them twice
-has the effect of calling them once), through the channel's service config,
-and only on UNAVAILABLE. With DOCKYARD_AUTH_TOKEN(_FILE) set, every call
-carries `authorization: Bearer <token>`; with DOCKYARD_TLS_* set, channels are
-mutual TLS (see auth.py). Health checks use the same transport.
+The channel retries only the methods that dockyard.rpc.retry lists in
+CHANNEL_RETRIED (idempotent, retried by no caller), and only on UNAVAILABLE.
+With DOCKYARD_AUTH_TOKEN(_FILE) set, every call carries `authorization: Bearer
+<token>`; with DOCKYARD_TLS_* set, channels are mutual TLS (see auth.py). Health checks use the same transport.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 import grpc
@@ -20,16 +18,8 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dockyard.rpc.auth import AUTH_METADATA_KEY, AuthSettings, bearer, load_auth_settings
+from dockyard.rpc.retry import channel_service_config
 from dockyard.rpc.server import message_size_options
-
-# Methods safe to repeat, by service: the only ones the channel retries.
-IDEMPOTENT: dict[str, tuple[str, ...]] = {
-    "dockyard.coordinator.v1.CoordinatorService": ("GetJob", "ListJobs", "GetWeightSyncGroup", "ListMembers"),
-    "dockyard.trainer.v1.TrainerService": ("LoadPolicy",),
-    "dockyard.rollout.v1.RolloutService": ("LoadPolicy", "GetEngineInfo"),
-    "dockyard.buffer.v1.BufferService": ("OpenJob", "PutGroup", "AckGroups", "GetStats"),
-    "dockyard.sandbox.v1.SandboxService": ("Execute", "RunTests"),
-}
 
 
 class _CallDefaults(grpc.aio.UnaryUnaryClientInterceptor):
@@ -95,20 +85,6 @@ class _StreamStreamToken(grpc.aio.StreamStreamClientInterceptor):
         return await continuation(_with_token(client_call_details, self._authorization), request_iterator)
 
 
-def _service_config(service: str | None) -> str:
-    names = [{"service": service, "method": method} for method in IDEMPOTENT.get(service or "", ())]
-    if not names:
-        return json.dumps({})
-    policy = {
-        "maxAttempts": 4,
-        "initialBackoff": "0.2s",
-        "maxBackoff": "2s",
-        "backoffMultiplier": 2,
-        "retryableStatusCodes": ["UNAVAILABLE"],
-    }
-    return json.dumps({"methodConfig": [{"name": names, "retryPolicy": policy}]})
-
-
 def connect(
     address: str,
     *,
@@ -118,7 +94,7 @@ def connect(
     auth: AuthSettings | None = None,
     max_reconnect_backoff: float | None = None,
 ) -> grpc.aio.Channel:
-    """A channel to `address`; calls to `service`'s IDEMPOTENT methods are retried.
+    """A channel to `address`; calls to `service`'s CHANNEL_RETRIED methods are retried.
 
     `auth` (default: read from the environment) adds the shared token and mTLS when configured.
     `max_reconnect_backoff` caps gRPC's wait between reconnection attempts (120 s by default), for
@@ -127,7 +103,7 @@ def connect(
     auth = auth or load_auth_settings()
     options = [
         *message_size_options(max_message_mb),
-        ("grpc.service_config", _service_config(service)),
+        ("grpc.service_config", channel_service_config(service)),
         ("grpc.enable_retries", 1),
     ]
     if max_reconnect_backoff is not None:

@@ -20,7 +20,7 @@ from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.config import DatasetConfig, MasterConfig
 from dockyard.tasks import expr, humaneval, swe
-from dockyard.tasks.expr import Task
+from dockyard.tasks.task import Task
 
 # The RPC deadline is the sandbox's wall-clock limit plus this margin (queueing, checkout, transfer).
 DEADLINE_MARGIN_SECONDS = 30.0

@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass
 from functools import cache
+
+from dockyard.tasks.task import Task
 
 SHOWN_INPUTS: tuple[int, ...] = (0, 1, 2, 3, 4, 5)
 HELD_OUT_INPUTS: tuple[int, ...] = (7, 10)
@@ -51,14 +52,6 @@ TEST_INPUTS: tuple[int, ...] = SHOWN_INPUTS + HELD_OUT_INPUTS
 # Roughly one function in four goes to validation.
 _VALIDATION_BUCKETS = 4
 SPLITS = ("train", "validation")
-
-
-@dataclass(frozen=True)
-class Task:
-    task_id: str
-    prompt: str
-    tests: tuple[str, ...]  # Python assert statements calling f(x)
-    solution: str  # reference completion (expression text, no trailing newline)
 
 
 def _linear(a: int, b: int) -> str:

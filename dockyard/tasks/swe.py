@@ -16,7 +16,7 @@ import random
 import re
 from pathlib import Path
 
-from dockyard.tasks.expr import Task
+from dockyard.tasks.task import Task
 
 PROMPT = (
     "You are working in the repository {repo} at its current commit.\n"

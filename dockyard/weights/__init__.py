@@ -1,9 +1,9 @@
 """Moving weights from the trainer to rollout replicas, never inside an RPC.
 
-collective.py     the torch.distributed side group (gloo on CPU, NCCL on GPU)
+collective.py     the torch.distributed weight-sync group (gloo on CPU, NCCL on GPU)
                   and the bucketed broadcast that runs on it
 refit.py          the trainer's tensor names and shapes mapped onto the engine's
-transports.py     the two ways weights travel: the side group, a checkpoint folder
+transports.py     the two ways weights travel: the weight-sync group, a checkpoint folder
 synchronizer.py   the sync state machine around a transport, and recovery after a failure
-rendezvous.py     joining a job's side group from the coordinator's rendezvous
+rendezvous.py     joining a job's weight-sync group from the coordinator's rendezvous
 """

@@ -1,4 +1,4 @@
-"""Weights over a torch.distributed side group: direct and packed transfers with a timeout on every wait.
+"""Weights over a torch.distributed weight-sync group: direct and packed transfers with a timeout on every wait.
 
     trainer (rank 0, hosts the TCPStore)                       rollout ranks 1..N
       manifest (names, shapes, dtypes) ──broadcast──>          refit_plan -> all agree (all-reduce MIN)
@@ -6,7 +6,7 @@
       large tensors: their own bytes ──broadcast──>            straight into the engine's tensor
                      (or via a bucket buffer where layout or dtype differ)
 
-The side group is a standalone ProcessGroupGloo/NCCL built on its own
+The weight-sync group is a standalone ProcessGroupGloo/NCCL built on its own
 TCPStore, so it never touches the default process group that FSDP uses.
 
 Guarantees:
@@ -78,7 +78,7 @@ class SyncReport:
 
 
 class SideGroup:
-    """One member's handle on the side group of one epoch."""
+    """One member's handle on the weight-sync group of one epoch."""
 
     def __init__(
         self, rendezvous: Rendezvous, timeout: timedelta = timedelta(seconds=120), device: str | None = None
@@ -110,7 +110,7 @@ class SideGroup:
             chosen = torch.device(device) if device and device.startswith("cuda") else torch.device("cuda")
             self.device = chosen if chosen.index is not None else torch.device("cuda", torch.cuda.current_device())
         else:
-            raise ValueError(f"unknown side-group backend {rendezvous.backend!r}: use gloo or nccl")
+            raise ValueError(f"unknown weight-sync group backend {rendezvous.backend!r}: use gloo or nccl")
 
     @property
     def rank(self) -> int:
@@ -118,7 +118,7 @@ class SideGroup:
 
     def _fail(self, what: str, cause: object) -> SyncFailed:
         return SyncFailed(
-            f"side group epoch {self.rendezvous.epoch}, rank {self.rank}: {what} failed or timed out "
+            f"weight-sync group epoch {self.rendezvous.epoch}, rank {self.rank}: {what} failed or timed out "
             f"after at most {self.timeout.total_seconds():g}s (a peer died or stalled): {cause}"
         )
 
@@ -151,7 +151,9 @@ class SideGroup:
         try:
             return self.pg.broadcast(tensor, 0)
         except Exception as exc:  # noqa: BLE001
-            raise SyncFailed(f"side group epoch {self.rendezvous.epoch}, rank {self.rank}: broadcast: {exc}") from exc
+            raise SyncFailed(
+                f"weight-sync group epoch {self.rendezvous.epoch}, rank {self.rank}: broadcast: {exc}"
+            ) from exc
 
     def _broadcast(self, tensor: torch.Tensor, what: str = "broadcast") -> None:
         self._wait(self.broadcast_async(tensor), what)
@@ -163,7 +165,7 @@ class SideGroup:
         try:
             work = self.pg.allreduce([flag], opts)
         except Exception as exc:  # noqa: BLE001
-            raise SyncFailed(f"side group epoch {self.rendezvous.epoch}: all-reduce: {exc}") from exc
+            raise SyncFailed(f"weight-sync group epoch {self.rendezvous.epoch}: all-reduce: {exc}") from exc
         self._wait(work, "agreement all-reduce")
         return bool(flag.item())
 

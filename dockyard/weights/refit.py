@@ -3,7 +3,7 @@
     trainer names (FSDP / compile / DDP wrappers) ──canonical_name──> checkpoint names
     checkpoint names + shapes ──refit_plan(engine layout)──> the engine tensor each one loads into
 
-Guarantees: every transport (side group, checkpoint folder) goes through
+Guarantees: every transport (weight-sync group, checkpoint folder) goes through
 `refit_plan`, so a name or shape the engine does not have, or an engine
 tensor the trainer does not send, is a RefitError that names the tensors at
 fault before any byte is loaded. Dtypes may differ: the receiver casts on

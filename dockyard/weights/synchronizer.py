@@ -9,7 +9,7 @@
 
 Guarantees: a sync either completes (the version is recorded, no longer
 stale) or raises WeightSyncFailed with the cause within the transport's
-timeout; after a failure the side group has been torn down and the
+timeout; after a failure the weight-sync group has been torn down and the
 coordinator has moved to a new epoch, so the next sync forms a fresh group
 instead of waiting on a dead one. Blocking transport work runs in a worker
 thread, never on the event loop.
@@ -80,7 +80,7 @@ class WeightSynchronizer:
             if rendezvous is not None:
                 try:
                     fresh = await self.rendezvous(rendezvous.epoch)  # type: ignore[misc]
-                    next_epoch = f"; the side group is formed again as epoch {fresh.epoch} at the next sync"
+                    next_epoch = f"; the weight-sync group is formed again as epoch {fresh.epoch} at the next sync"
                 except Exception as report_exc:  # noqa: BLE001 - the coordinator may be gone too
                     next_epoch = f"; reporting the failed epoch to the coordinator failed too: {report_exc}"
             log.warning("weight sync failed", version=version, error=str(exc))

@@ -1,6 +1,6 @@
 """The two ways weights travel, chosen from the deployment (cluster.weight_sync_transport).
 
-    collective   torch.distributed side group (NCCL on GPUs, gloo on CPUs), packed buckets
+    collective   torch.distributed weight-sync group (NCCL on GPUs, gloo on CPUs), packed buckets
     checkpoint   a shared folder: the trainer writes version v as safetensors shards,
                  every replica reads them (layouts without a shared collective)
 
@@ -81,7 +81,7 @@ def transport_from_spec(spec: dict, device: str | None = None) -> Transport:
 
 
 class CollectiveTransport(Transport):
-    """The side group of the rendezvous each call is given; formed again when that rendezvous changes."""
+    """The weight-sync group of the rendezvous each call is given; formed again when that rendezvous changes."""
 
     name = "collective"
     needs_rendezvous = True
@@ -111,7 +111,7 @@ class CollectiveTransport(Transport):
             self.group = SideGroup(rendezvous, self.timeout, self.device)
         except Exception as exc:  # noqa: BLE001 - store or connect errors: the peers never came
             raise SyncFailed(
-                f"forming the side group of epoch {rendezvous.epoch} (rank {rendezvous.rank} of "
+                f"forming the weight-sync group of epoch {rendezvous.epoch} (rank {rendezvous.rank} of "
                 f"{rendezvous.world_size}) failed within {self.timeout.total_seconds():g}s: {exc}"
             ) from exc
         return self.group

@@ -1,13 +1,15 @@
-"""The coordinator: jobs, the weight-version clock, the side-group rendezvous, the fleet, the collector.
+"""The coordinator: jobs, the weight-version clock, weight-sync groups, the fleet, producing experience.
 
-    RegisterMember / Heartbeat ─> fleet (rollout replicas, sandbox workers; fleet.py)
-    CreateJob ─> JobRunner (one asyncio task per job):
-        wait for the fleet ─> load policy on trainer + every replica ─> weights v0 over the side group
-        repeat: collector (Generate on a replica ─> RunTests on a worker ─> rewards ─> buffer.PutGroup)
-                trainer.TrainStep ─> PushWeights/ReceiveWeights ─> validation every val_period
-        ─> checkpoint ─> SUCCEEDED
+    RegisterMember / Heartbeat ─> fleet.py (rollout replicas, sandbox workers)
+    GetWeightSyncGroup ─────────> weight_sync_groups.py (members, ranks, epochs of every job's group)
+    CreateJob ─> jobs.py record (store.py persists it) ─> runner.py JobRunner, one asyncio task per job:
+        wait for the fleet ─> load policy on trainer + every replica ─> weights v0 over the weight-sync group
+        repeat: producer.py (tasks ─> collector.py: Generate ─> RunTests ─> rewards ─> job_buffer.py PutGroup)
+                trainer_client.py TrainStep ─> weight_sync.py PushWeights/ReceiveWeights ─> validation
+        ─> checkpoint ─> SUCCEEDED          (recovery.py: resumes, trainer and coordinator restarts)
 
 Guarantees: a job moves only along PENDING → RUNNING → {SUCCEEDED, FAILED,
-CANCELLED} (PENDING may also be cancelled); every step's metrics and every
-validation go to runs/<job-id>/metrics.jsonl next to the resolved config.
+CANCELLED} (PENDING may also fail or be cancelled); every step's metrics
+(step_metrics.py) and every validation go to runs/<job-id>/metrics.jsonl next
+to the resolved config (run_folder.py).
 """

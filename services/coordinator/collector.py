@@ -6,10 +6,12 @@
 
 Routing (services/coordinator/fleet.py): a group goes whole to one replica
 (sticky per group id, least loaded when assigned) that holds the job's policy
-at `required_version` (sync mode: the current version; None: any synced
-version). When that call fails with UNAVAILABLE / DEADLINE_EXCEEDED /
-CANCELLED, or the replica expires while it runs, the replica is taken out of
-routing until it heartbeats again and the group (same id) is generated again
+at `routing.required_version` (sync mode: the current version; None: any
+synced version); when none is ready, `routing.admit()` brings replicas that
+joined to that version (services/coordinator/weight_sync.py). When that call
+fails with UNAVAILABLE / DEADLINE_EXCEEDED / CANCELLED (PEER_LOST), or the
+replica expires while it runs, the replica is taken out of routing until it
+heartbeats again and the group (same id) is generated again
 on another ready replica, at most `max_regenerations` times (counted). A
 scoring call that fails with UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE is
 tried on another worker, at most `max_scoring_attempts` workers (retries
@@ -18,41 +20,40 @@ counted); when none can score it, its verdict is ERROR.
 Guarantees: an infrastructure failure (sandbox ERROR, an unreachable or
 overloaded sandbox) becomes an invalid trajectory, masked out of every group
 statistic, never a fake zero reward; a request the sandbox refuses as invalid
-(a config asking for limits beyond its ceilings) fails the job instead, and so
-does a step in which every trajectory failed, since it could teach nothing; a
-group is put whole, once, with a stable id (`<job>/s<step>/g<index>` in
-synchronous mode, `<job>/g<index>` in asynchronous mode, `<job>/r<run>/...`
-after a trainer restart), so a retried put is a no-op; a full or unreachable
-buffer (RESOURCE_EXHAUSTED, UNAVAILABLE) is waited out with backoff; every
-finished group's outcome (put, duplicate, dropped_stale, dropped_uniform) is
-reported through `on_group`; with dynamic sampling, groups whose valid rewards are all equal are
-dropped (counted) and refilled from further tasks.
+(a config asking for limits beyond its ceilings) fails the job instead; a
+group is put whole, once, under the id its producer gave it
+(services/coordinator/producer.py), so a retried put is a no-op; a full or
+unreachable buffer is waited out by JobBuffer.put; every finished group's
+outcome (put, duplicate, dropped_stale, dropped_uniform) is reported through
+`on_group`; with dynamic sampling, `deliver` drops groups whose valid rewards
+are all equal (counted), and the producer draws further tasks.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import grpc
 import structlog
 import torch
 
 from dockyard.algorithms import apply_integrity, dynamic_sampling_mask, overlong_penalty, scale_rewards
-from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.rollout.v1 import rollout_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2
 from dockyard.config import MasterConfig, SamplingConfig
+from dockyard.rpc.retry import OVERLOADED, PEER_LOST
 from dockyard.tasks.envs import environment
-from dockyard.tasks.expr import Task
-from services.coordinator.fleet import MEMBER_DOWN, Fleet, Member
+from dockyard.tasks.task import Task
+from services.coordinator.fleet import Fleet, Member, NoReplica
+from services.coordinator.job_buffer import JobBuffer
 
 # Sandbox failures that another worker may not have: try the call there.
-SCORING_RETRIABLE = MEMBER_DOWN | {grpc.StatusCode.RESOURCE_EXHAUSTED}
+SCORING_RETRIABLE = PEER_LOST | OVERLOADED
 # The job's own request is wrong (limits, task set), not the sandbox: fail the job.
 SCORING_REFUSED = frozenset(
     {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
@@ -85,25 +86,6 @@ def sampling_params(sampling: SamplingConfig, seed: int | None = None) -> common
     return params
 
 
-class TaskStream:
-    """Endless, seeded, epoch-shuffled stream of training tasks."""
-
-    def __init__(self, tasks: Sequence[Task], seed: int) -> None:
-        self._tasks = list(tasks)
-        self._rng = random.Random(seed)
-
-    def __iter__(self) -> Iterator[Task]:
-        while True:
-            order = self._tasks[:]
-            self._rng.shuffle(order)
-            yield from order
-
-
-def load_tasks(config: MasterConfig, split: str) -> list[Task]:
-    dataset = config.data.train if split == "train" else config.data.validation
-    return environment(config).load(split, dataset)
-
-
 @dataclass
 class CollectStats:
     groups: int = 0
@@ -120,8 +102,13 @@ class ReplicaLost(Exception):
     """The replica serving a Generate expired (no heartbeat) while the call ran."""
 
 
-class NoReplica(RuntimeError):
-    """No rollout replica became ready within the fleet wait timeout."""
+class Routing(Protocol):
+    """Which replicas may generate (services/coordinator/weight_sync.py implements it)."""
+
+    required_version: int | None
+
+    async def admit(self) -> None:
+        """Bring replicas that joined to the current version."""
 
 
 class Collector:
@@ -130,7 +117,8 @@ class Collector:
         job_id: str,
         config: MasterConfig,
         fleet: Fleet,
-        buffer: buffer_pb2_grpc.BufferServiceStub,
+        buffer: JobBuffer | None,
+        routing: Routing,
         *,
         max_generations: int,
         max_scoring: int,
@@ -138,32 +126,25 @@ class Collector:
         max_regenerations: int = 3,
         max_scoring_attempts: int = 3,
         wait_timeout: float = 120.0,
+        on_group: Callable[[str, str, int], None] = lambda *_: None,
     ) -> None:
         self.job_id = job_id
         self.config = config
-        self.fleet, self.buffer = fleet, buffer
+        self.fleet, self.buffer, self.routing = fleet, buffer, routing
         self._generations = asyncio.Semaphore(max_generations)
         self._scoring = asyncio.Semaphore(max_scoring)
         self._generate_timeout = generate_timeout
         self._max_regenerations = max_regenerations
         self._max_scoring_attempts = max_scoring_attempts
         self._wait_timeout = wait_timeout
-        # Sync mode sets the version every generation must use; None routes to any synced replica.
-        self.required_version: int | None = None
-        # Called when no replica is ready: loads and syncs replicas that joined (the runner's).
-        self.admit: Callable[[], Awaitable[None]] | None = None
+        # Called with (group id, outcome, weight version) for every group the collector finished.
+        self._on_group = on_group
         self.regenerated_groups = 0
         self.sandbox_retries = 0
         # One record per Generate (replica, group, start/end since the job started, version, tokens).
         self.timeline: list[dict] = []
         self._started = time.monotonic()
         self.env = environment(config)
-        self.tasks = iter(TaskStream(load_tasks(config, "train"), config.grpo.seed))
-        # Group ids start with this; a job that went on after a trainer restart adds a run number,
-        # so the groups of the resumed run never collide with the acked ids of the lost one.
-        self.id_prefix = job_id
-        # Called with (group id, outcome, weight version) for every group the collector finished.
-        self.on_group: Callable[[str, str, int], None] = lambda *_: None
         limits = config.env.sandbox
         self._limits = sandbox_pb2.Limits(
             timeout_seconds=limits.timeout_seconds,
@@ -171,6 +152,15 @@ class Collector:
             cpu_seconds=limits.cpu_seconds,
             max_output_bytes=limits.max_output_bytes,
         )
+
+    def take_timeline(self) -> list[dict]:
+        """The Generate records since the last call."""
+        timeline, self.timeline = self.timeline, []
+        return timeline
+
+    def record_outcome(self, group_id: str, outcome: str, weight_version: int) -> None:
+        """Report a group's outcome decided outside the collector (a producer's failed group)."""
+        self._on_group(group_id, outcome, weight_version)
 
     async def score(self, task: Task, completion_text: str, request_id: str) -> common_pb2.Verdict:
         """The verdict of one completion; ERROR (invalid, masked) when no sandbox worker could score it."""
@@ -189,7 +179,7 @@ class Collector:
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() in SCORING_REFUSED:
                         raise RuntimeError(f"the sandbox refused the job's request: {exc.details()}") from None
-                    if exc.code() in MEMBER_DOWN:
+                    if exc.code() in PEER_LOST:
                         self.fleet.mark_failed(worker)
                     tried.add(worker.name)
                     error = f"sandbox {worker.name}: {exc.code().name}: {exc.details()}"
@@ -218,7 +208,7 @@ class Collector:
                         reply = await self._generate_on(replica, request)
                 except (grpc.aio.AioRpcError, ReplicaLost) as exc:
                     code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
-                    if code is not None and code not in MEMBER_DOWN:
+                    if code is not None and code not in PEER_LOST:
                         raise
                     self.fleet.mark_failed(replica)
                     if attempt == self._max_regenerations:
@@ -249,17 +239,17 @@ class Collector:
     async def _ready_replica(self, group_id: str) -> Member:
         deadline = time.monotonic() + self._wait_timeout
         while True:
-            replica = self.fleet.pick_replica(self.job_id, group_id, self.required_version)
+            version = self.routing.required_version
+            replica = self.fleet.pick_replica(self.job_id, group_id, version)
             if replica is not None:
                 return replica
-            if self.admit is not None:
-                await self.admit()
-                replica = self.fleet.pick_replica(self.job_id, group_id, self.required_version)
-                if replica is not None:
-                    return replica
+            await self.routing.admit()
+            replica = self.fleet.pick_replica(self.job_id, group_id, self.routing.required_version)
+            if replica is not None:
+                return replica
             if time.monotonic() > deadline:
                 raise NoReplica(
-                    f"no rollout replica ready at weight version {self.required_version} "
+                    f"no rollout replica ready at weight version {version} "
                     f"within {self._wait_timeout:.0f}s (fleet: {[m.name for m in self.fleet.alive('rollout')]})"
                 )
             await self.fleet.changed(1.0)
@@ -330,43 +320,15 @@ class Collector:
             if t.valid:
                 t.reward = r
 
-    async def collect_step(self, step: int) -> CollectStats:
-        """Put num_prompts_per_step whole groups for `step` into the buffer."""
-        grpo = self.config.grpo
-        stats = CollectStats()
-        wanted = grpo.num_prompts_per_step
-        rounds = 1 + (grpo.dynamic_sampling.max_refills if grpo.dynamic_sampling.enabled else 0)
-        index = 0
-        for _ in range(rounds):
-            missing = wanted - stats.groups
-            if missing <= 0:
-                break
-            batch = []
-            for _ in range(missing):
-                seed = grpo.seed * 1_000_003 + step * 1009 + index
-                batch.append((next(self.tasks), f"{self.id_prefix}/s{step}/g{index}", seed))
-                index += 1
-            groups = await asyncio.gather(*(self.make_group(task, gid, seed) for task, gid, seed in batch))
-            for group in groups:
-                await self.deliver(group, stats)
-        if stats.groups == 0:
-            raise RuntimeError(
-                f"step {step}: no group reached the buffer in {rounds} round(s): "
-                f"{stats.dropped_uniform} had uniform rewards, {stats.dropped_stale} were stale on arrival"
-            )
-        if stats.invalid == stats.trajectories:
-            raise RuntimeError(f"step {step}: every trajectory failed in the sandbox (verdicts: {stats.verdicts})")
-        return stats
-
     async def deliver(self, group: common_pb2.Group, stats: CollectStats) -> bool:
         """Put one finished group into the buffer (or drop it), counting it in `stats`; True if it is held."""
         if self.config.grpo.dynamic_sampling.enabled and not _has_signal(group):
             stats.dropped_uniform += 1
-            self.on_group(group.group_id, "dropped_uniform", group.weight_version)
+            self._on_group(group.group_id, "dropped_uniform", group.weight_version)
             return False
-        reply = await put_with_backoff(self.buffer, group)
+        reply = await self.buffer.put(group)
         outcome = "duplicate" if reply.duplicate else "dropped_stale" if reply.dropped_stale else "put"
-        self.on_group(group.group_id, outcome, group.weight_version)
+        self._on_group(group.group_id, outcome, group.weight_version)
         if outcome != "put":
             stats.dropped_stale += reply.dropped_stale
             return False
@@ -397,28 +359,6 @@ class Collector:
             "num_tasks": float(len(tasks)),
             "invalid": float(len(results) - len(valid)),
         }
-
-
-# Put errors waited out: a full buffer, and a buffer that is down (restarting; puts are idempotent).
-_RETRIED_PUT = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-
-
-async def put_with_backoff(
-    buffer: buffer_pb2_grpc.BufferServiceStub, group: common_pb2.Group, max_wait: float = 600.0
-) -> buffer_pb2.PutGroupResponse:
-    """PutGroup, waiting with exponential backoff while the buffer is full or unreachable."""
-    delay, waited = 0.1, 0.0
-    while True:
-        try:
-            return await buffer.PutGroup(buffer_pb2.PutGroupRequest(group=group), timeout=30)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() not in _RETRIED_PUT or waited >= max_wait:
-                raise
-            reason = "full" if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED else "unavailable"
-        log.info("buffer " + reason + ", backing off", seconds=delay)
-        await asyncio.sleep(delay)
-        waited += delay
-        delay = min(delay * 2, 5.0)
 
 
 def _has_signal(group: common_pb2.Group) -> bool:

@@ -41,9 +41,11 @@ ROLLOUT, SANDBOX = "rollout", "sandbox"
 KINDS = {coordinator_pb2.MEMBER_KIND_ROLLOUT: ROLLOUT, coordinator_pb2.MEMBER_KIND_SANDBOX: SANDBOX}
 NAME = {kind: re.compile(member_name_pattern(kind)) for kind in (ROLLOUT, SANDBOX)}
 ADDRESS = re.compile(r"^[^\s:]+:[0-9]{1,5}$")
-# Status codes after which a member is taken out of routing until it heartbeats again.
-MEMBER_DOWN = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
 STICKY_GROUPS = 10_000
+
+
+class NoReplica(RuntimeError):
+    """No rollout replica became ready within the fleet wait timeout."""
 
 
 class FleetError(ValueError):

@@ -1,7 +1,7 @@
-"""Job records and their state machine.
+"""Job records and their state machine over the job states of dockyard.jobs.
 
     PENDING ─> RUNNING ─> SUCCEEDED | FAILED | CANCELLED
-       └──────────────────────────────────────> CANCELLED
+       └─────────────────────────────> FAILED | CANCELLED
 
 Guarantees: `transition` refuses any other move with FailedPrecondition, so a
 finished job never changes state again. Every change (`transition`, `touch`)
@@ -21,22 +21,12 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from dockyard.api.coordinator.v1 import coordinator_pb2
 from dockyard.config import MasterConfig, load_config_text
+from dockyard.jobs import CANCELLED, FAILED, FINISHED, PENDING, RUNNING, SUCCEEDED, state_name
 from dockyard.rpc.errors import FailedPrecondition
 
-PENDING, RUNNING = coordinator_pb2.JOB_STATE_PENDING, coordinator_pb2.JOB_STATE_RUNNING
-SUCCEEDED, FAILED, CANCELLED = (
-    coordinator_pb2.JOB_STATE_SUCCEEDED,
-    coordinator_pb2.JOB_STATE_FAILED,
-    coordinator_pb2.JOB_STATE_CANCELLED,
-)
-FINISHED = frozenset({SUCCEEDED, FAILED, CANCELLED})
 # Bumped when the stored document changes shape; older documents are refused by name.
 DOCUMENT_VERSION = 1
 _ALLOWED = {PENDING: {RUNNING, CANCELLED, FAILED}, RUNNING: {SUCCEEDED, FAILED, CANCELLED}}
-
-
-def state_name(state: int) -> str:
-    return coordinator_pb2.JobState.Name(state).removeprefix("JOB_STATE_")
 
 
 @dataclass
@@ -56,7 +46,7 @@ class JobRecord:
     updated: float = field(default_factory=time.time)
     # Where the runner's task stream stands (see JobRunner._mark_cursor); persisted with the job.
     cursor: dict[str, Any] = field(default_factory=dict)
-    # The latest side-group epoch handed out for this job; a recovered job starts past it.
+    # The latest weight-sync group epoch handed out for this job; a recovered job starts past it.
     sync_epoch: int = 0
     on_change: Callable[[JobRecord, bool], None] | None = field(default=None, repr=False, compare=False)
 

@@ -1,7 +1,7 @@
 """CoordinatorService over gRPC: job CRUD, the weight-sync rendezvous, fleet membership, a runner per job.
 
     start ─recover()─> stored jobs: finished ones served as they were; PENDING/RUNNING ones get a
-                       runner in recovery mode and a side group past every epoch they used
+                       runner in recovery mode and a weight-sync group past every epoch they used
     CreateJob ─> record (persisted on every change) ─> runner
 
 Guarantees: every job is in the job store (folder or Redis) from its creation
@@ -27,15 +27,16 @@ from dockyard.api.common.v1 import common_pb2
 from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.api.trainer.v1 import trainer_pb2_grpc
 from dockyard.config import ConfigError, load_config_text
+from dockyard.jobs import CANCELLED, PENDING, RUNNING
 from dockyard.rpc.client import channel_health, connect
 from dockyard.rpc.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from services.coordinator.fleet import KINDS, Fleet, FleetError
-from services.coordinator.jobs import CANCELLED, PENDING, RUNNING, JobRecord
-from services.coordinator.metrics import RunFolder
+from services.coordinator.jobs import JobRecord
+from services.coordinator.run_folder import RunFolder
 from services.coordinator.runner import JobRunner, Stubs
 from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.store import JobPersister, open_store
-from services.coordinator.sync_groups import MembershipError, SideGroupRegistry, check_member
+from services.coordinator.weight_sync_groups import MembershipError, WeightSyncGroups, check_member
 
 log = structlog.get_logger()
 JOB_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -50,7 +51,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         self.settings = settings
         self.jobs: dict[str, JobRecord] = {}
         self.runners: dict[str, asyncio.Task] = {}
-        self.sync_groups = SideGroupRegistry(settings.weight_sync_address, settings.weight_sync_port)
+        self.weight_sync_groups = WeightSyncGroups(settings.weight_sync_address, settings.weight_sync_port)
         self.fleet = Fleet(settings.member_timeout_seconds, max_message_mb=settings.max_message_mb)
         self.persister = JobPersister(
             open_store(settings.state_dir, settings.state_redis_url, settings.state_redis_password_value)
@@ -106,14 +107,19 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
 
     def _start(self, record: JobRecord, *, epoch: int = 0, recovering: bool = False) -> None:
         job_id = record.job_id
-        self.sync_groups.open(job_id, record.config.cluster.weight_sync_backend, epoch)
+        self.weight_sync_groups.open(job_id, record.config.cluster.weight_sync_backend, epoch)
         record.touch(sync_epoch=epoch)
         runner = JobRunner(
-            record, self.stubs, self.settings, self.sync_groups, recovering=recovering, flush=self.persister.flush
+            record,
+            self.stubs,
+            self.settings,
+            self.weight_sync_groups,
+            recovering=recovering,
+            flush=self.persister.flush,
         )
         task = self.runners[job_id] = asyncio.create_task(runner.run())
         # A finished job's rendezvous is gone for good; drop it with the runner.
-        task.add_done_callback(lambda _: (self.sync_groups.drop(job_id), self.fleet.forget_job(job_id)))
+        task.add_done_callback(lambda _: (self.weight_sync_groups.drop(job_id), self.fleet.forget_job(job_id)))
 
     def _note_epoch(self, record: JobRecord, group: common_pb2.WeightSyncGroup) -> None:
         if group.epoch != record.sync_epoch:
@@ -204,16 +210,16 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
             check_member(request.member)
         except MembershipError as exc:
             raise InvalidArgument(str(exc)) from None
-        if record.finished or record.job_id not in self.sync_groups:
-            raise FailedPrecondition(f"job {record.job_id} has finished; its side group is gone")
+        if record.finished or record.job_id not in self.weight_sync_groups:
+            raise FailedPrecondition(f"job {record.job_id} has finished; its weight-sync group is gone")
         failed = request.failed_epoch if request.HasField("failed_epoch") else None
         try:
-            group, rank = self.sync_groups.get(record.job_id, request.member, failed)
+            group, rank = self.weight_sync_groups.get(record.job_id, request.member, failed)
         except MembershipError as exc:
             raise InvalidArgument(str(exc)) from None
         self._note_epoch(record, group)
         if failed is not None:
-            log.warning("side group formed again after a failed sync", job_id=record.job_id, epoch=group.epoch)
+            log.warning("weight-sync group formed again after a failed sync", job_id=record.job_id, epoch=group.epoch)
         return coordinator_pb2.GetWeightSyncGroupResponse(group=group, rank=rank)
 
     async def LeaveWeightSyncGroup(
@@ -224,10 +230,10 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
             check_member(request.member, replica_only=True)
         except MembershipError as exc:
             raise InvalidArgument(str(exc)) from None
-        if record.job_id not in self.sync_groups:
-            raise FailedPrecondition(f"job {record.job_id} has finished; its side group is gone")
+        if record.job_id not in self.weight_sync_groups:
+            raise FailedPrecondition(f"job {record.job_id} has finished; its weight-sync group is gone")
         try:
-            group = self.sync_groups.leave(record.job_id, request.member)
+            group = self.weight_sync_groups.leave(record.job_id, request.member)
         except MembershipError as exc:
             raise InvalidArgument(str(exc)) from None
         self._note_epoch(record, group)

@@ -21,7 +21,8 @@ class CoordinatorSettings(ServiceSettings):
     trainer_address: str = Field(default_address("trainer"), description="Trainer host:port.")
     buffer_address: str = Field(default_address("buffer"), description="Buffer host:port.")
     weight_sync_address: str = Field(
-        "127.0.0.1", description="Host where the trainer's rank 0 hosts the side-group store; rollouts must reach it."
+        "127.0.0.1",
+        description="Host where the trainer's rank 0 hosts the weight-sync group store; rollouts must reach it.",
     )
     weight_sync_port: int = Field(0, ge=0, le=65535, description="Its port; 0 picks a free port on this host.")
     member_timeout_seconds: float = Field(

@@ -3,13 +3,13 @@
     LoadPolicy(job config) --> engine per job (built-in torch, or vLLM's AsyncLLM) at weight_version 0
     Generate(prompt, n, sampling) --> n completions: tokens, per-token logprobs, text,
                                       finish reason, stamped with the weight version(s) that produced them
-    ReceiveWeights --> weights over the side group or a checkpoint folder (never over gRPC)
+    ReceiveWeights --> weights over the weight-sync group or a checkpoint folder (never over gRPC)
 
 Modules: engine.py (the interface and the torch engine), vllm_engine.py and
 vllm_worker.py (the vLLM adapter, imported only when a job asks for it),
-sampling.py (validation at the boundary), servicer.py, settings.py.
+decoding.py (decoding parameters, validated at the boundary), servicer.py, settings.py.
 
-Guarantees: sampling controls are validated at the boundary (INVALID_ARGUMENT
+Guarantees: decoding parameters are validated at the boundary (INVALID_ARGUMENT
 naming the field; NaN and Inf refused); an unknown job is NOT_FOUND;
 generation never blocks the server's event loop; every completion carries the
 logprob of each sampled token after temperature, before top-p/top-k

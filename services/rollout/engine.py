@@ -28,7 +28,7 @@ KV cache (`kv_cache="static"`; on CUDA transformers compiles the forward for
 it) or its default dynamic cache; generation runs in a worker thread, never on the
 event loop; all TorchEngines of a process generate one at a time (the
 torch RNG is process-global, and a seeded request must not be perturbed by a
-concurrent one). The same seed, prompt, num_samples and sampling give the
+concurrent one). The same seed, prompt, num_samples and decoding parameters give the
 same completions on the same device and weights.
 """
 
@@ -56,7 +56,7 @@ from transformers import (
 
 from dockyard.weights.collective import Rendezvous, SyncReport, TensorSink
 from dockyard.weights.transports import Transport
-from services.rollout.sampling import SamplingParams
+from services.rollout.decoding import DecodingParams
 
 
 class Completion(NamedTuple):
@@ -86,7 +86,7 @@ class GenerationEngine(abc.ABC):
     name: str = "engine"
 
     @abc.abstractmethod
-    async def generate(self, prompt: str, num_samples: int, sampling: SamplingParams) -> GenerationResult:
+    async def generate(self, prompt: str, num_samples: int, decoding: DecodingParams) -> GenerationResult:
         """Sample num_samples completions of prompt; never blocks the event loop."""
 
     @property
@@ -331,7 +331,7 @@ class TorchEngine(GenerationEngine):
         self.pad_token_id = int(pad)
         # A checkpoint's generation_config.json (repetition penalty, top_k, ...)
         # would change the sampling distribution behind the reported logprobs;
-        # every control comes from SamplingParams instead.
+        # every control comes from DecodingParams instead.
         self.model.generation_config = GenerationConfig(
             pad_token_id=self.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=None
         )
@@ -373,57 +373,57 @@ class TorchEngine(GenerationEngine):
         # ids go back with the result, so the trainer never re-tokenizes.
         return list(self.tokenizer(prompt)["input_ids"])
 
-    async def generate(self, prompt: str, num_samples: int, sampling: SamplingParams) -> GenerationResult:
+    async def generate(self, prompt: str, num_samples: int, decoding: DecodingParams) -> GenerationResult:
         return await asyncio.get_running_loop().run_in_executor(
-            _GENERATION_THREAD, self.generate_blocking, prompt, num_samples, sampling
+            _GENERATION_THREAD, self.generate_blocking, prompt, num_samples, decoding
         )
 
     # -- the work, in a worker thread --------------------------------------
 
-    def generate_blocking(self, prompt: str, num_samples: int, sampling: SamplingParams) -> GenerationResult:
+    def generate_blocking(self, prompt: str, num_samples: int, decoding: DecodingParams) -> GenerationResult:
         prompt_ids = self.tokenize(prompt)
         if not prompt_ids:
             raise UnsupportedRequest("prompt: tokenizes to no tokens")
         with _GENERATION_LOCK, self._gate.computing():
-            if sampling.seed is None:
-                generated, logprobs, stops, versions = self._sample(prompt_ids, num_samples, sampling)
+            if decoding.seed is None:
+                generated, logprobs, stops, versions = self._sample(prompt_ids, num_samples, decoding)
             else:
                 devices = [self.device] if self.device.type == "cuda" else []
                 with torch.random.fork_rng(devices=devices):
-                    torch.manual_seed(sampling.seed)
-                    generated, logprobs, stops, versions = self._sample(prompt_ids, num_samples, sampling)
+                    torch.manual_seed(decoding.seed)
+                    generated, logprobs, stops, versions = self._sample(prompt_ids, num_samples, decoding)
         completions = [
-            self._finish_row(generated[i], logprobs[i], stops[i], versions, sampling) for i in range(num_samples)
+            self._finish_row(generated[i], logprobs[i], stops[i], versions, decoding) for i in range(num_samples)
         ]
         oldest = min(min(c.weight_versions) for c in completions)
         return GenerationResult(prompt_token_ids=prompt_ids, completions=completions, weight_version=oldest)
 
     @torch.inference_mode()
     def _sample(
-        self, prompt_ids: list[int], num_samples: int, sampling: SamplingParams
+        self, prompt_ids: list[int], num_samples: int, decoding: DecodingParams
     ) -> tuple[list, list, list, list[int]]:
         """(new tokens, their logprobs, stop-string hits) per row, padding after a finished row included,
         and the weight version of each step."""
         input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device).repeat(num_samples, 1)
-        recorder = _SampledLogprobs(sampling.temperature)
+        recorder = _SampledLogprobs(decoding.temperature)
         step_versions = _StepVersions(self, self.in_flight_weight_updates)
         criteria = StoppingCriteriaList()
         stop_hits = None
-        if sampling.stop:
-            stop_hits = _StopHits(self.tokenizer, list(sampling.stop), len(prompt_ids), self.device)
+        if decoding.stop:
+            stop_hits = _StopHits(self.tokenizer, list(decoding.stop), len(prompt_ids), self.device)
             criteria.append(stop_hits)
         # Static: one preallocated cache that transformers reuses (and compiles for on CUDA);
         # its length only grows, so later calls of the same or smaller size compile nothing new.
         cache: dict[str, Any] = {"cache_implementation": "static"} if self.kv_cache == "static" else {}
         warpers: dict[str, Any] = {}
-        if not sampling.greedy:
-            warpers = {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
+        if not decoding.greedy:
+            warpers = {"temperature": decoding.temperature, "top_p": decoding.top_p, "top_k": decoding.top_k}
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=torch.ones_like(input_ids),
-            do_sample=not sampling.greedy,
-            max_new_tokens=sampling.max_new_tokens,
-            eos_token_id=None if sampling.ignore_eos else (self.eos_token_ids or None),
+            do_sample=not decoding.greedy,
+            max_new_tokens=decoding.max_new_tokens,
+            eos_token_id=None if decoding.ignore_eos else (self.eos_token_ids or None),
             pad_token_id=self.pad_token_id,
             # The recorder first: it must see the raw logits.
             logits_processor=LogitsProcessorList([recorder, step_versions]),
@@ -446,10 +446,10 @@ class TorchEngine(GenerationEngine):
         logprobs: list[float],
         stop_hits: list[bool],
         step_versions: list[int],
-        sampling: SamplingParams,
+        decoding: DecodingParams,
     ) -> Completion:
         end, reason = len(tokens), "length"
-        if not sampling.ignore_eos:
+        if not decoding.ignore_eos:
             eos = set(self.eos_token_ids)
             for i, token in enumerate(tokens):
                 if token in eos:
@@ -461,7 +461,7 @@ class TorchEngine(GenerationEngine):
                 end, reason = i + 1, "stop"
                 break
         kept = tokens[:end]
-        if reason == "length" and len(kept) < sampling.max_new_tokens:
+        if reason == "length" and len(kept) < decoding.max_new_tokens:
             # generate() ends a row early only at eos or a stop string: anything else is a bug here.
             raise RuntimeError(f"row ended after {len(kept)} tokens without eos or stop string")
         text = self.tokenizer.decode(kept, skip_special_tokens=True)

@@ -2,7 +2,7 @@
 
     LoadPolicy ──parse config──> engine (torch, or vLLM's AsyncLLM) ──> engines[job_id]  (weight_version 0)
     Generate   ──validate──> engines[job_id].generate ──> GenerateResponse
-    ReceiveWeights ──WeightSynchronizer (side group or checkpoint folder)──> engine.receive_weights
+    ReceiveWeights ──WeightSynchronizer (weight-sync group or checkpoint folder)──> engine.receive_weights
     GetEngineInfo / UnloadPolicy ──> engines[job_id]
 
 Guarantees: a malformed request is refused with INVALID_ARGUMENT naming the
@@ -13,7 +13,7 @@ nothing. A Generate without a `sampling` message uses the job's
 `policy.generation` defaults; one with it is taken literally (proto3: an unset
 temperature is 0, greedy). Weight versions are set only by the weight sync.
 A failed weight sync is UNAVAILABLE with its cause, within the sync timeout;
-the side group has then been torn down and the next ReceiveWeights forms the
+the weight-sync group has then been torn down and the next ReceiveWeights forms the
 coordinator's next epoch. backend=vllm on a replica without vLLM is
 FAILED_PRECONDITION naming the missing package.
 """
@@ -36,13 +36,13 @@ from dockyard.rpc.completion import run_to_completion
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from dockyard.weights.rendezvous import coordinator_rendezvous, transport_for
 from dockyard.weights.synchronizer import WeightSyncFailed, WeightSynchronizer
-from services.rollout.engine import GenerationEngine, UnsupportedRequest
-from services.rollout.sampling import (
-    SamplingParams,
-    sampling_from_proto,
+from services.rollout.decoding import (
+    DecodingParams,
+    decoding_from_proto,
+    validate_decoding,
     validate_num_samples,
-    validate_sampling,
 )
+from services.rollout.engine import GenerationEngine, UnsupportedRequest
 from services.rollout.settings import RolloutSettings
 
 log = structlog.get_logger()
@@ -131,9 +131,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             in_flight_weight_updates=cfg.grpo.async_grpo.in_flight_weight_updates,
         )
 
-    def _default_sampling(self, job_id: str) -> SamplingParams:
+    def _default_decoding(self, job_id: str) -> DecodingParams:
         gen = self.configs[job_id].policy.generation
-        return validate_sampling(
+        return validate_decoding(
             temperature=gen.temperature,
             top_p=gen.top_p,
             top_k=gen.top_k,
@@ -153,17 +153,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         num_samples = validate_num_samples(request.num_samples)
         if not request.prompt:
             raise InvalidArgument("prompt is empty")
-        sampling = None
+        decoding = None
         if request.HasField("sampling"):
-            sampling = sampling_from_proto(
+            decoding = decoding_from_proto(
                 request.sampling, max_new_tokens_ceiling=self.settings.max_new_tokens_ceiling
             )
         engine = self.engine(request.job_id)
-        if sampling is None:
-            sampling = self._default_sampling(request.job_id)
+        if decoding is None:
+            decoding = self._default_decoding(request.job_id)
         self.in_flight += 1
         try:
-            result = await engine.generate(request.prompt, num_samples, sampling)
+            result = await engine.generate(request.prompt, num_samples, decoding)
         except UnsupportedRequest as exc:
             raise InvalidArgument(str(exc)) from None
         finally:

@@ -27,12 +27,14 @@ class RolloutSettings(ServiceSettings):
     )
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads; unset keeps torch's default.")
     weight_sync_timeout_seconds: float = Field(
-        120.0, gt=0, description="Timeout of every side-group wait and of waiting for a checkpoint-folder version."
+        120.0,
+        gt=0,
+        description="Timeout of every weight-sync group wait and of waiting for a checkpoint-folder version.",
     )
     replica_name: str = Field(
         "rollout",
         pattern=member_name_pattern("rollout"),
-        description="This replica's name in the fleet and in side groups: rollout or rollout-<name>.",
+        description="This replica's name in the fleet and in weight-sync groups: rollout or rollout-<name>.",
     )
     advertise_address: str = Field(
         "", description="host:port the coordinator calls this replica at; empty: 127.0.0.1:<port>."

@@ -40,8 +40,8 @@ import torch
 from dockyard.config import MasterConfig
 from dockyard.weights.collective import Rendezvous, SyncFailed, SyncReport
 from dockyard.weights.transports import Transport
+from services.rollout.decoding import DecodingParams
 from services.rollout.engine import Completion, GenerationEngine, GenerationResult, UnsupportedRequest
-from services.rollout.sampling import SamplingParams
 
 WORKER_EXTENSION = "services.rollout.vllm_worker.WeightLoaderExtension"
 # Set by the engine itself; a vllm_cfg that sets them would break the contract above.
@@ -76,7 +76,8 @@ def engine_arguments(cfg: MasterConfig) -> tuple[dict[str, Any], dict[str, str]]
         raise ValueError(f"policy.generation.vllm_cfg: {', '.join(owned)} is set by the engine; remove it")
     if int(options.get("tensor_parallel_size", 1)) != 1:
         raise ValueError(
-            "policy.generation.vllm_cfg.tensor_parallel_size: only 1 is supported (each worker joins the side group)"
+            "policy.generation.vllm_cfg.tensor_parallel_size: only 1 is supported "
+            "(each worker joins the weight-sync group)"
         )
     if cfg.policy.model_name is None:
         raise ValueError("policy.model_name: the vLLM engine loads a model folder; policy.model is torch-only")
@@ -91,24 +92,24 @@ def engine_arguments(cfg: MasterConfig) -> tuple[dict[str, Any], dict[str, str]]
     return arguments, {str(k): str(v) for k, v in env.items()}
 
 
-def vllm_sampling(vllm: Any, num_samples: int, sampling: SamplingParams) -> Any:
+def vllm_sampling(vllm: Any, num_samples: int, decoding: DecodingParams) -> Any:
     """The vllm.SamplingParams of one request; UnsupportedRequest for truncation (see the module's guarantees)."""
-    if sampling.top_p < 1.0:
+    if decoding.top_p < 1.0:
         raise UnsupportedRequest(
             "sampling.top_p: the vLLM engine reports logprobs after truncation; use top_p=1 or the torch engine"
         )
-    if sampling.top_k > 0:
+    if decoding.top_k > 0:
         raise UnsupportedRequest(
             "sampling.top_k: the vLLM engine reports logprobs after truncation; use top_k=0 or the torch engine"
         )
     return vllm.SamplingParams(
         n=num_samples,
-        temperature=sampling.temperature,
-        max_tokens=sampling.max_new_tokens,
-        stop=list(sampling.stop) or None,
+        temperature=decoding.temperature,
+        max_tokens=decoding.max_new_tokens,
+        stop=list(decoding.stop) or None,
         include_stop_str_in_output=True,
-        ignore_eos=sampling.ignore_eos,
-        seed=sampling.seed,
+        ignore_eos=decoding.ignore_eos,
+        seed=decoding.seed,
         logprobs=0,  # the sampled token's logprob only
         skip_special_tokens=True,
     )
@@ -188,11 +189,11 @@ class VllmEngine(GenerationEngine):
     def exclusive(self) -> Iterator[None]:
         yield  # loads go through receive_weights, which waits for generations itself
 
-    async def generate(self, prompt: str, num_samples: int, sampling: SamplingParams) -> GenerationResult:
+    async def generate(self, prompt: str, num_samples: int, decoding: DecodingParams) -> GenerationResult:
         prompt_ids = list(self.tokenizer(prompt)["input_ids"])
         if not prompt_ids:
             raise UnsupportedRequest("prompt: tokenizes to no tokens")
-        params = vllm_sampling(self.vllm, num_samples, sampling)
+        params = vllm_sampling(self.vllm, num_samples, decoding)
         async with self._idle:
             self._active += 1
         start_version, applied_before = self._weight_version, len(self._applied)

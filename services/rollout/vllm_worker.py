@@ -1,10 +1,10 @@
 """The worker extension vLLM mixes into each of its GPU workers (`worker_extension_cls`).
 
     VllmEngine ──AsyncLLM.collective_rpc("dockyard_receive", transport spec, version, rendezvous)──>
-        every worker: transport (side group rank / checkpoint folder) ──whole tensors──>
+        every worker: transport (weight-sync group rank / checkpoint folder) ──whole tensors──>
         self.model_runner.model.load_weights(checkpoint names)
 
-Guarantees: each worker keeps one transport (and so one side-group membership)
+Guarantees: each worker keeps one transport (and so one weight-sync group membership)
 across syncs and rebuilds it only when the spec changes; tensors reach vLLM's
 own `load_weights` by checkpoint name (it fuses q/k/v and gate/up itself);
 any failure resets the transport, so the next sync forms the coordinator's

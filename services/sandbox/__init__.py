@@ -15,7 +15,8 @@
     swe.py             task sets, checkouts from local git mirrors, the in-sandbox driver, SWE verdicts
     patches.py         patch checks before anything applies a patch; the integrity rule
     log_parsing.py     pytest logs -> per-test statuses -> grading, as the swebench package does
-    task_builder.py    SWE task sets from a PyPI sdist with injected bugs (`dockyard tasks build-swe`)
+    task_builder.py    SWE task sets from a PyPI sdist with injected bugs; a command of its own, run by
+                       `dockyard tasks build-swe`
 
 What it covers, on either backend: a fresh work folder per call, removed
 afterwards; a wall-clock timeout that kills the run; memory

@@ -9,7 +9,7 @@ success/failure split and resolution as its `harness/grading.py` (PASS_AND_FAIL 
 a FAIL_TO_PASS test passes when PASSED or XFAIL; a PASS_TO_PASS test is kept when PASSED,
 XFAIL or SKIPPED; a test missing from the log fails; an expected id truncated inside its
 parameter brackets matches by prefix when every candidate agrees on pass-versus-fail.
-`tests/unit/test_log_parsing.py` checks the agreement on real pytest logs. The module has no
+`tests/unit/sandbox/test_log_parsing.py` checks the agreement on real pytest logs. The module has no
 dependency on swebench at run time.
 
 What it does not cover: the parsers read pytest's `-rA` summary lines, so code under test that

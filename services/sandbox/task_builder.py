@@ -8,6 +8,13 @@
         keep it if FAIL_TO_PASS is not empty
     ──> OUT/instances.jsonl + OUT/repos/pypi__PKG.git (bare mirror)
 
+It is a command of its own, `python -m services.sandbox.task_builder NAME==VERSION --out DIR
+--module SRC.py --test-file TEST.py`, which `dockyard tasks build-swe` runs in a child process
+(the library does not import the services); the exit status is 0 when at least one instance was
+written, 1 when none was or the build failed (the message on stderr), 2 for a usage error.
+It reads test logs with the sandbox's own parser and writes mirrors where the sandbox looks for
+them, so FAIL_TO_PASS and PASS_TO_PASS mean what the sandbox's grading takes them to mean.
+
 Each instance's gold `patch` is the reverse of the mutation (source files only) and its
 `test_patch` restores the held-out test files, so the tests that judge a solution are not in the
 checkout the policy sees. The project ships this builder, never third-party source: task sets
@@ -17,6 +24,7 @@ project's own, unmodified tests (plus the mutation).
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import os
@@ -241,3 +249,53 @@ def _pytest_version() -> str:
     from importlib.metadata import version
 
     return version("pytest")
+
+
+def _name_version(text: str) -> tuple[str, str]:
+    package, sep, version = text.partition("==")
+    if not sep or not package or not version:
+        raise argparse.ArgumentTypeError(f"package must be NAME==VERSION, got {text!r}")
+    return package, version
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.sandbox.task_builder",
+        description="SWE-bench-style instances from a PyPI sdist with injected bugs",
+    )
+    parser.add_argument("package", type=_name_version, help="NAME==VERSION of a pure-Python project")
+    parser.add_argument("--out", required=True, help="task-set folder to write (instances.jsonl, repos/)")
+    parser.add_argument("--module", action="append", required=True, help="source file to mutate (repeatable)")
+    parser.add_argument("--test-file", action="append", required=True, help="test file to run (repeatable)")
+    parser.add_argument("--max-instances", type=int, default=3, help="stop after this many instances")
+    parser.add_argument("--max-candidates", type=int, default=40, help="mutations tried at most")
+    parser.add_argument("--seed", type=int, default=0, help="order in which mutations are tried")
+    parser.add_argument("--sdist", help="use this sdist file instead of downloading it")
+    args = parser.parse_args(argv)
+    package, version = args.package
+    try:
+        made = build(
+            package,
+            version,
+            Path(args.out),
+            modules=args.module,
+            test_files=args.test_file,
+            max_instances=args.max_instances,
+            max_candidates=args.max_candidates,
+            seed=args.seed,
+            sdist=Path(args.sdist) if args.sdist else None,
+        )
+    except (OSError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for instance in made:
+        print(
+            f"{instance['instance_id']}: {len(instance['FAIL_TO_PASS'])} FAIL_TO_PASS, "
+            f"{len(instance['PASS_TO_PASS'])} PASS_TO_PASS"
+        )
+    print(f"{len(made)} instance(s) in {args.out}/instances.jsonl")
+    return 0 if made else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

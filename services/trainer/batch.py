@@ -1,7 +1,8 @@
-"""Experience (proto groups) → padded training tensors.
+"""Experience (TrainingGroups, or supervised rows) → padded training tensors.
 
-    Group[Trajectory(prompt ids, completion ids, gen logprobs, reward, valid)]
-        ──> input_ids [B, L], attention_mask [B, L],
+    [TrainingGroup[Sample(prompt ids, completion ids, gen logprobs, reward, valid)]]  ─build_batch─┐
+    [(prompt ids, completion ids)]  (generation logprobs 0, reward 0, valid)  ───build_row_batch─┤
+        ──> input_ids [B, L], attention_mask [B, L],                                            <┘
             token_mask / generation_logprobs [B, L-1]  (aligned with next-token logits)
             rewards, valid, group_ids [B]
 
@@ -24,38 +25,39 @@ from dataclasses import dataclass
 
 import torch
 
-from dockyard.api.common.v1 import common_pb2
+from services.trainer.experience import Row, TrainingGroup
 
 
 class BatchError(ValueError):
     """A batch the trainer refuses; nothing is trained on it."""
 
 
-def validate_groups(groups: Sequence[common_pb2.Group], vocab_size: int, max_length: int | None) -> None:
-    if not groups or not any(g.trajectories for g in groups):
+def validate_groups(groups: Sequence[TrainingGroup], vocab_size: int, max_length: int | None) -> None:
+    # The messages use the wire's field names: the caller put the trajectories under those.
+    if not groups or not any(g.samples for g in groups):
         raise BatchError("empty batch: no trajectories to train on")
     completion_tokens = 0
     for g in groups:
-        for i, t in enumerate(g.trajectories):
-            where = f"group {g.group_id!r} trajectories[{i}] ({t.trajectory_id!r})"
-            if not t.prompt_token_ids:
+        for i, s in enumerate(g.samples):
+            where = f"group {g.group_id!r} trajectories[{i}] ({s.trajectory_id!r})"
+            if not s.prompt_ids:
                 raise BatchError(f"{where}: empty prompt_token_ids")
-            if len(t.completion_logprobs) != len(t.completion_token_ids):
+            if len(s.generation_logprobs) != len(s.completion_ids):
                 raise BatchError(
-                    f"{where}: {len(t.completion_logprobs)} completion_logprobs for "
-                    f"{len(t.completion_token_ids)} completion_token_ids"
+                    f"{where}: {len(s.generation_logprobs)} completion_logprobs for "
+                    f"{len(s.completion_ids)} completion_token_ids"
                 )
-            if not math.isfinite(t.reward):
-                raise BatchError(f"{where}: reward is {t.reward}, not a finite number")
-            if not all(math.isfinite(x) for x in t.completion_logprobs):
+            if not math.isfinite(s.reward):
+                raise BatchError(f"{where}: reward is {s.reward}, not a finite number")
+            if not all(math.isfinite(x) for x in s.generation_logprobs):
                 raise BatchError(f"{where}: completion_logprobs hold a non-finite value")
-            _check_ids(where, [*t.prompt_token_ids, *t.completion_token_ids], vocab_size, max_length)
-            completion_tokens += len(t.completion_token_ids)
+            _check_ids(where, [*s.prompt_ids, *s.completion_ids], vocab_size, max_length)
+            completion_tokens += len(s.completion_ids)
     if completion_tokens == 0:
         raise BatchError("empty batch: no trajectory has a completion token")
 
 
-def validate_rows(rows: Sequence[tuple[Sequence[int], Sequence[int]]], vocab_size: int, max_length: int | None) -> None:
+def validate_rows(rows: Sequence[Row], vocab_size: int, max_length: int | None) -> None:
     """validate_groups for supervised (prompt ids, completion ids) rows, named demonstrations[i]."""
     if not rows:
         raise BatchError("empty batch: no demonstrations to train on")
@@ -92,33 +94,64 @@ class Batch:
         return Batch(**{name: value[start:stop] for name, value in vars(self).items()})
 
 
-def build_batch(groups: Sequence[common_pb2.Group], pad_token_id: int) -> Batch:
-    rows = [(g, t) for g in groups for t in g.trajectories]
-    if not rows:
+def build_batch(groups: Sequence[TrainingGroup], pad_token_id: int) -> Batch:
+    """The samples of `groups` in order; group_ids index the groups (samples sharing an id share one)."""
+    samples = [(g, s) for g in groups for s in g.samples]
+    if not samples:
         raise ValueError("no trajectories to train on")
-    length = max(len(t.prompt_token_ids) + len(t.completion_token_ids) for _, t in rows)
+    group_index = {g.group_id: i for i, g in enumerate(groups)}
+    return _layout(
+        [(s.prompt_ids, s.completion_ids, s.generation_logprobs) for _, s in samples],
+        pad_token_id,
+        rewards=torch.tensor([s.reward for _, s in samples], dtype=torch.float32),
+        valid=torch.tensor([s.valid for _, s in samples], dtype=torch.bool),
+        group_ids=torch.tensor([group_index[g.group_id] for g, _ in samples], dtype=torch.long),
+    )
+
+
+def build_row_batch(rows: Sequence[Row], pad_token_id: int) -> Batch:
+    """Supervised rows as one group of valid, zero-reward samples with zero generation logprobs."""
+    if not rows:
+        raise ValueError("no rows to train on")
+    n = len(rows)
+    return _layout(
+        [(prompt, completion, [0.0] * len(completion)) for prompt, completion in rows],
+        pad_token_id,
+        rewards=torch.zeros(n, dtype=torch.float32),
+        valid=torch.ones(n, dtype=torch.bool),
+        group_ids=torch.zeros(n, dtype=torch.long),
+    )
+
+
+def _layout(
+    rows: list[tuple[Sequence[int], Sequence[int], Sequence[float]]],
+    pad_token_id: int,
+    rewards: torch.Tensor,
+    valid: torch.Tensor,
+    group_ids: torch.Tensor,
+) -> Batch:
+    """(prompt ids, completion ids, generation logprobs) rows, right-padded to the longest."""
+    length = max(len(prompt) + len(completion) for prompt, completion, _ in rows)
     n = len(rows)
     input_ids = torch.full((n, length), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((n, length), dtype=torch.long)
     token_mask = torch.zeros((n, length - 1), dtype=torch.float32)
     gen_logprobs = torch.zeros((n, length - 1), dtype=torch.float32)
-    group_index = {g.group_id: i for i, g in enumerate(groups)}
-    for row, (_, traj) in enumerate(rows):
-        prompt, completion = list(traj.prompt_token_ids), list(traj.completion_token_ids)
-        ids = prompt + completion
+    for row, (prompt, completion, logprobs) in enumerate(rows):
+        ids = [*prompt, *completion]
         input_ids[row, : len(ids)] = torch.tensor(ids)
         attention_mask[row, : len(ids)] = 1
         # completion token j sits at sequence position len(prompt) + j and is
         # predicted by the logits at the position before it.
         start, stop = len(prompt) - 1, len(prompt) - 1 + len(completion)
         token_mask[row, start:stop] = 1.0
-        gen_logprobs[row, start:stop] = torch.tensor(list(traj.completion_logprobs), dtype=torch.float32)
+        gen_logprobs[row, start:stop] = torch.tensor(list(logprobs), dtype=torch.float32)
     return Batch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         token_mask=token_mask,
         generation_logprobs=gen_logprobs,
-        rewards=torch.tensor([t.reward for _, t in rows], dtype=torch.float32),
-        valid=torch.tensor([t.valid for _, t in rows], dtype=torch.bool),
-        group_ids=torch.tensor([group_index[g.group_id] for g, _ in rows], dtype=torch.long),
+        rewards=rewards,
+        valid=valid,
+        group_ids=group_ids,
     )

@@ -7,13 +7,15 @@
     <checkpoint_dir>/.step-<N>.tmp-<pid>/ a save in progress; never read
     <checkpoint_dir>/.step-<N>.old-<pid>/ a checkpoint being deleted; never read
 
-Guarantees: a checkpoint is written under a temporary name and renamed into
-place in one step, so a crash mid-save leaves at most a temporary folder that
+Guarantees: `folder_for` names the folders that `complete_checkpoints` reads
+back. A checkpoint is written under a temporary name and renamed into place in
+one step, so a crash mid-save leaves at most a temporary folder that
 `complete_checkpoints` ignores; only folders holding checkpoint.json count, so
 `latest` is always a whole checkpoint. A checkpoint is deleted (replaced by a
 save of the same step, or retired by `retain`) by renaming it aside first, so a
-crash mid-delete never leaves a partial folder that counts. `retain` keeps the latest checkpoint
-(resume needs it) plus the k best by the named metric, and deletes the rest.
+crash mid-delete never leaves a partial folder that counts. `retain` keeps the
+latest checkpoint (resume needs it) plus the k best by the named metric, and
+deletes the rest.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ class Checkpoint:
     def metric(self, name: str) -> float | None:
         value = self.meta.get("metrics", {}).get(name)
         return None if value is None else float(value)
+
+
+def folder_for(root: Path, version: int) -> Path:
+    """The folder of the checkpoint taken at weight version (step) `version` under `root`."""
+    return root / f"step-{version}"
 
 
 def write_atomically(folder: Path, write: Callable[[Path], None], meta: dict[str, Any]) -> Path:

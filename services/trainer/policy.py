@@ -1,11 +1,12 @@
 """One job's policy on the trainer: GRPO optimizer steps and checkpoints, on one rank or many.
 
-    groups ─validate─> build_batch ─> advantages (compute_advantages)
-           ─> this rank's rows (sorted by length, dealt round-robin over ranks)
-           ─> micro-batches (≤ train_micro_batch_size rows, ≤ max_tokens_per_micro_batch tokens,
-                             or packed rows of several sequences)
-           ─> logprobs of π_θ (and π_ref when kl_penalty > 0) ─> clipped_pg_loss ─backward─>
-           ─> clip grad norm ─> AdamW step ─> scheduler step ─> weight_version += 1
+    [TrainingGroup] ─validate_groups─> build_batch ─> advantages (compute_advantages)
+        ─> this rank's micro-batches (micro_batches.plan)
+        ─> logprobs of π_θ, and of π_ref when kl_penalty > 0 (logprobs.py)
+        ─> clipped_pg_loss ─backward─> clip grad norm ─> AdamW step ─> scheduler step
+        ─> weight_version += 1
+    [(prompt ids, completion ids)] ─validate_rows─> build_row_batch ─> the same micro-batches
+        ─> NLL of the completion tokens ─backward─> the same update
 
 Guarantees:
 - The loss of a step is the configured reduction over the whole global batch,
@@ -15,9 +16,9 @@ Guarantees:
   forward/backward passes (ranks with fewer rows run zero-weight passes), so
   the FSDP collectives stay in step.
 - With more than one rank (torch.distributed initialised, e.g. by torchrun)
-  the policy is sharded with FSDP2 (`fully_shard` per decoder layer, then the
-  root); every public method is collective and must be called on every rank in
-  the same order, with the same arguments.
+  the policy is sharded with FSDP2 (sharding.py); every public method is
+  collective and must be called on every rank in the same order, with the
+  same arguments.
 - With dtype bfloat16 and master_weights_fp32, parameters and optimizer state
   stay fp32 and forward/backward run in bf16 (autocast on one rank, FSDP2's
   mixed-precision policy on many, gradients reduced in fp32).
@@ -38,85 +39,39 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
-from transformers import PreTrainedModel
 
 from dockyard.algorithms import clipped_pg_loss, compute_advantages
-from dockyard.api.common.v1 import common_pb2
 from dockyard.config import MasterConfig
 from dockyard.models.load import DTYPES, load_policy
 from services.trainer import checkpoint
-from services.trainer.batch import Batch, build_batch, validate_groups, validate_rows
+from services.trainer.batch import Batch, build_batch, build_row_batch, validate_groups, validate_rows
+from services.trainer.experience import Row, TrainingGroup
+from services.trainer.logprobs import sampled_logprobs
+from services.trainer.micro_batches import MicroBatch, plan
+from services.trainer.sharding import (
+    full_state,
+    load_full_optimizer_state,
+    max_over_ranks,
+    shard,
+    sum_over_ranks,
+    world,
+)
+
+# A policy's weights as the rollout receives them: (name, full tensor), one parameter at a time.
+Weights = Iterator[tuple[str, torch.Tensor]]
 
 _LOSS_STATS = ("pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "is_weight_mean", "ratio_mean")
-
-
-def token_logprobs(model: PreTrainedModel, batch: Batch, temperature: float) -> torch.Tensor:
-    """[B, L-1] logprob of each next token under `model`, at the sampling temperature."""
-    logprobs, _ = _forward(model, batch.input_ids, batch.attention_mask, None, temperature, entropy=False)
-    return logprobs
-
-
-def _forward(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    position_ids: torch.Tensor | None,
-    temperature: float,
-    entropy: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Sampled-token logprobs [B, L-1] and, when asked, the policy's entropy per position (no grad)."""
-    # use_cache=False: with a cache, transformers would ignore the packed-sequence position ids.
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-    logits = out.logits[:, :-1].float()
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    log_probs = torch.log_softmax(logits, dim=-1)
-    ent = None
-    if entropy:
-        # In chunks of positions: a full [tokens, vocab] temporary is gigabytes at a 150k vocabulary.
-        with torch.no_grad():
-            flat = log_probs.detach().flatten(0, 1)
-            ent = torch.cat([-(c.exp() * c).sum(-1) for c in flat.split(1024)]).view(log_probs.shape[:2])
-    return log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1), ent
-
-
-@dataclass
-class MicroBatch:
-    """Rows for one forward/backward: padded rows, or packed rows with restarting position ids."""
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor | None  # None for packed rows: the position ids delimit the sequences
-    position_ids: torch.Tensor | None
-    token_mask: torch.Tensor
-    generation_logprobs: torch.Tensor
-    advantages: torch.Tensor  # per token
-    num_sequences: int
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.numel()) if self.attention_mask is None else int(self.attention_mask.sum())
-
-    def to(self, device: str) -> MicroBatch:
-        return MicroBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()})
-
-
-def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 class PolicyTrainer:
     def __init__(self, config: MasterConfig, device: str = "cpu", checkpoint_dir: Path | None = None) -> None:
         self.config = config
         self.device = device
-        self.rank, self.world = _world()
+        self.rank, self.world = world()
         self.checkpoint_dir = checkpoint_dir
         pcfg = config.policy
         torch.manual_seed(pcfg.seed)
@@ -142,7 +97,9 @@ class PolicyTrainer:
             self.reference.eval().requires_grad_(False)
         self.autocast = master != self.compute_dtype
         if self.world > 1:
-            self._shard()
+            models = [m for m in (self.model, self.reference) if m is not None]
+            shard(models, self.compute_dtype if self.autocast else None)
+            self.autocast = False  # FSDP casts the gathered parameters itself
         opt = pcfg.optimizer
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
@@ -167,22 +124,6 @@ class PolicyTrainer:
         progress = min(1.0, (step - opt.warmup_steps) / horizon)
         return opt.min_lr_ratio + (1 - opt.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
-    def _shard(self) -> None:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        kwargs: dict[str, Any] = {}
-        if self.autocast:
-            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
-            self.autocast = False  # FSDP casts the gathered parameters itself
-        for model in (self.model, self.reference):
-            if model is None:
-                continue
-            blocks = set(getattr(model, "_no_split_modules", None) or ())
-            for module in model.modules():
-                if type(module).__name__ in blocks:
-                    fully_shard(module, **kwargs)
-            fully_shard(model, **kwargs)
-
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
@@ -192,7 +133,7 @@ class PolicyTrainer:
 
     # -- weights -----------------------------------------------------------------------------
 
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def named_weights(self) -> Weights:
         """(name, full tensor) in named_parameters order (tied weights once), in the rollout's dtype.
 
         Collective with more than one rank: every rank must drain the iterator. One
@@ -206,13 +147,13 @@ class PolicyTrainer:
 
     # -- training ----------------------------------------------------------------------------
 
-    def train_step(self, groups: Sequence[common_pb2.Group]) -> dict[str, float]:
+    def train_step(self, groups: Sequence[TrainingGroup]) -> dict[str, float]:
         """One GRPO optimizer step on `groups`; the weight version advances by one."""
         start = time.perf_counter()
         metrics = self.accumulate_gradients(groups)
         return self._update(metrics, start)
 
-    def sft_step(self, demonstrations: Sequence[tuple[Sequence[int], Sequence[int]]]) -> dict[str, float]:
+    def sft_step(self, demonstrations: Sequence[Row]) -> dict[str, float]:
         """One supervised optimizer step on (prompt ids, completion ids) pairs.
 
         The loss is the mean negative log-likelihood of every completion token of the
@@ -220,23 +161,10 @@ class PolicyTrainer:
         """
         start = time.perf_counter()
         validate_rows(demonstrations, self.model.config.vocab_size, self.max_positions)
-        group = common_pb2.Group(
-            group_id="sft",
-            trajectories=[
-                common_pb2.Trajectory(
-                    trajectory_id=f"sft/{i}",
-                    prompt_token_ids=list(prompt),
-                    completion_token_ids=list(completion),
-                    completion_logprobs=[0.0] * len(completion),
-                    valid=True,
-                )
-                for i, (prompt, completion) in enumerate(demonstrations)
-            ],
-        )
-        batch = build_batch([group], self.tokenizer.pad_token_id)
+        batch = build_row_batch(demonstrations, self.tokenizer.pad_token_id)
         total_tokens = float(batch.token_mask.sum())
         micro_batches = self._plan(batch, torch.zeros(len(batch)))
-        count = self._max_over_ranks(len(micro_batches))
+        count = max_over_ranks(len(micro_batches), self.world)
         t1 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         nll_sum = sequence_tokens = 0.0
@@ -247,11 +175,11 @@ class PolicyTrainer:
             mb = micro_batches[i].to(self.device)
             sequence_tokens += mb.num_tokens
             with self._autocast():
-                logprobs, _ = _forward(self.model, mb.input_ids, mb.attention_mask, mb.position_ids, 0.0, False)
+                logprobs, _ = sampled_logprobs(self.model, mb.input_ids, mb.attention_mask, mb.position_ids, 0.0, False)
             nll = -torch.where(mb.token_mask.bool(), logprobs, 0.0).sum()
             (nll * (self.world / total_tokens)).backward()
             nll_sum += float(nll.detach())
-        nll_sum, sequence_tokens = self._sum_over_ranks([nll_sum, sequence_tokens])
+        nll_sum, sequence_tokens = sum_over_ranks([nll_sum, sequence_tokens], self.world)
         metrics = {
             "loss": nll_sum / total_tokens,
             "num_trajectories": float(len(batch)),
@@ -286,21 +214,7 @@ class PolicyTrainer:
         )
         return metrics
 
-    def _max_over_ranks(self, value: int) -> int:
-        if self.world == 1:
-            return value
-        n = torch.tensor([value], dtype=torch.long)
-        dist.all_reduce(n, op=dist.ReduceOp.MAX)
-        return int(n)
-
-    def _sum_over_ranks(self, values: list[float]) -> list[float]:
-        if self.world == 1:
-            return values
-        totals = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(totals)
-        return totals.tolist()
-
-    def accumulate_gradients(self, groups: Sequence[common_pb2.Group]) -> dict[str, float]:
+    def accumulate_gradients(self, groups: Sequence[TrainingGroup]) -> dict[str, float]:
         """Zero the gradients, then backpropagate the step's loss over micro-batches; no update."""
         t0 = time.perf_counter()
         cfg, loss_cfg = self.config, self.config.loss_fn
@@ -319,7 +233,7 @@ class PolicyTrainer:
         total_tokens = float(batch.token_mask.sum().clamp(min=1))
         total_seqs = float((batch.token_mask.sum(-1) > 0).sum().clamp(min=1))
         micro_batches = self._plan(batch, advantages)
-        count = self._max_over_ranks(len(micro_batches))
+        count = max_over_ranks(len(micro_batches), self.world)
         t1 = time.perf_counter()
 
         self.optimizer.zero_grad(set_to_none=True)
@@ -334,13 +248,13 @@ class PolicyTrainer:
             mb = micro_batches[i].to(self.device)
             tally["sequence_tokens"] += mb.num_tokens
             with self._autocast():
-                logprobs, entropy = _forward(
+                logprobs, entropy = sampled_logprobs(
                     self.model, mb.input_ids, mb.attention_mask, mb.position_ids, temperature, entropy=True
                 )
                 reference = None
                 if self.reference is not None:
                     with torch.no_grad():
-                        reference, _ = _forward(
+                        reference, _ = sampled_logprobs(
                             self.reference, mb.input_ids, mb.attention_mask, mb.position_ids, temperature, False
                         )
             mask = mb.token_mask
@@ -381,7 +295,7 @@ class PolicyTrainer:
             tally["nll"] += float(-torch.where(m, old, 0.0).sum())
             tally["entropy"] += float(torch.where(m, entropy, 0.0).sum())
         keys = [*sums, *tally]
-        values = dict(zip(keys, self._sum_over_ranks([*sums.values(), *tally.values()]), strict=True))
+        values = dict(zip(keys, sum_over_ranks([*sums.values(), *tally.values()], self.world), strict=True))
         t2 = time.perf_counter()
 
         valid_rewards = batch.rewards[batch.valid]
@@ -426,93 +340,23 @@ class PolicyTrainer:
     def _plan(self, batch: Batch, advantages: torch.Tensor) -> list[MicroBatch]:
         """This rank's micro-batches: its rows of the global batch under the row and token budgets."""
         pcfg = self.config.policy
-        lengths = batch.attention_mask.sum(-1).tolist()
-        # Longest first, ties by position: deterministic, and rows of a micro-batch have similar lengths.
-        order = sorted(range(len(batch)), key=lambda i: (-lengths[i], i))
-        mine = order[self.rank :: self.world]
-        budget = pcfg.max_tokens_per_micro_batch
-        bins: list[list[int]] = []
-        if pcfg.sequence_packing:
-            space: list[int] = []
-            for i in mine:  # first fit, longest first
-                for b, free in enumerate(space):
-                    if lengths[i] <= free:
-                        bins[b].append(i)
-                        space[b] -= lengths[i]
-                        break
-                else:
-                    bins.append([i])
-                    space.append(max(budget or 0, lengths[i]) - lengths[i])
-            return [self._packed(batch, advantages, rows, lengths) for rows in bins]
-        for i in mine:
-            if bins:
-                rows = bins[-1]
-                width = lengths[rows[0]]  # rows are sorted, the first is the longest
-                fits = budget is None or (len(rows) + 1) * width <= budget
-                if fits and len(rows) < pcfg.train_micro_batch_size:
-                    rows.append(i)
-                    continue
-            bins.append([i])
-        return [self._padded(batch, advantages, rows, lengths) for rows in bins]
-
-    @staticmethod
-    def _padded(batch: Batch, advantages: torch.Tensor, rows: list[int], lengths: list[int]) -> MicroBatch:
-        width = max(lengths[i] for i in rows)
-        index = torch.tensor(rows)
-        mask = batch.token_mask[index, : width - 1]
-        return MicroBatch(
-            batch.input_ids[index, :width],
-            batch.attention_mask[index, :width],
-            None,
-            mask,
-            batch.generation_logprobs[index, : width - 1],
-            advantages[index, None].expand_as(mask).contiguous(),
-            len(rows),
-        )
-
-    @staticmethod
-    def _packed(batch: Batch, advantages: torch.Tensor, rows: list[int], lengths: list[int]) -> MicroBatch:
-        ids, pos, mask, gen, adv = [], [], [], [], []
-        for i in rows:
-            n = lengths[i]
-            ids.append(batch.input_ids[i, :n])
-            pos.append(torch.arange(n))
-            # Position n-1 of a segment would predict the next segment's first token: masked out.
-            mask.append(torch.cat([batch.token_mask[i, : n - 1], torch.zeros(1)]))
-            gen.append(torch.cat([batch.generation_logprobs[i, : n - 1], torch.zeros(1)]))
-            adv.append(torch.full((n,), float(advantages[i])))
-        return MicroBatch(
-            torch.cat(ids)[None],
-            None,
-            torch.cat(pos)[None],
-            torch.cat(mask)[None, :-1],
-            torch.cat(gen)[None, :-1],
-            torch.cat(adv)[None, :-1],
-            len(rows),
+        return plan(
+            batch,
+            advantages,
+            rank=self.rank,
+            world=self.world,
+            max_rows=pcfg.train_micro_batch_size,
+            max_tokens=pcfg.max_tokens_per_micro_batch,
+            packing=pcfg.sequence_packing,
         )
 
     # -- checkpoints -------------------------------------------------------------------------
 
     def save(self, folder: Path, metrics: dict[str, float] | None = None, data_state: str = "") -> Path:
         """Write a checkpoint atomically (collective: call on every rank; rank 0 writes)."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-        )
-
         if data_state:
             self.data_state = data_state
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        if self.world > 1:
-            model_state = get_model_state_dict(self.model, options=options)
-            optim_state = get_optimizer_state_dict(self.model, self.optimizer, options=options)
-            rng_states: list[Any] = [None] * self.world
-            dist.all_gather_object(rng_states, torch.get_rng_state())
-        else:
-            model_state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-            optim_state = get_optimizer_state_dict(self.model, self.optimizer, options=options)
-            rng_states = [torch.get_rng_state()]
+        model_state, optim_state, rng_states = full_state(self.model, self.optimizer, self.world)
         if self.rank == 0:
 
             def write(tmp: Path) -> None:
@@ -538,15 +382,8 @@ class PolicyTrainer:
         return folder
 
     def _restore(self, folder: Path) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
         state = torch.load(folder / checkpoint.STATE_FILE, map_location="cpu", weights_only=False)
-        set_optimizer_state_dict(
-            self.model,
-            self.optimizer,
-            optim_state_dict=state["optimizer"],
-            options=StateDictOptions(full_state_dict=True),
-        )
+        load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.weight_version = int(state["weight_version"])
         self.data_state = state.get("data_state", "")

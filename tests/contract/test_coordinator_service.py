@@ -15,8 +15,9 @@ import pytest
 from dockyard.api.coordinator.v1 import coordinator_pb2 as pb
 from dockyard.api.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.config import load_config_text
+from dockyard.jobs import RUNNING
 from dockyard.rpc.client import connect
-from services.coordinator.jobs import RUNNING, JobRecord
+from services.coordinator.jobs import JobRecord
 from tests.conftest import expect_code, free_port
 
 CONFIG = """
@@ -256,7 +257,7 @@ async def test_a_recovered_job_gets_a_newer_side_group_and_can_be_cancelled(star
             # A runner again: it waits for its fleet (none registers here).
             assert job.state == pb.JOB_STATE_RUNNING and job.phase == "waiting for rollout replicas", job
             group = await stub.GetWeightSyncGroup(pb.GetWeightSyncGroupRequest(job_id="job-r", member="trainer"))
-            assert group.group.epoch == 4, "a recovered job's side group starts past every epoch it used"
+            assert group.group.epoch == 4, "a recovered job's weight-sync group starts past every epoch it used"
             cancelled = (await stub.CancelJob(pb.CancelJobRequest(job_id="job-r"))).job
             assert cancelled.state == pb.JOB_STATE_CANCELLED
         assert coordinator.stop() == 0

@@ -195,6 +195,7 @@ class TorchrunTrainer(ServiceProcess):
 async def test_two_rank_trainer_serves_steps_and_checkpoints(start_service, tmp_path: Path) -> None:
     from dockyard.config import load_config_text
     from services.trainer.policy import PolicyTrainer
+    from services.trainer.servicer import training_group
 
     buffer = start_service("buffer")
     trainer = TorchrunTrainer({"DOCKYARD_TRAINER_BUFFER_ADDRESS": buffer.address}, tmp_path / "trainer.log")
@@ -215,7 +216,7 @@ async def test_two_rank_trainer_serves_steps_and_checkpoints(start_service, tmp_
     # The sharded service took exactly the single-rank step on the same group.
     local = PolicyTrainer(load_config_text(config))
     assert local.num_parameters() == loaded.num_parameters
-    expected = local.train_step([group("g0", 0)])
+    expected = local.train_step([training_group(group("g0", 0))])
     assert reply.weight_version == 1
     assert abs(reply.metrics["loss"] - expected["loss"]) < 1e-5
     assert abs(reply.metrics["grad_norm"] - expected["grad_norm"]) < 1e-4 * expected["grad_norm"]

@@ -8,7 +8,7 @@ is lost), Redis with an asynchronous job killed while it waits for groups
 once, continues at the trainer's step and reaches SUCCEEDED; the trainer's
 ledger holds every step 1..N once and no group or trajectory twice, the
 run's books balance (`assert_accounted`), the metrics hold no step twice, and
-the side group of the recovered job lies past every epoch it used before.
+the weight-sync group of the recovered job lies past every epoch it used before.
 """
 
 from __future__ import annotations

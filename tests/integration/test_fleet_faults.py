@@ -158,7 +158,7 @@ def test_a_rollout_replica_killed_mid_generation_is_replaced(stack: LocalStack, 
         f"{job.job_id}/s{s}/g{g}" for s in range(1, 6) for g in range(4)
     )
     assert any(r["attempt"] > 0 and r["replica"] == "rollout-1" for r in generations)
-    # After the kill the side group went on with rollout-1 alone.
+    # After the kill the weight-sync group went on with rollout-1 alone.
     assert train[-1]["fleet_rollout_alive"] == 1.0
     # None trained twice, and every group put was trained, dropped as stale or left in the buffer.
     assert_accounted(Path(job.run_dir), max_age=0)

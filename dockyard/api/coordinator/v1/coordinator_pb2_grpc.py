@@ -27,7 +27,7 @@ if _version_not_supported:
 
 class CoordinatorServiceStub:
     """Jobs and their state machine, the weight-version clock, the rendezvous of
-    the weight-sync side group, and the rollout collector that feeds the buffer.
+    the weight-sync group, and the rollout collector that feeds the buffer.
     """
 
     def __init__(self, channel):
@@ -90,7 +90,7 @@ class CoordinatorServiceStub:
 
 class CoordinatorServiceServicer:
     """Jobs and their state machine, the weight-version clock, the rendezvous of
-    the weight-sync side group, and the rollout collector that feeds the buffer.
+    the weight-sync group, and the rollout collector that feeds the buffer.
     """
 
     def CreateJob(self, request, context):
@@ -120,7 +120,7 @@ class CoordinatorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetWeightSyncGroup(self, request, context):
-        """Rendezvous and rank of a member of a job's weight-sync side group.
+        """Rendezvous and rank of a member of a job's weight-sync group.
         A rollout replica naming itself for the first time joins the group: the
         group is formed again (a new epoch) with it.
         """
@@ -129,7 +129,7 @@ class CoordinatorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def LeaveWeightSyncGroup(self, request, context):
-        """A rollout replica leaves a job's side group; the group is formed again
+        """A rollout replica leaves a job's weight-sync group; the group is formed again
         without it (a new epoch).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -231,7 +231,7 @@ def add_CoordinatorServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class CoordinatorService:
     """Jobs and their state machine, the weight-version clock, the rendezvous of
-    the weight-sync side group, and the rollout collector that feeds the buffer.
+    the weight-sync group, and the rollout collector that feeds the buffer.
     """
 
     @staticmethod

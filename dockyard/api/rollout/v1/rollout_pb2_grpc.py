@@ -28,7 +28,7 @@ if _version_not_supported:
 class RolloutServiceStub:
     """Generation: sampling groups of completions with per-token logprobs, each
     tagged with the weight version that produced it; receiving weights over
-    the side group.
+    the weight-sync group.
     """
 
     def __init__(self, channel):
@@ -67,7 +67,7 @@ class RolloutServiceStub:
 class RolloutServiceServicer:
     """Generation: sampling groups of completions with per-token logprobs, each
     tagged with the weight version that produced it; receiving weights over
-    the side group.
+    the weight-sync group.
     """
 
     def LoadPolicy(self, request, context):
@@ -85,7 +85,7 @@ class RolloutServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReceiveWeights(self, request, context):
-        """Receive the trainer's weights over the side group.
+        """Receive the trainer's weights over the weight-sync group.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -142,7 +142,7 @@ def add_RolloutServiceServicer_to_server(servicer, server):
 class RolloutService:
     """Generation: sampling groups of completions with per-token logprobs, each
     tagged with the weight version that produced it; receiving weights over
-    the side group.
+    the weight-sync group.
     """
 
     @staticmethod

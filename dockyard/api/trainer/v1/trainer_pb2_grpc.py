@@ -27,7 +27,7 @@ if _version_not_supported:
 
 class TrainerServiceStub:
     """The policy: loading, GRPO optimizer steps on experience pulled from the
-    buffer, broadcasting weights over the side group, checkpoints.
+    buffer, broadcasting weights over the weight-sync group, checkpoints.
     """
 
     def __init__(self, channel):
@@ -70,7 +70,7 @@ class TrainerServiceStub:
 
 class TrainerServiceServicer:
     """The policy: loading, GRPO optimizer steps on experience pulled from the
-    buffer, broadcasting weights over the side group, checkpoints.
+    buffer, broadcasting weights over the weight-sync group, checkpoints.
     """
 
     def LoadPolicy(self, request, context):
@@ -112,7 +112,7 @@ class TrainerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def UnloadPolicy(self, request, context):
-        """Free the job's policy and its side group.
+        """Free the job's policy and its weight-sync group.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -161,7 +161,7 @@ def add_TrainerServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class TrainerService:
     """The policy: loading, GRPO optimizer steps on experience pulled from the
-    buffer, broadcasting weights over the side group, checkpoints.
+    buffer, broadcasting weights over the weight-sync group, checkpoints.
     """
 
     @staticmethod

@@ -1,0 +1,31 @@
+"""The task type every environment produces and the collector consumes.
+
+A task is one prompt plus what the sandbox needs to score a completion of it. Tasks are frozen,
+so one task may be drawn again (task sets cycle when more are asked for than they hold) and shared
+between callers without copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Task:
+    """One prompt of a task set.
+
+    * ``task_id``: names the task in logs and in the groups built from it; for ``swe`` it is
+      ``<task set>/<instance_id>``, the two names ScorePatch asks the sandbox for.
+    * ``prompt``: the text the policy completes.
+    * ``tests``: Python test source the sandbox runs against the program built from a completion
+      (``expr``: one assert per input; ``humaneval``: the problem's ``check``); empty for ``swe``,
+      whose tests stay with the sandbox.
+    * ``solution``: reference completion, the demonstration of SFT and of the tiny recipe's warm
+      start; empty where the task set keeps its reference from the policy (``swe``: the gold patch
+      stays with the sandbox).
+    """
+
+    task_id: str
+    prompt: str
+    tests: tuple[str, ...]
+    solution: str

@@ -1,0 +1,85 @@
+"""A step's metrics beyond the trainer's own: what was collected, the buffer, the fleet, phase times.
+
+    CollectStats ─collected()─> groups, invalid_trajectories, dropped_*, verdict_<status>
+    JobBuffer.stats ─buffer()─> buffer_held, buffer_pending, ..., buffer_age_<a>
+    collector timeline + fleet ─fleet(step)─> replica_<name>_*, sandbox_<name>_*, regenerated_groups, ...
+                                              (each Generate also written as a "generation" record)
+
+Guarantees: counters that accumulate over the job (regenerated groups,
+sandbox retries) are reported per step, as differences since the last call;
+a buffer that is restarting leaves its counters out of that step instead of
+failing it.
+"""
+
+from __future__ import annotations
+
+from services.coordinator.collector import Collector, CollectStats
+from services.coordinator.fleet import ROLLOUT, SANDBOX, Fleet
+from services.coordinator.job_buffer import JobBuffer
+from services.coordinator.run_folder import RunFolder
+
+_BUFFER_COUNTERS = ("held", "pending", "acked", "dropped_stale", "puts", "duplicate_puts", "reclaimed")
+
+
+def collected(stats: CollectStats) -> dict[str, float]:
+    return {
+        "groups": float(stats.groups),
+        "invalid_trajectories": float(stats.invalid),
+        "dropped_uniform_groups": float(stats.dropped_uniform),
+        "dropped_stale_on_put": float(stats.dropped_stale),
+        **{f"verdict_{name}": float(count) for name, count in stats.verdicts.items()},
+    }
+
+
+def phase_seconds(first: str, t0: float, t1: float, t2: float, t3: float, transfer: float) -> dict[str, float]:
+    """A step's time by phase: `first` (generating or waiting for groups), training, weight sync."""
+    return {
+        first: t1 - t0,
+        "train_step_seconds": t2 - t1,
+        "weight_sync_seconds": t3 - t2,
+        "weight_sync_transfer_seconds": transfer,
+        "step_seconds": t3 - t0,
+    }
+
+
+class StepMetrics:
+    def __init__(self, fleet: Fleet, collector: Collector, buffer: JobBuffer, folder: RunFolder) -> None:
+        self._fleet, self._collector, self._buffer, self._folder = fleet, collector, buffer, folder
+        # The collector's fleet counters at the last step's end.
+        self._counts = (0, 0)
+
+    async def buffer(self) -> dict[str, float]:
+        stats = await self._buffer.stats()
+        if stats is None:
+            return {}  # the buffer is restarting: this step goes without its counters
+        metrics = {f"buffer_{name}": float(getattr(stats, name)) for name in _BUFFER_COUNTERS}
+        metrics["buffer_put_rate"] = stats.put_rate
+        metrics["buffer_sample_rate"] = stats.sample_rate
+        metrics.update({f"buffer_age_{age}": float(count) for age, count in sorted(stats.age_histogram.items())})
+        return metrics
+
+    def fleet(self, step: int) -> dict[str, float]:
+        """Per-replica generation records since the last call (written as "generation" records) and
+        their totals, plus each sandbox worker's last reported queue."""
+        timeline = self._collector.take_timeline()
+        metrics: dict[str, float] = {}
+        for entry in timeline:
+            self._folder.append("generation", step, entry)
+            name = entry["replica"]
+            busy = entry["end"] - entry["start"]
+            metrics[f"replica_{name}_busy_seconds"] = metrics.get(f"replica_{name}_busy_seconds", 0.0) + busy
+            metrics[f"replica_{name}_groups"] = metrics.get(f"replica_{name}_groups", 0.0) + 1
+            metrics[f"replica_{name}_tokens"] = metrics.get(f"replica_{name}_tokens", 0.0) + entry["tokens"]
+        for name in {e["replica"] for e in timeline}:
+            busy = metrics[f"replica_{name}_busy_seconds"]
+            metrics[f"replica_{name}_tokens_per_second"] = metrics[f"replica_{name}_tokens"] / max(busy, 1e-9)
+        for worker in self._fleet.members(SANDBOX):
+            metrics[f"sandbox_{worker.name}_running"] = float(worker.running)
+            metrics[f"sandbox_{worker.name}_queued"] = float(worker.queued)
+        counts = (self._collector.regenerated_groups, self._collector.sandbox_retries)
+        metrics["regenerated_groups"] = float(counts[0] - self._counts[0])
+        metrics["sandbox_retries"] = float(counts[1] - self._counts[1])
+        self._counts = counts
+        metrics["fleet_rollout_alive"] = float(len(self._fleet.alive(ROLLOUT)))
+        metrics["fleet_sandbox_alive"] = float(len(self._fleet.alive(SANDBOX)))
+        return metrics

@@ -1,0 +1,146 @@
+"""One job's side of the buffer's lease protocol: lease groups, check them against the ledger, ack them.
+
+    lease:   reclaim due (fresh start, or the last lease failed)? ─yes─> ReclaimGroups (any idle time)
+                 ─> ledger names the group? ─yes─> ack it (trained already, its ack was lost)
+                                            └no──> this step's groups
+             fewer than wanted ─> SampleGroups for the rest
+    trained: ledger.record (fsynced) ─> ack
+    ack:     AckGroups(these + every earlier unacked) ─transient failure─> kept in `unacked`,
+             sent with the next ack
+
+Guarantees: a fresh consumer reclaims before it samples, so the groups a dead
+predecessor left pending are trained first; so does the next lease after a
+failed one, because what the failed call leased stays pending and nothing is
+lost. A reclaimed group the ledger names is acked, never returned to train
+again. `trained` returns only once the ledger line is on disk, and acks
+after it, so a deferred or lost ack can never cause a second training. An
+ack that fails with a TRANSIENT code is kept and resent with the next ack;
+any other failure is raised. `lease` raises FailedPrecondition when the
+buffer refuses (no such job) or holds nothing fresh, Unavailable when it
+cannot be reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+import structlog
+
+from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
+from dockyard.api.common.v1 import common_pb2
+from dockyard.rpc.errors import FailedPrecondition, Unavailable
+from dockyard.rpc.retry import TRANSIENT
+from services.trainer.ledger import TrainedLedger
+
+log = structlog.get_logger()
+
+
+@dataclass
+class Lease:
+    groups: list[common_pb2.Group]
+    dropped_stale: int  # groups the buffer dropped as too old while answering
+    reclaimed: int  # of `groups`, those taken over from a predecessor
+
+    def metrics(self) -> dict[str, float]:
+        return {"groups_dropped_stale": float(self.dropped_stale), "groups_reclaimed": float(self.reclaimed)}
+
+
+class BufferConsumer:
+    """Leases and acks one job's groups under the name `consumer`; `buffer` is a BufferService stub."""
+
+    def __init__(
+        self,
+        buffer: buffer_pb2_grpc.BufferServiceStub,
+        consumer: str,
+        job_id: str,
+        ledger: TrainedLedger,
+        ack_timeout: float,
+    ) -> None:
+        self.buffer = buffer
+        self.consumer = consumer
+        self.job_id = job_id
+        self.ledger = ledger
+        self.ack_timeout = ack_timeout
+        self.reclaim_due = True
+        self.unacked: list[str] = []  # trained (or refused) groups whose ack has not reached the buffer
+
+    async def lease(self, trainer_step: int, wanted: int) -> Lease:
+        """Up to `wanted` groups for the step after `trainer_step`: reclaimed ones first, then fresh.
+
+        Acks deferred while the buffer was down are sent first.
+        """
+        await self.ack([], trainer_step)
+        try:
+            lease = await self._reclaim(trainer_step, wanted) if self.reclaim_due else Lease([], 0, 0)
+            if len(lease.groups) < wanted:
+                reply = await self.buffer.SampleGroups(
+                    buffer_pb2.SampleGroupsRequest(
+                        job_id=self.job_id,
+                        trainer_step=trainer_step,
+                        max_groups=wanted - len(lease.groups),
+                        consumer=self.consumer,
+                    )
+                )
+                lease.groups += reply.groups
+                lease.dropped_stale += reply.dropped_stale
+        except grpc.aio.AioRpcError as exc:
+            # What was leased stays pending and is reclaimed by the next call: nothing is lost.
+            self.reclaim_due = True
+            if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
+                raise FailedPrecondition(f"the buffer refused to sample: {exc.details()}") from None
+            raise Unavailable(f"the buffer is unavailable: {exc.code().name}: {exc.details()}") from None
+        if not lease.groups:
+            raise FailedPrecondition(
+                f"the buffer holds no fresh groups for step {trainer_step + 1} "
+                f"({lease.dropped_stale} dropped as stale); put experience first"
+            )
+        return lease
+
+    async def _reclaim(self, trainer_step: int, wanted: int) -> Lease:
+        reply = await self.buffer.ReclaimGroups(
+            buffer_pb2.ReclaimGroupsRequest(
+                job_id=self.job_id,
+                trainer_step=trainer_step,
+                max_groups=wanted,
+                consumer=self.consumer,
+                min_idle_seconds=0.0,
+            )
+        )
+        done = [g.group_id for g in reply.groups if g.group_id in self.ledger]
+        groups = [g for g in reply.groups if g.group_id not in self.ledger]
+        if done:
+            log.warning("acking reclaimed groups the ledger says were trained", groups=len(done))
+            await self.ack(done, trainer_step)
+        self.reclaim_due = False
+        if groups:
+            log.info("reclaimed pending groups", groups=len(groups))
+        return Lease(groups, reply.dropped_stale, len(groups))
+
+    async def trained(
+        self, step: int, weight_version: int, group_ids: Sequence[str], trajectory_ids: Sequence[str]
+    ) -> None:
+        """Record the step's groups in the ledger, then ack them at the new `weight_version`."""
+        # On disk before the ack: a trainer that dies in between finds these in its ledger
+        # when it reclaims them, and acks them instead of training on them again.
+        await asyncio.to_thread(self.ledger.record, step, weight_version, group_ids, trajectory_ids)
+        await self.ack(group_ids, weight_version)
+
+    async def ack(self, group_ids: Sequence[str], weight_version: int) -> None:
+        """Ack these and any earlier unacked groups; if the buffer is down they wait for the next call."""
+        self.unacked += group_ids
+        if not self.unacked:
+            return
+        try:
+            await self.buffer.AckGroups(
+                buffer_pb2.AckGroupsRequest(job_id=self.job_id, group_ids=self.unacked, weight_version=weight_version),
+                timeout=self.ack_timeout,
+            )
+            self.unacked = []
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in TRANSIENT:
+                raise
+            # Safe to defer: the ledger already names the trained ones, so a reclaim never retrains them.
+            log.warning("ack deferred: the buffer is unavailable", groups=len(self.unacked), error=exc.details())

@@ -1,0 +1,62 @@
+"""What a trainer step learns from, as plain Python: GRPO groups of samples and SFT demonstration rows.
+
+    buffer Group (proto) ──servicer──> TrainingGroup(group id, [Sample(trajectory id, prompt ids,
+                                        completion ids, generation logprobs, reward, valid,
+                                        weight version)])
+    Demonstration(prompt, completion) ──demonstration_rows──> (prompt ids, completion ids + eos)
+
+Guarantees: these types hold only lists, numbers and strings, so they pickle
+(rank 0 hands them to the other ranks as they are) and need no protobuf;
+`demonstration_rows` tokenises without special tokens and ends every
+completion with the end-of-sequence token; `staleness_metrics` counts every
+sample once, by its age in optimizer steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# One supervised row: (prompt ids, completion ids).
+Row = tuple[Sequence[int], Sequence[int]]
+
+
+@dataclass
+class Sample:
+    """One trajectory: a prompt, the completion the rollout sampled, its logprobs and its reward."""
+
+    trajectory_id: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    generation_logprobs: list[float]  # one per completion token, from the generating policy
+    reward: float
+    valid: bool  # False: an infrastructure failure, no learning signal
+    weight_version: int = 0  # the policy version that generated it
+
+
+@dataclass
+class TrainingGroup:
+    """Samples of one prompt: their advantages are computed against each other."""
+
+    group_id: str
+    samples: list[Sample] = field(default_factory=list)
+
+
+def demonstration_rows(tokenizer: Any, demonstrations: Sequence[tuple[str, str]]) -> list[Row]:
+    """(prompt text, completion text) pairs → token rows; each completion ends with end-of-sequence."""
+    rows = []
+    for prompt, completion in demonstrations:
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append((prompt_ids, completion_ids))
+    return rows
+
+
+def staleness_metrics(groups: Sequence[TrainingGroup], trainer_version: int) -> dict[str, float]:
+    """Histogram of the trained samples' age (trainer version − generating version), with mean and max."""
+    ages = [trainer_version - s.weight_version for g in groups for s in g.samples]
+    metrics = {f"staleness_{age}": float(ages.count(age)) for age in sorted(set(ages))}
+    metrics["staleness_mean"] = sum(ages) / max(len(ages), 1)
+    metrics["staleness_max"] = float(max(ages, default=0))
+    return metrics

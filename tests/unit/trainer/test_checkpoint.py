@@ -1,0 +1,171 @@
+"""Checkpoints: exact resume, Hugging Face loading, atomic saves, top-k retention."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from dockyard.config import load_config_text
+from services.trainer import checkpoint
+from services.trainer.experience import Sample, TrainingGroup
+from services.trainer.policy import PolicyTrainer
+
+# Dropout on, warmup then cosine, KL on: resuming must restore RNG, scheduler and reference.
+CONFIG = """
+policy:
+  model: {model_type: qwen2, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1,
+          num_attention_heads: 2, num_key_value_heads: 1, max_position_embeddings: 64,
+          attention_dropout: 0.2}
+  train_global_batch_size: 4
+  train_micro_batch_size: 2
+  optimizer: {lr: 0.01, warmup_steps: 2, schedule: cosine, min_lr_ratio: 0.1, weight_decay: 0.01}
+loss_fn: {kl_penalty: 0.1}
+grpo: {num_prompts_per_step: 1, num_generations_per_prompt: 4, max_num_steps: 6}
+checkpointing: {checkpoint_dir: CKPT, resume: true}
+"""
+
+
+def batch(step: int) -> list[TrainingGroup]:
+    gen = torch.Generator().manual_seed(100 + step)
+    samples = []
+    for i in range(4):
+        completion = torch.randint(4, 60, (3 + i,), generator=gen).tolist()
+        samples.append(
+            Sample(
+                trajectory_id=f"s{step}/{i}",
+                prompt_ids=torch.randint(4, 60, (6,), generator=gen).tolist(),
+                completion_ids=completion,
+                generation_logprobs=[-2.0] * len(completion),
+                reward=float(torch.rand((), generator=gen)),
+                valid=True,
+            )
+        )
+    return [TrainingGroup(group_id=f"s{step}", samples=samples)]
+
+
+def trainer(folder: Path) -> PolicyTrainer:
+    return PolicyTrainer(load_config_text(CONFIG.replace("CKPT", str(folder))), checkpoint_dir=folder)
+
+
+def test_stop_and_resume_gives_the_uninterrupted_next_step(tmp_path: Path) -> None:
+    k = 3
+    straight = trainer(tmp_path / "a")
+    assert straight.resumed_from is None
+    losses = [straight.train_step(batch(s))["loss"] for s in range(1, k + 3)]
+
+    first = trainer(tmp_path / "b")
+    for s in range(1, k + 1):
+        assert first.train_step(batch(s))["loss"] == losses[s - 1]
+    first.save(tmp_path / "b" / f"step-{k}", {"pass_rate": 0.5}, data_state='{"tasks_drawn": 3}')
+    first.train_step(batch(k + 1))  # work after the checkpoint is lost with the process
+    del first
+
+    resumed = trainer(tmp_path / "b")
+    assert resumed.resumed_from == tmp_path / "b" / f"step-{k}"
+    assert (resumed.weight_version, resumed.data_state) == (k, '{"tasks_drawn": 3}')
+    assert resumed.train_step(batch(k + 1))["loss"] == losses[k]
+    # One more: the learning-rate schedule continued from step k too.
+    assert resumed.train_step(batch(k + 2))["loss"] == losses[k + 1]
+    for (name, a), (_, b) in zip(straight.named_weights(), resumed.named_weights(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_checkpoint_is_a_hugging_face_folder(tmp_path: Path) -> None:
+    policy = trainer(tmp_path)
+    policy.train_step(batch(1))
+    folder = policy.save(tmp_path / "step-1")
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    mine = dict(policy.named_weights())
+    for name, tensor in model.named_parameters():
+        assert torch.equal(tensor, mine[name]), name
+    assert json.loads((folder / checkpoint.META_FILE).read_text())["step"] == 1
+
+
+def test_a_crash_mid_save_leaves_the_previous_latest(tmp_path: Path) -> None:
+    policy = trainer(tmp_path)
+    policy.save(tmp_path / "step-0")
+
+    def crash(tmp: Path) -> None:
+        tmp.mkdir()
+        (tmp / "model.safetensors").write_bytes(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        checkpoint.write_atomically(tmp_path / "step-1", crash, {"step": 1})
+    assert checkpoint.latest(tmp_path).step == 0
+    assert trainer(tmp_path).resumed_from == tmp_path / "step-0"
+
+
+def crash_mid_delete(monkeypatch) -> None:
+    """shutil.rmtree that deletes the weights file first and then dies."""
+
+    def rmtree(path, ignore_errors=False):
+        weights = Path(path) / "model.safetensors"
+        if weights.exists():
+            weights.unlink()
+            raise OSError("killed mid-delete")
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", rmtree)
+
+
+def with_weights(tmp: Path) -> None:
+    tmp.mkdir()
+    (tmp / "model.safetensors").write_bytes(b"weights")
+
+
+def test_a_crash_deleting_a_checkpoint_never_leaves_a_partial_one_that_counts(tmp_path: Path, monkeypatch) -> None:
+    for step in (1, 2):
+        checkpoint.write_atomically(tmp_path / f"step-{step}", with_weights, {"step": step})
+    crash_mid_delete(monkeypatch)
+    # The same step saved again: the crash hits deleting the old copy, after the new one is in place.
+    with pytest.raises(OSError):
+        checkpoint.write_atomically(tmp_path / "step-2", with_weights, {"step": 2, "again": True})
+    # Retiring an old checkpoint dies halfway through deleting it.
+    with pytest.raises(OSError):
+        checkpoint.retain(tmp_path, 0, "pass_rate", higher_is_better=True)
+    found = checkpoint.complete_checkpoints(tmp_path)
+    assert [c.step for c in found] == [2] and found[0].meta["again"] is True
+    assert all((c.path / "model.safetensors").exists() for c in found)
+
+
+def test_retention_keeps_the_best_k_and_the_latest(tmp_path: Path) -> None:
+    for step, rate in [(1, 0.2), (2, 0.9), (3, None), (4, 0.5), (5, 0.1)]:
+        metrics = {} if rate is None else {"pass_rate": rate}
+        checkpoint.write_atomically(tmp_path / f"step-{step}", lambda tmp: tmp.mkdir(), {"metrics": metrics})
+    removed = checkpoint.retain(tmp_path, 2, "pass_rate", higher_is_better=True)
+    assert sorted(p.name for p in removed) == ["step-1", "step-3"]
+    assert [c.step for c in checkpoint.complete_checkpoints(tmp_path)] == [2, 4, 5]
+    checkpoint.retain(tmp_path, 1, "pass_rate", higher_is_better=False)
+    assert [c.step for c in checkpoint.complete_checkpoints(tmp_path)] == [5]
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("checkpointing.resume=true", ["checkpointing.resume", "checkpoint_dir"]),
+        ("policy.sequence_packing=true", ["sequence_packing", "max_tokens_per_micro_batch"]),
+        ("policy.optimizer.schedule=linear", ["policy.optimizer.schedule"]),
+        ("policy.max_tokens_per_micro_batch=0", ["policy.max_tokens_per_micro_batch"]),
+    ],
+)
+def test_trainer_config_refusals_name_the_field(override: str, words: list[str]) -> None:
+    from dockyard.config import ConfigError
+
+    text = CONFIG.replace("checkpointing: {checkpoint_dir: CKPT, resume: true}", "")
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text, [override])
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_packing_needs_token_reduction() -> None:
+    from dockyard.config import ConfigError
+
+    text = CONFIG.replace("checkpointing: {checkpoint_dir: CKPT, resume: true}", "")
+    overrides = ["policy.max_tokens_per_micro_batch=64", "policy.sequence_packing=true", "loss_fn.reduction=sequence"]
+    with pytest.raises(ConfigError, match="reduction=token"):
+        load_config_text(text, overrides)

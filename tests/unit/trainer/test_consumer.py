@@ -1,0 +1,143 @@
+"""The buffer-consumer protocol against a scripted buffer stub: reclaim first, the ledger, deferred acks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+
+from dockyard.api.buffer.v1 import buffer_pb2
+from dockyard.api.common.v1 import common_pb2
+from dockyard.rpc.errors import FailedPrecondition, Unavailable
+from services.trainer.consumer import BufferConsumer
+from services.trainer.ledger import TrainedLedger, read_ledger
+
+
+def group(group_id: str) -> common_pb2.Group:
+    return common_pb2.Group(
+        group_id=group_id, job_id="job", trajectories=[common_pb2.Trajectory(trajectory_id=f"{group_id}/0")]
+    )
+
+
+def rpc_error(code: grpc.StatusCode) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=f"scripted {code.name}")
+
+
+class FakeBuffer:
+    """A BufferService stub: each method answers its next scripted reply (or raises it); calls are recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+        self.replies: dict[str, list[object]] = {"ReclaimGroups": [], "SampleGroups": [], "AckGroups": []}
+
+    def script(self, method: str, *replies: object) -> None:
+        self.replies[method] += replies
+
+    def methods(self) -> list[str]:
+        return [method for method, _ in self.calls]
+
+    def acks(self) -> list[tuple[list[str], int]]:
+        return [(list(r.group_ids), r.weight_version) for m, r in self.calls if m == "AckGroups"]
+
+    async def _answer(self, method: str, request: object, default: object) -> object:
+        self.calls.append((method, request))
+        reply = self.replies[method].pop(0) if self.replies[method] else default
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    async def ReclaimGroups(self, request, timeout=None):
+        return await self._answer("ReclaimGroups", request, buffer_pb2.ReclaimGroupsResponse())
+
+    async def SampleGroups(self, request, timeout=None):
+        return await self._answer("SampleGroups", request, buffer_pb2.SampleGroupsResponse())
+
+    async def AckGroups(self, request, timeout=None):
+        return await self._answer("AckGroups", request, buffer_pb2.AckGroupsResponse(acked=len(request.group_ids)))
+
+
+@pytest.fixture
+def buffer() -> FakeBuffer:
+    return FakeBuffer()
+
+
+def consumer(buffer: FakeBuffer, folder: Path) -> BufferConsumer:
+    return BufferConsumer(buffer, "trainer-0", "job", TrainedLedger(folder), ack_timeout=5.0)
+
+
+async def test_a_fresh_consumer_reclaims_before_it_samples(buffer: FakeBuffer, tmp_path: Path) -> None:
+    buffer.script("ReclaimGroups", buffer_pb2.ReclaimGroupsResponse(groups=[group("left")], dropped_stale=1))
+    buffer.script("SampleGroups", buffer_pb2.SampleGroupsResponse(groups=[group("fresh")], dropped_stale=2))
+    c = consumer(buffer, tmp_path)
+    lease = await c.lease(3, 2)
+    assert [g.group_id for g in lease.groups] == ["left", "fresh"]
+    assert (lease.reclaimed, lease.dropped_stale) == (1, 3)
+    assert lease.metrics() == {"groups_dropped_stale": 3.0, "groups_reclaimed": 1.0}
+    (_, reclaim), (_, sample) = buffer.calls
+    assert (reclaim.job_id, reclaim.consumer, reclaim.trainer_step, reclaim.max_groups) == ("job", "trainer-0", 3, 2)
+    assert reclaim.min_idle_seconds == 0.0  # a fresh trainer takes over every pending group
+    assert (sample.consumer, sample.trainer_step, sample.max_groups) == ("trainer-0", 3, 1)
+
+    buffer.calls.clear()
+    buffer.script("SampleGroups", buffer_pb2.SampleGroupsResponse(groups=[group("next")]))
+    assert [g.group_id for g in (await c.lease(4, 2)).groups] == ["next"]
+    assert buffer.methods() == ["SampleGroups"]  # reclaimed once, then only sampled
+
+
+async def test_a_failed_lease_reclaims_again_next_time(buffer: FakeBuffer, tmp_path: Path) -> None:
+    c = consumer(buffer, tmp_path)
+    buffer.script("SampleGroups", rpc_error(grpc.StatusCode.UNAVAILABLE))
+    with pytest.raises(Unavailable, match="UNAVAILABLE"):
+        await c.lease(0, 1)
+    buffer.calls.clear()
+    buffer.script("ReclaimGroups", buffer_pb2.ReclaimGroupsResponse(groups=[group("leased-by-the-failed-call")]))
+    lease = await c.lease(0, 1)
+    assert [g.group_id for g in lease.groups] == ["leased-by-the-failed-call"]
+    assert buffer.methods() == ["ReclaimGroups"]  # enough reclaimed: nothing sampled
+
+
+async def test_reclaimed_groups_the_ledger_names_are_acked_not_returned(buffer: FakeBuffer, tmp_path: Path) -> None:
+    TrainedLedger(tmp_path).record(2, 2, ["trained"], ["trained/0"])
+    buffer.script("ReclaimGroups", buffer_pb2.ReclaimGroupsResponse(groups=[group("trained"), group("pending")]))
+    lease = await consumer(buffer, tmp_path).lease(2, 2)
+    assert [g.group_id for g in lease.groups] == ["pending"] and lease.reclaimed == 1
+    assert buffer.acks() == [(["trained"], 2)]
+    assert buffer.methods() == ["ReclaimGroups", "AckGroups", "SampleGroups"]
+
+
+async def test_acks_deferred_while_the_buffer_is_down_go_with_the_next_ack(buffer: FakeBuffer, tmp_path: Path) -> None:
+    c = consumer(buffer, tmp_path)
+    buffer.script("AckGroups", rpc_error(grpc.StatusCode.UNAVAILABLE), rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED))
+    await c.trained(1, 1, ["a"], ["a/0"])
+    await c.ack(["b"], 1)
+    assert c.unacked == ["a", "b"]
+    assert [line["group_ids"] for line in read_ledger(tmp_path)] == [["a"]]  # on disk whatever the ack did
+    await c.trained(2, 2, ["c"], ["c/0"])
+    assert buffer.acks()[-1] == (["a", "b", "c"], 2) and c.unacked == []
+
+    buffer.script("AckGroups", rpc_error(grpc.StatusCode.UNAVAILABLE))
+    await c.ack(["d"], 2)
+    buffer.calls.clear()
+    buffer.script("SampleGroups", buffer_pb2.SampleGroupsResponse(groups=[group("e")]))
+    await c.lease(2, 1)  # the deferred ack goes first, before the buffer is asked for more
+    assert buffer.methods()[0] == "AckGroups" and buffer.acks() == [(["d"], 2)] and c.unacked == []
+
+
+async def test_an_ack_refused_for_good_is_raised(buffer: FakeBuffer, tmp_path: Path) -> None:
+    buffer.script("AckGroups", rpc_error(grpc.StatusCode.INVALID_ARGUMENT))
+    with pytest.raises(grpc.aio.AioRpcError):
+        await consumer(buffer, tmp_path).ack(["a"], 1)
+
+
+async def test_nothing_fresh_is_a_failed_precondition(buffer: FakeBuffer, tmp_path: Path) -> None:
+    c = consumer(buffer, tmp_path)
+    buffer.script("SampleGroups", buffer_pb2.SampleGroupsResponse(dropped_stale=4))
+    with pytest.raises(FailedPrecondition) as info:
+        await c.lease(5, 2)
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "no fresh groups for step 6" in str(info.value) and "4 dropped as stale" in str(info.value)
+
+    buffer.script("SampleGroups", rpc_error(grpc.StatusCode.NOT_FOUND))
+    with pytest.raises(FailedPrecondition, match="refused to sample: scripted NOT_FOUND"):
+        await c.lease(5, 2)
