@@ -72,7 +72,7 @@ def skeleton(shape: dict, device):
     return model.to_empty(device=device)
 
 
-def member(role: str, rendezvous, args: argparse.Namespace, out: mp.Queue) -> None:
+def member(role: str, group, args: argparse.Namespace, out: mp.Queue) -> None:
     import torch
 
     from dockyard.models import build_char_tokenizer
@@ -81,8 +81,8 @@ def member(role: str, rendezvous, args: argparse.Namespace, out: mp.Queue) -> No
 
     trainer = role == "trainer"
     if args.backend == "nccl":
-        torch.cuda.set_device(rendezvous.rank)
-        device = torch.device("cuda", rendezvous.rank)
+        torch.cuda.set_device(group.rank)
+        device = torch.device("cuda", group.rank)
     else:
         torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
         device = torch.device("cpu")
@@ -111,14 +111,12 @@ def member(role: str, rendezvous, args: argparse.Namespace, out: mp.Queue) -> No
         tensors = list(engine.named_weights().items())
     nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
     sync_device()
-    say(
-        role, f"{len(tensors)} tensors, {nbytes / 1e9:.2f} GB; joining the weight-sync group (epoch {rendezvous.epoch})"
-    )
-    group = transport._group(rendezvous)
+    say(role, f"{len(tensors)} tensors, {nbytes / 1e9:.2f} GB; joining the weight-sync group (epoch {group.epoch})")
+    member = transport._member(group)
     flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
 
     def timed(run) -> float:
-        group._all_ok(True)  # a common start
+        member._all_ok(True)  # a common start
         sync_device()
         start = time.perf_counter()
         run()
@@ -126,7 +124,7 @@ def member(role: str, rendezvous, args: argparse.Namespace, out: mp.Queue) -> No
         return time.perf_counter() - start
 
     def raw() -> None:
-        group._broadcast(flat, "raw broadcast")
+        member._broadcast(flat, "raw broadcast")
 
     version = 0
 
@@ -134,9 +132,9 @@ def member(role: str, rendezvous, args: argparse.Namespace, out: mp.Queue) -> No
         nonlocal version
         version += 1
         if trainer:
-            transport.send(tensors, version, rendezvous)
+            transport.send(tensors, version, group)
         else:
-            asyncio.run(engine.receive_weights(transport, version, rendezvous, timeout))
+            asyncio.run(engine.receive_weights(transport, version, group, timeout))
 
     results = {"raw": [], "refit": []}
     for i in range(args.repeats + 1):  # the first round warms up both paths
@@ -180,7 +178,7 @@ def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import socket
 
-    from dockyard.weights.collective import Rendezvous
+    from dockyard.weights.collective import WeightSyncGroup
 
     if args.backend == "nccl":
         import torch
@@ -191,14 +189,13 @@ def main() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
 
-    def rendezvous(member: str) -> Rendezvous:
-        return Rendezvous("127.0.0.1", port, 2, 0 if member == "trainer" else 1, 0, args.backend)
+    def group(member: str) -> WeightSyncGroup:
+        return WeightSyncGroup("127.0.0.1", port, 2, 0 if member == "trainer" else 1, 0, args.backend)
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [
-        ctx.Process(target=member, args=(role, rendezvous(role), args, out), daemon=True)
-        for role in ("trainer", "rollout")
+        ctx.Process(target=member, args=(role, group(role), args, out), daemon=True) for role in ("trainer", "rollout")
     ]
     for p in procs:
         p.start()

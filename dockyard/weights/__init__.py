@@ -5,5 +5,5 @@ collective.py     the torch.distributed weight-sync group (gloo on CPU, NCCL on 
 refit.py          the trainer's tensor names and shapes mapped onto the engine's
 transports.py     the two ways weights travel: the weight-sync group, a checkpoint folder
 synchronizer.py   the sync state machine around a transport, and recovery after a failure
-rendezvous.py     joining a job's weight-sync group from the coordinator's rendezvous
+group_source.py   a job's weight-sync group as the coordinator hands it out; the transport of a config
 """

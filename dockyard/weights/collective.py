@@ -61,7 +61,7 @@ class SyncFailed(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Rendezvous:
+class WeightSyncGroup:
     master_address: str
     master_port: int
     world_size: int
@@ -77,48 +77,48 @@ class SyncReport:
     seconds: float
 
 
-class SideGroup:
+class GroupMember:
     """One member's handle on the weight-sync group of one epoch."""
 
     def __init__(
-        self, rendezvous: Rendezvous, timeout: timedelta = timedelta(seconds=120), device: str | None = None
+        self, group: WeightSyncGroup, timeout: timedelta = timedelta(seconds=120), device: str | None = None
     ) -> None:
         """`device`: the GPU of an NCCL member ("cuda:1"); default the calling thread's current one."""
-        self.rendezvous = rendezvous
+        self.group = group
         self.timeout = timeout
-        is_master = rendezvous.rank == 0
+        is_master = group.rank == 0
         # rank 0 hosts the store; everyone else connects to it (bounded by the timeout).
         self._store = dist.TCPStore(
-            rendezvous.master_address,
-            rendezvous.master_port,
-            rendezvous.world_size,
+            group.master_address,
+            group.master_port,
+            group.world_size,
             is_master=is_master,
             timeout=timeout,
             wait_for_workers=False,
         )
-        store = dist.PrefixStore(f"dockyard/weights/epoch-{rendezvous.epoch}", self._store)
-        if rendezvous.backend == "gloo":
-            self.pg = dist.ProcessGroupGloo(store, rendezvous.rank, rendezvous.world_size, timeout)
+        store = dist.PrefixStore(f"dockyard/weights/epoch-{group.epoch}", self._store)
+        if group.backend == "gloo":
+            self.pg = dist.ProcessGroupGloo(store, group.rank, group.world_size, timeout)
             self.device = torch.device("cpu")
-        elif rendezvous.backend == "nccl":
+        elif group.backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             # Our own waits time out first and abort the communicator; the
             # watchdog's later timeout is only a backstop.
             options._timeout = timeout * 2 + timedelta(seconds=30)
-            self.pg = dist.ProcessGroupNCCL(store, rendezvous.rank, rendezvous.world_size, options)
+            self.pg = dist.ProcessGroupNCCL(store, group.rank, group.world_size, options)
             # Explicit: worker threads start on GPU 0 whatever the service's device.
             chosen = torch.device(device) if device and device.startswith("cuda") else torch.device("cuda")
             self.device = chosen if chosen.index is not None else torch.device("cuda", torch.cuda.current_device())
         else:
-            raise ValueError(f"unknown weight-sync group backend {rendezvous.backend!r}: use gloo or nccl")
+            raise ValueError(f"unknown weight-sync group backend {group.backend!r}: use gloo or nccl")
 
     @property
     def rank(self) -> int:
-        return self.rendezvous.rank
+        return self.group.rank
 
     def _fail(self, what: str, cause: object) -> SyncFailed:
         return SyncFailed(
-            f"weight-sync group epoch {self.rendezvous.epoch}, rank {self.rank}: {what} failed or timed out "
+            f"weight-sync group epoch {self.group.epoch}, rank {self.rank}: {what} failed or timed out "
             f"after at most {self.timeout.total_seconds():g}s (a peer died or stalled): {cause}"
         )
 
@@ -151,9 +151,7 @@ class SideGroup:
         try:
             return self.pg.broadcast(tensor, 0)
         except Exception as exc:  # noqa: BLE001
-            raise SyncFailed(
-                f"weight-sync group epoch {self.rendezvous.epoch}, rank {self.rank}: broadcast: {exc}"
-            ) from exc
+            raise SyncFailed(f"weight-sync group epoch {self.group.epoch}, rank {self.rank}: broadcast: {exc}") from exc
 
     def _broadcast(self, tensor: torch.Tensor, what: str = "broadcast") -> None:
         self._wait(self.broadcast_async(tensor), what)
@@ -165,7 +163,7 @@ class SideGroup:
         try:
             work = self.pg.allreduce([flag], opts)
         except Exception as exc:  # noqa: BLE001
-            raise SyncFailed(f"weight-sync group epoch {self.rendezvous.epoch}: all-reduce: {exc}") from exc
+            raise SyncFailed(f"weight-sync group epoch {self.group.epoch}: all-reduce: {exc}") from exc
         self._wait(work, "agreement all-reduce")
         return bool(flag.item())
 
@@ -250,25 +248,25 @@ def _copy_flat(t: torch.Tensor, a: int, b: int, flat: torch.Tensor, into_flat: b
         _copy_flat(t[last], 0, b - a - pos, flat[pos:], into_flat)
 
 
-def _send_manifest(group: SideGroup, specs: list[TensorSpec], bucket_bytes: int, direct_bytes: int) -> None:
+def _send_manifest(member: GroupMember, specs: list[TensorSpec], bucket_bytes: int, direct_bytes: int) -> None:
     body = json.dumps([s.to_json() for s in specs]).encode()
-    header = torch.tensor([len(body), bucket_bytes, direct_bytes], dtype=torch.int64, device=group.device)
-    group._broadcast(header, "manifest header")
-    group._broadcast(torch.frombuffer(bytearray(body), dtype=torch.uint8).to(group.device), "manifest")
+    header = torch.tensor([len(body), bucket_bytes, direct_bytes], dtype=torch.int64, device=member.device)
+    member._broadcast(header, "manifest header")
+    member._broadcast(torch.frombuffer(bytearray(body), dtype=torch.uint8).to(member.device), "manifest")
 
 
-def _receive_manifest(group: SideGroup) -> tuple[list[TensorSpec], int, int]:
-    header = torch.zeros(3, dtype=torch.int64, device=group.device)
-    group._broadcast(header, "manifest header")
+def _receive_manifest(member: GroupMember) -> tuple[list[TensorSpec], int, int]:
+    header = torch.zeros(3, dtype=torch.int64, device=member.device)
+    member._broadcast(header, "manifest header")
     length, bucket_bytes, direct_bytes = (int(v) for v in header.tolist())
-    body = torch.empty(length, dtype=torch.uint8, device=group.device)
-    group._broadcast(body, "manifest")
+    body = torch.empty(length, dtype=torch.uint8, device=member.device)
+    member._broadcast(body, "manifest")
     specs = [TensorSpec.from_json(item) for item in json.loads(bytes(body.cpu().numpy()))]
     return specs, bucket_bytes, direct_bytes
 
 
-def _agree(group: SideGroup, error: Exception | None) -> None:
-    if not group._all_ok(error is None):
+def _agree(member: GroupMember, error: Exception | None) -> None:
+    if not member._all_ok(error is None):
         if error is not None:
             raise error
         raise RefitError(
@@ -343,7 +341,7 @@ def _bucket_bytes(bucket_bytes: int) -> int:
 
 @torch.no_grad()
 def send_weights(
-    group: SideGroup,
+    member: GroupMember,
     tensors: Iterable[tuple[str, torch.Tensor]],
     bucket_bytes: int,
     checksum: bool = True,
@@ -355,15 +353,15 @@ def send_weights(
     contiguous on the group's device leave from their own storage; the rest
     are copied into one of two bucket buffers first.
     """
-    if group.rank != 0:
-        raise ValueError(f"rank {group.rank} cannot send: rank 0 sends")
+    if member.rank != 0:
+        raise ValueError(f"rank {member.rank} cannot send: rank 0 sends")
     start = time.perf_counter()
     bucket_bytes = _bucket_bytes(bucket_bytes)
     direct_bytes = default_direct_bytes(bucket_bytes) if direct_bytes is None else max(0, direct_bytes)
     items = [(canonical_name(n), t.detach()) for n, t in tensors]
     specs = [TensorSpec.of(n, t) for n, t in items]
-    _send_manifest(group, specs, bucket_bytes, direct_bytes)
-    _agree(group, None)
+    _send_manifest(member, specs, bucket_bytes, direct_bytes)
+    _agree(member, None)
     plan = transfer_plan(specs, bucket_bytes, direct_bytes)
     longest = max((t.hi - t.lo for t in plan.transfers), default=1)
     buffers: list[torch.Tensor] = []  # the two bucket buffers, made on first use (none if every tensor goes direct)
@@ -374,18 +372,18 @@ def send_weights(
         n = transfer.hi - transfer.lo
         t = items[transfer.index][1] if transfer.index >= 0 else None
         slot = None
-        if t is not None and t.is_contiguous() and t.device == group.device:
+        if t is not None and t.is_contiguous() and t.device == member.device:
             src = _byte_view(t)[transfer.lo : transfer.hi]  # no copy: the tensor's own bytes
         else:
             if len(buffers) < 2:
-                buffers.append(torch.empty(longest, dtype=torch.uint8, device=group.device))
+                buffers.append(torch.empty(longest, dtype=torch.uint8, device=member.device))
                 slot = len(buffers) - 1
             else:  # this buffer's previous broadcast must have left first
                 work, slot = in_buffer.pop(0)
                 if checksum:
-                    group._wait(work, f"transfer {k}: buffer reuse")  # hashing reads on the CPU: never block
+                    member._wait(work, f"transfer {k}: buffer reuse")  # hashing reads on the CPU: never block
                 else:
-                    group._order(work, f"transfer {k}: buffer reuse")
+                    member._order(work, f"transfer {k}: buffer reuse")
             src = buffers[slot][:n]
             if t is not None:  # a large tensor that is not contiguous here: gathered piece by piece
                 size = t.element_size()
@@ -393,16 +391,16 @@ def send_weights(
             else:
                 for i, a, b, view in _packed_views(src, specs, plan, transfer.lo, transfer.hi):
                     _copy_flat(items[i][1], a, b, view, into_flat=True)
-        work = group.broadcast_async(src)
+        work = member.broadcast_async(src)
         pending.append(work)
         if slot is not None:
             in_buffer.append((work, slot))
         if checksum:
             _hash_update(digest, src)
     for k, work in enumerate(pending):  # on NCCL the last completes after all; gloo may run them out of order
-        group._wait(work, f"transfer {k}")
+        member._wait(work, f"transfer {k}")
     # Sent is not received: only when every replica confirms is the sync done.
-    if not group._all_ok(True):
+    if not member._all_ok(True):
         raise SyncFailed("a rollout replica failed to load the weights it received (see its log)")
     payload = sum(spec.nbytes for spec in specs)
     return SyncReport(digest.hexdigest() if checksum else "", payload, time.perf_counter() - start)
@@ -431,7 +429,7 @@ class TensorSink:
 
 @torch.no_grad()
 def receive_weights(
-    group: SideGroup, sink: TensorSink | Iterable[tuple[str, torch.Tensor]], checksum: bool = True
+    member: GroupMember, sink: TensorSink | Iterable[tuple[str, torch.Tensor]], checksum: bool = True
 ) -> SyncReport:
     """Ranks > 0: load rank 0's weights into `sink` (live tensors are overwritten in place, cast as needed).
 
@@ -439,22 +437,22 @@ def receive_weights(
     contiguity match; otherwise it goes through a bucket buffer and is cast
     and copied into place from there.
     """
-    if group.rank == 0:
+    if member.rank == 0:
         raise ValueError("rank 0 cannot receive: rank 0 sends")
     if not isinstance(sink, TensorSink):
         sink = TensorSink(targets=dict(sink))
     start = time.perf_counter()
-    if group.device.type == "cuda":
+    if member.device.type == "cuda":
         # Kernels still reading the weights (any stream) finish before a broadcast writes into them.
-        torch.cuda.synchronize(group.device)
-    specs, bucket_bytes, direct_bytes = _receive_manifest(group)
+        torch.cuda.synchronize(member.device)
+    specs, bucket_bytes, direct_bytes = _receive_manifest(member)
     error: Exception | None = None
     names: list[str] = []
     try:
         names = refit_plan(specs, sink.layout())
     except RefitError as exc:
         error = exc
-    _agree(group, error)
+    _agree(member, error)
     plan = transfer_plan(specs, bucket_bytes, direct_bytes)
     longest = max((t.hi - t.lo for t in plan.transfers), default=1)
     buffers: list[torch.Tensor] = []
@@ -463,11 +461,11 @@ def receive_weights(
 
     def buffer(slot: int) -> torch.Tensor:
         while len(buffers) <= slot:
-            buffers.append(torch.empty(longest, dtype=torch.uint8, device=group.device))
+            buffers.append(torch.empty(longest, dtype=torch.uint8, device=member.device))
         return buffers[slot]
 
     def assembled(i: int) -> torch.Tensor:
-        return partial.setdefault(i, torch.empty(specs[i].numel, dtype=specs[i].torch_dtype, device=group.device))
+        return partial.setdefault(i, torch.empty(specs[i].numel, dtype=specs[i].torch_dtype, device=member.device))
 
     def destination(transfer: Transfer, slot: int) -> tuple[torch.Tensor, bool]:
         """Where transfer's bytes land, and whether they must be copied out of a bucket buffer afterwards."""
@@ -478,7 +476,7 @@ def receive_weights(
         if sink.targets is None:
             return _byte_view(assembled(transfer.index))[transfer.lo : transfer.hi], False
         t = sink.targets[names[transfer.index]]
-        if t.dtype == spec.torch_dtype and t.is_contiguous() and t.device == group.device:
+        if t.dtype == spec.torch_dtype and t.is_contiguous() and t.device == member.device:
             return _byte_view(t)[transfer.lo : transfer.hi], False  # no copy: straight into the live tensor
         return buffer(slot)[:n], True
 
@@ -486,10 +484,10 @@ def receive_weights(
         """Transfer `k` has arrived (ordered on CUDA, waited on gloo): hash it, copy it into place, load it."""
         view, copy_out = dst
         if checksum:
-            group._wait(work, f"transfer {k}")
+            member._wait(work, f"transfer {k}")
             _hash_update(digest, view)
         elif copy_out or sink.load is not None:
-            group._order(work, f"transfer {k}")
+            member._order(work, f"transfer {k}")
         whole: list[tuple[str, torch.Tensor]] = []
         if transfer.index >= 0:
             spec = specs[transfer.index]
@@ -520,18 +518,18 @@ def receive_weights(
         # The copy out of this buffer's previous transfer (two buffer uses ago) was ordered before this receive.
         dst = destination(transfer, uses % 2)
         uses += dst[1]
-        work = group.broadcast_async(dst[0])
+        work = member.broadcast_async(dst[0])
         pending.append(work)
         if previous is not None:
             finish(*previous)
         previous = (transfer, dst, work, k)
     for k, work in enumerate(pending):  # on NCCL the last completes after all; gloo may run them out of order
-        group._wait(work, f"transfer {k}")
+        member._wait(work, f"transfer {k}")
     if previous is not None:
         finish(*previous)
-    if group.device.type == "cuda":
+    if member.device.type == "cuda":
         # The copies out of the buffers ran on this stream; the weights are whole before anyone reads them.
-        torch.cuda.current_stream(group.device).synchronize()
-    group._all_ok(True)  # confirm receipt to the sender
+        torch.cuda.current_stream(member.device).synchronize()
+    member._all_ok(True)  # confirm receipt to the sender
     payload = sum(spec.nbytes for spec in specs)
     return SyncReport(digest.hexdigest() if checksum else "", payload, time.perf_counter() - start)

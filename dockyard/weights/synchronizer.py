@@ -22,15 +22,15 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from dockyard.weights.collective import Rendezvous, SyncFailed, SyncReport, TensorSink
+from dockyard.weights.collective import SyncFailed, SyncReport, TensorSink, WeightSyncGroup
 from dockyard.weights.refit import RefitError
 from dockyard.weights.transports import Transport
 
 log = structlog.get_logger()
 
-# Called with None for the current rendezvous, or with the epoch that just failed
-# so that the coordinator forms the next one.
-RendezvousSource = Callable[[int | None], Awaitable[Rendezvous]]
+# Called with None for the member's current weight-sync group, or with the epoch that just
+# failed so that the coordinator forms the next one.
+GroupSource = Callable[[int | None], Awaitable[WeightSyncGroup]]
 
 
 class WeightSyncFailed(RuntimeError):
@@ -38,11 +38,11 @@ class WeightSyncFailed(RuntimeError):
 
 
 class WeightSynchronizer:
-    def __init__(self, transport: Transport, rendezvous: RendezvousSource | None = None) -> None:
-        if transport.needs_rendezvous and rendezvous is None:
-            raise ValueError(f"the {transport.name} transport needs a rendezvous source")
+    def __init__(self, transport: Transport, groups: GroupSource | None = None) -> None:
+        if transport.needs_group and groups is None:
+            raise ValueError(f"the {transport.name} transport needs a weight-sync group source")
         self.transport = transport
-        self.rendezvous = rendezvous
+        self.groups = groups
         self.version = 0  # version the other side holds after the last completed sync
         self.target = 0  # version to sync next
         self._stale = True  # nothing has been synced yet
@@ -62,24 +62,24 @@ class WeightSynchronizer:
 
         `payload` is what to send (named tensors), where to receive (a
         TensorSink), or an engine's own loader: an async callable
-        (transport, version, rendezvous) -> SyncReport.
+        (transport, version, weight-sync group) -> SyncReport.
         """
         version = self.target if version is None else version
-        rendezvous = await self.rendezvous(None) if self.transport.needs_rendezvous else None  # type: ignore[misc]
+        group = await self.groups(None) if self.transport.needs_group else None  # type: ignore[misc]
         try:
             if isinstance(payload, TensorSink):
-                report = await asyncio.to_thread(self.transport.receive, payload, version, rendezvous)
+                report = await asyncio.to_thread(self.transport.receive, payload, version, group)
             elif callable(payload):
-                report = await payload(self.transport, version, rendezvous)
+                report = await payload(self.transport, version, group)
             else:
-                report = await asyncio.to_thread(self.transport.send, payload, version, rendezvous)
+                report = await asyncio.to_thread(self.transport.send, payload, version, group)
         except (SyncFailed, RefitError, OSError) as exc:
             self.failures += 1
             await asyncio.to_thread(self.transport.reset)
             next_epoch = ""
-            if rendezvous is not None:
+            if group is not None:
                 try:
-                    fresh = await self.rendezvous(rendezvous.epoch)  # type: ignore[misc]
+                    fresh = await self.groups(group.epoch)  # type: ignore[misc]
                     next_epoch = f"; the weight-sync group is formed again as epoch {fresh.epoch} at the next sync"
                 except Exception as report_exc:  # noqa: BLE001 - the coordinator may be gone too
                     next_epoch = f"; reporting the failed epoch to the coordinator failed too: {report_exc}"

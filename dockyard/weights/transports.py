@@ -8,7 +8,7 @@ Guarantees: both go through `refit_plan` and report a SHA-256 over the bytes
 moved (equal on both sides when the receiver holds exactly the sender's
 weights). Every blocking step is bounded: a collective by the group's timeout,
 a wait for a checkpoint folder by `timeout`. A collective transport that
-failed has closed its group; the next operation forms the rendezvous it is
+failed has closed its group; the next operation forms the weight-sync group it is
 given (the coordinator hands out a new epoch after a failure).
 """
 
@@ -27,11 +27,11 @@ from pathlib import Path
 import torch
 
 from dockyard.weights.collective import (
-    Rendezvous,
-    SideGroup,
+    GroupMember,
     SyncFailed,
     SyncReport,
     TensorSink,
+    WeightSyncGroup,
     receive_weights,
     send_weights,
 )
@@ -42,16 +42,16 @@ MANIFEST = "manifest.json"
 
 class Transport(abc.ABC):
     name: str = "transport"
-    needs_rendezvous: bool = False
+    needs_group: bool = False
 
     @abc.abstractmethod
     def send(
-        self, tensors: Iterable[tuple[str, torch.Tensor]], version: int, rendezvous: Rendezvous | None = None
+        self, tensors: Iterable[tuple[str, torch.Tensor]], version: int, group: WeightSyncGroup | None = None
     ) -> SyncReport:
         """Trainer: make `tensors` (weights of `version`) available to every replica (blocking)."""
 
     @abc.abstractmethod
-    def receive(self, sink: TensorSink, version: int, rendezvous: Rendezvous | None = None) -> SyncReport:
+    def receive(self, sink: TensorSink, version: int, group: WeightSyncGroup | None = None) -> SyncReport:
         """Replica: load the weights of `version` into `sink` (blocking)."""
 
     def reset(self) -> None:
@@ -81,10 +81,10 @@ def transport_from_spec(spec: dict, device: str | None = None) -> Transport:
 
 
 class CollectiveTransport(Transport):
-    """The weight-sync group of the rendezvous each call is given; formed again when that rendezvous changes."""
+    """A member of the weight-sync group each call is given; joined again when that group changes."""
 
     name = "collective"
-    needs_rendezvous = True
+    needs_group = True
 
     def __init__(
         self,
@@ -99,30 +99,30 @@ class CollectiveTransport(Transport):
         self.checksum = checksum
         self.direct_bytes = direct_bytes  # tensors this large skip the buckets; None = derived from bucket_bytes
         self.device = device  # the member's GPU for NCCL ("cuda:1"); None = the current one
-        self.group: SideGroup | None = None
+        self.member: GroupMember | None = None
 
-    def _group(self, rendezvous: Rendezvous | None) -> SideGroup:
-        if rendezvous is None:
-            raise ValueError("the collective transport needs a rendezvous from the coordinator")
-        if self.group is not None and self.group.rendezvous == rendezvous:
-            return self.group
+    def _member(self, group: WeightSyncGroup | None) -> GroupMember:
+        if group is None:
+            raise ValueError("the collective transport needs a weight-sync group from the coordinator")
+        if self.member is not None and self.member.group == group:
+            return self.member
         self.reset()
         try:
-            self.group = SideGroup(rendezvous, self.timeout, self.device)
+            self.member = GroupMember(group, self.timeout, self.device)
         except Exception as exc:  # noqa: BLE001 - store or connect errors: the peers never came
             raise SyncFailed(
-                f"forming the weight-sync group of epoch {rendezvous.epoch} (rank {rendezvous.rank} of "
-                f"{rendezvous.world_size}) failed within {self.timeout.total_seconds():g}s: {exc}"
+                f"forming the weight-sync group of epoch {group.epoch} (rank {group.rank} of "
+                f"{group.world_size}) failed within {self.timeout.total_seconds():g}s: {exc}"
             ) from exc
-        return self.group
+        return self.member
 
-    def send(self, tensors, version, rendezvous=None) -> SyncReport:
+    def send(self, tensors, version, group=None) -> SyncReport:
         return self._guard(
-            lambda: send_weights(self._group(rendezvous), tensors, self.bucket_bytes, self.checksum, self.direct_bytes)
+            lambda: send_weights(self._member(group), tensors, self.bucket_bytes, self.checksum, self.direct_bytes)
         )
 
-    def receive(self, sink, version, rendezvous=None) -> SyncReport:
-        return self._guard(lambda: receive_weights(self._group(rendezvous), sink, self.checksum))
+    def receive(self, sink, version, group=None) -> SyncReport:
+        return self._guard(lambda: receive_weights(self._member(group), sink, self.checksum))
 
     def spec(self) -> dict:
         return {
@@ -141,9 +141,9 @@ class CollectiveTransport(Transport):
             raise
 
     def reset(self) -> None:
-        if self.group is not None:
-            self.group.close()
-        self.group = None
+        if self.member is not None:
+            self.member.close()
+        self.member = None
 
 
 class CheckpointTransport(Transport):
@@ -173,7 +173,7 @@ class CheckpointTransport(Transport):
     def path(self, version: int) -> Path:
         return self.folder / f"v{version:08d}"
 
-    def send(self, tensors, version, rendezvous=None) -> SyncReport:
+    def send(self, tensors, version, group=None) -> SyncReport:
         from safetensors.torch import save_file
 
         start = time.perf_counter()
@@ -221,7 +221,7 @@ class CheckpointTransport(Transport):
             if v <= version - self.keep:
                 shutil.rmtree(old, ignore_errors=True)
 
-    def receive(self, sink, version, rendezvous=None) -> SyncReport:
+    def receive(self, sink, version, group=None) -> SyncReport:
         from safetensors import safe_open
 
         start = time.perf_counter()

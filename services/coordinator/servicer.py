@@ -1,4 +1,4 @@
-"""CoordinatorService over gRPC: job CRUD, the weight-sync rendezvous, fleet membership, a runner per job.
+"""CoordinatorService over gRPC: job CRUD, weight-sync groups, fleet membership, a runner per job.
 
     start ─recover()─> stored jobs: finished ones served as they were; PENDING/RUNNING ones get a
                        runner in recovery mode and a weight-sync group past every epoch they used

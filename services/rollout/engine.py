@@ -54,7 +54,7 @@ from transformers import (
     StopStringCriteria,
 )
 
-from dockyard.weights.collective import Rendezvous, SyncReport, TensorSink
+from dockyard.weights.collective import SyncReport, TensorSink, WeightSyncGroup
 from dockyard.weights.transports import Transport
 from services.rollout.decoding import DecodingParams
 
@@ -107,13 +107,13 @@ class GenerationEngine(abc.ABC):
         """Hold off generations while the weights change (blocking: call from a worker thread)."""
 
     async def receive_weights(
-        self, transport: Transport, version: int, rendezvous: Rendezvous | None, timeout: timedelta
+        self, transport: Transport, version: int, group: WeightSyncGroup | None, timeout: timedelta
     ) -> SyncReport:
         """Load the weights of `version` through `transport` (refit to this engine's names) and tag them."""
 
         def load() -> SyncReport:
             with self.exclusive():
-                report = transport.receive(TensorSink(targets=self.named_weights()), version, rendezvous)
+                report = transport.receive(TensorSink(targets=self.named_weights()), version, group)
                 self.set_weight_version(version)
             return report
 

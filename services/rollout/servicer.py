@@ -34,7 +34,7 @@ from dockyard.config import ConfigError, MasterConfig, load_config_text
 from dockyard.rpc.client import connect
 from dockyard.rpc.completion import run_to_completion
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from dockyard.weights.rendezvous import coordinator_rendezvous, transport_for
+from dockyard.weights.group_source import coordinator_group_source, transport_for
 from dockyard.weights.synchronizer import WeightSyncFailed, WeightSynchronizer
 from services.rollout.decoding import (
     DecodingParams,
@@ -196,12 +196,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             if sync is None:
                 sync = self.syncs[request.job_id] = WeightSynchronizer(
                     transport_for(self.configs[request.job_id], request.job_id, timeout, self.settings.device),
-                    coordinator_rendezvous(self.coordinator, request.job_id, self.settings.replica_name),
+                    coordinator_group_source(self.coordinator, request.job_id, self.settings.replica_name),
                 )
             sync.mark_stale(request.weight_version)
 
-            async def load(transport, version, rendezvous):
-                return await engine.receive_weights(transport, version, rendezvous, timeout)
+            async def load(transport, version, group):
+                return await engine.receive_weights(transport, version, group, timeout)
 
             try:
                 report = await sync.sync_weights(load, request.weight_version)

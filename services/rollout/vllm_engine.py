@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from dockyard.config import MasterConfig
-from dockyard.weights.collective import Rendezvous, SyncFailed, SyncReport
+from dockyard.weights.collective import SyncFailed, SyncReport, WeightSyncGroup
 from dockyard.weights.transports import Transport
 from services.rollout.decoding import DecodingParams
 from services.rollout.engine import Completion, GenerationEngine, GenerationResult, UnsupportedRequest
@@ -214,12 +214,12 @@ class VllmEngine(GenerationEngine):
         return GenerationResult(prompt_token_ids=prompt_ids, completions=completions, weight_version=start_version)
 
     async def receive_weights(
-        self, transport: Transport, version: int, rendezvous: Rendezvous | None, timeout: timedelta
+        self, transport: Transport, version: int, group: WeightSyncGroup | None, timeout: timedelta
     ) -> SyncReport:
         if not self.in_flight_weight_updates:
             async with self._idle:
                 await self._idle.wait_for(lambda: self._active == 0)
-        args = (transport.spec(), version, asdict(rendezvous) if rendezvous else None)
+        args = (transport.spec(), version, asdict(group) if group else None)
         try:
             # Bounded twice: every wait inside the workers, and this call.
             replies = await self.llm.collective_rpc(

@@ -1,6 +1,6 @@
 """The worker extension vLLM mixes into each of its GPU workers (`worker_extension_cls`).
 
-    VllmEngine ──AsyncLLM.collective_rpc("dockyard_receive", transport spec, version, rendezvous)──>
+    VllmEngine ──AsyncLLM.collective_rpc("dockyard_receive", transport spec, version, weight-sync group)──>
         every worker: transport (weight-sync group rank / checkpoint folder) ──whole tensors──>
         self.model_runner.model.load_weights(checkpoint names)
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dockyard.weights.collective import Rendezvous, TensorSink
+from dockyard.weights.collective import TensorSink, WeightSyncGroup
 from dockyard.weights.transports import Transport, transport_from_spec
 
 
@@ -32,12 +32,12 @@ class WeightLoaderExtension:
             self._dockyard_spec = dict(spec)
         return self._dockyard_transport
 
-    def dockyard_receive(self, spec: dict, version: int, rendezvous: dict | None) -> dict[str, Any]:
+    def dockyard_receive(self, spec: dict, version: int, group: dict | None) -> dict[str, Any]:
         transport = self._dockyard_transport_for(spec)
         model = self.model_runner.model  # type: ignore[attr-defined]
         sink = TensorSink(load=lambda items: model.load_weights(weights=items), device=self.device)  # type: ignore[attr-defined]
         try:
-            report = transport.receive(sink, version, Rendezvous(**rendezvous) if rendezvous else None)
+            report = transport.receive(sink, version, WeightSyncGroup(**group) if group else None)
         except Exception:
             transport.reset()
             raise

@@ -20,7 +20,7 @@ from datetime import timedelta
 from dockyard.api.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.config import MasterConfig
 from dockyard.weights.collective import SyncReport
-from dockyard.weights.rendezvous import coordinator_rendezvous, transport_for
+from dockyard.weights.group_source import coordinator_group_source, transport_for
 from dockyard.weights.synchronizer import WeightSynchronizer
 from services.trainer.policy import Weights
 
@@ -43,7 +43,7 @@ class WeightPush:
         if self.sync is None:
             self.sync = WeightSynchronizer(
                 transport_for(self._config, self._job_id, self._timeout, self._device),
-                coordinator_rendezvous(self._coordinator, self._job_id, "trainer"),
+                coordinator_group_source(self._coordinator, self._job_id, "trainer"),
             )
         sync = self.sync
         sync.mark_stale(version)

@@ -58,3 +58,15 @@ def test_generated_stubs_live_only_under_dockyard_api() -> None:
         if path.suffix in (".py", ".pyi") and "_pb2" in path.stem and API not in path.parents
     ]
     assert not stray, f"_pb2 modules outside dockyard/api/: {stray}"
+
+
+def test_a_service_never_imports_another_service() -> None:
+    # Each service is its own deployable: what two of them share belongs in the library.
+    offenders = []
+    for path in sorted((ROOT / "services").rglob("*.py")):
+        own = path.relative_to(ROOT / "services").parts[0]
+        for module in _imported_modules(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            parts = module.split(".")
+            if parts[0] == "services" and len(parts) > 1 and parts[1] != own:
+                offenders.append(f"{path.relative_to(ROOT)}: {module}")
+    assert not offenders, "a service imports another:\n" + "\n".join(offenders)

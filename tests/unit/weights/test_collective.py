@@ -8,7 +8,7 @@ import traceback
 
 import torch
 
-from dockyard.weights.collective import Rendezvous, SideGroup, receive_weights, send_weights
+from dockyard.weights.collective import GroupMember, WeightSyncGroup, receive_weights, send_weights
 from tests.conftest import free_port
 
 
@@ -26,13 +26,13 @@ def _tensors(rank: int, mismatch: bool) -> list[tuple[str, torch.Tensor]]:
 
 def _member(rank: int, port: int, bucket: int, mismatch: bool, out: mp.Queue) -> None:
     try:
-        group = SideGroup(Rendezvous("127.0.0.1", port, 2, rank, epoch=3))
+        member = GroupMember(WeightSyncGroup("127.0.0.1", port, 2, rank, epoch=3))
         tensors = _tensors(rank, mismatch)
         if rank == 0:
-            report = send_weights(group, tensors, bucket)
+            report = send_weights(member, tensors, bucket)
         else:
-            report = receive_weights(group, tensors)
-        group.close()
+            report = receive_weights(member, tensors)
+        member.close()
         out.put((rank, "ok", report.checksum, report.num_bytes, [t.float().sum().item() for _, t in tensors]))
     except Exception as exc:
         out.put((rank, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), None))

@@ -9,7 +9,7 @@ import traceback
 import torch
 
 from dockyard.weights import collective
-from dockyard.weights.collective import Rendezvous, SideGroup, TensorSink, receive_weights, send_weights
+from dockyard.weights.collective import GroupMember, TensorSink, WeightSyncGroup, receive_weights, send_weights
 from dockyard.weights.refit import TensorSpec
 from tests.unit.weights.test_collective import run_pair
 
@@ -69,11 +69,11 @@ def _targets() -> dict[str, torch.Tensor]:
 
 def _member(rank: int, port: int, out: mp.Queue) -> None:
     try:
-        group = SideGroup(Rendezvous("127.0.0.1", port, 2, rank, epoch=1))
+        member = GroupMember(WeightSyncGroup("127.0.0.1", port, 2, rank, epoch=1))
         if rank == 0:
-            first = send_weights(group, _sent(), BUCKET, direct_bytes=DIRECT)
-            second = send_weights(group, _sent(), BUCKET, direct_bytes=DIRECT)
-            group.close()
+            first = send_weights(member, _sent(), BUCKET, direct_bytes=DIRECT)
+            second = send_weights(member, _sent(), BUCKET, direct_bytes=DIRECT)
+            member.close()
             out.put((rank, "ok", (first.checksum, second.checksum), None, None))
             return
         copied: set[int] = set()  # storages the receiver copied into (not written by the broadcast itself)
@@ -87,10 +87,10 @@ def _member(rank: int, port: int, out: mp.Queue) -> None:
         collective._copy_flat = recording
         targets = _targets()
         pointers = {name: t.untyped_storage().data_ptr() for name, t in targets.items()}
-        first = receive_weights(group, TensorSink(targets=targets))
+        first = receive_weights(member, TensorSink(targets=targets))
         loaded: dict[str, torch.Tensor] = {}
-        second = receive_weights(group, TensorSink(load=lambda items: loaded.update(items)))
-        group.close()
+        second = receive_weights(member, TensorSink(load=lambda items: loaded.update(items)))
+        member.close()
         copied_names = sorted(name for name, ptr in pointers.items() if ptr in copied)
         received = io.BytesIO()
         torch.save((targets, loaded), received)  # tensors through a queue would share memory with an exited process

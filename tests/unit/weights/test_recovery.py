@@ -1,7 +1,7 @@
 """A receiver killed mid-sync: the trainer's sync fails within the timeout, the group is formed again, the next works.
 
 The trainer side runs in the test process with the coordinator's own
-membership registry as its rendezvous source; receivers are separate
+membership registry as its weight-sync group source; receivers are separate
 processes, as deployed.
 """
 
@@ -16,7 +16,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from dockyard.weights.collective import Rendezvous, TensorSink
+from dockyard.weights.collective import TensorSink, WeightSyncGroup
 from dockyard.weights.synchronizer import WeightSyncFailed, WeightSynchronizer
 from dockyard.weights.transports import CollectiveTransport
 from services.coordinator.weight_sync_groups import WeightSyncGroups
@@ -31,12 +31,12 @@ def _weights(seed: int) -> list[tuple[str, torch.Tensor]]:
     return [(f"model.layers.{i}.weight", torch.randn(256, 256, generator=gen)) for i in range(NUM_TENSORS)]
 
 
-def _rendezvous(registry: WeightSyncGroups, member: str, failed: int | None = None) -> Rendezvous:
+def _group_of(registry: WeightSyncGroups, member: str, failed: int | None = None) -> WeightSyncGroup:
     g, rank = registry.get("job", member, failed)
-    return Rendezvous(g.master_address, g.master_port, g.world_size, rank, g.epoch, g.backend)
+    return WeightSyncGroup(g.master_address, g.master_port, g.world_size, rank, g.epoch, g.backend)
 
 
-def _receiver(rendezvous: Rendezvous, slow: bool, out: mp.Queue) -> None:
+def _receiver(group: WeightSyncGroup, slow: bool, out: mp.Queue) -> None:
     torch.set_num_threads(1)
     transport = CollectiveTransport(TIMEOUT, BUCKET)
     targets = {name: torch.zeros_like(t) for name, t in _weights(seed=99)}
@@ -55,7 +55,7 @@ def _receiver(rendezvous: Rendezvous, slow: bool, out: mp.Queue) -> None:
     sink = TensorSink(load=load) if slow else TensorSink(targets=targets)
     out.put(("ready", None))  # imports done: joining now is quick
     try:
-        report = transport.receive(sink, 1, rendezvous)
+        report = transport.receive(sink, 1, group)
         digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in targets.values())).hexdigest()
         out.put(("done", (report.checksum, digest)))
     except Exception as exc:  # noqa: BLE001 - reported to the test
@@ -67,8 +67,8 @@ def test_killed_receiver_fails_the_sync_within_the_timeout_and_the_next_sync_wor
     registry = WeightSyncGroups("127.0.0.1")
     registry.open("job", "gloo")
 
-    async def source(failed: int | None) -> Rendezvous:
-        return _rendezvous(registry, "trainer", failed)
+    async def source(failed: int | None) -> WeightSyncGroup:
+        return _group_of(registry, "trainer", failed)
 
     sync = WeightSynchronizer(CollectiveTransport(TIMEOUT, BUCKET), source)
     weights = _weights(seed=1)
@@ -78,7 +78,7 @@ def test_killed_receiver_fails_the_sync_within_the_timeout_and_the_next_sync_wor
     async def scenario() -> None:
         # 1. A receiver that loads slowly is killed after a few buckets.
         out = ctx.Queue()  # a queue per process: killing one may leave its queue unusable
-        victim = ctx.Process(target=_receiver, args=(_rendezvous(registry, "rollout"), True, out), daemon=True)
+        victim = ctx.Process(target=_receiver, args=(_group_of(registry, "rollout"), True, out), daemon=True)
         procs.append(victim)
         victim.start()
         assert (await asyncio.to_thread(out.get, True, 120))[0] == "ready"
@@ -91,11 +91,11 @@ def test_killed_receiver_fails_the_sync_within_the_timeout_and_the_next_sync_wor
             await sending
         assert time.monotonic() - killed_at < TIMEOUT.total_seconds() + 3
         assert "version 1 failed" in str(failure.value) and "epoch 1" in str(failure.value)
-        assert sync.is_stale and sync.transport.group is None  # torn down, still to do
+        assert sync.is_stale and sync.transport.member is None  # torn down, still to do
         victim.join(10)
 
         # 2. The coordinator moved to epoch 1; a fresh receiver joins it and the next sync works.
-        fresh = _rendezvous(registry, "rollout")
+        fresh = _group_of(registry, "rollout")
         assert fresh.epoch == 1 and fresh.world_size == 2
         out = ctx.Queue()
         receiver = ctx.Process(target=_receiver, args=(fresh, False, out), daemon=True)

@@ -1,7 +1,7 @@
-"""The coordinator as a WeightSynchronizer's rendezvous source, and the transport a job's config asks for.
+"""The coordinator as a WeightSynchronizer's source of weight-sync groups, and the transport a job's config asks for.
 
-Guarantees: a member always forms the rendezvous the coordinator hands out
-now (the transport keeps its group while that rendezvous is unchanged and
+Guarantees: a member always forms the weight-sync group the coordinator hands
+out now (the transport keeps its member while that group is unchanged and
 forms a new one, closing the old, when the epoch moves); reporting a failed
 epoch makes the coordinator form the next one.
 """
@@ -13,21 +13,21 @@ from pathlib import Path
 
 from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.config import MasterConfig
-from dockyard.weights.collective import Rendezvous
-from dockyard.weights.synchronizer import RendezvousSource
+from dockyard.weights.collective import WeightSyncGroup
+from dockyard.weights.synchronizer import GroupSource
 from dockyard.weights.transports import CheckpointTransport, CollectiveTransport, Transport
 
 
-def coordinator_rendezvous(
+def coordinator_group_source(
     coordinator: coordinator_pb2_grpc.CoordinatorServiceStub, job_id: str, member: str, rpc_timeout: float = 30.0
-) -> RendezvousSource:
-    async def source(failed_epoch: int | None) -> Rendezvous:
+) -> GroupSource:
+    async def source(failed_epoch: int | None) -> WeightSyncGroup:
         request = coordinator_pb2.GetWeightSyncGroupRequest(job_id=job_id, member=member)
         if failed_epoch is not None:
             request.failed_epoch = failed_epoch
         reply = await coordinator.GetWeightSyncGroup(request, timeout=rpc_timeout)
         g = reply.group
-        return Rendezvous(g.master_address, g.master_port, g.world_size, reply.rank, g.epoch, g.backend)
+        return WeightSyncGroup(g.master_address, g.master_port, g.world_size, reply.rank, g.epoch, g.backend)
 
     return source
 
