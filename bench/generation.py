@@ -67,7 +67,7 @@ def main() -> None:
 
     from dockyard.models import build_char_tokenizer
     from services.rollout.decoding import DecodingParams
-    from services.rollout.engine import TorchEngine
+    from services.rollout.torch_engine import TorchEngine
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("no CUDA device: run with --smoke on CPU")

@@ -77,7 +77,7 @@ def member(role: str, group, args: argparse.Namespace, out: mp.Queue) -> None:
 
     from dockyard.models import build_char_tokenizer
     from dockyard.weights.transports import CollectiveTransport
-    from services.rollout.engine import TorchEngine
+    from services.rollout.torch_engine import TorchEngine
 
     trainer = role == "trainer"
     if args.backend == "nccl":

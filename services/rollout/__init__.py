@@ -5,9 +5,10 @@
                                       finish reason, stamped with the weight version(s) that produced them
     ReceiveWeights --> weights over the weight-sync group or a checkpoint folder (never over gRPC)
 
-Modules: engine.py (the interface and the torch engine), vllm_engine.py and
-vllm_worker.py (the vLLM adapter, imported only when a job asks for it),
-decoding.py (decoding parameters, validated at the boundary), servicer.py, settings.py.
+Modules: engine.py (the interface every engine keeps), torch_engine.py (the built-in
+engine), vllm_engine.py and vllm_worker.py (the vLLM adapter, imported only when a job
+asks for it), decoding.py (decoding parameters, validated at the boundary), servicer.py,
+settings.py.
 
 Guarantees: decoding parameters are validated at the boundary (INVALID_ARGUMENT
 naming the field; NaN and Inf refused); an unknown job is NOT_FOUND;

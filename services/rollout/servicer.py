@@ -111,7 +111,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
 
     def _build_torch_engine(self, cfg: MasterConfig) -> GenerationEngine:
         from dockyard.models.load import load_policy
-        from services.rollout.engine import TorchEngine
+        from services.rollout.torch_engine import TorchEngine
 
         try:
             model, tokenizer = load_policy(cfg.policy, self.settings.device)

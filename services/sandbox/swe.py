@@ -4,7 +4,7 @@
       host (trusted):  inspect_patch (refuse ../, absolute, .git, binary, symlink, malformed)
                        integrity: touched paths vs test_patch paths and test files
                        checkout of repo at base_commit from the task set's local git mirror (cached)
-      sandbox:         DRIVER_SOURCE, in a copy of the checkout:
+      sandbox:         swe_driver.py (as run.py), in a copy of the checkout:
                          read its inputs, delete them; git apply (then patch --fuzz=5) the patch;
                          restore the files the test patch touches; git apply the test patch;
                          "<nonce> tests-start"; run the test command (2>&1); "<nonce> tests-done RC"
@@ -53,6 +53,8 @@ from services.sandbox.patches import PatchRefused, inspect_patch, protected_path
 log = structlog.get_logger()
 
 DRIVER_DIR = ".dockyard-swe"
+# The driver runs inside the sandbox as `python .dockyard-swe/run.py`; its source travels as a file.
+DRIVER_SOURCE = (Path(__file__).with_name("swe_driver.py")).read_text()
 EXIT_PATCH_FAILED = 10
 EXIT_TEST_PATCH_FAILED = 11
 _TASK_SET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -350,80 +352,3 @@ def interpret(instance: SweInstance, outcome: Outcome, nonce: str, protected: li
         statuses=statuses,
         **common,
     )
-
-
-# Runs inside the sandbox as `python .dockyard-swe/run.py` with the repository checkout as cwd.
-# Stdlib only, and every input is read into memory and deleted before the first untrusted byte
-# (the patch) touches the tree. Exit codes: 0 tests ran; 10 patch did not apply; 11 test patch
-# did not apply.
-DRIVER_SOURCE = r"""
-import json, os, shutil, subprocess, sys
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-GIT = ["git", "-c", "safe.directory=*", "-c", "core.autocrlf=false", "-c", "core.hooksPath=/dev/null"]
-
-
-def read(name):
-    with open(os.path.join(HERE, name), "rb") as f:
-        return f.read()
-
-
-def say(text):
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()
-
-
-def run(argv, data=None):
-    try:
-        done = subprocess.run(argv, input=data, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    except OSError as exc:
-        return 127, f"{argv[0]}: {exc}"
-    return done.returncode, done.stdout.decode("utf-8", "replace")
-
-
-def apply(data, label, fuzzy):
-    rc, out = run(GIT + ["apply", "--verbose", "--whitespace=nowarn", "-"], data)
-    say(f"{label}: git apply: exit {rc}\n{out}")
-    if rc == 0 or not fuzzy:
-        return rc == 0
-    patch = ["patch", "--batch", "--forward", "--fuzz=5", "-p1", "--no-backup-if-mismatch", "--reject-file=-"]
-    rc, out = run(patch + ["--dry-run"], data)
-    say(f"{label}: patch --fuzz=5 --dry-run: exit {rc}\n{out}")
-    if rc != 0:
-        return False
-    rc, out = run(patch, data)
-    say(f"{label}: patch --fuzz=5: exit {rc}\n{out}")
-    return rc == 0
-
-
-def main():
-    spec = json.loads(read("spec.json"))
-    agent, test = read("agent.patch"), read("test.patch")
-    shutil.rmtree(HERE)
-    nonce = spec["nonce"].encode()
-    if not apply(agent, "patch", fuzzy=True):
-        sys.exit(10)
-    for path in spec["test_files"]:  # the held-out tests are judged as written, whatever the patch did
-        rc, _ = run(GIT + ["cat-file", "-e", "HEAD:" + path])
-        if rc == 0:
-            run(GIT + ["checkout", "HEAD", "--", path])
-        elif os.path.lexists(path):
-            os.remove(path)
-    if not apply(test, "test_patch", fuzzy=False):
-        sys.exit(11)
-    argv = list(spec["test_cmd"])
-    if argv[0] in ("python", "python3"):
-        argv = [sys.executable] + argv[1:]
-    elif argv[0] == "pytest":
-        argv = [sys.executable, "-m", "pytest"] + argv[1:]
-    os.write(1, nonce + b" tests-start\n")
-    try:
-        rc = subprocess.run(argv, stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT).returncode
-    except OSError as exc:
-        say(f"cannot start the test command: {exc}")
-        rc = 127
-    os.write(1, b"\n" + nonce + b" tests-done " + str(rc).encode() + b"\n")
-
-
-main()
-"""

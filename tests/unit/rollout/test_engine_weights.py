@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from dockyard.weights.transports import CheckpointTransport
-from services.rollout import engine as engine_module
+from services.rollout import torch_engine as engine_module
 from services.rollout.decoding import DecodingParams
-from services.rollout.engine import TorchEngine
+from services.rollout.torch_engine import TorchEngine
 from tests.unit.rollout.test_torch_engine import PROMPT, greedy_reference, recompute_logprobs, tiny_engine
 
 

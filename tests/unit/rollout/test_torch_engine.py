@@ -13,7 +13,8 @@ import torch
 
 from dockyard.models import build_char_tokenizer, build_random_model
 from services.rollout.decoding import DecodingParams
-from services.rollout.engine import GenerationResult, TorchEngine, UnsupportedRequest
+from services.rollout.engine import GenerationResult, UnsupportedRequest
+from services.rollout.torch_engine import TorchEngine
 
 TINY = {
     "model_type": "qwen2",

@@ -1,0 +1,86 @@
+"""The SWE scoring driver: runs inside the sandbox as `python .dockyard-swe/run.py`, the checkout as cwd.
+
+    spec.json, agent.patch, test.patch (read into memory, then deleted)
+        ─> git apply agent.patch ─> git apply test.patch ─> the instance's test command
+        ─> "<nonce> tests-done <rc>" on stdout
+
+Guarantees: stdlib only, and every input is read into memory and deleted before
+the first untrusted byte (the patch) touches the tree. Exit codes (services/sandbox/swe.py
+reads them): 0 tests ran; 10 the patch did not apply; 11 the held-out test patch did not apply.
+This file is never imported by the service: services/sandbox/swe.py ships its source.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GIT = ["git", "-c", "safe.directory=*", "-c", "core.autocrlf=false", "-c", "core.hooksPath=/dev/null"]
+
+
+def read(name):
+    with open(os.path.join(HERE, name), "rb") as f:
+        return f.read()
+
+
+def say(text):
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def run(argv, data=None):
+    try:
+        done = subprocess.run(argv, input=data, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except OSError as exc:
+        return 127, f"{argv[0]}: {exc}"
+    return done.returncode, done.stdout.decode("utf-8", "replace")
+
+
+def apply(data, label, fuzzy):
+    rc, out = run(GIT + ["apply", "--verbose", "--whitespace=nowarn", "-"], data)
+    say(f"{label}: git apply: exit {rc}\n{out}")
+    if rc == 0 or not fuzzy:
+        return rc == 0
+    patch = ["patch", "--batch", "--forward", "--fuzz=5", "-p1", "--no-backup-if-mismatch", "--reject-file=-"]
+    rc, out = run(patch + ["--dry-run"], data)
+    say(f"{label}: patch --fuzz=5 --dry-run: exit {rc}\n{out}")
+    if rc != 0:
+        return False
+    rc, out = run(patch, data)
+    say(f"{label}: patch --fuzz=5: exit {rc}\n{out}")
+    return rc == 0
+
+
+def main():
+    spec = json.loads(read("spec.json"))
+    agent, test = read("agent.patch"), read("test.patch")
+    shutil.rmtree(HERE)
+    nonce = spec["nonce"].encode()
+    if not apply(agent, "patch", fuzzy=True):
+        sys.exit(10)
+    for path in spec["test_files"]:  # the held-out tests are judged as written, whatever the patch did
+        rc, _ = run(GIT + ["cat-file", "-e", "HEAD:" + path])
+        if rc == 0:
+            run(GIT + ["checkout", "HEAD", "--", path])
+        elif os.path.lexists(path):
+            os.remove(path)
+    if not apply(test, "test_patch", fuzzy=False):
+        sys.exit(11)
+    argv = list(spec["test_cmd"])
+    if argv[0] in ("python", "python3"):
+        argv = [sys.executable] + argv[1:]
+    elif argv[0] == "pytest":
+        argv = [sys.executable, "-m", "pytest"] + argv[1:]
+    os.write(1, nonce + b" tests-start\n")
+    try:
+        rc = subprocess.run(argv, stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT).returncode
+    except OSError as exc:
+        say(f"cannot start the test command: {exc}")
+        rc = 127
+    os.write(1, b"\n" + nonce + b" tests-done " + str(rc).encode() + b"\n")
+
+
+if __name__ == "__main__":
+    main()
