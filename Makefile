@@ -8,7 +8,7 @@ BUF_VERSION := 1.75.0
 BUF    := .tools/node_modules/.bin/buf
 CONFIG ?= examples/configs/tiny_expr.yaml
 
-.PHONY: install run test lint protos lint-protos tools clean
+.PHONY: install run test lint protos lint-protos tools sandbox-tools clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,10 +26,17 @@ $(BUF):
 
 tools: $(BUF)
 
-run: install
+# The local sandbox runs every program in its own namespaces with bubblewrap (docs/sandbox.md).
+sandbox-tools:
+	@command -v bwrap >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get install -y -q bubblewrap || (apt-get update -q && apt-get install -y -q bubblewrap)) >/dev/null; \
+	  else echo "bubblewrap (bwrap) is missing: install it (apt-get install bubblewrap) for the local sandbox" >&2; exit 1; fi; }
+
+run: install sandbox-tools
 	$(BIN)/dockyard run $(CONFIG) $(ARGS)
 
-test: install tools
+test: install tools sandbox-tools
 	$(BIN)/python -m pytest -rs $(PYTEST_ARGS)
 
 protos: install

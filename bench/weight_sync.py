@@ -176,6 +176,7 @@ def main() -> None:
         args.direct_mb = 0.01  # the tiny model's larger tensors go direct, its smaller ones packed: both paths run
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import secrets
     import socket
 
     from dockyard.weights.collective import WeightSyncGroup
@@ -188,9 +189,11 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    secret = secrets.token_hex(32)
 
     def group(member: str) -> WeightSyncGroup:
-        return WeightSyncGroup("127.0.0.1", port, 2, 0 if member == "trainer" else 1, 0, args.backend)
+        rank = 0 if member == "trainer" else 1
+        return WeightSyncGroup("127.0.0.1", port, 2, rank, 0, args.backend, secret=secret)
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()

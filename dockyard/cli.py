@@ -1,13 +1,17 @@
 """The `dockyard` command line.
 
-    dockyard up [--rollout-replicas N] [--sandbox-workers M]
-                                        the five services on localhost:50051-50055 until Ctrl-C
+    dockyard up [--rollout-replicas N] [--sandbox-workers M] [--<service>-port PORT ...]
+                                        the five services on localhost until Ctrl-C (ports: the flags,
+                                        else DOCKYARD_<SERVICE>_PORT, else 50051-50055)
     dockyard submit CONFIG [k=v ...]    submit a job to a running coordinator, print its id
                                         (--wait: then follow it; exit 0 only when it SUCCEEDS)
     dockyard status [JOB]               one job in detail, or every job and the fleet
     dockyard cancel JOB                 cancel a job
     dockyard prepare CONFIG [k=v ...]   build the policy folder a recipe bootstraps (warm start)
     dockyard run CONFIG [k=v ...]       prepare + up + submit + follow, then stop everything
+
+submit, status and cancel talk to the coordinator at --coordinator, else
+DOCKYARD_CLI_COORDINATOR_ADDRESS, else 127.0.0.1:50051.
 
 Heavy modules (torch, transformers) load only in the commands that need
 them, so `dockyard --help` answers at once.
@@ -25,10 +29,12 @@ import sys
 import time
 from pathlib import Path
 
-from dockyard.rpc.settings import default_address
+from dockyard.rpc.settings import DEFAULT_PORTS, default_address
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+# Named like a service's peer address (DOCKYARD_<SVC>_COORDINATOR_ADDRESS), the CLI being the client.
+COORDINATOR_ADDRESS_ENV = "DOCKYARD_CLI_COORDINATOR_ADDRESS"
 
 
 def _coordinator(address: str):
@@ -50,6 +56,17 @@ def _load(config: str, overrides: list[str]):
     if unknown := cfg.unknown_keys():
         print(f"warning: keys dockyard does not use (kept in the saved config): {', '.join(unknown)}", file=sys.stderr)
     return cfg
+
+
+def _stack(log_dir: Path, **options):
+    """A LocalStack, or exit status 2 naming the port setting that is unusable."""
+    from dockyard.stack import LocalStack
+
+    try:
+        return LocalStack(log_dir, **options)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE) from None
 
 
 def prepare(cfg) -> None:
@@ -289,7 +306,6 @@ def _interrupt_on_signals() -> None:
 
 def cmd_run(args) -> int:
     from dockyard.api.coordinator.v1 import coordinator_pb2
-    from dockyard.stack import LocalStack
 
     cfg = _load(args.config, args.overrides)
     prepare(cfg)
@@ -300,7 +316,7 @@ def cmd_run(args) -> int:
     # The job's state (job.json) goes to its run folder unless the environment says otherwise.
     if "DOCKYARD_COORDINATOR_STATE_DIR" not in os.environ:
         extra_env["DOCKYARD_COORDINATOR_STATE_DIR"] = str(Path(cfg.logger.log_dir).resolve())
-    stack = LocalStack(
+    stack = _stack(
         log_dir,
         free_ports=not args.default_ports,
         extra_env=extra_env,
@@ -330,9 +346,12 @@ def cmd_run(args) -> int:
 
 
 def cmd_up(args) -> int:
-    from dockyard.stack import LocalStack
-
-    stack = LocalStack(Path(args.log_dir), rollout_replicas=args.rollout_replicas, sandbox_workers=args.sandbox_workers)
+    stack = _stack(
+        Path(args.log_dir),
+        rollout_replicas=args.rollout_replicas,
+        sandbox_workers=args.sandbox_workers,
+        ports={service: getattr(args, f"{service}_port") for service in DEFAULT_PORTS},
+    )
     _interrupt_on_signals()
     stack.start()
     for name in stack.procs:
@@ -434,7 +453,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--sandbox-workers", type=int, default=1, help="sandbox processes (sandbox-1..M when M > 1)")
 
     def with_coordinator(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--coordinator", default=default_address("coordinator"), help="coordinator host:port")
+        p.add_argument(
+            "--coordinator",
+            default=os.environ.get(COORDINATOR_ADDRESS_ENV) or default_address("coordinator"),
+            help=f"coordinator host:port (default: ${COORDINATOR_ADDRESS_ENV}, else {default_address('coordinator')})",
+        )
 
     p = sub.add_parser("run", help="start the services, run one job to the end, stop them")
     with_config(p)
@@ -445,6 +468,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("up", help="run the five services locally until Ctrl-C")
     p.add_argument("--log-dir", default="runs/logs/up", help="service logs go here")
     with_fleet(p)
+    for service, port in DEFAULT_PORTS.items():
+        several = " (N > 1 processes: the first of N consecutive ports; free ports when unset)"
+        p.add_argument(
+            f"--{service}-port",
+            type=int,
+            metavar="PORT",
+            help=f"port of the {service}: default $DOCKYARD_{service.upper()}_PORT, else {port}"
+            + (several if service in ("rollout", "sandbox") else ""),
+        )
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("submit", help="submit a job to a running coordinator")

@@ -6,14 +6,20 @@
 Guarantees: a bad value fails here, before any service starts, with a message
 that names the field; every section accepts extra keys (kept, not used);
 `resolved_yaml()` is the exact config a job ran with, and parses back to an
-equal MasterConfig.
+equal MasterConfig. Hostile text cannot exhaust a service: a config is at most
+MAX_CONFIG_BYTES, nests at most MAX_CONFIG_DEPTH levels and expands (YAML aliases
+counted each time they are used) to at most MAX_CONFIG_NODES values, every
+integer in it (extra keys and `policy.model` included) is within ±2^53 and every
+field's integer has its own bound; `parse_config_text` parses off the event
+loop within CONFIG_PARSE_SECONDS.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from omegaconf import OmegaConf
@@ -21,6 +27,17 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dockyard.algorithms.launch_rules import launch_errors
+
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_DEPTH = 32
+MAX_CONFIG_NODES = 20_000
+MAX_CONFIG_INT = 1 << 53  # beyond it JSON readers and Lua lose precision
+CONFIG_PARSE_SECONDS = 10.0
+MAX_STEPS = 10_000_000
+MAX_BATCH = 1_000_000
+MAX_GROUP = 10_000
+MAX_TOKENS = 10_000_000
+MAX_SEED = 2**32 - 1  # numpy's seed range, the narrowest of the generators seeded
 
 
 class ConfigError(ValueError):
@@ -42,7 +59,7 @@ class Section(BaseModel):
 class SamplingConfig(Section):
     temperature: float = Field(1.0, ge=0.0, le=100.0, allow_inf_nan=False, description="0 = greedy.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False, description="Nucleus mass.")
-    top_k: int = Field(0, ge=0, description="0 = off.")
+    top_k: int = Field(0, ge=0, le=1_000_000, description="0 = off.")
     max_new_tokens: int = Field(32, ge=1, le=32768, description="Generation length cap.")
     stop_strings: list[str] = Field(default_factory=list, description="A sample ends after any of these.")
 
@@ -66,11 +83,12 @@ class OptimizerConfig(Section):
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon.")
-    warmup_steps: int = Field(0, ge=0, description="Linear warmup over this many steps.")
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="Linear warmup over this many steps.")
     schedule: Literal["constant", "cosine"] = Field("constant", description="Learning rate after the warmup.")
     decay_steps: int | None = Field(
         None,
         ge=1,
+        le=MAX_STEPS,
         description="Cosine: steps from the end of warmup to min_lr_ratio; "
         "null = the job's max_num_steps (grpo or sft) − warmup_steps.",
     )
@@ -80,12 +98,12 @@ class OptimizerConfig(Section):
 
 class BootstrapConfig(Section):
     recipe: Literal["tiny_expr"] = Field(description="Builder that writes policy.model_name when missing.")
-    steps: int = Field(300, ge=1, description="Supervised warm-start steps.")
+    steps: int = Field(300, ge=1, le=MAX_STEPS, description="Supervised warm-start steps.")
     lr: float = Field(3e-3, gt=0.0, description="Warm-start learning rate.")
-    batch_size: int = Field(64, ge=1, description="Warm-start batch size.")
-    seed: int = Field(0, description="Warm-start seed.")
+    batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="Warm-start batch size.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Warm-start seed.")
     num_threads: int | None = Field(
-        None, ge=1, description="torch threads of the warm start; null keeps torch's default."
+        None, ge=1, le=1024, description="torch threads of the warm start; null keeps torch's default."
     )
     shortcut_rate: float = Field(
         0.6, ge=0.0, le=1.0, description="Share of demonstrations the line-through-two-points demonstrator answers."
@@ -106,15 +124,15 @@ class PolicyConfig(Section):
         True, description="With dtype bfloat16, the trainer keeps fp32 parameters and optimizer state."
     )
     activation_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
-    train_global_batch_size: int = Field(64, ge=1, description="Trajectories per optimizer step.")
-    train_micro_batch_size: int = Field(16, ge=1, description="Most trajectories per forward/backward.")
+    train_global_batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="Trajectories per optimizer step.")
+    train_micro_batch_size: int = Field(16, ge=1, le=MAX_BATCH, description="Most trajectories per forward/backward.")
     max_tokens_per_micro_batch: int | None = Field(
-        None, ge=1, description="Token budget of a micro-batch (padded rows × length); null = rows only."
+        None, ge=1, le=MAX_TOKENS, description="Token budget of a micro-batch (padded rows × length); null = rows only."
     )
     sequence_packing: bool = Field(
         False, description="Concatenate several sequences into one row (no padding) up to the token budget."
     )
-    seed: int = Field(0, description="Seed of random initialisation and of the trainer's RNG.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed of random initialisation and of the trainer's RNG.")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
 
@@ -168,22 +186,27 @@ class RewardScalingConfig(ToggleConfig):
 
 
 class RewardShapingConfig(ToggleConfig):
-    max_response_length: int = Field(32, ge=1, description="Tokens beyond which the full penalty applies.")
-    overlong_buffer_length: int = Field(8, ge=0, description="Tokens before the max over which the penalty ramps.")
+    max_response_length: int = Field(
+        32, ge=1, le=MAX_TOKENS, description="Tokens beyond which the full penalty applies."
+    )
+    overlong_buffer_length: int = Field(
+        8, ge=0, le=MAX_TOKENS, description="Tokens before the max over which the penalty ramps."
+    )
     overlong_penalty: float = Field(1.0, ge=0.0, description="Penalty at and beyond the max.")
 
 
 class DynamicSamplingConfig(ToggleConfig):
-    max_refills: int = Field(3, ge=0, description="Extra generation rounds to refill dropped groups.")
+    max_refills: int = Field(3, ge=0, le=100, description="Extra generation rounds to refill dropped groups.")
 
 
 class GRPOConfig(Section):
-    num_prompts_per_step: int = Field(8, ge=1, description="Groups per step.")
-    num_generations_per_prompt: int = Field(8, ge=1, description="Group size.")
-    max_num_steps: int = Field(20, ge=1, description="Optimizer steps of the job.")
+    num_prompts_per_step: int = Field(8, ge=1, le=MAX_BATCH, description="Groups per step.")
+    num_generations_per_prompt: int = Field(8, ge=1, le=MAX_GROUP, description="Group size.")
+    max_num_steps: int = Field(20, ge=1, le=MAX_STEPS, description="Optimizer steps of the job.")
     max_trajectory_age_steps: int = Field(
         1,
         ge=0,
+        le=1000,
         description="A group generated at weight version v is trained by a trainer at version s "
         "(optimizer steps taken) only if s − v ≤ this; synchronous GRPO always trains at age 0, "
         "and asynchronous GRPO generates at most this many steps' groups ahead of the trainer.",
@@ -191,13 +214,14 @@ class GRPOConfig(Section):
     max_buffered_groups: int | None = Field(
         None,
         ge=1,
+        le=MAX_BATCH,
         description="Buffer capacity of the job (held + pending groups); "
         "null = num_prompts_per_step × (max_trajectory_age_steps + 1).",
     )
-    val_period: int = Field(0, ge=0, description="Validate every this many steps; 0 = only at start/end.")
+    val_period: int = Field(0, ge=0, le=MAX_STEPS, description="Validate every this many steps; 0 = only at start/end.")
     val_at_start: bool = True
     val_at_end: bool = True
-    seed: int = Field(0, description="Seed of task order and of generation.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed of task order and of generation.")
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
 
     async_grpo: AsyncConfig = Field(default_factory=AsyncConfig)
@@ -212,9 +236,11 @@ class GRPOConfig(Section):
 
 class SandboxLimits(Section):
     timeout_seconds: float = Field(10.0, gt=0.0, description="Wall clock per program.")
-    memory_mb: int = Field(512, ge=16, description="Address-space cap.")
+    memory_mb: int = Field(512, ge=16, le=1 << 20, description="Address-space cap.")
     cpu_seconds: float = Field(10.0, gt=0.0, description="CPU time cap.")
-    max_output_bytes: int = Field(16384, ge=256, description="Captured output cap.")
+    max_output_bytes: Literal[0] | Annotated[int, Field(ge=256, le=1 << 30)] = Field(
+        16384, description="Captured output cap; 0: the sandbox's (its default; for ScorePatch its ceiling)."
+    )
 
 
 class EnvConfig(Section):
@@ -228,14 +254,14 @@ class EnvConfig(Section):
 class DatasetConfig(Section):
     source: Literal["expr", "humaneval", "swe"] = Field("expr", description="Task set.")
     path: str | None = Field(None, description="humaneval: a JSONL(.gz) in HumanEval's format; swe: task-set folder.")
-    size: int = Field(256, ge=1, description="Tasks drawn from the source.")
-    seed: int = 0
+    size: int = Field(256, ge=1, le=100_000_000, description="Tasks drawn from the source.")
+    seed: int = Field(0, ge=0, le=MAX_SEED)
 
 
 class DataConfig(Section):
     train: DatasetConfig = Field(default_factory=DatasetConfig)
     validation: DatasetConfig = Field(default_factory=lambda: DatasetConfig(size=64, seed=1))
-    num_dataloaders: int = Field(1, ge=1, description="Training task sources.")
+    num_dataloaders: int = Field(1, ge=1, le=64, description="Training task sources.")
 
 
 class ClusterConfig(Section):
@@ -249,7 +275,10 @@ class ClusterConfig(Section):
     )
     weight_sync_backend: Literal["gloo", "nccl"] = Field("gloo", description="Weight-sync group backend.")
     weight_sync_bucket_mb: int = Field(
-        256, ge=1, description="Bucket size of the packed transfer (two are in flight); shard size of the folder."
+        256,
+        ge=1,
+        le=65536,
+        description="Bucket size of the packed transfer (two are in flight); shard size of the folder.",
     )
     weight_sync_folder: str | None = Field(
         None, description="Folder of the checkpoint transport; null = <logger.log_dir>/<job_id>/weights."
@@ -266,10 +295,10 @@ class LoggerConfig(Section):
 
 class CheckpointingConfig(Section):
     enabled: bool = True
-    save_period: int = Field(0, ge=0, description="Save every this many steps; 0 = only at the end.")
+    save_period: int = Field(0, ge=0, le=MAX_STEPS, description="Save every this many steps; 0 = only at the end.")
     checkpoint_dir: str | None = Field(None, description="Checkpoints go here; null = <log_dir>/<job_id>/checkpoints.")
     keep_top_k: int | None = Field(
-        None, ge=1, description="Keep the k best by metric_name, plus the latest; null = keep all."
+        None, ge=1, le=10_000, description="Keep the k best by metric_name, plus the latest; null = keep all."
     )
     metric_name: str = Field("pass_rate", min_length=1, description="Validation metric that ranks checkpoints.")
     higher_is_better: bool = Field(True, description="Direction of metric_name.")
@@ -283,9 +312,11 @@ class CheckpointingConfig(Section):
 
 
 class SFTConfig(Section):
-    max_num_steps: int = Field(100, ge=1, description="Supervised optimizer steps of the job.")
-    batch_size: int = Field(32, ge=1, description="Demonstrations (training tasks with their reference) per step.")
-    val_period: int = Field(0, ge=0, description="Validate every this many steps; 0 = only at start/end.")
+    max_num_steps: int = Field(100, ge=1, le=MAX_STEPS, description="Supervised optimizer steps of the job.")
+    batch_size: int = Field(
+        32, ge=1, le=MAX_BATCH, description="Demonstrations (training tasks with their reference) per step."
+    )
+    val_period: int = Field(0, ge=0, le=MAX_STEPS, description="Validate every this many steps; 0 = only at start/end.")
     val_at_start: bool = Field(False, description="Validate before the first step.")
     val_at_end: bool = Field(True, description="Validate after the last step.")
 
@@ -424,10 +455,62 @@ def parse_config(data: dict[str, Any]) -> MasterConfig:
         raise ConfigError(_format_validation_error(exc)) from None
 
 
-def load_config_text(text: str, overrides: list[str] | None = None, *, origin: str = "<config>") -> MasterConfig:
-    """Parse YAML text, apply overrides, resolve interpolations, validate."""
+def _check_shape(data: Any, origin: str) -> None:
+    """Refuse a parsed document that nests too deep, expands too far, refers to itself or holds a huge integer.
+
+    Sizes are memoised by object: an alias shares its anchor's object, so a
+    billion-laughs tree is measured in time linear in its text.
+    """
+    sizes: dict[int, int | None] = {}  # None: being measured (a cycle if met again)
+
+    def size(node: Any, path: str, depth: int) -> int:
+        if isinstance(node, int) and not isinstance(node, bool) and abs(node) > MAX_CONFIG_INT:
+            raise ConfigError(f"{origin}: {path or 'the document'}: integer {str(node)[:40]} is beyond ±2^53")
+        if not isinstance(node, (dict, list)):
+            return 1
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"{origin}: {path}: nested deeper than {MAX_CONFIG_DEPTH} levels")
+        if id(node) in sizes:
+            if sizes[id(node)] is None:
+                raise ConfigError(f"{origin}: {path}: a YAML alias refers to a node that contains it")
+            return sizes[id(node)]
+        sizes[id(node)] = None
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        total = 1
+        for key, child in items:
+            total += size(child, f"{path}.{key}" if path else str(key), depth + 1)
+            if total > MAX_CONFIG_NODES:
+                raise ConfigError(f"{origin}: expands to more than {MAX_CONFIG_NODES} values (YAML aliases included)")
+        sizes[id(node)] = total
+        return total
+
+    size(data, "", 0)
+
+
+def _safe_yaml(text: str, origin: str) -> Any:
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{origin}: {size} bytes; a job config is at most {MAX_CONFIG_BYTES} bytes")
     try:
-        cfg = OmegaConf.create(yaml.safe_load(text) or {})
+        data = yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(f"{origin}: nested too deep to parse") from None
+    _check_shape(data, origin)
+    return data
+
+
+async def parse_config_text(text: str, *, origin: str = "<config>") -> MasterConfig:
+    """`load_config_text` in a worker thread, so the event loop keeps serving; ConfigError past CONFIG_PARSE_SECONDS."""
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(load_config_text, text, origin=origin), CONFIG_PARSE_SECONDS)
+    except TimeoutError:
+        raise ConfigError(f"{origin}: not parsed within {CONFIG_PARSE_SECONDS:g} s") from None
+
+
+def load_config_text(text: str, overrides: list[str] | None = None, *, origin: str = "<config>") -> MasterConfig:
+    """Parse YAML text (within the bounds above), apply overrides, resolve interpolations, validate."""
+    try:
+        cfg = OmegaConf.create(_safe_yaml(text, origin) or {})
         cfg = _apply_overrides(cfg, overrides or [])
         data = OmegaConf.to_container(cfg, resolve=True)
     except (yaml.YAMLError, OmegaConfBaseException) as exc:

@@ -6,12 +6,19 @@ Rollout replicas and sandbox workers register with the coordinator themselves
 (DOCKYARD_<SVC>_COORDINATOR_ADDRESS); with N > 1 (M > 1) each process is named
 `rollout-<i>` (`sandbox-<i>`), which is also its name in the fleet.
 
+    a service's port: `ports[svc]` (dockyard up's flags) > DOCKYARD_<SVC>_PORT (the environment)
+                      > a free port (free_ports=True, and every process of a service run N > 1 times)
+                      > the default (50051-50055)
+    a port set for a service run N > 1 times is the first of N consecutive ports (rollout-<i>: port + i - 1)
+
 Guarantees: every child is in the parent's care: it gets SIGTERM when the
 parent process dies (PARENT_PID_ENV asks the service to watch for that itself,
 whichever thread of the parent started it), `stop()` SIGTERMs all children and
 SIGKILLs any that outlive the grace period, so no service is left orphaned;
 each child's log goes to its own file, and `pids.json` beside the logs names
-every child's pid.
+every child's pid. Each child is told the port it serves on and its peers'
+addresses (a peer address already set in the environment is kept); ports
+that collide, or a port that is no port, are a ValueError naming the setting.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from dockyard.rpc.client import wait_until_serving
@@ -45,6 +53,25 @@ def _instances(service: str, count: int) -> list[str]:
     return [service] if count == 1 else [f"{service}-{i}" for i in range(1, count + 1)]
 
 
+def _port_variable(service: str) -> str:
+    return f"DOCKYARD_{service.upper()}_PORT"
+
+
+def _set_port(service: str, given: dict[str, int], env: dict[str, str]) -> int:
+    """The port set for `service` (flag, then environment), or 0 when none is; 0 anywhere means unset."""
+    if given.get(service):
+        value, origin = given[service], f"the {service} port"
+    else:
+        value, origin = env.get(_port_variable(service), "").strip() or "0", _port_variable(service)
+    try:
+        port = int(value)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{origin} is {value!r}: give a port, 1-65535 (or 0 for the default)")
+    return port
+
+
 class LocalStack:
     def __init__(
         self,
@@ -55,20 +82,39 @@ class LocalStack:
         service_env: dict[str, dict[str, str]] | None = None,
         rollout_replicas: int = 1,
         sandbox_workers: int = 1,
+        ports: dict[str, int] | None = None,
     ) -> None:
+        """`ports`: service -> port of its (first) process, over DOCKYARD_<SVC>_PORT of the environment."""
         self.log_dir = log_dir
         counts = {"rollout": rollout_replicas, "sandbox": sandbox_workers}
         # Process name -> service; in start order.
         self.kinds = {name: s for s in SERVICES for name in _instances(s, counts.get(s, 1))}
-        self.ports = {
-            name: (_free_port() if free_ports or name != kind else DEFAULT_PORTS[kind])
-            for name, kind in self.kinds.items()
-        }
         self.extra_env = extra_env or {}
+        self.ports = self._ports(ports or {}, free_ports)
         # Per service (or per process, e.g. "rollout-2"), on top of extra_env: e.g. CUDA_VISIBLE_DEVICES
         # to put trainer and rollout on two GPUs.
         self.service_env = service_env or {}
         self.procs: dict[str, subprocess.Popen] = {}
+
+    def _ports(self, given: dict[str, int], free_ports: bool) -> dict[str, int]:
+        env = {**os.environ, **self.extra_env}
+        ports: dict[str, int] = {}
+        for service in SERVICES:
+            names = [name for name, kind in self.kinds.items() if kind == service]
+            base = _set_port(service, given, env)
+            for i, name in enumerate(names):
+                if base:
+                    ports[name] = base + i
+                elif free_ports or name != service:
+                    ports[name] = _free_port()
+                else:
+                    ports[name] = DEFAULT_PORTS[service]
+        if max(ports.values()) > 65535:
+            raise ValueError(f"ports run past 65535: {ports}")
+        clashes = {p: [n for n, q in ports.items() if q == p] for p, k in Counter(ports.values()).items() if k > 1}
+        if clashes:
+            raise ValueError(f"services would share a port: {clashes}; give each its own")
+        return ports
 
     def address(self, name: str) -> str:
         return f"127.0.0.1:{self.ports[name]}"

@@ -4,11 +4,25 @@ Servicers raise these with a message that says what is wrong; the caller
 gets the matching status and the message, and the server keeps serving.
 Litmus: InvalidArgument whatever the state, FailedPrecondition until the
 state changes, NotFound for an unknown id, ResourceExhausted when full.
+
+Guarantees: a message goes out through `clip`, so one that echoes a huge value
+(a 1 MB id) keeps its head and tail and stays far below gRPC's metadata limit.
 """
 
 from __future__ import annotations
 
 import grpc
+
+# gRPC carries the message in trailing metadata (8 KiB by default, all headers together).
+MAX_MESSAGE_CHARS = 2048
+
+
+def clip(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`message` cut in the middle to at most about `limit` characters, saying how much was left out."""
+    if len(message) <= limit:
+        return message
+    head, tail = message[: limit * 2 // 3], message[-(limit // 4) :]
+    return f"{head}...[{len(message) - len(head) - len(tail)} characters left out]...{tail}"
 
 
 class ServiceError(Exception):
@@ -42,6 +56,12 @@ class Unavailable(ServiceError):
     """A dependency is down; nothing changed, so the caller may retry."""
 
     code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceeded(ServiceError):
+    """The caller's deadline passed (or it cancelled) before the work started; nothing was done."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
 class Unimplemented(ServiceError, NotImplementedError):

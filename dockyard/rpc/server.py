@@ -1,9 +1,9 @@
 """A grpc.aio server with what every dockyard service needs.
 
     request --> TokenAuthInterceptor --> RpcContextInterceptor --> servicer
-                 (when a token is set:    binds rpc / request_id / job_id into every log line,
-                  UNAUTHENTICATED         turns ServiceError into its status code, INTERNAL otherwise
-                  without it; see auth.py)
+                 (when a token is set:    bytes that do not parse: INVALID_ARGUMENT naming the method;
+                  UNAUTHENTICATED         binds rpc / request_id / job_id into every log line,
+                  without it; see auth.py) turns ServiceError into its status code, INTERNAL otherwise
 
 Guarantees: the standard health service and server reflection are on (so
 `grpcurl -plaintext HOST:PORT list` works without proto files; with a token
@@ -12,7 +12,9 @@ or, with DOCKYARD_TLS_*, mutual TLS; message-size
 limits match the clients'; on SIGTERM or SIGINT every service reports
 NOT_SERVING first and keeps serving for `drain_seconds` (so health checkers
 and load balancers see it go), then the server stops with a grace period for
-in-flight calls, then the service's own shutdown hook runs.
+in-flight calls, then the service's own shutdown hook runs. A request that does not
+parse (invalid UTF-8 in a string, nesting past protobuf's recursion limit, truncated
+bytes) is INVALID_ARGUMENT naming the method, never UNKNOWN.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ from typing import Any
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from dockyard.rpc.auth import AuthSettings, TokenAuthInterceptor, load_auth_settings
-from dockyard.rpc.errors import ServiceError
+from dockyard.rpc.errors import ServiceError, clip
 from dockyard.rpc.settings import ServiceSettings
 
 log = structlog.get_logger()
@@ -51,6 +54,26 @@ class Service:
     add_to_server: Callable[[Any, grpc.aio.Server], None]
 
 
+@dataclass(frozen=True)
+class _Undecodable:
+    """What a request deserializer hands on when the bytes do not parse (grpc would answer UNKNOWN)."""
+
+    error: str
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserializer is None:
+        return None
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except (DecodeError, RecursionError, UnicodeDecodeError) as exc:
+            return _Undecodable(f"{type(exc).__name__}: {exc}")
+
+    return deserialize
+
+
 class RpcContextInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -61,6 +84,11 @@ class RpcContextInterceptor(grpc.aio.ServerInterceptor):
         metadata = dict(handler_call_details.invocation_metadata or ())
 
         async def call(request, context: grpc.aio.ServicerContext):
+            if isinstance(request, _Undecodable):
+                log.info("rpc refused", rpc=method, code="INVALID_ARGUMENT", error=request.error)
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, clip(f"{method}: the request does not parse ({request.error})")
+                )
             ids = {"rpc": method, "request_id": metadata.get("x-request-id") or uuid.uuid4().hex[:16]}
             if job_id := getattr(request, "job_id", ""):
                 ids["job_id"] = job_id
@@ -69,19 +97,19 @@ class RpcContextInterceptor(grpc.aio.ServerInterceptor):
                 try:
                     return await inner(request, context)
                 except ServiceError as exc:
-                    log.info("rpc refused", code=exc.code.name, error=str(exc))
-                    await context.abort(exc.code, str(exc))
+                    log.info("rpc refused", code=exc.code.name, error=clip(str(exc)))
+                    await context.abort(exc.code, clip(str(exc)))
                 except (asyncio.CancelledError, grpc.aio.AbortError):
                     raise
                 except Exception as exc:
                     log.exception("rpc failed")
-                    await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+                    await context.abort(grpc.StatusCode.INTERNAL, clip(f"{type(exc).__name__}: {exc}"))
                 finally:
                     log.debug("rpc done", seconds=round(time.perf_counter() - start, 4))
 
         return grpc.unary_unary_rpc_method_handler(
             call,
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=_tolerant(handler.request_deserializer),
             response_serializer=handler.response_serializer,
         )
 

@@ -8,8 +8,24 @@
 
 The weight-sync group is a standalone ProcessGroupGloo/NCCL built on its own
 TCPStore, so it never touches the default process group that FSDP uses.
+Before the process group is formed, every member proves it holds the epoch's
+secret (the coordinator hands it out with the group):
+
+    rank 0: store bound to master_address ── challenge (random) ──> ranks 1..N
+    rank r: proof/r = HMAC(secret, member|epoch|r|challenge) ──> rank 0 checks every proof
+    rank 0: verdict = HMAC(secret, host|epoch|challenge), or "rejected" ──> rank r checks it
+    all proofs good: the process group is formed on the same store
 
 Guarantees:
+- The store listens on `master_address` only (not every interface); only
+  where that name is no address of this host (a name that forwards here, such
+  as a Kubernetes Service) does it listen on every interface, with a warning.
+- No tensor moves and no process group is formed unless every rank proved
+  knowledge of the epoch's secret to rank 0 and rank 0 proved it back: a
+  member with another secret, or a stranger on the store, makes forming the
+  group raise SyncFailed on every rank that takes part. The store itself has
+  no access control (a client that reaches it can read and disturb its keys),
+  so the bind address is what keeps strangers off it.
 - Every rank derives the same list of broadcasts from the manifest, the
   bucket size and the direct threshold the sender broadcasts with it, so the
   ranks cannot disagree on what moves next. Tensors below the threshold travel
@@ -41,19 +57,28 @@ Guarantees:
 from __future__ import annotations
 
 import bisect
+import contextlib
+import errno
 import hashlib
+import hmac
 import json
+import secrets
+import socket
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
+import structlog
 import torch
 import torch.distributed as dist
 
 from dockyard.weights.refit import RefitError, TensorSpec, canonical_name, refit_plan
 
 ALIGN = 64
+REJECTED = b"rejected"
+
+log = structlog.get_logger()
 
 
 class SyncFailed(RuntimeError):
@@ -68,6 +93,8 @@ class WeightSyncGroup:
     rank: int
     epoch: int
     backend: str = "gloo"
+    # The epoch's shared secret that every member proves it holds; never logged.
+    secret: str = field(kw_only=True, repr=False)
 
 
 @dataclass(frozen=True)
@@ -84,19 +111,20 @@ class GroupMember:
         self, group: WeightSyncGroup, timeout: timedelta = timedelta(seconds=120), device: str | None = None
     ) -> None:
         """`device`: the GPU of an NCCL member ("cuda:1"); default the calling thread's current one."""
+        if not group.secret:
+            raise ValueError(
+                f"the weight-sync group of epoch {group.epoch} has no secret: take it from the coordinator"
+            )
         self.group = group
         self.timeout = timeout
-        is_master = group.rank == 0
         # rank 0 hosts the store; everyone else connects to it (bounded by the timeout).
-        self._store = dist.TCPStore(
-            group.master_address,
-            group.master_port,
-            group.world_size,
-            is_master=is_master,
-            timeout=timeout,
-            wait_for_workers=False,
-        )
+        self._store = _host_store(group, timeout) if group.rank == 0 else _join_store(group, timeout)
         store = dist.PrefixStore(f"dockyard/weights/epoch-{group.epoch}", self._store)
+        try:
+            _prove_membership(store, group, timeout)
+        except SyncFailed:
+            self._store = None  # type: ignore[assignment]  # rank 0: the store stops listening
+            raise
         if group.backend == "gloo":
             self.pg = dist.ProcessGroupGloo(store, group.rank, group.world_size, timeout)
             self.device = torch.device("cpu")
@@ -178,6 +206,84 @@ class GroupMember:
                     continue  # not offered by this backend, or a peer already gone
         self.pg = None  # type: ignore[assignment]
         self._store = None  # type: ignore[assignment]
+
+
+def _host_store(group: WeightSyncGroup, timeout: timedelta) -> dist.TCPStore:
+    """Rank 0's store, listening on `master_address` (TCPStore alone would listen on every interface)."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        group.master_address, group.master_port, type=socket.SOCK_STREAM
+    )[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a fixed port is reused by every epoch
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno != errno.EADDRNOTAVAIL:
+                raise
+            log.warning(
+                "the weight-sync store address is no address of this host: listening on every interface",
+                master_address=group.master_address,
+                port=group.master_port,
+            )
+            sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", group.master_port))
+        # The store owns (and closes) its own descriptor of the bound socket.
+        return dist.TCPStore(
+            group.master_address,
+            sock.getsockname()[1],
+            group.world_size,
+            is_master=True,
+            timeout=timeout,
+            wait_for_workers=False,
+            master_listen_fd=sock.dup().detach(),
+        )
+
+
+def _join_store(group: WeightSyncGroup, timeout: timedelta) -> dist.TCPStore:
+    return dist.TCPStore(group.master_address, group.master_port, group.world_size, is_master=False, timeout=timeout)
+
+
+def _mac(group: WeightSyncGroup, *parts: object) -> bytes:
+    message = "|".join(str(p) for p in (group.epoch, *parts)).encode()
+    return hmac.new(group.secret.encode(), message, hashlib.sha256).hexdigest().encode()
+
+
+def _prove_membership(store: dist.Store, group: WeightSyncGroup, timeout: timedelta) -> None:
+    """Every rank shows rank 0 it holds the epoch's secret, and rank 0 shows it back; SyncFailed otherwise."""
+    where = f"weight-sync group epoch {group.epoch}, rank {group.rank}"
+    try:
+        if group.rank == 0:
+            _check_members(store, group, timeout, where)
+            return
+        challenge = store.get("challenge")
+        store.set(f"proof/{group.rank}", _mac(group, "member", group.rank, challenge.decode()))
+        verdict = store.get("verdict")
+        store.set(f"seen/{group.rank}", b"1")
+    except SyncFailed:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a store error or timeout: the peers never proved anything
+        raise SyncFailed(f"{where}: proving membership failed or timed out: {exc}") from exc
+    if verdict == REJECTED:
+        raise SyncFailed(f"{where}: rank 0 rejected a member that could not prove it belongs to the epoch")
+    if not hmac.compare_digest(verdict, _mac(group, "host", challenge.decode())):
+        raise SyncFailed(f"{where}: the store's host could not prove it belongs to the epoch (wrong secret)")
+
+
+def _check_members(store: dist.Store, group: WeightSyncGroup, timeout: timedelta, where: str) -> None:
+    challenge = secrets.token_hex(32)
+    store.set("challenge", challenge)
+    ranks = range(1, group.world_size)
+    strangers = [
+        r for r in ranks if not hmac.compare_digest(store.get(f"proof/{r}"), _mac(group, "member", r, challenge))
+    ]
+    if not strangers:
+        store.set("verdict", _mac(group, "host", challenge))
+        return
+    store.set("verdict", REJECTED)
+    with contextlib.suppress(Exception):  # keep the store up until the ranks have read why (bounded)
+        store.wait([f"seen/{r}" for r in ranks], timeout)
+    raise SyncFailed(
+        f"{where}: rank(s) {strangers} could not prove they belong to the epoch (wrong secret): the group is not formed"
+    )
 
 
 # -- the stream layout -------------------------------------------------------

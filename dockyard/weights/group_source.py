@@ -2,8 +2,9 @@
 
 Guarantees: a member always forms the weight-sync group the coordinator hands
 out now (the transport keeps its member while that group is unchanged and
-forms a new one, closing the old, when the epoch moves); reporting a failed
-epoch makes the coordinator form the next one.
+forms a new one, closing the old, when the epoch moves), with the epoch's
+secret from the same answer; reporting a failed epoch makes the coordinator
+form the next one.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ def coordinator_group_source(
             request.failed_epoch = failed_epoch
         reply = await coordinator.GetWeightSyncGroup(request, timeout=rpc_timeout)
         g = reply.group
-        return WeightSyncGroup(g.master_address, g.master_port, g.world_size, reply.rank, g.epoch, g.backend)
+        return WeightSyncGroup(
+            g.master_address, g.master_port, g.world_size, reply.rank, g.epoch, g.backend, secret=g.secret
+        )
 
     return source
 

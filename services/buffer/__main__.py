@@ -47,6 +47,7 @@ def main() -> None:
             backend,
             max_group_bytes=int(settings.max_group_mb * 2**20),
             max_message_bytes=settings.max_message_mb * 2**20,
+            max_trajectory_tokens=settings.max_trajectory_tokens,
         )
         service = Service(
             name="dockyard.buffer.v1.BufferService",

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from dockyard.api.common.v1 import common_pb2
+from dockyard.rpc.errors import FailedPrecondition
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,26 @@ class BufferStats:
     held_versions: dict[int, int] = field(default_factory=dict)  # weight_version -> held groups
 
 
+# A trainer version never exceeds a job's steps; Lua numbers (doubles) hold it exactly.
+MAX_VERSION = 10_000_000
+
+
+def check_clock(job_id: str, version: int, latest: int, *, setting: bool = False) -> None:
+    """Refuse a version the job cannot have reached, the same way on every backend.
+
+    A sample, reclaim or ack of groups comes from a trainer at most one step past
+    the clock; only an ack of no groups (the coordinator setting the clock on a
+    resume) may move it further, up to MAX_VERSION.
+    """
+    if version > MAX_VERSION:
+        raise FailedPrecondition(f"version {version} of job {job_id!r} is beyond any job's {MAX_VERSION} steps")
+    if not setting and version > latest + 1:
+        raise FailedPrecondition(
+            f"version {version} of job {job_id!r} is beyond its clock: the trainer has reached {latest}, "
+            f"so a sample or ack is at most version {latest + 1}"
+        )
+
+
 def is_fresh(trainer_version: int, weight_version: int, max_age: int) -> bool:
     """The age bound: a group generated at `weight_version` may train at `trainer_version`."""
     return trainer_version - weight_version <= max_age
@@ -52,7 +73,9 @@ class BufferBackend(abc.ABC):
 
     open_job(job_id, max_groups, max_age, rewind_to=None)
         Creates the job, or updates its capacity and age bound; rewind_to sets
-        latest_version (the only way the clock moves back). Every other
+        latest_version (the only way the clock moves back) and drops every held
+        and pending group generated after it (counted in dropped_stale): they
+        came from weights the rewound trainer never had. Every other
         method raises NotFound for a job never opened (or closed).
 
     close_job(job_id)
@@ -85,6 +108,10 @@ class BufferBackend(abc.ABC):
         its own included), oldest lease first, within max_groups and max_bytes
         as sample; their lease time restarts. A reclaimed group that is no
         longer fresh is dropped instead (counted), never returned.
+
+    sample, reclaim and ack refuse with FailedPrecondition (changing nothing) a
+    version above latest_version + 1, except an ack of no groups, which sets the
+    clock and may jump up to MAX_VERSION (check_clock).
 
     ack(job_id, group_ids, weight_version) -> acked
         Advances latest_version to weight_version if larger. Moves pending groups

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from dockyard.api.common.v1 import common_pb2
 from dockyard.rpc.errors import FailedPrecondition, NotFound, ResourceExhausted
-from services.buffer.backend import BufferBackend, BufferStats, is_fresh
+from services.buffer.backend import BufferBackend, BufferStats, check_clock, is_fresh
 
 HELD, PENDING, ACKED, DROPPED = "held", "pending", "acked", "dropped"
 
@@ -95,6 +95,21 @@ class MemoryBuffer(BufferBackend):
             job.max_groups, job.max_age = max_groups, max_age
             if rewind_to is not None:
                 job.latest_version = rewind_to
+                job.dropped += self._drop_after(job, rewind_to)
+
+    @staticmethod
+    def _drop_after(job: _Job, version: int) -> int:
+        """Drop every held and pending group generated after `version`; how many."""
+        later = [entry for entry in job.held if entry[0] > version]
+        job.held = [entry for entry in job.held if entry[0] <= version]
+        heapq.heapify(job.held)
+        for v, _, group_id, _ in later:
+            job.set_state(v, group_id, DROPPED)
+        leased = [lease.group for lease in job.pending.values() if lease.group.weight_version > version]
+        for group in leased:
+            del job.pending[group.group_id]
+            job.set_state(group.weight_version, group.group_id, DROPPED)
+        return len(later) + len(leased)
 
     async def close_job(self, job_id: str) -> None:
         async with self._lock:
@@ -136,6 +151,7 @@ class MemoryBuffer(BufferBackend):
     ) -> tuple[list[common_pb2.Group], int]:
         async with self._lock:
             job = self._job(job_id)
+            check_clock(job_id, trainer_version, job.latest_version)
             job.advance(trainer_version)
             dropped = 0
             while job.held and not is_fresh(job.latest_version, job.held[0][0], job.max_age):
@@ -157,6 +173,7 @@ class MemoryBuffer(BufferBackend):
     ) -> tuple[list[common_pb2.Group], int]:
         async with self._lock:
             job = self._job(job_id)
+            check_clock(job_id, trainer_version, job.latest_version)
             job.advance(trainer_version)
             now = time.monotonic()
             idle = sorted(
@@ -182,6 +199,7 @@ class MemoryBuffer(BufferBackend):
     async def ack(self, job_id: str, group_ids: Sequence[str], weight_version: int) -> int:
         async with self._lock:
             job = self._job(job_id)
+            check_clock(job_id, weight_version, job.latest_version, setting=not group_ids)
             # Check every id before changing anything, so a refused ack leaves no trace.
             for group_id in group_ids:
                 known = job.state(group_id)

@@ -18,7 +18,8 @@ Guarantees:
 
 - Every method is one Lua script (EVALSHA), so each put, sample, reclaim and ack
   is atomic for every client of the Redis server, across buffer processes. A
-  put retried after a crash, a timeout or a lost reply is answered as a
+  Redis that is down, restarting or still loading answers UNAVAILABLE (safe to
+  retry), never INTERNAL. A put retried after a crash, a timeout or a lost reply is answered as a
   duplicate and never stored twice (Redis 7.0 has no idempotent XADD).
 - Held groups are the entries after the consumer group's last-delivered id:
   sampling reads them with XREADGROUP in ascending version, each stream in put
@@ -38,19 +39,41 @@ Guarantees:
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import AuthenticationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dockyard.api.common.v1 import common_pb2
 from dockyard.redis_url import explain_auth_failure
-from dockyard.rpc.errors import FailedPrecondition, NotFound, ResourceExhausted
-from services.buffer.backend import BufferBackend, BufferStats
-from services.buffer.redis_scripts import ACK, CLOSE, PUT, RECLAIM, SAMPLE
+from dockyard.rpc.errors import FailedPrecondition, NotFound, ResourceExhausted, Unavailable
+from services.buffer.backend import BufferBackend, BufferStats, check_clock
+from services.buffer.redis_scripts import ACK, CLOSE, PUT, RECLAIM, REWIND, SAMPLE
 
 _COUNTERS = ("held", "pending", "acked", "dropped_stale", "puts", "duplicate_puts", "reclaimed")
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _unavailable_while_redis_is_down(method: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """A lost connection to Redis (down, restarting, still loading its AOF) is UNAVAILABLE: callers retry,
+    and every method is one atomic script, so a retry never applies anything twice."""
+
+    @functools.wraps(method)
+    async def call(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await method(*args, **kwargs)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise Unavailable(f"the buffer cannot reach its Redis ({type(exc).__name__}: {exc}); try again") from None
+
+    return call
 
 
 def _tag(job_id: str) -> str:
@@ -70,6 +93,7 @@ class RedisBuffer(BufferBackend):
         self._reclaim = self._redis.register_script(RECLAIM)
         self._ack = self._redis.register_script(ACK)
         self._close = self._redis.register_script(CLOSE)
+        self._rewind = self._redis.register_script(REWIND)
 
     @classmethod
     async def connect(
@@ -107,19 +131,21 @@ class RedisBuffer(BufferBackend):
     def _no_job(job_id: str) -> NotFound:
         return NotFound(f"the buffer has no job {job_id!r}; OpenJob first")
 
+    @_unavailable_while_redis_is_down
     async def open_job(self, job_id: str, max_groups: int, max_age: int, rewind_to: int | None = None) -> None:
-        keys, _ = self._keys(job_id)
-        settings = {"max_groups": max_groups, "max_age": max_age}
+        keys, base = self._keys(job_id)
+        await self._redis.hset(keys[0], mapping={"max_groups": max_groups, "max_age": max_age})
         if rewind_to is not None:
-            settings["latest_version"] = rewind_to
-        await self._redis.hset(keys[0], mapping=settings)
+            await self._rewind(keys=keys, args=[base, str(rewind_to)])
 
+    @_unavailable_while_redis_is_down
     async def close_job(self, job_id: str) -> None:
         keys, base = self._keys(job_id)
         reply = await self._close(keys=keys, args=[base])
         if reply[0] == b"nojob":
             raise self._no_job(job_id)
 
+    @_unavailable_while_redis_is_down
     async def put_group(self, group: common_pb2.Group) -> tuple[bool, bool]:
         keys, base = self._keys(group.job_id)
         payload = group.SerializeToString()
@@ -145,17 +171,29 @@ class RedisBuffer(BufferBackend):
             )
         return False, False
 
+    async def _check_clock(self, job_id: str, keys: list[str], version: int, *, setting: bool = False) -> None:
+        """check_clock against the stored clock; it only moves forward between here and the script,
+        so a version allowed here is still allowed there."""
+        max_groups, latest = await self._redis.hmget(keys[0], ["max_groups", "latest_version"])
+        if max_groups is None:
+            raise self._no_job(job_id)
+        check_clock(job_id, version, int(latest or 0), setting=setting)
+
+    @_unavailable_while_redis_is_down
     async def sample(
         self, job_id: str, consumer: str, trainer_version: int, max_groups: int, max_bytes: int
     ) -> tuple[list[common_pb2.Group], int]:
         keys, base = self._keys(job_id)
+        await self._check_clock(job_id, keys, trainer_version)
         reply = await self._sample(keys=keys, args=[base, consumer, trainer_version, max_groups, max_bytes])
         return self._groups(job_id, reply)
 
+    @_unavailable_while_redis_is_down
     async def reclaim(
         self, job_id: str, consumer: str, trainer_version: int, max_groups: int, max_bytes: int, min_idle: float
     ) -> tuple[list[common_pb2.Group], int]:
         keys, base = self._keys(job_id)
+        await self._check_clock(job_id, keys, trainer_version)
         # Rounded up, so a lease is never taken over before min_idle has passed.
         min_idle_ms = max(0, math.ceil(min_idle * 1000))
         reply = await self._reclaim(
@@ -168,8 +206,10 @@ class RedisBuffer(BufferBackend):
             raise self._no_job(job_id)
         return [common_pb2.Group.FromString(payload) for payload in reply[2]], int(reply[1])
 
+    @_unavailable_while_redis_is_down
     async def ack(self, job_id: str, group_ids: Sequence[str], weight_version: int) -> int:
         keys, base = self._keys(job_id)
+        await self._check_clock(job_id, keys, weight_version, setting=not group_ids)
         reply = await self._ack(keys=keys, args=[base, weight_version, *group_ids])
         status = reply[0].decode()
         if status == "nojob":
@@ -185,6 +225,7 @@ class RedisBuffer(BufferBackend):
             raise FailedPrecondition(f"group {reply[1].decode()!r} of job {job_id!r} aged out; it cannot be acked")
         return int(reply[1])
 
+    @_unavailable_while_redis_is_down
     async def stats(self, job_id: str) -> BufferStats:
         keys, _ = self._keys(job_id)
         async with self._redis.pipeline(transaction=True) as pipe:

@@ -5,6 +5,7 @@
     SAMPLE     lease held groups, oldest version first, dropping what aged out
     RECLAIM    take over pending groups idle long enough (XAUTOCLAIM), deleted ones counted
     ACK        acknowledge leased groups and move the job's clock
+    REWIND     set the job's clock back, dropping every group generated after it
     CLOSE      delete every key of a job
 
 Guarantees: each script runs atomically on the Redis server (EVALSHA), so every
@@ -333,5 +334,39 @@ for _, v in ipairs(redis.call('ZRANGE', VERSIONS, 0, -1)) do
 end
 redis.call('DEL', META, VERSIONS, HELD, INDEX, ENTRIES)
 return {'ok'}
+"""
+)
+
+REWIND = (
+    _COMMON
+    + r"""
+local to = tonumber(ARGV[2])
+redis.call('HSET', META, 'latest_version', fmt(to))
+local dropped = 0
+for _, v in ipairs(redis.call('ZRANGEBYSCORE', VERSIONS, '(' .. fmt(to), '+inf')) do
+  local key = stream_key(v)
+  if redis.call('EXISTS', key) == 1 then
+    local n = 0
+    for _, e in ipairs(redis.call('XRANGE', key, '(' .. last_delivered(key), '+')) do
+      redis.call('XDEL', key, e[1])
+      redis.call('HSET', ids_key(v), fields(e[2])['g'], 'd')
+      redis.call('HDEL', ENTRIES, v .. '/' .. e[1])
+      n = n + 1
+    end
+    add_held(v, -n)
+    incr('dropped_stale', n)
+    local pending = pending_of(v)
+    if pending > 0 then
+      for _, p in ipairs(redis.call('XPENDING', key, GROUP, '-', '+', pending)) do
+        redis.call('XACK', key, GROUP, p[1])
+        redis.call('XDEL', key, p[1])
+        drop_pending(v, p[1])
+      end
+    end
+    dropped = dropped + n + pending
+    free_stale_stream(v)
+  end
+end
+return {'ok', dropped}
 """
 )

@@ -7,7 +7,11 @@ Sizes are enforced here: a put above DOCKYARD_BUFFER_MAX_GROUP_MB is refused,
 and a sample or reclaim returns no more bytes than one message can carry.
 
 Malformed input is refused with INVALID_ARGUMENT and a message naming the
-field, before the backend sees it; state errors come from the backend
+group and field, before the backend sees it (a group the trainer could not
+train on included: non-finite rewards or logprobs, positive logprobs, negative
+token ids, an empty prompt, more than DOCKYARD_BUFFER_MAX_TRAJECTORY_TOKENS
+tokens in a trajectory, a job id outside dockyard.jobs.JOB_ID, a version above
+MAX_VERSION); state errors come from the backend
 (NOT_FOUND, FAILED_PRECONDITION, RESOURCE_EXHAUSTED). Either way nothing
 already accepted changes and the server keeps serving.
 """
@@ -17,28 +21,37 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Sequence
 
 import grpc
 import structlog
 
 from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
 from dockyard.api.common.v1 import common_pb2
+from dockyard.jobs import job_id_error
 from dockyard.rpc.errors import InvalidArgument
-from services.buffer.backend import BufferBackend
+from services.buffer.backend import MAX_VERSION, BufferBackend
+
+DEFAULT_MAX_TRAJECTORY_TOKENS = 65536
 
 log = structlog.get_logger()
 
 
-def validate_group(group: common_pb2.Group) -> None:
-    """Raise InvalidArgument unless `group` is a well-formed whole group."""
-    if not group.job_id:
-        raise InvalidArgument("group.job_id is empty")
+def validate_group(group: common_pb2.Group, max_trajectory_tokens: int = DEFAULT_MAX_TRAJECTORY_TOKENS) -> None:
+    """Raise InvalidArgument unless `group` is a well-formed whole group the trainer can train on.
+
+    The trainer's own checks (services/trainer/batch.py) minus the vocabulary, which the buffer
+    does not know: a group refused here never reaches a batch, so it cannot fail one.
+    """
+    _require_job_id(group.job_id, "group.job_id")
     if not group.group_id:
         raise InvalidArgument("group.group_id is empty")
     if not group.trajectories:
         raise InvalidArgument(f"group {group.group_id!r} has no trajectories")
-    if group.weight_version < 0:
-        raise InvalidArgument(f"group {group.group_id!r}: weight_version {group.weight_version} is negative")
+    if not 0 <= group.weight_version <= MAX_VERSION:
+        raise InvalidArgument(
+            f"group {group.group_id!r}: weight_version {group.weight_version} is not in [0, {MAX_VERSION}]"
+        )
     for i, trajectory in enumerate(group.trajectories):
         where = f"group {group.group_id!r} trajectories[{i}] ({trajectory.trajectory_id!r})"
         if trajectory.weight_version < 0:
@@ -48,6 +61,7 @@ def validate_group(group: common_pb2.Group) -> None:
                 f"{where}: {len(trajectory.completion_logprobs)} completion_logprobs for "
                 f"{len(trajectory.completion_token_ids)} completion_token_ids; need one logprob per token"
             )
+        _check_trajectory(where, trajectory, max_trajectory_tokens)
     # The group's age is measured from its oldest trajectory; a different
     # stamp would let an over-age trajectory past the bound.
     oldest = min(t.weight_version for t in group.trajectories)
@@ -58,9 +72,43 @@ def validate_group(group: common_pb2.Group) -> None:
         )
 
 
-def _require_job_id(job_id: str) -> None:
-    if not job_id:
-        raise InvalidArgument("job_id is empty")
+def _check_trajectory(where: str, trajectory: common_pb2.Trajectory, max_tokens: int) -> None:
+    prompt, completion = trajectory.prompt_token_ids, trajectory.completion_token_ids
+    if not prompt:
+        raise InvalidArgument(f"{where}: prompt_token_ids is empty")
+    if (tokens := len(prompt) + len(completion)) > max_tokens:
+        raise InvalidArgument(
+            f"{where}: {tokens} prompt_token_ids + completion_token_ids; at most {max_tokens} "
+            "(DOCKYARD_BUFFER_MAX_TRAJECTORY_TOKENS)"
+        )
+    for field, ids in (("prompt_token_ids", prompt), ("completion_token_ids", completion)):
+        if ids and min(ids) < 0:
+            raise InvalidArgument(f"{where}: {field} holds the negative token id {min(ids)}")
+    if not math.isfinite(trajectory.reward):
+        raise InvalidArgument(f"{where}: reward is {trajectory.reward}, not a finite number")
+    if bad := _bad_logprob(trajectory.completion_logprobs):
+        raise InvalidArgument(f"{where}: completion_logprobs holds {bad}; a logprob is a finite number <= 0")
+
+
+def _bad_logprob(logprobs: Sequence[float]) -> str | None:
+    # `not x <= 0` is True for NaN as well as for positive values.
+    if any(not x <= 0.0 for x in logprobs):
+        return str(next(x for x in logprobs if not x <= 0.0))
+    if logprobs and min(logprobs) == -math.inf:
+        return "-inf"
+    return None
+
+
+def _require_job_id(job_id: str, field: str = "job_id") -> None:
+    if error := job_id_error(job_id, field):
+        raise InvalidArgument(error)
+
+
+def _require_version(field: str, version: int) -> None:
+    if version < 0:
+        raise InvalidArgument(f"{field} must be >= 0, got {version}")
+    if version > MAX_VERSION:
+        raise InvalidArgument(f"{field} {version} is beyond any job's {MAX_VERSION} steps")
 
 
 class RateMeter:
@@ -96,8 +144,16 @@ class RateMeter:
 class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     """The gRPC face of one BufferBackend."""
 
-    def __init__(self, backend: BufferBackend, *, max_group_bytes: int, max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        backend: BufferBackend,
+        *,
+        max_group_bytes: int,
+        max_message_bytes: int,
+        max_trajectory_tokens: int = DEFAULT_MAX_TRAJECTORY_TOKENS,
+    ) -> None:
         self._backend = backend
+        self._max_trajectory_tokens = max_trajectory_tokens
         self._max_group_bytes = max_group_bytes
         # A sample's reply must fit one message; keep room for the envelope.
         self._max_sample_bytes = max_message_bytes - 64 * 1024
@@ -113,8 +169,8 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         if request.max_trajectory_age_steps < 0:
             raise InvalidArgument(f"max_trajectory_age_steps must be >= 0, got {request.max_trajectory_age_steps}")
         rewind_to = request.rewind_to_version if request.HasField("rewind_to_version") else None
-        if rewind_to is not None and rewind_to < 0:
-            raise InvalidArgument(f"rewind_to_version must be >= 0, got {rewind_to}")
+        if rewind_to is not None:
+            _require_version("rewind_to_version", rewind_to)
         await self._backend.open_job(request.job_id, request.max_groups, request.max_trajectory_age_steps, rewind_to)
         return buffer_pb2.OpenJobResponse()
 
@@ -134,7 +190,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             raise InvalidArgument("group is missing")
         # The interceptor binds a top-level job_id only; a put carries it inside the group.
         structlog.contextvars.bind_contextvars(job_id=request.group.job_id)
-        validate_group(request.group)
+        validate_group(request.group, self._max_trajectory_tokens)
         size = request.group.ByteSize()
         if size > self._max_group_bytes:
             raise InvalidArgument(
@@ -179,8 +235,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         self, request: buffer_pb2.AckGroupsRequest, context: grpc.aio.ServicerContext
     ) -> buffer_pb2.AckGroupsResponse:
         _require_job_id(request.job_id)
-        if request.weight_version < 0:
-            raise InvalidArgument(f"weight_version must be >= 0, got {request.weight_version}")
+        _require_version("weight_version", request.weight_version)
         for i, group_id in enumerate(request.group_ids):
             if not group_id:
                 raise InvalidArgument(f"group_ids[{i}] is empty")
@@ -217,7 +272,6 @@ def _check_lease_request(request: buffer_pb2.SampleGroupsRequest | buffer_pb2.Re
     _require_job_id(request.job_id)
     if request.max_groups < 1:
         raise InvalidArgument(f"max_groups must be >= 1, got {request.max_groups}")
-    if request.trainer_step < 0:
-        raise InvalidArgument(f"trainer_step must be >= 0, got {request.trainer_step}")
+    _require_version("trainer_step", request.trainer_step)
     if not request.consumer:
         raise InvalidArgument("consumer is empty: name the trainer that leases the groups")

@@ -30,6 +30,9 @@ class BufferSettings(ServiceSettings):
     redis_password: str = Field("", repr=False, description="Redis password kept out of the URL.")
     redis_password_file: str = Field("", description="File holding the Redis password (a mounted secret).")
     max_group_mb: float = Field(16.0, gt=0, description="Largest serialized group a put accepts.")
+    max_trajectory_tokens: int = Field(
+        65536, ge=1, le=10_000_000, description="Most prompt + completion tokens of one trajectory a put accepts."
+    )
 
     @cached_property
     def redis_password_value(self) -> str | None:

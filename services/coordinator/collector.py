@@ -15,7 +15,11 @@ heartbeats again and the group (same id) is generated again
 on another ready replica, at most `max_regenerations` times (counted). A
 scoring call that fails with UNAVAILABLE / RESOURCE_EXHAUSTED / DEADLINE is
 tried on another worker, at most `max_scoring_attempts` workers (retries
-counted); when none can score it, its verdict is ERROR.
+counted); with no worker alive it waits for one to come back (up to the fleet
+wait timeout), and when none can score it, its verdict is ERROR. A group with
+more than `max_invalid_fraction` of its trajectories invalid is generated
+again (at most `max_regenerations` times, counted in regenerated_groups), and
+after that raises GroupUnscorable: it is never trained on the few that scored.
 
 Guarantees: an infrastructure failure (sandbox ERROR, an unreachable or
 overloaded sandbox) becomes an invalid trajectory, masked out of every group
@@ -102,6 +106,10 @@ class ReplicaLost(Exception):
     """The replica serving a Generate expired (no heartbeat) while the call ran."""
 
 
+class GroupUnscorable(Exception):
+    """Most of a group's trajectories kept failing in the sandbox: it is not trained on."""
+
+
 class Routing(Protocol):
     """Which replicas may generate (services/coordinator/weight_sync.py implements it)."""
 
@@ -125,6 +133,7 @@ class Collector:
         generate_timeout: float,
         max_regenerations: int = 3,
         max_scoring_attempts: int = 3,
+        max_invalid_fraction: float = 0.5,
         wait_timeout: float = 120.0,
         on_group: Callable[[str, str, int], None] = lambda *_: None,
     ) -> None:
@@ -136,6 +145,7 @@ class Collector:
         self._generate_timeout = generate_timeout
         self._max_regenerations = max_regenerations
         self._max_scoring_attempts = max_scoring_attempts
+        self._max_invalid_fraction = max_invalid_fraction
         self._wait_timeout = wait_timeout
         # Called with (group id, outcome, weight version) for every group the collector finished.
         self._on_group = on_group
@@ -163,13 +173,16 @@ class Collector:
         self._on_group(group_id, outcome, weight_version)
 
     async def score(self, task: Task, completion_text: str, request_id: str) -> common_pb2.Verdict:
-        """The verdict of one completion; ERROR (invalid, masked) when no sandbox worker could score it."""
+        """The verdict of one completion; ERROR (invalid, masked) when no sandbox worker could score it.
+        With no worker alive, waits up to the fleet wait timeout for one to come back."""
         async with self._scoring:
             tried: set[str] = set()
             error = "no sandbox worker is alive"
+            deadline = time.monotonic() + self._wait_timeout
             for attempt in range(self._max_scoring_attempts):
-                worker = self.fleet.pick_sandbox(exclude=frozenset(tried))
+                worker = self.fleet.pick_sandbox(exclude=frozenset(tried)) or await self._sandbox_back(deadline)
                 if worker is None:
+                    error += f" (waited {self._wait_timeout:.0f}s)"
                     break
                 if attempt:
                     self.sandbox_retries += 1
@@ -187,6 +200,14 @@ class Collector:
                     if exc.code() not in SCORING_RETRIABLE:
                         break
             return common_pb2.Verdict(status=common_pb2.VERDICT_STATUS_ERROR, error_message=error)
+
+    async def _sandbox_back(self, deadline: float) -> Member | None:
+        """A usable worker, tried before or not, once one is (it heartbeats again); None at the deadline."""
+        while True:
+            worker = self.fleet.pick_sandbox()
+            if worker is not None or time.monotonic() > deadline:
+                return worker
+            await self.fleet.changed(1.0)
 
     async def generate(
         self, task: Task, n: int, sampling: SamplingConfig, request_id: str, seed: int | None = None
@@ -270,6 +291,25 @@ class Collector:
                 await asyncio.gather(call, return_exceptions=True)
 
     async def make_group(self, task: Task, group_id: str, seed: int) -> common_pb2.Group:
+        """A scored group; generated again (at most max_regenerations times, counted) while more than
+        max_invalid_fraction of its trajectories failed in the sandbox, then GroupUnscorable."""
+        for attempt in range(self._max_regenerations + 1):
+            group = await self._make_group_once(task, group_id, seed)
+            invalid = sum(not t.valid for t in group.trajectories)
+            if invalid <= self._max_invalid_fraction * len(group.trajectories):
+                return group
+            if attempt < self._max_regenerations:
+                self.regenerated_groups += 1
+                log.warning(
+                    "most of a group failed in the sandbox; generating it again", group=group_id, invalid=invalid
+                )
+        errors = {t.verdict.error_message for t in group.trajectories if not t.valid}
+        raise GroupUnscorable(
+            f"group {group_id}: {invalid} of {len(group.trajectories)} trajectories failed in the sandbox in each of "
+            f"{self._max_regenerations + 1} attempts ({'; '.join(sorted(errors))[:500]})"
+        )
+
+    async def _make_group_once(self, task: Task, group_id: str, seed: int) -> common_pb2.Group:
         n = self.config.grpo.num_generations_per_prompt
         reply = await self.generate(task, n, self.config.policy.generation, group_id, seed)
         verdicts = await asyncio.gather(
@@ -326,7 +366,16 @@ class Collector:
             stats.dropped_uniform += 1
             self._on_group(group.group_id, "dropped_uniform", group.weight_version)
             return False
-        reply = await self.buffer.put(group)
+        try:
+            reply = await self.buffer.put(group)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                raise
+            # A group the trainer could not train on: counted as failed, the job goes on without it.
+            log.warning("the buffer refused a group", group=group.group_id, error=exc.details())
+            stats.failed += 1
+            self._on_group(group.group_id, "refused", group.weight_version)
+            return False
         outcome = "duplicate" if reply.duplicate else "dropped_stale" if reply.dropped_stale else "put"
         self._on_group(group.group_id, outcome, group.weight_version)
         if outcome != "put":

@@ -7,7 +7,10 @@ Guarantees: `transition` refuses any other move with FailedPrecondition, so a
 finished job never changes state again. Every change (`transition`, `touch`)
 is reported to `on_change` (a transition as urgent), which is how the job store
 learns what to persist; `to_document` / `from_document` round-trip every field
-but the hook, the config rebuilt from its resolved YAML.
+but the hook, the config rebuilt from its resolved YAML. A stored document whose
+values do not fit (a config the bounds now refuse, a number beyond int64) is
+refused by `from_document` with ValueError naming it, and `to_proto` never
+raises: a record that cannot be shown in full is shown by id, state and why.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from dockyard.api.coordinator.v1 import coordinator_pb2
@@ -26,6 +30,8 @@ from dockyard.rpc.errors import FailedPrecondition
 
 # Bumped when the stored document changes shape; older documents are refused by name.
 DOCUMENT_VERSION = 1
+INT64 = range(-(2**63), 2**63)
+log = structlog.get_logger()
 _ALLOWED = {PENDING: {RUNNING, CANCELLED, FAILED}, RUNNING: {SUCCEEDED, FAILED, CANCELLED}}
 
 
@@ -108,8 +114,8 @@ class JobRecord:
                 config_yaml=doc["config_yaml"],
                 run_dir=doc["run_dir"],
                 state=state,
-                step=int(doc["step"]),
-                weight_version=int(doc["weight_version"]),
+                step=_int64(doc, "step"),
+                weight_version=_int64(doc, "weight_version"),
                 phase=doc["phase"],
                 message=doc["message"],
                 metrics={k: float(v) for k, v in doc["metrics"].items()},
@@ -117,12 +123,23 @@ class JobRecord:
                 created=float(doc["created"]),
                 updated=float(doc["updated"]),
                 cursor=dict(doc["cursor"]),
-                sync_epoch=int(doc["sync_epoch"]),
+                sync_epoch=_int64(doc, "sync_epoch"),
             )
         except KeyError as exc:
             raise ValueError(f"job document lacks {exc}") from None
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ValueError(f"job document {str(doc.get('job_id'))[:80]!r}: {exc}") from None
 
     def to_proto(self, services: list[coordinator_pb2.ServiceStatus] | None = None) -> coordinator_pb2.Job:
+        try:
+            return self._full_proto(services)
+        except (ValueError, TypeError, OverflowError) as exc:
+            log.error("job cannot be shown in full", job_id=self.job_id, error=str(exc))
+            return coordinator_pb2.Job(
+                job_id=self.job_id, state=self.state, message=f"this job's record cannot be shown: {exc}"
+            )
+
+    def _full_proto(self, services: list[coordinator_pb2.ServiceStatus] | None) -> coordinator_pb2.Job:
         create_time, update_time = Timestamp(), Timestamp()
         create_time.FromNanoseconds(int(self.created * 1e9))
         update_time.FromNanoseconds(int(self.updated * 1e9))
@@ -141,3 +158,10 @@ class JobRecord:
             create_time=create_time,
             update_time=update_time,
         )
+
+
+def _int64(doc: dict[str, Any], key: str) -> int:
+    value = int(doc[key])
+    if value not in INT64:
+        raise ValueError(f"{key} {value} does not fit int64")
+    return value

@@ -13,8 +13,9 @@
 Guarantees: ids are stable (a retried put of the same group is a no-op) and
 never collide across a trainer restart (a new run number); the seeds depend
 only on the config and the id, so a resumed job samples as an uninterrupted
-one would. A sync step fails when no group reached the buffer or every
-trajectory was invalid. The asynchronous producer never generates a group
+one would. A group that keeps failing in the sandbox (GroupUnscorable) is
+counted as failed and left out; a sync step fails when no group reached the
+buffer or every trajectory was invalid. The asynchronous producer never generates a group
 only for it to age out; one group's failure is counted and the production
 goes on, but a request the sandbox refused (RuntimeError) fails the job;
 `wait_for_groups` fails when the buffer's count stops moving for `patience`.
@@ -29,7 +30,7 @@ from collections.abc import Callable
 import structlog
 
 from dockyard.config import GRPOConfig
-from services.coordinator.collector import Collector, CollectStats
+from services.coordinator.collector import Collector, CollectStats, GroupUnscorable
 from services.coordinator.job_buffer import JobBuffer
 from services.coordinator.task_stream import TaskStream
 
@@ -88,9 +89,16 @@ class SyncProducer:
             for _ in range(missing):
                 batch.append((next(self._tasks), *self._ids.group(index, step)))
                 index += 1
-            made = await asyncio.gather(*(self._collector.make_group(*args) for args in batch))
-            for group in made:
-                await self._collector.deliver(group, stats)
+            made = await asyncio.gather(*(self._collector.make_group(*args) for args in batch), return_exceptions=True)
+            for (_, group_id, _), group in zip(batch, made, strict=True):
+                if isinstance(group, GroupUnscorable):
+                    stats.failed += 1
+                    self._collector.record_outcome(group_id, "failed", -1)
+                    log.warning("a group failed in the sandbox; the step goes on without it", error=str(group))
+                elif isinstance(group, BaseException):
+                    raise group
+                else:
+                    await self._collector.deliver(group, stats)
         if stats.groups == 0:
             raise RuntimeError(
                 f"step {step}: no group reached the buffer in {rounds} round(s): "

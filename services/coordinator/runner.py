@@ -102,8 +102,14 @@ class JobRunner:
         self.recovering = recovering
         self.tasks = TaskStream(load_tasks(cfg, "train"), grpo.seed)
         self.ids = GroupIds(record.job_id, grpo.seed)
+        # Synchronous GRPO trains at age 0 only: the buffer drops anything older (a resumed run's leftovers).
+        max_age = grpo.max_trajectory_age_steps if grpo.async_grpo.enabled else 0
         self.buffer = JobBuffer(
-            stubs.buffer, record.job_id, max_groups=grpo.buffer_capacity, max_age_steps=grpo.max_trajectory_age_steps
+            stubs.buffer,
+            record.job_id,
+            max_groups=grpo.buffer_capacity,
+            max_age_steps=max_age,
+            recovery_timeout=settings.recovery_timeout_seconds,
         )
         self.trainer = TrainerClient(
             stubs.trainer,
@@ -121,6 +127,7 @@ class JobRunner:
             groups,
             timeout=settings.train_timeout_seconds,
             on_policy=not grpo.async_grpo.enabled,
+            wait_timeout=settings.fleet_wait_timeout_seconds,
         )
         self.collector = Collector(
             record.job_id,
@@ -133,6 +140,7 @@ class JobRunner:
             generate_timeout=settings.generate_timeout_seconds,
             max_regenerations=settings.max_regenerations,
             max_scoring_attempts=settings.max_scoring_attempts,
+            max_invalid_fraction=settings.max_invalid_fraction,
             wait_timeout=settings.fleet_wait_timeout_seconds,
             on_group=self.folder.record_group,
         )

@@ -8,13 +8,15 @@ Guarantees: every job is in the job store (folder or Redis) from its creation
 on; a coordinator that dies without a graceful stop (SIGKILL, OOM, a lost host)
 and starts again on the same store serves every job it had and continues the
 unfinished ones; a graceful stop (SIGTERM) cancels unfinished jobs, persisted
-as CANCELLED, as before.
+as CANCELLED, as before. A job id outside dockyard.jobs.JOB_ID, a config beyond
+the config bounds (parsed off the event loop) and a member address over
+MAX_ADDRESS_CHARS are INVALID_ARGUMENT; registering under a name a live member
+holds at another address is FAILED_PRECONDITION until that member expires.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 import uuid
 from pathlib import Path
@@ -26,8 +28,8 @@ from dockyard.api.buffer.v1 import buffer_pb2_grpc
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.api.trainer.v1 import trainer_pb2_grpc
-from dockyard.config import ConfigError, load_config_text
-from dockyard.jobs import CANCELLED, PENDING, RUNNING
+from dockyard.config import ConfigError, parse_config_text
+from dockyard.jobs import CANCELLED, PENDING, RUNNING, job_id_error
 from dockyard.rpc.client import channel_health, connect
 from dockyard.rpc.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from services.coordinator.fleet import KINDS, Fleet, FleetError
@@ -39,7 +41,7 @@ from services.coordinator.store import JobPersister, open_store
 from services.coordinator.weight_sync_groups import MembershipError, WeightSyncGroups, check_member
 
 log = structlog.get_logger()
-JOB_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+MAX_ADDRESS_CHARS = 256  # a host name is at most 253 characters, then :port
 
 
 class StoreUnreadable(RuntimeError):
@@ -126,8 +128,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
             record.touch(sync_epoch=group.epoch)
 
     def _record(self, job_id: str) -> JobRecord:
-        if not job_id:
-            raise InvalidArgument("job_id is required")
+        _check_job_id(job_id)
         try:
             return self.jobs[job_id]
         except KeyError:
@@ -154,15 +155,15 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     ) -> coordinator_pb2.CreateJobResponse:
         if not request.config_yaml.strip():
             raise InvalidArgument("config_yaml is empty: send the job config as YAML")
+        if request.job_id:
+            _check_job_id(request.job_id)
         try:
-            config = load_config_text(request.config_yaml, origin="config_yaml")
+            config = await parse_config_text(request.config_yaml, origin="config_yaml")
         except ConfigError as exc:
             raise InvalidArgument(str(exc)) from None
         resolved = config.resolved_yaml()
         job_id = request.job_id
         if job_id:
-            if not JOB_ID.match(job_id):
-                raise InvalidArgument(f"job_id {job_id!r} must match {JOB_ID.pattern}")
             if job_id in self.jobs:
                 existing = self.jobs[job_id]
                 if existing.config_yaml != resolved:
@@ -245,6 +246,19 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         kind = KINDS.get(request.kind)
         if kind is None:
             raise InvalidArgument("kind must be MEMBER_KIND_ROLLOUT or MEMBER_KIND_SANDBOX")
+        if len(request.address) > MAX_ADDRESS_CHARS:
+            raise InvalidArgument(f"address is {len(request.address)} characters; at most {MAX_ADDRESS_CHARS}")
+        held = self.fleet.get(request.name)
+        now = time.monotonic()  # the fleet's clock
+        if (
+            held is not None
+            and held.address != request.address
+            and held.status(now, self.fleet.member_timeout) == "ALIVE"
+        ):
+            raise FailedPrecondition(
+                f"name {request.name!r} is held by a live member at {held.address}; "
+                "register under another name, or again once it has expired"
+            )
         try:
             member = self.fleet.register(kind, request.name, request.address)
         except FleetError as exc:
@@ -277,3 +291,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         self, request: coordinator_pb2.ListMembersRequest, context: grpc.aio.ServicerContext
     ) -> coordinator_pb2.ListMembersResponse:
         return coordinator_pb2.ListMembersResponse(members=self.fleet.to_proto())
+
+
+def _check_job_id(job_id: str) -> None:
+    if error := job_id_error(job_id):
+        raise InvalidArgument(error)

@@ -37,6 +37,13 @@ class CoordinatorSettings(ServiceSettings):
     max_scoring_attempts: int = Field(
         3, ge=1, description="Sandbox workers one scoring call is tried on before its verdict is ERROR."
     )
+    max_invalid_fraction: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="A group with more of its trajectories invalid (sandbox failures) than this fraction is "
+        "generated again, at most max_regenerations times, and never trained on.",
+    )
     max_concurrent_generations: int = Field(4, ge=1, description="Generate calls in flight per job.")
     max_concurrent_scoring: int = Field(8, ge=1, description="Sandbox calls in flight per job.")
     generate_timeout_seconds: float = Field(300.0, gt=0, description="Deadline of one Generate call.")

@@ -90,7 +90,7 @@ class FolderStore(JobStore):
         documents = []
         for path in sorted(self.root.glob(f"*/{DOCUMENT_NAME}")):
             try:
-                documents.append(json.loads(path.read_text()))
+                documents.append(_document(path.read_text()))
             except (OSError, ValueError) as exc:
                 log.error("unreadable job document left out", path=str(path), error=str(exc))
         return documents
@@ -131,13 +131,21 @@ class RedisStore(JobStore):
         documents = []
         for field, value in sorted(stored.items()):
             try:
-                documents.append(json.loads(value))
+                documents.append(_document(value))
             except ValueError as exc:
                 log.error("unreadable job document left out", key=self.key, field=field.decode(), error=str(exc))
         return documents
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _document(text: str | bytes) -> dict[str, Any]:
+    """A stored job's JSON object; ValueError for anything else, so it is left out with a log line."""
+    document = json.loads(text)
+    if not isinstance(document, dict):
+        raise ValueError(f"a job document is a JSON object, not {type(document).__name__}")
+    return document
 
 
 def open_store(state_dir: str, redis_url: str, redis_password: str | None = None) -> JobStore:

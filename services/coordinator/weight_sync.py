@@ -8,7 +8,8 @@
 Guarantees: every replica that took part in a sync holds exactly the trainer's
 weights (the checksums must agree); a replica that registers later is loaded
 and joins the next sync (or `admit` syncs it at once when no replica is
-ready), and only then gets work. A sync that failed on the weight-sync group
+ready), and only then gets work. With no replica alive a sync waits for one
+to come back, up to the fleet wait timeout. A sync that failed on the weight-sync group
 (UNAVAILABLE) because replicas died is tried once more without them (at most
 SYNC_ATTEMPTS in all). One whose trainer side failed with every replica alive
 asks the trainer for the policy again (LoadPolicy waits out a trainer that is
@@ -51,14 +52,18 @@ class WeightSync:
         *,
         timeout: float,
         on_policy: bool,
+        wait_timeout: float = 120.0,
     ) -> None:
         self.job_id, self._config_yaml = job_id, config_yaml
         self.fleet, self.trainer, self.groups = fleet, trainer, groups
         self._timeout = timeout
+        self._wait_timeout = wait_timeout  # how long a sync waits for a replica to come back
         self._on_policy = on_policy
         self._lock = asyncio.Lock()
         # Replicas whose LoadPolicy for this job succeeded, by name -> fleet incarnation.
         self._loaded: dict[str, int] = {}
+        # The fleet incarnation of each replica when it last joined the job's weight-sync group.
+        self._incarnations: dict[str, int] = {}
         self.version = 0  # the last version synced to replicas
         self.required_version: int | None = None
 
@@ -125,17 +130,12 @@ class WeightSync:
 
     async def sync(self, version: int, only: list[Member] | None = None) -> float:
         """Push `version` once from the trainer and receive it on every alive replica (or `only` these)
-        at once, the weight-sync group formed with exactly those replicas; the transfer's seconds."""
+        at once, the weight-sync group formed with exactly those replicas; the transfer's seconds.
+        With no replica alive, waits up to the fleet wait timeout for one to come back."""
         async with self._lock:
             for attempt in range(1, SYNC_ATTEMPTS + 1):
-                candidates = [m for m in (only or self.fleet.alive(ROLLOUT)) if self.fleet.usable(m)]
-                # A replica that died since its last call would hold the whole group up to its timeout.
-                await self._drop_dead(candidates)
-                replicas = await self.load_replicas([m for m in candidates if self.fleet.usable(m)])
-                if not replicas:
-                    raise NoReplica(f"no rollout replica alive to receive weight version {version}")
-                if self.groups is not None and self.job_id in self.groups:
-                    self.groups.set_replicas(self.job_id, [m.name for m in replicas])
+                replicas = await self._receivers(version, only)
+                self._form_group(replicas)
                 request = rollout_pb2.ReceiveWeightsRequest(job_id=self.job_id, weight_version=version)
                 # Every call runs to its end (return_exceptions) so a retry never overlaps a stale one.
                 pushed, *received = await asyncio.gather(
@@ -154,6 +154,35 @@ class WeightSync:
             self.version = version
             self.required_version = version if self._on_policy else None
             return max([pushed.seconds, *(reply.seconds for reply in received)])
+
+    def _form_group(self, replicas: list[Member]) -> None:
+        """The weight-sync group of exactly `replicas`: a new epoch when its members change, and also
+        when a member restarted under the same name (the old epoch's peer is a dead process)."""
+        if self.groups is None or self.job_id not in self.groups:
+            return
+        incarnations = {m.name: m.incarnation for m in replicas}
+        if any(self._incarnations.get(name, seen) != seen for name, seen in incarnations.items()):
+            self.groups.reform(self.job_id)
+        self.groups.set_replicas(self.job_id, [m.name for m in replicas])
+        self._incarnations.update(incarnations)
+
+    async def _receivers(self, version: int, only: list[Member] | None) -> list[Member]:
+        """The loaded, healthy replicas to sync; with none (and no `only`), those that come back in time."""
+        deadline = time.monotonic() + self._wait_timeout
+        while True:
+            candidates = [m for m in (only or self.fleet.alive(ROLLOUT)) if self.fleet.usable(m)]
+            # A replica that died since its last call would hold the whole group up to its timeout.
+            await self._drop_dead(candidates)
+            replicas = await self.load_replicas([m for m in candidates if self.fleet.usable(m)])
+            if replicas:
+                return replicas
+            if only is not None or time.monotonic() > deadline:
+                raise NoReplica(
+                    f"no rollout replica alive to receive weight version {version}"
+                    + ("" if only is not None else f" within {self._wait_timeout:.0f}s")
+                )
+            log.warning("no rollout replica alive; waiting for one", version=version)
+            await self.fleet.changed(1.0)
 
     def _verify(self, version: int, pushed, replicas: list[Member], received: list) -> None:
         """Fail on any checksum that differs; route to the replicas at `version` when that is what they hold."""

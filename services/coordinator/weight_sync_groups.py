@@ -7,17 +7,21 @@
     set_replicas(names) ──> epoch + 1 with exactly those replicas (when that changes the membership):
                             the runner names the replicas of each sync before it starts
     a member reports failed_epoch == current ──> epoch + 1 (same members, fresh port)
+    every epoch ──> a fresh random secret, handed to members by get() only
 
 Guarantees: every change of membership and every reported failure forms a
 new group (epoch + 1, a port no earlier epoch of the job used unless a fixed
-port is configured), so members never mix two epochs' rendezvous; two members
+port is configured, a new secret), so members never mix two epochs' rendezvous; two members
 reporting the same failed epoch move the group on once; the trainer is
-always rank 0 and hosts the store.
+always rank 0 and hosts the store. The secret is in the group that get()
+returns to a member only (GetWeightSyncGroup, an authenticated RPC); every
+other answer carries the group without it.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +35,10 @@ REPLICA = re.compile(member_name_pattern("rollout"))
 
 class MembershipError(ValueError):
     """A member name that is neither the trainer nor a rollout replica."""
+
+
+def new_secret() -> str:
+    return secrets.token_hex(32)
 
 
 def free_port(host: str) -> int:
@@ -53,6 +61,7 @@ class _Group:
     replicas: list[str] = field(default_factory=lambda: ["rollout"])
     epoch: int = 0
     port: int = 0
+    secret: str = field(default_factory=new_secret)
 
 
 class WeightSyncGroups:
@@ -87,6 +96,7 @@ class WeightSyncGroups:
     def _reform(self, group: _Group) -> None:
         group.epoch += 1
         group.port = self._new_port()
+        group.secret = new_secret()
 
     def _proto(self, group: _Group) -> common_pb2.WeightSyncGroup:
         return common_pb2.WeightSyncGroup(
@@ -98,7 +108,7 @@ class WeightSyncGroups:
         )
 
     def get(self, job_id: str, member: str, failed_epoch: int | None = None) -> tuple[common_pb2.WeightSyncGroup, int]:
-        """The group and the member's rank; a new replica joins; a current failed epoch is formed again."""
+        """The group (secret included) and the member's rank; a new replica joins; a failed current epoch re-forms."""
         check_member(member)
         group = self._groups[job_id]
         if member != TRAINER and member not in group.replicas:
@@ -107,7 +117,9 @@ class WeightSyncGroups:
         elif failed_epoch is not None and failed_epoch == group.epoch:
             self._reform(group)
         rank = 0 if member == TRAINER else 1 + group.replicas.index(member)
-        return self._proto(group), rank
+        proto = self._proto(group)
+        proto.secret = group.secret
+        return proto, rank
 
     def set_replicas(self, job_id: str, names: list[str]) -> common_pb2.WeightSyncGroup:
         """Make the replicas of the job's group exactly `names` (ranks 1..N in that order)."""

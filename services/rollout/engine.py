@@ -119,6 +119,11 @@ class GenerationEngine(abc.ABC):
     def num_parameters(self) -> int:
         return sum(t.numel() for t in self.named_weights().values())
 
+    @property
+    def context_tokens(self) -> int | None:
+        """Most prompt + new tokens the model can attend over; None when the engine checks it itself."""
+        return None
+
 
 class UnsupportedRequest(ValueError):
     """A request this engine's tokenizer cannot serve: the caller's fault, not the engine's.

@@ -15,7 +15,10 @@ temperature is 0, greedy). Weight versions are set only by the weight sync.
 A failed weight sync is UNAVAILABLE with its cause, within the sync timeout;
 the weight-sync group has then been torn down and the next ReceiveWeights forms the
 coordinator's next epoch. backend=vllm on a replica without vLLM is
-FAILED_PRECONDITION naming the missing package.
+FAILED_PRECONDITION naming the missing package. A job id outside
+dockyard.jobs.JOB_ID, a config beyond the config bounds (parsed off the event
+loop) and a prompt over MAX_PROMPT_BYTES are INVALID_ARGUMENT; a Generate whose
+caller has already gone (cancelled, or past its deadline) starts no generation.
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ import structlog
 
 from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
-from dockyard.config import ConfigError, MasterConfig, load_config_text
+from dockyard.config import ConfigError, MasterConfig, parse_config_text
+from dockyard.jobs import job_id_error
 from dockyard.rpc.client import connect
 from dockyard.rpc.completion import run_to_completion
-from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from dockyard.rpc.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from dockyard.weights.group_source import coordinator_group_source, transport_for
 from dockyard.weights.synchronizer import WeightSyncFailed, WeightSynchronizer
 from services.rollout.decoding import (
@@ -46,11 +50,12 @@ from services.rollout.engine import GenerationEngine, UnsupportedRequest
 from services.rollout.settings import RolloutSettings
 
 log = structlog.get_logger()
+MAX_PROMPT_BYTES = 256 * 1024  # far beyond any model context; bounds the tokenizer's work and memory
 
 
 def _require_job_id(job_id: str) -> None:
-    if not job_id:
-        raise InvalidArgument("job_id is empty")
+    if error := job_id_error(job_id):
+        raise InvalidArgument(error)
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
@@ -87,7 +92,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         if not request.config_yaml.strip():
             raise InvalidArgument("config_yaml is empty")
         try:
-            cfg = load_config_text(request.config_yaml, origin="config_yaml")
+            cfg = await parse_config_text(request.config_yaml, origin="config_yaml")
         except ConfigError as exc:
             raise InvalidArgument(str(exc)) from None
         async with self._load_lock:
@@ -153,6 +158,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         num_samples = validate_num_samples(request.num_samples)
         if not request.prompt:
             raise InvalidArgument("prompt is empty")
+        if (size := len(request.prompt.encode())) > MAX_PROMPT_BYTES:
+            raise InvalidArgument(f"prompt is {size} bytes; at most {MAX_PROMPT_BYTES}")
         decoding = None
         if request.HasField("sampling"):
             decoding = decoding_from_proto(
@@ -161,6 +168,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         engine = self.engine(request.job_id)
         if decoding is None:
             decoding = self._default_decoding(request.job_id)
+        await _check_context(engine, request.prompt, decoding.max_new_tokens)
+        remaining = context.time_remaining()
+        if context.cancelled() or (remaining is not None and remaining <= 0):
+            # Nobody would read the result: no generation for it.
+            raise DeadlineExceeded("the caller gave up before generation started")
         self.in_flight += 1
         try:
             result = await engine.generate(request.prompt, num_samples, decoding)
@@ -262,6 +274,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.engines.clear()
         self.configs.clear()
         _free_memory()
+
+
+async def _check_context(engine: GenerationEngine, prompt: str, max_new_tokens: int) -> None:
+    """INVALID_ARGUMENT when the prompt and its new tokens cannot fit the model's context."""
+    if (context := engine.context_tokens) is None:
+        return
+    tokens = len(await asyncio.to_thread(lambda: engine.tokenizer(prompt)["input_ids"]))
+    if tokens + max_new_tokens > context:
+        raise InvalidArgument(
+            f"prompt is {tokens} tokens; with max_new_tokens {max_new_tokens} that exceeds the model's "
+            f"context of {context} tokens"
+        )
 
 
 def _free_memory() -> None:

@@ -258,6 +258,10 @@ class TorchEngine(GenerationEngine):
             with _GENERATION_LOCK, self._gate.updating():
                 yield
 
+    @property
+    def context_tokens(self) -> int | None:
+        return getattr(self.model.config, "max_position_embeddings", None)
+
     def tokenize(self, prompt: str) -> list[int]:
         # The tokenizer's own convention (a BOS where the model expects one); the
         # ids go back with the result, so the trainer never re-tokenizes.

@@ -8,7 +8,7 @@ from services.sandbox.settings import SandboxSettings
 
 
 async def make_backend(settings: SandboxSettings):
-    """The configured backend; the docker one fails fast when the engine or the image is missing."""
+    """The configured backend; docker fails fast without its engine or image, local without namespaces."""
     if settings.backend == "docker":
         from services.sandbox.docker_backend import DockerBackend
 
@@ -18,17 +18,21 @@ async def make_backend(settings: SandboxSettings):
             cpus=settings.docker_cpus,
             pids_limit=settings.docker_pids_limit,
             max_file_mb=settings.max_file_mb,
+            max_disk_mb=settings.max_disk_mb,
             tmp_mb=settings.docker_tmp_mb,
             user=settings.docker_user,
             work_root=settings.work_root,
         )
     from services.sandbox.local import LocalBackend
 
-    return LocalBackend(
+    return await LocalBackend.open(
+        allow_unisolated=settings.allow_unisolated,
         max_concurrency=settings.max_concurrency,
         max_file_mb=settings.max_file_mb,
+        max_disk_mb=settings.max_disk_mb,
         max_processes=settings.max_processes,
         work_root=settings.work_root,
+        user=settings.local_user,
     )
 
 
@@ -52,7 +56,13 @@ def make_swe_scorer(settings: SandboxSettings, backend):
                 return None
             return await asyncio.to_thread(ensure_env_image, client, settings.image, list(instance.requirements))
 
-    return SweScorer(backend, TaskSets(settings.task_root), checkout_root=settings.work_root, image_for=image_for)
+    return SweScorer(
+        backend,
+        TaskSets(settings.task_root),
+        log_cap_bytes=settings.max_output_bytes,
+        checkout_root=settings.work_root,
+        image_for=image_for,
+    )
 
 
 def main() -> None:
@@ -76,10 +86,12 @@ def main() -> None:
             membership.start()
 
         async def close() -> None:
-            if membership is not None:
-                await membership.stop()
-            await backend.close()
-            servicer.close()
+            try:
+                if membership is not None:
+                    await membership.stop()
+                await backend.close()
+            finally:  # whatever failed above, the checkout cache under the work root goes
+                servicer.close()
 
         return [service], close
 

@@ -26,6 +26,10 @@ class Status(enum.Enum):
     TIMEOUT = "timeout"  # the wall-clock limit killed it
 
 
+# The verdict's error_message when a run left its work folder full (a FAILED verdict).
+DISK_FULL_MESSAGE = "disk limit exceeded: the work folder is full (DOCKYARD_SANDBOX_MAX_DISK_MB)"
+
+
 @dataclass(frozen=True)
 class ResourceLimits:
     timeout_seconds: float  # wall clock, from spawn to kill

@@ -1,7 +1,9 @@
 """The docker backend: each run is one fresh container from a prebuilt image.
 
     request --> host work folder (mkdtemp) <-- seed_dir copy, then files; chowned to the sandbox user
-            --> container: image (default SANDBOX_IMAGE), bind /work (rw), tmpfs /tmp,
+            --> container: image (default SANDBOX_IMAGE), /work a tmpfs of max_disk_mb (the host
+                  folder arrives as a tar on stdin), /work/.dockyard-report a bind of one host file,
+                  tmpfs /tmp,
                   network none, read-only root, cap_drop ALL, no-new-privileges, user 1000 (never root),
                   pids / memory (= swap) / CPU-quota limits, ulimits cpu, fsize, core = 0,
                   log driver none, label dockyard.sandbox.owner = host/pid/start-time
@@ -11,7 +13,9 @@
             --> Outcome; the container and the work folder are removed whatever happened
 
 Guarantees: the code cannot reach any network (no interface but loopback), cannot
-write anywhere but /work (its own copy) and a size-capped /tmp, runs without any
+write anywhere but /work (its own copy, at most `max_disk_mb` in total) and a
+size-capped /tmp; on the host's disk it can write only the report file (at most
+RLIMIT_FSIZE); a run that leaves /work full is FAILED, saying so; it runs without any
 capability and cannot gain privileges (setuid binaries do nothing), cannot start
 more than `pids_limit` tasks, use more than `memory_mb` of RAM (the kernel's OOM
 killer ends it), more than `cpus` cores, or live past its wall-clock limit; when
@@ -32,9 +36,9 @@ opened first. A program that deletes or rewrites the report file without the
 nonce gets FAILED, never a pass or an ERROR. The same limit as local.py applies:
 code that introspects the harness's own memory could recover the nonce.
 
-Not covered: disk use in /work is bounded per file (`fsize`), not in total; the
-work folder must be a path the docker engine sees at the same place (a service
-that runs in a container needs `work_root` bind-mounted at the same path).
+Not covered: the report file must be a path the docker engine sees at the same
+place (a service that runs in a container needs `work_root` bind-mounted at the
+same path).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import secrets
 import shutil
 import socket
 import stat
+import tarfile
 import tempfile
 import threading
 import time
@@ -58,7 +63,14 @@ from pathlib import Path
 import structlog
 
 from dockyard.rpc.errors import InvalidArgument
-from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status, run_outcome
+from services.sandbox.backend import (
+    DISK_FULL_MESSAGE,
+    Outcome,
+    ResourceLimits,
+    SandboxBackend,
+    Status,
+    run_outcome,
+)
 from services.sandbox.harness import HARNESS_SOURCE
 from services.sandbox.local import REPORT_CAP_BYTES, _Capped, _remove_tree, checked_files, parse_report
 
@@ -68,6 +80,13 @@ LABEL = "dockyard.sandbox.owner"  # host/pid/process-start-time of the service t
 WORK = "/work"
 INPUT_NAME = ".dockyard-input"
 REPORT_NAME = ".dockyard-report"
+# Around every command: unpack the work folder from stdin into the /work tmpfs, run, and flag a
+# /work left full in the report file (the only channel back that the host can read afterwards).
+DISK_FULL_FLAG = "dockyard-disk-full"
+STAGE_COMMAND = (
+    f'tar -x -f - && "$@" </dev/null; rc=$?; [ "$(stat -f -c %a .)" != 0 ] || echo {DISK_FULL_FLAG} >>{REPORT_NAME}; '
+    "exit $rc"
+)
 # The shell opens the input (then unlinks it) and the report file, then execs the harness with
 # stdin = input, fd 3 = report, ready line on fd 2.
 RUN_TESTS_COMMAND = f'exec 3>{REPORT_NAME} <{INPUT_NAME} && rm -f {INPUT_NAME} && exec python3 -B -u -I -c "$0" 3 2'
@@ -108,6 +127,7 @@ class _Run:
     report: bytes = b""  # RunTests: the harness's report file
     container_id: str | None = None
     cancelled: bool = False  # the caller gave up: do not start, or kill now
+    disk_full: bool = False  # /work was full when the command ended
 
 
 class DockerBackend(SandboxBackend):
@@ -119,6 +139,7 @@ class DockerBackend(SandboxBackend):
         cpus: float = 1.0,
         pids_limit: int = 256,
         max_file_mb: int = 64,
+        max_disk_mb: int = 256,
         tmp_mb: int = 64,
         user: str = "1000:1000",
         work_root: str | None = None,
@@ -132,6 +153,7 @@ class DockerBackend(SandboxBackend):
         self._cpus = cpus
         self._pids_limit = pids_limit
         self._max_file_bytes = max_file_mb * 1024 * 1024
+        self._max_disk_mb = max_disk_mb
         self._tmp_mb = tmp_mb
         self._uid, self._gid = (int(part) for part in user.split(":"))
         self._work_root = work_root
@@ -226,15 +248,16 @@ class DockerBackend(SandboxBackend):
         total = len(tests)
         command = ["sh", "-c", RUN_TESTS_COMMAND, HARNESS_SOURCE]
         run = await self._run_in_slot([(INPUT_NAME, payload)], command, limits, None, self._image, nonce)
+        ready = nonce + b" ready\n"
+        started = run.stderr.startswith(ready)
+        run.stderr = run.stderr.removeprefix(ready)  # on every path: the nonce is not the code's output
         if run.error:
             return _outcome(run, Status.ERROR, passed=0, total=total)
         if run.timed_out:
             return _outcome(run, Status.TIMEOUT, passed=0, total=total)
-        ready = nonce + b" ready\n"
-        if not run.stderr.startswith(ready):
+        if not started:
             message = f"the test harness did not start (exit code {run.exit_code})"
             return _outcome(run, Status.ERROR, passed=0, total=total, error_message=message)
-        run.stderr = run.stderr[len(ready) :]
         _, results = parse_report(run.report, nonce, total)
         if results is None:  # the program ended the harness, or spoiled its report, before it reported
             return _outcome(run, Status.FAILED, passed=0, total=total)
@@ -266,6 +289,7 @@ class DockerBackend(SandboxBackend):
             target = Path(work, name)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+        Path(work, REPORT_NAME).touch()  # bind-mounted into /work: the run's one file on the host's disk
         if os.geteuid() == 0:
             for root, dirs, names in os.walk(work):
                 for entry in (root, *(os.path.join(root, n) for n in dirs + names)):
@@ -293,9 +317,15 @@ class DockerBackend(SandboxBackend):
             run.error = f"cannot prepare the work folder: {exc}"
             return run
         try:
-            self._run_container(run, work, command, limits, image, nonce)
+            staged = _folder_bytes(work)
+            if staged > self._max_disk_mb * 1024 * 1024:
+                run.error = f"the work folder's files ({staged} bytes) exceed DOCKYARD_SANDBOX_MAX_DISK_MB"
+                return run
+            self._run_container(run, work, ["sh", "-c", STAGE_COMMAND, "sh", *command], limits, image, nonce)
+            report = _read_report(os.path.join(work, REPORT_NAME))
+            run.disk_full = f"\n{DISK_FULL_FLAG}\n".encode() in b"\n" + report
             if nonce is not None and not run.error:
-                run.report = _read_report(os.path.join(work, REPORT_NAME))
+                run.report = report
         finally:
             _remove_tree(work)
         return run
@@ -308,6 +338,7 @@ class DockerBackend(SandboxBackend):
 
         api = self._client.api
         memory = f"{limits.memory_mb}m"
+        uid, gid = self._container_user().split(":")
         cpu = max(1, math.ceil(limits.cpu_seconds))
         host_config = api.create_host_config(
             network_mode="none",
@@ -323,8 +354,12 @@ class DockerBackend(SandboxBackend):
                 Ulimit(name="fsize", soft=self._max_file_bytes, hard=self._max_file_bytes),
                 Ulimit(name="core", soft=0, hard=0),
             ],
-            mounts=[Mount(WORK, work, type="bind")],
-            tmpfs={"/tmp": f"rw,nosuid,nodev,size={self._tmp_mb}m,mode=1777"},
+            mounts=[Mount(f"{WORK}/{REPORT_NAME}", os.path.join(work, REPORT_NAME), type="bind")],
+            tmpfs={
+                "/tmp": f"rw,nosuid,nodev,size={self._tmp_mb}m,mode=1777",
+                # Counts against the memory cgroup too: the lower of the two limits ends the run first.
+                WORK: f"rw,nosuid,nodev,size={self._max_disk_mb}m,mode=0700,uid={uid},gid={gid}",
+            },
             log_config=LogConfig(type="none"),
         )
         container_id = None
@@ -335,6 +370,7 @@ class DockerBackend(SandboxBackend):
                     image,
                     command=command,
                     user=self._container_user(),
+                    stdin_open=True,  # the work folder arrives on stdin, as a tar (closed after it: StdinOnce)
                     working_dir=WORK,
                     environment={"HOME": WORK},
                     hostname="sandbox",
@@ -350,7 +386,9 @@ class DockerBackend(SandboxBackend):
                     return
                 # Attach before start: nothing the code prints is missed, and nothing goes to a log file.
                 stream = api.attach(container_id, stdout=True, stderr=True, stream=True, logs=False, demux=True)
+                stdin = api.attach_socket(container_id, params={"stdin": 1, "stream": 1})
                 api.start(container_id)
+                _send_work_folder(stdin, work)
             except (docker.errors.DockerException, OSError) as exc:
                 run.error = f"cannot start the container: {exc}"
                 return
@@ -406,6 +444,24 @@ class DockerBackend(SandboxBackend):
             pass  # it just ended on its own
 
 
+def _folder_bytes(path: str) -> int:
+    """Bytes of the regular files under `path` (links not followed)."""
+    total = 0
+    for root, _, names in os.walk(path):
+        for name in names:
+            total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def _send_work_folder(sock, work: str) -> None:
+    """`work` (but the report file, which is bind-mounted) as a tar on the container's stdin, then EOF."""
+    raw = getattr(sock, "_sock", sock)
+    with raw.makefile("wb") as stream, tarfile.open(fileobj=stream, mode="w|") as tar:
+        tar.add(work, arcname=".", filter=lambda info: None if info.name == f"./{REPORT_NAME}" else info)
+    raw.shutdown(socket.SHUT_WR)
+    raw.close()
+
+
 def _read_report(path: str) -> bytes:
     """At most REPORT_CAP_BYTES of a regular file; never follows a link the code may have planted."""
     try:
@@ -421,6 +477,9 @@ def _read_report(path: str) -> bytes:
 
 
 def _outcome(run: _Run, status: Status, *, passed: int, total: int, error_message: str = "") -> Outcome:
+    if run.disk_full and status in (Status.PASSED, Status.FAILED):
+        status, passed = Status.FAILED, 0
+        error_message = DISK_FULL_MESSAGE
     return run_outcome(
         status,
         passed=passed,

@@ -1,7 +1,8 @@
 """Code that runs inside the sandbox process, before (and around) the untrusted code.
 
-    service --fork/exec--> LAUNCHER (python -I -S): setrlimit(...), then exec argv
-                                 | exec fails: the reason goes to a close-on-exec status pipe
+    service --fork/exec--> [bwrap] LAUNCHER (python -I -S): stage the work folder, fork, wait
+                                 child: setrlimit(...), drop to the sandbox uid, exec argv
+                                 status pipe: "ready", "error <why>", "disk-full", "exit <code>"
                                  v
                            HARNESS (python -I, RunTests only)
       stdin:  "<nonce>\\n" + {"program", "tests"}    read in full before any untrusted code runs
@@ -30,28 +31,67 @@ test out of process.
 
 from __future__ import annotations
 
-# argv after -c: status_fd, "AS_BYTES,CPU_SECONDS,FSIZE_BYTES,NPROC", command...
+# argv after -c: status_fd, "AS_BYTES,CPU_SECONDS,FSIZE_BYTES,NPROC", "UID:GID" or "-",
+# stage_fd or "-", disk_bounded ("1"/"0"), command...
+# Status lines: "ready" (the sandbox is up), "error <why>" (the command could not run),
+# "disk-full" (the work folder was full when the command ended), "exit <code>" (negative: signal).
 LAUNCHER_SOURCE = r"""
 import os, resource, sys
 status_fd = int(sys.argv[1])
+
+def status(line):
+    os.write(status_fd, line.encode() + b"\n")
+
+status("ready")
+memory, cpu, fsize, nproc = (int(v) for v in sys.argv[2].split(","))
+user, stage, disk_bounded, argv = sys.argv[3], sys.argv[4], sys.argv[5] == "1", sys.argv[6:]
+work_fd = os.open(".", os.O_RDONLY)  # before the chown: root here has no CAP_DAC_OVERRIDE
+if user == "-":  # the code keeps this uid: make this process one it can neither ptrace nor read fds of
+    import ctypes
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
 try:
-    memory, cpu, fsize, nproc = (int(v) for v in sys.argv[2].split(","))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    # SIGXCPU at the soft limit, SIGKILL one second later if it is caught.
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-    if nproc > 0:
-        try:
-            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-        except (ValueError, OSError):
-            pass  # best effort: the service's own hard limit may be lower
-    argv = sys.argv[3:]
-    os.set_inheritable(status_fd, False)  # closes on a successful exec: that is the success signal
-    os.execvp(argv[0], argv)
+    if stage != "-":  # the service's staged files, by fd: no host path is mounted in here
+        import shutil
+        shutil.copytree(f"/proc/self/fd/{stage}", ".", symlinks=True, dirs_exist_ok=True)
+        os.close(int(stage))
+    if user != "-":
+        uid, gid = (int(v) for v in user.split(":"))
+        # Deepest first: once a folder is the sandbox uid's (0700), root here can no longer enter it.
+        for root, dirs, names in os.walk(".", topdown=False):
+            for name in dirs + names:
+                os.lchown(os.path.join(root, name), uid, gid)
+        os.lchown(".", uid, gid)
 except BaseException as exc:
-    os.write(status_fd, f"cannot run {sys.argv[3:4]}: {type(exc).__name__}: {exc}".encode())
+    status(f"error cannot stage the work folder: {type(exc).__name__}: {exc}")
     os._exit(127)
+os.environ.pop("PWD", None)  # bwrap's, not the service's environment
+pid = os.fork()
+if pid == 0:
+    try:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        # SIGXCPU at the soft limit, SIGKILL one second later if it is caught.
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        if user != "-":  # after the rlimits, so the code cannot raise them again
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+        if nproc > 0:
+            try:
+                resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+            except (ValueError, OSError):
+                pass  # best effort: the service's own hard limit may be lower
+        os.set_inheritable(status_fd, False)  # closes on a successful exec
+        os.execvp(argv[0], argv)
+    except BaseException as exc:
+        status(f"error cannot run {argv[:1]}: {type(exc).__name__}: {exc}")
+        os._exit(127)
+code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+if disk_bounded and os.fstatvfs(work_fd).f_bavail == 0:
+    status("disk-full")
+status(f"exit {code}")
+os._exit(0)  # in the sandbox: its pid namespace, and every process the code left, ends here
 """
 
 # argv after -c: report_fd [ready_fd]; the ready line goes to ready_fd when given (the docker

@@ -1,17 +1,27 @@
-"""The local-process backend: each run is a child process group on this host.
+"""The local-process backend: each run is a child process on this host, in its own namespaces.
 
-    request --> fresh work folder (mkdtemp, 0700) <-- files (relative paths only)
-            --> launcher: setrlimit(AS, CPU, FSIZE, CORE=0, NPROC) then exec argv
-                  new session, scrubbed environment, cwd = HOME = TMPDIR = work folder
+    request --> host stage folder (mkdtemp, 0700) <-- seed_dir copy, then files (relative paths only)
+            --> bwrap: net, pid, ipc, uts, cgroup and mount namespaces (a user namespace when the
+                  service is not root); read-only system paths and interpreter, nothing else of the
+                  host; the work folder a tmpfs of max_disk_mb at the stage's path
+            --> launcher (pid 2): copies the stage in through an fd, forks; the child sets
+                  rlimits (AS, CPU, FSIZE, CORE=0, NPROC), drops to `user` when root, execs argv;
+                  scrubbed environment, cwd = HOME = TMPDIR = work folder
             --> stdout / stderr read as they come, each kept up to max_output_bytes
-            --> exit, or wall-clock limit: SIGKILL to the whole process group
-            --> Outcome; the work folder is removed whatever happened
+            --> exit: the launcher reports "disk-full" and the exit code, the pid namespace ends;
+                  wall-clock limit: SIGKILL to bwrap's group, the namespace dies with bwrap
+            --> Outcome; the stage folder is removed whatever happened
 
-Guarantees: a run never outlives its wall-clock limit (the group is killed,
-strays included); after every run, its process group is killed, so
-background processes the code left in it die too; the code sees none of the
-service's environment variables; output beyond the cap is drained and
-dropped, never buffered; at most `max_concurrency` runs execute at once.
+Guarantees: the code sees no host file but read-only system paths and the
+interpreter, can write only its work folder (at most `max_disk_mb` in total; a
+run that leaves it full is FAILED, saying so), has no network and no host
+socket, sees no other process, runs as a non-root uid without capabilities, and
+no process of it outlives its run (the pid namespace ends with the launcher); it
+never outlives its wall-clock limit; it sees none of the service's environment
+variables; output beyond the cap is drained and dropped, never buffered; at most
+`max_concurrency` runs execute at once. `open` refuses a host where the
+namespaces do not work, unless told to run unisolated (then only the
+environment, rlimits, group kill and output cap hold).
 
 Limits are applied by a tiny launcher between fork and exec rather than by
 subprocess's preexec_fn, which is unsafe in a threaded process (gRPC is).
@@ -21,18 +31,15 @@ which is -I minus -P, so a multi-file program can import its own modules
 from the work folder.
 
 Verdict rule: ERROR only when the infrastructure failed: the work folder
-could not be made or written, the process could not be spawned or exec'd,
-or the test harness never started. Anything the code does to itself --
-raising, sys.exit, os._exit, MemoryError under RLIMIT_AS, a segfault,
-SIGXCPU from RLIMIT_CPU, SIGXFSZ, killing the harness before it reports --
-is the policy's fault: FAILED. The wall-clock kill is TIMEOUT.
+could not be made or written, the sandbox could not be set up, the process
+could not be spawned or exec'd, or the test harness never started. Anything
+the code does to itself -- raising, sys.exit, os._exit, MemoryError under
+RLIMIT_AS, a segfault, SIGXCPU from RLIMIT_CPU, SIGXFSZ, a full work folder,
+killing the harness before it reports -- is the policy's fault: FAILED. The
+wall-clock kill is TIMEOUT.
 
-Not covered (weaker isolation than the docker backend, for development):
-no network namespace (the code can open sockets), the host filesystem is
-readable (and writable wherever the service's user may write), RLIMIT_NPROC
-is not enforced for root, root can raise its own hard limits (the wall-clock
-kill still applies), and a process that starts its own session escapes the
-group kill.
+Not covered: the kernel is shared with the host; RLIMIT_NPROC counts every
+task of the sandbox uid across runs; there is no memory, pids or CPU cgroup.
 """
 
 from __future__ import annotations
@@ -54,10 +61,37 @@ from pathlib import Path, PurePosixPath
 import structlog
 
 from dockyard.rpc.errors import InvalidArgument
-from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status, run_outcome
+from services.sandbox.backend import (
+    DISK_FULL_MESSAGE,
+    Outcome,
+    ResourceLimits,
+    SandboxBackend,
+    Status,
+    run_outcome,
+)
 from services.sandbox.harness import HARNESS_SOURCE, LAUNCHER_SOURCE
 
 log = structlog.get_logger()
+
+# Namespaces (network, pid, ipc, uts, cgroup; mount always), a fresh /proc of the pid namespace, a
+# minimal /dev. When the launcher (pid 2) ends, the namespace's init ends and the kernel kills
+# every process left in it; --die-with-parent does the same when the service kills bwrap.
+BWRAP_FLAGS = (
+    "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+    "--hostname", "sandbox", "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev",
+)  # fmt: skip
+# As root the launcher keeps only what it needs to stage the work folder and drop to the sandbox
+# uid; the code itself then has no capability. A non-root service needs a user namespace.
+BWRAP_ROOT_FLAGS = ("--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN")
+BWRAP_USER_FLAGS = ("--unshare-user", "--disable-userns", "--cap-drop", "ALL")
+# What the interpreter and the usual tools need, shown read-only; nothing else of the host.
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/etc/alternatives")
+UNISOLATED_HINT = (
+    "install bubblewrap (`apt-get install bubblewrap`) on a kernel that allows namespaces, use "
+    "DOCKYARD_SANDBOX_BACKEND=docker, or set DOCKYARD_SANDBOX_ALLOW_UNISOLATED=1 to run untrusted code "
+    "on this host without isolation (it can then read the host's files, open sockets and outlive its run)"
+)
+PROBE_LIMITS = ResourceLimits(timeout_seconds=30.0, memory_mb=512, cpu_seconds=10.0, max_output_bytes=4096)
 
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 PYTHON_NAMES = frozenset({"python", "python3"})
@@ -135,9 +169,12 @@ class _Run:
     truncated: bool = False
     duration: float = 0.0
     report: bytes = b""
+    disk_full: bool = False
 
 
 def _outcome(run: _Run, status: Status, *, passed: int, total: int, error_message: str = "") -> Outcome:
+    if run.disk_full and status in (Status.PASSED, Status.FAILED):
+        status, passed, error_message = Status.FAILED, 0, DISK_FULL_MESSAGE
     return run_outcome(
         status,
         passed=passed,
@@ -153,6 +190,45 @@ def _outcome(run: _Run, status: Status, *, passed: int, total: int, error_messag
 
 def _text(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
+
+
+def read_only_binds() -> list[str]:
+    """bwrap arguments showing SYSTEM_PATHS and this interpreter's prefixes, read-only, at their paths."""
+    args: list[str] = []
+    for path in SYSTEM_PATHS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.exists(path):
+            args += [*searchable_parents(path), "--ro-bind", path, path]
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
+    for prefix in sorted(prefixes):
+        if prefix != "/usr" and not prefix.startswith("/usr/"):
+            args += [*searchable_parents(prefix), "--ro-bind", prefix, prefix]
+    return args
+
+
+def searchable_parents(path: str) -> list[str]:
+    """bwrap arguments making `path`'s folders 0755: bwrap would make them 0700, closed to the sandbox uid."""
+    args: list[str] = []
+    for parent in reversed(PurePosixPath(path).parents[:-1]):  # outermost first, without "/"
+        args += ["--perms", "0755", "--dir", str(parent)]
+    return args
+
+
+def parse_status(data: bytes) -> tuple[bool, str, bool, int | None]:
+    """The launcher's status lines: (sandbox up, error, work folder full, exit code or None)."""
+    ready, error, disk_full, exit_code = False, "", False, None
+    for line in _text(data).splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "ready":
+            ready = True
+        elif word == "error":
+            error = rest
+        elif word == "disk-full":
+            disk_full = True
+        elif word == "exit":
+            exit_code = int(rest)
+    return ready, error, disk_full, exit_code
 
 
 def _kill_group(pgid: int) -> None:
@@ -198,14 +274,44 @@ class LocalBackend(SandboxBackend):
         *,
         max_concurrency: int,
         max_file_mb: int = 64,
+        max_disk_mb: int = 256,
         max_processes: int = 256,
         work_root: str | None = None,
+        user: str = "65534:65534",
+        isolate: bool = True,
     ) -> None:
         self._slots = asyncio.Semaphore(max_concurrency)
         self._max_file_bytes = max_file_mb * 1024 * 1024
+        self._max_disk_bytes = max_disk_mb * 1024 * 1024
         self._max_processes = max_processes
         self._work_root = work_root
+        # As root the code runs as `user`; otherwise as the service's own (unprivileged) uid.
+        self._user = user if os.geteuid() == 0 else "-"
+        self._bwrap = shutil.which("bwrap") if isolate else None
+        self._isolate = isolate
+        self._binds = read_only_binds() if isolate else []
         self._live_groups: set[int] = set()
+
+    @classmethod
+    async def open(cls, *, allow_unisolated: bool = False, **kwargs) -> LocalBackend:
+        """An isolated backend once a probe run passes; unisolated only when `allow_unisolated`."""
+        backend = cls(isolate=True, **kwargs)
+        problem = await backend.isolation_problem()
+        if not problem:
+            return backend
+        if not allow_unisolated:
+            raise RuntimeError(f"the local sandbox cannot isolate its runs ({problem}): {UNISOLATED_HINT}")
+        log.warning("local sandbox runs WITHOUT isolation (DOCKYARD_SANDBOX_ALLOW_UNISOLATED=1)", problem=problem)
+        return cls(isolate=False, **kwargs)
+
+    async def isolation_problem(self) -> str:
+        """Why an isolated run does not work here; empty when one does."""
+        if self._bwrap is None:
+            return "bwrap (bubblewrap) is not installed"
+        out = await self.execute({}, ["python", "-c", "pass"], PROBE_LIMITS)
+        if out.status is Status.PASSED:
+            return ""
+        return f"a probe run ended {out.status.value}: {out.error_message} {out.stderr}".strip()
 
     async def execute(
         self,
@@ -238,7 +344,7 @@ class LocalBackend(SandboxBackend):
                         target.write_text(content, encoding="utf-8")
                 except OSError as exc:
                     return Outcome(Status.ERROR, tests_total=1, error_message=f"cannot write the files: {exc}")
-                run = await self._run(argv, work, limits)
+                run = await self._run(argv, work, limits, staged=bool(checked) or seed_dir is not None)
             finally:
                 _remove_tree(work)
         if run.spawn_error:
@@ -283,7 +389,10 @@ class LocalBackend(SandboxBackend):
         for pgid in list(self._live_groups):
             _kill_group(pgid)
 
-    def _launcher_argv(self, argv: list[str], status_fd: int, limits: ResourceLimits) -> list[str]:
+    def _spawn_argv(
+        self, argv: list[str], work: str, status_fd: int, stage_fd: int | None, limits: ResourceLimits
+    ) -> list[str]:
+        """bwrap (when isolating), then the launcher, then `argv`."""
         rlimits = ",".join(
             str(v)
             for v in (
@@ -293,7 +402,21 @@ class LocalBackend(SandboxBackend):
                 self._max_processes,
             )
         )
-        return [sys.executable, "-I", "-S", "-B", "-c", LAUNCHER_SOURCE, str(status_fd), rlimits, *argv]
+        stage = "-" if stage_fd is None else str(stage_fd)
+        launcher = [sys.executable, "-I", "-S", "-B", "-c", LAUNCHER_SOURCE, str(status_fd), rlimits]
+        if not self._isolate:  # the host folder itself is the work folder, unbounded
+            return [*launcher, "-", "-", "0", *argv]
+        sandbox = [
+            self._bwrap or "bwrap",
+            *BWRAP_FLAGS,
+            *(BWRAP_USER_FLAGS if self._user == "-" else BWRAP_ROOT_FLAGS),
+            *self._binds,
+            # The work folder: a tmpfs of the disk limit at the host folder's path, private to the run.
+            *searchable_parents(work),
+            *("--perms", "0700", "--size", str(self._max_disk_bytes), "--tmpfs", work, "--chdir", work),
+            "--",
+        ]
+        return [*sandbox, *launcher, self._user, stage, "1", *argv]
 
     async def _run(
         self,
@@ -303,9 +426,12 @@ class LocalBackend(SandboxBackend):
         *,
         stdin: bytes | None = None,
         report_pipe: tuple[int, int] | None = None,
+        staged: bool = False,
     ) -> _Run:
         """Spawn, wait up to the wall-clock limit, kill the group, collect output. Never raises OSError."""
         loop = asyncio.get_running_loop()
+        # Isolated, the launcher copies the staged files into the run's tmpfs through this fd.
+        stage_fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY) if staged and self._isolate else None
         # Our own pipes rather than asyncio's: Process.wait() would otherwise
         # also wait for every pipe to close, which a stray process can delay.
         pipes = {name: os.pipe() for name in ("stdout", "stderr", "status")}
@@ -314,6 +440,8 @@ class LocalBackend(SandboxBackend):
         if report_pipe is not None:
             pipes["report"] = report_pipe
         child_ends = [w for name, (_, w) in pipes.items() if name != "stdin"]
+        if stage_fd is not None:
+            child_ends.append(stage_fd)
         if stdin is not None:
             child_ends.append(pipes["stdin"][0])
         parent_ends = [r for name, (r, _) in pipes.items() if name != "stdin"]
@@ -332,11 +460,15 @@ class LocalBackend(SandboxBackend):
         try:
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    *self._launcher_argv(argv, pipes["status"][1], limits),
+                    *self._spawn_argv(argv, work, pipes["status"][1], stage_fd, limits),
                     stdin=pipes["stdin"][0] if stdin is not None else asyncio.subprocess.DEVNULL,
                     stdout=pipes["stdout"][1],
                     stderr=pipes["stderr"][1],
-                    pass_fds=[pipes["status"][1], *([pipes["report"][1]] if report_pipe else [])],
+                    pass_fds=[
+                        pipes["status"][1],
+                        *([pipes["report"][1]] if report_pipe else []),
+                        *([stage_fd] if stage_fd is not None else []),
+                    ],
                     cwd=work,
                     env=sandbox_environment(work),
                     start_new_session=True,  # its own process group: one killpg reaches everything it starts
@@ -381,9 +513,14 @@ class LocalBackend(SandboxBackend):
                 transport.close()
             for fd in (*child_ends, *parent_ends):
                 os.close(fd)
-        if captures["status"].data:
-            run.spawn_error = _text(bytes(captures["status"].data))
         run.stdout, run.stderr = bytes(captures["stdout"].data), bytes(captures["stderr"].data)
+        ready, error, run.disk_full, exit_code = parse_status(bytes(captures["status"].data))
+        if error:
+            run.spawn_error = error
+        elif not ready and not run.timed_out:
+            run.spawn_error = f"the sandbox could not be set up (exit code {run.exit_code}): {_text(run.stderr[-500:])}"
+        if exit_code is not None:  # the command's own status (bwrap reports a signal as 128 + N)
+            run.exit_code = exit_code
         run.truncated = captures["stdout"].truncated or captures["stderr"].truncated
         run.report = bytes(captures["report"].data)
         return run

@@ -1,5 +1,6 @@
 """Test logs -> per-test statuses -> SWE-bench grading, with the `swebench` package's semantics.
 
+    instance's log_parser (ours, swebench's name, or none: by repo) ──parser_for──> parser
     test log ──parse_log(parser, log)──> {test id: PASSED|FAILED|SKIPPED|ERROR|XFAIL}
              ──grade(statuses, FAIL_TO_PASS, PASS_TO_PASS)──> Grade (resolved, per-list results)
 
@@ -9,7 +10,10 @@ success/failure split and resolution as its `harness/grading.py` (PASS_AND_FAIL 
 a FAIL_TO_PASS test passes when PASSED or XFAIL; a PASS_TO_PASS test is kept when PASSED,
 XFAIL or SKIPPED; a test missing from the log fails; an expected id truncated inside its
 parameter brackets matches by prefix when every candidate agrees on pass-versus-fail.
-`tests/unit/sandbox/test_log_parsing.py` checks the agreement on real pytest logs. The module has no
+`parser_for` takes swebench's parser names and, for an instance that names none, its repository's
+parser as swebench picks it; a parser this module lacks (django's, sympy's, ...) is refused, never
+replaced by another. `tests/unit/sandbox/test_log_parsing.py` checks the agreement on real pytest
+logs and the name maps against swebench's. The module has no
 dependency on swebench at run time.
 
 What it does not cover: the parsers read pytest's `-rA` summary lines, so code under test that
@@ -103,6 +107,49 @@ PARSERS: dict[str, Callable[[str], dict[str, str]]] = {
     "pytest_options": parse_pytest_options,
     "pytest_v2": parse_pytest_v2,
 }
+
+
+# swebench's parser names (harness/log_parsers) -> PARSERS keys; swebench's others are not supported.
+SWEBENCH_PARSERS = {
+    "parse_log_pytest": "pytest",
+    "parse_log_pytest_options": "pytest_options",
+    "parse_log_pytest_v2": "pytest_v2",
+}
+# swebench 5.0.2's MAP_REPO_TO_PARSER_PY: what an instance of these repositories needs when it names none.
+REPO_PARSERS = {
+    "astropy/astropy": "parse_log_pytest_v2",
+    "django/django": "parse_log_django",
+    "marshmallow-code/marshmallow": "parse_log_pytest",
+    "matplotlib/matplotlib": "parse_log_matplotlib",
+    "mwaskom/seaborn": "parse_log_seaborn",
+    "pallets/flask": "parse_log_pytest",
+    "psf/requests": "parse_log_pytest_options",
+    "pvlib/pvlib-python": "parse_log_pytest",
+    "pydata/xarray": "parse_log_pytest",
+    "pydicom/pydicom": "parse_log_pytest_options",
+    "pylint-dev/astroid": "parse_log_pytest",
+    "pylint-dev/pylint": "parse_log_pytest_options",
+    "pytest-dev/pytest": "parse_log_pytest",
+    "pyvista/pyvista": "parse_log_pytest",
+    "scikit-learn/scikit-learn": "parse_log_pytest_v2",
+    "sqlfluff/sqlfluff": "parse_log_pytest",
+    "sphinx-doc/sphinx": "parse_log_pytest_v2",
+    "sympy/sympy": "parse_log_sympy",
+}
+
+
+def parser_for(name: str | None, repo: str) -> str:
+    """An instance's `log_parser` (a PARSERS key or swebench's name; None: the repository's, else
+    pytest) -> a PARSERS key; ValueError for a parser this module does not have."""
+    named = REPO_PARSERS.get(repo, "pytest") if name is None else str(name)
+    key = SWEBENCH_PARSERS.get(named, named)
+    if key not in PARSERS:
+        why = "" if name is not None else f" (swebench's parser for {repo}; the instance names none)"
+        raise ValueError(
+            f"log_parser {named!r}{why} is not supported; supported: {sorted(PARSERS)} or swebench's "
+            f"{sorted(SWEBENCH_PARSERS)}"
+        )
+    return key
 
 
 def parse_log(parser: str, log: str) -> dict[str, str]:

@@ -5,12 +5,18 @@ Execute / RunTests --> resolve_limits (0 -> default; < 0, NaN, > ceiling -> INVA
                    --> SandboxBackend --> Outcome --> common.v1.Verdict
 ScorePatch         --> task set instance (NOT_FOUND / FAILED_PRECONDITION) --> Admission --> SweScorer --> Verdict
 ListInstances      --> the instances of the task sets under the task root (held-out parts omitted)
+
+Requests are bounded before any work: at most MAX_FILES files under paths of at most
+MAX_PATH_CHARS characters and MAX_PATH_DEPTH parts, at most MAX_ARGS command arguments
+and MAX_TESTS tests, no NUL byte in a path or an argument (the OS cannot take one);
+anything else is INVALID_ARGUMENT naming the field.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping, Sequence
 
 import grpc
 
@@ -21,6 +27,12 @@ from services.sandbox.admission import Admission
 from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status
 from services.sandbox.settings import SandboxSettings
 from services.sandbox.swe import SweResult, SweScorer, TaskSetError, TaskSets
+
+MAX_FILES = 1000
+MAX_PATH_CHARS = 1024
+MAX_PATH_DEPTH = 32
+MAX_ARGS = 1024
+MAX_TESTS = 1000
 
 _STATUS = {
     Status.PASSED: common_pb2.VERDICT_STATUS_PASSED,
@@ -48,6 +60,27 @@ def resolve_limits(limits: sandbox_pb2.Limits, settings: SandboxSettings) -> Res
         cpu_seconds=float(pick("cpu_seconds", s.default_cpu_seconds, s.max_cpu_seconds)),
         max_output_bytes=int(pick("max_output_bytes", s.default_max_output_bytes, s.max_output_bytes)),
     )
+
+
+def check_files(files: Mapping[str, str]) -> None:
+    if len(files) > MAX_FILES:
+        raise InvalidArgument(f"files: {len(files)} files; at most {MAX_FILES}")
+    for name in files:
+        if "\0" in name:
+            raise InvalidArgument(f"files: {name[:80]!r} holds a NUL byte")
+        if len(name) > MAX_PATH_CHARS or name.count("/") >= MAX_PATH_DEPTH:
+            raise InvalidArgument(
+                f"files: {name[:80]!r} is {len(name)} characters in {name.count('/') + 1} parts; "
+                f"at most {MAX_PATH_CHARS} characters and {MAX_PATH_DEPTH} parts"
+            )
+
+
+def check_command(command: Sequence[str]) -> None:
+    if len(command) > MAX_ARGS:
+        raise InvalidArgument(f"command: {len(command)} arguments; at most {MAX_ARGS}")
+    for i, arg in enumerate(command):
+        if "\0" in arg:
+            raise InvalidArgument(f"command[{i}] holds a NUL byte")
 
 
 def to_verdict(outcome: Outcome) -> common_pb2.Verdict:
@@ -107,7 +140,12 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         self._backend = backend
         self._settings = settings
         self._admission = Admission(settings.max_concurrency, settings.max_queued)
-        self._swe = swe or SweScorer(backend, TaskSets(settings.task_root), checkout_root=settings.work_root)
+        self._swe = swe or SweScorer(
+            backend,
+            TaskSets(settings.task_root),
+            log_cap_bytes=settings.max_output_bytes,
+            checkout_root=settings.work_root,
+        )
 
     def close(self) -> None:
         self._swe.close()
@@ -120,6 +158,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     async def Execute(
         self, request: sandbox_pb2.ExecuteRequest, context: grpc.aio.ServicerContext
     ) -> sandbox_pb2.ExecuteResponse:
+        check_files(request.files)
+        check_command(request.command)
         limits = resolve_limits(request.limits, self._settings)
         async with self._admission.slot():
             outcome = await self._backend.execute(dict(request.files), list(request.command), limits)
@@ -128,6 +168,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     async def RunTests(
         self, request: sandbox_pb2.RunTestsRequest, context: grpc.aio.ServicerContext
     ) -> sandbox_pb2.RunTestsResponse:
+        if len(request.tests) > MAX_TESTS:
+            raise InvalidArgument(f"tests: {len(request.tests)} tests; at most {MAX_TESTS}")
         limits = resolve_limits(request.limits, self._settings)
         async with self._admission.slot():
             outcome = await self._backend.run_tests(request.program, list(request.tests), limits)
@@ -139,7 +181,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         if not request.task_set or not request.instance_id:
             raise InvalidArgument("task_set and instance_id are required")
         limits = resolve_limits(request.limits, self._settings)
-        if request.limits.max_output_bytes == 0:  # a truncated test log would lose its summary
+        if request.limits.max_output_bytes == 0:  # the log is graded whole anyway: 0 returns all of it
             limits = dataclasses.replace(limits, max_output_bytes=self._settings.max_output_bytes)
         instance = self._instance(request.task_set, request.instance_id)
         async with self._admission.slot():

@@ -22,7 +22,7 @@ class SandboxSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="DOCKYARD_SANDBOX_", extra="ignore")
 
     backend: Literal["local", "docker"] = Field(
-        "local", description="local: child processes (weaker isolation, development); docker: one container per run."
+        "local", description="local: child processes in namespaces (development); docker: one container per run."
     )
     image: str = Field(SANDBOX_IMAGE, description="Docker backend: default image of a run.")
     docker_cpus: float = Field(1.0, gt=0, description="Docker backend: CPU quota per container, in cores.")
@@ -51,10 +51,23 @@ class SandboxSettings(ServiceSettings):
     )
 
     max_file_mb: int = Field(64, gt=0, description="Largest file the code may write (RLIMIT_FSIZE).")
+    max_disk_mb: int = Field(
+        256, gt=0, description="Total size of a run's work folder, a tmpfs (it counts as memory); full: FAILED."
+    )
+    local_user: str = Field(
+        "65534:65534",
+        pattern=r"^[1-9][0-9]*:[1-9][0-9]*$",
+        description="Local backend: uid:gid the code runs as when the service is root (never 0).",
+    )
+    allow_unisolated: bool = Field(
+        False,
+        description="Local backend: run without namespaces (the code sees the host) when they are not available, "
+        "instead of refusing to start.",
+    )
     max_processes: int = Field(
         256,
         ge=0,
-        description="RLIMIT_NPROC (counts every task of the service's user; ignored for root); 0 leaves it unset.",
+        description="Local backend: RLIMIT_NPROC of the code (counts every task of its uid, across runs); 0: unset.",
     )
     max_concurrency: int = Field(os.cpu_count() or 1, ge=1, description="Runs executing at once; the rest wait.")
     max_queued: int = Field(

@@ -3,18 +3,24 @@
     ScorePatch(task_set, instance_id, patch)
       host (trusted):  inspect_patch (refuse ../, absolute, .git, binary, symlink, malformed)
                        integrity: touched paths vs test_patch paths and test files
-                       checkout of repo at base_commit from the task set's local git mirror (cached)
-      sandbox:         swe_driver.py (as run.py), in a copy of the checkout:
+                       checkout: a new repository holding base_commit's tree as its one commit
+                         (checkouts.py, from the task set's local git mirror; cached)
+      sandbox:         swe_driver.py (as run.py), in a copy of the checkout, output kept up to
+                       the service's ceiling whatever the request's max_output_bytes:
                          read its inputs, delete them; git apply (then patch --fuzz=5) the patch;
-                         restore the files the test patch touches; git apply the test patch;
+                         restore the files the test patch touches; git apply the test patch (if any);
                          "<nonce> tests-start"; run the test command (2>&1); "<nonce> tests-done RC"
-      host:            log between the markers -> log_parsing.parse_log -> grade -> SweResult
+      host:            the whole log between the markers -> log_parsing.parse_log -> grade -> SweResult
+                       (stdout / stderr then cut to the request's max_output_bytes)
 
 Task sets live under the service's task root: `<task_root>/<name>/instances.jsonl` (one SWE-bench
 instance per line) and `<task_root>/<name>/repos/<owner>__<repo>.git` (a git mirror of each repo).
-Besides SWE-bench's fields an instance names its `test_cmd` (argv list or shell-style string, run
-in the repository root), its `log_parser` (a key of log_parsing.PARSERS, default "pytest") and its
-environment's `requirements` (what a per-repository image installs).
+An instance line is a SWE-bench dataset row as it is (`repo` as `owner/name` or a git URL;
+FAIL_TO_PASS / PASS_TO_PASS as lists or JSON text; `log_parser` as swebench names it or as
+log_parsing.PARSERS does, absent: swebench's parser for the repo, else pytest), plus three optional
+fields of its own: `test_cmd` (argv list or shell-style string, run in the repository root; absent:
+`pytest -rA` on the files the test patch touches), `log_parser` and `requirements` (what the
+repository's environment image installs; absent: the sandbox image as it is, Python 3 + pytest).
 
 Verdicts (SweResult.status):
 - PASSED: resolved, every FAIL_TO_PASS test passes and every PASS_TO_PASS test is kept;
@@ -23,7 +29,12 @@ Verdicts (SweResult.status):
   with `git apply` nor with `patch --fuzz=5`; the policy's fault, a reward like FAILED;
 - TIMEOUT: the wall-clock limit killed the run;
 - ERROR: infrastructure: the checkout failed, the held-out test patch did not apply, the driver
-  could not run, or the backend reported ERROR; masked from rewards, never a zero.
+  could not run, the log outgrew the service's output ceiling, or the backend reported ERROR;
+  masked from rewards, never a zero.
+
+Guarantees: in its work folder the code under test finds base_commit's tree and nothing else of
+the repository (checkouts.py; the local backend leaves the host's files, mirrors included,
+readable); a log is graded whole or not at all (ERROR), never cut short by the caller's output cap.
 
 The nonce that brackets the log is written into the work folder and deleted by the driver before
 any untrusted code runs; code under test cannot print a forged end marker without it. Log lines
@@ -32,14 +43,11 @@ inside the markers can still be forged by code under test (see log_parsing).
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import json
-import os
 import re
 import secrets
 import shlex
-import shutil
-import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +55,8 @@ from pathlib import Path
 import structlog
 
 from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status
-from services.sandbox.log_parsing import PARSERS, grade, parse_log
+from services.sandbox.checkouts import Checkouts
+from services.sandbox.log_parsing import grade, parse_log, parser_for
 from services.sandbox.patches import PatchRefused, inspect_patch, protected_paths
 
 log = structlog.get_logger()
@@ -76,41 +85,64 @@ def _string_list(value: object, name: str) -> list[str]:
     return list(value)
 
 
+def repo_name(repo: str) -> str:
+    """`owner/name`, or a git URL of one (https://host/owner/name.git, git@host:owner/name) -> `owner/name`."""
+    url = re.match(r"^(?:[a-z][a-z0-9+.-]*://[^/]*|[^/@:\s]+@[^:/\s]+:)/?(.+)$", repo.strip())
+    parts = (url.group(1) if url else repo.strip()).removesuffix("/").removesuffix(".git").split("/")
+    if url:
+        parts = parts[-2:]
+    if len(parts) != 2 or not all(_TASK_SET_NAME.match(part) for part in parts):
+        raise ValueError(f"repo {repo!r} is neither owner/name nor a git URL of one")
+    return "/".join(parts)
+
+
+TEST_CMD = ["pytest", "-rA", "--tb=no", "-p", "no:cacheprovider"]  # SWE-bench's, for pytest repositories
+
+
+def held_out_paths(test_patch: str) -> list[str]:
+    """The files an instance's test patch touches; none for an empty one (SWE-bench allows it)."""
+    return inspect_patch(test_patch) if test_patch.strip() else []
+
+
 @dataclass(frozen=True)
 class SweInstance:
     instance_id: str
-    repo: str
+    repo: str  # owner/name
     base_commit: str
     patch: str  # the gold patch; never sent to the policy
-    test_patch: str  # held out: applied after the solution, before the tests run
+    test_patch: str  # held out: applied after the solution, before the tests run; may be empty
     fail_to_pass: list[str]
     pass_to_pass: list[str]
     test_cmd: list[str]
-    log_parser: str = "pytest"
+    log_parser: str = "pytest"  # a key of log_parsing.PARSERS
     requirements: list[str] = field(default_factory=list)
     problem_statement: str = ""
 
     @classmethod
     def from_dict(cls, raw: dict) -> SweInstance:
+        """A SWE-bench row (plus optional test_cmd / log_parser / requirements); ValueError names the field."""
+        repo = repo_name(str(raw["repo"]))
+        test_patch = str(raw.get("test_patch") or "")
         cmd = raw.get("test_cmd")
-        test_cmd = shlex.split(cmd) if isinstance(cmd, str) else _string_list(cmd, "test_cmd")
+        if cmd is None:
+            test_cmd = TEST_CMD + held_out_paths(test_patch)
+        else:
+            test_cmd = shlex.split(cmd) if isinstance(cmd, str) else _string_list(cmd, "test_cmd")
         instance = cls(
             instance_id=str(raw["instance_id"]),
-            repo=str(raw["repo"]),
+            repo=repo,
             base_commit=str(raw["base_commit"]),
             patch=str(raw.get("patch", "")),
-            test_patch=str(raw["test_patch"]),
+            test_patch=test_patch,
             fail_to_pass=_string_list(raw["FAIL_TO_PASS"], "FAIL_TO_PASS"),
             pass_to_pass=_string_list(raw.get("PASS_TO_PASS", []), "PASS_TO_PASS"),
             test_cmd=test_cmd,
-            log_parser=str(raw.get("log_parser", "pytest")),
+            log_parser=parser_for(raw.get("log_parser"), repo),
             requirements=_string_list(raw.get("requirements", []), "requirements"),
             problem_statement=str(raw.get("problem_statement", "")),
         )
         if not instance.test_cmd:
             raise ValueError("test_cmd is empty")
-        if instance.log_parser not in PARSERS:
-            raise ValueError(f"log_parser {instance.log_parser!r} is not one of {sorted(PARSERS)}")
         if not instance.fail_to_pass:
             raise ValueError("FAIL_TO_PASS is empty: nothing would tell a fix from no fix")
         if not re.fullmatch(r"[0-9a-f]{7,40}", instance.base_commit):
@@ -119,8 +151,8 @@ class SweInstance:
 
 
 def mirror_name(repo: str) -> str:
-    """`owner/name` -> `owner__name.git`, the mirror's folder under `repos/`."""
-    return repo.replace("/", "__") + ".git"
+    """`owner/name` (or a git URL of it) -> `owner__name.git`, the mirror's folder under `repos/`."""
+    return repo_name(repo).replace("/", "__") + ".git"
 
 
 def load_instances(path: Path) -> dict[str, SweInstance]:
@@ -129,10 +161,13 @@ def load_instances(path: Path) -> dict[str, SweInstance]:
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
+        raw: object = None
         try:
-            instance = SweInstance.from_dict(json.loads(line))
+            raw = json.loads(line)
+            instance = SweInstance.from_dict(raw)
         except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{path}:{number}: {type(exc).__name__}: {exc}") from None
+            name = f" instance {raw.get('instance_id')!r}:" if isinstance(raw, dict) and "instance_id" in raw else ""
+            raise ValueError(f"{path}:{number}:{name} {type(exc).__name__}: {exc}") from None
         if instance.instance_id in instances:
             raise ValueError(f"{path}:{number}: duplicate instance_id {instance.instance_id!r}")
         instances[instance.instance_id] = instance
@@ -179,53 +214,6 @@ class TaskSets:
         return self.root / task_set / "repos" / mirror_name(repo)
 
 
-class Checkouts:
-    """Working copies of `repo` at `base_commit`, made once from the local mirror and reused.
-
-    Trusted host-side git: only the mirror and the commit id (validated hex) reach git's argv.
-    """
-
-    def __init__(self, root: str | None = None) -> None:
-        self._root = Path(tempfile.mkdtemp(prefix="dockyard-swe-checkouts-", dir=root))
-        self._locks: dict[Path, asyncio.Lock] = {}
-
-    async def get(self, mirror: Path, base_commit: str) -> Path:
-        target = self._root / mirror.name / base_commit
-        lock = self._locks.setdefault(target, asyncio.Lock())
-        async with lock:
-            if target.is_dir():
-                return target
-            if not mirror.is_dir():
-                raise RuntimeError(f"git mirror {mirror} does not exist")
-            staging = Path(tempfile.mkdtemp(prefix="staging-", dir=self._root))
-            try:
-                await _git("clone", "--quiet", "--no-checkout", str(mirror), str(staging / "repo"))
-                await _git("-C", str(staging / "repo"), "checkout", "--quiet", "--detach", base_commit)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(staging / "repo", target)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
-            return target
-
-    def close(self) -> None:
-        shutil.rmtree(self._root, ignore_errors=True)
-
-
-async def _git(*args: str) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        "git",
-        "-c",
-        "advice.detachedHead=false",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_TERMINAL_PROMPT": "0", "HOME": "/nonexistent"},
-    )
-    out, _ = await proc.communicate()
-    if proc.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)} failed ({proc.returncode}): {out.decode(errors='replace')[-500:]}")
-
-
 @dataclass(frozen=True)
 class SweResult:
     status: str  # "passed" (resolved), "failed", "patch_failed", "timeout", "error"
@@ -260,7 +248,8 @@ class SweScorer:
     `image_for(instance)` names the image an instance runs in: with a container backend, the
     per-repository environment image that installs `instance.requirements`; None (the default,
     and what the local backend ignores anyway) is the backend's default image. A failure there
-    is an ERROR verdict.
+    is an ERROR verdict. `log_cap_bytes` (the service's output ceiling) is how much of the run's
+    output is kept for grading; the request's `max_output_bytes` only caps what is returned.
     """
 
     def __init__(
@@ -268,11 +257,13 @@ class SweScorer:
         backend: SandboxBackend,
         task_sets: TaskSets,
         *,
+        log_cap_bytes: int,
         checkout_root: str | None = None,
         image_for: ImageResolver | None = None,
     ) -> None:
         self._backend = backend
         self.task_sets = task_sets
+        self._log_cap_bytes = log_cap_bytes
         self._checkouts = Checkouts(checkout_root)
         self._image_for = image_for
 
@@ -286,7 +277,7 @@ class SweScorer:
         except PatchRefused as exc:
             return SweResult("patch_failed", tests_total=total, error_message=f"patch refused: {exc}")
         try:
-            test_paths = inspect_patch(instance.test_patch)
+            test_paths = held_out_paths(instance.test_patch)
         except PatchRefused as exc:
             return SweResult("error", tests_total=total, error_message=f"the instance's test_patch is unusable: {exc}")
         protected = protected_paths(touched, test_paths)
@@ -304,14 +295,26 @@ class SweScorer:
             f"{DRIVER_DIR}/agent.patch": patch,
             f"{DRIVER_DIR}/test.patch": instance.test_patch,
         }
+        run_limits = dataclasses.replace(limits, max_output_bytes=self._log_cap_bytes)
         outcome = await self._backend.execute(
-            files, ["python", f"{DRIVER_DIR}/run.py"], limits, seed_dir=str(checkout), image=image
+            files, ["python", f"{DRIVER_DIR}/run.py"], run_limits, seed_dir=str(checkout), image=image
         )
-        return interpret(instance, outcome, nonce, protected)
+        result = interpret(instance, outcome, nonce, protected)
+        return dataclasses.replace(result, outcome=capped(outcome, limits.max_output_bytes))
 
 
 def _tail(text: str, n: int = 2000) -> str:
     return text[-n:]
+
+
+def capped(outcome: Outcome, max_bytes: int) -> Outcome:
+    """`outcome` with stdout and stderr cut to their first `max_bytes` bytes, as a backend cuts them."""
+    cut = {}
+    for name in ("stdout", "stderr"):
+        data = getattr(outcome, name).encode("utf-8")
+        if len(data) > max_bytes:
+            cut[name] = data[:max_bytes].decode("utf-8", errors="ignore")
+    return dataclasses.replace(outcome, **cut, output_truncated=True) if cut else outcome
 
 
 def interpret(instance: SweInstance, outcome: Outcome, nonce: str, protected: list[str]) -> SweResult:
@@ -337,9 +340,10 @@ def interpret(instance: SweInstance, outcome: Outcome, nonce: str, protected: li
     body = outcome.stdout[begin + len(start) :]
     done = re.search(rf"^{nonce} tests-done (-?\d+)$", body, re.MULTILINE)
     if done is None:
-        # The test run was cut short by the code under test, or its log by the output cap.
-        why = "the test log exceeded max_output_bytes" if outcome.output_truncated else "the test run did not finish"
-        return SweResult("failed", error_message=why, **common)
+        if outcome.output_truncated:  # the log cannot be graded whole: not the policy's verdict
+            message = "the test log exceeded the service's output ceiling (DOCKYARD_SANDBOX_MAX_OUTPUT_BYTES)"
+            return SweResult("error", error_message=message, **common)
+        return SweResult("failed", error_message="the test run did not finish", **common)
     statuses = parse_log(instance.log_parser, body[: done.start()])
     graded = grade(statuses, instance.fail_to_pass, instance.pass_to_pass)
     f2p_ok = set(graded.fail_to_pass_success)

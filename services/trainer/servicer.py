@@ -10,12 +10,17 @@ is refused with INVALID_ARGUMENT before any rank trains on it; its groups are
 acked (so the poison batch does not come back) and nothing else changes. A
 TrainStep asked for again after it succeeded gets the same reply, never a
 second step. Steps, pushes and saves run to their end even if the caller goes.
+A job id outside dockyard.jobs.JOB_ID (it names folders), a config beyond the
+config bounds, more than MAX_DEMONSTRATIONS demonstrations and more than
+MAX_CHECKPOINT_METRICS or non-finite checkpoint metrics are INVALID_ARGUMENT;
+configs are parsed and demonstrations tokenised off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import math
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -26,7 +31,8 @@ from dockyard.api.common.v1 import common_pb2
 from dockyard.api.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.api.trainer.v1 import trainer_pb2 as pb
 from dockyard.api.trainer.v1 import trainer_pb2_grpc
-from dockyard.config import ConfigError, MasterConfig, load_config_text
+from dockyard.config import ConfigError, MasterConfig, parse_config_text
+from dockyard.jobs import job_id_error
 from dockyard.rpc.client import connect
 from dockyard.rpc.completion import run_to_completion
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
@@ -43,6 +49,9 @@ from services.trainer.weight_push import WeightPush
 
 log = structlog.get_logger()
 BUFFER, COORDINATOR = "dockyard.buffer.v1.BufferService", "dockyard.coordinator.v1.CoordinatorService"
+MAX_DEMONSTRATIONS = 65536
+MAX_CHECKPOINT_METRICS = 1024
+MAX_METRIC_NAME_CHARS = 256
 
 
 @dataclass
@@ -95,17 +104,15 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         await self._coordinator_channel.close()
 
     def _job(self, job_id: str) -> TrainerJob:
-        if not job_id:
-            raise InvalidArgument("job_id is required")
+        _check_job_id(job_id)
         if job_id not in self.jobs:
             raise NotFound(f"no policy loaded for job {job_id!r}; call LoadPolicy first")
         return self.jobs[job_id]
 
     async def LoadPolicy(self, request: pb.LoadPolicyRequest, context) -> pb.LoadPolicyResponse:
-        if not request.job_id:
-            raise InvalidArgument("job_id is required")
+        _check_job_id(request.job_id)
         try:
-            config = load_config_text(request.config_yaml, origin="config_yaml")
+            config = await parse_config_text(request.config_yaml, origin="config_yaml")
         except ConfigError as exc:
             raise InvalidArgument(str(exc)) from None
         async with self._loading.setdefault(request.job_id, asyncio.Lock()):
@@ -178,10 +185,15 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         _check_next_step(policy, request.step)
         if not request.demonstrations:
             raise InvalidArgument("empty batch: no demonstrations to train on")
+        if len(request.demonstrations) > MAX_DEMONSTRATIONS:
+            raise InvalidArgument(
+                f"demonstrations: {len(request.demonstrations)} in one step; at most {MAX_DEMONSTRATIONS}"
+            )
         for i, demo in enumerate(request.demonstrations):
             if not demo.prompt or not demo.completion:
                 raise InvalidArgument(f"demonstrations[{i}]: prompt and completion must both be non-empty")
-        rows = demonstration_rows(policy.tokenizer, [(d.prompt, d.completion) for d in request.demonstrations])
+        pairs = [(d.prompt, d.completion) for d in request.demonstrations]
+        rows = await asyncio.to_thread(demonstration_rows, policy.tokenizer, pairs)
         try:
             validate_rows(rows, policy.model.config.vocab_size, policy.max_positions)
         except BatchError as exc:
@@ -205,6 +217,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
     @_locked
     async def SaveCheckpoint(self, job: TrainerJob, request: pb.SaveCheckpointRequest) -> pb.SaveCheckpointResponse:
+        _check_metrics(request.metrics)
         policy, cfg = job.policy, job.policy.config.checkpointing
         root = policy.config.checkpoint_folder(job.job_id)
         folder = checkpoint.folder_for(root, policy.weight_version)
@@ -246,3 +259,19 @@ def _check_next_step(policy: PolicyTrainer, step: int) -> None:
         raise FailedPrecondition(
             f"the trainer has taken {policy.weight_version} steps; the next step is {expected}, not {step}"
         )
+
+
+def _check_job_id(job_id: str) -> None:
+    if error := job_id_error(job_id):
+        raise InvalidArgument(error)
+
+
+def _check_metrics(metrics) -> None:
+    """Checkpoint metrics rank checkpoints: a bounded number of finite values under short names."""
+    if len(metrics) > MAX_CHECKPOINT_METRICS:
+        raise InvalidArgument(f"metrics: {len(metrics)} entries; at most {MAX_CHECKPOINT_METRICS}")
+    for name, value in metrics.items():
+        if not name or len(name) > MAX_METRIC_NAME_CHARS:
+            raise InvalidArgument(f"metrics: a name must be 1 to {MAX_METRIC_NAME_CHARS} characters, got {len(name)}")
+        if not math.isfinite(value):
+            raise InvalidArgument(f"metrics[{name!r}] is {value}, not a finite number")

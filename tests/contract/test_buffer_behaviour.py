@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from dockyard.api.common.v1 import common_pb2
 from dockyard.rpc.errors import FailedPrecondition, NotFound, ResourceExhausted
-from services.buffer.backend import BufferBackend, BufferStats
+from services.buffer.backend import MAX_VERSION, BufferBackend, BufferStats
 from services.buffer.memory import MemoryBuffer
 from services.buffer.redis_backend import RedisBuffer
 from services.buffer.settings import BufferSettings
@@ -164,6 +164,7 @@ async def test_put_is_idempotent_by_group_id_in_every_state(backend):
 async def test_put_of_a_dropped_id_is_a_duplicate(backend):
     await opened(backend, max_age=1)
     await backend.put_group(make_group("old", 0))
+    await at_version(backend, 1)
     await sample(backend, 2)  # drops it
     assert await backend.put_group(make_group("old", 0)) == (True, False)
     assert (await backend.stats(JOB)).duplicate_puts == 1
@@ -269,9 +270,42 @@ async def test_sample_never_ages_out_pending_groups(backend):
     await opened(backend, max_age=0)
     await backend.put_group(make_group("g", 0))
     await sample(backend, 0)
+    await at_version(backend, 99)
     assert await sample(backend, 100) == ([], 0)
     assert (await backend.stats(JOB)).pending == 1
     assert await backend.ack(JOB, ["g"], 100) == 1
+
+
+@pytest.mark.parametrize("call", ["sample", "reclaim", "ack"])
+async def test_a_version_beyond_the_clock_is_refused_and_changes_nothing(backend, call):
+    await opened(backend)
+    await backend.put_group(make_group("g", 0))
+    await sample(backend, 0)
+    before = await backend.stats(JOB)
+    for version in (2, 2**53 + 1, 2**63 - 1):
+        with pytest.raises(FailedPrecondition, match=f"version {version} "):
+            if call == "sample":
+                await sample(backend, version)
+            elif call == "reclaim":
+                await reclaim(backend, version)
+            else:
+                await backend.ack(JOB, ["g"], version)
+    assert await backend.stats(JOB) == before
+    # The clock is unharmed: the next step's puts, samples and acks go through.
+    assert await backend.put_group(make_group("h", 0)) == (False, False)
+    assert ids((await sample(backend, 1))[0]) == ["h"]
+    assert await backend.ack(JOB, ["g", "h"], 1) == 2
+
+
+async def test_an_ack_of_no_groups_sets_the_clock_up_to_max_version(backend):
+    await opened(backend)
+    await at_version(backend, MAX_VERSION)
+    for version in (MAX_VERSION + 1, 2**63 - 1):
+        with pytest.raises(FailedPrecondition, match=f"version {version} "):
+            await at_version(backend, version)
+    assert (await backend.stats(JOB)).latest_version == MAX_VERSION
+    assert await backend.put_group(make_group("g", MAX_VERSION)) == (False, False)
+    assert await backend.put_group(make_group("old", MAX_VERSION - 11)) == (False, True)
 
 
 async def test_sample_stops_at_max_bytes_but_returns_at_least_one_group(backend):
@@ -299,6 +333,7 @@ async def test_sample_stops_at_the_first_group_that_does_not_fit(backend):
 
 async def test_sample_and_reclaim_never_move_the_clock_backwards(backend):
     await opened(backend)
+    await at_version(backend, 4)
     await sample(backend, 5)
     await sample(backend, 2)
     await reclaim(backend, 1)
@@ -318,6 +353,24 @@ async def test_open_job_rewinds_the_clock_for_a_resumed_trainer_keeping_groups(b
     groups, dropped = await sample(backend, 2)
     assert ids(groups) == ["resumed"] and dropped == 1  # "old" (version 0) aged out
     await assert_balanced(backend)
+
+
+async def test_a_rewind_drops_the_groups_of_versions_the_resumed_trainer_never_had(backend):
+    await opened(backend, max_age=1)
+    await at_version(backend, 3)
+    for gid, version in (("v2", 2), ("v3-leased", 3), ("v3-held", 3)):
+        await backend.put_group(make_group(gid, version))
+    leased, _ = await sample(backend, 3, n=2)  # the trainer that dies holds a lease on v2 and v3-leased
+    assert ids(leased) == ["v2", "v3-leased"]
+    await backend.open_job(JOB, 100, 1, rewind_to=2)
+    stats = await assert_balanced(backend)
+    assert (stats.held, stats.pending, stats.dropped_stale) == (0, 1, 2)
+    # Only the version-2 lease is left for the successor; nothing of version 3 is ever returned.
+    again, _ = await reclaim(backend, 2)
+    assert ids(again) == ["v2"]
+    assert ids((await sample(backend, 2))[0]) == []
+    # A retried put of a dropped group is a duplicate, never a second copy.
+    assert await backend.put_group(make_group("v3-held", 2)) == (True, False)
 
 
 async def test_age_bound_holds_for_every_returned_group_at_every_step(backend):
@@ -384,9 +437,9 @@ async def test_ack_advances_the_clock_after_the_step(backend):
     await opened(backend)
     await backend.put_group(make_group("g"))
     await sample(backend, 0)
-    await backend.ack(JOB, ["g"], 4)
-    assert (await backend.stats(JOB)).latest_version == 4
-    assert await backend.put_group(make_group("h", 4)) == (False, False)
+    await backend.ack(JOB, ["g"], 1)
+    assert (await backend.stats(JOB)).latest_version == 1
+    assert await backend.put_group(make_group("h", 1)) == (False, False)
 
 
 async def test_ack_of_an_unknown_id_is_not_found_and_changes_nothing(backend):
@@ -395,7 +448,7 @@ async def test_ack_of_an_unknown_id_is_not_found_and_changes_nothing(backend):
     await sample(backend, 0)
     before = await backend.stats(JOB)
     with pytest.raises(NotFound, match="ghost"):
-        await backend.ack(JOB, ["a", "ghost"], 7)
+        await backend.ack(JOB, ["a", "ghost"], 1)
     assert await backend.stats(JOB) == before  # neither "a" acked nor the clock moved
 
 
@@ -406,7 +459,7 @@ async def test_ack_of_a_held_id_is_failed_precondition_and_changes_nothing(backe
     await backend.put_group(make_group("held"))
     before = await backend.stats(JOB)
     with pytest.raises(FailedPrecondition, match="never sampled"):
-        await backend.ack(JOB, ["leased", "held"], 3)
+        await backend.ack(JOB, ["leased", "held"], 1)
     assert await backend.stats(JOB) == before
 
 
@@ -504,6 +557,7 @@ async def test_reclaim_keeps_stale_leases_that_are_not_idle_enough(backend):
     await opened(backend, max_age=0)
     await backend.put_group(make_group("g", 0))
     await sample(backend, 0)
+    await at_version(backend, 4)
     assert await reclaim(backend, 5, min_idle=60) == ([], 0)
     assert await backend.ack(JOB, ["g"], 5) == 1
 
@@ -681,6 +735,7 @@ async def test_redis_acks_and_drops_leave_no_pel_entries_or_stream_entries(redis
     await reclaim(buffer, 0)
     assert await xpending_total(raw, base) == 0
     assert await raw.xlen(base + "v:0") == 2  # the two still held
+    await at_version(buffer, 4)
     await sample(buffer, 5)  # they age out
     assert await xpending_total(raw, base) == 0
     assert not await raw.exists(base + "v:0"), "a stale empty stream should be deleted"

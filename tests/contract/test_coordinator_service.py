@@ -35,6 +35,7 @@ def coordinator(start_service, tmp_path: Path):
     dead = f"127.0.0.1:{free_port()}"
     env = {f"DOCKYARD_COORDINATOR_{peer}_ADDRESS": dead for peer in ("TRAINER", "BUFFER")}
     env["DOCKYARD_COORDINATOR_FLEET_WAIT_TIMEOUT_SECONDS"] = "1"
+    env["DOCKYARD_COORDINATOR_RECOVERY_TIMEOUT_SECONDS"] = "1"  # how long the dead trainer and buffer are waited for
     env["DOCKYARD_COORDINATOR_MEMBER_TIMEOUT_SECONDS"] = "60"
     return start_service("coordinator", env)
 
@@ -168,6 +169,7 @@ async def test_jobs_outlive_a_coordinator_restart(start_service, tmp_path: Path)
     dead = f"127.0.0.1:{free_port()}"
     env = {f"DOCKYARD_COORDINATOR_{peer}_ADDRESS": dead for peer in ("TRAINER", "BUFFER")}
     env["DOCKYARD_COORDINATOR_FLEET_WAIT_TIMEOUT_SECONDS"] = "1"
+    env["DOCKYARD_COORDINATOR_RECOVERY_TIMEOUT_SECONDS"] = "1"  # how long the dead trainer and buffer are waited for
     env["DOCKYARD_COORDINATOR_STATE_DIR"] = str(tmp_path / "state")
     config = CONFIG.replace("LOG_DIR", str(tmp_path / "runs"))
     first = start_service("coordinator", env)

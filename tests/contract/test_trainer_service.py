@@ -134,8 +134,15 @@ async def test_bad_batches_are_refused_and_the_trainer_keeps_training(start_serv
         empty = group("empty", 0)
         for t in empty.trajectories:
             del t.completion_token_ids[:], t.completion_logprobs[:]
+        # The buffer refuses what it can check itself; the trainer never sees it.
+        await expect_code(
+            buf.PutGroup(buffer_pb2.PutGroupRequest(group=nan_reward)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "'nan'",
+            "trajectories[2]",
+            "reward",
+        )
         for bad, words in [
-            (nan_reward, ["nothing trained", "nan", "trajectories[2]", "reward"]),
             (out_of_vocab, ["token id 100000", "vocabulary"]),
             (empty, ["empty batch"]),
         ]:

@@ -19,6 +19,7 @@ import pytest
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.rpc.client import connect
+from services.sandbox.backend import DISK_FULL_MESSAGE
 from tests.conftest import docker_sandbox_env
 
 pytestmark = pytest.mark.slow
@@ -27,6 +28,7 @@ PASSED = common_pb2.VERDICT_STATUS_PASSED
 FAILED = common_pb2.VERDICT_STATUS_FAILED
 TIMEOUT = common_pb2.VERDICT_STATUS_TIMEOUT
 LABEL = "dockyard.sandbox.owner"
+DISK_MB = 8  # the service's DOCKYARD_SANDBOX_MAX_DISK_MB: small, so no test writes much
 
 
 async def _call(address: str, method: str, request):
@@ -75,7 +77,9 @@ def our_containers(service) -> list[str]:
 
 @pytest.fixture
 def sandbox(start_service, docker_sandbox_image):
-    return start_service("sandbox", docker_sandbox_env(docker_sandbox_image, docker_pids_limit="64"))
+    return start_service(
+        "sandbox", docker_sandbox_env(docker_sandbox_image, docker_pids_limit="64", max_disk_mb=str(DISK_MB))
+    )
 
 
 def test_no_network(sandbox):
@@ -122,6 +126,31 @@ print("CapEff", status["CapEff"].strip(), "NoNewPrivs", status["NoNewPrivs"].str
     assert all(line.startswith("denied") for line in lines[:6]), verdict.stdout
     assert lines[6:] == ["host file visible: False", "uid 1000", "CapEff 0000000000000000 NoNewPrivs 1"]
     assert host_marker.read_text() == "host secret"
+    still_serves(sandbox)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        pytest.param(f"open('big', 'wb').write(b'x' * {2 * DISK_MB} * 1024 * 1024)", id="one-file"),
+        # Each file is far below RLIMIT_FSIZE; only their total is too much.
+        pytest.param(
+            f"for i in range({4 * DISK_MB}):\n    open(f'f{{i}}', 'wb').write(b'x' * 512 * 1024)", id="many-files"
+        ),
+        pytest.param(
+            "import zipfile\n"
+            "with zipfile.ZipFile('/tmp/bomb.zip', 'w', zipfile.ZIP_DEFLATED) as z:\n"
+            f"    z.writestr('bomb.bin', bytes({2 * DISK_MB} * 1024 * 1024))\n"
+            "zipfile.ZipFile('/tmp/bomb.zip').extractall('out')\n",
+            id="zip-bomb",
+        ),
+    ],
+)
+def test_total_disk_in_work_is_bounded(sandbox, source):
+    verdict = python(sandbox, source)
+    assert verdict.status == FAILED, verdict
+    assert "No space left on device" in verdict.stderr
+    assert verdict.error_message == DISK_FULL_MESSAGE
     still_serves(sandbox)
 
 

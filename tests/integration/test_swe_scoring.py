@@ -156,6 +156,17 @@ def test_bad_patches_and_integrity(task_root, start_service, sandbox_backend_kin
     binary = f"diff --git a/{MODULE} b/{MODULE}\nindex 1..2 100644\nGIT binary patch\nliteral 1\nIcmZ?d00001\n"
     malformed = f"--- a/{MODULE}\n+++ b/{MODULE}\n@@ -1,5 +1,5 @@\n-only one line\n"
     stale = f"--- a/{MODULE}\n+++ b/{MODULE}\n@@ -1,2 +1,2 @@\n-no such line\n+other\n context that is not there\n"
+    # Leaves the bug alone; at import, takes the fixed module from the mirror's upstream branch.
+    fetch_fix = patch_of(
+        task_root,
+        inst,
+        "toolz/__init__.py",
+        lambda text: (
+            "import subprocess\n"
+            "for ref in ('origin/upstream', 'upstream'):\n"
+            f"    subprocess.run(['git', 'checkout', ref, '--', '{MODULE}'], capture_output=True)\n" + text
+        ),
+    )
     # The gold fix plus a test file rewritten to pass trivially: resolved, but flagged.
     cheat = inst["patch"] + "--- /dev/null\n+++ b/toolz/tests/conftest.py\n@@ -0,0 +1 @@\n+collect_ignore = []\n"
 
@@ -172,6 +183,9 @@ def test_bad_patches_and_integrity(task_root, start_service, sandbox_backend_kin
                 reply = await score(stub, iid, patch)
                 assert reply.verdict.status == S.VERDICT_STATUS_PATCH_FAILED, (words, reply.verdict)
                 assert words in reply.verdict.error_message and not reply.resolved
+            fetched = await score(stub, iid, fetch_fix)
+            assert fetched.verdict.status == S.VERDICT_STATUS_FAILED and not fetched.resolved, fetched.verdict
+            assert not any(t.passed for t in fetched.fail_to_pass)
             flagged = await score(stub, iid, cheat)
             assert flagged.verdict.integrity_violation
             assert list(flagged.verdict.protected_paths_touched) == ["toolz/tests/conftest.py"]
@@ -187,3 +201,25 @@ def test_bad_patches_and_integrity(task_root, start_service, sandbox_backend_kin
                 assert err.value.code().name == code
 
     asyncio.run(main())
+
+
+def test_sigterm_removes_the_checkout_cache(tmp_path, start_service):
+    from tests.unit.sandbox.swe_repo import make_task_set
+
+    row = make_task_set(tmp_path / "tasks")
+    work = tmp_path / "work"
+    work.mkdir()
+    service = start_service(
+        "sandbox", {"DOCKYARD_SANDBOX_TASK_ROOT": str(tmp_path / "tasks"), "DOCKYARD_SANDBOX_WORK_ROOT": str(work)}
+    )
+
+    async def main() -> None:
+        async with connect(service.address) as channel:
+            stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+            request = sandbox_pb2.ScorePatchRequest(task_set="set", instance_id=row["instance_id"], patch=row["patch"])
+            await stub.ScorePatch(request, timeout=120)
+
+    asyncio.run(main())
+    assert list(work.glob("dockyard-swe-checkouts-*/*/*")), "the checkout was not cached under the work root"
+    assert service.stop() == 0, service.logs()[-3000:]
+    assert not list(work.iterdir()), service.logs()[-3000:]

@@ -3,6 +3,7 @@ least-loaded sticky routing of groups and least-loaded scoring; and the collecto
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import grpc
@@ -10,7 +11,7 @@ import pytest
 
 from dockyard.api.common.v1 import common_pb2
 from dockyard.config import load_config
-from services.coordinator.collector import Collector, reward_of
+from services.coordinator.collector import Collector, GroupUnscorable, reward_of
 from services.coordinator.fleet import ROLLOUT, SANDBOX, Fleet, FleetError
 from services.coordinator.task_stream import load_tasks
 from tests.conftest import REPO_ROOT
@@ -170,7 +171,7 @@ async def test_with_every_worker_down_the_verdict_is_an_error_never_a_zero():
     fleet.register(SANDBOX, "sandbox-1", "h:1").stub = Worker(grpc.StatusCode.UNAVAILABLE)
     fleet.register(SANDBOX, "sandbox-2", "h:2").stub = Worker(grpc.StatusCode.DEADLINE_EXCEEDED)
     fleet.register(SANDBOX, "sandbox-3", "h:3").stub = full = Worker(grpc.StatusCode.RESOURCE_EXHAUSTED)
-    collector = collector_over(fleet)
+    collector = collector_over(fleet, wait_timeout=0.1)
     verdict = await collector.score(a_task(collector), "x", "job/s1/g0/0")
     assert verdict.status == common_pb2.VERDICT_STATUS_ERROR and "sandbox" in verdict.error_message
     assert reward_of(verdict, "pass_fraction") == (0.0, False) and collector.sandbox_retries == 2
@@ -228,3 +229,67 @@ async def test_generation_waits_for_a_replica_at_the_required_version_then_gives
     with pytest.raises(RuntimeError, match="no rollout replica ready at weight version 2"):
         await collector.generate(a_task(collector), 1, collector.config.policy.generation, "job/s3/g0")
     assert routing.admitted and member.stub.calls == 0
+
+
+async def test_scoring_waits_for_the_only_worker_to_come_back():
+    clock = Clock()
+    fleet = fleet_with(clock)
+    worker = fleet.register(SANDBOX, "sandbox-1", "h:1")
+    worker.stub = Worker()
+    fleet.mark_failed(worker)  # it died: out of routing until it heartbeats again
+    collector = collector_over(fleet, wait_timeout=30)
+    scoring = asyncio.create_task(collector.score(a_task(collector), "x", "job/s1/g0/0"))
+    await asyncio.sleep(0.05)
+    assert not scoring.done(), "no worker is alive: the verdict must wait for one, not be an ERROR"
+    fleet.heartbeat("sandbox-1", load=0)  # back
+    verdict = await asyncio.wait_for(scoring, 5)
+    assert verdict.status == common_pb2.VERDICT_STATUS_PASSED and worker.stub.calls == 1
+
+
+class FlakySandbox:
+    """Answers ERROR verdicts (an infrastructure failure) for its first `bad` calls, then passes."""
+
+    def __init__(self, bad: int) -> None:
+        self.bad, self.calls = bad, 0
+
+    async def RunTests(self, request, timeout=None):
+        self.calls += 1
+        status = common_pb2.VERDICT_STATUS_ERROR if self.calls <= self.bad else common_pb2.VERDICT_STATUS_PASSED
+        return SimpleNamespace(verdict=common_pb2.Verdict(status=status, tests_passed=1, tests_total=1))
+
+
+class GroupReplica:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def Generate(self, request, timeout=None):
+        self.calls += 1
+        completion = SimpleNamespace(token_ids=[1, 2], logprobs=[-0.1, -0.2], text="x", finish_reason="eos")
+        return SimpleNamespace(weight_version=1, prompt_token_ids=[3], completions=[completion] * request.num_samples)
+
+
+def fleet_for_groups(bad_verdicts: int) -> tuple[Fleet, GroupReplica, FlakySandbox]:
+    fleet = fleet_with(Clock())
+    replica = fleet.register(ROLLOUT, "rollout-1", "h:1")
+    replica.stub = GroupReplica()
+    fleet.set_version(replica, "job", 1)
+    sandbox = FlakySandbox(bad_verdicts)
+    fleet.register(SANDBOX, "sandbox-1", "h:2").stub = sandbox
+    return fleet, replica.stub, sandbox
+
+
+async def test_a_group_mostly_lost_in_the_sandbox_is_generated_again_not_trained_on():
+    n = 8  # the tiny recipe's group size
+    fleet, replica, _ = fleet_for_groups(bad_verdicts=n - 1)  # 7 of the first 8 verdicts are ERROR
+    collector = collector_over(fleet, Routing(required_version=1))
+    group = await collector.make_group(a_task(collector), "job/s2/g0", seed=0)
+    assert all(t.valid for t in group.trajectories) and len(group.trajectories) == n
+    assert replica.calls == 2 and collector.regenerated_groups == 1
+
+
+async def test_a_group_that_keeps_failing_in_the_sandbox_is_refused():
+    fleet, replica, _ = fleet_for_groups(bad_verdicts=10_000)
+    collector = collector_over(fleet, Routing(required_version=1))
+    with pytest.raises(GroupUnscorable, match="failed in the sandbox"):
+        await collector.make_group(a_task(collector), "job/s2/g0", seed=0)
+    assert replica.calls == 4  # the first attempt and max_regenerations (3) more

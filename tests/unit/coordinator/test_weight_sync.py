@@ -13,7 +13,7 @@ import pytest
 from dockyard.api.rollout.v1 import rollout_pb2
 from dockyard.api.trainer.v1 import trainer_pb2
 from services.coordinator import weight_sync as weight_sync_module
-from services.coordinator.fleet import ROLLOUT, Fleet
+from services.coordinator.fleet import ROLLOUT, Fleet, NoReplica
 from services.coordinator.trainer_client import TrainerClient, TrainerRestarted
 from services.coordinator.weight_sync import SYNC_ATTEMPTS, WeightSync
 from services.coordinator.weight_sync_groups import WeightSyncGroups
@@ -41,7 +41,9 @@ def replica_stub(receive_results, calls: dict, name: str) -> SimpleNamespace:
     )
 
 
-def make_sync(push_results: list, replicas: dict[str, list], trainer_holds: int = 3) -> tuple[WeightSync, dict]:
+def make_sync(
+    push_results: list, replicas: dict[str, list], trainer_holds: int = 3, wait_timeout: float = 30.0
+) -> tuple[WeightSync, dict]:
     calls: dict = {}
     stubs_by_name = {name: replica_stub(results, calls, name) for name, results in replicas.items()}
     fleet = Fleet(60.0, channel_factory=lambda kind, address, mb: (None, None))
@@ -61,7 +63,8 @@ def make_sync(push_results: list, replicas: dict[str, list], trainer_holds: int 
     )
     config = SimpleNamespace(checkpointing=SimpleNamespace(enabled=False))
     trainer = TrainerClient(stub, "job", config, "{}", timeout=5.0, recovery_timeout=5.0)
-    return WeightSync("job", "{}", fleet, trainer, groups, timeout=5.0, on_policy=True), calls
+    sync = WeightSync("job", "{}", fleet, trainer, groups, timeout=5.0, on_policy=True, wait_timeout=wait_timeout)
+    return sync, calls
 
 
 def pushed(seconds: float = 0.5, version: int = 3) -> trainer_pb2.PushWeightsResponse:
@@ -212,3 +215,33 @@ async def test_replicas_synced_to_another_version_than_asked_are_not_routed_to()
     sync, _ = make_sync([pushed(version=4)], {"rollout-a": [received(3)]})
     await sync.sync(3)
     assert sync.fleet.replicas("job") == []
+
+
+async def test_a_sync_with_no_replica_alive_waits_for_one_to_come_back():
+    sync, calls = make_sync([pushed()], {"rollout": [received()]})
+    sync.fleet.mark_failed(sync.fleet.get("rollout"))  # the only replica died
+    syncing = asyncio.create_task(sync.sync(3))
+    await asyncio.sleep(0.05)
+    assert not syncing.done() and "push" not in calls, "the sync must wait for a replica, not fail or push"
+    sync.fleet.heartbeat("rollout", load=0)  # back
+    assert await asyncio.wait_for(syncing, 5) == 0.5
+    assert calls["push"] == 1 and [m.name for m in sync.fleet.replicas("job", 3)] == ["rollout"]
+
+
+async def test_a_sync_gives_up_when_no_replica_comes_back_in_time():
+    sync, calls = make_sync([pushed()], {"rollout": [received()]}, wait_timeout=0.1)
+    sync.fleet.mark_failed(sync.fleet.get("rollout"))
+    with pytest.raises(NoReplica, match="within 0s"):
+        await sync.sync(3)
+    assert "push" not in calls
+
+
+async def test_a_replica_that_restarted_under_its_name_gets_a_new_epoch():
+    sync, calls = make_sync([pushed(version=1), pushed(version=2)], {"rollout": [received(1)]})
+    await sync.sync(1)
+    epoch = sync.groups.get("job", "trainer")[0].epoch
+    again = sync.fleet.register(ROLLOUT, "rollout", "127.0.0.1:1")  # the same name, a new process
+    again.stub = replica_stub([received(2)], calls, "rollout")
+    await sync.sync(2)
+    assert sync.groups.get("job", "trainer")[0].epoch > epoch, "the old epoch's peer is a dead process"
+    assert calls["load:rollout"] == 2  # the new process was loaded before it joined

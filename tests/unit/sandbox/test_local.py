@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -26,19 +27,16 @@ def backend(tmp_path: Path) -> LocalBackend:
     return LocalBackend(max_concurrency=2, work_root=str(tmp_path))
 
 
-def live_members(pgid: int) -> list[int]:
-    """Processes of group `pgid` that are not zombies (a zombie holds no resources)."""
+def live_with(token: str) -> list[int]:
+    """Processes of this host whose command line holds `token` and that are not zombies."""
     members = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
         try:
+            cmdline = (entry / "cmdline").read_bytes()
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == pgid and state != "Z":
+        if token.encode() in cmdline and stat[stat.rindex(")") + 2] != "Z":
             members.append(int(entry.name))
     return members
 
@@ -119,19 +117,14 @@ def test_report_lines_without_the_nonce_are_ignored():
 
 
 async def test_infinite_loop_times_out_and_leaves_no_process(backend):
-    program = (
-        "import os, subprocess\n"
-        "subprocess.Popen(['sleep', '60'])\n"
-        "print(os.getpgid(0), flush=True)\n"
-        "while True:\n    pass\n"
-    )
+    token = f"{uuid.uuid4().int % 10**6}.5"  # a unique sleep length, to find it from the host
+    program = f"import subprocess\nsubprocess.Popen(['sleep', '{token}'])\nwhile True:\n    pass\n"
     start = time.monotonic()
     out = await backend.run_tests(program, ["assert True"], limits(timeout_seconds=1.0))
     elapsed = time.monotonic() - start
     assert out.status is Status.TIMEOUT
     assert elapsed < 1.0 + 2.0  # slack for a loaded machine
-    pgid = int(out.stdout.split()[0])
-    assert live_members(pgid) == []
+    assert live_with(token) == []
 
 
 @pytest.mark.parametrize("rpc", ["execute", "run_tests"])
@@ -214,18 +207,17 @@ async def test_concurrency_is_bounded(tmp_path):
     assert time.monotonic() - start >= 0.8
 
 
-async def test_cancelled_call_kills_its_process_group(backend, tmp_path):
-    marker = tmp_path / "pgid.txt"  # outside the work folder, which is gone once the call ends
-    program = f"import os\nopen({str(marker)!r}, 'w').write(str(os.getpgid(0)))\nwhile True:\n    pass\n"
-    task = asyncio.ensure_future(backend.execute({"spin.py": program}, ["python", "spin.py"], LIMITS))
+async def test_cancelled_call_kills_its_process_group(backend):
+    script = f"spin_{uuid.uuid4().hex}.py"  # in the command line: found from the host
+    task = asyncio.ensure_future(backend.execute({script: "while True:\n    pass\n"}, ["python", script], LIMITS))
     deadline = time.monotonic() + 5.0
-    while not (marker.exists() and marker.read_text()) and time.monotonic() < deadline:
+    while not live_with(script) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    pgid = int(marker.read_text())
+    assert live_with(script)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     deadline = time.monotonic() + 2.0  # SIGKILL is sent at once; the kernel takes a moment to act on it
-    while live_members(pgid) and time.monotonic() < deadline:
+    while live_with(script) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    assert live_members(pgid) == []
+    assert live_with(script) == []

@@ -165,3 +165,14 @@ def test_grading_agrees_with_swebench(logs):
 def test_unknown_parser_is_named():
     with pytest.raises(KeyError, match="pytest_v2"):
         log_parsing.parse_log("nope", "")
+
+
+def test_swebench_names_map_to_the_same_parsers():
+    for name, key in log_parsing.SWEBENCH_PARSERS.items():
+        assert getattr(swebench_parsers, name).__name__ == name and key in log_parsing.PARSERS
+        assert log_parsing.parser_for(name, "o/r") == key
+    mapped = {repo: parser.__name__ for repo, parser in swebench_parsers.MAP_REPO_TO_PARSER_PY.items()}
+    assert log_parsing.REPO_PARSERS == mapped
+    assert log_parsing.parser_for(None, "o/r") == "pytest"
+    with pytest.raises(ValueError, match=r"parse_log_sympy.*sympy/sympy"):
+        log_parsing.parser_for(None, "sympy/sympy")

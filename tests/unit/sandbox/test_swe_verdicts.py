@@ -74,10 +74,10 @@ def test_a_forged_end_marker_without_the_nonce_does_not_end_the_log():
     assert result.status == "failed" and result.tests_passed == 0 and "did not finish" in result.error_message
 
 
-def test_a_truncated_log_is_a_failure_that_says_so():
+def test_a_log_cut_at_the_service_ceiling_is_an_error_that_says_so():
     out = log("PASSED t.py::test_fix", done=False)
     result = interpret(INSTANCE, Outcome(Status.PASSED, stdout=out, output_truncated=True), NONCE, [])
-    assert result.status == "failed" and "max_output_bytes" in result.error_message
+    assert result.status == "error" and "ceiling" in result.error_message
 
 
 @pytest.mark.parametrize(
@@ -108,7 +108,7 @@ async def test_a_missing_mirror_is_an_error_verdict_and_a_broken_task_set_is_nam
     (tmp_path / "broken" / "instances.jsonl").write_text('{"instance_id": "x"}\n')
     task_sets = TaskSets(str(tmp_path))
     assert task_sets.names() == ["broken", "set"]
-    scorer = SweScorer(LocalBackend(max_concurrency=1), task_sets, checkout_root=str(tmp_path))
+    scorer = SweScorer(LocalBackend(max_concurrency=1), task_sets, log_cap_bytes=4096, checkout_root=str(tmp_path))
     try:
         patch = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-a\n+b\n"
         result = await scorer.score("set", task_sets.instance("set", "i"), patch, ResourceLimits(5, 256, 5, 4096))

@@ -26,7 +26,7 @@ def _tensors(rank: int, mismatch: bool) -> list[tuple[str, torch.Tensor]]:
 
 def _member(rank: int, port: int, bucket: int, mismatch: bool, out: mp.Queue) -> None:
     try:
-        member = GroupMember(WeightSyncGroup("127.0.0.1", port, 2, rank, epoch=3))
+        member = GroupMember(WeightSyncGroup("127.0.0.1", port, 2, rank, epoch=3, secret="shared by both ranks"))
         tensors = _tensors(rank, mismatch)
         if rank == 0:
             report = send_weights(member, tensors, bucket)

@@ -69,7 +69,7 @@ def _targets() -> dict[str, torch.Tensor]:
 
 def _member(rank: int, port: int, out: mp.Queue) -> None:
     try:
-        member = GroupMember(WeightSyncGroup("127.0.0.1", port, 2, rank, epoch=1))
+        member = GroupMember(WeightSyncGroup("127.0.0.1", port, 2, rank, epoch=1, secret="shared by both ranks"))
         if rank == 0:
             first = send_weights(member, _sent(), BUCKET, direct_bytes=DIRECT)
             second = send_weights(member, _sent(), BUCKET, direct_bytes=DIRECT)

@@ -33,7 +33,7 @@ def _weights(seed: int) -> list[tuple[str, torch.Tensor]]:
 
 def _group_of(registry: WeightSyncGroups, member: str, failed: int | None = None) -> WeightSyncGroup:
     g, rank = registry.get("job", member, failed)
-    return WeightSyncGroup(g.master_address, g.master_port, g.world_size, rank, g.epoch, g.backend)
+    return WeightSyncGroup(g.master_address, g.master_port, g.world_size, rank, g.epoch, g.backend, secret=g.secret)
 
 
 def _receiver(group: WeightSyncGroup, slow: bool, out: mp.Queue) -> None:

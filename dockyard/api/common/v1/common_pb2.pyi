@@ -107,15 +107,17 @@ class Group(_message.Message):
     def __init__(self, group_id: _Optional[str] = ..., job_id: _Optional[str] = ..., task_id: _Optional[str] = ..., prompt: _Optional[str] = ..., weight_version: _Optional[int] = ..., trajectories: _Optional[_Iterable[_Union[Trajectory, _Mapping]]] = ...) -> None: ...
 
 class WeightSyncGroup(_message.Message):
-    __slots__ = ("master_address", "master_port", "world_size", "epoch", "backend")
+    __slots__ = ("master_address", "master_port", "world_size", "epoch", "backend", "secret")
     MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     master_address: str
     master_port: int
     world_size: int
     epoch: int
     backend: str
-    def __init__(self, master_address: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., epoch: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
+    secret: str
+    def __init__(self, master_address: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., epoch: _Optional[int] = ..., backend: _Optional[str] = ..., secret: _Optional[str] = ...) -> None: ...

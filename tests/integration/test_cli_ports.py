@@ -1,0 +1,54 @@
+"""`dockyard up` serves on the ports its flags and DOCKYARD_<SVC>_PORT name, and `dockyard status`
+finds that coordinator through DOCKYARD_CLI_COORDINATOR_ADDRESS."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT, free_port
+from tests.integration.test_tiny_recipe import alive_services
+
+pytestmark = pytest.mark.slow
+
+
+def test_up_binds_the_ports_of_its_flags_and_environment_and_status_follows(tmp_path: Path) -> None:
+    ports = {service: free_port() for service in ("coordinator", "trainer", "rollout", "buffer", "sandbox")}
+    env = {**os.environ, "DOCKYARD_TRAINER_PORT": str(ports["trainer"]), "DOCKYARD_BUFFER_PORT": str(ports["buffer"])}
+    flags = [a for s in ("coordinator", "rollout", "sandbox") for a in (f"--{s}-port", str(ports[s]))]
+    cmd = [sys.executable, "-m", "dockyard.cli", "up", "--log-dir", str(tmp_path), *flags]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output: list[str] = []
+    try:
+        deadline = time.monotonic() + 180
+        for line in proc.stdout:
+            output.append(line)
+            if line.startswith("logs in"):
+                break
+            assert time.monotonic() < deadline, "".join(output)
+        listed = {line.split()[0]: line.split()[1] for line in output if line.split()[:1] and line[0] != " "}
+        for service, port in ports.items():
+            assert listed.get(service) == f"127.0.0.1:{port}", "".join(output)
+
+        status_env = {**os.environ, "DOCKYARD_CLI_COORDINATOR_ADDRESS": f"127.0.0.1:{ports['coordinator']}"}
+        status = subprocess.run(
+            [sys.executable, "-m", "dockyard.cli", "status"],
+            cwd=REPO_ROOT,
+            env=status_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert status.returncode == 0, status.stderr
+        assert "no jobs" in status.stdout and "fleet:" in status.stdout
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, "".join(output) + rest
+    assert alive_services(tmp_path) == []

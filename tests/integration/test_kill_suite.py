@@ -1,0 +1,82 @@
+"""A job outlives the loss of any one member: each one SIGKILLed mid-job and started again.
+
+    rollout (the only replica), sandbox (the only worker), trainer, Redis (under the buffer)
+        × sync and async GRPO
+    ─> the job SUCCEEDS, the books close (nothing lost, nothing trained twice), sync trains at age 0
+
+Real processes (LocalStack), a real redis-server under the buffer, the tiny recipe on a random-init
+model. The buffer process itself and the coordinator have kill tests of their own
+(tests/integration/test_restarts.py, tests/integration/test_coordinator_restart.py). Each run prints
+how long the job took from the kill to its next trained step (`pytest -s` shows it).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from dockyard.api.coordinator.v1 import coordinator_pb2
+from dockyard.stack import LocalStack
+from tests.conftest import RedisServer, redis_binary
+from tests.integration.books import assert_accounted
+from tests.integration.test_restarts import ASYNC, submit, succeeded, wait_for
+
+pytestmark = pytest.mark.slow
+
+ENV = {
+    "DOCKYARD_ROLLOUT_HEARTBEAT_SECONDS": "0.5",
+    "DOCKYARD_SANDBOX_HEARTBEAT_SECONDS": "0.5",
+    "DOCKYARD_ROLLOUT_WEIGHT_SYNC_TIMEOUT_SECONDS": "20",
+    "DOCKYARD_TRAINER_WEIGHT_SYNC_TIMEOUT_SECONDS": "20",
+    "DOCKYARD_ROLLOUT_NUM_THREADS": "1",
+    "DOCKYARD_TRAINER_NUM_THREADS": "1",
+}
+STEPS = 5
+
+
+@pytest.mark.parametrize(
+    ("victim", "mode"),
+    [
+        ("rollout", "sync"),
+        ("rollout", "async"),
+        ("sandbox", "sync"),
+        ("sandbox", "async"),
+        ("trainer", "sync"),
+        ("redis", "sync"),
+        ("redis", "async"),
+    ],
+)
+def test_a_job_outlives_one_member_killed_and_restarted(tmp_path: Path, victim: str, mode: str) -> None:
+    (tmp_path / "redis").mkdir()
+    redis = RedisServer(redis_binary(), tmp_path / "redis")
+    redis.start()
+    env = {**ENV, "DOCKYARD_BUFFER_BACKEND": "redis", "DOCKYARD_BUFFER_REDIS_URL": redis.url}
+    stack = LocalStack(tmp_path / "logs", free_ports=True, extra_env=env)
+    stack.start()
+    try:
+        overrides = (ASYNC if mode == "async" else []) + [f"grpo.max_num_steps={STEPS}", f"logger.log_dir={tmp_path}"]
+        job_id = submit(stack, overrides)
+        job = wait_for(stack, job_id, lambda j: j.step >= 2)
+        assert job.state == coordinator_pb2.JOB_STATE_RUNNING, job.message
+        killed_at, killed_step = time.monotonic(), job.step
+        if victim == "redis":
+            redis.kill()
+            time.sleep(2.0)  # puts, samples and acks fail meanwhile: UNAVAILABLE, waited out
+            redis.start()
+        else:
+            stack.kill(victim)
+            time.sleep(1.0)
+            stack.restart(victim)
+        job = wait_for(stack, job_id, lambda j: j.step > killed_step)
+        recovered = time.monotonic() - killed_at
+        job = wait_for(stack, job_id, succeeded)
+        assert succeeded(job), job.message
+        print(f"\n{victim} killed in {mode} mode at step {killed_step}: next step trained {recovered:.1f} s later")
+    finally:
+        stack.stop()
+        redis.kill()
+    books = assert_accounted(tmp_path / job_id, max_age=0 if mode == "sync" else 1)
+    steps = [line["step"] for line in books["ledger"]]
+    assert sorted(set(steps)) == list(range(1, STEPS + 1)) and steps[-1] == STEPS

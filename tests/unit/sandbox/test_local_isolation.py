@@ -1,0 +1,88 @@
+"""The local backend as the service builds it: the total disk bound, and refusing to run unisolated."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from services.sandbox.__main__ import make_backend
+from services.sandbox.backend import DISK_FULL_MESSAGE, ResourceLimits, Status
+from services.sandbox.settings import SandboxSettings
+from tests.conftest import require_tool
+
+LIMITS = ResourceLimits(timeout_seconds=20.0, memory_mb=256, cpu_seconds=10.0, max_output_bytes=4096)
+DISK_MB = 4  # small on purpose: no test writes more than a few MB
+
+
+@pytest.fixture
+async def backend(tmp_path: Path):
+    require_tool(shutil.which("bwrap") or "/usr/bin/bwrap", "bubblewrap (bwrap)")
+    settings = SandboxSettings(backend="local", max_concurrency=2, work_root=str(tmp_path), max_disk_mb=DISK_MB)
+    backend = await make_backend(settings)
+    yield backend
+    await backend.close()
+
+
+def zip_bomb() -> str:
+    """A zip of a few KB that unpacks to 2 x DISK_MB, as the Python source that writes and unpacks it."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("bomb.bin", b"\0" * (2 * DISK_MB * 1024 * 1024))
+    assert len(buffer.getvalue()) < 64 * 1024
+    return (
+        "import zipfile\n"
+        f"open('bomb.zip', 'wb').write({buffer.getvalue()!r})\n"
+        "zipfile.ZipFile('bomb.zip').extractall('out')\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        pytest.param(f"open('big', 'wb').write(b'x' * {2 * DISK_MB} * 1024 * 1024)", id="one-file"),
+        # Each file is far below RLIMIT_FSIZE; only their total is too much.
+        pytest.param(
+            f"for i in range({4 * DISK_MB}):\n    open(f'f{{i}}', 'wb').write(b'x' * 512 * 1024)", id="many-files"
+        ),
+        pytest.param(zip_bomb(), id="zip-bomb"),
+    ],
+)
+async def test_total_disk_is_bounded_and_the_verdict_says_so(backend, source):
+    out = await backend.execute({"main.py": source}, ["python", "main.py"], LIMITS)
+    assert out.status is Status.FAILED, out
+    assert "No space left on device" in out.stderr
+    assert out.error_message == DISK_FULL_MESSAGE
+
+
+async def test_a_full_work_folder_fails_even_when_the_code_swallows_the_error(backend):
+    source = f"try:\n    open('big', 'wb').write(b'x' * {2 * DISK_MB} * 1024 * 1024)\nexcept OSError:\n    pass\n"
+    out = await backend.run_tests(source, ["assert True"], LIMITS)
+    assert (out.status, out.tests_passed) == (Status.FAILED, 0), out
+    assert out.error_message == DISK_FULL_MESSAGE
+
+
+async def test_writing_below_the_disk_limit_passes(backend):
+    source = f"open('ok', 'wb').write(b'x' * {DISK_MB // 2} * 1024 * 1024)"
+    out = await backend.execute({"main.py": source}, ["python", "main.py"], LIMITS)
+    assert out.status is Status.PASSED, out
+    assert out.error_message == ""
+
+
+async def test_without_namespaces_the_service_refuses_to_start(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
+    settings = SandboxSettings(backend="local", max_concurrency=1, work_root=str(tmp_path))
+    with pytest.raises(RuntimeError, match="cannot isolate") as refused:
+        await make_backend(settings)
+    assert "bwrap" in str(refused.value) and "DOCKYARD_SANDBOX_ALLOW_UNISOLATED=1" in str(refused.value)
+
+
+async def test_allow_unisolated_runs_without_namespaces(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    settings = SandboxSettings(backend="local", max_concurrency=1, work_root=str(tmp_path), allow_unisolated=True)
+    backend = await make_backend(settings)
+    out = await backend.execute({"main.py": "print(open('/etc/hostname').read() != '')"}, ["python", "main.py"], LIMITS)
+    assert (out.status, out.stdout) == (Status.PASSED, "True\n")  # the host's files: no mount namespace

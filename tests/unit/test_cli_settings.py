@@ -1,0 +1,122 @@
+"""`dockyard up` takes each service's port from its flag, else DOCKYARD_<SVC>_PORT, else the
+default; `dockyard submit/status/cancel` dial --coordinator, else DOCKYARD_CLI_COORDINATOR_ADDRESS."""
+
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+import pytest
+
+from dockyard import cli
+from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
+from dockyard.stack import LocalStack
+from tests.conftest import free_port
+
+COORDINATOR_ENV = "DOCKYARD_CLI_COORDINATOR_ADDRESS"
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for service in ("COORDINATOR", "TRAINER", "ROLLOUT", "BUFFER", "SANDBOX"):
+        monkeypatch.delenv(f"DOCKYARD_{service}_PORT", raising=False)
+    monkeypatch.delenv(COORDINATOR_ENV, raising=False)
+
+
+def test_ports_come_from_the_flags_then_the_environment_then_the_defaults(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("DOCKYARD_TRAINER_PORT", "6102")
+    monkeypatch.setenv("DOCKYARD_BUFFER_PORT", "6104")
+    stack = LocalStack(tmp_path, ports={"buffer": 7104, "coordinator": 7101, "sandbox": None})
+    assert stack.ports == {"buffer": 7104, "sandbox": 50055, "rollout": 50053, "trainer": 6102, "coordinator": 7101}
+    # Each service serves on its port, and its peers dial it there.
+    assert stack._env("trainer")["DOCKYARD_TRAINER_PORT"] == "6102"
+    assert stack._env("coordinator")["DOCKYARD_COORDINATOR_TRAINER_ADDRESS"] == "127.0.0.1:6102"
+    assert stack._env("trainer")["DOCKYARD_TRAINER_BUFFER_ADDRESS"] == "127.0.0.1:7104"
+    assert stack._env("rollout")["DOCKYARD_ROLLOUT_COORDINATOR_ADDRESS"] == "127.0.0.1:7101"
+
+
+def test_a_set_port_holds_with_free_ports_and_starts_the_replicas_consecutive_ports(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("DOCKYARD_COORDINATOR_PORT", "6201")
+    stack = LocalStack(tmp_path, free_ports=True, rollout_replicas=3, ports={"rollout": 6300})
+    assert stack.ports["coordinator"] == 6201
+    assert [stack.ports[f"rollout-{i}"] for i in (1, 2, 3)] == [6300, 6301, 6302]
+    assert stack.ports["trainer"] not in (50052, 6201)  # unset: a free port
+
+
+def test_an_unusable_port_setting_is_named(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("DOCKYARD_SANDBOX_PORT", "fifty")
+    with pytest.raises(ValueError, match="DOCKYARD_SANDBOX_PORT is 'fifty'"):
+        LocalStack(tmp_path)
+    monkeypatch.setenv("DOCKYARD_SANDBOX_PORT", "6301")
+    with pytest.raises(ValueError, match=r"share a port: {6301: \['sandbox', 'rollout'\]}"):
+        LocalStack(tmp_path, ports={"rollout": 6301})
+    with pytest.raises(ValueError, match="the trainer port is 70000"):
+        LocalStack(tmp_path, ports={"trainer": 70000})
+
+
+def test_up_with_an_unusable_port_exits_2_naming_it(monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.setenv("DOCKYARD_TRAINER_PORT", "-3")
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["up", "--log-dir", str(tmp_path)])
+    assert exited.value.code == cli.EXIT_USAGE
+    assert "DOCKYARD_TRAINER_PORT is '-3'" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing was started
+
+
+class FakeCoordinator(coordinator_pb2_grpc.CoordinatorServiceServicer):
+    """Answers status and cancel with a job named after the server, so the test sees which one was dialled."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def _job(self, job_id: str) -> coordinator_pb2.Job:
+        return coordinator_pb2.Job(
+            job_id=job_id, state=coordinator_pb2.JOB_STATE_RUNNING, max_steps=4, phase="training"
+        )
+
+    def ListJobs(self, request, context):
+        return coordinator_pb2.ListJobsResponse(jobs=[self._job(f"job-of-{self.name}")])
+
+    def ListMembers(self, request, context):
+        return coordinator_pb2.ListMembersResponse()
+
+    def CancelJob(self, request, context):
+        return coordinator_pb2.CancelJobResponse(job=self._job(f"{request.job_id}-cancelled-by-{self.name}"))
+
+
+@pytest.fixture
+def coordinators():
+    """Two fake coordinators on free ports: {name: address}."""
+    servers, addresses = [], {}
+    for name in ("env", "flag"):
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        coordinator_pb2_grpc.add_CoordinatorServiceServicer_to_server(FakeCoordinator(name), server)
+        port = free_port()
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        server.start()
+        servers.append(server)
+        addresses[name] = f"127.0.0.1:{port}"
+    yield addresses
+    for server in servers:
+        server.stop(0)
+
+
+def test_status_and_cancel_dial_the_coordinator_of_the_flag_else_the_environment(
+    monkeypatch, coordinators, capsys
+) -> None:
+    monkeypatch.setenv(COORDINATOR_ENV, coordinators["env"])
+    assert cli.main(["status"]) == 0
+    assert "job-of-env  RUNNING" in capsys.readouterr().out
+    assert cli.main(["status", "--coordinator", coordinators["flag"]]) == 0
+    assert "job-of-flag  RUNNING" in capsys.readouterr().out
+    assert cli.main(["cancel", "j1"]) == 0
+    assert "j1-cancelled-by-env" in capsys.readouterr().out
+
+
+def test_help_names_the_settings(capsys) -> None:
+    for command in (["up", "--help"], ["status", "--help"]):
+        with pytest.raises(SystemExit):
+            cli.main(command)
+    out = capsys.readouterr().out
+    assert "$DOCKYARD_TRAINER_PORT" in out and "--trainer-port" in out
+    assert f"${COORDINATOR_ENV}" in out
