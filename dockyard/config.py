@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -499,6 +500,47 @@ def _safe_yaml(text: str, origin: str) -> Any:
     return data
 
 
+# A plain reference inside an interpolation: ${a.b}, ${.sibling}, ${a[0]} (resolver calls ${f:...} hold them).
+_REFERENCE = re.compile(r"\$\{([^${}:]+)\}")
+
+
+def _check_interpolations(raw: Any, origin: str) -> None:
+    """Refuse interpolations that would expand past MAX_CONFIG_BYTES (`b: ${a}${a}`, `c: ${b}${b}`, ...):
+    each value's expanded length is bounded from its references' without expanding anything."""
+    leaves: dict[tuple[str, ...], Any] = {}
+
+    def walk(node: Any, path: tuple[str, ...]) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else None
+        if items is None:
+            leaves[path] = node
+            return
+        for key, child in items:
+            walk(child, (*path, str(key)))
+
+    walk(raw, ())
+    sizes: dict[tuple[str, ...], int] = {}
+
+    def target(path: tuple[str, ...], ref: str) -> tuple[str, ...]:
+        ref = ref.strip().replace("[", ".").replace("]", "")
+        dots = len(ref) - len(ref.lstrip("."))
+        parts = tuple(p for p in ref.lstrip(".").split(".") if p)
+        return (*path[: len(path) - dots], *parts) if dots else parts
+
+    def size(path: tuple[str, ...], seen: frozenset) -> int:
+        if path in sizes:
+            return sizes[path]
+        value = leaves.get(path)
+        total = len(str(value))
+        if isinstance(value, str) and path not in seen:
+            total += sum(size(target(path, ref), seen | {path}) for ref in _REFERENCE.findall(value))
+        sizes[path] = min(total, MAX_CONFIG_BYTES + 1)
+        return sizes[path]
+
+    for path in leaves:
+        if size(path, frozenset()) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{origin}: {'.'.join(path)}: interpolations expand past {MAX_CONFIG_BYTES} bytes")
+
+
 async def parse_config_text(text: str, *, origin: str = "<config>") -> MasterConfig:
     """`load_config_text` in a worker thread, so the event loop keeps serving; ConfigError past CONFIG_PARSE_SECONDS."""
     try:
@@ -512,6 +554,7 @@ def load_config_text(text: str, overrides: list[str] | None = None, *, origin: s
     try:
         cfg = OmegaConf.create(_safe_yaml(text, origin) or {})
         cfg = _apply_overrides(cfg, overrides or [])
+        _check_interpolations(OmegaConf.to_container(cfg, resolve=False), origin)
         data = OmegaConf.to_container(cfg, resolve=True)
     except (yaml.YAMLError, OmegaConfBaseException) as exc:
         raise ConfigError(f"{origin}: {exc}") from None

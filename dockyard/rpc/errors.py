@@ -59,7 +59,7 @@ class Unavailable(ServiceError):
 
 
 class DeadlineExceeded(ServiceError):
-    """The caller's deadline passed (or it cancelled) before the work started; nothing was done."""
+    """The caller's deadline passed (or it cancelled), before the work started or during it (which stopped it)."""
 
     code = grpc.StatusCode.DEADLINE_EXCEEDED
 

@@ -2,7 +2,7 @@
 
     Task ─Generate(n) on ONE ready replica of the fleet─> completions (token ids, logprobs, weight version)
          ─env.score each on the least loaded sandbox worker (RunTests or ScorePatch, per env.name)─> verdicts
-         ─reward_of─> raw rewards ─integrity zeroing, shaping (overlong, scaling)─> Group ─buffer.PutGroup─> buffer
+         ─rewards.reward_of─> raw rewards ─rewards.shape_rewards (integrity, overlong, scaling)─> Group ─put─> buffer
 
 Routing (services/coordinator/fleet.py): a group goes whole to one replica
 (sticky per group id, least loaded when assigned) that holds the job's policy
@@ -43,9 +43,7 @@ from typing import Protocol
 
 import grpc
 import structlog
-import torch
 
-from dockyard.algorithms import apply_integrity, dynamic_sampling_mask, overlong_penalty, scale_rewards
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.rollout.v1 import rollout_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2
@@ -55,6 +53,7 @@ from dockyard.tasks.envs import environment
 from dockyard.tasks.task import Task
 from services.coordinator.fleet import Fleet, Member, NoReplica
 from services.coordinator.job_buffer import JobBuffer
+from services.coordinator.rewards import has_signal, reward_of, shape_rewards
 
 # Sandbox failures that another worker may not have: try the call there.
 SCORING_RETRIABLE = PEER_LOST | OVERLOADED
@@ -64,17 +63,6 @@ SCORING_REFUSED = frozenset(
 )
 
 log = structlog.get_logger()
-
-
-def reward_of(verdict: common_pb2.Verdict, kind: str) -> tuple[float, bool]:
-    """(reward, valid) of a verdict; ERROR is an infrastructure failure, not a zero."""
-    if verdict.status == common_pb2.VERDICT_STATUS_ERROR:
-        return 0.0, False
-    if kind == "all_pass":
-        return float(verdict.status == common_pb2.VERDICT_STATUS_PASSED), True
-    if verdict.tests_total == 0:
-        return 0.0, True
-    return verdict.tests_passed / verdict.tests_total, True
 
 
 def sampling_params(sampling: SamplingConfig, seed: int | None = None) -> common_pb2.SamplingParams:
@@ -332,7 +320,7 @@ class Collector:
                     finish_reason=completion.finish_reason,
                 )
             )
-        self._shape(trajectories)
+        shape_rewards(trajectories, self.config.grpo)
         return common_pb2.Group(
             group_id=group_id,
             job_id=self.job_id,
@@ -342,27 +330,9 @@ class Collector:
             trajectories=trajectories,
         )
 
-    def _shape(self, trajectories: list[common_pb2.Trajectory]) -> None:
-        grpo = self.config.grpo
-        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float64)
-        # Before any penalty: a patch that touched protected (test) files earns nothing for passing.
-        rewards = apply_integrity(rewards, torch.tensor([t.verdict.integrity_violation for t in trajectories]))
-        if grpo.reward_shaping.enabled:
-            shaping = grpo.reward_shaping
-            lengths = torch.tensor([len(t.completion_token_ids) for t in trajectories])
-            rewards = rewards + overlong_penalty(
-                lengths, shaping.max_response_length, shaping.overlong_buffer_length, shaping.overlong_penalty
-            )
-        if grpo.reward_scaling.enabled:
-            s = grpo.reward_scaling
-            rewards = scale_rewards(rewards, s.source_min, s.source_max, s.target_min, s.target_max)
-        for t, r in zip(trajectories, rewards.tolist(), strict=True):
-            if t.valid:
-                t.reward = r
-
     async def deliver(self, group: common_pb2.Group, stats: CollectStats) -> bool:
         """Put one finished group into the buffer (or drop it), counting it in `stats`; True if it is held."""
-        if self.config.grpo.dynamic_sampling.enabled and not _has_signal(group):
+        if self.config.grpo.dynamic_sampling.enabled and not has_signal(group):
             stats.dropped_uniform += 1
             self._on_group(group.group_id, "dropped_uniform", group.weight_version)
             return False
@@ -408,9 +378,3 @@ class Collector:
             "num_tasks": float(len(tasks)),
             "invalid": float(len(results) - len(valid)),
         }
-
-
-def _has_signal(group: common_pb2.Group) -> bool:
-    rewards = torch.tensor([t.reward for t in group.trajectories])
-    valid = torch.tensor([t.valid for t in group.trajectories])
-    return bool(dynamic_sampling_mask(rewards, torch.zeros(len(rewards), dtype=torch.long), valid).all())

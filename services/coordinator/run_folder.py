@@ -12,6 +12,8 @@
 
 Guarantees: every line of metrics.jsonl and groups.jsonl is a complete JSON
 object, flushed when written, so a reader (or a crash) never sees half a record.
+With a run root (DOCKYARD_COORDINATOR_RUN_ROOT), `confine` keeps every job's
+run folder and checkpoints inside it, symlinks resolved, or refuses the job.
 """
 
 from __future__ import annotations
@@ -19,6 +21,32 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+
+from dockyard.config import MasterConfig
+from dockyard.rpc.errors import InvalidArgument
+
+
+def confine(config: MasterConfig, root: str) -> MasterConfig:
+    """`config` with logger.log_dir (and an explicit checkpointing.checkpoint_dir) as absolute folders
+    inside `root`, relative ones taken under it; InvalidArgument naming the field if one lies outside."""
+    if not root:
+        return config
+    base = Path(root).resolve()
+
+    def inside(field: str, value: str) -> str:
+        folder = (base / value).resolve()  # an absolute value replaces base; symlinks are followed
+        if not folder.is_relative_to(base):
+            raise InvalidArgument(
+                f"{field} {value!r} lies outside this coordinator's run root {base} (DOCKYARD_COORDINATOR_RUN_ROOT)"
+            )
+        return str(folder)
+
+    logger = config.logger.model_copy(update={"log_dir": inside("logger.log_dir", config.logger.log_dir)})
+    update = {"logger": logger}
+    if config.checkpointing.checkpoint_dir is not None:
+        checkpoint_dir = inside("checkpointing.checkpoint_dir", config.checkpointing.checkpoint_dir)
+        update["checkpointing"] = config.checkpointing.model_copy(update={"checkpoint_dir": checkpoint_dir})
+    return config.model_copy(update=update)
 
 
 class RunFolder:

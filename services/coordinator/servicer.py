@@ -34,7 +34,7 @@ from dockyard.rpc.client import channel_health, connect
 from dockyard.rpc.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from services.coordinator.fleet import KINDS, Fleet, FleetError
 from services.coordinator.jobs import JobRecord
-from services.coordinator.run_folder import RunFolder
+from services.coordinator.run_folder import RunFolder, confine
 from services.coordinator.runner import JobRunner, Stubs
 from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.store import JobPersister, open_store
@@ -161,6 +161,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
             config = await parse_config_text(request.config_yaml, origin="config_yaml")
         except ConfigError as exc:
             raise InvalidArgument(str(exc)) from None
+        config = confine(config, self.settings.run_root)
         resolved = config.resolved_yaml()
         job_id = request.job_id
         if job_id:

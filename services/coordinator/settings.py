@@ -51,6 +51,11 @@ class CoordinatorSettings(ServiceSettings):
         300.0, gt=0, description="How long a job waits for an unreachable trainer or buffer to come back."
     )
     train_timeout_seconds: float = Field(1800.0, gt=0, description="Deadline of LoadPolicy/TrainStep/weight sync.")
+    run_root: str = Field(
+        "",
+        description="When set, every job's logger.log_dir and checkpointing.checkpoint_dir must lie inside this "
+        "folder (relative ones are taken under it), else CreateJob is INVALID_ARGUMENT; empty: used as given.",
+    )
     state_dir: str = Field(
         "runs", description="Folder of the job store: <state_dir>/<job_id>/job.json (unless a Redis URL is set)."
     )

@@ -21,7 +21,9 @@ Guarantees of every engine:
   token came from and `weight_versions` lists every version the completion
   spanned, oldest first (the KV cache of earlier tokens is kept);
 - weights change only through `receive_weights`, never while a forward pass
-  runs; `prepare_for_generation()` runs after every completed load.
+  runs; `prepare_for_generation()` runs after every completed load;
+- a generation whose caller gave up (its `generate` task cancelled) stops
+  within a decode step and yields no result.
 
 Implementations: services/rollout/torch_engine.py (TorchEngine, built in) and
 services/rollout/vllm_engine.py (VllmEngine).
@@ -71,7 +73,10 @@ class GenerationEngine(abc.ABC):
 
     @abc.abstractmethod
     async def generate(self, prompt: str, num_samples: int, decoding: DecodingParams) -> GenerationResult:
-        """Sample num_samples completions of prompt; never blocks the event loop."""
+        """Sample num_samples completions of prompt; never blocks the event loop.
+
+        Cancelling the awaiting task stops the generation at its next decode step.
+        """
 
     @property
     @abc.abstractmethod
@@ -130,3 +135,11 @@ class UnsupportedRequest(ValueError):
 
     The message starts with the argument at fault ("prompt", "sampling.stop").
     """
+
+
+class GenerationCancelled(Exception):
+    """The caller gave up while the generation ran: it stopped after `steps` decode steps, with no result."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__(f"generation cancelled after {steps} decode steps")
+        self.steps = steps

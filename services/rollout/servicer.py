@@ -18,7 +18,9 @@ coordinator's next epoch. backend=vllm on a replica without vLLM is
 FAILED_PRECONDITION naming the missing package. A job id outside
 dockyard.jobs.JOB_ID, a config beyond the config bounds (parsed off the event
 loop) and a prompt over MAX_PROMPT_BYTES are INVALID_ARGUMENT; a Generate whose
-caller has already gone (cancelled, or past its deadline) starts no generation.
+caller has already gone (cancelled, or past its deadline) starts no generation,
+and one whose caller goes while it runs is stopped at the engine's next decode
+step (the handler is cancelled, or its deadline passes: DEADLINE_EXCEEDED).
 """
 
 from __future__ import annotations
@@ -175,9 +177,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             raise DeadlineExceeded("the caller gave up before generation started")
         self.in_flight += 1
         try:
-            result = await engine.generate(request.prompt, num_samples, decoding)
+            # grpc.aio cancels this handler when the caller cancels; the deadline is enforced here too.
+            async with asyncio.timeout(remaining):
+                result = await engine.generate(request.prompt, num_samples, decoding)
         except UnsupportedRequest as exc:
             raise InvalidArgument(str(exc)) from None
+        except TimeoutError:
+            raise DeadlineExceeded("the caller's deadline passed during generation") from None
         finally:
             self.in_flight -= 1
         return rollout_pb2.GenerateResponse(

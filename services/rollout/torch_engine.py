@@ -7,8 +7,10 @@ Guarantees: those of every engine (services/rollout/engine.py), and: transformer
 `generate` with its static KV cache (`kv_cache="static"`; on CUDA transformers compiles the forward
 for it) or its default dynamic cache; generation runs in a worker thread, never on the event loop;
 all TorchEngines of a process generate one at a time (the torch RNG is process-global, and a seeded
-request must not be perturbed by a concurrent one). The same seed, prompt, num_samples and decoding
-parameters give the same completions on the same device and weights.
+request must not be perturbed by a concurrent one); a cancelled `generate` stops its worker at the
+next decode step (GenerationCancelled, no result), releasing the lock for the next request. The same
+seed, prompt, num_samples and decoding parameters give the same completions on the same device and
+weights.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import structlog
 import torch
 from transformers import (
     GenerationConfig,
@@ -31,8 +34,15 @@ from transformers import (
 )
 
 from services.rollout.decoding import DecodingParams
-from services.rollout.engine import Completion, GenerationEngine, GenerationResult, UnsupportedRequest
+from services.rollout.engine import (
+    Completion,
+    GenerationCancelled,
+    GenerationEngine,
+    GenerationResult,
+    UnsupportedRequest,
+)
 
+log = structlog.get_logger()
 # One lock for every TorchEngine of the process: seeding goes through the
 # global torch RNG, so generations must not interleave.
 _GENERATION_LOCK = threading.Lock()
@@ -183,6 +193,18 @@ class _StopHits(StoppingCriteria):
         return torch.stack(self.steps[:num_steps], dim=1).cpu().tolist()
 
 
+class _Cancelled(StoppingCriteria):
+    """Ends every row at the next decode step once `event` is set, and counts the steps taken."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+        self.steps = 0
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
+        self.steps += 1
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
 class TorchEngine(GenerationEngine):
     """Hugging Face `generate` on a causal LM: the whole group in one batch with a KV cache."""
 
@@ -268,24 +290,33 @@ class TorchEngine(GenerationEngine):
         return list(self.tokenizer(prompt)["input_ids"])
 
     async def generate(self, prompt: str, num_samples: int, decoding: DecodingParams) -> GenerationResult:
-        return await asyncio.get_running_loop().run_in_executor(
-            _GENERATION_THREAD, self.generate_blocking, prompt, num_samples, decoding
-        )
+        cancel = threading.Event()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                _GENERATION_THREAD, self.generate_blocking, prompt, num_samples, decoding, cancel
+            )
+        except asyncio.CancelledError:
+            cancel.set()  # a queued call never starts; a running one stops at its next decode step
+            raise
 
     # -- the work, in a worker thread --------------------------------------
 
-    def generate_blocking(self, prompt: str, num_samples: int, decoding: DecodingParams) -> GenerationResult:
+    def generate_blocking(
+        self, prompt: str, num_samples: int, decoding: DecodingParams, cancel: threading.Event | None = None
+    ) -> GenerationResult:
+        """The generation itself; GenerationCancelled once `cancel` is set."""
+        cancel = cancel or threading.Event()
         prompt_ids = self.tokenize(prompt)
         if not prompt_ids:
             raise UnsupportedRequest("prompt: tokenizes to no tokens")
         with _GENERATION_LOCK, self._gate.computing():
             if decoding.seed is None:
-                generated, logprobs, stops, versions = self._sample(prompt_ids, num_samples, decoding)
+                generated, logprobs, stops, versions = self._sample(prompt_ids, num_samples, decoding, cancel)
             else:
                 devices = [self.device] if self.device.type == "cuda" else []
                 with torch.random.fork_rng(devices=devices):
                     torch.manual_seed(decoding.seed)
-                    generated, logprobs, stops, versions = self._sample(prompt_ids, num_samples, decoding)
+                    generated, logprobs, stops, versions = self._sample(prompt_ids, num_samples, decoding, cancel)
         completions = [
             self._finish_row(generated[i], logprobs[i], stops[i], versions, decoding) for i in range(num_samples)
         ]
@@ -294,14 +325,15 @@ class TorchEngine(GenerationEngine):
 
     @torch.inference_mode()
     def _sample(
-        self, prompt_ids: list[int], num_samples: int, decoding: DecodingParams
+        self, prompt_ids: list[int], num_samples: int, decoding: DecodingParams, cancel: threading.Event
     ) -> tuple[list, list, list, list[int]]:
         """(new tokens, their logprobs, stop-string hits) per row, padding after a finished row included,
         and the weight version of each step."""
         input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device).repeat(num_samples, 1)
         recorder = _SampledLogprobs(decoding.temperature)
         step_versions = _StepVersions(self, self.in_flight_weight_updates)
-        criteria = StoppingCriteriaList()
+        cancelled = _Cancelled(cancel)
+        criteria = StoppingCriteriaList([cancelled])
         stop_hits = None
         if decoding.stop:
             stop_hits = _StopHits(self.tokenizer, list(decoding.stop), len(prompt_ids), self.device)
@@ -327,6 +359,9 @@ class TorchEngine(GenerationEngine):
             **cache,
             **warpers,
         )
+        if cancel.is_set():  # rows cut short by the cancellation are no result
+            log.info("generation cancelled", decode_steps=cancelled.steps, max_new_tokens=decoding.max_new_tokens)
+            raise GenerationCancelled(cancelled.steps)
         generated = out.sequences[:, len(prompt_ids) :]
         logprobs = recorder.finish(generated).float().cpu().tolist()
         hits = stop_hits.finish(generated.shape[1]) if stop_hits is not None else [[] for _ in range(num_samples)]

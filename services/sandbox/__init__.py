@@ -7,7 +7,10 @@
     settings.py        SandboxSettings: DOCKYARD_SANDBOX_*, backend choice, default limits and ceilings
     backend.py         SandboxBackend, the interface every backend implements; Outcome, ResourceLimits
     docker_backend.py  DockerBackend: one locked-down container per run (production)
+    docker_container.py  its container: host config (limits), shell wrapper, work folder tar, owner label
     local.py           LocalBackend: child process groups on this host (development)
+    bwrap.py           the local backend's bubblewrap command line: namespaces, read-only host paths
+    staging.py         both backends' file checks, work folder staging and removal, report parsing
     harness.py         the launcher (rlimits, then exec) and the RunTests harness, as source strings
     images.py          offline builds of the base, sandbox and per-repository environment images
     admission.py       Admission: bounded running + waiting calls, RESOURCE_EXHAUSTED beyond

@@ -36,6 +36,10 @@ opened first. A program that deletes or rewrites the report file without the
 nonce gets FAILED, never a pass or an ERROR. The same limit as local.py applies:
 code that introspects the harness's own memory could recover the nonce.
 
+The container's host config, its shell wrapper and the tar that carries the
+work folder live in docker_container.py; the staging shared with local.py in
+staging.py.
+
 Not covered: the report file must be a path the docker engine sees at the same
 place (a service that runs in a container needs `work_root` bind-mounted at the
 same path).
@@ -45,13 +49,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import secrets
-import shutil
-import socket
-import stat
-import tarfile
 import tempfile
 import threading
 import time
@@ -71,48 +70,25 @@ from services.sandbox.backend import (
     Status,
     run_outcome,
 )
+from services.sandbox.docker_container import (
+    DISK_FULL_FLAG,
+    INPUT_NAME,
+    LABEL,
+    REPORT_NAME,
+    RUN_TESTS_COMMAND,
+    STAGE_COMMAND,
+    create_container,
+    folder_bytes,
+    host_config,
+    owner_is_dead,
+    owner_label,
+    read_report,
+    send_work_folder,
+)
 from services.sandbox.harness import HARNESS_SOURCE
-from services.sandbox.local import REPORT_CAP_BYTES, _Capped, _remove_tree, checked_files, parse_report
+from services.sandbox.staging import Capped, Writes, checked_files, parse_report, remove_tree, stage_files
 
 log = structlog.get_logger()
-
-LABEL = "dockyard.sandbox.owner"  # host/pid/process-start-time of the service that made it
-WORK = "/work"
-INPUT_NAME = ".dockyard-input"
-REPORT_NAME = ".dockyard-report"
-# Around every command: unpack the work folder from stdin into the /work tmpfs, run, and flag a
-# /work left full in the report file (the only channel back that the host can read afterwards).
-DISK_FULL_FLAG = "dockyard-disk-full"
-STAGE_COMMAND = (
-    f'tar -x -f - && "$@" </dev/null; rc=$?; [ "$(stat -f -c %a .)" != 0 ] || echo {DISK_FULL_FLAG} >>{REPORT_NAME}; '
-    "exit $rc"
-)
-# The shell opens the input (then unlinks it) and the report file, then execs the harness with
-# stdin = input, fd 3 = report, ready line on fd 2.
-RUN_TESTS_COMMAND = f'exec 3>{REPORT_NAME} <{INPUT_NAME} && rm -f {INPUT_NAME} && exec python3 -B -u -I -c "$0" 3 2'
-
-
-def _process_start_time(pid: int) -> str | None:
-    """The kernel's start time of `pid` (clock ticks since boot), None when no such process."""
-    try:
-        stat_line = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat_line.rsplit(")", 1)[1].split()[19]
-
-
-def owner_label() -> str:
-    pid = os.getpid()
-    return f"{socket.gethostname()}/{pid}/{_process_start_time(pid)}"
-
-
-def owner_is_dead(label: str) -> bool:
-    """True when `label` names a service process of this host that no longer runs."""
-    host, _, rest = label.partition("/")
-    pid, _, started = rest.partition("/")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False  # another host's: not ours to judge
-    return _process_start_time(int(pid)) != started
 
 
 @dataclass
@@ -281,14 +257,9 @@ class DockerBackend(SandboxBackend):
 
     # -- the blocking part, run in a worker thread -------------------------------------------------
 
-    def _prepare(self, writes: list[tuple[str, str | bytes]], seed_dir: str | None) -> str:
+    def _prepare(self, writes: Writes, seed_dir: str | None) -> str:
         work = tempfile.mkdtemp(prefix="dockyard-sandbox-", dir=self._work_root)
-        if seed_dir is not None:
-            shutil.copytree(seed_dir, work, symlinks=True, dirs_exist_ok=True)
-        for name, content in writes:
-            target = Path(work, name)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+        stage_files(work, writes, seed_dir)
         Path(work, REPORT_NAME).touch()  # bind-mounted into /work: the run's one file on the host's disk
         if os.geteuid() == 0:
             for root, dirs, names in os.walk(work):
@@ -304,7 +275,7 @@ class DockerBackend(SandboxBackend):
     def _run(
         self,
         run: _Run,
-        writes: list[tuple[str, str | bytes]],
+        writes: Writes,
         command: list[str],
         limits: ResourceLimits,
         seed_dir: str | None,
@@ -317,67 +288,43 @@ class DockerBackend(SandboxBackend):
             run.error = f"cannot prepare the work folder: {exc}"
             return run
         try:
-            staged = _folder_bytes(work)
+            staged = folder_bytes(work)
             if staged > self._max_disk_mb * 1024 * 1024:
                 run.error = f"the work folder's files ({staged} bytes) exceed DOCKYARD_SANDBOX_MAX_DISK_MB"
                 return run
             self._run_container(run, work, ["sh", "-c", STAGE_COMMAND, "sh", *command], limits, image, nonce)
-            report = _read_report(os.path.join(work, REPORT_NAME))
+            report = read_report(os.path.join(work, REPORT_NAME))
             run.disk_full = f"\n{DISK_FULL_FLAG}\n".encode() in b"\n" + report
             if nonce is not None and not run.error:
                 run.report = report
         finally:
-            _remove_tree(work)
+            remove_tree(work)
         return run
 
     def _run_container(
         self, run: _Run, work: str, command: list[str], limits: ResourceLimits, image: str, nonce: bytes | None
     ) -> None:
         import docker.errors
-        from docker.types import LogConfig, Mount, Ulimit
 
         api = self._client.api
-        memory = f"{limits.memory_mb}m"
-        uid, gid = self._container_user().split(":")
-        cpu = max(1, math.ceil(limits.cpu_seconds))
-        host_config = api.create_host_config(
-            network_mode="none",
-            read_only=True,
-            cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
+        config = host_config(
+            api,
+            work=work,
+            limits=limits,
+            user=self._container_user(),
+            cpus=self._cpus,
             pids_limit=self._pids_limit,
-            mem_limit=memory,
-            memswap_limit=memory,
-            nano_cpus=int(self._cpus * 1e9),
-            ulimits=[
-                Ulimit(name="cpu", soft=cpu, hard=cpu + 1),
-                Ulimit(name="fsize", soft=self._max_file_bytes, hard=self._max_file_bytes),
-                Ulimit(name="core", soft=0, hard=0),
-            ],
-            mounts=[Mount(f"{WORK}/{REPORT_NAME}", os.path.join(work, REPORT_NAME), type="bind")],
-            tmpfs={
-                "/tmp": f"rw,nosuid,nodev,size={self._tmp_mb}m,mode=1777",
-                # Counts against the memory cgroup too: the lower of the two limits ends the run first.
-                WORK: f"rw,nosuid,nodev,size={self._max_disk_mb}m,mode=0700,uid={uid},gid={gid}",
-            },
-            log_config=LogConfig(type="none"),
+            max_file_bytes=self._max_file_bytes,
+            max_disk_mb=self._max_disk_mb,
+            tmp_mb=self._tmp_mb,
         )
         container_id = None
         start = time.monotonic()
         try:
             try:
-                container_id = api.create_container(
-                    image,
-                    command=command,
-                    user=self._container_user(),
-                    stdin_open=True,  # the work folder arrives on stdin, as a tar (closed after it: StdinOnce)
-                    working_dir=WORK,
-                    environment={"HOME": WORK},
-                    hostname="sandbox",
-                    network_disabled=True,
-                    labels={LABEL: self._owner},
-                    host_config=host_config,
-                )["Id"]
+                container_id = create_container(
+                    api, image, command, user=self._container_user(), owner=self._owner, config=config
+                )
                 with self._live_lock:
                     self._live.add(container_id)
                 run.container_id = container_id
@@ -388,7 +335,7 @@ class DockerBackend(SandboxBackend):
                 stream = api.attach(container_id, stdout=True, stderr=True, stream=True, logs=False, demux=True)
                 stdin = api.attach_socket(container_id, params={"stdin": 1, "stream": 1})
                 api.start(container_id)
-                _send_work_folder(stdin, work)
+                send_work_folder(stdin, work)
             except (docker.errors.DockerException, OSError) as exc:
                 run.error = f"cannot start the container: {exc}"
                 return
@@ -396,8 +343,8 @@ class DockerBackend(SandboxBackend):
             killer.daemon = True
             killer.start()
             # The ready line is not the code's output: room for it on top of the cap.
-            out = _Capped(limits.max_output_bytes)
-            err = _Capped(limits.max_output_bytes + (len(nonce) + 7 if nonce is not None else 0))
+            out = Capped(limits.max_output_bytes)
+            err = Capped(limits.max_output_bytes + (len(nonce) + 7 if nonce is not None else 0))
             try:
                 for chunk_out, chunk_err in stream:
                     if chunk_out:
@@ -442,38 +389,6 @@ class DockerBackend(SandboxBackend):
             self._client.api.kill(container_id)
         except Exception:
             pass  # it just ended on its own
-
-
-def _folder_bytes(path: str) -> int:
-    """Bytes of the regular files under `path` (links not followed)."""
-    total = 0
-    for root, _, names in os.walk(path):
-        for name in names:
-            total += os.lstat(os.path.join(root, name)).st_size
-    return total
-
-
-def _send_work_folder(sock, work: str) -> None:
-    """`work` (but the report file, which is bind-mounted) as a tar on the container's stdin, then EOF."""
-    raw = getattr(sock, "_sock", sock)
-    with raw.makefile("wb") as stream, tarfile.open(fileobj=stream, mode="w|") as tar:
-        tar.add(work, arcname=".", filter=lambda info: None if info.name == f"./{REPORT_NAME}" else info)
-    raw.shutdown(socket.SHUT_WR)
-    raw.close()
-
-
-def _read_report(path: str) -> bytes:
-    """At most REPORT_CAP_BYTES of a regular file; never follows a link the code may have planted."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return b""
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return b""
-        return os.read(fd, REPORT_CAP_BYTES)
-    finally:
-        os.close(fd)
 
 
 def _outcome(run: _Run, status: Status, *, passed: int, total: int, error_message: str = "") -> Outcome:

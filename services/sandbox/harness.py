@@ -151,3 +151,19 @@ def _harness():
 
 _harness()
 """
+
+
+def parse_status(data: bytes) -> tuple[bool, str, bool, int | None]:
+    """The launcher's status lines: (sandbox up, error, work folder full, exit code or None)."""
+    ready, error, disk_full, exit_code = False, "", False, None
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "ready":
+            ready = True
+        elif word == "error":
+            error = rest
+        elif word == "disk-full":
+            disk_full = True
+        elif word == "exit":
+            exit_code = int(rest)
+    return ready, error, disk_full, exit_code

@@ -1,6 +1,7 @@
 """The local-process backend: each run is a child process on this host, in its own namespaces.
 
-    request --> host stage folder (mkdtemp, 0700) <-- seed_dir copy, then files (relative paths only)
+    request --> host stage folder (mkdtemp, 0700) <-- seed_dir copy, then files (relative paths only),
+                  written in a worker thread: the event loop keeps serving meanwhile
             --> bwrap: net, pid, ipc, uts, cgroup and mount namespaces (a user namespace when the
                   service is not root); read-only system paths and interpreter, nothing else of the
                   host; the work folder a tmpfs of max_disk_mb at the stage's path
@@ -38,6 +39,9 @@ RLIMIT_AS, a segfault, SIGXCPU from RLIMIT_CPU, SIGXFSZ, a full work folder,
 killing the harness before it reports -- is the policy's fault: FAILED. The
 wall-clock kill is TIMEOUT.
 
+The bubblewrap command line is built in bwrap.py, the launcher's status lines
+parsed in harness.py; staging.py stages the files, as for the docker backend.
+
 Not covered: the kernel is shared with the host; RLIMIT_NPROC counts every
 task of the sandbox uid across runs; there is no memory, pids or CPU cgroup.
 """
@@ -56,7 +60,6 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
 
 import structlog
 
@@ -69,23 +72,19 @@ from services.sandbox.backend import (
     Status,
     run_outcome,
 )
-from services.sandbox.harness import HARNESS_SOURCE, LAUNCHER_SOURCE
+from services.sandbox.bwrap import read_only_binds, sandbox_argv
+from services.sandbox.harness import HARNESS_SOURCE, LAUNCHER_SOURCE, parse_status
+from services.sandbox.staging import (
+    REPORT_CAP_BYTES,
+    Capped,
+    checked_files,
+    parse_report,
+    remove_tree,
+    stage_files_off_loop,
+)
 
 log = structlog.get_logger()
 
-# Namespaces (network, pid, ipc, uts, cgroup; mount always), a fresh /proc of the pid namespace, a
-# minimal /dev. When the launcher (pid 2) ends, the namespace's init ends and the kernel kills
-# every process left in it; --die-with-parent does the same when the service kills bwrap.
-BWRAP_FLAGS = (
-    "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-    "--hostname", "sandbox", "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev",
-)  # fmt: skip
-# As root the launcher keeps only what it needs to stage the work folder and drop to the sandbox
-# uid; the code itself then has no capability. A non-root service needs a user namespace.
-BWRAP_ROOT_FLAGS = ("--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN")
-BWRAP_USER_FLAGS = ("--unshare-user", "--disable-userns", "--cap-drop", "ALL")
-# What the interpreter and the usual tools need, shown read-only; nothing else of the host.
-SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/etc/alternatives")
 UNISOLATED_HINT = (
     "install bubblewrap (`apt-get install bubblewrap`) on a kernel that allows namespaces, use "
     "DOCKYARD_SANDBOX_BACKEND=docker, or set DOCKYARD_SANDBOX_ALLOW_UNISOLATED=1 to run untrusted code "
@@ -98,7 +97,6 @@ PYTHON_NAMES = frozenset({"python", "python3"})
 # After the main process exits and its group is killed, how long pipes may
 # stay open (held by a process that escaped the group) before we stop reading.
 DRAIN_GRACE_SECONDS = 0.5
-REPORT_CAP_BYTES = 64 * 1024
 
 
 def sandbox_environment(work: str) -> dict[str, str]:
@@ -115,36 +113,7 @@ def sandbox_environment(work: str) -> dict[str, str]:
     }
 
 
-def checked_files(files: Mapping[str, str]) -> list[tuple[PurePosixPath, str]]:
-    """Relative, '..'-free paths that stay inside the work folder; InvalidArgument otherwise."""
-    checked = []
-    for name, content in files.items():
-        path = PurePosixPath(name)
-        if not name or "\x00" in name or path.is_absolute() or ".." in path.parts or not path.parts:
-            raise InvalidArgument(f"files: {name!r} must be a relative path inside the work folder, without '..'")
-        checked.append((path, content))
-    folders = {parent for path, _ in checked for parent in path.parents}
-    for path, _ in checked:
-        if path in folders:
-            raise InvalidArgument(f"files: {str(path)!r} is both a file and a folder")
-    return checked
-
-
-class _Capped:
-    """Keeps the first `cap` bytes it is given and drops the rest."""
-
-    def __init__(self, cap: int) -> None:
-        self.cap, self.data, self.truncated = cap, bytearray(), False
-
-    def add(self, chunk: bytes) -> None:
-        room = self.cap - len(self.data)
-        if len(chunk) > room:
-            self.truncated = True
-            chunk = chunk[: max(room, 0)]
-        self.data += chunk
-
-
-class _Capture(_Capped, asyncio.Protocol):
+class _Capture(Capped, asyncio.Protocol):
     """Keeps the first `cap` bytes of a pipe and drains the rest."""
 
     def __init__(self, cap: int) -> None:
@@ -192,80 +161,11 @@ def _text(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def read_only_binds() -> list[str]:
-    """bwrap arguments showing SYSTEM_PATHS and this interpreter's prefixes, read-only, at their paths."""
-    args: list[str] = []
-    for path in SYSTEM_PATHS:
-        if os.path.islink(path):
-            args += ["--symlink", os.readlink(path), path]
-        elif os.path.exists(path):
-            args += [*searchable_parents(path), "--ro-bind", path, path]
-    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
-    for prefix in sorted(prefixes):
-        if prefix != "/usr" and not prefix.startswith("/usr/"):
-            args += [*searchable_parents(prefix), "--ro-bind", prefix, prefix]
-    return args
-
-
-def searchable_parents(path: str) -> list[str]:
-    """bwrap arguments making `path`'s folders 0755: bwrap would make them 0700, closed to the sandbox uid."""
-    args: list[str] = []
-    for parent in reversed(PurePosixPath(path).parents[:-1]):  # outermost first, without "/"
-        args += ["--perms", "0755", "--dir", str(parent)]
-    return args
-
-
-def parse_status(data: bytes) -> tuple[bool, str, bool, int | None]:
-    """The launcher's status lines: (sandbox up, error, work folder full, exit code or None)."""
-    ready, error, disk_full, exit_code = False, "", False, None
-    for line in _text(data).splitlines():
-        word, _, rest = line.partition(" ")
-        if word == "ready":
-            ready = True
-        elif word == "error":
-            error = rest
-        elif word == "disk-full":
-            disk_full = True
-        elif word == "exit":
-            exit_code = int(rest)
-    return ready, error, disk_full, exit_code
-
-
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass  # already gone
-
-
-def _remove_tree(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-    if os.path.lexists(path):  # the code may have made folders unwritable to us
-        for root, dirs, _ in os.walk(path):
-            for name in dirs:
-                try:
-                    os.chmod(os.path.join(root, name), 0o700)
-                except OSError:
-                    pass
-        shutil.rmtree(path, ignore_errors=True)
-    if os.path.lexists(path):
-        log.warning("work folder left behind", path=path)
-
-
-def parse_report(report: bytes, nonce: bytes, tests_total: int) -> tuple[bool, list[bool] | None]:
-    """(harness started, per-test results or None); lines without the nonce are ignored."""
-    started, results = False, None
-    for line in report.split(b"\n"):
-        head, _, body = line.partition(b" ")
-        if not secrets.compare_digest(head, nonce):
-            continue
-        if body == b"ready":
-            started = True
-        elif body.startswith(b"result ") and results is None:
-            bits = body[len(b"result ") :]
-            if len(bits) == tests_total and set(bits) <= {ord("0"), ord("1")}:
-                results = [bit == ord("1") for bit in bits]
-    return started, results
 
 
 class LocalBackend(SandboxBackend):
@@ -336,17 +236,12 @@ class LocalBackend(SandboxBackend):
                 return Outcome(Status.ERROR, tests_total=1, error_message=f"cannot create the work folder: {exc}")
             try:
                 try:
-                    if seed_dir is not None:
-                        shutil.copytree(seed_dir, work, symlinks=True, dirs_exist_ok=True)
-                    for path, content in checked:
-                        target = Path(work, path)
-                        target.parent.mkdir(parents=True, exist_ok=True)
-                        target.write_text(content, encoding="utf-8")
+                    await stage_files_off_loop(work, checked, seed_dir)
                 except OSError as exc:
                     return Outcome(Status.ERROR, tests_total=1, error_message=f"cannot write the files: {exc}")
                 run = await self._run(argv, work, limits, staged=bool(checked) or seed_dir is not None)
             finally:
-                _remove_tree(work)
+                await asyncio.to_thread(remove_tree, work)
         if run.spawn_error:
             status = Status.ERROR
         elif run.timed_out:
@@ -371,7 +266,7 @@ class LocalBackend(SandboxBackend):
                 argv = [sys.executable, "-B", "-u", "-I", "-c", HARNESS_SOURCE, str(report_write)]
                 run = await self._run(argv, work, limits, stdin=stdin, report_pipe=(report_read, report_write))
             finally:
-                _remove_tree(work)
+                await asyncio.to_thread(remove_tree, work)
         if run.spawn_error:
             return _outcome(run, Status.ERROR, passed=0, total=total)
         if run.timed_out:
@@ -406,16 +301,7 @@ class LocalBackend(SandboxBackend):
         launcher = [sys.executable, "-I", "-S", "-B", "-c", LAUNCHER_SOURCE, str(status_fd), rlimits]
         if not self._isolate:  # the host folder itself is the work folder, unbounded
             return [*launcher, "-", "-", "0", *argv]
-        sandbox = [
-            self._bwrap or "bwrap",
-            *BWRAP_FLAGS,
-            *(BWRAP_USER_FLAGS if self._user == "-" else BWRAP_ROOT_FLAGS),
-            *self._binds,
-            # The work folder: a tmpfs of the disk limit at the host folder's path, private to the run.
-            *searchable_parents(work),
-            *("--perms", "0700", "--size", str(self._max_disk_bytes), "--tmpfs", work, "--chdir", work),
-            "--",
-        ]
+        sandbox = sandbox_argv(self._bwrap or "bwrap", self._user, self._binds, work, self._max_disk_bytes)
         return [*sandbox, *launcher, self._user, stage, "1", *argv]
 
     async def _run(

@@ -38,6 +38,8 @@ def rollout(start_service):
 
 def test_rollout_service_contract(rollout) -> None:
     asyncio.run(_contract(rollout.address))
+    # The generation whose deadline passed stopped early rather than running to max_new_tokens.
+    assert '"generation cancelled"' in rollout.logs(), rollout.logs()[-3000:]
     assert rollout.stop() == 0, rollout.logs()[-3000:]
 
 
@@ -118,6 +120,10 @@ async def _contract(address: str) -> None:
         info = await stub.GetEngineInfo(rollout_pb2.GetEngineInfoRequest(job_id=JOB), timeout=10)
         assert not long_call.done(), "generation finished before the concurrent call: make it longer"
         assert all(len(c.token_ids) == CEILING - 8 for c in (await long_call).completions)
+
+        # A caller whose deadline passes mid-generation: the generation stops and frees the engine for the next.
+        await expect_code(stub.Generate(long_request, timeout=2.0), grpc.StatusCode.DEADLINE_EXCEEDED)
+        assert len((await stub.Generate(request)).completions) == 3
 
         assert (info.engine, info.model, info.weight_version) == ("torch", "qwen2", 0)
         assert info.num_parameters > 0

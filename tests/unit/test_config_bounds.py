@@ -62,3 +62,24 @@ async def test_parse_config_text_parses_off_the_event_loop() -> None:
     assert (await parse_config_text(BASE)).grpo.max_num_steps == 20
     with pytest.raises(ConfigError, match="expands"):
         await parse_config_text(ALIAS_BOMB)
+
+
+def _doubling(levels: int, relative: bool = False) -> str:
+    """`a: ten chars`, then each key the previous one twice: 10 * 2**levels characters once resolved."""
+    dot = "." if relative else ""
+    lines = ["x:", "  a: xxxxxxxxxx"]
+    for i in range(levels):
+        prev = "a" if i == 0 else f"c{i - 1}"
+        lines.append(f"  c{i}: ${{{dot}{prev}}}${{{dot}{prev}}}" if relative else f"  c{i}: ${{x.{prev}}}${{x.{prev}}}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("relative", [False, True], ids=["absolute", "relative"])
+def test_an_interpolation_chain_that_doubles_is_refused_before_it_expands(relative: bool) -> None:
+    with pytest.raises(ConfigError, match="interpolations expand past"):
+        load_config_text(_doubling(40, relative))
+
+
+def test_interpolations_of_reasonable_size_still_resolve() -> None:
+    config = load_config_text(_doubling(10) + "policy:\n  model: {model_type: qwen2, hidden_size: 32}\n")
+    assert len(config.model_extra["x"]["c9"]) == 10 * 2**10

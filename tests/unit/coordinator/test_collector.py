@@ -7,8 +7,8 @@ import pytest
 
 from dockyard.api.buffer.v1 import buffer_pb2
 from dockyard.api.common.v1 import common_pb2
-from services.coordinator.collector import reward_of
 from services.coordinator.job_buffer import JobBuffer
+from services.coordinator.rewards import reward_of
 from tests.conftest import make_group
 
 

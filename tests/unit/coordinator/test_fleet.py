@@ -11,8 +11,9 @@ import pytest
 
 from dockyard.api.common.v1 import common_pb2
 from dockyard.config import load_config
-from services.coordinator.collector import Collector, GroupUnscorable, reward_of
+from services.coordinator.collector import Collector, GroupUnscorable
 from services.coordinator.fleet import ROLLOUT, SANDBOX, Fleet, FleetError
+from services.coordinator.rewards import reward_of
 from services.coordinator.task_stream import load_tasks
 from tests.conftest import REPO_ROOT
 

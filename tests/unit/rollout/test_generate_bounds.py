@@ -1,6 +1,9 @@
-"""Generate starts no work for a caller that has gone, nor for a prompt beyond the model's context."""
+"""Generate starts no work for a caller that has gone, nor for a prompt beyond the model's context,
+and stops the work of a caller whose deadline passes while it runs."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
@@ -64,3 +67,28 @@ async def test_a_prompt_beyond_the_context_is_refused_before_generation(servicer
     with pytest.raises(InvalidArgument, match="13 tokens; with max_new_tokens 4 that exceeds .* context of 16"):
         await servicer.Generate(request, Context(remaining=30.0))
     assert servicer.engines["job"].generations == 0
+
+
+class EndlessEngine(Engine):
+    """A generation that runs until it is cancelled, and records that it was."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled = asyncio.Event()
+
+    async def generate(self, prompt, num_samples, decoding):
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+
+async def test_a_deadline_that_passes_during_generation_cancels_it(servicer) -> None:
+    engine = servicer.engines["job"] = EndlessEngine()
+    request = rollout_pb2.GenerateRequest(job_id="job", prompt="1+2=", num_samples=1)
+    # The outer bound only keeps a regression from hanging the suite.
+    with pytest.raises(DeadlineExceeded, match="deadline passed during generation"):
+        await asyncio.wait_for(servicer.Generate(request, Context(remaining=0.05)), timeout=120)
+    assert engine.cancelled.is_set()
+    assert servicer.in_flight == 0

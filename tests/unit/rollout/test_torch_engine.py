@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 
 import pytest
 import torch
 
 from dockyard.models import build_char_tokenizer, build_random_model
 from services.rollout.decoding import DecodingParams
-from services.rollout.engine import GenerationResult, UnsupportedRequest
-from services.rollout.torch_engine import TorchEngine
+from services.rollout.engine import GenerationCancelled, GenerationResult, UnsupportedRequest
+from services.rollout.torch_engine import _GENERATION_LOCK, _GENERATION_THREAD, TorchEngine
 
 TINY = {
     "model_type": "qwen2",
@@ -221,3 +222,52 @@ async def test_generation_does_not_block_the_event_loop(engine: TorchEngine) -> 
         assert ticks >= 3
     finally:
         task.cancel()
+
+
+async def test_a_cancelled_generation_stops_at_its_next_decode_step() -> None:
+    engine = tiny_engine(os.environ.get("DOCKYARD_TEST_DEVICE", "cpu"))
+    cancelled_after: list[int] = []
+    generate_blocking = engine.generate_blocking
+
+    def spy(*args):
+        try:
+            return generate_blocking(*args)
+        except GenerationCancelled as exc:
+            cancelled_after.append(exc.steps)
+            raise
+
+    engine.generate_blocking = spy
+    # The fifth forward pass waits until the caller has cancelled: the generation is surely mid-run.
+    reached, go, calls = threading.Event(), threading.Event(), []
+
+    def pause_once(module, args, output) -> None:
+        calls.append(1)
+        if len(calls) == 5:
+            reached.set()
+            go.wait()
+
+    hook = engine.model.register_forward_hook(pause_once)
+    long = DecodingParams(temperature=1.0, max_new_tokens=100, ignore_eos=True, seed=0)
+    task = asyncio.create_task(engine.generate(PROMPT, 2, long))
+    try:
+        await asyncio.to_thread(reached.wait)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    finally:
+        go.set()
+        hook.remove()
+    # The single generation thread runs this only after the cancelled generation returned.
+    lock_held = await asyncio.get_running_loop().run_in_executor(_GENERATION_THREAD, _GENERATION_LOCK.locked)
+    assert task.cancelled()
+    assert len(cancelled_after) == 1 and cancelled_after[0] <= 6, cancelled_after  # no result, a step past the pause
+    assert not lock_held
+    short = await engine.generate(PROMPT, 1, DecodingParams(temperature=1.0, max_new_tokens=4, ignore_eos=True))
+    assert len(short.completions[0].token_ids) == 4
+
+
+def test_a_generation_cancelled_before_its_first_step_gives_no_result(engine: TorchEngine) -> None:
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(GenerationCancelled) as raised:
+        engine.generate_blocking(PROMPT, 2, DecodingParams(temperature=1.0, max_new_tokens=50, ignore_eos=True), cancel)
+    assert raised.value.steps == 1

@@ -80,10 +80,15 @@ class _FakeLLM:
         self.prefix_resets = 0
         self.release = asyncio.Event()
         self.release.set()
+        self.aborted: list[str] = []
 
     async def generate(self, prompt, params, request_id):
         self.requests.append((prompt, params, request_id))
-        await self.release.wait()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:  # where AsyncLLM aborts the request
+            self.aborted.append(request_id)
+            raise
         ids = prompt["prompt_token_ids"]
         outputs = [
             SimpleNamespace(
@@ -227,6 +232,26 @@ def test_generation_and_weight_loading_through_the_engine(monkeypatch, model_dir
         assert report.checksum == sent.checksum and engine.weight_version == 2 and llm.prefix_resets == 1
         assert worker_model.loaded == ["model.embed.weight", "model.head.weight"]
         assert torch.equal(worker_model.embed, new[0][1]) and torch.equal(worker_model.head, new[1][1])
+        await engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_generation_reaches_vllm(monkeypatch, model_dir) -> None:
+    _stand_in_vllm(monkeypatch)
+
+    async def scenario():
+        engine = await VllmEngine.create(_config(model_dir), "cuda")
+        llm = engine.llm
+        llm.release.clear()
+        generating = asyncio.create_task(engine.generate("1+2=", 1, DecodingParams()))
+        while not llm.requests:
+            await asyncio.sleep(0)
+        generating.cancel()
+        await asyncio.gather(generating, return_exceptions=True)
+        assert generating.cancelled()
+        assert llm.aborted == [llm.requests[0][2]]
+        assert engine._active == 0  # a weight load no longer waits for it
         await engine.close()
 
     asyncio.run(scenario())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -13,7 +14,9 @@ import pytest
 
 from dockyard.rpc.errors import InvalidArgument
 from services.sandbox.backend import ResourceLimits, Status
-from services.sandbox.local import LocalBackend, parse_report, sandbox_environment
+from services.sandbox.local import LocalBackend, sandbox_environment
+from services.sandbox.servicer import MAX_FILES
+from services.sandbox.staging import parse_report
 
 LIMITS = ResourceLimits(timeout_seconds=10.0, memory_mb=256, cpu_seconds=10.0, max_output_bytes=4096)
 
@@ -198,6 +201,27 @@ async def test_work_folder_is_removed_afterwards(backend, tmp_path):
     assert work.parent == tmp_path
     assert not work.exists()
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_files_are_written_off_the_event_loop(backend, tmp_path, monkeypatch):
+    """The largest accepted request is staged in a worker thread: the loop keeps serving health checks."""
+    writers: set[int] = set()
+    for method in ("write_text", "write_bytes"):
+        original = getattr(Path, method)
+
+        def recording(self, *args, _original=original, **kwargs):
+            if tmp_path in self.parents:
+                writers.add(threading.get_ident())
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, method, recording)
+    files = {f"data/f{i}.txt": str(i) for i in range(MAX_FILES)}
+    count = "import os; print(len(os.listdir('data')))"
+    out = await backend.execute(files, ["python", "-c", count], LIMITS)
+    assert out.status is Status.PASSED, out.stderr
+    assert out.stdout == f"{MAX_FILES}\n"
+    assert writers, "no file of the request was written"
+    assert threading.get_ident() not in writers
 
 
 async def test_concurrency_is_bounded(tmp_path):

@@ -13,8 +13,9 @@ from dockyard.api.sandbox.v1 import sandbox_pb2
 from dockyard.config import ConfigError, load_config
 from dockyard.tasks import humaneval, swe
 from dockyard.tasks.envs import Environment, sandbox_env
-from services.coordinator.collector import Collector, reward_of
+from services.coordinator.collector import Collector
 from services.coordinator.fleet import Fleet
+from services.coordinator.rewards import reward_of
 from services.coordinator.task_stream import load_tasks
 
 TINY = "examples/configs/tiny_expr.yaml"

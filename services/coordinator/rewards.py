@@ -1,0 +1,53 @@
+"""Rewards of a group: verdict -> raw reward, then the shaping the config asks for, and dynamic sampling's test.
+
+    Verdict ─reward_of(env.reward)─> (reward, valid) ─shape_rewards─> integrity zeroing ─> overlong penalty
+            ─> reward scaling (valid trajectories only)          has_signal: any spread among valid rewards?
+
+Guarantees: an ERROR verdict is an infrastructure failure, invalid (masked), never a zero reward;
+a trajectory flagged integrity_violation earns nothing for passing, before any penalty; shaping
+never touches an invalid trajectory's reward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dockyard.algorithms import apply_integrity, dynamic_sampling_mask, overlong_penalty, scale_rewards
+from dockyard.api.common.v1 import common_pb2
+from dockyard.config import GRPOConfig
+
+
+def reward_of(verdict: common_pb2.Verdict, kind: str) -> tuple[float, bool]:
+    """(reward, valid) of a verdict; ERROR is an infrastructure failure, not a zero."""
+    if verdict.status == common_pb2.VERDICT_STATUS_ERROR:
+        return 0.0, False
+    if kind == "all_pass":
+        return float(verdict.status == common_pb2.VERDICT_STATUS_PASSED), True
+    if verdict.tests_total == 0:
+        return 0.0, True
+    return verdict.tests_passed / verdict.tests_total, True
+
+
+def shape_rewards(trajectories: list[common_pb2.Trajectory], grpo: GRPOConfig) -> None:
+    """Integrity zeroing, then the overlong penalty and reward scaling, on the valid trajectories (in place)."""
+    rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float64)
+    # Before any penalty: a patch that touched protected (test) files earns nothing for passing.
+    rewards = apply_integrity(rewards, torch.tensor([t.verdict.integrity_violation for t in trajectories]))
+    if grpo.reward_shaping.enabled:
+        shaping = grpo.reward_shaping
+        lengths = torch.tensor([len(t.completion_token_ids) for t in trajectories])
+        rewards = rewards + overlong_penalty(
+            lengths, shaping.max_response_length, shaping.overlong_buffer_length, shaping.overlong_penalty
+        )
+    if grpo.reward_scaling.enabled:
+        s = grpo.reward_scaling
+        rewards = scale_rewards(rewards, s.source_min, s.source_max, s.target_min, s.target_max)
+    for t, r in zip(trajectories, rewards.tolist(), strict=True):
+        if t.valid:
+            t.reward = r
+
+
+def has_signal(group: common_pb2.Group) -> bool:
+    rewards = torch.tensor([t.reward for t in group.trajectories])
+    valid = torch.tensor([t.valid for t in group.trajectories])
+    return bool(dynamic_sampling_mask(rewards, torch.zeros(len(rewards), dtype=torch.long), valid).all())

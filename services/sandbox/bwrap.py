@@ -1,0 +1,71 @@
+"""The bubblewrap command line of the local backend: which namespaces, which host paths, which work folder.
+
+    sandbox_argv(bwrap, user, binds, work, disk bytes)
+        --> bwrap: net, pid, ipc, uts, cgroup and mount namespaces (+ a user namespace when not root)
+            + read_only_binds(): SYSTEM_PATHS and the interpreter's prefixes, read-only, at their paths
+            + the work folder: a tmpfs of the disk limit at the host folder's path, mode 0700
+            + "--"  (the launcher and the command follow)
+
+Guarantees: nothing of the host is shown but SYSTEM_PATHS and the interpreter's
+prefixes, all read-only; the folders leading to them are searchable (0755) by the
+sandbox uid; as root only CAP_SETUID, CAP_SETGID and CAP_CHOWN are kept (for the
+launcher, which drops them with the uid), otherwise every capability is dropped
+inside a user namespace that cannot nest another.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import PurePosixPath
+
+# Namespaces (network, pid, ipc, uts, cgroup; mount always), a fresh /proc of the pid namespace, a
+# minimal /dev. When the launcher (pid 2) ends, the namespace's init ends and the kernel kills
+# every process left in it; --die-with-parent does the same when the service kills bwrap.
+BWRAP_FLAGS = (
+    "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+    "--hostname", "sandbox", "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev",
+)  # fmt: skip
+# As root the launcher keeps only what it needs to stage the work folder and drop to the sandbox
+# uid; the code itself then has no capability. A non-root service needs a user namespace.
+BWRAP_ROOT_FLAGS = ("--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN")
+BWRAP_USER_FLAGS = ("--unshare-user", "--disable-userns", "--cap-drop", "ALL")
+# What the interpreter and the usual tools need, shown read-only; nothing else of the host.
+SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc/ld.so.cache", "/etc/alternatives")
+
+
+def read_only_binds() -> list[str]:
+    """bwrap arguments showing SYSTEM_PATHS and this interpreter's prefixes, read-only, at their paths."""
+    args: list[str] = []
+    for path in SYSTEM_PATHS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.exists(path):
+            args += [*searchable_parents(path), "--ro-bind", path, path]
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
+    for prefix in sorted(prefixes):
+        if prefix != "/usr" and not prefix.startswith("/usr/"):
+            args += [*searchable_parents(prefix), "--ro-bind", prefix, prefix]
+    return args
+
+
+def searchable_parents(path: str) -> list[str]:
+    """bwrap arguments making `path`'s folders 0755: bwrap would make them 0700, closed to the sandbox uid."""
+    args: list[str] = []
+    for parent in reversed(PurePosixPath(path).parents[:-1]):  # outermost first, without "/"
+        args += ["--perms", "0755", "--dir", str(parent)]
+    return args
+
+
+def sandbox_argv(bwrap: str, user: str, binds: list[str], work: str, max_disk_bytes: int) -> list[str]:
+    """bwrap and its arguments up to "--"; `user` "-" means a non-root service (a user namespace)."""
+    return [
+        bwrap,
+        *BWRAP_FLAGS,
+        *(BWRAP_USER_FLAGS if user == "-" else BWRAP_ROOT_FLAGS),
+        *binds,
+        # The work folder: a tmpfs of the disk limit at the host folder's path, private to the run.
+        *searchable_parents(work),
+        *("--perms", "0700", "--size", str(max_disk_bytes), "--tmpfs", work, "--chdir", work),
+        "--",
+    ]
