@@ -4,7 +4,8 @@
                                 │ weight_version += 1
     coordinator ──PushWeights──> weight-sync group broadcast ──> rollout replicas
 
-    servicer.py       TrainerServicer (rank 0): request validation, protos <-> domain types, errors -> status
+    servicer.py       TrainerServicer (rank 0): calls the domain with checked requests, errors -> status
+    requests.py       request checks (job ids, steps, demonstrations, metrics), protos -> domain types
     consumer.py       BufferConsumer: one job's lease (reclaim, then sample), ledger check, deferred acks
     ledger.py         TrainedLedger: the fsynced record of trained groups that survives a crash
     ranks.py          COMMANDS, the one table every rank dispatches from; rank 0 publishes, the others follow
@@ -20,8 +21,8 @@
 
 A module imports only modules listed below it. policy.py and everything
 below it is plain Python and torch: no protobuf, no gRPC, so it is tested
-without a server; RPC stubs appear only in servicer.py, consumer.py and
-weight_push.py.
+without a server; RPC stubs appear only in servicer.py, requests.py,
+consumer.py and weight_push.py.
 
 Guarantees: groups are acked only after the optimizer step that consumed
 them; the weight version counts optimizer steps; weights leave only over the

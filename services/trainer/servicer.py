@@ -20,19 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import structlog
 
 from dockyard.api.buffer.v1 import buffer_pb2_grpc
-from dockyard.api.common.v1 import common_pb2
 from dockyard.api.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.api.trainer.v1 import trainer_pb2 as pb
 from dockyard.api.trainer.v1 import trainer_pb2_grpc
 from dockyard.config import ConfigError, MasterConfig, parse_config_text
-from dockyard.jobs import job_id_error
 from dockyard.rpc.client import connect
 from dockyard.rpc.completion import run_to_completion
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
@@ -40,18 +37,22 @@ from dockyard.weights.synchronizer import WeightSyncFailed
 from services.trainer import checkpoint
 from services.trainer.batch import BatchError, validate_groups, validate_rows
 from services.trainer.consumer import BufferConsumer
-from services.trainer.experience import Sample, TrainingGroup, demonstration_rows, staleness_metrics
+from services.trainer.experience import demonstration_rows, staleness_metrics
 from services.trainer.ledger import TrainedLedger
 from services.trainer.policy import PolicyTrainer
 from services.trainer.ranks import Ranks
+from services.trainer.requests import (
+    check_job_id,
+    check_metrics,
+    check_next_step,
+    demonstration_pairs,
+    training_group,
+)
 from services.trainer.settings import TrainerSettings
 from services.trainer.weight_push import WeightPush
 
 log = structlog.get_logger()
 BUFFER, COORDINATOR = "dockyard.buffer.v1.BufferService", "dockyard.coordinator.v1.CoordinatorService"
-MAX_DEMONSTRATIONS = 65536
-MAX_CHECKPOINT_METRICS = 1024
-MAX_METRIC_NAME_CHARS = 256
 
 
 @dataclass
@@ -104,13 +105,13 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         await self._coordinator_channel.close()
 
     def _job(self, job_id: str) -> TrainerJob:
-        _check_job_id(job_id)
+        check_job_id(job_id)
         if job_id not in self.jobs:
             raise NotFound(f"no policy loaded for job {job_id!r}; call LoadPolicy first")
         return self.jobs[job_id]
 
     async def LoadPolicy(self, request: pb.LoadPolicyRequest, context) -> pb.LoadPolicyResponse:
-        _check_job_id(request.job_id)
+        check_job_id(request.job_id)
         try:
             config = await parse_config_text(request.config_yaml, origin="config_yaml")
         except ConfigError as exc:
@@ -150,7 +151,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         if job.last_reply is not None and request.step == policy.weight_version == job.last_reply.weight_version:
             # The caller lost the reply of a step that was taken: answer it again, never train twice.
             return job.last_reply
-        _check_next_step(policy, request.step)
+        check_next_step(policy, request.step)
         lease = await consumer.lease(policy.weight_version, policy.config.grpo.num_prompts_per_step)
         groups = [training_group(g) for g in lease.groups]
         group_ids = [g.group_id for g in groups]
@@ -182,17 +183,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
     @_locked
     async def SupervisedStep(self, job: TrainerJob, request: pb.SupervisedStepRequest) -> pb.SupervisedStepResponse:
         policy = job.policy
-        _check_next_step(policy, request.step)
-        if not request.demonstrations:
-            raise InvalidArgument("empty batch: no demonstrations to train on")
-        if len(request.demonstrations) > MAX_DEMONSTRATIONS:
-            raise InvalidArgument(
-                f"demonstrations: {len(request.demonstrations)} in one step; at most {MAX_DEMONSTRATIONS}"
-            )
-        for i, demo in enumerate(request.demonstrations):
-            if not demo.prompt or not demo.completion:
-                raise InvalidArgument(f"demonstrations[{i}]: prompt and completion must both be non-empty")
-        pairs = [(d.prompt, d.completion) for d in request.demonstrations]
+        check_next_step(policy, request.step)
+        pairs = demonstration_pairs(request.demonstrations)
         rows = await asyncio.to_thread(demonstration_rows, policy.tokenizer, pairs)
         try:
             validate_rows(rows, policy.model.config.vocab_size, policy.max_positions)
@@ -217,7 +209,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
     @_locked
     async def SaveCheckpoint(self, job: TrainerJob, request: pb.SaveCheckpointRequest) -> pb.SaveCheckpointResponse:
-        _check_metrics(request.metrics)
+        check_metrics(request.metrics)
         policy, cfg = job.policy, job.policy.config.checkpointing
         root = policy.config.checkpoint_folder(job.job_id)
         folder = checkpoint.folder_for(root, policy.weight_version)
@@ -234,44 +226,3 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             self._loading.pop(request.job_id, None)
             await self._run("unload", request.job_id)
         return pb.UnloadPolicyResponse()
-
-
-def training_group(group: common_pb2.Group) -> TrainingGroup:
-    """A buffer group as the trainer trains on it."""
-    samples = [
-        Sample(
-            trajectory_id=t.trajectory_id,
-            prompt_ids=list(t.prompt_token_ids),
-            completion_ids=list(t.completion_token_ids),
-            generation_logprobs=list(t.completion_logprobs),
-            reward=t.reward,
-            valid=t.valid,
-            weight_version=t.weight_version,
-        )
-        for t in group.trajectories
-    ]
-    return TrainingGroup(group.group_id, samples)
-
-
-def _check_next_step(policy: PolicyTrainer, step: int) -> None:
-    expected = policy.weight_version + 1
-    if step != expected:
-        raise FailedPrecondition(
-            f"the trainer has taken {policy.weight_version} steps; the next step is {expected}, not {step}"
-        )
-
-
-def _check_job_id(job_id: str) -> None:
-    if error := job_id_error(job_id):
-        raise InvalidArgument(error)
-
-
-def _check_metrics(metrics) -> None:
-    """Checkpoint metrics rank checkpoints: a bounded number of finite values under short names."""
-    if len(metrics) > MAX_CHECKPOINT_METRICS:
-        raise InvalidArgument(f"metrics: {len(metrics)} entries; at most {MAX_CHECKPOINT_METRICS}")
-    for name, value in metrics.items():
-        if not name or len(name) > MAX_METRIC_NAME_CHARS:
-            raise InvalidArgument(f"metrics: a name must be 1 to {MAX_METRIC_NAME_CHARS} characters, got {len(name)}")
-        if not math.isfinite(value):
-            raise InvalidArgument(f"metrics[{name!r}] is {value}, not a finite number")

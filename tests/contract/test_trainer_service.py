@@ -202,7 +202,7 @@ class TorchrunTrainer(ServiceProcess):
 async def test_two_rank_trainer_serves_steps_and_checkpoints(start_service, tmp_path: Path) -> None:
     from dockyard.config import load_config_text
     from services.trainer.policy import PolicyTrainer
-    from services.trainer.servicer import training_group
+    from services.trainer.requests import training_group
 
     buffer = start_service("buffer")
     trainer = TorchrunTrainer({"DOCKYARD_TRAINER_BUFFER_ADDRESS": buffer.address}, tmp_path / "trainer.log")

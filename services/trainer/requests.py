@@ -1,0 +1,80 @@
+"""What the trainer service accepts: checks of its requests, and their protos as domain types.
+
+    TrainStep ─lease─> buffer Groups ─training_group─> TrainingGroup (services/trainer/experience.py)
+    SupervisedStep.demonstrations ─demonstration_pairs─> [(prompt, completion)]
+    job ids, step numbers, checkpoint metrics ─check_*─> InvalidArgument / FailedPrecondition
+
+Guarantees: a job id outside dockyard.jobs.JOB_ID (it names folders), an empty or oversized
+demonstration batch (more than MAX_DEMONSTRATIONS) and more than MAX_CHECKPOINT_METRICS, nameless
+or non-finite checkpoint metrics are INVALID_ARGUMENT naming the field; a step that is not the
+policy's next is FAILED_PRECONDITION. Nothing here touches the policy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from dockyard.api.common.v1 import common_pb2
+from dockyard.api.trainer.v1 import trainer_pb2
+from dockyard.jobs import job_id_error
+from dockyard.rpc.errors import FailedPrecondition, InvalidArgument
+from services.trainer.experience import Sample, TrainingGroup
+from services.trainer.policy import PolicyTrainer
+
+MAX_DEMONSTRATIONS = 65536
+MAX_CHECKPOINT_METRICS = 1024
+MAX_METRIC_NAME_CHARS = 256
+
+
+def demonstration_pairs(demonstrations: Sequence[trainer_pb2.Demonstration]) -> list[tuple[str, str]]:
+    """(prompt, completion) of each demonstration; InvalidArgument for an empty, oversized or hollow batch."""
+    if not demonstrations:
+        raise InvalidArgument("empty batch: no demonstrations to train on")
+    if len(demonstrations) > MAX_DEMONSTRATIONS:
+        raise InvalidArgument(f"demonstrations: {len(demonstrations)} in one step; at most {MAX_DEMONSTRATIONS}")
+    for i, demo in enumerate(demonstrations):
+        if not demo.prompt or not demo.completion:
+            raise InvalidArgument(f"demonstrations[{i}]: prompt and completion must both be non-empty")
+    return [(d.prompt, d.completion) for d in demonstrations]
+
+
+def training_group(group: common_pb2.Group) -> TrainingGroup:
+    """A buffer group as the trainer trains on it."""
+    samples = [
+        Sample(
+            trajectory_id=t.trajectory_id,
+            prompt_ids=list(t.prompt_token_ids),
+            completion_ids=list(t.completion_token_ids),
+            generation_logprobs=list(t.completion_logprobs),
+            reward=t.reward,
+            valid=t.valid,
+            weight_version=t.weight_version,
+        )
+        for t in group.trajectories
+    ]
+    return TrainingGroup(group.group_id, samples)
+
+
+def check_next_step(policy: PolicyTrainer, step: int) -> None:
+    expected = policy.weight_version + 1
+    if step != expected:
+        raise FailedPrecondition(
+            f"the trainer has taken {policy.weight_version} steps; the next step is {expected}, not {step}"
+        )
+
+
+def check_job_id(job_id: str) -> None:
+    if error := job_id_error(job_id):
+        raise InvalidArgument(error)
+
+
+def check_metrics(metrics: Mapping[str, float]) -> None:
+    """Checkpoint metrics rank checkpoints: a bounded number of finite values under short names."""
+    if len(metrics) > MAX_CHECKPOINT_METRICS:
+        raise InvalidArgument(f"metrics: {len(metrics)} entries; at most {MAX_CHECKPOINT_METRICS}")
+    for name, value in metrics.items():
+        if not name or len(name) > MAX_METRIC_NAME_CHARS:
+            raise InvalidArgument(f"metrics: a name must be 1 to {MAX_METRIC_NAME_CHARS} characters, got {len(name)}")
+        if not math.isfinite(value):
+            raise InvalidArgument(f"metrics[{name!r}] is {value}, not a finite number")
