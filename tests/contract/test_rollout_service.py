@@ -122,7 +122,8 @@ async def _contract(address: str) -> None:
         assert all(len(c.token_ids) == CEILING - 8 for c in (await long_call).completions)
 
         # A caller whose deadline passes mid-generation: the generation stops and frees the engine for the next.
-        await expect_code(stub.Generate(long_request, timeout=2.0), grpc.StatusCode.DEADLINE_EXCEEDED)
+        # The deadline is shorter than the long generation took above (it was still running after 0.5 s).
+        await expect_code(stub.Generate(long_request, timeout=0.5), grpc.StatusCode.DEADLINE_EXCEEDED)
         assert len((await stub.Generate(request)).completions) == 3
 
         assert (info.engine, info.model, info.weight_version) == ("torch", "qwen2", 0)
