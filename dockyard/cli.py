@@ -422,20 +422,10 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_build_swe(args) -> int:
-    package, sep, version = args.package.partition("==")
-    if not sep or not package or not version:
-        print(f"error: package must be NAME==VERSION, got {args.package!r}", file=sys.stderr)
-        return EXIT_USAGE
     # The builder is a sandbox-side tool (it grades with the sandbox's log parser): it runs as its own
-    # process, as the services do, so the library never imports it.
-    argv = [args.package, "--out", args.out]
-    argv += [a for module in args.module for a in ("--module", module)]
-    argv += [a for test_file in args.test_file for a in ("--test-file", test_file)]
-    argv += ["--max-instances", str(args.max_instances), "--max-candidates", str(args.max_candidates)]
-    argv += ["--seed", str(args.seed)]
-    if args.sdist:
-        argv += ["--sdist", args.sdist]
-    return subprocess.run([sys.executable, "-m", "services.sandbox.task_builder", *argv]).returncode
+    # process, as the services do, so the library never imports it; its parser owns the options.
+    builder = [sys.executable, "-m", "services.sandbox.task_builder", "--prog", "dockyard tasks build-swe"]
+    return subprocess.run([*builder, *args.builder_args]).returncode
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -500,20 +490,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_prepare)
 
     tasks = sub.add_parser("tasks", help="build task sets").add_subparsers(dest="tasks_command", required=True)
-    p = tasks.add_parser("build-swe", help="SWE-bench-style instances from a PyPI sdist with injected bugs")
-    p.add_argument("package", help="NAME==VERSION of a pure-Python project whose sdist ships its tests")
-    p.add_argument("--out", required=True, help="task-set folder to write (instances.jsonl, repos/)")
-    p.add_argument("--module", action="append", required=True, help="source file to mutate (repeatable)")
-    p.add_argument("--test-file", action="append", required=True, help="test file to run (repeatable)")
-    p.add_argument("--max-instances", type=int, default=3, help="stop after this many instances")
-    p.add_argument("--max-candidates", type=int, default=40, help="mutations tried at most")
-    p.add_argument("--seed", type=int, default=0, help="order in which mutations are tried")
-    p.add_argument("--sdist", help="use this sdist file instead of downloading it")
+    p = tasks.add_parser(
+        "build-swe",
+        help="SWE-bench-style instances from a PyPI sdist with injected bugs (`dockyard tasks build-swe -h`)",
+        add_help=False,
+    )
+    p.add_argument("builder_args", nargs=argparse.REMAINDER, help="the task builder's arguments")
     p.set_defaults(func=cmd_build_swe)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["tasks", "build-swe"]:  # every argument, -h included, is the builder's
+        return cmd_build_swe(argparse.Namespace(builder_args=argv[2:]))
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

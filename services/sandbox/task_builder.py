@@ -259,11 +259,17 @@ def _name_version(text: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # `--prog` names the command in usage and errors: `dockyard tasks build-swe` runs this as a process.
+    prog = "python -m services.sandbox.task_builder"
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--prog"] and len(argv) > 1:
+        prog, argv = argv[1], argv[2:]
     parser = argparse.ArgumentParser(
-        prog="python -m services.sandbox.task_builder",
-        description="SWE-bench-style instances from a PyPI sdist with injected bugs",
+        prog=prog, description="SWE-bench-style instances from a PyPI sdist with injected bugs"
     )
-    parser.add_argument("package", type=_name_version, help="NAME==VERSION of a pure-Python project")
+    parser.add_argument(
+        "package", type=_name_version, help="NAME==VERSION of a pure-Python project whose sdist ships its tests"
+    )
     parser.add_argument("--out", required=True, help="task-set folder to write (instances.jsonl, repos/)")
     parser.add_argument("--module", action="append", required=True, help="source file to mutate (repeatable)")
     parser.add_argument("--test-file", action="append", required=True, help="test file to run (repeatable)")
