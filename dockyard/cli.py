@@ -15,6 +15,10 @@ DOCKYARD_CLI_COORDINATOR_ADDRESS, else 127.0.0.1:50051.
 
 Heavy modules (torch, transformers) load only in the commands that need
 them, so `dockyard --help` answers at once.
+
+Why one module of this size: every subcommand is a few lines of argument handling around the
+library (LocalStack, the coordinator stub, the warm start); the parser and its handlers read
+best side by side, and splitting them per command would scatter one `--help` across files.
 """
 
 from __future__ import annotations

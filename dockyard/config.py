@@ -12,6 +12,10 @@ counted each time they are used) to at most MAX_CONFIG_NODES values, every
 integer in it (extra keys and `policy.model` included) is within ±2^53 and every
 field's integer has its own bound; `parse_config_text` parses off the event
 loop within CONFIG_PARSE_SECONDS.
+
+Why one module of this size: it is the whole config schema, one small Section class per YAML
+section, plus the bounded parsing that every service calls; docs/configuration.md is checked
+against it field by field, which is simplest while the schema stays in one place.
 """
 
 from __future__ import annotations

@@ -52,6 +52,10 @@ Guarantees:
   still fails the sync.
 - Both sides can report a SHA-256 over the bytes moved, in transfer order; equal digests mean
   the receiver holds exactly the bytes the sender sent.
+
+Why one module of this size: the sender (`send_weights`) and the receiver (`receive_weights`)
+must issue the same broadcasts in the same order from the same transfer plan; keeping the
+plan, the manifest, the group member and both sides together is what keeps them in step.
 """
 
 from __future__ import annotations

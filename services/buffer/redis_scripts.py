@@ -89,6 +89,21 @@ local function advance(to)
   return latest, max_age
 end
 
+-- Drops every held group of version v (its stream must exist); how many. Undelivered
+-- entries have no PEL entry, so XDEL leaves nothing behind.
+local function drop_held(v)
+  local key = stream_key(v)
+  local n = 0
+  for _, e in ipairs(redis.call('XRANGE', key, '(' .. last_delivered(key), '+')) do
+    redis.call('XDEL', key, e[1])
+    redis.call('HSET', ids_key(v), fields(e[2])['g'], 'd')
+    redis.call('HDEL', ENTRIES, v .. '/' .. e[1])
+    n = n + 1
+  end
+  add_held(v, -n)
+  return n
+end
+
 -- A pending group that leaves without an ack: aged out, or deleted behind our back.
 local function drop_pending(v, entry)
   local gid = redis.call('HGET', ENTRIES, v .. '/' .. entry)
@@ -153,18 +168,8 @@ local oldest_fresh = latest - max_age
 local dropped = 0
 for _, v in ipairs(redis.call('ZRANGEBYSCORE', VERSIONS, '-inf', '(' .. fmt(oldest_fresh))) do
   if held_of(v) > 0 then
-    local key = stream_key(v)
-    local n = 0
-    -- Undelivered entries have no PEL entry, so XDEL leaves nothing behind.
-    for _, e in ipairs(redis.call('XRANGE', key, '(' .. last_delivered(key), '+')) do
-      redis.call('XDEL', key, e[1])
-      redis.call('HSET', ids_key(v), fields(e[2])['g'], 'd')
-      redis.call('HDEL', ENTRIES, v .. '/' .. e[1])
-      n = n + 1
-    end
-    add_held(v, -n)
+    dropped = dropped + drop_held(v)
     free_stale_stream(v)
-    dropped = dropped + n
   end
 end
 incr('dropped_stale', dropped)
@@ -346,14 +351,7 @@ local dropped = 0
 for _, v in ipairs(redis.call('ZRANGEBYSCORE', VERSIONS, '(' .. fmt(to), '+inf')) do
   local key = stream_key(v)
   if redis.call('EXISTS', key) == 1 then
-    local n = 0
-    for _, e in ipairs(redis.call('XRANGE', key, '(' .. last_delivered(key), '+')) do
-      redis.call('XDEL', key, e[1])
-      redis.call('HSET', ids_key(v), fields(e[2])['g'], 'd')
-      redis.call('HDEL', ENTRIES, v .. '/' .. e[1])
-      n = n + 1
-    end
-    add_held(v, -n)
+    local n = drop_held(v)
     incr('dropped_stale', n)
     local pending = pending_of(v)
     if pending > 0 then

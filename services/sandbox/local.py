@@ -44,6 +44,10 @@ parsed in harness.py; staging.py stages the files, as for the docker backend.
 
 Not covered: the kernel is shared with the host; RLIMIT_NPROC counts every
 task of the sandbox uid across runs; there is no memory, pids or CPU cgroup.
+
+Why about 400 lines: the bubblewrap arguments live in bwrap.py and the file staging in
+staging.py; what is left is one backend's spawn, limits, output collection and cleanup, which
+read as one sequence.
 """
 
 from __future__ import annotations
