@@ -10,6 +10,10 @@ by ``CHARSET``, and the tokenizer survives ``save_pretrained`` +
 ``AutoTokenizer.from_pretrained`` unchanged, alone or next to the config of a
 model type that does not force its own tokenizer class (``llama`` and
 ``qwen3`` do not; ``qwen2`` does and swaps in a byte-level tokenizer).
+
+Its chat template (CHAT_TEMPLATE) renders each message as ``role: content``
+and a newline, and the generation prompt as ``assistant: ``, all within
+``CHARSET``, so conversations tokenize one character per token like any text.
 """
 
 from __future__ import annotations
@@ -28,6 +32,12 @@ SPECIAL_TOKENS: tuple[str, ...] = (PAD, EOS, BOS, UNK)
 CHARSET: str = string.digits + string.ascii_lowercase + " \n=()+-*/%<>!&|^~,.:_[]"
 
 
+CHAT_TEMPLATE: str = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
     """A fresh character-level tokenizer over ``CHARSET``."""
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
@@ -37,7 +47,7 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     # One token per character, newlines and spaces included.
     core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
         pad_token=PAD,
         eos_token=EOS,
@@ -46,3 +56,5 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
         padding_side="right",
         clean_up_tokenization_spaces=False,
     )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer

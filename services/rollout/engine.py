@@ -1,9 +1,13 @@
 """Generation engines: one prompt in, a group of sampled completions out.
 
-    prompt ──tokenize──> prompt ids ──repeat × num_samples──> model.generate (one batch, KV cache)
+    prompt (text, or token ids as given) ──tokenize text only──> prompt ids ──repeat × num_samples──> model.generate (one batch, KV cache)
         ──> per row: cut after eos / stop string ──> GenerationResult(completions, weight_version)
 
 Guarantees of every engine:
+- a prompt given as token ids is used exactly as given: never re-tokenized,
+  no special token added, `prompt_token_ids` of the result equals it; an id
+  outside the vocabulary is UnsupportedRequest ("prompt_token_ids: ...");
+  a text prompt is tokenized with the model's tokenizer as it is configured;
 - each completion's `logprobs[t]` is the logprob of `token_ids[t]` under the
   generating policy, computed as log_softmax(raw_logits / temperature) at the
   sampled token: after temperature, before top-p/top-k truncation (plain
@@ -36,7 +40,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -66,14 +70,18 @@ class GenerationResult:
         return sorted(seen)
 
 
+Prompt = str | list[int]  # text, or token ids used exactly as given
+
+
 class GenerationEngine(abc.ABC):
     """What the rollout servicer needs from an engine (the built-in torch engine, vLLM)."""
 
     name: str = "engine"
+    tokenizer: Any  # the policy's Hugging Face tokenizer: text prompts, chat templates, context checks
 
     @abc.abstractmethod
-    async def generate(self, prompt: str, num_samples: int, decoding: DecodingParams) -> GenerationResult:
-        """Sample num_samples completions of prompt; never blocks the event loop.
+    async def generate(self, prompt: Prompt, num_samples: int, decoding: DecodingParams) -> GenerationResult:
+        """Sample num_samples completions of prompt (text, or token ids); never blocks the event loop.
 
         Cancelling the awaiting task stops the generation at its next decode step.
         """
@@ -109,6 +117,20 @@ class GenerationEngine(abc.ABC):
         report = await asyncio.to_thread(load)
         await self.prepare_for_generation()
         return report
+
+    def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of `messages` under the tokenizer's chat template, with the generation prompt.
+
+        Blocking (the template and tokenizer run here): call from a worker thread.
+        """
+        tokenizer = self.tokenizer
+        if not getattr(tokenizer, "chat_template", None):
+            raise UnsupportedRequest("messages: the policy's tokenizer has no chat template; send prompt text or ids")
+        try:
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        except Exception as exc:  # a template raising on this conversation (jinja's raise_exception, bad roles)
+            raise UnsupportedRequest(f"messages: the chat template refused them: {exc}") from None
+        return list(ids)
 
     async def prepare_for_generation(self) -> None:
         """Called after every completed weight load (caches that depend on weights are dropped here)."""

@@ -1,7 +1,7 @@
 """RolloutService over gRPC: one generation engine per job.
 
     LoadPolicy ──parse config──> engine (torch, or vLLM's AsyncLLM) ──> engines[job_id]  (weight_version 0)
-    Generate   ──validate──> engines[job_id].generate ──> GenerateResponse
+    Generate   ──validate, prompt (text | ids | chat messages)──> engines[job_id].generate ──> GenerateResponse
     ReceiveWeights ──WeightSynchronizer (weight-sync group or checkpoint folder)──> engine.receive_weights
     GetEngineInfo / UnloadPolicy ──> engines[job_id]
 
@@ -17,7 +17,7 @@ the weight-sync group has then been torn down and the next ReceiveWeights forms 
 coordinator's next epoch. backend=vllm on a replica without vLLM is
 FAILED_PRECONDITION naming the missing package. A job id outside
 dockyard.jobs.JOB_ID, a config beyond the config bounds (parsed off the event
-loop) and a prompt over MAX_PROMPT_BYTES are INVALID_ARGUMENT; a Generate whose
+loop) and a prompt beyond the bounds of services/rollout/prompts.py are INVALID_ARGUMENT; a Generate whose
 caller has already gone (cancelled, or past its deadline) starts no generation,
 and one whose caller goes while it runs is stopped at the engine's next decode
 step (the handler is cancelled, or its deadline passes: DEADLINE_EXCEEDED).
@@ -48,11 +48,11 @@ from services.rollout.decoding import (
     validate_decoding,
     validate_num_samples,
 )
-from services.rollout.engine import GenerationEngine, UnsupportedRequest
+from services.rollout.engine import GenerationEngine, Prompt, UnsupportedRequest
+from services.rollout.prompts import prompt_from_request
 from services.rollout.settings import RolloutSettings
 
 log = structlog.get_logger()
-MAX_PROMPT_BYTES = 256 * 1024  # far beyond any model context; bounds the tokenizer's work and memory
 
 
 def _require_job_id(job_id: str) -> None:
@@ -158,10 +158,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         # Arguments first: INVALID_ARGUMENT does not depend on what is loaded.
         _require_job_id(request.job_id)
         num_samples = validate_num_samples(request.num_samples)
-        if not request.prompt:
-            raise InvalidArgument("prompt is empty")
-        if (size := len(request.prompt.encode())) > MAX_PROMPT_BYTES:
-            raise InvalidArgument(f"prompt is {size} bytes; at most {MAX_PROMPT_BYTES}")
+        prompt_input = prompt_from_request(request)
         decoding = None
         if request.HasField("sampling"):
             decoding = decoding_from_proto(
@@ -170,7 +167,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         engine = self.engine(request.job_id)
         if decoding is None:
             decoding = self._default_decoding(request.job_id)
-        await _check_context(engine, request.prompt, decoding.max_new_tokens)
+        try:
+            prompt = await asyncio.to_thread(prompt_input.resolve, engine)
+        except UnsupportedRequest as exc:
+            raise InvalidArgument(str(exc)) from None
+        await _check_context(engine, prompt, decoding.max_new_tokens)
         remaining = context.time_remaining()
         if context.cancelled() or (remaining is not None and remaining <= 0):
             # Nobody would read the result: no generation for it.
@@ -179,7 +180,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         try:
             # grpc.aio cancels this handler when the caller cancels; the deadline is enforced here too.
             async with asyncio.timeout(remaining):
-                result = await engine.generate(request.prompt, num_samples, decoding)
+                result = await engine.generate(prompt, num_samples, decoding)
         except UnsupportedRequest as exc:
             raise InvalidArgument(str(exc)) from None
         except TimeoutError:
@@ -282,11 +283,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         _free_memory()
 
 
-async def _check_context(engine: GenerationEngine, prompt: str, max_new_tokens: int) -> None:
+async def _check_context(engine: GenerationEngine, prompt: Prompt, max_new_tokens: int) -> None:
     """INVALID_ARGUMENT when the prompt and its new tokens cannot fit the model's context."""
     if (context := engine.context_tokens) is None:
         return
-    tokens = len(await asyncio.to_thread(lambda: engine.tokenizer(prompt)["input_ids"]))
+    if isinstance(prompt, str):
+        tokens = len(await asyncio.to_thread(lambda: engine.tokenizer(prompt)["input_ids"]))
+    else:
+        tokens = len(prompt)
     if tokens + max_new_tokens > context:
         raise InvalidArgument(
             f"prompt is {tokens} tokens; with max_new_tokens {max_new_tokens} that exceeds the model's "

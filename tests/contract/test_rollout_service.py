@@ -143,3 +143,49 @@ async def _contract(address: str) -> None:
         await stub.UnloadPolicy(rollout_pb2.UnloadPolicyRequest(job_id=JOB))
         await expect_code(stub.Generate(request), grpc.StatusCode.NOT_FOUND, JOB)
         await expect_code(stub.UnloadPolicy(rollout_pb2.UnloadPolicyRequest(job_id=JOB)), grpc.StatusCode.NOT_FOUND)
+
+
+def test_generate_takes_text_token_ids_or_messages(rollout) -> None:
+    asyncio.run(_prompt_forms(rollout.address))
+    assert rollout.stop() == 0, rollout.logs()[-3000:]
+
+
+async def _prompt_forms(address: str) -> None:
+    from dockyard.models.tokenizer import build_char_tokenizer
+
+    async with connect(address, default_timeout=120) as channel:
+        stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+        await stub.LoadPolicy(rollout_pb2.LoadPolicyRequest(job_id=JOB, config_yaml=CONFIG_YAML))
+
+        def generate(**prompt) -> rollout_pb2.GenerateRequest:
+            return rollout_pb2.GenerateRequest(job_id=JOB, num_samples=2, sampling=sampling(seed=11), **prompt)
+
+        by_text = await stub.Generate(generate(prompt="1+2="))
+        by_ids = await stub.Generate(generate(prompt_token_ids=by_text.prompt_token_ids))
+        assert by_ids == by_text  # the same ids, the same seed: the same group
+
+        # A continuation from exact ids: the prompt comes back as sent, never re-tokenized.
+        first = by_text.completions[0]
+        continued_ids = [*by_text.prompt_token_ids, *first.token_ids, 9, 0]
+        continued = await stub.Generate(generate(prompt_token_ids=continued_ids))
+        assert list(continued.prompt_token_ids) == continued_ids
+        assert all(len(c.logprobs) == len(c.token_ids) >= 1 for c in continued.completions)
+
+        # A conversation goes through the tokenizer's chat template.
+        messages = [rollout_pb2.ChatMessage(role="user", content="1+2")]
+        chat = await stub.Generate(generate(messages=messages))
+        expected = build_char_tokenizer().apply_chat_template(
+            [{"role": "user", "content": "1+2"}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        assert list(chat.prompt_token_ids) == list(expected)
+
+        vocab = len(build_char_tokenizer())
+        for fields, word in [
+            (dict(prompt_token_ids=[5, vocab + 1000]), "prompt_token_ids"),
+            (dict(prompt_token_ids=[5, -1]), "prompt_token_ids[1]"),
+            (dict(prompt="1+2=", prompt_token_ids=[5]), "exactly one of"),
+            (dict(prompt_token_ids=[5] * 1020), "context"),
+            (dict(messages=[rollout_pb2.ChatMessage(role="", content="x")]), "messages[0].role"),
+        ]:
+            await expect_code(stub.Generate(generate(**fields)), grpc.StatusCode.INVALID_ARGUMENT, word)
+        assert await health_status(address) == "SERVING"

@@ -94,3 +94,9 @@ def test_gpu_override_reserves_gpus_for_trainer_and_rollout() -> None:
         (device,) = service["deploy"]["resources"]["reservations"]["devices"]
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"], name
         assert service["environment"][f"DOCKYARD_{name.upper()}_DEVICE"] == "cuda"
+
+
+def test_run_folders_stay_in_the_data_volume() -> None:
+    coordinator = load("compose.yaml")["coordinator"]
+    root = coordinator["environment"]["DOCKYARD_COORDINATOR_RUN_ROOT"]
+    assert f"data:{root}" in coordinator["volumes"], coordinator["volumes"]

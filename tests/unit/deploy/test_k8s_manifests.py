@@ -279,3 +279,10 @@ def test_the_job_config_is_the_tiny_recipe_and_loads(docs, tmp_path: Path) -> No
     path.write_text(text)
     cfg = load_config(path, [])
     assert not Path(cfg.policy.model_name).is_absolute(), "resolves under /data, the shared volume"
+
+
+def test_run_folders_stay_in_the_data_volume(docs) -> None:
+    template = by_kind(docs, "Deployment")["coordinator"]["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    root = env_of(container)["DOCKYARD_COORDINATOR_RUN_ROOT"]
+    assert {"name": "data", "mountPath": root} in container["volumeMounts"], container["volumeMounts"]

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from dockyard.api.common.v1 import common_pb2 as dockyard_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!dockyard/rollout/v1/rollout.proto\x12\x13\x64ockyard.rollout.v1\x1a\x1f\x64ockyard/common/v1/common.proto\"8\n\x11LoadPolicyRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\"<\n\x12LoadPolicyResponse\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\"\x90\x01\n\x0fGenerateRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x13\n\x0bnum_samples\x18\x04 \x01(\x05\x12\x34\n\x08sampling\x18\x05 \x01(\x0b\x32\".dockyard.common.v1.SamplingParams\"V\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\"\x93\x01\n\x10GenerateResponse\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x34\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x1f.dockyard.rollout.v1.Completion\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x17\n\x0fweight_versions\x18\x04 \x03(\x03\"?\n\x15ReceiveWeightsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\"f\n\x16ReceiveWeightsResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x11\n\tnum_bytes\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\"&\n\x14GetEngineInfoRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"f\n\x15GetEngineInfoResponse\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x16\n\x0enum_parameters\x18\x04 \x01(\x03\"%\n\x13UnloadPolicyRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x16\n\x14UnloadPolicyResponse2\x80\x04\n\x0eRolloutService\x12]\n\nLoadPolicy\x12&.dockyard.rollout.v1.LoadPolicyRequest\x1a\'.dockyard.rollout.v1.LoadPolicyResponse\x12W\n\x08Generate\x12$.dockyard.rollout.v1.GenerateRequest\x1a%.dockyard.rollout.v1.GenerateResponse\x12i\n\x0eReceiveWeights\x12*.dockyard.rollout.v1.ReceiveWeightsRequest\x1a+.dockyard.rollout.v1.ReceiveWeightsResponse\x12\x66\n\rGetEngineInfo\x12).dockyard.rollout.v1.GetEngineInfoRequest\x1a*.dockyard.rollout.v1.GetEngineInfoResponse\x12\x63\n\x0cUnloadPolicy\x12(.dockyard.rollout.v1.UnloadPolicyRequest\x1a).dockyard.rollout.v1.UnloadPolicyResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!dockyard/rollout/v1/rollout.proto\x12\x13\x64ockyard.rollout.v1\x1a\x1f\x64ockyard/common/v1/common.proto\"8\n\x11LoadPolicyRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\"<\n\x12LoadPolicyResponse\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\"\xde\x01\n\x0fGenerateRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x13\n\x0bnum_samples\x18\x04 \x01(\x05\x12\x34\n\x08sampling\x18\x05 \x01(\x0b\x32\".dockyard.common.v1.SamplingParams\x12\x18\n\x10prompt_token_ids\x18\x06 \x03(\x05\x12\x32\n\x08messages\x18\x07 \x03(\x0b\x32 .dockyard.rollout.v1.ChatMessage\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"V\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\"\x93\x01\n\x10GenerateResponse\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x34\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x1f.dockyard.rollout.v1.Completion\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x17\n\x0fweight_versions\x18\x04 \x03(\x03\"?\n\x15ReceiveWeightsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\"f\n\x16ReceiveWeightsResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x11\n\tnum_bytes\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\"&\n\x14GetEngineInfoRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"f\n\x15GetEngineInfoResponse\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x16\n\x0enum_parameters\x18\x04 \x01(\x03\"%\n\x13UnloadPolicyRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x16\n\x14UnloadPolicyResponse2\x80\x04\n\x0eRolloutService\x12]\n\nLoadPolicy\x12&.dockyard.rollout.v1.LoadPolicyRequest\x1a\'.dockyard.rollout.v1.LoadPolicyResponse\x12W\n\x08Generate\x12$.dockyard.rollout.v1.GenerateRequest\x1a%.dockyard.rollout.v1.GenerateResponse\x12i\n\x0eReceiveWeights\x12*.dockyard.rollout.v1.ReceiveWeightsRequest\x1a+.dockyard.rollout.v1.ReceiveWeightsResponse\x12\x66\n\rGetEngineInfo\x12).dockyard.rollout.v1.GetEngineInfoRequest\x1a*.dockyard.rollout.v1.GetEngineInfoResponse\x12\x63\n\x0cUnloadPolicy\x12(.dockyard.rollout.v1.UnloadPolicyRequest\x1a).dockyard.rollout.v1.UnloadPolicyResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,23 +37,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOADPOLICYRESPONSE']._serialized_start=149
   _globals['_LOADPOLICYRESPONSE']._serialized_end=209
   _globals['_GENERATEREQUEST']._serialized_start=212
-  _globals['_GENERATEREQUEST']._serialized_end=356
-  _globals['_COMPLETION']._serialized_start=358
-  _globals['_COMPLETION']._serialized_end=444
-  _globals['_GENERATERESPONSE']._serialized_start=447
-  _globals['_GENERATERESPONSE']._serialized_end=594
-  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_start=596
-  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_end=659
-  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_start=661
-  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_end=763
-  _globals['_GETENGINEINFOREQUEST']._serialized_start=765
-  _globals['_GETENGINEINFOREQUEST']._serialized_end=803
-  _globals['_GETENGINEINFORESPONSE']._serialized_start=805
-  _globals['_GETENGINEINFORESPONSE']._serialized_end=907
-  _globals['_UNLOADPOLICYREQUEST']._serialized_start=909
-  _globals['_UNLOADPOLICYREQUEST']._serialized_end=946
-  _globals['_UNLOADPOLICYRESPONSE']._serialized_start=948
-  _globals['_UNLOADPOLICYRESPONSE']._serialized_end=970
-  _globals['_ROLLOUTSERVICE']._serialized_start=973
-  _globals['_ROLLOUTSERVICE']._serialized_end=1485
+  _globals['_GENERATEREQUEST']._serialized_end=434
+  _globals['_CHATMESSAGE']._serialized_start=436
+  _globals['_CHATMESSAGE']._serialized_end=480
+  _globals['_COMPLETION']._serialized_start=482
+  _globals['_COMPLETION']._serialized_end=568
+  _globals['_GENERATERESPONSE']._serialized_start=571
+  _globals['_GENERATERESPONSE']._serialized_end=718
+  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_start=720
+  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_end=783
+  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_start=785
+  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_end=887
+  _globals['_GETENGINEINFOREQUEST']._serialized_start=889
+  _globals['_GETENGINEINFOREQUEST']._serialized_end=927
+  _globals['_GETENGINEINFORESPONSE']._serialized_start=929
+  _globals['_GETENGINEINFORESPONSE']._serialized_end=1031
+  _globals['_UNLOADPOLICYREQUEST']._serialized_start=1033
+  _globals['_UNLOADPOLICYREQUEST']._serialized_end=1070
+  _globals['_UNLOADPOLICYRESPONSE']._serialized_start=1072
+  _globals['_UNLOADPOLICYRESPONSE']._serialized_end=1094
+  _globals['_ROLLOUTSERVICE']._serialized_start=1097
+  _globals['_ROLLOUTSERVICE']._serialized_end=1609
 # @@protoc_insertion_point(module_scope)
