@@ -3,6 +3,8 @@
     coordinator --Execute(files, argv, limits)-------> verdict: PASSED iff exit code 0
                 --RunTests(program, tests, limits)--> verdict: PASSED iff every test passed
                 --ScorePatch(task set, instance, patch) --> verdict: PASSED iff resolved (SWE-bench style)
+    agent       --OpenSession / SessionExec / ReadFile / WriteFile / ScoreSession / CloseSession-->
+                  a work folder kept across calls (sessions.py)
 
     settings.py        SandboxSettings: DOCKYARD_SANDBOX_*, backend choice, default limits and ceilings
     backend.py         SandboxBackend, the interface every backend implements; Outcome, ResourceLimits
@@ -18,6 +20,11 @@
     swe.py             task sets, checkouts from local git mirrors, the in-sandbox driver, SWE verdicts
     patches.py         patch checks before anything applies a patch; the integrity rule
     log_parsing.py     pytest logs -> per-test statuses -> grading, as the swebench package does
+    sessions.py        SessionStore: session ids, the bound on open sessions, idle reaping
+    session_api.py     the session RPCs' checks and flow (store, backend, SWE scoring of the work folder)
+    session_files.py   ReadFile / WriteFile confined to the work folder, never through a link
+    local_sessions.py  local sessions: a host folder, each command a fresh bubblewrap run over it
+    docker_sessions.py docker sessions: one long-lived container, `docker exec` per command
     task_builder.py    SWE task sets from a PyPI sdist with injected bugs; a command of its own, run by
                        `dockyard tasks build-swe`
 

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import structlog
+
 from dockyard.rpc.launch import run_service
 from dockyard.rpc.server import Service
 from services.sandbox.settings import SandboxSettings
+
+log = structlog.get_logger()
 
 
 async def make_backend(settings: SandboxSettings):
@@ -42,8 +48,6 @@ def make_swe_scorer(settings: SandboxSettings, backend):
 
     image_for = None
     if settings.backend == "docker":
-        import asyncio
-
         import docker
 
         from services.sandbox.images import ensure_env_image
@@ -74,7 +78,10 @@ def main() -> None:
         from services.sandbox.servicer import SandboxServicer
 
         backend = await make_backend(settings)
+        reaped = await asyncio.to_thread(backend.reap_sessions)
+        log.info("removed the sessions of a previous run", count=reaped, backend=settings.backend)
         servicer = SandboxServicer(backend, settings, swe=make_swe_scorer(settings, backend))
+        servicer.start()
         service = Service(
             name="dockyard.sandbox.v1.SandboxService",
             servicer=servicer,
@@ -89,6 +96,7 @@ def main() -> None:
             try:
                 if membership is not None:
                     await membership.stop()
+                await servicer.close_sessions()
                 await backend.close()
             finally:  # whatever failed above, the checkout cache under the work root goes
                 servicer.close()

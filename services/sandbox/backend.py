@@ -15,6 +15,12 @@ import abc
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dockyard.rpc.errors import FailedPrecondition
+
+if TYPE_CHECKING:
+    from services.sandbox.sessions import SessionHandle
 
 
 class Status(enum.Enum):
@@ -102,6 +108,17 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     async def run_tests(self, program: str, tests: Sequence[str], limits: ResourceLimits) -> Outcome:
         """Run the Python `program`, then each test statement on its own; count the passes."""
+
+    async def open_session(
+        self, files: Mapping[str, str], limits: ResourceLimits, *, seed_dir: str | None = None, image: str | None = None
+    ) -> SessionHandle:
+        """A work folder (or container) kept across commands, holding `seed_dir` overlaid with `files`;
+        `limits.memory_mb` bounds the whole session where the backend can (see sessions.py)."""
+        raise FailedPrecondition(f"the {type(self).__name__} backend has no sessions")
+
+    def reap_sessions(self) -> int:
+        """Remove the sessions a dead predecessor of this service left; returns how many. Blocks."""
+        return 0
 
     async def close(self) -> None:
         """Stop whatever is still running; called once at service shutdown."""

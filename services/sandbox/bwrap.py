@@ -57,12 +57,21 @@ def searchable_parents(path: str) -> list[str]:
     return args
 
 
-def sandbox_argv(bwrap: str, user: str, binds: list[str], work: str, max_disk_bytes: int) -> list[str]:
-    """bwrap and its arguments up to "--"; `user` "-" means a non-root service (a user namespace)."""
+# Session runs, as root: the launcher also copies the work folder out whatever modes the code left
+# (DAC_OVERRIDE) after killing what the code left running (KILL); the code's uid drop clears both.
+BWRAP_KEEP_FLAGS = ("--cap-add", "CAP_DAC_OVERRIDE", "--cap-add", "CAP_KILL")
+
+
+def sandbox_argv(
+    bwrap: str, user: str, binds: list[str], work: str, max_disk_bytes: int, *, keep: bool = False
+) -> list[str]:
+    """bwrap and its arguments up to "--"; `user` "-" means a non-root service (a user namespace);
+    `keep`: a session run, whose launcher copies the work folder out afterwards."""
+    caps = BWRAP_USER_FLAGS if user == "-" else BWRAP_ROOT_FLAGS + (BWRAP_KEEP_FLAGS if keep else ())
     return [
         bwrap,
         *BWRAP_FLAGS,
-        *(BWRAP_USER_FLAGS if user == "-" else BWRAP_ROOT_FLAGS),
+        *caps,
         *binds,
         # The work folder: a tmpfs of the disk limit at the host folder's path, private to the run.
         *searchable_parents(work),

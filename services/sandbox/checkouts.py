@@ -9,7 +9,9 @@ its only ref is a detached HEAD, so `git log --all`, `git rev-list --all` and
 `git cat-file --batch-all-objects` show nothing more, and no fix, later commit or held-out test of
 the mirror (which keeps the upstream branch) can be checked out from it; `git apply` and
 `git checkout HEAD -- <path>` work as in a clone. The cache folder is made at the first checkout
-and removed by `close`. Trusted host-side git: only the mirror and the commit id (validated hex)
+and removed by `close`. tree_patch diffs a session's work folder against a checkout without
+adding anything to it (new objects go to a scratch folder), so the checkout stays as above.
+Trusted host-side git: only the mirror and the commit id (validated hex)
 reach git's argv.
 """
 
@@ -80,7 +82,27 @@ _GIT_ENV = {
 }
 
 
-async def _git(*args: str, stdin: str | None = None) -> str:
+async def tree_patch(checkout: Path, tree: str) -> str:
+    """`git diff` of the files under `tree` against `checkout`'s one commit: new files included, what
+    .gitignore ignores and every `.git` folder left out, no renames; `checkout` is not changed."""
+    with tempfile.TemporaryDirectory(prefix="dockyard-tree-diff-") as scratch:
+        objects = Path(checkout, ".git", "objects")
+        env = {
+            "GIT_DIR": str(Path(checkout, ".git")),
+            "GIT_WORK_TREE": tree,
+            "GIT_INDEX_FILE": os.path.join(scratch, "index"),
+            "GIT_OBJECT_DIRECTORY": os.path.join(scratch, "objects"),  # the new blobs land here...
+            "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(objects),  # ...the base's are read from there
+        }
+        os.mkdir(env["GIT_OBJECT_DIRECTORY"])
+        await _git("read-tree", "HEAD", env=env)
+        await _git("-C", tree, "add", "--all", "--", ".", env=env)
+        return await _git(
+            "-C", tree, "diff", "--cached", "--no-color", "--no-ext-diff", "--no-renames", "HEAD", env=env
+        )
+
+
+async def _git(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> str:
     """git's stdout; RuntimeError with its output when it fails."""
     proc = await asyncio.create_subprocess_exec(
         "git",
@@ -88,7 +110,7 @@ async def _git(*args: str, stdin: str | None = None) -> str:
         stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_GIT_ENV},
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_GIT_ENV, **(env or {})},
     )
     out, err = await proc.communicate(stdin.encode() if stdin is not None else None)
     if proc.returncode != 0:

@@ -38,7 +38,8 @@ code that introspects the harness's own memory could recover the nonce.
 
 The container's host config, its shell wrapper and the tar that carries the
 work folder live in docker_container.py; the staging shared with local.py in
-staging.py.
+staging.py; sessions (one long-lived container each, same host config) in
+docker_sessions.py, whose containers this reaper leaves to reap_sessions.
 
 Not covered: the report file must be a path the docker engine sees at the same
 place (a service that runs in a container needs `work_root` bind-mounted at the
@@ -79,6 +80,7 @@ from services.sandbox.docker_container import (
     LABEL,
     REPORT_NAME,
     RUN_TESTS_COMMAND,
+    SESSION_LABEL,
     STAGE_COMMAND,
     create_container,
     folder_bytes,
@@ -188,7 +190,10 @@ class DockerBackend(SandboxBackend):
         # sparse: the listing's own labels, no inspect per container, so a container another
         # service removes meanwhile cannot fail the listing (NotFound) and the start with it.
         for container in self._client.containers.list(all=True, sparse=True, filters={"label": LABEL}):
-            label = (container.attrs.get("Labels") or {}).get(LABEL, "")
+            labels = container.attrs.get("Labels") or {}
+            label = labels.get(LABEL, "")
+            if SESSION_LABEL in labels:
+                continue  # a session's: reap_sessions removes and counts those
             if label != self._owner and owner_is_dead(label):
                 try:
                     container.remove(force=True)
@@ -242,6 +247,30 @@ class DockerBackend(SandboxBackend):
             return _outcome(run, Status.FAILED, passed=0, total=total)
         passed = sum(results)
         return _outcome(run, Status.PASSED if passed == total else Status.FAILED, passed=passed, total=total)
+
+    async def open_session(
+        self, files: Mapping[str, str], limits: ResourceLimits, *, seed_dir: str | None = None, image: str | None = None
+    ):
+        from services.sandbox.docker_sessions import DockerSessionConfig, open_docker_session
+
+        config = DockerSessionConfig(
+            client=self._client,
+            image=image or self._image,
+            user=self._container_user(),
+            owner=self._owner,
+            cpus=self._cpus,
+            pids_limit=self._pids_limit,
+            max_file_bytes=self._max_file_bytes,
+            max_disk_mb=self._max_disk_mb,
+            tmp_mb=self._tmp_mb,
+            work_root=self._work_root,
+        )
+        return await open_docker_session(config, files, limits, seed_dir=seed_dir)
+
+    def reap_sessions(self) -> int:
+        from services.sandbox.docker_sessions import reap_session_containers
+
+        return reap_session_containers(self._client, self._owner)
 
     async def close(self) -> None:
         """Remove the containers still running (their calls end as errors or timeouts)."""

@@ -31,6 +31,7 @@ from services.sandbox.backend import ResourceLimits
 from services.sandbox.staging import REPORT_CAP_BYTES
 
 LABEL = "dockyard.sandbox.owner"  # host/pid/process-start-time of the service that made it
+SESSION_LABEL = "dockyard.sandbox.session"  # on a session's container (docker_sessions.py)
 WORK = "/work"
 REPORT_NAME = ".dockyard-report"
 INPUT_NAME = ".dockyard-input"
@@ -80,8 +81,10 @@ def host_config(
     max_file_bytes: int,
     max_disk_mb: int,
     tmp_mb: int,
+    report: bool = True,
 ) -> dict:
-    """The engine's host config of a run's container; `user` "uid:gid" owns the /work tmpfs."""
+    """The engine's host config of a run's container; `user` "uid:gid" owns the /work tmpfs; `report`
+    False (a session's container): no host file at all."""
     from docker.types import LogConfig, Mount, Ulimit
 
     memory = f"{limits.memory_mb}m"
@@ -101,7 +104,7 @@ def host_config(
             Ulimit(name="fsize", soft=max_file_bytes, hard=max_file_bytes),
             Ulimit(name="core", soft=0, hard=0),
         ],
-        mounts=[Mount(f"{WORK}/{REPORT_NAME}", os.path.join(work, REPORT_NAME), type="bind")],
+        mounts=[Mount(f"{WORK}/{REPORT_NAME}", os.path.join(work, REPORT_NAME), type="bind")] if report else [],
         tmpfs={
             "/tmp": f"rw,nosuid,nodev,size={tmp_mb}m,mode=1777",
             # Counts against the memory cgroup too: the lower of the two limits ends the run first.
@@ -111,7 +114,9 @@ def host_config(
     )
 
 
-def create_container(api, image: str, command: list[str], *, user: str, owner: str, config: dict) -> str:
+def create_container(
+    api, image: str, command: list[str], *, user: str, owner: str, config: dict, labels: dict | None = None
+) -> str:
     """A created (not started) container of `image` running `command` in /work; its id."""
     return api.create_container(
         image,
@@ -122,7 +127,7 @@ def create_container(api, image: str, command: list[str], *, user: str, owner: s
         environment={"HOME": WORK},
         hostname="sandbox",
         network_disabled=True,
-        labels={LABEL: owner},
+        labels={LABEL: owner, **(labels or {})},
         host_config=config,
     )["Id"]
 

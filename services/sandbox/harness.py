@@ -32,9 +32,11 @@ test out of process.
 from __future__ import annotations
 
 # argv after -c: status_fd, "AS_BYTES,CPU_SECONDS,FSIZE_BYTES,NPROC", "UID:GID" or "-",
-# stage_fd or "-", disk_bounded ("1"/"0"), command...
+# stage_fd or "-", disk_bounded ("1"/"0"), keep_fd or "-", command...
 # Status lines: "ready" (the sandbox is up), "error <why>" (the command could not run),
-# "disk-full" (the work folder was full when the command ended), "exit <code>" (negative: signal).
+# "disk-full" (the work folder was full when the command ended), "kept" / "keep-error <why>"
+# (sessions: the work folder copied out to keep_fd once every process of the run was killed),
+# "exit <code>" (negative: signal).
 LAUNCHER_SOURCE = r"""
 import os, resource, sys
 status_fd = int(sys.argv[1])
@@ -44,7 +46,9 @@ def status(line):
 
 status("ready")
 memory, cpu, fsize, nproc = (int(v) for v in sys.argv[2].split(","))
-user, stage, disk_bounded, argv = sys.argv[3], sys.argv[4], sys.argv[5] == "1", sys.argv[6:]
+user, stage, disk_bounded, keep, argv = sys.argv[3], sys.argv[4], sys.argv[5] == "1", sys.argv[6], sys.argv[7:]
+if keep != "-":
+    os.set_inheritable(int(keep), False)  # the code never gets the host folder's fd
 work_fd = os.open(".", os.O_RDONLY)  # before the chown: root here has no CAP_DAC_OVERRIDE
 if user == "-":  # the code keeps this uid: make this process one it can neither ptrace nor read fds of
     import ctypes
@@ -90,6 +94,27 @@ if pid == 0:
 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 if disk_bounded and os.fstatvfs(work_fd).f_bavail == 0:
     status("disk-full")
+if keep != "-":
+    try:  # nothing the code left behind may change the folder while it is copied out
+        os.kill(-1, 9)
+    except OSError:
+        pass
+    try:
+        import shutil, stat
+
+        def special(folder, names):  # fifos, sockets, devices: nothing to keep once the run is gone
+            kinds = (stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK)
+            return [n for n in names if stat.S_IFMT(os.lstat(os.path.join(folder, n)).st_mode) in kinds]
+
+        # Sparse files would come out whole on the host's disk: their sizes must fit the tmpfs.
+        sizes = sum(os.lstat(os.path.join(r, n)).st_size for r, _, names in os.walk(".") for n in names)
+        room = os.fstatvfs(work_fd).f_blocks * os.fstatvfs(work_fd).f_frsize
+        if sizes > room:
+            raise OSError(f"its files add up to {sizes} bytes, more than the disk limit (sparse files count whole)")
+        shutil.copytree(".", f"/proc/self/fd/{keep}", symlinks=True, dirs_exist_ok=True, ignore=special)
+        status("kept")
+    except BaseException as exc:
+        status(f"keep-error {type(exc).__name__}: {str(exc)[:500]}")
 status(f"exit {code}")
 os._exit(0)  # in the sandbox: its pid namespace, and every process the code left, ends here
 """
@@ -151,6 +176,18 @@ def _harness():
 
 _harness()
 """
+
+
+def parse_kept(data: bytes) -> tuple[bool, str]:
+    """The launcher's keep lines (sessions): (work folder copied out, why not)."""
+    kept, error = False, ""
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "kept":
+            kept = True
+        elif word == "keep-error":
+            error = rest
+    return kept, error
 
 
 def parse_status(data: bytes) -> tuple[bool, str, bool, int | None]:

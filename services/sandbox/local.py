@@ -45,9 +45,12 @@ parsed in harness.py; staging.py stages the files, as for the docker backend.
 Not covered: the kernel is shared with the host; RLIMIT_NPROC counts every
 task of the sandbox uid across runs; there is no memory, pids or CPU cgroup.
 
-Why about 400 lines: the bubblewrap arguments live in bwrap.py and the file staging in
-staging.py; what is left is one backend's spawn, limits, output collection and cleanup, which
-read as one sequence.
+Sessions (local_sessions.py) use run_kept: the same run, whose launcher afterwards kills every
+process of the run and copies the work folder out into a host folder the session keeps.
+
+Why over 400 lines: the bubblewrap arguments live in bwrap.py, the file staging in staging.py
+and sessions in local_sessions.py; what is left is one backend's spawn, limits, output
+collection and cleanup, which read as one sequence.
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ from services.sandbox.backend import (
     run_outcome,
 )
 from services.sandbox.bwrap import read_only_binds, sandbox_argv
-from services.sandbox.harness import HARNESS_SOURCE, LAUNCHER_SOURCE, parse_status
+from services.sandbox.harness import HARNESS_SOURCE, LAUNCHER_SOURCE, parse_kept, parse_status
 from services.sandbox.staging import (
     REPORT_CAP_BYTES,
     Capped,
@@ -143,6 +146,8 @@ class _Run:
     duration: float = 0.0
     report: bytes = b""
     disk_full: bool = False
+    kept: bool = False  # sessions: the work folder was copied out to the keep folder
+    keep_error: str = ""
 
 
 def _outcome(run: _Run, status: Status, *, passed: int, total: int, error_message: str = "") -> Outcome:
@@ -159,6 +164,17 @@ def _outcome(run: _Run, status: Status, *, passed: int, total: int, error_messag
         duration=run.duration,
         error_message=error_message or run.spawn_error,
     )
+
+
+def _command_outcome(run: _Run) -> Outcome:
+    """A command's verdict: ERROR when it could not run, TIMEOUT when killed, else PASSED iff exit code 0."""
+    if run.spawn_error:
+        status = Status.ERROR
+    elif run.timed_out:
+        status = Status.TIMEOUT
+    else:
+        status = Status.PASSED if run.exit_code == 0 else Status.FAILED
+    return _outcome(run, status, passed=int(status is Status.PASSED), total=1)
 
 
 def _text(data: bytes) -> str:
@@ -230,9 +246,7 @@ class LocalBackend(SandboxBackend):
         if not command or not command[0]:
             raise InvalidArgument("command: must name the program to run")
         checked = checked_files(files)
-        argv = list(command)
-        if argv[0] in PYTHON_NAMES:
-            argv = [sys.executable, "-B", "-u", "-E", "-s", *argv[1:]]
+        argv = self.python_argv(command)
         async with self._slots:
             try:
                 work = tempfile.mkdtemp(prefix="dockyard-sandbox-", dir=self._work_root)
@@ -246,13 +260,7 @@ class LocalBackend(SandboxBackend):
                 run = await self._run(argv, work, limits, staged=bool(checked) or seed_dir is not None)
             finally:
                 await asyncio.to_thread(remove_tree, work)
-        if run.spawn_error:
-            status = Status.ERROR
-        elif run.timed_out:
-            status = Status.TIMEOUT
-        else:
-            status = Status.PASSED if run.exit_code == 0 else Status.FAILED
-        return _outcome(run, status, passed=int(status is Status.PASSED), total=1)
+        return _command_outcome(run)
 
     async def run_tests(self, program: str, tests: Sequence[str], limits: ResourceLimits) -> Outcome:
         if not tests:
@@ -284,12 +292,58 @@ class LocalBackend(SandboxBackend):
         passed = sum(results)
         return _outcome(run, Status.PASSED if passed == total else Status.FAILED, passed=passed, total=total)
 
+    async def open_session(
+        self, files: Mapping[str, str], limits: ResourceLimits, *, seed_dir: str | None = None, image: str | None = None
+    ):
+        from services.sandbox.local_sessions import open_local_session
+
+        del limits, image  # each command gets the session's limits itself; no images here
+        return await open_local_session(
+            self, files, seed_dir=seed_dir, work_root=self._work_root, max_disk_bytes=self._max_disk_bytes
+        )
+
+    def reap_sessions(self) -> int:
+        from services.sandbox.local_sessions import reap_dead_sessions
+
+        return reap_dead_sessions(self._work_root)
+
     async def close(self) -> None:
         for pgid in list(self._live_groups):
             _kill_group(pgid)
 
+    @property
+    def isolated(self) -> bool:
+        return self._isolate
+
+    def python_argv(self, command: Sequence[str]) -> list[str]:
+        """`command`, with "python" / "python3" run by the service's interpreter (-E -s, as Execute)."""
+        argv = list(command)
+        if argv[0] in PYTHON_NAMES:
+            argv = [sys.executable, "-B", "-u", "-E", "-s", *argv[1:]]
+        return argv
+
+    async def run_kept(
+        self, argv: list[str], work: str, keep: str, limits: ResourceLimits, stdin: bytes | None, groups: set[int]
+    ) -> tuple[Outcome, bool, str]:
+        """A session's command: `work` staged in, run, then the run's folder copied out into the empty
+        host folder `keep` after every process of the run is killed. (Outcome, kept, why not kept);
+        a wall-clock kill keeps nothing. `groups` holds the run's process group while it runs (for a
+        kill from outside). Isolated backends only (the copy-out runs in the sandbox)."""
+        async with self._slots:
+            run = await self._run(argv, work, limits, stdin=stdin, staged=True, keep=keep, groups=groups)
+        return _command_outcome(run), run.kept, run.keep_error
+
+    def kill_group(self, pgid: int) -> None:
+        _kill_group(pgid)
+
     def _spawn_argv(
-        self, argv: list[str], work: str, status_fd: int, stage_fd: int | None, limits: ResourceLimits
+        self,
+        argv: list[str],
+        work: str,
+        status_fd: int,
+        stage_fd: int | None,
+        limits: ResourceLimits,
+        keep_fd: int | None = None,
     ) -> list[str]:
         """bwrap (when isolating), then the launcher, then `argv`."""
         rlimits = ",".join(
@@ -302,11 +356,13 @@ class LocalBackend(SandboxBackend):
             )
         )
         stage = "-" if stage_fd is None else str(stage_fd)
+        keep = "-" if keep_fd is None else str(keep_fd)
         launcher = [sys.executable, "-I", "-S", "-B", "-c", LAUNCHER_SOURCE, str(status_fd), rlimits]
         if not self._isolate:  # the host folder itself is the work folder, unbounded
-            return [*launcher, "-", "-", "0", *argv]
-        sandbox = sandbox_argv(self._bwrap or "bwrap", self._user, self._binds, work, self._max_disk_bytes)
-        return [*sandbox, *launcher, self._user, stage, "1", *argv]
+            return [*launcher, "-", "-", "0", "-", *argv]
+        bwrap = self._bwrap or "bwrap"
+        sandbox = sandbox_argv(bwrap, self._user, self._binds, work, self._max_disk_bytes, keep=keep_fd is not None)
+        return [*sandbox, *launcher, self._user, stage, "1", keep, *argv]
 
     async def _run(
         self,
@@ -317,6 +373,8 @@ class LocalBackend(SandboxBackend):
         stdin: bytes | None = None,
         report_pipe: tuple[int, int] | None = None,
         staged: bool = False,
+        keep: str | None = None,
+        groups: set[int] | None = None,
     ) -> _Run:
         """Spawn, wait up to the wall-clock limit, kill the group, collect output. Never raises OSError."""
         loop = asyncio.get_running_loop()
@@ -332,6 +390,9 @@ class LocalBackend(SandboxBackend):
         child_ends = [w for name, (_, w) in pipes.items() if name != "stdin"]
         if stage_fd is not None:
             child_ends.append(stage_fd)
+        keep_fd = os.open(keep, os.O_RDONLY | os.O_DIRECTORY) if keep is not None and self._isolate else None
+        if keep_fd is not None:
+            child_ends.append(keep_fd)
         if stdin is not None:
             child_ends.append(pipes["stdin"][0])
         parent_ends = [r for name, (r, _) in pipes.items() if name != "stdin"]
@@ -350,7 +411,7 @@ class LocalBackend(SandboxBackend):
         try:
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    *self._spawn_argv(argv, work, pipes["status"][1], stage_fd, limits),
+                    *self._spawn_argv(argv, work, pipes["status"][1], stage_fd, limits, keep_fd),
                     stdin=pipes["stdin"][0] if stdin is not None else asyncio.subprocess.DEVNULL,
                     stdout=pipes["stdout"][1],
                     stderr=pipes["stderr"][1],
@@ -358,6 +419,7 @@ class LocalBackend(SandboxBackend):
                         pipes["status"][1],
                         *([pipes["report"][1]] if report_pipe else []),
                         *([stage_fd] if stage_fd is not None else []),
+                        *([keep_fd] if keep_fd is not None else []),
                     ],
                     cwd=work,
                     env=sandbox_environment(work),
@@ -371,6 +433,8 @@ class LocalBackend(SandboxBackend):
                     os.close(fd)
                 child_ends = []
             self._live_groups.add(proc.pid)
+            if groups is not None:
+                groups.add(proc.pid)
             try:
                 for name, (read_fd, _) in pipes.items():
                     if name == "stdin":
@@ -394,6 +458,8 @@ class LocalBackend(SandboxBackend):
                 # Always, not only on timeout: whatever the code left running dies with it.
                 _kill_group(proc.pid)
                 self._live_groups.discard(proc.pid)
+                if groups is not None:
+                    groups.discard(proc.pid)
             run.exit_code = await proc.wait()
             run.duration = time.monotonic() - start
             readers = [c.closed for name, c in captures.items() if name in pipes and name != "stdin"]
@@ -409,6 +475,7 @@ class LocalBackend(SandboxBackend):
             run.spawn_error = error
         elif not ready and not run.timed_out:
             run.spawn_error = f"the sandbox could not be set up (exit code {run.exit_code}): {_text(run.stderr[-500:])}"
+        run.kept, run.keep_error = parse_kept(bytes(captures["status"].data))
         if exit_code is not None:  # the command's own status (bwrap reports a signal as 128 + N)
             run.exit_code = exit_code
         run.truncated = captures["stdout"].truncated or captures["stderr"].truncated

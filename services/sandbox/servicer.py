@@ -5,6 +5,8 @@ Execute / RunTests --> resolve_limits (0 -> default; < 0, NaN, > ceiling -> INVA
                    --> SandboxBackend --> Outcome --> common.v1.Verdict
 ScorePatch         --> task set instance (NOT_FOUND / FAILED_PRECONDITION) --> Admission --> SweScorer --> Verdict
 ListInstances      --> the instances of the task sets under the task root (held-out parts omitted)
+OpenSession, SessionExec, ReadFile, WriteFile, CloseSession, ScoreSession
+                   --> session_api.SessionService (its checks, the store, the backend's session)
 
 Requests are bounded before any work: at most MAX_FILES files under paths of at most
 MAX_PATH_CHARS characters and MAX_PATH_DEPTH parts, at most MAX_ARGS command arguments
@@ -25,12 +27,12 @@ from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.sandbox.admission import Admission
 from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status
+from services.sandbox.session_api import SessionService
 from services.sandbox.settings import SandboxSettings
+from services.sandbox.staging import MAX_PATH_CHARS, MAX_PATH_DEPTH
 from services.sandbox.swe import SweResult, SweScorer, TaskSetError, TaskSets
 
 MAX_FILES = 1000
-MAX_PATH_CHARS = 1024
-MAX_PATH_DEPTH = 32
 MAX_ARGS = 1024
 MAX_TESTS = 1000
 
@@ -146,6 +148,14 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             log_cap_bytes=settings.max_output_bytes,
             checkout_root=settings.work_root,
         )
+        self._sessions = SessionService(backend, settings, self._swe, self._admission)
+
+    def start(self) -> None:
+        """Start reaping idle sessions (needs the running event loop)."""
+        self._sessions.store.start_reaper()
+
+    async def close_sessions(self) -> None:
+        await self._sessions.store.close_all()
 
     def close(self) -> None:
         self._swe.close()
@@ -180,9 +190,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     ) -> sandbox_pb2.ScorePatchResponse:
         if not request.task_set or not request.instance_id:
             raise InvalidArgument("task_set and instance_id are required")
-        limits = resolve_limits(request.limits, self._settings)
-        if request.limits.max_output_bytes == 0:  # the log is graded whole anyway: 0 returns all of it
-            limits = dataclasses.replace(limits, max_output_bytes=self._settings.max_output_bytes)
+        limits = self._score_limits(request.limits)
         instance = self._instance(request.task_set, request.instance_id)
         async with self._admission.slot():
             result = await self._swe.score(request.task_set, instance, request.patch, limits)
@@ -212,6 +220,64 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                     requirements=i.requirements,
                 )
         return reply
+
+    async def OpenSession(
+        self, request: sandbox_pb2.OpenSessionRequest, context: grpc.aio.ServicerContext
+    ) -> sandbox_pb2.OpenSessionResponse:
+        check_files(request.files)
+        limits = resolve_limits(request.limits, self._settings)
+        try:
+            session = await self._sessions.open(
+                dict(request.files), request.task_set, request.instance_id, limits, request.idle_timeout_seconds
+            )
+        except TaskSetError as exc:
+            raise _TASK_SET_ERRORS[exc.kind](str(exc)) from None
+        return sandbox_pb2.OpenSessionResponse(
+            session_id=session.id, work_dir=session.handle.work_dir, idle_timeout_seconds=session.idle_timeout
+        )
+
+    async def SessionExec(
+        self, request: sandbox_pb2.SessionExecRequest, context: grpc.aio.ServicerContext
+    ) -> sandbox_pb2.SessionExecResponse:
+        check_command(request.command)
+        outcome = await self._sessions.exec(
+            request.session_id, list(request.command), request.shell, request.stdin, request.timeout_seconds
+        )
+        return sandbox_pb2.SessionExecResponse(verdict=to_verdict(outcome), timed_out=outcome.status is Status.TIMEOUT)
+
+    async def ReadFile(
+        self, request: sandbox_pb2.ReadFileRequest, context: grpc.aio.ServicerContext
+    ) -> sandbox_pb2.ReadFileResponse:
+        content, size = await self._sessions.read_file(request.session_id, request.path, request.max_bytes)
+        return sandbox_pb2.ReadFileResponse(content=content, size=size, truncated=len(content) < size)
+
+    async def WriteFile(
+        self, request: sandbox_pb2.WriteFileRequest, context: grpc.aio.ServicerContext
+    ) -> sandbox_pb2.WriteFileResponse:
+        await self._sessions.write_file(request.session_id, request.path, request.content)
+        return sandbox_pb2.WriteFileResponse()
+
+    async def CloseSession(
+        self, request: sandbox_pb2.CloseSessionRequest, context: grpc.aio.ServicerContext
+    ) -> sandbox_pb2.CloseSessionResponse:
+        await self._sessions.close(request.session_id)
+        return sandbox_pb2.CloseSessionResponse()
+
+    async def ScoreSession(
+        self, request: sandbox_pb2.ScoreSessionRequest, context: grpc.aio.ServicerContext
+    ) -> sandbox_pb2.ScoreSessionResponse:
+        limits = self._score_limits(request.limits)
+        try:
+            result, patch = await self._sessions.score(request.session_id, limits)
+        except TaskSetError as exc:
+            raise _TASK_SET_ERRORS[exc.kind](str(exc)) from None
+        return sandbox_pb2.ScoreSessionResponse(score=swe_response(result), patch=patch)
+
+    def _score_limits(self, limits: sandbox_pb2.Limits) -> ResourceLimits:
+        resolved = resolve_limits(limits, self._settings)
+        if limits.max_output_bytes == 0:  # the log is graded whole anyway: 0 returns all of it
+            resolved = dataclasses.replace(resolved, max_output_bytes=self._settings.max_output_bytes)
+        return resolved
 
     def _instance(self, task_set: str, instance_id: str):
         try:

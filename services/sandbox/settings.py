@@ -82,6 +82,16 @@ class SandboxSettings(ServiceSettings):
         "answers FAILED_PRECONDITION.",
     )
 
+    max_sessions: int = Field(
+        16, ge=0, description="Sessions open at once; OpenSession beyond that gets RESOURCE_EXHAUSTED (0: no sessions)."
+    )
+    session_idle_seconds: float = Field(
+        600.0, gt=0, description="A session unused this long is closed, when OpenSession gives 0."
+    )
+    max_session_idle_seconds: float = Field(
+        3600.0, gt=0, description="Largest idle timeout an OpenSession may ask for."
+    )
+
     coordinator_address: str = Field(
         default_address("coordinator"),
         description="Coordinator host:port to register with and heartbeat to; empty: standalone (no registration).",
@@ -105,4 +115,8 @@ class SandboxSettings(ServiceSettings):
             ceiling = getattr(self, name if name == "max_output_bytes" else f"max_{name}")
             if default > ceiling:
                 raise ValueError(f"default_{name}={default} is above its ceiling {ceiling}")
+        if self.session_idle_seconds > self.max_session_idle_seconds:
+            raise ValueError(
+                f"session_idle_seconds={self.session_idle_seconds} is above its ceiling {self.max_session_idle_seconds}"
+            )
         return self

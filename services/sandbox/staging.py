@@ -28,6 +28,9 @@ from dockyard.rpc.errors import InvalidArgument
 log = structlog.get_logger()
 
 REPORT_CAP_BYTES = 64 * 1024
+# Longest path a request may name, in characters and in parts.
+MAX_PATH_CHARS = 1024
+MAX_PATH_DEPTH = 32
 # (path inside the work folder, content): text is written as UTF-8.
 Writes = Sequence[tuple[PurePosixPath | str, str | bytes]]
 

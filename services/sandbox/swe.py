@@ -270,6 +270,12 @@ class SweScorer:
     def close(self) -> None:
         self._checkouts.close()
 
+    async def prepare(self, task_set: str, instance: SweInstance) -> tuple[Path, str | None]:
+        """(the base-commit checkout, the image to run in): what a run, or a session, of `instance` starts from."""
+        checkout = await self._checkouts.get(self.task_sets.mirror(task_set, instance.repo), instance.base_commit)
+        image = await self._image_for(instance) if self._image_for else None
+        return checkout, image
+
     async def score(self, task_set: str, instance: SweInstance, patch: str, limits: ResourceLimits) -> SweResult:
         total = len(instance.fail_to_pass) + len(instance.pass_to_pass)
         try:
@@ -282,8 +288,7 @@ class SweScorer:
             return SweResult("error", tests_total=total, error_message=f"the instance's test_patch is unusable: {exc}")
         protected = protected_paths(touched, test_paths)
         try:
-            checkout = await self._checkouts.get(self.task_sets.mirror(task_set, instance.repo), instance.base_commit)
-            image = await self._image_for(instance) if self._image_for else None
+            checkout, image = await self.prepare(task_set, instance)
         except Exception as exc:  # any failure to prepare is the infrastructure's, never the policy's
             log.warning("swe preparation failed", instance=instance.instance_id, error=str(exc))
             return SweResult("error", tests_total=total, error_message=f"cannot prepare {instance.instance_id}: {exc}")

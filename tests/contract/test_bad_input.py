@@ -325,7 +325,9 @@ async def test_buffer_refuses_bad_input_and_keeps_what_it_accepted(start_service
 
 
 async def test_sandbox_refuses_bad_input(start_service) -> None:
-    sandbox = start_service("sandbox", {"DOCKYARD_SANDBOX_MAX_TIMEOUT_SECONDS": "30"})
+    sandbox = start_service(
+        "sandbox", {"DOCKYARD_SANDBOX_MAX_TIMEOUT_SECONDS": "30", "DOCKYARD_SANDBOX_MAX_FILE_MB": "1"}
+    )
     async with connect(sandbox.address, default_timeout=DEADLINE) as channel:
         stub, probe = sandbox_pb2_grpc.SandboxServiceStub(channel), Prober("sandbox", channel)
         await probe.undecodable(_descriptor(sandbox_pb2, "SandboxService"))
@@ -360,9 +362,66 @@ async def test_sandbox_refuses_bad_input(start_service) -> None:
         await probe.expect(score(sandbox_pb2.ScorePatchRequest(task_set="../t", instance_id="i")), PRECONDITION)
         await probe.expect(stub.ListInstances(sandbox_pb2.ListInstancesRequest(task_set="../t")),
                            (PRECONDITION, NOT_FOUND, INVALID))  # fmt: skip
+        await _sandbox_session_cases(stub, probe, deep)
         # Still answers real work.
         reply = await stub.Execute(sandbox_pb2.ExecuteRequest(files=main, command=["python", "main.py"]))
         assert reply.verdict.stdout == "1\n"
+
+
+async def _sandbox_session_cases(stub, probe: Prober, deep: str) -> None:
+    """OpenSession, SessionExec, ReadFile, WriteFile, CloseSession, ScoreSession: ids, paths, sizes, timeouts."""
+    sandbox = sandbox_pb2
+
+    def open_(**fields):
+        return stub.OpenSession(sandbox.OpenSessionRequest(**fields))
+
+    for idle in (-1.0, float("nan"), 1e12):
+        await probe.expect(open_(idle_timeout_seconds=idle), INVALID, "idle_timeout_seconds")
+    await probe.expect(open_(task_set="t"), INVALID, "instance_id")
+    await probe.expect(open_(instance_id="i"), INVALID, "task_set")
+    await probe.expect(open_(task_set="t", instance_id="i"), PRECONDITION, "DOCKYARD_SANDBOX_TASK_ROOT")
+    await probe.expect(open_(files={"../up.txt": "x"}), INVALID, "files")
+    await probe.expect(open_(limits=sandbox.Limits(memory_mb=-1)), INVALID, "limits.memory_mb")
+    session_id = (await stub.OpenSession(sandbox.OpenSessionRequest())).session_id
+
+    def exec_(sid: str = session_id, **fields):
+        return stub.SessionExec(sandbox.SessionExecRequest(session_id=sid, **fields))
+
+    for sid in ("", MEGABYTE_ID, "bad id!", "a\0b"):
+        await probe.expect(exec_(sid, shell="true"), INVALID, "session_id")
+        await probe.expect(stub.CloseSession(sandbox.CloseSessionRequest(session_id=sid)), INVALID, "session_id")
+        await probe.expect(stub.ScoreSession(sandbox.ScoreSessionRequest(session_id=sid)), INVALID, "session_id")
+    await probe.expect(exec_("x" * 43, shell="true"), NOT_FOUND, "no such session")
+    await probe.expect(exec_(), INVALID, "command and shell")
+    await probe.expect(exec_(command=["true"], shell="true"), INVALID, "command and shell")
+    await probe.expect(exec_(command=["tr\0ue"]), INVALID, "command[0]", "NUL")
+    await probe.expect(exec_(command=["x"] * 5000), INVALID, "command")
+    await probe.expect(exec_(shell="echo \0"), INVALID, "shell")
+    await probe.expect(exec_(shell="x" * 200_000), INVALID, "shell")
+    await probe.expect(exec_(shell="true", stdin=b"x" * (2 << 20)), INVALID, "stdin")
+    for timeout in (-1.0, float("nan"), 31.0):
+        await probe.expect(exec_(shell="true", timeout_seconds=timeout), INVALID, "timeout_seconds")
+
+    def read(path: str, **fields):
+        return stub.ReadFile(sandbox.ReadFileRequest(session_id=session_id, path=path, **fields))
+
+    def write(path: str, content: bytes = b"x"):
+        return stub.WriteFile(sandbox.WriteFileRequest(session_id=session_id, path=path, content=content))
+
+    for path in ("", "../x", "/etc/passwd", "a/../../x", "a\0b", deep, ".", "x" * 5000):
+        await probe.expect(read(path), INVALID, "path")
+        await probe.expect(write(path), INVALID, "path")
+    await probe.expect(read("x", max_bytes=-1), INVALID, "max_bytes")
+    await probe.expect(read("x", max_bytes=HUGE), INVALID, "max_bytes")
+    await probe.expect(read("absent.txt"), NOT_FOUND, "absent.txt")
+    await probe.expect(write("big.bin", b"x" * (2 << 20)), INVALID, "content")
+    await probe.expect(stub.ScoreSession(sandbox.ScoreSessionRequest(session_id=session_id)), PRECONDITION, "SWE")
+    limits = sandbox.Limits(timeout_seconds=-1)
+    request = sandbox.ScoreSessionRequest(session_id=session_id, limits=limits)
+    await probe.expect(stub.ScoreSession(request), INVALID, "limits.timeout_seconds")
+    await stub.CloseSession(sandbox.CloseSessionRequest(session_id=session_id))
+    await probe.expect(exec_(shell="true"), NOT_FOUND, "no such session")
+    await probe.expect(stub.CloseSession(sandbox.CloseSessionRequest(session_id=session_id)), NOT_FOUND)
 
 
 # -- trainer -------------------------------------------------------------------

@@ -133,3 +133,118 @@ class ListInstancesResponse(_message.Message):
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     instances: _containers.RepeatedCompositeFieldContainer[InstanceSummary]
     def __init__(self, instances: _Optional[_Iterable[_Union[InstanceSummary, _Mapping]]] = ...) -> None: ...
+
+class OpenSessionRequest(_message.Message):
+    __slots__ = ("request_id", "files", "task_set", "instance_id", "limits", "idle_timeout_seconds")
+    class FilesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    TASK_SET_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    files: _containers.ScalarMap[str, str]
+    task_set: str
+    instance_id: str
+    limits: Limits
+    idle_timeout_seconds: float
+    def __init__(self, request_id: _Optional[str] = ..., files: _Optional[_Mapping[str, str]] = ..., task_set: _Optional[str] = ..., instance_id: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., idle_timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class OpenSessionResponse(_message.Message):
+    __slots__ = ("session_id", "work_dir", "idle_timeout_seconds")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    WORK_DIR_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    work_dir: str
+    idle_timeout_seconds: float
+    def __init__(self, session_id: _Optional[str] = ..., work_dir: _Optional[str] = ..., idle_timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class SessionExecRequest(_message.Message):
+    __slots__ = ("session_id", "command", "shell", "stdin", "timeout_seconds")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    SHELL_FIELD_NUMBER: _ClassVar[int]
+    STDIN_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    command: _containers.RepeatedScalarFieldContainer[str]
+    shell: str
+    stdin: bytes
+    timeout_seconds: float
+    def __init__(self, session_id: _Optional[str] = ..., command: _Optional[_Iterable[str]] = ..., shell: _Optional[str] = ..., stdin: _Optional[bytes] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class SessionExecResponse(_message.Message):
+    __slots__ = ("verdict", "timed_out")
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    verdict: _common_pb2.Verdict
+    timed_out: bool
+    def __init__(self, verdict: _Optional[_Union[_common_pb2.Verdict, _Mapping]] = ..., timed_out: _Optional[bool] = ...) -> None: ...
+
+class ReadFileRequest(_message.Message):
+    __slots__ = ("session_id", "path", "max_bytes")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    path: str
+    max_bytes: int
+    def __init__(self, session_id: _Optional[str] = ..., path: _Optional[str] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class ReadFileResponse(_message.Message):
+    __slots__ = ("content", "size", "truncated")
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    content: bytes
+    size: int
+    truncated: bool
+    def __init__(self, content: _Optional[bytes] = ..., size: _Optional[int] = ..., truncated: _Optional[bool] = ...) -> None: ...
+
+class WriteFileRequest(_message.Message):
+    __slots__ = ("session_id", "path", "content")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    path: str
+    content: bytes
+    def __init__(self, session_id: _Optional[str] = ..., path: _Optional[str] = ..., content: _Optional[bytes] = ...) -> None: ...
+
+class WriteFileResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CloseSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseSessionResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ScoreSessionRequest(_message.Message):
+    __slots__ = ("session_id", "limits")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    limits: Limits
+    def __init__(self, session_id: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ...) -> None: ...
+
+class ScoreSessionResponse(_message.Message):
+    __slots__ = ("score", "patch")
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    PATCH_FIELD_NUMBER: _ClassVar[int]
+    score: ScorePatchResponse
+    patch: str
+    def __init__(self, score: _Optional[_Union[ScorePatchResponse, _Mapping]] = ..., patch: _Optional[str] = ...) -> None: ...

@@ -56,6 +56,36 @@ class SandboxServiceStub:
                 request_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ListInstancesRequest.SerializeToString,
                 response_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ListInstancesResponse.FromString,
                 _registered_method=True)
+        self.OpenSession = channel.unary_unary(
+                '/dockyard.sandbox.v1.SandboxService/OpenSession',
+                request_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.OpenSessionRequest.SerializeToString,
+                response_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.OpenSessionResponse.FromString,
+                _registered_method=True)
+        self.SessionExec = channel.unary_unary(
+                '/dockyard.sandbox.v1.SandboxService/SessionExec',
+                request_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.SessionExecRequest.SerializeToString,
+                response_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.SessionExecResponse.FromString,
+                _registered_method=True)
+        self.ReadFile = channel.unary_unary(
+                '/dockyard.sandbox.v1.SandboxService/ReadFile',
+                request_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ReadFileRequest.SerializeToString,
+                response_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ReadFileResponse.FromString,
+                _registered_method=True)
+        self.WriteFile = channel.unary_unary(
+                '/dockyard.sandbox.v1.SandboxService/WriteFile',
+                request_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.WriteFileRequest.SerializeToString,
+                response_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.WriteFileResponse.FromString,
+                _registered_method=True)
+        self.CloseSession = channel.unary_unary(
+                '/dockyard.sandbox.v1.SandboxService/CloseSession',
+                request_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.CloseSessionRequest.SerializeToString,
+                response_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.CloseSessionResponse.FromString,
+                _registered_method=True)
+        self.ScoreSession = channel.unary_unary(
+                '/dockyard.sandbox.v1.SandboxService/ScoreSession',
+                request_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ScoreSessionRequest.SerializeToString,
+                response_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ScoreSessionResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -94,6 +124,53 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenSession(self, request, context):
+        """Sessions: a work folder (local backend) or a container (docker backend)
+        kept across calls, for multi-turn work; closed by CloseSession or when
+        idle past its idle timeout. An unknown, closed or reaped session_id is
+        NOT_FOUND; a full service (DOCKYARD_SANDBOX_MAX_SESSIONS) is
+        RESOURCE_EXHAUSTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SessionExec(self, request, context):
+        """Run one command in the session's work folder; the folder keeps what it
+        leaves, no process it started outlives it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadFile(self, request, context):
+        """Read a file of the session's work folder (no link is followed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteFile(self, request, context):
+        """Write a file of the session's work folder (its folders made as needed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseSession(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScoreSession(self, request, context):
+        """SWE sessions: `git diff` of the work folder against the base commit,
+        scored as ScorePatch scores that patch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -116,6 +193,36 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.ListInstances,
                     request_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ListInstancesRequest.FromString,
                     response_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ListInstancesResponse.SerializeToString,
+            ),
+            'OpenSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenSession,
+                    request_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.OpenSessionRequest.FromString,
+                    response_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.OpenSessionResponse.SerializeToString,
+            ),
+            'SessionExec': grpc.unary_unary_rpc_method_handler(
+                    servicer.SessionExec,
+                    request_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.SessionExecRequest.FromString,
+                    response_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.SessionExecResponse.SerializeToString,
+            ),
+            'ReadFile': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadFile,
+                    request_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ReadFileRequest.FromString,
+                    response_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ReadFileResponse.SerializeToString,
+            ),
+            'WriteFile': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteFile,
+                    request_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.WriteFileRequest.FromString,
+                    response_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.WriteFileResponse.SerializeToString,
+            ),
+            'CloseSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseSession,
+                    request_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.CloseSessionRequest.FromString,
+                    response_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'ScoreSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScoreSession,
+                    request_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ScoreSessionRequest.FromString,
+                    response_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ScoreSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -228,6 +335,168 @@ class SandboxService:
             '/dockyard.sandbox.v1.SandboxService/ListInstances',
             dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ListInstancesRequest.SerializeToString,
             dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ListInstancesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.sandbox.v1.SandboxService/OpenSession',
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.OpenSessionRequest.SerializeToString,
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.OpenSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SessionExec(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.sandbox.v1.SandboxService/SessionExec',
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.SessionExecRequest.SerializeToString,
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.SessionExecResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.sandbox.v1.SandboxService/ReadFile',
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ReadFileRequest.SerializeToString,
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ReadFileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.sandbox.v1.SandboxService/WriteFile',
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.WriteFileRequest.SerializeToString,
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.WriteFileResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.sandbox.v1.SandboxService/CloseSession',
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.CloseSessionRequest.SerializeToString,
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.CloseSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScoreSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.sandbox.v1.SandboxService/ScoreSession',
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ScoreSessionRequest.SerializeToString,
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ScoreSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

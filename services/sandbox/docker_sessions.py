@@ -1,0 +1,328 @@
+"""Docker-backend sessions: one long-lived locked-down container per session, `docker exec` per command.
+
+    open   --> host stage folder <-- seed_dir copy, then files (removed once sent)
+           --> container: the host config of a run (docker_container.host_config, without the report
+                 bind: no host path at all), labels owner + dockyard.sandbox.session
+           --> the stage arrives as a tar on stdin into the /work tmpfs (max_disk_mb); then PID 1 is a
+                 reaper (REAPER_SOURCE) that only waits for orphans, so nothing piles up as zombies
+    exec   --> docker exec (the container's user, cwd /work): the command, then `kill -9 -1`, which
+                 ends every process but PID 1; past the wall-clock limit the same kill from a second
+                 exec; then `stat -f` flags a full /work
+    read / write_file --> session_files' source run by python3 in the container (links never followed)
+    export_tree --> `tar -c` of /work (without .git), extracted on the host under tarfile's "tar" filter
+    close  --> the container removed (force); start: reap_session_containers removes those of a dead
+               owner (same rule as docker_backend's reaper)
+
+Guarantees: everything docker_backend.py guarantees of a run's container holds for the whole
+session (no network, read-only root, no capabilities, non-root user, pids / memory / CPU-quota
+limits across all its commands, RLIMIT_CPU / FSIZE per process, /work at most max_disk_mb); what
+a command leaves in /work (a timed-out one included) is what the next finds; no process of a
+command outlives it, nor its caller's giving up (a cancelled call kills it before it returns);
+every docker call blocks a worker thread, never the event loop.
+
+Not covered: the memory limit is the whole container's (all commands, and /work's tmpfs, count);
+a command killed by the kernel for memory reads as exit code 137, not -9.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from dockyard.rpc.errors import FailedPrecondition
+from services.sandbox import session_files
+from services.sandbox.backend import DISK_FULL_MESSAGE, Outcome, ResourceLimits, Status, run_outcome
+from services.sandbox.docker_container import (
+    LABEL,
+    SESSION_LABEL,
+    WORK,
+    create_container,
+    folder_bytes,
+    host_config,
+    owner_is_dead,
+    send_work_folder,
+)
+from services.sandbox.sessions import SessionHandle
+from services.sandbox.staging import Capped, checked_files, remove_tree, stage_files
+
+log = structlog.get_logger()
+
+READY = b"dockyard-session-ready"
+# PID 1 of the container: reap orphans, nothing else; SIGTERM (docker stop) ends it.
+REAPER_SOURCE = r"""
+import os, signal
+signals = {signal.SIGCHLD, signal.SIGTERM}
+signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+while True:
+    if signal.sigwait(signals) == signal.SIGTERM:
+        os._exit(0)
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+"""
+OPEN_COMMAND = f'tar -x -f - && echo {READY.decode()} && exec python3 -I -S -c "$0"'
+# After the command: every process but PID 1 (and this shell) ends, so none outlives its command.
+EXEC_WRAPPER = '"$@"; rc=$?; kill -9 -1 2>/dev/null; exit $rc'
+KILL_ALL = ["sh", "-c", "kill -9 -1 2>/dev/null; true"]
+FILES_SOURCE = Path(session_files.__file__).read_text()
+EXPORT_SLACK_BYTES = 16 * 1024 * 1024  # tar headers on top of /work's files
+
+
+@dataclass(frozen=True)
+class DockerSessionConfig:
+    client: object
+    image: str
+    user: str
+    owner: str
+    cpus: float
+    pids_limit: int
+    max_file_bytes: int
+    max_disk_mb: int
+    tmp_mb: int
+    work_root: str | None
+
+
+class DockerSession(SessionHandle):
+    def __init__(self, config: DockerSessionConfig, container_id: str) -> None:
+        self._config = config
+        self._api = config.client.api
+        self._id = container_id
+        self.work_dir = WORK
+
+    async def exec(self, argv: Sequence[str], stdin: bytes | None, limits: ResourceLimits) -> Outcome:
+        running = asyncio.ensure_future(asyncio.to_thread(self._exec, list(argv), stdin or b"", limits))
+        try:
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:  # the caller gave up: end the command now, not at its timeout
+            await asyncio.to_thread(self._kill_commands, threading.Event())
+            await asyncio.wait([running])
+            raise
+
+    def _exec(self, argv: list[str], stdin: bytes, limits: ResourceLimits) -> Outcome:
+        import docker.errors
+
+        start = time.monotonic()
+        try:
+            out, err, code, timed_out = self._run(["sh", "-c", EXEC_WRAPPER, "sh", *argv], stdin, limits)
+            disk_full = not timed_out and self._disk_full(limits)
+        except (docker.errors.DockerException, OSError) as exc:
+            message = f"the session's container is gone (closed, or ended for memory): {exc}"
+            duration = time.monotonic() - start
+            return Outcome(Status.ERROR, tests_total=1, error_message=message, duration_seconds=duration)
+        if timed_out:
+            status, code = Status.TIMEOUT, -9
+        else:
+            status = Status.PASSED if code == 0 else Status.FAILED
+        if disk_full:
+            status = Status.FAILED
+        return run_outcome(
+            status,
+            passed=int(status is Status.PASSED),
+            total=1,
+            exit_code=code,
+            stdout=bytes(out.data),
+            stderr=bytes(err.data),
+            truncated=out.truncated or err.truncated,
+            duration=time.monotonic() - start,
+            error_message=DISK_FULL_MESSAGE if disk_full else "",
+        )
+
+    def _run(self, argv: list[str], stdin: bytes, limits: ResourceLimits) -> tuple[Capped, Capped, int, bool]:
+        """One docker exec: (stdout, stderr, exit code, killed at the wall-clock limit)."""
+        from docker.utils.socket import frames_iter
+
+        exec_id = self._api.exec_create(
+            self._id, argv, stdin=True, user=self._config.user, workdir=WORK, environment={"HOME": WORK}
+        )["Id"]
+        sock = self._api.exec_start(exec_id, socket=True)
+        raw = getattr(sock, "_sock", sock)
+        timed_out = threading.Event()
+        killer = threading.Timer(limits.timeout_seconds, self._kill_commands, (timed_out,))
+        killer.daemon = True
+        feeder = threading.Thread(target=_feed, args=(raw, stdin), daemon=True)  # never blocks the output's reader
+        killer.start()
+        feeder.start()
+        out, err = Capped(limits.max_output_bytes), Capped(limits.max_output_bytes)
+        try:
+            for stream, data in frames_iter(sock, tty=False):
+                (out if stream == 1 else err).add(data)
+        finally:
+            killer.cancel()
+            sock.close()
+        code = self._api.exec_inspect(exec_id).get("ExitCode")
+        return out, err, -1 if code is None else code, timed_out.is_set()
+
+    def _disk_full(self, limits: ResourceLimits) -> bool:
+        free = self._run(["stat", "-f", "-c", "%a", WORK], b"", limits)[0]
+        return bytes(free.data).strip() == b"0"
+
+    def _kill_commands(self, timed_out: threading.Event) -> None:
+        timed_out.set()
+        try:
+            exec_id = self._api.exec_create(self._id, KILL_ALL, user=self._config.user)["Id"]
+            self._api.exec_start(exec_id)
+        except Exception:
+            pass  # the container is gone: so is the command
+
+    async def read_file(self, path: str, max_bytes: int) -> tuple[bytes, int]:
+        out = await self._files(["read", path, str(max_bytes)], b"", max_bytes + 32)
+        size, _, data = out.partition(b"\n")
+        return data, int(size)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await self._files(["write", path], data, 4096)
+
+    async def _files(self, args: list[str], stdin: bytes, cap: int) -> bytes:
+        limits = ResourceLimits(timeout_seconds=60, memory_mb=0, cpu_seconds=0, max_output_bytes=cap)
+        argv = ["python3", "-I", "-S", "-c", FILES_SOURCE, *args]
+        out, err, code, _ = await asyncio.to_thread(self._run, argv, stdin, limits)
+        if code == session_files.EXIT_PROBLEM:
+            kind, _, message = bytes(err.data).decode("utf-8", "replace").strip().partition(" ")
+            raise session_files.FileProblem(kind, message)
+        if code != 0:
+            raise RuntimeError(f"the session's file helper failed ({code}): {bytes(err.data)[-500:]!r}")
+        return bytes(out.data)
+
+    async def export_tree(self, target: str) -> str:
+        await asyncio.to_thread(self._export, target)
+        return os.path.join(target, "tree")
+
+    def _export(self, target: str) -> None:
+        from docker.utils.socket import frames_iter
+
+        cap = self._config.max_disk_mb * 1024 * 1024 + EXPORT_SLACK_BYTES
+        exec_id = self._api.exec_create(
+            self._id, ["tar", "-c", "-f", "-", "--exclude=./.git", "."], user=self._config.user, workdir=WORK
+        )["Id"]
+        sock = self._api.exec_start(exec_id, socket=True)
+        archive, written = os.path.join(target, ".tree.tar"), 0
+        try:
+            with open(archive, "wb") as file:
+                for stream, data in frames_iter(sock, tty=False):
+                    if stream == 1 and written < cap:
+                        file.write(data)
+                        written += len(data)
+        finally:
+            sock.close()
+        tree = os.path.join(target, "tree")
+        with tarfile.open(archive) as tar:
+            for member in tar:
+                try:  # "tar": no absolute names, nothing outside the target, no setuid bits
+                    tar.extract(member, tree, filter="tar")
+                except (tarfile.TarError, OSError) as exc:
+                    log.warning("session file not exported", name=member.name[:200], error=str(exc))
+        os.unlink(archive)
+
+    def kill(self) -> None:
+        threading.Thread(target=self._remove, daemon=True).start()
+
+    def _remove(self) -> None:
+        try:
+            self._api.remove_container(self._id, force=True)
+        except Exception:
+            pass  # gone already; a later start reaps what is left
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._remove)
+
+
+def _feed(raw, data: bytes) -> None:
+    try:
+        if data:
+            raw.sendall(data)
+        raw.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # the command ended without reading it all
+
+
+async def open_docker_session(
+    config: DockerSessionConfig, files: Mapping[str, str], limits: ResourceLimits, *, seed_dir: str | None
+) -> DockerSession:
+    checked = checked_files(files)
+    return await asyncio.to_thread(_open, config, checked, limits, seed_dir)
+
+
+def _open(config: DockerSessionConfig, checked, limits: ResourceLimits, seed_dir: str | None) -> DockerSession:
+    import docker.errors
+
+    api = config.client.api
+    stage = tempfile.mkdtemp(prefix="dockyard-session-stage-", dir=config.work_root)
+    container_id = None
+    try:
+        stage_files(stage, checked, seed_dir)
+        size = folder_bytes(stage)
+        if size > config.max_disk_mb * 1024 * 1024:
+            raise FailedPrecondition(f"the session's files ({size} bytes) exceed DOCKYARD_SANDBOX_MAX_DISK_MB")
+        host = host_config(
+            api,
+            work=stage,
+            limits=limits,
+            user=config.user,
+            cpus=config.cpus,
+            pids_limit=config.pids_limit,
+            max_file_bytes=config.max_file_bytes,
+            max_disk_mb=config.max_disk_mb,
+            tmp_mb=config.tmp_mb,
+            report=False,
+        )
+        command = ["sh", "-c", OPEN_COMMAND, REAPER_SOURCE]
+        container_id = create_container(
+            api,
+            config.image,
+            command,
+            user=config.user,
+            owner=config.owner,
+            config=host,
+            labels={SESSION_LABEL: "1"},
+        )
+        stream = api.attach(container_id, stdout=True, stderr=True, stream=True, logs=False, demux=True)
+        stdin = api.attach_socket(container_id, params={"stdin": 1, "stream": 1})
+        api.start(container_id)
+        send_work_folder(stdin, stage)
+        said = b""
+        for chunk_out, chunk_err in stream:
+            said = (said + (chunk_out or b"") + (chunk_err or b""))[-4096:]
+            if READY in said:
+                break
+        stream.close()
+        if READY not in said:
+            raise RuntimeError(f"the session's container did not start: {said[-500:]!r}")
+        return DockerSession(config, container_id)
+    except BaseException as exc:
+        if container_id is not None:
+            try:
+                api.remove_container(container_id, force=True)
+            except docker.errors.DockerException:
+                pass
+        if isinstance(exc, docker.errors.ImageNotFound):
+            message = f"image {config.image!r} not found: build it with deploy/images/build.sh"
+            raise FailedPrecondition(message) from None
+        raise
+    finally:
+        remove_tree(stage)
+
+
+def reap_session_containers(client, owner: str) -> int:
+    """Remove session containers whose owning service (on this host) is gone; returns how many."""
+    count = 0
+    for container in client.containers.list(all=True, sparse=True, filters={"label": SESSION_LABEL}):
+        label = (container.attrs.get("Labels") or {}).get(LABEL, "")
+        if label != owner and owner_is_dead(label):
+            try:
+                container.remove(force=True)
+                count += 1
+            except Exception as exc:  # already gone, or being removed
+                log.warning("could not reap a session container", id=container.id[:12], error=str(exc))
+    return count
