@@ -122,10 +122,10 @@ class GroupMember:
         self.group = group
         self.timeout = timeout
         # rank 0 hosts the store; everyone else connects to it (bounded by the timeout).
-        self._store = _host_store(group, timeout) if group.rank == 0 else _join_store(group, timeout)
+        self._store = host_store(group, timeout) if group.rank == 0 else join_store(group, timeout)
         store = dist.PrefixStore(f"dockyard/weights/epoch-{group.epoch}", self._store)
         try:
-            _prove_membership(store, group, timeout)
+            prove_membership(store, group, timeout)
         except SyncFailed:
             self._store = None  # type: ignore[assignment]  # rank 0: the store stops listening
             raise
@@ -212,7 +212,7 @@ class GroupMember:
         self._store = None  # type: ignore[assignment]
 
 
-def _host_store(group: WeightSyncGroup, timeout: timedelta) -> dist.TCPStore:
+def host_store(group: WeightSyncGroup, timeout: timedelta) -> dist.TCPStore:
     """Rank 0's store, listening on `master_address` (TCPStore alone would listen on every interface)."""
     family, kind, proto, _, address = socket.getaddrinfo(
         group.master_address, group.master_port, type=socket.SOCK_STREAM
@@ -242,7 +242,7 @@ def _host_store(group: WeightSyncGroup, timeout: timedelta) -> dist.TCPStore:
         )
 
 
-def _join_store(group: WeightSyncGroup, timeout: timedelta) -> dist.TCPStore:
+def join_store(group: WeightSyncGroup, timeout: timedelta) -> dist.TCPStore:
     return dist.TCPStore(group.master_address, group.master_port, group.world_size, is_master=False, timeout=timeout)
 
 
@@ -251,7 +251,7 @@ def _mac(group: WeightSyncGroup, *parts: object) -> bytes:
     return hmac.new(group.secret.encode(), message, hashlib.sha256).hexdigest().encode()
 
 
-def _prove_membership(store: dist.Store, group: WeightSyncGroup, timeout: timedelta) -> None:
+def prove_membership(store: dist.Store, group: WeightSyncGroup, timeout: timedelta) -> None:
     """Every rank shows rank 0 it holds the epoch's secret, and rank 0 shows it back; SyncFailed otherwise."""
     where = f"weight-sync group epoch {group.epoch}, rank {group.rank}"
     try:

@@ -17,6 +17,7 @@ from dockyard.config import MasterConfig
 from dockyard.weights.collective import WeightSyncGroup
 from dockyard.weights.synchronizer import GroupSource
 from dockyard.weights.transports import CheckpointTransport, CollectiveTransport, Transport
+from dockyard.weights.whole_tensor import WholeTensorTransport
 
 
 def coordinator_group_source(
@@ -38,6 +39,9 @@ def coordinator_group_source(
 def transport_for(config: MasterConfig, job_id: str, timeout: timedelta, device: str | None = None) -> Transport:
     """The transport of `cluster.weight_sync_transport`, with the job's bucket size and folder.
 
+    The one place that picks it, for the trainer and the replicas alike: a collective job whose
+    rollout engine is SGLang (policy.generation.backend) speaks the whole-tensor protocol.
+
     `device` is where this member's weights live (the service's device setting).
     """
     cluster = config.cluster
@@ -45,4 +49,6 @@ def transport_for(config: MasterConfig, job_id: str, timeout: timedelta, device:
     if cluster.weight_sync_transport == "checkpoint":
         folder = cluster.weight_sync_folder or str(Path(config.logger.log_dir) / job_id / "weights")
         return CheckpointTransport(folder, timeout, shard_bytes=bucket, checksum=cluster.weight_sync_checksum)
+    if config.policy.generation.backend == "sglang":  # SGLang receives whole tensors (whole_tensor.py)
+        return WholeTensorTransport(timeout, bucket, device=device)
     return CollectiveTransport(timeout, bucket, checksum=cluster.weight_sync_checksum, device=device)

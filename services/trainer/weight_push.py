@@ -2,7 +2,8 @@
 
     PushWeights ─> WeightPush.sender(version) ─> ranks "weights": every rank gathers named_weights()
         rank 0's worker thread: send(weights) ─run_coroutine_threadsafe─> sync_weights on the event
-        loop ─> the job's transport (weight-sync group or checkpoint folder) ─> rollout replicas
+        loop ─> the job's transport (transport_for: weight-sync group, whole tensors to SGLang replicas,
+        or checkpoint folder) ─> rollout replicas
 
 Guarantees: one WeightSynchronizer per job, made on the job's first push and
 closed with the job; every push marks its version stale first, so the sync
