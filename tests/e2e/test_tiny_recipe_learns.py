@@ -23,14 +23,14 @@ MIN_GAIN = 0.15
 DOCKYARD = Path(sys.executable).parent / "dockyard"
 
 
-def test_tiny_recipe_raises_the_validation_pass_rate(tmp_path: Path) -> None:
+def test_tiny_recipe_raises_the_validation_pass_rate(tmp_path: Path, tiny_policy_folder: Path) -> None:
     runs = tmp_path / "runs"
     result = subprocess.run(
         [
             str(DOCKYARD),
             "run",
             "examples/configs/tiny_expr.yaml",
-            f"policy.model_name={tmp_path / 'model'}",
+            f"policy.model_name={tiny_policy_folder}",
             f"logger.log_dir={runs}",
         ],
         cwd=REPO_ROOT,

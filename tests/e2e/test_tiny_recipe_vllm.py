@@ -33,9 +33,9 @@ VLLM_ON_CPU = [
 ]
 
 
-# Warm start (~3.5 min on 2 quiet cores), vLLM's start and 30 steps: past pytest's default 600 s when loaded.
+# vLLM's start and 30 steps (and the warm start, when this runs alone): past pytest's default 600 s when loaded.
 @pytest.mark.timeout(1800)
-def test_tiny_recipe_on_vllm_raises_the_validation_pass_rate(tmp_path: Path) -> None:
+def test_tiny_recipe_on_vllm_raises_the_validation_pass_rate(tmp_path: Path, tiny_policy_folder: Path) -> None:
     if importlib.util.find_spec("vllm") is None:
         missing("vLLM is not installed (make install-vllm)")
     runs = tmp_path / "runs"
@@ -45,7 +45,7 @@ def test_tiny_recipe_on_vllm_raises_the_validation_pass_rate(tmp_path: Path) -> 
             str(DOCKYARD),
             "run",
             "examples/configs/tiny_expr.yaml",
-            f"policy.model_name={tmp_path / 'model'}",
+            f"policy.model_name={tiny_policy_folder}",
             f"logger.log_dir={runs}",
             *VLLM_ON_CPU,
         ],
