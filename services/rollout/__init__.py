@@ -6,9 +6,11 @@
     ReceiveWeights --> weights over the weight-sync group or a checkpoint folder (never over gRPC)
 
 Modules: engine.py (the interface every engine keeps), torch_engine.py (the built-in
-engine), vllm_engine.py and vllm_worker.py (the vLLM adapter, imported only when a job
-asks for it), decoding.py (decoding parameters, validated at the boundary), servicer.py,
-settings.py.
+engine; its decode batch in decode_batch.py, kv_slots.py and sampling.py), vllm_engine.py
+and vllm_worker.py (the vLLM adapter), sglang_engine.py and sglang_weights.py (the SGLang
+adapter; both adapters are imported only when a job asks for them), decoding.py (decoding
+parameters, validated at the boundary), prompts.py (the prompt forms: text, token ids, chat
+messages), servicer.py, settings.py.
 
 Guarantees: decoding parameters are validated at the boundary (INVALID_ARGUMENT
 naming the field; NaN and Inf refused); an unknown job is NOT_FOUND;

@@ -1,7 +1,7 @@
 """Generation engines: one prompt in, a group of sampled completions out.
 
-    prompt (text, or token ids as given) ──tokenize text only──> prompt ids ──repeat × num_samples──> model.generate (one batch, KV cache)
-        ──> per row: cut after eos / stop string ──> GenerationResult(completions, weight_version)
+    prompt (text, or token ids as given) ──tokenize text only──> prompt ids ──× num_samples rows──> the engine's
+        decode batch ──> per row: cut after eos / stop string ──> GenerationResult(completions, weight_version)
 
 Guarantees of every engine:
 - a prompt given as token ids is used exactly as given: never re-tokenized,
@@ -29,8 +29,9 @@ Guarantees of every engine:
 - a generation whose caller gave up (its `generate` task cancelled) stops
   within a decode step and yields no result.
 
-Implementations: services/rollout/torch_engine.py (TorchEngine, built in) and
-services/rollout/vllm_engine.py (VllmEngine).
+Implementations: services/rollout/torch_engine.py (TorchEngine, built in),
+services/rollout/vllm_engine.py (VllmEngine) and services/rollout/sglang_engine.py
+(SglangEngine).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ Prompt = str | list[int]  # text, or token ids used exactly as given
 
 
 class GenerationEngine(abc.ABC):
-    """What the rollout servicer needs from an engine (the built-in torch engine, vLLM)."""
+    """What the rollout servicer needs from an engine (the built-in torch engine, vLLM, SGLang)."""
 
     name: str = "engine"
     tokenizer: Any  # the policy's Hugging Face tokenizer: text prompts, chat templates, context checks

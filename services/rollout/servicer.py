@@ -114,6 +114,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 return await VllmEngine.create(cfg, self.settings.device)
             except VllmUnavailable as exc:
                 raise FailedPrecondition(str(exc)) from None
+        if cfg.policy.generation.backend == "sglang":
+            from services.rollout.sglang_engine import SglangEngine, SglangUnavailable
+
+            try:
+                return await SglangEngine.create(cfg, self.settings.device)
+            except SglangUnavailable as exc:
+                raise FailedPrecondition(str(exc)) from None
         return await asyncio.to_thread(self._build_torch_engine, cfg)
 
     def _build_torch_engine(self, cfg: MasterConfig) -> GenerationEngine:
@@ -136,6 +143,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             model_name=cfg.policy.model_name or "",
             kv_cache=kv_cache,
             in_flight_weight_updates=cfg.grpo.async_grpo.in_flight_weight_updates,
+            max_batch_rows=cfg.policy.generation.max_batch_rows,
         )
 
     def _default_decoding(self, job_id: str) -> DecodingParams:

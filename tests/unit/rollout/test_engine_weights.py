@@ -1,4 +1,4 @@
-"""TorchEngine with transformers' static KV cache, weight loads through a transport, in-flight weight updates."""
+"""TorchEngine with kv_cache="static" (eager on CPU), weight loads through a transport, in-flight weight updates."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from dockyard.weights.transports import CheckpointTransport
-from services.rollout import torch_engine as engine_module
 from services.rollout.decoding import DecodingParams
 from services.rollout.torch_engine import TorchEngine
 from tests.unit.rollout.test_torch_engine import PROMPT, greedy_reference, recompute_logprobs, tiny_engine
@@ -60,20 +59,19 @@ def test_receive_weights_loads_exactly_and_tags_the_version(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("in_flight", [True, False])
-def test_in_flight_update_lands_between_decode_steps(tmp_path, monkeypatch, in_flight: bool) -> None:
+def test_in_flight_update_lands_between_decode_steps(tmp_path, in_flight: bool) -> None:
     engine = _engine(in_flight=in_flight)
     transport = CheckpointTransport(tmp_path, timedelta(seconds=5))
     transport.send(_perturbed(engine), version=1)
-    started = threading.Event()
-    original = engine_module._StepVersions.__call__
+    started, forwards = threading.Event(), []
 
-    def slow_step(self, input_ids, scores):
-        if len(self.steps) == 5:
+    def slow_step(module, args, output) -> None:
+        forwards.append(1)
+        if len(forwards) == 5:  # the prefill and four decode steps
             started.set()
         time.sleep(0.01)  # leave the update time to arrive mid-generation
-        return original(self, input_ids, scores)
 
-    monkeypatch.setattr(engine_module._StepVersions, "__call__", slow_step)
+    engine.model.register_forward_hook(slow_step)
     sampling = DecodingParams(temperature=1.0, max_new_tokens=60, ignore_eos=True, seed=1)
 
     async def scenario():

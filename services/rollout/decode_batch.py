@@ -1,0 +1,390 @@
+"""Continuous batching for the torch engine: one scheduler thread drives one decode batch.
+
+    submit(request) ──queue──> scheduler thread, between two decode steps:
+        drop cancelled requests' rows ──> admit: prefill the prompt once, copy its KV into free slots,
+        sample each row's first token ──> one decode step over every row (kv_slots.DecodeStep)
+        ──> a row leaves at eos / stop string / max_new_tokens ──> a request resolves when its last row left
+
+Guarantees: requests join and leave the running batch between decode steps, each row with its
+own decoding parameters, random stream (services/rollout/sampling.py), stop rules and weight
+versions; at most `slots` rows decode at once, the rest of a request waits (first come, first
+served) and joins as rows leave. Weights change only between decode steps, through `gate`: with
+in-flight updates a waiting update lands after the current step (each row records the version
+of every token); without them no new request joins while an update waits, and the update lands
+once the batch has drained, so every completion of a result comes from one version. A cancelled
+request's rows leave at the next step boundary, the others go on, and its future gets
+GenerationCancelled. An error in a step fails the requests in the batch, not the scheduler. All
+model work, and CUDA graph capture and replay, run in the scheduler thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+import torch
+from transformers.cache_utils import DynamicCache
+
+from services.rollout.decoding import DecodingParams
+from services.rollout.engine import GenerationCancelled
+from services.rollout.kv_slots import DecodeStep, SlotCache, length_for
+from services.rollout.sampling import StopStrings, sample
+
+log = structlog.get_logger()
+
+
+class WeightGate:
+    """The scheduler holds the weights while it computes; an update takes them between two decode steps.
+
+    A waiting update has priority: `waiting` tells the scheduler to admit no new request.
+    """
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._active = self._writers_waiting = 0
+        self._writer = False
+
+    def enter(self) -> None:
+        with self._cv:
+            self._cv.wait_for(lambda: not self._writer and not self._writers_waiting)
+            self._active += 1
+
+    def exit(self) -> None:
+        with self._cv:
+            self._active -= 1
+            self._cv.notify_all()
+
+    @property
+    def waiting(self) -> bool:
+        return self._writers_waiting > 0
+
+    @contextlib.contextmanager
+    def updating(self) -> Iterator[None]:
+        with self._cv:
+            self._writers_waiting += 1
+            self._cv.wait_for(lambda: self._active == 0 and not self._writer)
+            self._writers_waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cv:
+                self._writer = False
+                self._cv.notify_all()
+
+
+@dataclass(eq=False)
+class Row:
+    """One completion being generated."""
+
+    params: DecodingParams
+    generator: torch.Generator
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: set[int] = field(default_factory=set)
+    finish_reason: str = ""
+    start: int = 0  # cache column of its first prompt token
+
+
+@dataclass(eq=False)
+class Request:
+    """One generate call: `rows` completions of `prompt_ids`; `future` gets `resolve(request)` or an exception."""
+
+    prompt_ids: list[int]
+    rows: list[Row]
+    stops: StopStrings | None
+    cancel: threading.Event
+    resolve: Callable[[Request], Any]
+    future: Future = field(default_factory=Future)
+    admitted: int = 0
+    live: int = 0  # rows in the batch
+    steps: int = 0  # decode steps its rows took part in
+    prefill: tuple[int, DynamicCache, torch.Tensor] | None = None  # (weight version, KV, last logits)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel.is_set() or self.future.cancelled()
+
+
+@dataclass
+class BatchStats:
+    """What the scheduler did, for tests and logs."""
+
+    steps: int = 0  # decode steps run
+    largest_batch: int = 0  # most rows in one decode step
+    rows_joined: int = 0
+    rows_joined_running: int = 0  # rows that joined while other requests' rows were decoding
+    # Per cancelled request (the latest 256): decode steps it took part in.
+    cancelled_steps: deque[int] = field(default_factory=lambda: deque(maxlen=256))
+    shifts: int = 0  # moves of the whole batch within the cache (a long prompt joined, or the end reached)
+
+
+class DecodeBatch:
+    """The decode batch of one engine; `submit` from any thread, the rest runs in its scheduler thread."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        slots: int,
+        device: torch.device,
+        pad_token_id: int,
+        eos_token_ids: list[int],
+        graphs: bool,
+        gate: WeightGate,
+        weight_version: Callable[[], int],
+        in_flight: bool,
+    ) -> None:
+        self.model, self.device, self.gate = model, device, gate
+        self.eos = frozenset(eos_token_ids)
+        self.pad_token_id = pad_token_id
+        self.weight_version, self.in_flight = weight_version, in_flight
+        self.cache = SlotCache(slots, device)
+        self.step = DecodeStep(model, self.cache, pad_token_id, graphs)
+        self.stats = BatchStats()
+        self.column = 0  # the cache column the next decode step writes
+        self._free = list(range(slots))  # a heap: the lowest free slot first
+        self._active: dict[int, tuple[Request, Row]] = {}  # slot -> its row
+        self._queue: deque[Request] = deque()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._recapture = False
+
+    def submit(self, request: Request) -> Future:
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            self._queue.append(request)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="dockyard-decode", daemon=True)
+                self._thread.start()
+            self._cv.notify()
+        return request.future
+
+    def wake(self) -> None:
+        """A request was cancelled: the scheduler handles it even when idle."""
+        with self._cv:
+            self._cv.notify()
+
+    def drop_graph(self) -> None:
+        """Parameters were replaced (not copied into): the next step captures a new graph."""
+        self._recapture = True
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    # -- the scheduler thread ---------------------------------------------
+
+    def _run(self) -> None:
+        holding = False
+        with torch.inference_mode():
+            while True:
+                with self._cv:
+                    self._cv.wait_for(lambda: self._closed or self._queue or self._active)
+                    if self._closed:
+                        break
+                if not holding:
+                    self.gate.enter()
+                    holding = True
+                try:
+                    self._cycle()
+                except Exception as exc:  # a failed step fails the requests in the batch, not the engine
+                    log.exception("decode step failed", rows=len(self._active))
+                    self._fail_active(exc)
+                if self.in_flight or not self._active:
+                    self.gate.exit()
+                    holding = False
+        if holding:
+            self.gate.exit()
+        self._fail_all(RuntimeError("the engine is closed"))
+
+    def _cycle(self) -> None:
+        if self._recapture:
+            self.step.drop_graph()
+            self._recapture = False
+        self._drop_cancelled()
+        self._admit()
+        if self._active:
+            self._decode()
+
+    def _drop_cancelled(self) -> None:
+        with self._cv:
+            gone = [r for r in self._queue if r.cancelled]
+            for request in gone:
+                self._queue.remove(request)
+        gone += [r for r in {id(r): r for r, _ in self._active.values()}.values() if r.cancelled and r not in gone]
+        for request in gone:
+            for slot in [s for s, (r, _) in self._active.items() if r is request]:
+                self._leave(slot)
+            self.stats.cancelled_steps.append(request.steps)
+            log.info("generation cancelled", decode_steps=request.steps)
+            _settle(request.future, exc=GenerationCancelled(request.steps))
+
+    def _admit(self) -> None:
+        while self._free:
+            with self._cv:
+                if not self._queue:
+                    return
+                request = self._queue[0]
+            if request.admitted == 0 and not self.in_flight and self.gate.waiting:
+                return  # the update waiting gets the weights once the batch drains
+            try:
+                self._admit_rows(request)
+            except Exception as exc:  # e.g. a prompt the model cannot take: this request fails alone
+                log.exception("admitting a request failed")
+                request.admitted = len(request.rows)
+                for slot in [s for s, (r, _) in self._active.items() if r is request]:
+                    self._leave(slot)
+                _settle(request.future, exc=exc)
+            if request.admitted == len(request.rows):
+                with self._cv:
+                    self._queue.popleft()
+
+    def _admit_rows(self, request: Request) -> None:
+        version = self.weight_version()
+        if request.prefill is None or request.prefill[0] != version:
+            ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
+            out = self.model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
+            request.prefill = (version, out.past_key_values, out.logits[:, -1].float())
+        _, kv, logits = request.prefill
+        prompt_len = len(request.prompt_ids)
+        need = prompt_len + max(r.params.max_new_tokens for r in request.rows)
+        if need > self.cache.length:
+            self.cache.allocate(kv, length_for(need))
+        if self.column < prompt_len:  # the prompt must fit left of the column: shift the batch right
+            if self._active:
+                self._shift(self.column - prompt_len)
+            else:
+                self.column = prompt_len
+        running = bool(self._active)
+        joined: list[tuple[int, Row]] = []
+        while request.admitted < len(request.rows) and self._free:
+            row = request.rows[request.admitted]
+            request.admitted += 1
+            slot = heapq.heappop(self._free)
+            self.cache.load_prompt(slot, kv, self.column)
+            row.start = self.column - prompt_len
+            joined.append((slot, row))
+        tokens, logprobs = sample(
+            logits.expand(len(joined), -1), [r.params for _, r in joined], [r.generator for _, r in joined]
+        )
+        self.stats.rows_joined += len(joined)
+        if running:
+            self.stats.rows_joined_running += len(joined)
+        for (slot, row), token, logprob in zip(joined, tokens, logprobs, strict=True):
+            self._active[slot] = (request, row)
+            request.live += 1
+            self._append(row, token, logprob, version)
+        self._finish_rows([(s, request, r) for s, r in joined])
+
+    def _decode(self) -> None:
+        if self.column == self.cache.length:  # full: drop the columns no row reads any more
+            self._shift(min(row.start for _, row in self._active.values()))
+        slots = self.cache.slots
+        tokens, starts = [self.pad_token_id] * slots, [self.column] * slots  # idle slots see only themselves
+        for slot, (_, row) in self._active.items():
+            tokens[slot], starts[slot] = row.tokens[-1], row.start
+        self.step.tokens[:, 0].copy_(torch.tensor(tokens))
+        self.step.starts.copy_(torch.tensor(starts))
+        self.cache.column.fill_(self.column)
+        order = sorted(self._active)
+        logits = self.step.run(order[-1] + 1)
+        self.column += 1
+        version = self.weight_version()
+        rows = [self._active[s] for s in order]
+        picked = logits[torch.tensor(order, device=logits.device)]
+        new, logprobs = sample(picked, [r.params for _, r in rows], [r.generator for _, r in rows])
+        self.stats.steps += 1
+        self.stats.largest_batch = max(self.stats.largest_batch, len(order))
+        for request in {id(r): r for r, _ in rows}.values():
+            request.steps += 1
+        for (_, row), token, logprob in zip(rows, new, logprobs, strict=True):
+            self._append(row, token, logprob, version)
+        self._finish_rows([(s, r, row) for s, (r, row) in zip(order, rows, strict=True)])
+
+    def _append(self, row: Row, token: int, logprob: float, version: int) -> None:
+        row.tokens.append(token)
+        row.logprobs.append(logprob)
+        row.versions.add(version)
+
+    def _finish_rows(self, rows: list[tuple[int, Request, Row]]) -> None:
+        """Rows that just got a token: eos, then stop strings, then length; finished rows leave."""
+        stop_checks: dict[int, list[tuple[int, Request, Row]]] = {}
+        for slot, request, row in rows:
+            if not row.params.ignore_eos and row.tokens[-1] in self.eos:
+                row.finish_reason = "eos"
+            elif request.stops is not None:
+                stop_checks.setdefault(id(request), []).append((slot, request, row))
+        for group in stop_checks.values():
+            hits = group[0][1].stops.hits([row.tokens for _, _, row in group])  # type: ignore[union-attr]
+            for (_, _, row), hit in zip(group, hits, strict=True):
+                row.finish_reason = "stop" if hit else ""
+        for slot, request, row in rows:
+            if not row.finish_reason and len(row.tokens) >= row.params.max_new_tokens:
+                row.finish_reason = "length"
+            if row.finish_reason:
+                self._leave(slot)
+                if request.live == 0 and request.admitted == len(request.rows):
+                    self._resolve(request)
+
+    def _leave(self, slot: int) -> None:
+        request, _ = self._active.pop(slot)
+        request.live -= 1
+        heapq.heappush(self._free, slot)
+        if not self._active:
+            self.column = 0  # an empty batch starts over at the left edge
+
+    def _shift(self, by: int) -> None:
+        """Move the batch left (by > 0) or right (by < 0) in the cache."""
+        self.cache.shift(by)
+        self.stats.shifts += 1
+        self.column -= by
+        for _, row in self._active.values():
+            row.start -= by
+
+    def _resolve(self, request: Request) -> None:
+        try:
+            _settle(request.future, result=request.resolve(request))
+        except Exception as exc:
+            _settle(request.future, exc=exc)
+
+    def _fail_active(self, exc: BaseException) -> None:
+        failed = {id(r): r for r, _ in self._active.values()}
+        for slot in list(self._active):
+            self._leave(slot)
+        with self._cv:
+            for request in failed.values():
+                if request in self._queue:  # partly admitted
+                    self._queue.remove(request)
+        self.step.drop_graph()  # the step may have stopped mid-capture
+        for request in failed.values():
+            _settle(request.future, exc=exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self._fail_active(exc)
+        with self._cv:
+            queued = list(self._queue)
+            self._queue.clear()
+        for request in queued:
+            _settle(request.future, exc=exc)
+
+
+def _settle(future: Future, result: Any = None, exc: BaseException | None = None) -> None:
+    """Resolve `future` unless its caller cancelled it already."""
+    with contextlib.suppress(InvalidStateError):
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
