@@ -404,7 +404,8 @@ def test_a_replica_that_cannot_join_fails_the_send_with_its_reason(monkeypatch, 
 
     async def scenario():
         engine = await SglangEngine.create(_config(model_dir, stand_in_fail_init="no NCCL here"), "cuda")
-        trainer = _Trainer(timeout=timedelta(seconds=5))  # its rendezvous waits this long for the replica
+        # Its rendezvous waits this long for the replica: long enough for a loaded machine.
+        trainer = _Trainer(timeout=timedelta(seconds=30))
         trainer.send(1, [("lm_head.weight", torch.ones(6, 4))], group)
         with pytest.raises(SyncFailed, match="no NCCL here"):
             await engine.receive_weights(WholeTensorTransport(TIMEOUT, 100), 1, group, TIMEOUT)
