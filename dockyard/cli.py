@@ -2,7 +2,8 @@
 
     dockyard up [--rollout-replicas N] [--sandbox-workers M] [--<service>-port PORT ...]
                                         the five services on localhost until Ctrl-C (ports: the flags,
-                                        else DOCKYARD_<SERVICE>_PORT, else 50051-50055)
+                                        else DOCKYARD_<SERVICE>_PORT, else 50051-50055) and the policy
+                                        endpoint (HTTP, --endpoint-port, else DOCKYARD_ENDPOINT_PORT, else 8000)
     dockyard submit CONFIG [k=v ...]    submit a job to a running coordinator, print its id
                                         (--wait: then follow it; exit 0 only when it SUCCEEDS)
     dockyard status [JOB]               one job in detail, or every job and the fleet
@@ -354,7 +355,11 @@ def cmd_up(args) -> int:
         Path(args.log_dir),
         rollout_replicas=args.rollout_replicas,
         sandbox_workers=args.sandbox_workers,
-        ports={service: getattr(args, f"{service}_port") for service in DEFAULT_PORTS},
+        ports={
+            **{service: getattr(args, f"{service}_port") for service in DEFAULT_PORTS},
+            "endpoint": args.endpoint_port,
+        },
+        endpoint=True,
     )
     _interrupt_on_signals()
     stack.start()
@@ -471,6 +476,12 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"port of the {service}: default $DOCKYARD_{service.upper()}_PORT, else {port}"
             + (several if service in ("rollout", "sandbox") else ""),
         )
+    p.add_argument(
+        "--endpoint-port",
+        type=int,
+        metavar="PORT",
+        help="HTTP port of the policy endpoint (OpenAI/Anthropic API): default $DOCKYARD_ENDPOINT_PORT, else 8000",
+    )
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("submit", help="submit a job to a running coordinator")

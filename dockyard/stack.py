@@ -1,6 +1,7 @@
 """The five services as local processes on loopback: what `dockyard up` and `dockyard run` start.
 
     buffer, sandbox (or sandbox-1..M), rollout (or rollout-1..N), trainer, coordinator
+    [endpoint]  the policy endpoint (HTTP, default port 8000), with endpoint=True (`dockyard up` sets it)
 
 Rollout replicas and sandbox workers register with the coordinator themselves
 (DOCKYARD_<SVC>_COORDINATOR_ADDRESS); with N > 1 (M > 1) each process is named
@@ -39,6 +40,9 @@ from dockyard.rpc.launch import PARENT_PID_ENV
 from dockyard.rpc.settings import DEFAULT_PORTS
 
 SERVICES = ("buffer", "sandbox", "rollout", "trainer", "coordinator")
+# The HTTP policy endpoint (services/endpoint): started after the coordinator, checked over HTTP.
+ENDPOINT = "endpoint"
+ENDPOINT_DEFAULT_PORT = 8000  # services.endpoint.settings.DEFAULT_PORT (the library never imports services/)
 
 
 def _free_port() -> int:
@@ -72,6 +76,23 @@ def _set_port(service: str, given: dict[str, int], env: dict[str, str]) -> int:
     return port
 
 
+async def _http_ready(address: str, timeout: float) -> None:
+    """Wait until the endpoint's GET /health answers 200."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while True:
+            try:
+                if (await client.get(f"http://{address}/health")).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the endpoint at {address} did not answer /health within {timeout} s")
+            await asyncio.sleep(0.2)
+
+
 class LocalStack:
     def __init__(
         self,
@@ -83,12 +104,15 @@ class LocalStack:
         rollout_replicas: int = 1,
         sandbox_workers: int = 1,
         ports: dict[str, int] | None = None,
+        endpoint: bool = False,
     ) -> None:
         """`ports`: service -> port of its (first) process, over DOCKYARD_<SVC>_PORT of the environment."""
         self.log_dir = log_dir
         counts = {"rollout": rollout_replicas, "sandbox": sandbox_workers}
         # Process name -> service; in start order.
         self.kinds = {name: s for s in SERVICES for name in _instances(s, counts.get(s, 1))}
+        if endpoint:
+            self.kinds[ENDPOINT] = ENDPOINT
         self.extra_env = extra_env or {}
         self.ports = self._ports(ports or {}, free_ports)
         # Per service (or per process, e.g. "rollout-2"), on top of extra_env: e.g. CUDA_VISIBLE_DEVICES
@@ -99,8 +123,10 @@ class LocalStack:
     def _ports(self, given: dict[str, int], free_ports: bool) -> dict[str, int]:
         env = {**os.environ, **self.extra_env}
         ports: dict[str, int] = {}
-        for service in SERVICES:
+        for service in (*SERVICES, ENDPOINT):
             names = [name for name, kind in self.kinds.items() if kind == service]
+            if not names:  # the endpoint, when not asked for: its port setting is not read
+                continue
             base = _set_port(service, given, env)
             for i, name in enumerate(names):
                 if base:
@@ -108,7 +134,7 @@ class LocalStack:
                 elif free_ports or name != service:
                     ports[name] = _free_port()
                 else:
-                    ports[name] = DEFAULT_PORTS[service]
+                    ports[name] = DEFAULT_PORTS.get(service, ENDPOINT_DEFAULT_PORT)
         if max(ports.values()) > 65535:
             raise ValueError(f"ports run past 65535: {ports}")
         clashes = {p: [n for n, q in ports.items() if q == p] for p, k in Counter(ports.values()).items() if k > 1}
@@ -176,7 +202,8 @@ class LocalStack:
 
     async def _wait(self, names, timeout: float) -> None:
         async def one(name: str) -> None:
-            task = asyncio.ensure_future(wait_until_serving(self.address(name), timeout))
+            ready = _http_ready if self.kinds[name] == ENDPOINT else wait_until_serving
+            task = asyncio.ensure_future(ready(self.address(name), timeout))
             while not task.done():
                 if self.procs[name].poll() is not None:
                     task.cancel()

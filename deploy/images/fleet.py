@@ -1,6 +1,7 @@
 """Build one image per service fleet, offline, skipping those already up to date.
 
     dockyard/coordinator, dockyard/trainer, dockyard/rollout  base.txt + torch.txt
+    dockyard/endpoint                                         base.txt + torch.txt + endpoint.txt
     dockyard/buffer                                           base.txt + buffer.txt    (no torch)
     dockyard/sandbox-service                                  base.txt + sandbox.txt   (no torch)
     dockyard/redis                                            Debian's redis-tools .debs (redis-server)
@@ -49,6 +50,7 @@ FLEETS = {
     "coordinator": ("base.txt", "torch.txt"),
     "trainer": ("base.txt", "torch.txt"),
     "rollout": ("base.txt", "torch.txt"),
+    "endpoint": ("base.txt", "torch.txt", "endpoint.txt"),
     "buffer": ("base.txt", "buffer.txt"),
     "sandbox-service": ("base.txt", "sandbox.txt"),
     "redis": (),

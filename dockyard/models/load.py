@@ -24,6 +24,23 @@ from dockyard.models.tokenizer import build_char_tokenizer
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def load_tokenizer(policy: PolicyConfig) -> PreTrainedTokenizerBase:
+    """The policy's tokenizer alone, as load_policy would give it (for services that never run the model)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if policy.model_name is None:
+        tokenizer = build_char_tokenizer()
+    else:
+        path = Path(policy.model_name)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"policy.model_name={policy.model_name!r} is not a local model folder (no config.json)"
+            )
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def load_policy(
     policy: PolicyConfig, device: str = "cpu", dtype: torch.dtype | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

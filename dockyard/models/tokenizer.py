@@ -14,6 +14,9 @@ model type that does not force its own tokenizer class (``llama`` and
 Its chat template (CHAT_TEMPLATE) renders each message as ``role: content``
 and a newline, and the generation prompt as ``assistant: ``, all within
 ``CHARSET``, so conversations tokenize one character per token like any text.
+Tools render as a leading ``tools: <json>`` line and an assistant's tool calls
+as ``<tool_call>{json}</tool_call>`` after its content (the Hermes format the
+policy endpoint parses); lowercase tool names and arguments stay within CHARSET.
 """
 
 from __future__ import annotations
@@ -29,11 +32,18 @@ SPECIAL_TOKENS: tuple[str, ...] = (PAD, EOS, BOS, UNK)
 # Everything the expression tasks and plausible completions use, plus the rest
 # of the lowercase alphabet and some punctuation so a sampled completion like
 # "abs(x)" or "x**2" stays representable.
-CHARSET: str = string.digits + string.ascii_lowercase + " \n=()+-*/%<>!&|^~,.:_[]"
+# Appended later (ids of the characters before them never change): what tool-call JSON needs.
+CHARSET: str = string.digits + string.ascii_lowercase + " \n=()+-*/%<>!&|^~,.:_[]" + '{}"'
 
 
+# Tools (when given) come first as one `tools: [...]` line of JSON; an assistant message's tool
+# calls follow its content as Hermes-style `<tool_call>{"name": ..., "arguments": ...}</tool_call>`.
 CHAT_TEMPLATE: str = (
-    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if tools %}tools: {{ tools | tojson }}{{ '\\n' }}{% endif %}"
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] or '' }}"
+    "{% if message.tool_calls %}{% for call in message.tool_calls %}<tool_call>"
+    "{{ {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson }}"
+    "</tool_call>{% endfor %}{% endif %}{{ '\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 

@@ -19,8 +19,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_up_binds_the_ports_of_its_flags_and_environment_and_status_follows(tmp_path: Path) -> None:
-    ports = {service: free_port() for service in ("coordinator", "trainer", "rollout", "buffer", "sandbox")}
+    ports = {service: free_port() for service in ("coordinator", "trainer", "rollout", "buffer", "sandbox", "endpoint")}
     env = {**os.environ, "DOCKYARD_TRAINER_PORT": str(ports["trainer"]), "DOCKYARD_BUFFER_PORT": str(ports["buffer"])}
+    env["DOCKYARD_ENDPOINT_PORT"] = str(ports["endpoint"])  # the policy endpoint (HTTP) too
     env["DOCKYARD_COORDINATOR_STATE_DIR"] = str(tmp_path / "state")  # its own job store: no other test's jobs
     flags = [a for s in ("coordinator", "rollout", "sandbox") for a in (f"--{s}-port", str(ports[s]))]
     cmd = [sys.executable, "-m", "dockyard.cli", "up", "--log-dir", str(tmp_path), *flags]

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from pydantic_settings import BaseSettings
 
 from dockyard.config import MasterConfig
 from dockyard.rpc.auth import AuthSettings
@@ -87,12 +88,16 @@ def settings_variables() -> dict[str, tuple[Any, str]]:
     """{DOCKYARD_<SERVICE>_<FIELD>: (default, service)} for every service's settings class, and
     {DOCKYARD_<FIELD>: (default, "shared")} for the settings every service shares."""
     variables = {}
-    for service in DEFAULT_PORTS:
+    # The policy endpoint serves HTTP, so its settings class is a plain BaseSettings of its own.
+    for service in (*DEFAULT_PORTS, "endpoint"):
         module = importlib.import_module(f"services.{service}.settings")
         classes = [
             value
             for value in vars(module).values()
-            if isinstance(value, type) and issubclass(value, ServiceSettings) and value is not ServiceSettings
+            if isinstance(value, type)
+            and (issubclass(value, ServiceSettings) or value.__module__ == module.__name__)
+            and issubclass(value, BaseSettings)
+            and value is not ServiceSettings
         ]
         assert len(classes) == 1, f"services/{service}/settings.py should define one settings class, found {classes}"
         cls = classes[0]

@@ -17,7 +17,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 COMPOSE = ROOT / "deploy" / "compose"
-LONG_RUNNING = {"redis", "buffer", "sandbox", "trainer", "rollout", "coordinator"}
+LONG_RUNNING = {"redis", "buffer", "sandbox", "trainer", "rollout", "coordinator", "endpoint"}
 
 
 def load(name: str) -> dict:
@@ -79,8 +79,10 @@ def test_backends_volumes_and_the_sandbox_work_folder() -> None:
 
 def test_one_published_port_and_images_build_sh_makes() -> None:
     services = load("compose.yaml")
-    assert [name for name, service in services.items() if "ports" in service] == ["coordinator"]
+    # The coordinator's gRPC port and the policy endpoint's HTTP port, both on loopback only.
+    assert [name for name, service in services.items() if "ports" in service] == ["coordinator", "endpoint"]
     assert default(services["coordinator"]["ports"][0]) == "127.0.0.1:50051:50051"
+    assert default(services["endpoint"]["ports"][0]) == "127.0.0.1:8000:8000"
     built = {f"dockyard/{name}:latest" for name in fleets()}
     for name, service in services.items():
         assert service["image"] in built, name

@@ -1,0 +1,173 @@
+"""Chat completions through the policy endpoint vs the same tokens through the rollout's Generate, in one run.
+
+    --calls prompts ──POST /v1/chat/completions (httpx, --concurrency callers)──> endpoint ──Generate──> rollout
+    the same prompt ids, sampling and seeds ──Generate(prompt_token_ids) (gRPC, --concurrency callers)──> rollout
+
+The script starts a LocalStack with the endpoint (`dockyard up`'s processes) on free ports, creates the tiny
+job (random policy, character tokenizer; it keeps training in the background, as a live job does), and waits
+until the endpoint serves it. Each endpoint call is a fresh session of one user message; its recorded prompt ids
+(GET /v1/sessions/{id}/trajectory) and seed are then sent straight to the replica's Generate with the same
+sampling and `ignore_eos` (vLLM's extension, on both paths), so both sample exactly --max-tokens tokens per
+call whatever the background training does to the weights. Each of --repeats rounds sends the --calls calls in
+chunks of --chunk, the two paths alternating chunk by chunk (ABBA), and each path's wall time is summed over all
+chunks: a burst of load on a shared machine then falls on both paths alike.
+
+Prints both times and `endpoint_vs_generate: R`, R = Generate's total time over the endpoint's (throughput ratio;
+1.0 is parity, lower means the endpoint costs that much; the goal is >= 0.8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from dockyard.api.common.v1 import common_pb2
+from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
+from dockyard.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from dockyard.config import load_config
+from dockyard.rpc.client import connect
+from dockyard.stack import LocalStack
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+async def _create_job(stack: LocalStack, runs: Path, max_new_tokens: int) -> str:
+    cfg = load_config(
+        ROOT / "examples" / "configs" / "tiny_expr.yaml",
+        [
+            "policy.model_name=null",
+            "policy.bootstrap=null",
+            "grpo.max_num_steps=100000",
+            f"logger.log_dir={runs}",
+            f"policy.generation.max_new_tokens={max_new_tokens}",
+        ],
+    )
+    async with connect(stack.address("coordinator")) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+        reply = await stub.CreateJob(coordinator_pb2.CreateJobRequest(config_yaml=cfg.resolved_yaml()))
+        return reply.job.job_id
+
+
+async def _replica(stack: LocalStack, job: str) -> str:
+    async with connect(stack.address("coordinator")) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+        members = (await stub.ListMembers(coordinator_pb2.ListMembersRequest())).members
+    return next(
+        m.address for m in members if m.kind == coordinator_pb2.MEMBER_KIND_ROLLOUT and job in m.weight_versions
+    )
+
+
+def _body(job: str, i: int, max_tokens: int) -> dict:
+    content = f"f({i % 7})={i % 5} f({i % 3 + 1})={i % 11}"
+    return {
+        "model": job,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "seed": i,
+        "ignore_eos": True,
+    }
+
+
+async def _endpoint_round(http: httpx.AsyncClient, job: str, calls, concurrency: int, max_tokens: int, tag: str):
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        async with gate:
+            reply = await http.post(
+                "/v1/chat/completions", json=_body(job, i, max_tokens), headers={"X-Dockyard-Session": f"{tag}-{i}"}
+            )
+            reply.raise_for_status()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in calls))
+    return time.perf_counter() - start
+
+
+async def _generate_round(stub, job: str, prompts: list[list[int]], calls, concurrency: int, max_tokens: int) -> float:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        async with gate:
+            sampling = common_pb2.SamplingParams(
+                temperature=1.0, top_p=1.0, max_new_tokens=max_tokens, seed=i, ignore_eos=True
+            )
+            await stub.Generate(
+                rollout_pb2.GenerateRequest(
+                    job_id=job, request_id=f"bench-{i}", prompt_token_ids=prompts[i], num_samples=1, sampling=sampling
+                ),
+                timeout=600,
+            )
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in calls))
+    return time.perf_counter() - start
+
+
+async def _run(stack: LocalStack, runs: Path, args) -> None:
+    job = await _create_job(stack, runs, args.max_tokens)
+    async with httpx.AsyncClient(base_url=f"http://{stack.address('endpoint')}", timeout=600) as http:
+        deadline = time.monotonic() + 300
+        while (await http.post("/v1/chat/completions", json=_body(job, 0, 1))).status_code != 200:
+            if time.monotonic() > deadline:
+                raise SystemExit("the endpoint did not serve the job within 300 s")
+            await asyncio.sleep(1)
+        # Warm-up round, then the prompts the endpoint built (to send the same ids to Generate).
+        await _endpoint_round(http, job, range(args.calls), args.concurrency, args.max_tokens, "warm")
+        prompts = []
+        for i in range(args.calls):
+            trajectory = (await http.get(f"/v1/sessions/warm-{i}/trajectory")).json()
+            prompts.append(trajectory["segments"][0]["turns"][0]["prompt_token_ids"])
+        async with connect(await _replica(stack, job), service="rollout", default_timeout=600) as channel:
+            stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+            # Chunks of --chunk calls, the two paths alternating chunk by chunk (ABBA), so a burst of load on
+            # this shared machine lands on both; each path's time is summed over every chunk.
+            totals = {"endpoint": 0.0, "generate": 0.0}
+            for r in range(args.repeats):
+                for k, first in enumerate(range(0, args.calls, args.chunk)):
+                    chunk = range(first, min(first + args.chunk, args.calls))
+                    order = ("generate", "endpoint") if (r + k) % 2 == 0 else ("endpoint", "generate")
+                    for path in order:
+                        if path == "generate":
+                            elapsed = await _generate_round(
+                                stub, job, prompts, chunk, args.concurrency, args.max_tokens
+                            )
+                        else:
+                            elapsed = await _endpoint_round(
+                                http, job, chunk, args.concurrency, args.max_tokens, f"r{r}"
+                            )
+                        totals[path] += elapsed
+    calls = args.calls * args.repeats
+    best_endpoint, best_generate = totals["endpoint"], totals["generate"]
+    print(
+        f"calls={args.calls} x repeats={args.repeats} chunk={args.chunk} concurrency={args.concurrency} "
+        f"max_tokens={args.max_tokens}"
+    )
+    print(f"endpoint (chat completions): {best_endpoint:.3f} s  ({calls / best_endpoint:.1f} calls/s)")
+    print(f"generate (prompt_token_ids): {best_generate:.3f} s  ({calls / best_generate:.1f} calls/s)")
+    print(f"endpoint_vs_generate: {best_generate / best_endpoint:.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--chunk", type=int, default=8, help="calls per timed chunk (the paths alternate per chunk)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="dockyard-bench-endpoint-") as tmp:
+        stack = LocalStack(Path(tmp) / "logs", free_ports=True, endpoint=True)
+        stack.start()
+        try:
+            asyncio.run(_run(stack, Path(tmp) / "runs", args))
+        finally:
+            stack.stop()
+
+
+if __name__ == "__main__":
+    main()

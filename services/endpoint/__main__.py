@@ -1,0 +1,34 @@
+"""Entry point of the policy endpoint: `python -m services.endpoint`.
+
+Settings come from DOCKYARD_ENDPOINT_* variables, the shared token from
+DOCKYARD_AUTH_TOKEN(_FILE); a bad setting fails at startup naming it. Serves
+HTTP with uvicorn until SIGTERM (or until a supervising `dockyard up` dies).
+"""
+
+from __future__ import annotations
+
+import uvicorn
+
+from dockyard.rpc.auth import AuthConfigError, load_auth_settings
+from dockyard.rpc.launch import _die_with_parent
+from dockyard.rpc.logging import configure_logging
+from services.endpoint.settings import EndpointSettings
+
+
+def main() -> None:
+    settings = EndpointSettings()
+    _die_with_parent()
+    configure_logging("endpoint", settings.log_level)
+    try:
+        token = load_auth_settings().token
+    except AuthConfigError as exc:
+        raise SystemExit(f"endpoint: {exc}") from None
+
+    from services.endpoint.app import create_app
+
+    app = create_app(settings, token or None)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)
+
+
+if __name__ == "__main__":
+    main()

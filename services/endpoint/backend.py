@@ -1,0 +1,185 @@
+"""The endpoint's view of the fleet, over gRPC only: running jobs, their tokenizers, replicas, Generate.
+
+    model (= job id) ──Jobs.renderer──> GetJob ─> <run_dir>/config.yaml ─> load_tokenizer ─> Renderer (cached)
+    session ──Router.pick──> ListMembers: ALIVE rollout replicas holding the job ──> sticky, else least loaded
+    prompt ids ──Router.generate──> RolloutService.Generate(prompt_token_ids) on that replica
+
+Guarantees: an unknown or finished job is UnknownModel (a 404); a job whose
+replicas are all gone, or a replica that fails mid-call (UNAVAILABLE,
+DEADLINE_EXCEEDED, CANCELLED, or a replica that forgot the job), is
+ReplicaLost (a 503 that ends the session as an infrastructure error); a request
+the replica refuses (INVALID_ARGUMENT: e.g. prompt plus max_tokens past the
+context) is GenerateRefused (a 400) with the replica's message, and so is a
+job whose tokenizer cannot be loaded or has no chat template. Tokenizers and
+channels are cached per job and per address; the member list and a job's
+state are read at most once a second (a job that just finished may be served
+for up to a second more; its replicas then refuse).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from dockyard.api.common.v1 import common_pb2
+from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
+from dockyard.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
+from dockyard.config import load_config_text
+from dockyard.models.load import load_tokenizer
+from dockyard.rpc.client import connect
+from services.endpoint.rendering import Renderer
+from services.endpoint.tool_parsers import pick_parser
+
+LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+LOST_JOB = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
+
+
+class UnknownModel(LookupError):
+    pass
+
+
+class ReplicaLost(RuntimeError):
+    pass
+
+
+class GenerateRefused(ValueError):
+    pass
+
+
+@dataclass
+class JobModel:
+    job_id: str
+    renderer: Renderer
+    parser: str
+    max_new_tokens: int
+
+
+@dataclass
+class Generated:
+    prompt_token_ids: list[int]
+    completions: list[rollout_pb2.Completion]
+    weight_version: int
+    weight_versions: list[int]
+    replica: str
+
+
+class Backend:
+    def __init__(
+        self, coordinator_address: str, *, tool_parser: str, generate_timeout: float, run_root: str = ""
+    ) -> None:
+        self._coordinator = connect(coordinator_address, service="coordinator")
+        self._stub = coordinator_pb2_grpc.CoordinatorServiceStub(self._coordinator)
+        self._tool_parser = tool_parser
+        self._timeout = generate_timeout
+        self._run_root = Path(run_root) if run_root else None
+        self._models: dict[str, JobModel] = {}
+        self._loading: dict[str, asyncio.Lock] = {}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._members: tuple[float, list] = (0.0, [])
+        self._checked: dict[str, float] = {}  # job id -> when GetJob last said RUNNING
+        self.in_flight: dict[str, int] = {}
+
+    async def close(self) -> None:
+        for channel in [self._coordinator, *self._channels.values()]:
+            await channel.close()
+
+    async def running_jobs(self) -> list[coordinator_pb2.Job]:
+        reply = await self._stub.ListJobs(coordinator_pb2.ListJobsRequest(), timeout=10)
+        return [j for j in reply.jobs if j.state == coordinator_pb2.JOB_STATE_RUNNING]
+
+    async def model(self, job_id: str) -> JobModel:
+        """The job's tokenizer and limits; UnknownModel unless the job is running (checked at most once a second)."""
+        checked = self._checked.get(job_id)
+        if checked is not None and time.monotonic() - checked < 1.0 and job_id in self._models:
+            return self._models[job_id]
+        try:
+            job = (await self._stub.GetJob(coordinator_pb2.GetJobRequest(job_id=job_id), timeout=10)).job
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                raise UnknownModel(f"model {job_id!r}: no such job (the model is a job id; GET /v1/models)") from None
+            raise ReplicaLost(f"the coordinator did not answer GetJob: {exc.code().name}") from None
+        if job.state != coordinator_pb2.JOB_STATE_RUNNING:
+            raise UnknownModel(f"model {job_id!r}: the job is not running")
+        self._checked[job_id] = time.monotonic()
+        if job_id in self._models:
+            return self._models[job_id]
+        async with self._loading.setdefault(job_id, asyncio.Lock()):
+            if job_id not in self._models:
+                try:
+                    self._models[job_id] = await asyncio.to_thread(self._load, job_id, job.run_dir)
+                except (OSError, ValueError) as exc:  # no config.yaml or model folder, no chat template
+                    raise GenerateRefused(f"model {job_id!r} cannot be served: {exc}") from None
+        return self._models[job_id]
+
+    def _load(self, job_id: str, run_dir: str) -> JobModel:
+        folder = Path(run_dir)
+        if self._run_root is not None and not folder.is_absolute():
+            folder = self._run_root / folder
+        cfg = load_config_text((folder / "config.yaml").read_text(), origin=str(folder / "config.yaml"))
+        tokenizer = load_tokenizer(cfg.policy)
+        return JobModel(
+            job_id,
+            Renderer(tokenizer),
+            pick_parser(self._tool_parser, tokenizer),
+            cfg.policy.generation.max_new_tokens,
+        )
+
+    async def _replicas(self, job_id: str) -> list:
+        read_at, members = self._members
+        if time.monotonic() - read_at > 1.0:
+            reply = await self._stub.ListMembers(coordinator_pb2.ListMembersRequest(), timeout=10)
+            members = [m for m in reply.members if m.kind == coordinator_pb2.MEMBER_KIND_ROLLOUT]
+            self._members = (time.monotonic(), members)
+        return [m for m in members if m.status == "ALIVE" and job_id in m.weight_versions]
+
+    async def pick(self, job_id: str, sticky: str | None) -> tuple[str, str]:
+        """(name, address) of the replica for a session: its sticky one while alive, else the least loaded."""
+        replicas = await self._replicas(job_id)
+        if not replicas:
+            raise ReplicaLost(f"no live rollout replica holds job {job_id!r}")
+        for m in replicas:
+            if m.name == sticky:
+                return m.name, m.address
+        best = min(replicas, key=lambda m: (m.load + self.in_flight.get(m.name, 0), m.name))
+        return best.name, best.address
+
+    def _rollout(self, address: str) -> rollout_pb2_grpc.RolloutServiceStub:
+        if address not in self._channels:
+            self._channels[address] = connect(address, service="rollout", default_timeout=self._timeout)
+        return rollout_pb2_grpc.RolloutServiceStub(self._channels[address])
+
+    async def generate(
+        self, job_id: str, replica: tuple[str, str], prompt_ids: list[int], n: int, sampling: common_pb2.SamplingParams
+    ) -> Generated:
+        name, address = replica
+        request = rollout_pb2.GenerateRequest(
+            job_id=job_id,
+            request_id=f"endpoint-{uuid.uuid4().hex[:16]}",
+            prompt_token_ids=prompt_ids,
+            num_samples=n,
+            sampling=sampling,
+        )
+        self.in_flight[name] = self.in_flight.get(name, 0) + 1
+        try:
+            reply = await self._rollout(address).Generate(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise GenerateRefused(exc.details()) from None
+            if exc.code() in LOST | LOST_JOB:
+                self._members = (0.0, [])
+                raise ReplicaLost(f"replica {name} failed mid-session: {exc.code().name}: {exc.details()}") from None
+            raise
+        finally:
+            self.in_flight[name] -= 1
+        return Generated(
+            list(reply.prompt_token_ids),
+            list(reply.completions),
+            reply.weight_version,
+            list(reply.weight_versions),
+            name,
+        )

@@ -1,0 +1,337 @@
+"""OpenAI and Anthropic bodies <-> the chat-template messages and tools the recorder works on; replies.
+
+    ChatCompletionRequest | MessagesRequest ──to_chat──> Chat(messages, tools, sampling)
+    Choice (parsed text + tokens) ──openai_reply / anthropic_reply──> JSON body
+                                  ──openai_chunks / anthropic_events──> SSE lines
+
+Guarantees: tool-call arguments become dicts (a string that is not a JSON
+object is a BadRequest naming the message); a `tool_choice` naming a tool the
+request does not define is a BadRequest; the stream carries the same content,
+tool calls and finish reason as the non-streamed reply (generation is not
+token-streamed by the rollout's Generate, so the finished completion is sent
+as chunks).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from services.endpoint.rendering import Message
+from services.endpoint.schemas import ChatCompletionRequest, ContentBlock, MessagesRequest
+
+MAX_STOP = 16
+
+
+class BadRequest(ValueError):
+    """The request is well formed JSON but asks for something the endpoint refuses (a 400)."""
+
+
+@dataclass
+class Chat:
+    messages: list[Message]
+    tools: list[dict] | None
+    n: int
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int | None
+    stop: list[str]
+    seed: int | None
+    ignore_eos: bool = False
+
+
+@dataclass
+class Choice:
+    content: str
+    tool_calls: list[dict]
+    finish_reason: str  # the rollout's: "stop", "eos" or "length"
+    stop: str | None  # the stop string that ended it, if any
+    tokens: list[str]
+    logprobs: list[float]
+
+
+def _text(content: str | list | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(part.text or "" for part in content if part.type in ("text", "input_text"))
+
+
+def _arguments(raw: str, where: str) -> dict:
+    try:
+        value = json.loads(raw or "{}")
+    except ValueError:
+        raise BadRequest(f"{where}.function.arguments is not JSON") from None
+    if not isinstance(value, dict):
+        raise BadRequest(f"{where}.function.arguments is not a JSON object")
+    return value
+
+
+def _check_choice(choice_name: str | None, tools: list[dict] | None, field: str) -> None:
+    if choice_name is not None and choice_name not in {t["function"]["name"] for t in tools or ()}:
+        raise BadRequest(f"{field} names tool {choice_name!r}, which `tools` does not define")
+
+
+def _stops(stop: str | list[str] | None) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else list(stop or ())
+    if len(stops) > MAX_STOP or any(not s for s in stops):
+        raise BadRequest(f"stop: at most {MAX_STOP} non-empty strings")
+    return stops
+
+
+def from_openai(body: ChatCompletionRequest) -> Chat:
+    messages: list[Message] = []
+    for i, m in enumerate(body.messages):
+        message: Message = {"role": "system" if m.role == "developer" else m.role, "content": _text(m.content)}
+        if m.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": c.id or "",
+                    "type": "function",
+                    "function": {
+                        "name": c.function.name,
+                        "arguments": _arguments(c.function.arguments, f"messages[{i}].tool_calls[{j}]"),
+                    },
+                }
+                for j, c in enumerate(m.tool_calls)
+            ]
+        if m.role == "tool":
+            message["tool_call_id"] = m.tool_call_id or ""
+        messages.append(message)
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    if isinstance(body.tool_choice, dict):
+        _check_choice((body.tool_choice.get("function") or {}).get("name"), tools, "tool_choice")
+    if body.tool_choice == "none":
+        tools = None
+    return Chat(
+        messages=messages,
+        tools=tools,
+        n=body.n,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=body.top_p or 1.0,
+        top_k=body.top_k or 0,
+        max_tokens=body.max_completion_tokens or body.max_tokens,
+        stop=_stops(body.stop),
+        seed=body.seed,
+        ignore_eos=body.ignore_eos,
+    )
+
+
+def _blocks(content: str | list[ContentBlock]) -> list[ContentBlock]:
+    return [ContentBlock(type="text", text=content)] if isinstance(content, str) else content
+
+
+def from_anthropic(body: MessagesRequest) -> Chat:
+    messages: list[Message] = []
+    system = body.system if isinstance(body.system, str) else "".join(b.text or "" for b in body.system or ())
+    if system:
+        messages.append({"role": "system", "content": system})
+    for i, m in enumerate(body.messages):
+        text, calls = [], []
+        for j, block in enumerate(_blocks(m.content)):
+            if block.type == "text":
+                text.append(block.text or "")
+            elif block.type == "tool_use" and m.role == "assistant":
+                calls.append(
+                    {
+                        "id": block.id or "",
+                        "type": "function",
+                        "function": {"name": block.name, "arguments": block.input or {}},
+                    }
+                )
+            elif block.type == "tool_result" and m.role == "user":
+                result = (
+                    block.content
+                    if isinstance(block.content, str)
+                    else "".join(b.text or "" for b in block.content or () if b.type == "text")
+                )
+                messages.append({"role": "tool", "content": result, "tool_call_id": block.tool_use_id or ""})
+            else:
+                raise BadRequest(
+                    f"messages[{i}].content[{j}]: a {block.type!r} block is not supported in a {m.role} turn"
+                )
+        if text or calls or not any(b.type == "tool_result" for b in _blocks(m.content)):
+            message: Message = {"role": m.role, "content": "".join(text)}
+            if calls:
+                message["tool_calls"] = calls
+            messages.append(message)
+    tools = (
+        [
+            {
+                "type": "function",
+                "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema},
+            }
+            for t in body.tools
+        ]
+        if body.tools
+        else None
+    )
+    choice = body.tool_choice or {}
+    if choice.get("type") == "tool":
+        _check_choice(choice.get("name"), tools, "tool_choice.name")
+    if choice.get("type") == "none":
+        tools = None
+    return Chat(
+        messages=messages,
+        tools=tools,
+        n=1,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=body.top_p or 1.0,
+        top_k=body.top_k or 0,
+        max_tokens=body.max_tokens,
+        stop=_stops(body.stop_sequences),
+        seed=None,
+    )
+
+
+def reply_message(choice: Choice) -> Message:
+    """The assistant message as the client will send it back (what the recorder compares)."""
+    message: Message = {"role": "assistant", "content": choice.content}
+    if choice.tool_calls:
+        message["tool_calls"] = choice.tool_calls
+    return message
+
+
+def _openai_calls(calls: list[dict]) -> list[dict]:
+    return [
+        {
+            "id": c["id"],
+            "type": "function",
+            "function": {"name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])},
+        }
+        for c in calls
+    ]
+
+
+def _openai_finish(choice: Choice) -> str:
+    return "tool_calls" if choice.tool_calls else ("length" if choice.finish_reason == "length" else "stop")
+
+
+def _openai_logprobs(choice: Choice) -> dict:
+    return {
+        "content": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+            for t, lp in zip(choice.tokens, choice.logprobs, strict=True)
+        ]
+    }
+
+
+def openai_reply(model: str, choices: list[Choice], usage: dict, logprobs: bool) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": i,
+                "message": {
+                    "role": "assistant",
+                    "content": c.content if (c.content or not c.tool_calls) else None,
+                    **({"tool_calls": _openai_calls(c.tool_calls)} if c.tool_calls else {}),
+                },
+                "logprobs": _openai_logprobs(c) if logprobs else None,
+                "finish_reason": _openai_finish(c),
+            }
+            for i, c in enumerate(choices)
+        ],
+        "usage": usage,
+    }
+
+
+def _sse(data: dict | str, event: str | None = None) -> str:
+    payload = data if isinstance(data, str) else json.dumps(data)
+    return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
+
+
+def openai_chunks(model: str, choices: list[Choice], usage: dict, logprobs: bool, with_usage: bool) -> Iterator[str]:
+    base = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+    }
+    for i, c in enumerate(choices):
+        yield _sse(
+            {**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+        )
+        if c.content:
+            chunk = {"index": i, "delta": {"content": c.content}, "finish_reason": None}
+            if logprobs:
+                chunk["logprobs"] = _openai_logprobs(c)
+            yield _sse({**base, "choices": [chunk]})
+        for k, call in enumerate(_openai_calls(c.tool_calls)):
+            yield _sse(
+                {
+                    **base,
+                    "choices": [{"index": i, "delta": {"tool_calls": [{"index": k, **call}]}, "finish_reason": None}],
+                }
+            )
+        yield _sse({**base, "choices": [{"index": i, "delta": {}, "finish_reason": _openai_finish(c)}]})
+    if with_usage:
+        yield _sse({**base, "choices": [], "usage": usage})
+    yield _sse("[DONE]")
+
+
+def _anthropic_stop(choice: Choice) -> tuple[str, str | None]:
+    if choice.tool_calls:
+        return "tool_use", None
+    if choice.finish_reason == "length":
+        return "max_tokens", None
+    if choice.stop is not None:
+        return "stop_sequence", choice.stop
+    return "end_turn", None
+
+
+def _anthropic_content(choice: Choice) -> list[dict]:
+    blocks: list[dict] = [{"type": "text", "text": choice.content}] if choice.content or not choice.tool_calls else []
+    blocks += [
+        {
+            "type": "tool_use",
+            "id": c["id"].replace("call_", "toolu_", 1),
+            "name": c["function"]["name"],
+            "input": c["function"]["arguments"],
+        }
+        for c in choice.tool_calls
+    ]
+    return blocks
+
+
+def anthropic_reply(model: str, choice: Choice, usage: dict) -> dict[str, Any]:
+    stop_reason, stop_sequence = _anthropic_stop(choice)
+    return {
+        "id": f"msg_{uuid.uuid4().hex}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": _anthropic_content(choice),
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
+        "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]},
+    }
+
+
+def anthropic_events(model: str, choice: Choice, usage: dict) -> Iterator[str]:
+    message = anthropic_reply(model, choice, usage)
+    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
+    start["usage"] = {"input_tokens": usage["prompt_tokens"], "output_tokens": 0}
+    yield _sse({"type": "message_start", "message": start}, "message_start")
+    for i, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            opened, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+        else:
+            opened = {**block, "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        yield _sse({"type": "content_block_start", "index": i, "content_block": opened}, "content_block_start")
+        yield _sse({"type": "content_block_delta", "index": i, "delta": delta}, "content_block_delta")
+        yield _sse({"type": "content_block_stop", "index": i}, "content_block_stop")
+    delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
+    yield _sse(
+        {"type": "message_delta", "delta": delta, "usage": {"output_tokens": usage["completion_tokens"]}},
+        "message_delta",
+    )
+    yield _sse({"type": "message_stop"}, "message_stop")

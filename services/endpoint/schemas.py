@@ -1,0 +1,114 @@
+"""Request bodies of the OpenAI Chat Completions and Anthropic Messages APIs, as pydantic models.
+
+Guarantees: a body that does not fit is a 422 naming the field (FastAPI's
+validation); unknown top-level fields that clients commonly send (`user`,
+`presence_penalty`, `metadata`, ...) are ignored rather than refused; sampling
+values are bounded here (n 1..16, temperature 0..2, top_p (0, 1], at most 16
+stop strings), so nothing out of range reaches a replica. Chat completions also
+take vLLM's extensions `top_k` and `ignore_eos`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class FunctionSpec(_Body):
+    name: str = Field(pattern=TOOL_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolSpec(_Body):
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class CalledFunction(_Body):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCall(_Body):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class ContentPart(_Body):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class ChatCompletionRequest(_Body):
+    model: str = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
+    tools: list[ToolSpec] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    n: int = Field(1, ge=1, le=16)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    # Extensions, as vLLM's OpenAI server names them (clients send them in `extra_body`).
+    top_k: int | None = Field(None, ge=0)
+    ignore_eos: bool = False
+
+
+class ContentBlock(_Body):
+    type: str
+    text: str | None = None
+    id: str | None = None
+    name: str | None = None
+    input: dict[str, Any] | None = None
+    tool_use_id: str | None = None
+    content: str | list[ContentBlock] | None = None
+    is_error: bool | None = None
+
+
+class AnthropicMessage(_Body):
+    role: Literal["user", "assistant"]
+    content: str | list[ContentBlock]
+
+
+class AnthropicTool(_Body):
+    name: str = Field(pattern=TOOL_NAME)
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class MessagesRequest(_Body):
+    model: str = Field(min_length=1)
+    max_tokens: int = Field(ge=1)
+    messages: list[AnthropicMessage] = Field(min_length=1, max_length=4096)
+    system: str | list[ContentBlock] | None = None
+    tools: list[AnthropicTool] | None = Field(None, max_length=128)
+    tool_choice: dict[str, Any] | None = None
+    stop_sequences: list[str] | None = Field(None, max_length=16)
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    stream: bool = False

@@ -1,0 +1,45 @@
+"""Settings of the policy endpoint, read from DOCKYARD_ENDPOINT_* environment variables.
+
+A bad value (a port out of range, a non-positive bound, an unknown tool parser)
+fails here, at startup, with pydantic's message naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from dockyard.rpc.settings import default_address
+
+DEFAULT_PORT = 8000
+
+
+class EndpointSettings(BaseSettings):
+    """The HTTP endpoint's settings (it serves HTTP, not gRPC, so it has no gRPC drain or message limits)."""
+
+    model_config = SettingsConfigDict(env_prefix="DOCKYARD_ENDPOINT_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Interface to bind; 0.0.0.0 to serve other hosts.")
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535, description="HTTP port of the policy endpoint.")
+    coordinator_address: str = Field(
+        default_address("coordinator"), description="Coordinator host:port: running jobs, their configs, replicas."
+    )
+    run_root: str = Field(
+        "",
+        description="Folder a relative job run_dir resolves against (the coordinator's working folder); empty: ours.",
+    )
+    max_body_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="Largest request body; a larger one is refused with 413."
+    )
+    max_sessions: int = Field(1024, ge=1, description="Sessions held at once; idle ones are dropped first.")
+    session_idle_seconds: float = Field(3600.0, gt=0, description="A session unused this long is dropped.")
+    max_turns_per_session: int = Field(512, ge=1, description="Turns a session may take; more are refused with 429.")
+    generate_timeout_seconds: float = Field(600.0, gt=0, description="Deadline of each Generate call to a replica.")
+    tool_parser: Literal["auto", "transformers", "hermes", "none"] = Field(
+        "auto",
+        description="How tool calls are read from model output: auto (the tokenizer's response_template when it "
+        "has one, else hermes), transformers, hermes (<tool_call>{json}</tool_call>) or none.",
+    )
+    log_level: str = Field("info", description="debug, info, warning or error.")

@@ -1,0 +1,254 @@
+"""The endpoint's HTTP surface through the official openai and anthropic clients, with a scripted backend.
+
+The backend returns known completions (no model), so tool-call parsing, the reply and stream formats, sessions,
+auth and error codes are checked deterministically through the same code path a real replica's output takes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx
+import httpx2
+import openai
+import pytest
+
+from dockyard.api.rollout.v1 import rollout_pb2
+from dockyard.models.tokenizer import build_char_tokenizer
+from services.endpoint.app import SESSION_HEADER, create_app
+from services.endpoint.backend import Generated, JobModel, ReplicaLost, UnknownModel
+from services.endpoint.rendering import Renderer
+from services.endpoint.settings import EndpointSettings
+
+TOKEN = "sekret"
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+OA_TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+AN_TOOLS = [{"name": "add", "input_schema": {"type": "object"}}]
+
+
+class ScriptedBackend:
+    def __init__(self) -> None:
+        self.model_ = JobModel("job-1", Renderer(build_char_tokenizer()), "hermes", 16)
+        self.script: list[str] = []
+        self.prompts: list[list[int]] = []
+        self.lose = False
+
+    async def close(self) -> None: ...
+
+    async def running_jobs(self):
+        from dockyard.api.coordinator.v1 import coordinator_pb2
+
+        return [coordinator_pb2.Job(job_id="job-1", state=coordinator_pb2.JOB_STATE_RUNNING)]
+
+    async def model(self, job_id: str) -> JobModel:
+        if job_id != "job-1":
+            raise UnknownModel(f"model {job_id!r}: no such job")
+        return self.model_
+
+    async def pick(self, job_id, sticky):
+        return "rollout", "127.0.0.1:1"
+
+    async def generate(self, job_id, replica, prompt_ids, n, sampling) -> Generated:
+        if self.lose:
+            raise ReplicaLost("replica rollout failed mid-session: UNAVAILABLE")
+        self.prompts.append(list(prompt_ids))
+        renderer = self.model_.renderer
+        completions = []
+        for _ in range(n):
+            text = self.script.pop(0) if self.script else "ok"
+            ids = renderer.encode(text) + [renderer.eos_token_id]
+            completions.append(
+                rollout_pb2.Completion(token_ids=ids, logprobs=[-0.25] * len(ids), text=text, finish_reason="eos")
+            )
+        return Generated(list(prompt_ids), completions, 7, [7], "rollout")
+
+
+@pytest.fixture
+def backend() -> ScriptedBackend:
+    return ScriptedBackend()
+
+
+@pytest.fixture
+def app(backend):
+    return create_app(EndpointSettings(max_body_bytes=64 * 1024), TOKEN, backend)
+
+
+def oa(app, key: str = TOKEN) -> openai.AsyncOpenAI:
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://endpoint")
+    return openai.AsyncOpenAI(base_url="http://endpoint/v1", api_key=key, http_client=http, max_retries=0)
+
+
+def an(app, key: str = TOKEN) -> anthropic.AsyncAnthropic:
+    # This anthropic release is built on httpx2 (httpx's successor), openai on httpx.
+    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://endpoint")
+    return anthropic.AsyncAnthropic(base_url="http://endpoint", api_key=key, http_client=http, max_retries=0)
+
+
+async def test_openai_tool_call_is_structured_and_the_next_turn_reuses_tokens(app, backend) -> None:
+    backend.script = [CALL, "3"]
+    client = oa(app)
+    messages = [{"role": "user", "content": "add 1 2"}]
+    headers = {SESSION_HEADER: "s1"}
+    first = await client.chat.completions.create(
+        model="job-1", messages=messages, tools=OA_TOOLS, extra_headers=headers, logprobs=True
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "add" and json.loads(call.function.arguments) == {"a": 1, "b": 2}
+    assert [t.logprob for t in choice.logprobs.content] == [-0.25] * (len(CALL) + 1)
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "3"},
+    ]
+    second = await client.chat.completions.create(
+        model="job-1", messages=messages, tools=OA_TOOLS, extra_headers=headers
+    )
+    assert second.choices[0].message.content == "3"
+    renderer = backend.model_.renderer
+    first_ids = backend.prompts[0] + renderer.encode(CALL) + [renderer.eos_token_id]
+    assert backend.prompts[1][: len(first_ids)] == first_ids
+    trajectory = (await client.get("/sessions/s1/trajectory", cast_to=httpx.Response)).json()
+    assert len(trajectory["segments"]) == 1 and trajectory["turns"] == 2
+    assert sum(trajectory["segments"][0]["loss_mask"]) == len(CALL) + 1 + 2
+
+
+async def test_openai_stream_carries_text_and_tool_calls(app, backend) -> None:
+    backend.script = ["hello", CALL]
+    client = oa(app)
+    text = ""
+    async for chunk in await client.chat.completions.create(
+        model="job-1", messages=[{"role": "user", "content": "hi"}], stream=True
+    ):
+        text += "".join(c.delta.content or "" for c in chunk.choices)
+    assert text == "hello"
+    calls = []
+    async for chunk in await client.chat.completions.create(
+        model="job-1", messages=[{"role": "user", "content": "hi"}], tools=OA_TOOLS, stream=True
+    ):
+        for c in chunk.choices:
+            calls += c.delta.tool_calls or []
+            if c.finish_reason:
+                assert c.finish_reason == "tool_calls"
+    assert [c.function.name for c in calls] == ["add"]
+
+
+async def test_malformed_call_comes_back_as_text(app, backend) -> None:
+    backend.script = ['<tool_call>{"name": "add", "arguments": {</tool_call>']
+    reply = await oa(app).chat.completions.create(
+        model="job-1", messages=[{"role": "user", "content": "hi"}], tools=OA_TOOLS
+    )
+    assert reply.choices[0].message.content == backend.model_.renderer.decode(
+        backend.model_.renderer.encode('<tool_call>{"name": "add", "arguments": {</tool_call>')
+    )
+    assert not reply.choices[0].message.tool_calls and reply.choices[0].finish_reason == "stop"
+
+
+async def test_anthropic_tool_use_round_trip_streaming_and_not(app, backend) -> None:
+    backend.script = [CALL, "three", CALL]
+    client = an(app)
+    headers = {SESSION_HEADER: "s2"}
+    messages = [{"role": "user", "content": "add 1 2"}]
+    first = await client.messages.create(
+        model="job-1", max_tokens=16, messages=messages, tools=AN_TOOLS, extra_headers=headers
+    )
+    assert first.stop_reason == "tool_use"
+    use = first.content[0]
+    assert use.type == "tool_use" and use.name == "add" and use.input == {"a": 1, "b": 2}
+    messages += [
+        {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "3"}]},
+    ]
+    second = await client.messages.create(
+        model="job-1", max_tokens=16, system="be brief", messages=messages, tools=AN_TOOLS, extra_headers=headers
+    )
+    assert second.content[0].text == "three" and second.stop_reason == "end_turn"
+    async with client.messages.stream(model="job-1", max_tokens=16, messages=messages[:1], tools=AN_TOOLS) as stream:
+        final = await stream.get_final_message()
+    assert final.stop_reason == "tool_use" and final.content[0].input == {"a": 1, "b": 2}
+    # A system prompt added afterwards is edited history: a second segment.
+    trajectory = (await client.get("/v1/sessions/s2/trajectory", cast_to=httpx2.Response)).json()
+    assert trajectory["splits"] == {"history_changed": 1}
+
+
+async def test_errors(app, backend) -> None:
+    client = oa(app)
+    with pytest.raises(openai.AuthenticationError):
+        await oa(app, key="wrong").chat.completions.create(model="job-1", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.NotFoundError, match="no such job"):
+        await client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="does not define"):
+        await client.chat.completions.create(
+            model="job-1",
+            messages=[{"role": "user", "content": "x"}],
+            tools=OA_TOOLS,
+            tool_choice={"type": "function", "function": {"name": "rm"}},
+        )
+    with pytest.raises(openai.APIStatusError) as info:
+        await client.chat.completions.create(model="job-1", messages=[{"role": "user", "content": "x" * 100_000}])
+    assert info.value.status_code == 413
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://endpoint")
+    headers = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
+    bad = await http.post("/v1/chat/completions", content=b"{not json", headers=headers)
+    assert bad.status_code == 400 and "JSON" in bad.json()["error"]["message"]
+    wrong = await http.post("/v1/chat/completions", json={"model": "job-1", "messages": [], "n": 0}, headers=headers)
+    assert wrong.status_code == 422 and "messages" in wrong.json()["error"]["message"]
+    one_turn = {"model": "job-1", "messages": [{"role": "user", "content": "x"}]}
+    first = await http.post("/v1/chat/completions", json=one_turn, headers={**headers, SESSION_HEADER: "dies"})
+    assert first.status_code == 200
+    backend.lose = True
+    lost = await http.post(
+        "/v1/chat/completions",
+        json={"model": "job-1", "messages": [{"role": "user", "content": "x"}]},
+        headers={**headers, SESSION_HEADER: "dies"},
+    )
+    assert lost.status_code == 503 and lost.json()["error"]["type"] == "infrastructure_error"
+    # A session that took no turn yet is not ended by a replica outage: it may start once one is back.
+    fresh = await http.post("/v1/chat/completions", json=one_turn, headers={**headers, SESSION_HEADER: "early"})
+    assert fresh.status_code == 503
+    backend.lose = False
+    early = await http.post("/v1/chat/completions", json=one_turn, headers={**headers, SESSION_HEADER: "early"})
+    assert early.status_code == 200
+    again = await http.post(
+        "/v1/chat/completions",
+        json={"model": "job-1", "messages": [{"role": "user", "content": "x"}]},
+        headers={**headers, SESSION_HEADER: "dies"},
+    )
+    assert again.status_code == 409
+    assert (await http.get("/v1/sessions/dies/trajectory", headers=headers)).json()["status"] == "infrastructure_error"
+    # Other sessions keep being served.
+    assert (await client.chat.completions.create(model="job-1", messages=[{"role": "user", "content": "x"}])).choices
+
+
+async def test_session_keys_and_models(app) -> None:
+    client = oa(app)
+    models = await client.models.list()
+    assert [m.id for m in models.data] == ["job-1"]
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://endpoint")
+    opened = (await http.post("/v1/sessions", headers={"x-api-key": TOKEN})).json()
+    scoped = oa(app, key=opened["api_key"])
+    await scoped.chat.completions.create(model="job-1", messages=[{"role": "user", "content": "x"}])
+    got = await http.get(f"/v1/sessions/{opened['session_id']}/trajectory", headers={"x-api-key": opened["api_key"]})
+    assert got.status_code == 200 and got.json()["turns"] == 1
+    forged = opened["api_key"][:-1] + ("0" if opened["api_key"][-1] != "0" else "1")
+    assert (await http.get("/v1/models", headers={"x-api-key": forged})).status_code == 401
+    assert (await http.delete(f"/v1/sessions/{opened['session_id']}", headers={"x-api-key": TOKEN})).status_code == 200
+
+
+async def test_chunked_body_over_the_limit_is_413_and_calls_without_a_session_are_not_held(app) -> None:
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://endpoint")
+    headers = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
+
+    async def chunks():
+        yield b'{"model": "job-1", "messages": [{"role": "user", "content": "'
+        for _ in range(100):
+            yield b"x" * 1024
+        yield b'"}]}'
+
+    reply = await http.post("/v1/chat/completions", content=chunks(), headers=headers)
+    assert reply.status_code == 413 and "over" in reply.json()["error"]["message"]
+    body = {"model": "job-1", "messages": [{"role": "user", "content": "x"}]}
+    served = await http.post("/v1/chat/completions", json=body, headers=headers)
+    assert served.status_code == 200 and SESSION_HEADER not in served.headers
+    assert app.state.store.get("") is None and len(app.state.store) == 0
