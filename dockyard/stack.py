@@ -123,6 +123,7 @@ class LocalStack:
     def _ports(self, given: dict[str, int], free_ports: bool) -> dict[str, int]:
         env = {**os.environ, **self.extra_env}
         ports: dict[str, int] = {}
+        drawn: list[str] = []  # names that get a free port, drawn once every set port is known
         for service in (*SERVICES, ENDPOINT):
             names = [name for name, kind in self.kinds.items() if kind == service]
             if not names:  # the endpoint, when not asked for: its port setting is not read
@@ -132,9 +133,14 @@ class LocalStack:
                 if base:
                     ports[name] = base + i
                 elif free_ports or name != service:
-                    ports[name] = _free_port()
+                    drawn.append(name)
                 else:
                     ports[name] = DEFAULT_PORTS.get(service, ENDPOINT_DEFAULT_PORT)
+        for name in drawn:
+            # The OS may hand out one free port twice (each probe closes its socket), or one set above.
+            while (port := _free_port()) in ports.values():
+                pass
+            ports[name] = port
         if max(ports.values()) > 65535:
             raise ValueError(f"ports run past 65535: {ports}")
         clashes = {p: [n for n, q in ports.items() if q == p] for p, k in Counter(ports.values()).items() if k > 1}

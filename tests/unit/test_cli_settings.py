@@ -43,6 +43,18 @@ def test_a_set_port_holds_with_free_ports_and_starts_the_replicas_consecutive_po
     assert stack.ports["trainer"] not in (50052, 6201)  # unset: a free port
 
 
+def test_free_ports_never_repeat_one_drawn_or_set_already(monkeypatch, tmp_path) -> None:
+    import dockyard.stack
+
+    # The OS may hand the same free port out twice, or one a service has set.
+    probes = iter([6400, 6400, 6401, 6500, 6402, 6403, 6404, 6405])
+    monkeypatch.setattr(dockyard.stack, "_free_port", lambda: next(probes))
+    stack = LocalStack(tmp_path, free_ports=True, ports={"coordinator": 6500})
+    assert stack.ports["coordinator"] == 6500
+    assert len(set(stack.ports.values())) == len(stack.ports), stack.ports
+    assert sorted(p for n, p in stack.ports.items() if n != "coordinator") == [6400, 6401, 6402, 6403]
+
+
 def test_an_unusable_port_setting_is_named(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("DOCKYARD_SANDBOX_PORT", "fifty")
     with pytest.raises(ValueError, match="DOCKYARD_SANDBOX_PORT is 'fifty'"):
