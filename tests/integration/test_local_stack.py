@@ -80,17 +80,25 @@ def submit(stack: LocalStack, tmp_path: Path, steps: int) -> str:
 
 def test_get_job_by_grpcurl(stack: LocalStack, tmp_path: Path) -> None:
     job_id = submit(stack, tmp_path, steps=1)
-    out = grpcurl(
-        "-d",
-        json.dumps({"job_id": job_id}),
-        stack.address("coordinator"),
-        "dockyard.coordinator.v1.CoordinatorService/GetJob",
-    )
-    job = json.loads(out)["job"]
-    assert job["job_id"] == job_id
-    assert job["state"] in ("JOB_STATE_PENDING", "JOB_STATE_RUNNING", "JOB_STATE_SUCCEEDED")
-    assert job["max_steps"] == "1"
-    assert {s["name"] for s in job["services"]} == {"trainer", "rollout", "buffer", "sandbox"}
+    # The services a job lists are the members alive now: on a loaded machine a heartbeat can be
+    # late for a moment, so ask again (for a while) until all four are there.
+    deadline = time.monotonic() + 60
+    while True:
+        out = grpcurl(
+            "-d",
+            json.dumps({"job_id": job_id}),
+            stack.address("coordinator"),
+            "dockyard.coordinator.v1.CoordinatorService/GetJob",
+        )
+        job = json.loads(out)["job"]
+        assert job["job_id"] == job_id
+        assert job["state"] in ("JOB_STATE_PENDING", "JOB_STATE_RUNNING", "JOB_STATE_SUCCEEDED")
+        assert job["max_steps"] == "1"
+        services = {s["name"] for s in job.get("services", [])}
+        if services == {"trainer", "rollout", "buffer", "sandbox"} or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert services == {"trainer", "rollout", "buffer", "sandbox"}
 
 
 def test_running_job_rendezvous_cancel_and_cli_status(stack: LocalStack, tmp_path: Path) -> None:
