@@ -167,9 +167,13 @@ def test_killed_coordinator_comes_back_and_finishes_the_job(
     assert trained_steps(stack.log_dir / "trainer.log", job_id) == list(range(1, STEPS + 1))
     records = books["records"]
     train = [r["step"] for r in records if r["kind"] == "train"]
-    assert len(train) == len(set(train)) and train == sorted(train) and train[-1] == STEPS
+    assert len(train) == len(set(train)) and train == sorted(train)
     recovered = [r for r in records if r["kind"] == "recover"]
     assert len(recovered) == 1 and recovered[0]["step"] >= before.step
+    # The one step without a train record is the one whose reply died with the coordinator (when the
+    # kill landed after the trainer took it): the restarted coordinator goes on from there.
+    missing = set(range(1, STEPS + 1)) - set(train)
+    assert missing <= {recovered[0]["step"]}, (train, recovered)
     document = stored(job_id)
     assert document["state"] == "SUCCEEDED" and document["step"] == STEPS
     assert document["sync_epoch"] > epoch_before
