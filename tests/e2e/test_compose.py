@@ -5,10 +5,10 @@ The images come from deploy/images/build.sh (a no-op when they are up to date;
 free host port; the `submit` service warm-starts the policy into the shared
 volume (a short warm start), submits the recipe for two GRPO steps and follows
 it. The host reads the job with grpcurl through the published coordinator
-port. Only the sandbox container has the Docker socket. After `down -v`, no
-container, volume or network of the project remains, nor any sandbox task
-container. The buffer's groups went through Redis (its append-only file names
-the job). Missing docker or compose fails under CI=1.
+port, and the policy endpoint's health through its own. Only the sandbox
+container has the Docker socket. After `down -v`, no container, volume or
+network of the project remains, nor any sandbox task container. The buffer's
+groups went through Redis (its append-only file names the job). Missing docker or compose fails under CI=1.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -43,7 +44,7 @@ OVERRIDES = " ".join(
         "policy.bootstrap.steps=20",
     ]
 )
-SERVICES = {"redis", "buffer", "sandbox", "trainer", "rollout", "coordinator", "submit"}
+SERVICES = {"redis", "buffer", "sandbox", "trainer", "rollout", "coordinator", "endpoint", "submit"}
 
 
 def sh(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -66,10 +67,12 @@ class Project:
     def __init__(self, tmp_path: Path) -> None:
         self.name = f"dockyard-e2e-{uuid.uuid4().hex[:8]}"
         self.port = free_port()
+        self.endpoint_port = free_port()
         self.work_root = tmp_path / "sandbox-work"
         self.env = {
             **os.environ,
             "DOCKYARD_COORDINATOR_PORT": str(self.port),
+            "DOCKYARD_ENDPOINT_PORT": str(self.endpoint_port),
             "DOCKYARD_SANDBOX_WORK_ROOT": str(self.work_root),
             "DOCKYARD_SANDBOX_MAX_CONCURRENCY": "2",
             "DOCKYARD_OVERRIDES": OVERRIDES,
@@ -122,6 +125,10 @@ def test_compose_runs_the_tiny_recipe_and_leaves_nothing_behind(images, tmp_path
         ]
         assert job["state"] == "JOB_STATE_SUCCEEDED", job
         assert int(job["step"]) == STEPS and int(job["max_steps"]) == STEPS, job
+
+        # The policy endpoint answers on its published port.
+        with urllib.request.urlopen(f"http://127.0.0.1:{project.endpoint_port}/health", timeout=10) as health:
+            assert health.status == 200
 
         # The run folder lies on the shared volume, written by the coordinator.
         run = project.compose("exec", "-T", "coordinator", "ls", f"runs/{job_id}")
