@@ -45,8 +45,9 @@ Not covered: the report file must be a path the docker engine sees at the same
 place (a service that runs in a container needs `work_root` bind-mounted at the
 same path).
 
-Why about 400 lines: the container plumbing lives in docker_container.py and the file staging in
-staging.py; what is left is one backend's run, report and cleanup, which read as one sequence.
+Why over 400 lines: the container plumbing lives in docker_container.py, the file staging in
+staging.py and the sessions' own steps in docker_sessions.py; what is left is one backend's run,
+report and cleanup (which a session's container shares), and they read as one sequence.
 """
 
 from __future__ import annotations
