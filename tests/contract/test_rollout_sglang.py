@@ -12,13 +12,12 @@ import asyncio
 import importlib.util
 
 import grpc
-import pytest
 import yaml
 
 from dockyard.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from dockyard.models import build_char_tokenizer
 from dockyard.rpc.client import connect
-from tests.conftest import expect_code
+from tests.conftest import expect_code, missing
 
 JOB = "job-rollout-sglang"
 TORCH_CONFIG = {
@@ -58,7 +57,7 @@ def _sglang_config(model_dir: str) -> str:
 
 def test_sglang_backend_without_sglang_is_failed_precondition(start_service, tmp_path) -> None:
     if importlib.util.find_spec("sglang") is not None:
-        pytest.skip("sglang is installed here: this test covers replicas without it")
+        missing("sglang is installed here: this test covers replicas without it")
     build_char_tokenizer().save_pretrained(tmp_path / "model")
     rollout = start_service("rollout", ENV)
 
