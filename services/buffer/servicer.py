@@ -9,8 +9,9 @@ and a sample or reclaim returns no more bytes than one message can carry.
 Malformed input is refused with INVALID_ARGUMENT and a message naming the
 group and field, before the backend sees it (a group the trainer could not
 train on included: non-finite rewards or logprobs, positive logprobs, negative
-token ids, an empty prompt, more than DOCKYARD_BUFFER_MAX_TRAJECTORY_TOKENS
-tokens in a trajectory, a job id outside dockyard.jobs.JOB_ID, a version above
+token ids, an empty prompt, a loss mask that is not one 0/1 per completion
+token, in any segment; more than DOCKYARD_BUFFER_MAX_TRAJECTORY_TOKENS
+tokens in a trajectory over its segments, a job id outside dockyard.jobs.JOB_ID, a version above
 MAX_VERSION); state errors come from the backend
 (NOT_FOUND, FAILED_PRECONDITION, RESOURCE_EXHAUSTED). Either way nothing
 already accepted changes and the server keeps serving.
@@ -56,11 +57,6 @@ def validate_group(group: common_pb2.Group, max_trajectory_tokens: int = DEFAULT
         where = f"group {group.group_id!r} trajectories[{i}] ({trajectory.trajectory_id!r})"
         if trajectory.weight_version < 0:
             raise InvalidArgument(f"{where}: weight_version {trajectory.weight_version} is negative")
-        if len(trajectory.completion_logprobs) != len(trajectory.completion_token_ids):
-            raise InvalidArgument(
-                f"{where}: {len(trajectory.completion_logprobs)} completion_logprobs for "
-                f"{len(trajectory.completion_token_ids)} completion_token_ids; need one logprob per token"
-            )
         _check_trajectory(where, trajectory, max_trajectory_tokens)
     # The group's age is measured from its oldest trajectory; a different
     # stamp would let an over-age trajectory past the bound.
@@ -73,21 +69,42 @@ def validate_group(group: common_pb2.Group, max_trajectory_tokens: int = DEFAULT
 
 
 def _check_trajectory(where: str, trajectory: common_pb2.Trajectory, max_tokens: int) -> None:
-    prompt, completion = trajectory.prompt_token_ids, trajectory.completion_token_ids
+    if not math.isfinite(trajectory.reward):
+        raise InvalidArgument(f"{where}: reward is {trajectory.reward}, not a finite number")
+    tokens = 0
+    for k, segment in enumerate([trajectory, *trajectory.later_segments]):
+        tokens += _check_segment(where if k == 0 else f"{where} later_segments[{k - 1}]", segment)
+    if tokens > max_tokens:
+        raise InvalidArgument(
+            f"{where}: {tokens} tokens (prompt_token_ids + completion_token_ids over its segments); "
+            f"at most {max_tokens} (DOCKYARD_BUFFER_MAX_TRAJECTORY_TOKENS)"
+        )
+
+
+def _check_segment(where: str, segment: common_pb2.Trajectory | common_pb2.Segment) -> int:
+    """Refuse a segment (a trajectory's own fields, or a later segment) the trainer cannot use; its token count."""
+    prompt, completion = segment.prompt_token_ids, segment.completion_token_ids
     if not prompt:
         raise InvalidArgument(f"{where}: prompt_token_ids is empty")
-    if (tokens := len(prompt) + len(completion)) > max_tokens:
-        raise InvalidArgument(
-            f"{where}: {tokens} prompt_token_ids + completion_token_ids; at most {max_tokens} "
-            "(DOCKYARD_BUFFER_MAX_TRAJECTORY_TOKENS)"
-        )
     for field, ids in (("prompt_token_ids", prompt), ("completion_token_ids", completion)):
         if ids and min(ids) < 0:
             raise InvalidArgument(f"{where}: {field} holds the negative token id {min(ids)}")
-    if not math.isfinite(trajectory.reward):
-        raise InvalidArgument(f"{where}: reward is {trajectory.reward}, not a finite number")
-    if bad := _bad_logprob(trajectory.completion_logprobs):
+    if len(segment.completion_logprobs) != len(completion):
+        raise InvalidArgument(
+            f"{where}: {len(segment.completion_logprobs)} completion_logprobs for "
+            f"{len(completion)} completion_token_ids; need one logprob per token"
+        )
+    mask = segment.completion_loss_mask
+    if mask and len(mask) != len(completion):
+        raise InvalidArgument(
+            f"{where}: {len(mask)} completion_loss_mask values for {len(completion)} completion_token_ids; "
+            "need one per token (or none: all sampled)"
+        )
+    if any(m not in (0, 1) for m in mask):
+        raise InvalidArgument(f"{where}: completion_loss_mask holds {next(m for m in mask if m not in (0, 1))}; 0 or 1")
+    if bad := _bad_logprob(segment.completion_logprobs):
         raise InvalidArgument(f"{where}: completion_logprobs holds {bad}; a logprob is a finite number <= 0")
+    return len(prompt) + len(completion)
 
 
 def _bad_logprob(logprobs: Sequence[float]) -> str | None:

@@ -1,20 +1,27 @@
 """Experience (TrainingGroups, or supervised rows) → padded training tensors.
 
-    [TrainingGroup[Sample(prompt ids, completion ids, gen logprobs, reward, valid)]]  ─build_batch─┐
+    [TrainingGroup[Sample(segments of (prompt ids, completion ids, gen logprobs, loss mask), reward, valid)]]
+                                                                               ─build_batch─┐
     [(prompt ids, completion ids)]  (generation logprobs 0, reward 0, valid)  ───build_row_batch─┤
-        ──> input_ids [B, L], attention_mask [B, L],                                            <┘
+        ──> input_ids [B, L], attention_mask [B, L],            (one row per segment)        <┘
             token_mask / generation_logprobs [B, L-1]  (aligned with next-token logits)
-            rewards, valid, group_ids [B]
+            rewards, valid, group_ids, sample_index [B], first_segment [B]
 
 Guarantees: position t of the [B, L-1] tensors scores token t+1 of the
 sequence, so `log_softmax(logits[:, :-1])` gathered at `input_ids[:, 1:]`
-lines up with token_mask and generation_logprobs; only completion tokens are
-in token_mask. `validate_groups` rejects, before any tensor is built, every
-batch the trainer cannot learn from (no trajectories, no completion tokens,
-a logprob count that differs from the token count, a non-finite reward or
-logprob, a token id outside the vocabulary, a sequence longer than the
-model's positions), naming the group and trajectory; it raises BatchError.
-`validate_rows` applies the same checks to supervised (prompt, completion) rows.
+lines up with token_mask and generation_logprobs; token_mask is 1 exactly on
+the completion tokens the policy sampled (loss mask 1; every completion token
+of a single-turn sample), never on prompt, tool-output or template tokens.
+Every row of a sample carries the sample's reward, validity and group, and
+`sample_index` names the sample (in order; `first_segment` marks its first
+row), so statistics over trajectories count each once. `validate_groups`
+rejects, before any tensor is built, every batch the trainer cannot learn
+from (no trajectories, no sampled token, a logprob or loss-mask count that
+differs from the token count, a mask value other than 0/1, a non-finite
+reward or logprob, a token id outside the vocabulary, a segment longer than
+the model's positions), naming the group, trajectory and segment; it raises
+BatchError. `validate_rows` applies the same checks to supervised
+(prompt, completion) rows.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.trainer.experience import Row, TrainingGroup
+from services.trainer.experience import Row, Segment, TrainingGroup
 
 
 class BatchError(ValueError):
@@ -36,25 +43,37 @@ def validate_groups(groups: Sequence[TrainingGroup], vocab_size: int, max_length
     # The messages use the wire's field names: the caller put the trajectories under those.
     if not groups or not any(g.samples for g in groups):
         raise BatchError("empty batch: no trajectories to train on")
-    completion_tokens = 0
+    sampled_tokens = 0
     for g in groups:
         for i, s in enumerate(g.samples):
             where = f"group {g.group_id!r} trajectories[{i}] ({s.trajectory_id!r})"
-            if not s.prompt_ids:
-                raise BatchError(f"{where}: empty prompt_token_ids")
-            if len(s.generation_logprobs) != len(s.completion_ids):
-                raise BatchError(
-                    f"{where}: {len(s.generation_logprobs)} completion_logprobs for "
-                    f"{len(s.completion_ids)} completion_token_ids"
-                )
             if not math.isfinite(s.reward):
                 raise BatchError(f"{where}: reward is {s.reward}, not a finite number")
-            if not all(math.isfinite(x) for x in s.generation_logprobs):
-                raise BatchError(f"{where}: completion_logprobs hold a non-finite value")
-            _check_ids(where, [*s.prompt_ids, *s.completion_ids], vocab_size, max_length)
-            completion_tokens += len(s.completion_ids)
-    if completion_tokens == 0:
-        raise BatchError("empty batch: no trajectory has a completion token")
+            for k, segment in enumerate(s.segments()):
+                at = where if k == 0 else f"{where} later_segments[{k - 1}]"
+                sampled_tokens += _check_segment(at, segment, vocab_size, max_length)
+    if sampled_tokens == 0:
+        raise BatchError("empty batch: no trajectory has a sampled completion token")
+
+
+def _check_segment(where: str, segment: Segment, vocab_size: int, max_length: int | None) -> int:
+    """Raise BatchError for a segment the trainer cannot use; else its number of sampled tokens."""
+    if not segment.prompt_ids:
+        raise BatchError(f"{where}: empty prompt_token_ids")
+    count = len(segment.completion_ids)
+    if len(segment.generation_logprobs) != count:
+        got = len(segment.generation_logprobs)
+        raise BatchError(f"{where}: {got} completion_logprobs for {count} completion_token_ids")
+    mask = segment.loss_mask
+    if mask is not None:
+        if len(mask) != count:
+            raise BatchError(f"{where}: {len(mask)} completion_loss_mask values for {count} completion_token_ids")
+        if any(m not in (0, 1) for m in mask):
+            raise BatchError(f"{where}: completion_loss_mask holds {next(m for m in mask if m not in (0, 1))}; 0 or 1")
+    if not all(math.isfinite(x) for x in segment.generation_logprobs):
+        raise BatchError(f"{where}: completion_logprobs hold a non-finite value")
+    _check_ids(where, [*segment.prompt_ids, *segment.completion_ids], vocab_size, max_length)
+    return count if mask is None else sum(mask)
 
 
 def validate_rows(rows: Sequence[Row], vocab_size: int, max_length: int | None) -> None:
@@ -86,6 +105,8 @@ class Batch:
     rewards: torch.Tensor
     valid: torch.Tensor
     group_ids: torch.Tensor
+    sample_index: torch.Tensor  # [B]: the sample (trajectory) each row is a segment of, counted from 0
+    first_segment: torch.Tensor  # [B] bool: the row is its sample's first segment
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -95,17 +116,28 @@ class Batch:
 
 
 def build_batch(groups: Sequence[TrainingGroup], pad_token_id: int) -> Batch:
-    """The samples of `groups` in order; group_ids index the groups (samples sharing an id share one)."""
-    samples = [(g, s) for g in groups for s in g.samples]
-    if not samples:
-        raise ValueError("no trajectories to train on")
+    """One row per segment of the samples of `groups`, in order; group_ids index the groups."""
     group_index = {g.group_id: i for i, g in enumerate(groups)}
+    samples = [(g, s) for g in groups for s in g.samples]
+    rows, rewards, valid, group_ids, sample_index, first = [], [], [], [], [], []
+    for number, (g, s) in enumerate(samples):
+        for k, segment in enumerate(s.segments()):
+            rows.append(segment)
+            rewards.append(s.reward)
+            valid.append(s.valid)
+            group_ids.append(group_index[g.group_id])
+            sample_index.append(number)
+            first.append(k == 0)
+    if not rows:
+        raise ValueError("no trajectories to train on")
     return _layout(
-        [(s.prompt_ids, s.completion_ids, s.generation_logprobs) for _, s in samples],
+        rows,
         pad_token_id,
-        rewards=torch.tensor([s.reward for _, s in samples], dtype=torch.float32),
-        valid=torch.tensor([s.valid for _, s in samples], dtype=torch.bool),
-        group_ids=torch.tensor([group_index[g.group_id] for g, _ in samples], dtype=torch.long),
+        rewards=torch.tensor(rewards, dtype=torch.float32),
+        valid=torch.tensor(valid, dtype=torch.bool),
+        group_ids=torch.tensor(group_ids, dtype=torch.long),
+        sample_index=torch.tensor(sample_index, dtype=torch.long),
+        first_segment=torch.tensor(first, dtype=torch.bool),
     )
 
 
@@ -115,43 +147,40 @@ def build_row_batch(rows: Sequence[Row], pad_token_id: int) -> Batch:
         raise ValueError("no rows to train on")
     n = len(rows)
     return _layout(
-        [(prompt, completion, [0.0] * len(completion)) for prompt, completion in rows],
+        [Segment(list(prompt), list(completion), [0.0] * len(completion)) for prompt, completion in rows],
         pad_token_id,
         rewards=torch.zeros(n, dtype=torch.float32),
         valid=torch.ones(n, dtype=torch.bool),
         group_ids=torch.zeros(n, dtype=torch.long),
+        sample_index=torch.arange(n, dtype=torch.long),
+        first_segment=torch.ones(n, dtype=torch.bool),
     )
 
 
-def _layout(
-    rows: list[tuple[Sequence[int], Sequence[int], Sequence[float]]],
-    pad_token_id: int,
-    rewards: torch.Tensor,
-    valid: torch.Tensor,
-    group_ids: torch.Tensor,
-) -> Batch:
-    """(prompt ids, completion ids, generation logprobs) rows, right-padded to the longest."""
-    length = max(len(prompt) + len(completion) for prompt, completion, _ in rows)
+def _layout(rows: list[Segment], pad_token_id: int, **per_row: torch.Tensor) -> Batch:
+    """Segments right-padded to the longest; `per_row` holds the [B] tensors of Batch."""
+    length = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
     n = len(rows)
     input_ids = torch.full((n, length), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((n, length), dtype=torch.long)
     token_mask = torch.zeros((n, length - 1), dtype=torch.float32)
     gen_logprobs = torch.zeros((n, length - 1), dtype=torch.float32)
-    for row, (prompt, completion, logprobs) in enumerate(rows):
-        ids = [*prompt, *completion]
+    for row, r in enumerate(rows):
+        ids = [*r.prompt_ids, *r.completion_ids]
         input_ids[row, : len(ids)] = torch.tensor(ids)
         attention_mask[row, : len(ids)] = 1
         # completion token j sits at sequence position len(prompt) + j and is
         # predicted by the logits at the position before it.
-        start, stop = len(prompt) - 1, len(prompt) - 1 + len(completion)
-        token_mask[row, start:stop] = 1.0
-        gen_logprobs[row, start:stop] = torch.tensor(list(logprobs), dtype=torch.float32)
+        start, stop = len(r.prompt_ids) - 1, len(r.prompt_ids) - 1 + len(r.completion_ids)
+        mask = [1.0] * len(r.completion_ids) if r.loss_mask is None else [float(m) for m in r.loss_mask]
+        token_mask[row, start:stop] = torch.tensor(mask, dtype=torch.float32)
+        # Context tokens carry no generation logprob: 0 there, and the mask keeps them out of every use.
+        logprobs = torch.tensor(list(r.generation_logprobs), dtype=torch.float32)
+        gen_logprobs[row, start:stop] = logprobs * token_mask[row, start:stop]
     return Batch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         token_mask=token_mask,
         generation_logprobs=gen_logprobs,
-        rewards=rewards,
-        valid=valid,
-        group_ids=group_ids,
+        **per_row,
     )

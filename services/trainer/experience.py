@@ -2,11 +2,14 @@
 
     buffer Group (proto) ──servicer──> TrainingGroup(group id, [Sample(trajectory id, prompt ids,
                                         completion ids, generation logprobs, reward, valid,
-                                        weight version)])
+                                        weight version, loss mask, later segments)])
     Demonstration(prompt, completion) ──demonstration_rows──> (prompt ids, completion ids + eos)
 
 Guarantees: these types hold only lists, numbers and strings, so they pickle
 (rank 0 hands them to the other ranks as they are) and need no protobuf;
+a multi-turn sample is one or more segments (`Sample.segments()`), each
+its own token sequence, whose loss mask marks the tokens the policy sampled
+(None: all of them); the reward belongs to the sample, not to a segment;
 `demonstration_rows` tokenises without special tokens and ends every
 completion with the end-of-sequence token; `staleness_metrics` counts every
 sample once, by its age in optimizer steps.
@@ -23,8 +26,22 @@ Row = tuple[Sequence[int], Sequence[int]]
 
 
 @dataclass
+class Segment:
+    """One token sequence of a trajectory: prompt (context), then completion tokens."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    generation_logprobs: list[float]  # one per completion token; 0.0 where the mask is 0
+    loss_mask: list[int] | None = None  # 1: sampled by the policy, 0: context; None: all sampled
+
+
+@dataclass
 class Sample:
-    """One trajectory: a prompt, the completion the rollout sampled, its logprobs and its reward."""
+    """One trajectory: a prompt, the completion the rollout sampled, its logprobs and its reward.
+
+    A multi-turn trajectory's completion interleaves sampled tokens (loss mask 1) with tool output
+    and template tokens (0); when the scaffold edited its history it has later segments too.
+    """
 
     trajectory_id: str
     prompt_ids: list[int]
@@ -32,7 +49,14 @@ class Sample:
     generation_logprobs: list[float]  # one per completion token, from the generating policy
     reward: float
     valid: bool  # False: an infrastructure failure, no learning signal
-    weight_version: int = 0  # the policy version that generated it
+    weight_version: int = 0  # the policy version that generated it (the oldest, over turns)
+    loss_mask: list[int] | None = None  # of the completion tokens; None: every one was sampled
+    later_segments: list[Segment] = field(default_factory=list)
+
+    def segments(self) -> list[Segment]:
+        """The first segment (the fields above), then the later ones."""
+        first = Segment(self.prompt_ids, self.completion_ids, self.generation_logprobs, self.loss_mask)
+        return [first, *self.later_segments]
 
 
 @dataclass

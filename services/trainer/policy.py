@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from dockyard.algorithms import clipped_pg_loss, compute_advantages
-from dockyard.config import MasterConfig
+from dockyard.config import AdvantageConfig, MasterConfig
 from dockyard.models.load import DTYPES, load_policy
 from services.trainer import checkpoint
 from services.trainer.batch import Batch, build_batch, build_row_batch, validate_groups, validate_rows
@@ -65,6 +65,19 @@ from services.trainer.sharding import (
 Weights = Iterator[tuple[str, torch.Tensor]]
 
 _LOSS_STATS = ("pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "is_weight_mean", "ratio_mean")
+
+
+def trajectory_advantages(batch: Batch, advantage: AdvantageConfig) -> torch.Tensor:
+    """One advantage per row: its trajectory's, computed once per trajectory (its first row stands
+    for it, so a trajectory of several segments counts once in its group's statistics)."""
+    first = batch.first_segment
+    return compute_advantages(
+        batch.rewards[first],
+        batch.group_ids[first],
+        batch.valid[first],
+        leave_one_out=advantage.leave_one_out,
+        scale=advantage.scale,
+    )[batch.sample_index]
 
 
 class PolicyTrainer:
@@ -221,13 +234,8 @@ class PolicyTrainer:
         temperature = cfg.policy.generation.temperature
         validate_groups(groups, self.model.config.vocab_size, self.max_positions)
         batch = build_batch(groups, self.tokenizer.pad_token_id)
-        advantages = compute_advantages(
-            batch.rewards,
-            batch.group_ids,
-            batch.valid,
-            leave_one_out=cfg.grpo.advantage.leave_one_out,
-            scale=cfg.grpo.advantage.scale,
-        )
+        first = batch.first_segment
+        advantages = trajectory_advantages(batch, cfg.grpo.advantage)
         # Infrastructure failures carry no learning signal: they leave the loss entirely.
         batch.token_mask = batch.token_mask * batch.valid[:, None].float()
         total_tokens = float(batch.token_mask.sum().clamp(min=1))
@@ -298,7 +306,7 @@ class PolicyTrainer:
         values = dict(zip(keys, sum_over_ranks([*sums.values(), *tally.values()], self.world), strict=True))
         t2 = time.perf_counter()
 
-        valid_rewards = batch.rewards[batch.valid]
+        valid_rewards = batch.rewards[first & batch.valid]
         mean_abs = values["abs_delta"] / total_tokens
         return {
             **{key: values[key] for key in sums},
@@ -306,9 +314,10 @@ class PolicyTrainer:
             "sampled_token_nll": values["nll"] / total_tokens,
             "entropy": values["entropy"] / total_tokens,
             "reward_mean": float(valid_rewards.mean()) if len(valid_rewards) else 0.0,
-            "valid_fraction": float(batch.valid.float().mean()),
-            "advantage_abs_mean": float(advantages.abs().mean()),
-            "num_trajectories": float(len(batch)),
+            "valid_fraction": float(batch.valid[first].float().mean()),
+            "advantage_abs_mean": float(advantages[first].abs().mean()),
+            "num_trajectories": float(first.sum()),
+            "num_segments": float(len(batch)),
             "num_tokens": total_tokens,
             "sequence_tokens": values["sequence_tokens"],
             "num_micro_batches": float(count),

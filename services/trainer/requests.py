@@ -19,7 +19,7 @@ from dockyard.api.common.v1 import common_pb2
 from dockyard.api.trainer.v1 import trainer_pb2
 from dockyard.jobs import job_id_error
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument
-from services.trainer.experience import Sample, TrainingGroup
+from services.trainer.experience import Sample, Segment, TrainingGroup
 from services.trainer.policy import PolicyTrainer
 
 MAX_DEMONSTRATIONS = 65536
@@ -50,6 +50,16 @@ def training_group(group: common_pb2.Group) -> TrainingGroup:
             reward=t.reward,
             valid=t.valid,
             weight_version=t.weight_version,
+            loss_mask=list(t.completion_loss_mask) or None,
+            later_segments=[
+                Segment(
+                    list(seg.prompt_token_ids),
+                    list(seg.completion_token_ids),
+                    list(seg.completion_logprobs),
+                    list(seg.completion_loss_mask) or None,
+                )
+                for seg in t.later_segments
+            ],
         )
         for t in group.trajectories
     ]

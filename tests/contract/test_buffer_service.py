@@ -32,6 +32,15 @@ async def test_every_rpc_round_trips_and_sigterm_exits_cleanly(buffer) -> None:
         await stub.AckGroups(pb.AckGroupsRequest(job_id=JOB, weight_version=3))
         await stub.SampleGroups(pb.SampleGroupsRequest(job_id=JOB, trainer_step=3, max_groups=1, consumer="t0"))
         sent = make_group("g-old", version=2)
+        # A multi-turn trajectory: context tokens masked out, a later segment after an edited history.
+        sent.trajectories[0].completion_loss_mask[:] = [1, 0, 1]
+        sent.trajectories[0].num_turns = 2
+        sent.trajectories[0].later_segments.add(
+            prompt_token_ids=[5, 6],
+            completion_token_ids=[7, 8],
+            completion_logprobs=[-0.25, 0.0],
+            completion_loss_mask=[1, 0],
+        )
         assert await stub.PutGroup(pb.PutGroupRequest(group=sent)) == pb.PutGroupResponse()
         assert (await stub.PutGroup(pb.PutGroupRequest(group=sent))).duplicate
         assert await stub.PutGroup(pb.PutGroupRequest(group=make_group("g-new", version=3))) == pb.PutGroupResponse()
@@ -73,6 +82,16 @@ def _bad_group(name: str):
         group.trajectories[0].weight_version = 1
         group.trajectories[1].weight_version = 2
         group.weight_version = 2
+    elif name == "2 completion_loss_mask values for 3 completion_token_ids":
+        group.trajectories[0].completion_loss_mask[:] = [1, 0]
+    elif name == "completion_loss_mask holds 2; 0 or 1":
+        group.trajectories[0].completion_loss_mask[:] = [1, 2, 0]
+    elif name == "later_segments[0]: prompt_token_ids is empty":
+        group.trajectories[0].later_segments.add(completion_token_ids=[1], completion_logprobs=[-0.5])
+    elif name == "later_segments[1]: 1 completion_logprobs for 2 completion_token_ids":
+        segments = group.trajectories[1].later_segments
+        segments.add(prompt_token_ids=[1], completion_token_ids=[2], completion_logprobs=[-0.5])
+        segments.add(prompt_token_ids=[1], completion_token_ids=[2, 3], completion_logprobs=[-0.5])
     elif name == "MiB; the limit is":
         group = make_group("g", version=0, tokens=4000)
     return group
@@ -85,6 +104,10 @@ BAD_GROUPS = [
     "no trajectories",
     "4 completion_logprobs for 3 completion_token_ids",
     "differs from the oldest trajectory weight_version 1",
+    "2 completion_loss_mask values for 3 completion_token_ids",
+    "completion_loss_mask holds 2; 0 or 1",
+    "later_segments[0]: prompt_token_ids is empty",
+    "later_segments[1]: 1 completion_logprobs for 2 completion_token_ids",
     "MiB; the limit is",
 ]
 
