@@ -1,8 +1,9 @@
 """Continuous batching for the torch engine: one scheduler thread drives one decode batch.
 
     submit(request) ──queue──> scheduler thread, between two decode steps:
-        drop cancelled requests' rows ──> admit: prefill the prompt once, copy its KV into free slots,
-        sample each row's first token ──> one decode step over every row (kv_slots.DecodeStep)
+        drop cancelled requests' rows ──> admit: prefill each prompt once (queued prompts of one length
+        in one pass), copy its KV into free slots, sample each row's first token
+        ──> one decode step over every row (kv_slots.DecodeStep)
         ──> a row leaves at eos / stop string / max_new_tokens ──> a request resolves when its last row left
 
 Guarantees: requests join and leave the running batch between decode steps, each row with its
@@ -14,7 +15,9 @@ of every token); without them no new request joins while an update waits, and th
 once the batch has drained, so every completion of a result comes from one version. A cancelled
 request's rows leave at the next step boundary, the others go on, and its future gets
 GenerationCancelled. An error in a step fails the requests in the batch, not the scheduler. All
-model work, and CUDA graph capture and replay, run in the scheduler thread.
+model work, and CUDA graph capture and replay, run in the scheduler thread. Sampled tokens feed
+the next step on the device; the host reads each step's tokens once, and writes the rows' starts
+only when a row joined or left or the batch moved.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import contextlib
 import heapq
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,48 +39,9 @@ from services.rollout.decoding import DecodingParams
 from services.rollout.engine import GenerationCancelled
 from services.rollout.kv_slots import DecodeStep, SlotCache, length_for
 from services.rollout.sampling import StopStrings, sample
+from services.rollout.weight_gate import WeightGate
 
 log = structlog.get_logger()
-
-
-class WeightGate:
-    """The scheduler holds the weights while it computes; an update takes them between two decode steps.
-
-    A waiting update has priority: `waiting` tells the scheduler to admit no new request.
-    """
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._active = self._writers_waiting = 0
-        self._writer = False
-
-    def enter(self) -> None:
-        with self._cv:
-            self._cv.wait_for(lambda: not self._writer and not self._writers_waiting)
-            self._active += 1
-
-    def exit(self) -> None:
-        with self._cv:
-            self._active -= 1
-            self._cv.notify_all()
-
-    @property
-    def waiting(self) -> bool:
-        return self._writers_waiting > 0
-
-    @contextlib.contextmanager
-    def updating(self) -> Iterator[None]:
-        with self._cv:
-            self._writers_waiting += 1
-            self._cv.wait_for(lambda: self._active == 0 and not self._writer)
-            self._writers_waiting -= 1
-            self._writer = True
-        try:
-            yield
-        finally:
-            with self._cv:
-                self._writer = False
-                self._cv.notify_all()
 
 
 @dataclass(eq=False)
@@ -106,7 +70,8 @@ class Request:
     admitted: int = 0
     live: int = 0  # rows in the batch
     steps: int = 0  # decode steps its rows took part in
-    prefill: tuple[int, DynamicCache, torch.Tensor] | None = None  # (weight version, KV, last logits)
+    # (weight version, KV of one prefill pass, this prompt's row in it, its last logits (1, vocab))
+    prefill: tuple[int, DynamicCache, int, torch.Tensor] | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -138,6 +103,7 @@ class DecodeBatch:
         pad_token_id: int,
         eos_token_ids: list[int],
         graphs: bool,
+        compile: bool = False,
         gate: WeightGate,
         weight_version: Callable[[], int],
         in_flight: bool,
@@ -147,9 +113,10 @@ class DecodeBatch:
         self.pad_token_id = pad_token_id
         self.weight_version, self.in_flight = weight_version, in_flight
         self.cache = SlotCache(slots, device)
-        self.step = DecodeStep(model, self.cache, pad_token_id, graphs)
+        self.step = DecodeStep(model, self.cache, pad_token_id, graphs, compile)
         self.stats = BatchStats()
         self.column = 0  # the cache column the next decode step writes
+        self._starts_dirty = False  # a row joined or the batch moved: the step's starts need writing
         self._free = list(range(slots))  # a heap: the lowest free slot first
         self._active: dict[int, tuple[Request, Row]] = {}  # slot -> its row
         self._queue: deque[Request] = deque()
@@ -241,6 +208,8 @@ class DecodeBatch:
             if request.admitted == 0 and not self.in_flight and self.gate.waiting:
                 return  # the update waiting gets the weights once the batch drains
             try:
+                if request.prefill is None or request.prefill[0] != self.weight_version():
+                    self._prefill_together(request)
                 self._admit_rows(request)
             except Exception as exc:  # e.g. a prompt the model cannot take: this request fails alone
                 log.exception("admitting a request failed")
@@ -252,13 +221,38 @@ class DecodeBatch:
                 with self._cv:
                     self._queue.popleft()
 
+    def _prefill(self, requests: list[Request]) -> None:
+        """One forward pass over the prompts of `requests`, all of one length (no padding)."""
+        version = self.weight_version()
+        ids = torch.tensor([r.prompt_ids for r in requests], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1].float()
+        for i, request in enumerate(requests):
+            request.prefill = (version, out.past_key_values, i, logits[i : i + 1])
+
+    def _prefill_together(self, first: Request) -> None:
+        """Prefill `first` with the requests queued right behind it whose prompts have its length and
+        whose rows fit in the free slots too, in one forward pass; if that pass fails, each request
+        is prefilled alone (so a prompt the model cannot take fails its own request only)."""
+        group, rows = [], 0
+        with self._cv:
+            for request in self._queue:
+                rows += len(request.rows) - request.admitted
+                if len(request.prompt_ids) != len(first.prompt_ids) or request.cancelled or rows > len(self._free):
+                    break
+                group.append(request)
+        if len(group) > 1:
+            try:
+                self._prefill(group)
+            except Exception:
+                log.warning("prefilling queued requests together failed: each is prefilled alone", exc_info=True)
+
     def _admit_rows(self, request: Request) -> None:
         version = self.weight_version()
         if request.prefill is None or request.prefill[0] != version:
-            ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=self.device)
-            out = self.model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
-            request.prefill = (version, out.past_key_values, out.logits[:, -1].float())
-        _, kv, logits = request.prefill
+            self._prefill([request])
+        assert request.prefill is not None
+        _, kv, index, logits = request.prefill
         prompt_len = len(request.prompt_ids)
         need = prompt_len + max(r.params.max_new_tokens for r in request.rows)
         if need > self.cache.length:
@@ -273,13 +267,15 @@ class DecodeBatch:
         while request.admitted < len(request.rows) and self._free:
             row = request.rows[request.admitted]
             request.admitted += 1
-            slot = heapq.heappop(self._free)
-            self.cache.load_prompt(slot, kv, self.column)
             row.start = self.column - prompt_len
-            joined.append((slot, row))
-        tokens, logprobs = sample(
+            joined.append((heapq.heappop(self._free), row))
+        self.cache.load_prompt([slot for slot, _ in joined], kv, self.column, index)
+        sampled, picked = sample(
             logits.expand(len(joined), -1), [r.params for _, r in joined], [r.generator for _, r in joined]
         )
+        self._feed([slot for slot, _ in joined], sampled)
+        self._starts_dirty = True
+        tokens, logprobs = sampled.tolist(), picked.tolist()
         self.stats.rows_joined += len(joined)
         if running:
             self.stats.rows_joined_running += len(joined)
@@ -292,20 +288,25 @@ class DecodeBatch:
     def _decode(self) -> None:
         if self.column == self.cache.length:  # full: drop the columns no row reads any more
             self._shift(min(row.start for _, row in self._active.values()))
-        slots = self.cache.slots
-        tokens, starts = [self.pad_token_id] * slots, [self.column] * slots  # idle slots see only themselves
-        for slot, (_, row) in self._active.items():
-            tokens[slot], starts[slot] = row.tokens[-1], row.start
-        self.step.tokens[:, 0].copy_(torch.tensor(tokens))
-        self.step.starts.copy_(torch.tensor(starts))
+        if self._starts_dirty:  # only joins, leaves and shifts change them; idle slots see only themselves
+            slots = self.cache.slots
+            starts, active = [0] * slots, [False] * slots
+            for slot, (_, row) in self._active.items():
+                starts[slot], active[slot] = row.start, True
+            self.step.starts.copy_(torch.tensor(starts))
+            self.step.active.copy_(torch.tensor(active))
+            self._starts_dirty = False
         self.cache.column.fill_(self.column)
         order = sorted(self._active)
-        logits = self.step.run(order[-1] + 1)
+        logits = self.step.run(order[-1] + 1, self.column)
         self.column += 1
         version = self.weight_version()
         rows = [self._active[s] for s in order]
-        picked = logits[torch.tensor(order, device=logits.device)]
-        new, logprobs = sample(picked, [r.params for _, r in rows], [r.generator for _, r in rows])
+        if order[-1] + 1 != len(order):  # gaps between the slots in use
+            logits = logits[torch.tensor(order, device=logits.device)]
+        sampled, picked = sample(logits, [r.params for _, r in rows], [r.generator for _, r in rows])
+        self._feed(order, sampled)
+        new, logprobs = sampled.tolist(), picked.tolist()
         self.stats.steps += 1
         self.stats.largest_batch = max(self.stats.largest_batch, len(order))
         for request in {id(r): r for r, _ in rows}.values():
@@ -313,6 +314,13 @@ class DecodeBatch:
         for (_, row), token, logprob in zip(rows, new, logprobs, strict=True):
             self._append(row, token, logprob, version)
         self._finish_rows([(s, r, row) for s, (r, row) in zip(order, rows, strict=True)])
+
+    def _feed(self, slots: list[int], tokens: torch.Tensor) -> None:
+        """The next step's input tokens of `slots`, written on the device (no round trip through the host)."""
+        if slots == list(range(slots[0], slots[0] + len(slots))):
+            self.step.tokens[slots[0] : slots[0] + len(slots), 0].copy_(tokens)
+        else:
+            self.step.tokens[torch.tensor(slots, device=self.device), 0] = tokens
 
     def _append(self, row: Row, token: int, logprob: float, version: int) -> None:
         row.tokens.append(token)
@@ -343,6 +351,7 @@ class DecodeBatch:
         request, _ = self._active.pop(slot)
         request.live -= 1
         heapq.heappush(self._free, slot)
+        self._starts_dirty = True
         if not self._active:
             self.column = 0  # an empty batch starts over at the left edge
 
@@ -350,6 +359,7 @@ class DecodeBatch:
         """Move the batch left (by > 0) or right (by < 0) in the cache."""
         self.cache.shift(by)
         self.stats.shifts += 1
+        self._starts_dirty = True
         self.column -= by
         for _, row in self._active.values():
             row.start -= by

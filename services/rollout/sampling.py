@@ -32,15 +32,22 @@ def row_generator(seed: int, row: int, device: torch.device) -> torch.Generator:
 
 def sample(
     logits: torch.Tensor, params: list[DecodingParams], generators: list[torch.Generator]
-) -> tuple[list[int], list[float]]:
-    """One token per row of `logits` (rows, vocab), and its logprob."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of `logits` (rows, vocab), and its logprob: two tensors on the logits' device.
+
+    Nothing here waits for the device; the caller reads the results when it needs them.
+    """
     device = logits.device
-    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
-    logprobs = torch.log_softmax(logits.float() / temps[:, None], dim=-1)
-    tokens = logprobs.argmax(dim=-1)
+    logits = logits.float()
+    if any(p.temperature not in (0.0, 1.0) for p in params):
+        temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=device)
+        logits = logits / temps[:, None]
+    logprobs = torch.log_softmax(logits, dim=-1)
     drawn = [i for i, p in enumerate(params) if not p.greedy]
+    everyone = len(drawn) == len(params)
+    tokens = None if everyone else logprobs.argmax(dim=-1)
     if drawn:
-        scores = _truncate(logprobs[drawn], [params[i] for i in drawn])
+        scores = _truncate(logprobs if everyone else logprobs[drawn], [params[i] for i in drawn])
         noise = torch.empty_like(scores)
         j = 0
         while j < len(drawn):  # one draw per run of rows sharing a generator (the engine's, for unseeded rows)
@@ -50,10 +57,14 @@ def sample(
             noise[j:end].exponential_(generator=generators[drawn[j]])
             j = end
         # argmax of log p - log E, E ~ Exp(1), picks token k with probability p_k.
-        choice = (scores - noise.clamp_(min=1e-30).log()).argmax(dim=-1)
-        tokens[torch.tensor(drawn, device=device)] = choice
+        choice = (scores - noise.clamp_(min=1e-30).log_()).argmax(dim=-1)
+        if tokens is None:
+            tokens = choice
+        else:
+            tokens[torch.tensor(drawn, device=device)] = choice
+    assert tokens is not None
     picked = logprobs.gather(1, tokens[:, None]).squeeze(1)
-    return tokens.tolist(), picked.tolist()
+    return tokens, picked
 
 
 def _truncate(logprobs: torch.Tensor, params: list[DecodingParams]) -> torch.Tensor:

@@ -7,8 +7,9 @@
 Guarantees: those of every engine (services/rollout/engine.py), and: concurrent `generate` calls
 share one decode batch (services/rollout/decode_batch.py; at most `max_batch_rows` rows, the rest
 wait and join as rows leave), over a preallocated slotted KV cache (services/rollout/kv_slots.py);
-on CUDA with kv_cache "static" (or "auto") the decode step is replayed from a captured CUDA graph,
-"dynamic" runs it eagerly (always so on CPU); the event loop never waits on the model. Every row
+on CUDA with kv_cache "static" (or "auto") the decode step is compiled (torch.compile; unless
+`compile_decode` is False) and replayed from captured CUDA graphs, "dynamic" runs it eagerly
+(always so on CPU); the event loop never waits on the model. Every row
 samples with its own parameters and generator: a seeded request gives the same tokens whatever
 else is in the batch (up to floating-point differences between batch shapes, which can flip a
 sample that lies on a boundary), an unseeded row draws from the engine's own generator. Weights
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from services.rollout.decode_batch import BatchStats, DecodeBatch, Request, Row, WeightGate
+from services.rollout.decode_batch import BatchStats, DecodeBatch, Request, Row
 from services.rollout.decoding import DecodingParams
 from services.rollout.engine import (
     Completion,
@@ -38,6 +39,7 @@ from services.rollout.engine import (
     UnsupportedRequest,
 )
 from services.rollout.sampling import StopStrings, row_generator
+from services.rollout.weight_gate import WeightGate
 
 DEFAULT_MAX_BATCH_ROWS = 64
 
@@ -57,6 +59,7 @@ class TorchEngine(GenerationEngine):
         kv_cache: str = "dynamic",
         in_flight_weight_updates: bool = False,
         max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
+        compile_decode: bool | None = None,
     ) -> None:
         if kv_cache not in ("static", "dynamic", "auto"):
             raise ValueError(f"kv_cache must be static, dynamic or auto, not {kv_cache!r}")
@@ -96,6 +99,7 @@ class TorchEngine(GenerationEngine):
             pad_token_id=self.pad_token_id,
             eos_token_ids=self.eos_token_ids,
             graphs=kv_cache in ("static", "auto"),
+            compile=kv_cache in ("static", "auto") if compile_decode is None else compile_decode,
             gate=self._gate,
             weight_version=lambda: self._weight_version,
             in_flight=in_flight_weight_updates,

@@ -12,10 +12,13 @@ from datetime import timedelta
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+from transformers.cache_utils import DynamicCache
 
 from dockyard.weights.transports import CheckpointTransport
 from services.rollout.decoding import DecodingParams
 from services.rollout.engine import GenerationResult, UnsupportedRequest
+from services.rollout.kv_slots import DecodeStep, SlotCache, grouped_decode_attention, span_for
 from services.rollout.torch_engine import TorchEngine
 from tests.unit.rollout.test_torch_engine import PROMPT, greedy_reference, recompute_logprobs, tiny_engine
 
@@ -222,3 +225,76 @@ async def test_a_failing_step_fails_the_batch_not_the_engine() -> None:
         hook.remove()
     again = await engine.generate(PROMPT, 2, GREEDY)
     assert tokens(again) == [greedy_reference(engine, again.prompt_token_ids, 30)] * 2
+
+
+def test_grouped_decode_attention_is_attention_over_repeated_kv_heads() -> None:
+    torch.manual_seed(0)
+    batch, heads, kv_heads, length, dim = 3, 6, 2, 10, 8
+    query = torch.randn(batch, heads, 1, dim)
+    key, value = torch.randn(batch, kv_heads, length, dim), torch.randn(batch, kv_heads, length, dim)
+    hidden = torch.rand(batch, 1, 1, length) < 0.4
+    hidden[:, :, :, -1] = False  # every row sees at least one column
+    mask = hidden.float() * torch.finfo(torch.float32).min
+    out, _ = grouped_decode_attention(torch.nn.Module(), query, key, value, mask, scaling=dim**-0.5)
+    # The reference: every query head against its own copy of its KV head (h -> h // 3), as repeat_kv pairs them.
+    k, v = key.repeat_interleave(heads // kv_heads, dim=1), value.repeat_interleave(heads // kv_heads, dim=1)
+    weights = (query @ k.transpose(-1, -2) * dim**-0.5 + mask).softmax(-1)
+    assert out.shape == (batch, 1, heads, dim)
+    torch.testing.assert_close(out, (weights @ v).transpose(1, 2), atol=1e-5, rtol=0)
+
+
+def test_a_decode_step_reads_only_its_span_and_idle_slots_only_themselves() -> None:
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64
+    )
+    config.vocab_size = 50
+    model = AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.randint(0, 50, (1, 10))
+    with torch.no_grad():
+        expected = model(ids).logits[0, -1]
+        prefill = model(input_ids=ids[:, :9], past_key_values=DynamicCache(), use_cache=True).past_key_values
+        cache = SlotCache(3, torch.device("cpu"))
+        cache.allocate(prefill, 256)
+        span = span_for(20, cache.length)
+        assert span < cache.length
+        for t in cache.keys + cache.values:
+            t[:, :, span:] = float("nan")  # were they read, every logit would be NaN
+        cache.load_prompt([0, 2], prefill, column=20)  # the prompt in columns 11..19 of slots 0 and 2
+        step = DecodeStep(model, cache, pad_token_id=0, graphs=False)
+        step.tokens[:, 0] = ids[0, 9]
+        step.starts.fill_(11)
+        step.active.copy_(torch.tensor([True, False, True]))
+        cache.column.fill_(20)
+        logits = step.run(3, column=20)
+    torch.testing.assert_close(logits[0], expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits[2], expected, atol=1e-5, rtol=0)
+    # Slot 1 is idle: it attends to its own column only, which holds this step's token at position 0.
+    with torch.no_grad():
+        alone = model(ids[:, 9:]).logits[0, -1]
+    torch.testing.assert_close(logits[1], alone, atol=1e-5, rtol=0)
+
+
+async def test_requests_queued_with_prompts_of_one_length_share_one_prefill_pass() -> None:
+    engine = tiny_engine(DEVICE)
+    passes: list[tuple[int, int]] = []
+
+    def record(module, args, kwargs, output) -> None:
+        passes.append(tuple(kwargs["input_ids"].shape))
+
+    hook = engine.model.register_forward_hook(record, with_kwargs=True)
+    short = DecodingParams(temperature=0.0, max_new_tokens=6, ignore_eos=True)
+    same_length = ["1+2=", "3+4=", "5+6="]
+    try:
+        with engine.exclusive():  # the scheduler waits for the weights while the requests queue up
+            tasks = [asyncio.create_task(engine.generate(p, 2, short)) for p in same_length]
+            await until(lambda: len(engine._batch._queue) == 3, "three queued requests")
+            tasks.append(asyncio.create_task(engine.generate(LONG_PROMPT, 2, short)))
+            await until(lambda: len(engine._batch._queue) == 4, "the fourth request queued")
+        results = await asyncio.gather(*tasks)
+    finally:
+        hook.remove()
+    prompt_len = len(results[0].prompt_token_ids)
+    assert [p for p in passes if p[1] > 1] == [(3, prompt_len), (1, len(results[3].prompt_token_ids))]
+    for result in results:
+        assert tokens(result) == [greedy_reference(engine, result.prompt_token_ids, 6)] * 2
