@@ -84,9 +84,11 @@ def prepare(cfg) -> None:
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from dockyard.recipes.tiny_agent import warm_start_agent
     from dockyard.recipes.tiny_expr import warm_start
 
     boot = policy.bootstrap
+    build = warm_start_agent if boot.recipe == "tiny_agent" else warm_start
     with Progress(
         TextColumn("warm start"),
         BarColumn(),
@@ -94,7 +96,7 @@ def prepare(cfg) -> None:
         TimeElapsedColumn(),
     ) as bar:
         task = bar.add_task("sft", total=boot.steps, loss="-")
-        warm_start(
+        build(
             out,
             model=policy.model or {},
             steps=boot.steps,
@@ -327,6 +329,7 @@ def cmd_run(args) -> int:
         extra_env=extra_env,
         rollout_replicas=args.rollout_replicas,
         sandbox_workers=args.sandbox_workers,
+        endpoint=cfg.env.agentic,  # agent trials send their model calls through the policy endpoint
     )
     print(f"starting services (logs in {log_dir})")
     _interrupt_on_signals()

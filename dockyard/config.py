@@ -113,7 +113,9 @@ class OptimizerConfig(Section):
 
 
 class BootstrapConfig(Section):
-    recipe: Literal["tiny_expr"] = Field(description="Builder that writes policy.model_name when missing.")
+    recipe: Literal["tiny_expr", "tiny_agent"] = Field(
+        description="Builder that writes policy.model_name when missing."
+    )
     steps: int = Field(300, ge=1, le=MAX_STEPS, description="Supervised warm-start steps.")
     lr: float = Field(3e-3, gt=0.0, description="Warm-start learning rate.")
     batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="Warm-start batch size.")
@@ -239,6 +241,21 @@ class GRPOConfig(Section):
     val_at_end: bool = True
     seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed of task order and of generation.")
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    max_rollout_turns: int = Field(
+        16, ge=1, le=4096, description="Agent trials: model calls per trial; one that runs out is scored as it is."
+    )
+    max_trial_tokens: int = Field(
+        4096,
+        ge=16,
+        le=MAX_TOKENS,
+        description="Agent trials: tokens of the trial's sequence (prompt, turns, tool output) at most.",
+    )
+    max_trial_seconds: float = Field(
+        600.0, gt=0.0, le=86400.0, description="Agent trials: wall clock per trial, scoring excluded."
+    )
+    max_concurrent_trials: int = Field(
+        64, ge=1, le=4096, description="Agent trials run at once by the coordinator's agent workers."
+    )
 
     async_grpo: AsyncConfig = Field(default_factory=AsyncConfig)
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
@@ -259,16 +276,83 @@ class SandboxLimits(Section):
     )
 
 
+ToolKind = Literal["command", "shell", "read_file", "write_file", "submit"]
+# The parameters of the built-in tool kinds (all strings); a command tool declares its own.
+BUILTIN_TOOL_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "shell": ("command",),
+    "read_file": ("path",),
+    "write_file": ("path", "content"),
+    "submit": ("answer",),
+}
+
+
+class ToolConfig(Section):
+    """One tool of the built-in scaffold (dockyard/agents/tools.py): a built-in kind, or a command."""
+
+    name: str = Field(pattern=r"^[a-z_][a-z0-9_]{0,63}$", description="The name the model calls it by.")
+    kind: ToolKind = Field(
+        "command",
+        description="command: run `command` in the session; shell: a shell line; read_file / write_file: a "
+        "file of the session; submit: the answer, which ends the trial.",
+    )
+    description: str = Field("", max_length=1024, description="What the model is told the tool does.")
+    parameters: dict[str, Literal["string", "integer", "number", "boolean"]] = Field(
+        default_factory=dict,
+        description="command tools: parameter name -> JSON type (built-in kinds have fixed string parameters).",
+    )
+    command: list[str] | None = Field(
+        None,
+        description="command tools: argv run in the session's work folder; `{name}` in an item is replaced by "
+        "that argument (never through a shell).",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ToolConfig:
+        if self.kind == "command":
+            if not self.command:
+                raise ValueError(f"tool {self.name!r}: a command tool needs `command` (an argv list)")
+            used = {name for item in self.command for name in re.findall(r"{([a-z_][a-z0-9_]*)}", item)}
+            if unknown := sorted(used - set(self.parameters)):
+                raise ValueError(f"tool {self.name!r}: command uses {unknown}, which are not among its parameters")
+        elif self.command is not None or self.parameters:
+            raise ValueError(f"tool {self.name!r}: a {self.kind} tool takes no command or parameters")
+        return self
+
+    @property
+    def parameter_types(self) -> dict[str, str]:
+        if self.kind == "command":
+            return dict(self.parameters)
+        return dict.fromkeys(BUILTIN_TOOL_PARAMETERS[self.kind], "string")
+
+
 class EnvConfig(Section):
-    name: Literal["expr", "program_synthesis", "swe"] = Field(
+    name: Literal["expr", "expr_agent", "program_synthesis", "swe"] = Field(
         "expr", description="Environment: how completions are scored (dockyard/tasks/envs.py)."
     )
     reward: Literal["pass_fraction", "all_pass"] = Field("pass_fraction", description="Verdict → reward.")
     sandbox: SandboxLimits = Field(default_factory=SandboxLimits)
+    tools: list[ToolConfig] = Field(
+        default_factory=list,
+        description="Non-empty: each trial is a multi-turn agent loop of the built-in scaffold with these "
+        "tools, in a sandbox session (docs/agents.md); empty: one completion per sample.",
+    )
+
+    @model_validator(mode="after")
+    def _tool_names(self) -> EnvConfig:
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"env.tools: names must differ, got {names}")
+        if [t.kind for t in self.tools].count("submit") > 1:
+            raise ValueError("env.tools: at most one tool of kind submit (it ends the trial with its answer)")
+        return self
+
+    @property
+    def agentic(self) -> bool:
+        return bool(self.tools)
 
 
 class DatasetConfig(Section):
-    source: Literal["expr", "humaneval", "swe"] = Field("expr", description="Task set.")
+    source: Literal["expr", "expr_agent", "humaneval", "swe"] = Field("expr", description="Task set.")
     path: str | None = Field(None, description="humaneval: a JSONL(.gz) in HumanEval's format; swe: task-set folder.")
     size: int = Field(256, ge=1, le=100_000_000, description="Tasks drawn from the source.")
     seed: int = Field(0, ge=0, le=MAX_SEED)
@@ -374,13 +458,19 @@ class MasterConfig(Section):
             )
         if self.data.num_dataloaders > 1:
             errors.append(("data.num_dataloaders", "one training task source is supported; set it to 1"))
-        wanted = {"expr": "expr", "program_synthesis": "humaneval", "swe": "swe"}[self.env.name]
+        wanted = {"expr": "expr", "expr_agent": "expr_agent", "program_synthesis": "humaneval", "swe": "swe"}[
+            self.env.name
+        ]
         for split in ("train", "validation"):
             dataset = getattr(self.data, split)
             if dataset.source != wanted:
                 errors.append((f"data.{split}.source", f"env.name={self.env.name} takes source {wanted}"))
             elif dataset.source == "swe" and not dataset.path:
                 errors.append((f"data.{split}.path", "env swe needs the task-set folder"))
+        if self.env.name == "expr_agent" and not self.env.agentic:
+            errors.append(("env.tools", "env expr_agent is a multi-turn task: give it its tool f"))
+        if self.env.agentic and self.sft is not None:
+            errors.append(("env.tools", "agent trials are GRPO's; a supervised job takes demonstrations"))
         train_path, val_path = self.data.train.path, self.data.validation.path
         if self.env.name == "swe" and train_path and val_path:
             if Path(train_path).resolve().parent != Path(val_path).resolve().parent:

@@ -1,7 +1,8 @@
 """The five services as local processes on loopback: what `dockyard up` and `dockyard run` start.
 
     buffer, sandbox (or sandbox-1..M), rollout (or rollout-1..N), trainer, coordinator
-    [endpoint]  the policy endpoint (HTTP, default port 8000), with endpoint=True (`dockyard up` sets it)
+    [endpoint]  the policy endpoint (HTTP, default port 8000), with endpoint=True (`dockyard up` sets it,
+                and `dockyard run` for a config with agent trials); the coordinator is told its address
 
 Rollout replicas and sandbox workers register with the coordinator themselves
 (DOCKYARD_<SVC>_COORDINATOR_ADDRESS); with N > 1 (M > 1) each process is named
@@ -170,6 +171,8 @@ class LocalStack:
         for peer in SERVICES:
             if peer != kind and peer in self.ports:
                 env.setdefault(f"{prefix}{peer.upper()}_ADDRESS", self.address(peer))
+        if kind == "coordinator" and ENDPOINT in self.ports:  # agent trials call the policy endpoint
+            env.setdefault(f"{prefix}ENDPOINT_ADDRESS", self.address(ENDPOINT))
         return env
 
     def _spawn(self, name: str) -> None:

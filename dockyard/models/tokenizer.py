@@ -14,8 +14,11 @@ model type that does not force its own tokenizer class (``llama`` and
 Its chat template (CHAT_TEMPLATE) renders each message as ``role: content``
 and a newline, and the generation prompt as ``assistant: ``, all within
 ``CHARSET``, so conversations tokenize one character per token like any text.
-Tools render as a leading ``tools: <json>`` line and an assistant's tool calls
-as ``<tool_call>{json}</tool_call>`` after its content (the Hermes format the
+Tools render compactly, since every character is a token: one leading line
+``tools: f(x) submit(answer)`` of each tool's name and its parameter names (the
+keys of ``function.parameters.properties``, comma-separated; descriptions and
+types are not rendered). An assistant's tool calls render as
+``<tool_call>{json}</tool_call>`` after its content (the Hermes format the
 policy endpoint parses); lowercase tool names and arguments stay within CHARSET.
 """
 
@@ -36,10 +39,14 @@ SPECIAL_TOKENS: tuple[str, ...] = (PAD, EOS, BOS, UNK)
 CHARSET: str = string.digits + string.ascii_lowercase + " \n=()+-*/%<>!&|^~,.:_[]" + '{}"'
 
 
-# Tools (when given) come first as one `tools: [...]` line of JSON; an assistant message's tool
-# calls follow its content as Hermes-style `<tool_call>{"name": ..., "arguments": ...}</tool_call>`.
+# Tools (when given) come first as one `tools: name(param,...) ...` line (OpenAI-format tools, or bare
+# function schemas); an assistant message's tool calls follow its content as Hermes-style
+# `<tool_call>{"name": ..., "arguments": ...}</tool_call>`.
 CHAT_TEMPLATE: str = (
-    "{% if tools %}tools: {{ tools | tojson }}{{ '\\n' }}{% endif %}"
+    "{% if tools %}tools:{% for tool in tools %}"
+    "{% set fn = tool['function'] if tool['function'] is defined else tool %}"
+    " {{ fn['name'] }}({{ ((fn['parameters'] or {})['properties'] or {}) | join(',') }})"
+    "{% endfor %}{{ '\\n' }}{% endif %}"
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] or '' }}"
     "{% if message.tool_calls %}{% for call in message.tool_calls %}<tool_call>"
     "{{ {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson }}"

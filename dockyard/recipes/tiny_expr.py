@@ -33,6 +33,9 @@ Guarantees:
   with ``ValueError`` before anything is renamed into place.
 * ``num_threads`` applies to the training only; the previous torch setting is
   restored afterwards.
+
+``new_policy``, ``fit``, ``pad_rows``, ``generation_config``, ``line_expression``
+and ``write_atomically`` are shared with the agent recipe (``tiny_agent``).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast
 
 from dockyard.models.build import DEFAULT_MODEL, build_random_model
 from dockyard.models.tokenizer import build_char_tokenizer
@@ -74,8 +77,12 @@ def encode_sft_batch(tokenizer: PreTrainedTokenizerFast, tasks: Sequence[Task]) 
         completion = tokenizer(task.solution, add_special_tokens=False)["input_ids"]
         completion = completion + [tokenizer.eos_token_id]
         rows.append((prompt + completion, [-100] * len(prompt) + completion))
+    return pad_rows(rows, tokenizer.pad_token_id)
+
+
+def pad_rows(rows: Sequence[tuple[list[int], list[int]]], pad: int) -> dict[str, torch.Tensor]:
+    """Right-padded ids, attention mask and labels from ``(ids, labels)`` rows (-100: no loss)."""
     width = max(len(ids) for ids, _ in rows)
-    pad = tokenizer.pad_token_id
     input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
     attention = torch.zeros((len(rows), width), dtype=torch.long)
@@ -97,7 +104,11 @@ def line_through_first_two(task: Task) -> str:
     """
     (x0, y0), (x1, y1) = [(int(a), int(b)) for a, b in _EXAMPLE.findall(task.prompt)[:2]]
     slope = (y1 - y0) // (x1 - x0)
-    intercept = y0 - slope * x0
+    return line_expression(slope, y0 - slope * x0)
+
+
+def line_expression(slope: int, intercept: int) -> str:
+    """``slope*x+intercept`` spelled as the task templates spell lines (``x+3``, ``2*x-1``, ``5``)."""
     if slope == 0:
         return str(intercept)
     if slope == -1 and intercept > 0:
@@ -140,26 +151,13 @@ def warm_start(
         torch.set_num_threads(num_threads)
     try:
         started = time.monotonic()
-        tokenizer = build_char_tokenizer()
-        policy = build_random_model(
-            model,
-            vocab_size=len(tokenizer),
-            seed=seed,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-        )
+        policy, tokenizer = new_policy(model, seed)
         losses = _train(policy, tokenizer, steps, lr, batch_size, seed, progress, shortcut_rate)
         elapsed = time.monotonic() - started
     finally:
         torch.set_num_threads(previous_threads)
 
-    policy.generation_config = GenerationConfig(
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        max_new_tokens=MAX_NEW_TOKENS,
-    )
+    policy.generation_config = generation_config(tokenizer, MAX_NEW_TOKENS)
     meta = {
         "recipe": "tiny_expr",
         "model": {**DEFAULT_MODEL, **model},
@@ -173,8 +171,32 @@ def warm_start(
         "final_loss": sum(losses[-10:]) / len(losses[-10:]),
         "train_seconds": round(elapsed, 3),
     }
-    _write_atomically(out_dir, policy, tokenizer, meta)
+    write_atomically(out_dir, policy, tokenizer, meta)
     return out_dir
+
+
+def new_policy(model: dict[str, Any], seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+    """A randomly initialised ``model`` and the character tokenizer it is sized and wired for."""
+    tokenizer = build_char_tokenizer()
+    policy = build_random_model(
+        model,
+        vocab_size=len(tokenizer),
+        seed=seed,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    return policy, tokenizer
+
+
+def generation_config(tokenizer: PreTrainedTokenizerFast, max_new_tokens: int) -> GenerationConfig:
+    """The saved generation defaults: the tokenizer's special ids, at most ``max_new_tokens``."""
+    return GenerationConfig(
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        max_new_tokens=max_new_tokens,
+    )
 
 
 def _train(
@@ -193,14 +215,30 @@ def _train(
     # mixes the end of one permutation with others deterministically.
     rng.shuffle(tasks)
     tasks = [replace(t, solution=line_through_first_two(t)) if rng.random() < shortcut_rate else t for t in tasks]
+    return fit(
+        policy,
+        lambda step: encode_sft_batch(tokenizer, tasks[step * batch_size : (step + 1) * batch_size]),
+        steps,
+        lr,
+        progress,
+    )
+
+
+def fit(
+    policy: torch.nn.Module,
+    batch_at: Callable[[int], dict[str, torch.Tensor]],
+    steps: int,
+    lr: float,
+    progress: Callable[[int, float], None] | None,
+) -> list[float]:
+    """``steps`` AdamW steps on ``batch_at(step)`` under the warm-start schedule; the losses."""
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
     policy.train()
     losses: list[float] = []
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = lr * _lr_factor(step, steps)
-        batch = encode_sft_batch(tokenizer, tasks[step * batch_size : (step + 1) * batch_size])
-        loss = policy(**batch).loss
+        loss = policy(**batch_at(step)).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
@@ -225,12 +263,13 @@ def _check_tokenizer_reloads(folder: Path, tokenizer: PreTrainedTokenizerFast) -
         )
 
 
-def _write_atomically(
+def write_atomically(
     out_dir: Path,
     policy: torch.nn.Module,
     tokenizer: PreTrainedTokenizerFast,
     meta: dict[str, Any],
 ) -> None:
+    """Write the folder under a temporary sibling name, check its tokenizer, rename it into place."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
     retired = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"

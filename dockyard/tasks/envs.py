@@ -2,9 +2,13 @@
 
     env.name            tasks (data.*.source)      completion ─> sandbox call
     expr                expr (tiny recipe)         first line as f's body ─> RunTests(program, asserts)
+    expr_agent          expr_agent (no points      the submitted answer, as expr's completion
+                        shown; a tool reads f)
     program_synthesis   humaneval (or a JSONL)     prompt + completion ─> RunTests(program, check(entry_point))
     swe                 swe (a task-set folder)    the diff in the completion ─> ScorePatch(task_set, instance_id)
 
+An agent environment's trials (env.tools set) end with an answer that is scored like a completion
+(swe's trials are scored from their session's work folder instead: services/coordinator/agent_trials.py).
 Every environment is scored through the sandbox service; gRPC errors propagate to the caller (the
 collector turns them into ERROR verdicts or a failed job). The verdict carries the integrity flag
 (`integrity_violation`), which the collector turns into a zero reward.
@@ -33,6 +37,8 @@ class Environment:
     def load(self, split: str, dataset: DatasetConfig) -> list[Task]:
         if self.name == "expr":
             return expr.make_tasks(split, dataset.size, dataset.seed)
+        if self.name == "expr_agent":
+            return expr.make_agent_tasks(split, dataset.size, dataset.seed)
         if self.name == "program_synthesis":
             return humaneval.make_tasks(split, dataset.size, dataset.seed, dataset.path)
         if dataset.path is None:
@@ -74,7 +80,12 @@ def environment(config: MasterConfig) -> Environment:
 
 def sandbox_env(config: MasterConfig) -> dict[str, str]:
     """Sandbox settings a local stack needs for this config: for swe, the task root that holds
-    data.train.path (validation's task set lies beside it; the config checks that)."""
-    if config.env.name != "swe" or "DOCKYARD_SANDBOX_TASK_ROOT" in os.environ or not config.data.train.path:
-        return {}
-    return {"DOCKYARD_SANDBOX_TASK_ROOT": str(Path(config.data.train.path).resolve().parent)}
+    data.train.path (validation's task set lies beside it; the config checks that); for agent
+    trials, room for as many sessions as the job runs trials at once. A setting already in the
+    environment is kept."""
+    env = {}
+    if config.env.name == "swe" and "DOCKYARD_SANDBOX_TASK_ROOT" not in os.environ and config.data.train.path:
+        env["DOCKYARD_SANDBOX_TASK_ROOT"] = str(Path(config.data.train.path).resolve().parent)
+    if config.env.agentic and "DOCKYARD_SANDBOX_MAX_SESSIONS" not in os.environ:
+        env["DOCKYARD_SANDBOX_MAX_SESSIONS"] = str(config.grpo.max_concurrent_trials)
+    return env

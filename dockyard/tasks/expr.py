@@ -35,12 +35,25 @@ Guarantees:
   see ``pool_size``).
 * ``program_for`` turns a completion into the program the sandbox runs: only
   the first line of the completion is used, as the body of ``f``.
+
+Agent tasks (``make_agent_tasks``) are the same functions with the points
+hidden: the prompt is ``AGENT_PROMPT`` (no point, no digit), and the task's
+``files`` hold ``f.py``, which the agent reads ``f`` through, one point per
+call of the tool ``f`` (``AGENT_TOOLS``), before it answers with an
+expression. ``python3 f.py <x>`` reads f at any integer ``x``, keeps the points
+read so far in ``points.txt`` of the session's work folder and prints them all,
+sorted (``f(0)=1 f(2)=5``); any other argument prints a one-line error to
+stderr and exits 1.
+The tests, the reference solution and the split of each function are those of
+``make_tasks`` with the same ``(split, n, seed)``, in the same order, so the
+answer is scored exactly like a single-turn completion (``program_for``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
+from dataclasses import replace
 from functools import cache
 
 from dockyard.tasks.task import Task
@@ -149,3 +162,64 @@ def program_for(completion: str) -> str:
     """Program source defining ``f`` from the first line of ``completion``."""
     body = completion.split("\n", 1)[0].strip()
     return f"def f(x):\n    return {body}\n"
+
+
+# Every character is a token of the tiny model's character tokenizer: keep it short, within its CHARSET.
+AGENT_PROMPT = "find f(x)."
+
+# The agent's tool in OpenAI format, as a scaffold sends it with each request.
+AGENT_TOOLS: list[dict] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "description": "f at one integer point, with the points read before",
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+        },
+    },
+]
+
+# The solution is one of the fixed templates above, never user input, so it can be inlined as code.
+# The points read so far live in the session's work folder (points.txt), so each call reports them all.
+_F_PROGRAM = """import sys
+
+try:
+    x = int(sys.argv[1])
+except (IndexError, ValueError):
+    sys.exit("f takes one integer argument")
+seen = {{}}
+try:
+    with open("points.txt") as saved:
+        for line in saved:
+            k, v = line.split()
+            seen[int(k)] = int(v)
+except (FileNotFoundError, ValueError):
+    pass
+seen[x] = {expr}
+with open("points.txt", "w") as saved:
+    saved.write("".join(f"{{k}} {{v}}\\n" for k, v in sorted(seen.items())))
+print(" ".join(f"f({{k}})={{v}}" for k, v in sorted(seen.items())))
+"""
+
+
+def f_program(solution: str) -> str:
+    """Source of ``f.py``: reads f at the integer argument and prints every point read so far."""
+    return _F_PROGRAM.format(expr=solution)
+
+
+def f_output(solution: str, xs) -> str:
+    """What ``f.py`` prints after reading the points ``xs`` (in any order, without the newline)."""
+    return " ".join(f"f({x})={_evaluate(solution, x)}" for x in sorted(set(xs)))
+
+
+def make_agent_tasks(split: str, n: int, seed: int = 0) -> list[Task]:
+    """The functions of ``make_tasks(split, n, seed)`` as agent tasks: hidden points, ``f.py`` to query."""
+    return [
+        replace(
+            task,
+            task_id=task.task_id.replace("expr-", "expr-agent-", 1),
+            prompt=AGENT_PROMPT,
+            files=(("f.py", f_program(task.solution)),),
+        )
+        for task in make_tasks(split, n, seed)
+    ]

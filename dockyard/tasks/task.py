@@ -23,9 +23,13 @@ class Task:
     * ``solution``: reference completion, the demonstration of SFT and of the tiny recipe's warm
       start; empty where the task set keeps its reference from the policy (``swe``: the gold patch
       stays with the sandbox).
+    * ``files``: ``(relative path, content)`` pairs a sandbox session for the task starts with in its
+      work folder (``expr`` agent tasks: ``f.py``, which the agent's tool runs); empty for tasks
+      scored from a single completion.
     """
 
     task_id: str
     prompt: str
     tests: tuple[str, ...]
     solution: str
+    files: tuple[tuple[str, str], ...] = ()

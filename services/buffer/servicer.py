@@ -10,7 +10,7 @@ Malformed input is refused with INVALID_ARGUMENT and a message naming the
 group and field, before the backend sees it (a group the trainer could not
 train on included: non-finite rewards or logprobs, positive logprobs, negative
 token ids, an empty prompt, a loss mask that is not one 0/1 per completion
-token, in any segment; more than DOCKYARD_BUFFER_MAX_TRAJECTORY_TOKENS
+token, in any segment (an invalid trajectory may have no tokens at all); more than DOCKYARD_BUFFER_MAX_TRAJECTORY_TOKENS
 tokens in a trajectory over its segments, a job id outside dockyard.jobs.JOB_ID, a version above
 MAX_VERSION); state errors come from the backend
 (NOT_FOUND, FAILED_PRECONDITION, RESOURCE_EXHAUSTED). Either way nothing
@@ -71,6 +71,10 @@ def validate_group(group: common_pb2.Group, max_trajectory_tokens: int = DEFAULT
 def _check_trajectory(where: str, trajectory: common_pb2.Trajectory, max_tokens: int) -> None:
     if not math.isfinite(trajectory.reward):
         raise InvalidArgument(f"{where}: reward is {trajectory.reward}, not a finite number")
+    if not trajectory.valid and not (
+        trajectory.prompt_token_ids or trajectory.completion_token_ids or trajectory.later_segments
+    ):
+        return  # an infrastructure failure before any token (a failed agent trial): nothing to check
     tokens = 0
     for k, segment in enumerate([trajectory, *trajectory.later_segments]):
         tokens += _check_segment(where if k == 0 else f"{where} later_segments[{k - 1}]", segment)

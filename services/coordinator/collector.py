@@ -3,6 +3,8 @@
     Task ─Generate(n) on ONE ready replica of the fleet─> completions (token ids, logprobs, weight version)
          ─env.score each on the least loaded sandbox worker (RunTests or ScorePatch, per env.name)─> verdicts
          ─rewards.reward_of─> raw rewards ─rewards.shape_rewards (integrity, overlong, scaling)─> Group ─put─> buffer
+    with env.tools set, the n samples are agent trials instead (services/coordinator/agent_trials.py), each
+    scored by its own answer; the rest of the path is the same.
 
 Routing (services/coordinator/fleet.py): a group goes whole to one replica
 (sticky per group id, least loaded when assigned) that holds the job's policy
@@ -51,9 +53,10 @@ from dockyard.config import MasterConfig, SamplingConfig
 from dockyard.rpc.retry import OVERLOADED, PEER_LOST
 from dockyard.tasks.envs import environment
 from dockyard.tasks.task import Task
+from services.coordinator.agent_trials import AgentTrials
 from services.coordinator.fleet import Fleet, Member, NoReplica
 from services.coordinator.job_buffer import JobBuffer
-from services.coordinator.rewards import has_signal, reward_of, shape_rewards
+from services.coordinator.rewards import has_signal, reward_of, sampled_tokens, shape_rewards
 
 # Sandbox failures that another worker may not have: try the call there.
 SCORING_RETRIABLE = PEER_LOST | OVERLOADED
@@ -124,6 +127,8 @@ class Collector:
         max_invalid_fraction: float = 0.5,
         wait_timeout: float = 120.0,
         on_group: Callable[[str, str, int], None] = lambda *_: None,
+        endpoint_address: str = "",
+        endpoint_token: str = "",
     ) -> None:
         self.job_id = job_id
         self.config = config
@@ -150,6 +155,20 @@ class Collector:
             cpu_seconds=limits.cpu_seconds,
             max_output_bytes=limits.max_output_bytes,
         )
+        # Multi-turn agent trials (env.tools set) instead of one Generate per group.
+        self.agent: AgentTrials | None = None
+        if config.env.agentic:
+            self.agent = AgentTrials(
+                job_id,
+                config,
+                fleet,
+                self.score,
+                self._limits,
+                endpoint_address=endpoint_address,
+                token=endpoint_token,
+                max_regenerations=max_regenerations,
+                wait_timeout=wait_timeout,
+            )
 
     def take_timeline(self) -> list[dict]:
         """The Generate records since the last call."""
@@ -299,34 +318,46 @@ class Collector:
 
     async def _make_group_once(self, task: Task, group_id: str, seed: int) -> common_pb2.Group:
         n = self.config.grpo.num_generations_per_prompt
+        if self.agent is not None:
+            return self._group(
+                task, group_id, await self.agent.group(task, group_id, seed, n, self.config.policy.generation)
+            )
         reply = await self.generate(task, n, self.config.policy.generation, group_id, seed)
         verdicts = await asyncio.gather(
             *(self.score(task, c.text, f"{group_id}/{i}") for i, c in enumerate(reply.completions))
         )
-        trajectories = []
-        for i, (completion, verdict) in enumerate(zip(reply.completions, verdicts, strict=True)):
-            reward, valid = reward_of(verdict, self.config.env.reward)
-            trajectories.append(
-                common_pb2.Trajectory(
-                    trajectory_id=f"{group_id}/{i}",
-                    prompt_token_ids=reply.prompt_token_ids,
-                    completion_token_ids=completion.token_ids,
-                    completion_logprobs=completion.logprobs,
-                    completion_text=completion.text,
-                    weight_version=reply.weight_version,
-                    reward=reward,
-                    valid=valid,
-                    verdict=verdict,
-                    finish_reason=completion.finish_reason,
-                )
+        trajectories = [
+            common_pb2.Trajectory(
+                trajectory_id=f"{group_id}/{i}",
+                prompt_token_ids=reply.prompt_token_ids,
+                completion_token_ids=completion.token_ids,
+                completion_logprobs=completion.logprobs,
+                completion_text=completion.text,
+                weight_version=reply.weight_version,
+                verdict=verdict,
+                finish_reason=completion.finish_reason,
             )
+            for i, (completion, verdict) in enumerate(zip(reply.completions, verdicts, strict=True))
+        ]
+        return self._group(task, group_id, trajectories)
+
+    def _group(self, task: Task, group_id: str, trajectories: list[common_pb2.Trajectory]) -> common_pb2.Group:
+        """Scored trajectories (verdicts set) as a group: rewards from the verdicts, then shaping."""
+        for t in trajectories:
+            t.reward, t.valid = reward_of(t.verdict, self.config.env.reward)
+        # A trial that failed before its first turn has no version of its own: it takes the group's.
+        versions = [t.weight_version for t in trajectories if t.prompt_token_ids]
+        oldest = min(versions, default=self.routing.required_version or 0)
+        for t in trajectories:
+            if not t.prompt_token_ids:
+                t.weight_version = oldest
         shape_rewards(trajectories, self.config.grpo)
         return common_pb2.Group(
             group_id=group_id,
             job_id=self.job_id,
             task_id=task.task_id,
             prompt=task.prompt,
-            weight_version=reply.weight_version,
+            weight_version=oldest,
             trajectories=trajectories,
         )
 
@@ -355,7 +386,7 @@ class Collector:
         for t in group.trajectories:
             stats.trajectories += 1
             stats.invalid += not t.valid
-            stats.generated_tokens += len(t.completion_token_ids)
+            stats.generated_tokens += sampled_tokens(t)
             name = common_pb2.VerdictStatus.Name(t.verdict.status).removeprefix("VERDICT_STATUS_").lower()
             stats.verdicts[name] = stats.verdicts.get(name, 0) + 1
         return True
@@ -365,8 +396,12 @@ class Collector:
         greedy = self.config.policy.generation.model_copy(update={"temperature": 0.0})
 
         async def one(i: int, task: Task) -> tuple[bool, float, bool]:
-            reply = await self.generate(task, 1, greedy, f"{self.job_id}/val-v{version}/{i}")
-            verdict = await self.score(task, reply.completions[0].text, f"{self.job_id}/val-v{version}/{i}")
+            request_id = f"{self.job_id}/val-v{version}/{i}"
+            if self.agent is not None:
+                verdict = (await self.agent.trial(task, request_id, None, greedy)).verdict
+            else:
+                reply = await self.generate(task, 1, greedy, request_id)
+                verdict = await self.score(task, reply.completions[0].text, request_id)
             reward, valid = reward_of(verdict, "pass_fraction")
             return verdict.status == common_pb2.VERDICT_STATUS_PASSED, reward, valid
 

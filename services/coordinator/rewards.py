@@ -3,6 +3,9 @@
     Verdict ─reward_of(env.reward)─> (reward, valid) ─shape_rewards─> integrity zeroing ─> overlong penalty
             ─> reward scaling (valid trajectories only)          has_signal: any spread among valid rewards?
 
+The overlong penalty counts sampled tokens (loss mask 1) over all segments, and gives an agent
+trial that ran out of turns, tokens or time the full penalty.
+
 Guarantees: an ERROR verdict is an infrastructure failure, invalid (masked), never a zero reward;
 a trajectory flagged integrity_violation earns nothing for passing, before any penalty; shaping
 never touches an invalid trajectory's reward.
@@ -28,6 +31,19 @@ def reward_of(verdict: common_pb2.Verdict, kind: str) -> tuple[float, bool]:
     return verdict.tests_passed / verdict.tests_total, True
 
 
+# How an agent trial ends when one of its budgets runs out (dockyard/agents/scaffold.py).
+BUDGET_ENDS = frozenset({"turns", "tokens", "time"})
+
+
+def sampled_tokens(trajectory: common_pb2.Trajectory) -> int:
+    """Tokens the policy sampled, over every segment (context tokens of a multi-turn trial excluded)."""
+    total = 0
+    for segment in [trajectory, *trajectory.later_segments]:
+        mask = segment.completion_loss_mask
+        total += sum(mask) if mask else len(segment.completion_token_ids)
+    return total
+
+
 def shape_rewards(trajectories: list[common_pb2.Trajectory], grpo: GRPOConfig) -> None:
     """Integrity zeroing, then the overlong penalty and reward scaling, on the valid trajectories (in place)."""
     rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float64)
@@ -35,7 +51,10 @@ def shape_rewards(trajectories: list[common_pb2.Trajectory], grpo: GRPOConfig) -
     rewards = apply_integrity(rewards, torch.tensor([t.verdict.integrity_violation for t in trajectories]))
     if grpo.reward_shaping.enabled:
         shaping = grpo.reward_shaping
-        lengths = torch.tensor([len(t.completion_token_ids) for t in trajectories])
+        # A trial cut short by a budget is overlong by definition: the full penalty.
+        lengths = torch.tensor(
+            [shaping.max_response_length if t.finish_reason in BUDGET_ENDS else sampled_tokens(t) for t in trajectories]
+        )
         rewards = rewards + overlong_penalty(
             lengths, shaping.max_response_length, shaping.overlong_buffer_length, shaping.overlong_penalty
         )

@@ -56,6 +56,7 @@ import structlog
 from dockyard.api.buffer.v1 import buffer_pb2_grpc
 from dockyard.api.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from dockyard.jobs import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED
+from dockyard.rpc.auth import AuthSettings
 from dockyard.tasks.task import Task
 from services.coordinator.collector import Collector
 from services.coordinator.fleet import ROLLOUT, Fleet
@@ -143,6 +144,8 @@ class JobRunner:
             max_invalid_fraction=settings.max_invalid_fraction,
             wait_timeout=settings.fleet_wait_timeout_seconds,
             on_group=self.folder.record_group,
+            endpoint_address=settings.endpoint_address,
+            endpoint_token=AuthSettings().token or "",
         )
         self.sync_producer = SyncProducer(self.collector, self.tasks, self.ids, grpo)
         self.async_producer = AsyncProducer(
@@ -352,6 +355,8 @@ class JobRunner:
         log.info("checkpoint saved", path=reply.path, step=reply.step, removed=len(reply.removed))
 
     async def _cleanup(self) -> None:
+        if self.collector.agent is not None:
+            await self.collector.agent.close()
         unloads = await asyncio.gather(self.trainer.unload(), self.weights.unload_replicas(), return_exceptions=True)
         trainer_unload = unloads[0]
         if isinstance(trainer_unload, grpc.aio.AioRpcError) and trainer_unload.code() != grpc.StatusCode.NOT_FOUND:

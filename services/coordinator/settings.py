@@ -47,6 +47,10 @@ class CoordinatorSettings(ServiceSettings):
     max_concurrent_generations: int = Field(4, ge=1, description="Generate calls in flight per job.")
     max_concurrent_scoring: int = Field(8, ge=1, description="Sandbox calls in flight per job.")
     generate_timeout_seconds: float = Field(300.0, gt=0, description="Deadline of one Generate call.")
+    endpoint_address: str = Field(
+        "127.0.0.1:8000",
+        description="The policy endpoint (host:port or URL) that agent trials (env.tools) send their model calls to.",
+    )
     recovery_timeout_seconds: float = Field(
         300.0, gt=0, description="How long a job waits for an unreachable trainer or buffer to come back."
     )

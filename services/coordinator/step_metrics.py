@@ -3,6 +3,7 @@
     CollectStats ─collected()─> groups, invalid_trajectories, dropped_*, verdict_<status>
     JobBuffer.stats ─buffer()─> buffer_held, buffer_pending, ..., buffer_age_<a>
     collector timeline + fleet ─fleet(step)─> replica_<name>_*, sandbox_<name>_*, regenerated_groups, ...
+    agent trials ─trial_metrics─> agent_turns_mean, agent_tokens_mean, agent_masked_fraction, agent_finish_<why>
                                               (each Generate also written as a "generation" record)
 
 Guarantees: counters that accumulate over the job (regenerated groups,
@@ -42,6 +43,30 @@ def phase_seconds(first: str, t0: float, t1: float, t2: float, t3: float, transf
     }
 
 
+def trial_metrics(trials: list[dict[str, float | str]]) -> dict[str, float]:
+    """Agent trials since the last step: mean turns, tokens and segments, the masked (context) fraction
+    of their tokens, and how many ended each way (agent_finish_<reason>)."""
+    if not trials:
+        return {}
+    n = len(trials)
+    tokens = sum(float(t["tokens"]) for t in trials)
+    metrics = {
+        "agent_trials": float(n),
+        "agent_turns_mean": sum(float(t["turns"]) for t in trials) / n,
+        "agent_turns_max": max(float(t["turns"]) for t in trials),
+        "agent_tokens_mean": tokens / n,
+        "agent_tokens_max": max(float(t["tokens"]) for t in trials),
+        "agent_segments_mean": sum(float(t["segments"]) for t in trials) / n,
+        "agent_model_seconds_mean": sum(float(t["model_seconds"]) for t in trials) / n,
+        "agent_tool_seconds_mean": sum(float(t["tool_seconds"]) for t in trials) / n,
+        "agent_masked_fraction": 1.0 - sum(float(t["sampled_tokens"]) for t in trials) / max(tokens, 1.0),
+    }
+    for t in trials:
+        key = f"agent_finish_{t['finish_reason']}"
+        metrics[key] = metrics.get(key, 0.0) + 1.0
+    return metrics
+
+
 class StepMetrics:
     def __init__(self, fleet: Fleet, collector: Collector, buffer: JobBuffer, folder: RunFolder) -> None:
         self._fleet, self._collector, self._buffer, self._folder = fleet, collector, buffer, folder
@@ -76,7 +101,11 @@ class StepMetrics:
         for worker in self._fleet.members(SANDBOX):
             metrics[f"sandbox_{worker.name}_running"] = float(worker.running)
             metrics[f"sandbox_{worker.name}_queued"] = float(worker.queued)
-        counts = (self._collector.regenerated_groups, self._collector.sandbox_retries)
+        agent = self._collector.agent
+        if agent is not None:
+            metrics.update(trial_metrics(agent.take_stats()))
+        regenerated = self._collector.regenerated_groups + (agent.regenerated_groups if agent else 0)
+        counts = (regenerated, self._collector.sandbox_retries)
         metrics["regenerated_groups"] = float(counts[0] - self._counts[0])
         metrics["sandbox_retries"] = float(counts[1] - self._counts[1])
         self._counts = counts

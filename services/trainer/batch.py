@@ -12,6 +12,8 @@ sequence, so `log_softmax(logits[:, :-1])` gathered at `input_ids[:, 1:]`
 lines up with token_mask and generation_logprobs; token_mask is 1 exactly on
 the completion tokens the policy sampled (loss mask 1; every completion token
 of a single-turn sample), never on prompt, tool-output or template tokens.
+An invalid sample without tokens (an agent trial that failed before its
+first turn) gets no row: it would be masked out of everything anyway.
 Every row of a sample carries the sample's reward, validity and group, and
 `sample_index` names the sample (in order; `first_segment` marks its first
 row), so statistics over trajectories count each once. `validate_groups`
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.trainer.experience import Row, Segment, TrainingGroup
+from services.trainer.experience import Row, Sample, Segment, TrainingGroup
 
 
 class BatchError(ValueError):
@@ -49,11 +51,18 @@ def validate_groups(groups: Sequence[TrainingGroup], vocab_size: int, max_length
             where = f"group {g.group_id!r} trajectories[{i}] ({s.trajectory_id!r})"
             if not math.isfinite(s.reward):
                 raise BatchError(f"{where}: reward is {s.reward}, not a finite number")
+            if _hollow(s):
+                continue  # a failed agent trial: no tokens, and no row in the batch
             for k, segment in enumerate(s.segments()):
                 at = where if k == 0 else f"{where} later_segments[{k - 1}]"
                 sampled_tokens += _check_segment(at, segment, vocab_size, max_length)
     if sampled_tokens == 0:
         raise BatchError("empty batch: no trajectory has a sampled completion token")
+
+
+def _hollow(sample: Sample) -> bool:
+    """An invalid sample with no tokens at all (an agent trial that failed before any turn)."""
+    return not sample.valid and not sample.prompt_ids and not sample.completion_ids and not sample.later_segments
 
 
 def _check_segment(where: str, segment: Segment, vocab_size: int, max_length: int | None) -> int:
@@ -118,7 +127,7 @@ class Batch:
 def build_batch(groups: Sequence[TrainingGroup], pad_token_id: int) -> Batch:
     """One row per segment of the samples of `groups`, in order; group_ids index the groups."""
     group_index = {g.group_id: i for i, g in enumerate(groups)}
-    samples = [(g, s) for g in groups for s in g.samples]
+    samples = [(g, s) for g in groups for s in g.samples if not _hollow(s)]
     rows, rewards, valid, group_ids, sample_index, first = [], [], [], [], [], []
     for number, (g, s) in enumerate(samples):
         for k, segment in enumerate(s.segments()):

@@ -6,9 +6,11 @@ submit-job.yaml, which is applied by hand. Every document is validated strictly
 bundles, for the oldest and newest Kubernetes versions the manifests support.
 Then the cross-references: env vars are real settings of the service the pod
 runs, peer addresses name a Service and port that reach that peer, Services
-select existing pods and target declared ports, probes hit declared ports,
-ConfigMap, Secret and claim references exist, and only the sandbox pod gets the
-Docker socket.
+select existing pods and target declared ports, probes hit declared ports (gRPC
+health for the gRPC fleets; for the HTTP policy endpoint a GET route that its
+app answers without the token), ConfigMap, Secret and claim references exist,
+the endpoint reads run folders where the coordinator writes them, and only the
+sandbox pod gets the Docker socket.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import yaml
 from dockyard.config import load_config
 from dockyard.rpc.auth import AuthSettings
 from dockyard.rpc.settings import DEFAULT_PORTS
+from services.endpoint.settings import EndpointSettings
 from tests.unit.test_docs import settings_variables
 
 K8S = Path(__file__).resolve().parents[3] / "deploy" / "k8s"
@@ -32,7 +35,12 @@ VERSIONS = ("1.30", "1.37")  # grpc probes are GA from 1.27; 1.30 is the oldest 
 WORKLOADS = {"Deployment", "StatefulSet", "Job"}
 CLUSTER_SCOPED = {"Namespace"}
 SHARED_VARIABLES = {f"DOCKYARD_{name.upper()}" for name in AuthSettings.model_fields}
-COMPONENT_SERVICE = {name: name for name in DEFAULT_PORTS}  # component label -> services/<name>
+HTTP_PORTS = {"endpoint": EndpointSettings.model_fields["port"].default}  # services serving HTTP, not gRPC
+# component label -> (name of its container port, the service's default port)
+SERVED = {name: ("grpc", port) for name, port in DEFAULT_PORTS.items()} | {
+    name: ("http", port) for name, port in HTTP_PORTS.items()
+}
+COMPONENT_SERVICE = {name: name for name in SERVED}  # component label -> services/<name>
 
 
 def load(path: Path) -> list[dict[str, Any]]:
@@ -109,7 +117,7 @@ def test_every_document_passes_the_kubernetes_schema(docs, version: str) -> None
 def test_a_deployment_per_fleet_and_redis_with_a_volume(docs) -> None:
     templates = [d["spec"]["template"] for d in by_kind(docs, "Deployment").values()]
     components = {t["metadata"]["labels"]["app.kubernetes.io/component"] for t in templates}
-    assert components == set(DEFAULT_PORTS)
+    assert components == set(SERVED)
     [redis] = by_kind(docs, "StatefulSet").values()
     [container] = redis["spec"]["template"]["spec"]["containers"]
     args = container["args"]
@@ -139,12 +147,12 @@ def test_env_vars_are_real_settings_with_working_values(docs) -> None:
             for word in [*container.get("command", []), *container.get("args", [])]:
                 for ref in re.findall(r"\$\((\w+)\)", str(word)):
                     assert ref in env, f"{where}: $({ref}) has no env var"
-            if component not in DEFAULT_PORTS:
+            if component not in SERVED:
                 continue
             prefix = f"DOCKYARD_{component.upper()}_"
-            port = DEFAULT_PORTS[component]
+            port_name, port = SERVED[component]
             assert env[f"{prefix}HOST"] == "0.0.0.0", f"{where} must bind every interface"
-            assert int(env[f"{prefix}PORT"]) == port == container_ports(template)["grpc"]
+            assert int(env[f"{prefix}PORT"]) == port == container_ports(template)[port_name], where
             for name, value in env.items():
                 if name == f"{prefix}ADVERTISE_ADDRESS":
                     # Where the coordinator calls this pod back: its own IP (downward API), its own port.
@@ -184,7 +192,7 @@ def test_services_select_pods_and_target_declared_ports(docs) -> None:
             assert port["targetPort"] in ports, f"Service {name}: targetPort {port['targetPort']} is not declared"
 
 
-def test_probes_hit_declared_ports_and_grpc_for_every_fleet(docs) -> None:
+def test_probes_hit_declared_ports_grpc_health_for_grpc_fleets_and_http_get_for_http_ones(docs) -> None:
     for workload, template in pod_specs(docs):
         ports = container_ports(template)
         component = template["metadata"]["labels"].get("app.kubernetes.io/component")
@@ -198,6 +206,26 @@ def test_probes_hit_declared_ports_and_grpc_for_every_fleet(docs) -> None:
             if component in DEFAULT_PORTS:
                 for kind in ("readinessProbe", "livenessProbe"):
                     assert container[kind]["grpc"]["port"] == DEFAULT_PORTS[component]
+            if component in HTTP_PORTS:
+                for kind in ("readinessProbe", "livenessProbe"):
+                    get = container[kind]["httpGet"]  # plain HTTP: uvicorn serves no TLS here
+                    assert get.get("scheme", "HTTP") == "HTTP", f"{workload['metadata']['name']}: {kind}"
+                    assert ports[get["port"]] == HTTP_PORTS[component], f"{workload['metadata']['name']}: {kind}"
+
+
+def test_the_endpoint_probe_path_answers_without_the_token(docs) -> None:
+    from starlette.testclient import TestClient
+
+    from services.endpoint.app import create_app
+
+    [container] = by_kind(docs, "Deployment")["endpoint"]["spec"]["template"]["spec"]["containers"]
+    paths = {container[kind]["httpGet"]["path"] for kind in ("readinessProbe", "livenessProbe")}
+    # Built without entering its lifespan: no coordinator channel, only the routes and the token check.
+    client = TestClient(create_app(EndpointSettings(), token="probe-test-token"))
+    assert client.get("/v1/models").status_code == 401, "the token is required, so the probe's 200 means something"
+    for path in paths:
+        reply = client.get(path)
+        assert reply.status_code == 200, f"the kubelet sends no token: GET {path} gave {reply.status_code}"
 
 
 def test_volumes_configmaps_secrets_and_claims_exist(docs) -> None:
@@ -263,9 +291,7 @@ def test_trainer_and_rollout_request_gpus(docs) -> None:
 
 
 def test_images_follow_the_build_names(docs) -> None:
-    expected = {name: f"dockyard/{name}:latest" for name in DEFAULT_PORTS} | {
-        "sandbox": "dockyard/sandbox-service:latest"
-    }
+    expected = {name: f"dockyard/{name}:latest" for name in SERVED} | {"sandbox": "dockyard/sandbox-service:latest"}
     for name, deployment in by_kind(docs, "Deployment").items():
         [container] = deployment["spec"]["template"]["spec"]["containers"]
         assert container["image"] == expected[name]
@@ -281,8 +307,33 @@ def test_the_job_config_is_the_tiny_recipe_and_loads(docs, tmp_path: Path) -> No
     assert not Path(cfg.policy.model_name).is_absolute(), "resolves under /data, the shared volume"
 
 
+def claim_mounted_at(template: dict[str, Any], container: dict[str, Any], path: str) -> str:
+    """The claim name of the volume `container` mounts at `path`."""
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == path]
+    [volume] = [v for v in template["spec"]["volumes"] if v["name"] == mount["name"]]
+    return volume["persistentVolumeClaim"]["claimName"]
+
+
 def test_run_folders_stay_in_the_data_volume(docs) -> None:
     template = by_kind(docs, "Deployment")["coordinator"]["spec"]["template"]
     (container,) = template["spec"]["containers"]
     root = env_of(container)["DOCKYARD_COORDINATOR_RUN_ROOT"]
     assert {"name": "data", "mountPath": root} in container["volumeMounts"], container["volumeMounts"]
+
+
+def test_the_endpoint_reads_run_and_model_folders_where_the_coordinator_puts_them(docs) -> None:
+    deployments = by_kind(docs, "Deployment")
+    coordinator_template = deployments["coordinator"]["spec"]["template"]
+    (coordinator,) = coordinator_template["spec"]["containers"]
+    root = env_of(coordinator)["DOCKYARD_COORDINATOR_RUN_ROOT"]
+    template = deployments["endpoint"]["spec"]["template"]
+    (endpoint,) = template["spec"]["containers"]
+    # A job's run_dir is a folder inside the coordinator's run root: the same claim at the same path.
+    assert env_of(endpoint)["DOCKYARD_ENDPOINT_RUN_ROOT"] == root
+    assert claim_mounted_at(template, endpoint, root) == claim_mounted_at(coordinator_template, coordinator, root)
+    # Relative policy folders (the tokenizer) resolve in the working directory: the image's, unless set.
+    dockerfile = (K8S.parent / "images" / "endpoint" / "Dockerfile").read_text()
+    workdir = endpoint.get("workingDir") or re.findall(r"^WORKDIR\s+(\S+)", dockerfile, re.MULTILINE)[-1]
+    assert Path(workdir).is_relative_to(root), f"the endpoint runs in {workdir}, outside the data volume {root}"
+    [mount] = [m for m in endpoint["volumeMounts"] if m["mountPath"] == root]
+    assert mount.get("readOnly") is True, "the endpoint only reads the data volume"

@@ -125,3 +125,14 @@ def test_the_wire_trajectory_becomes_segments_with_masks() -> None:
     assert first.loss_mask == [1, 0]
     assert first.later_segments == [Segment([4], [5], [pytest.approx(-0.1)], None)]
     assert single.loss_mask is None and single.later_segments == []
+
+
+def test_a_failed_trial_without_tokens_gets_no_row_and_leaves_the_others_alone() -> None:
+    hollow = Sample("g/2", [], [], [], reward=0.0, valid=False)
+    group = TrainingGroup("g", [_sample(0, 1.0), _sample(1, 0.0), hollow])
+    validate_groups([group], vocab_size=100, max_length=64)
+    batch = build_batch([group], pad_token_id=0)
+    assert len(batch) == 2 and batch.sample_index.tolist() == [0, 1]
+    # A valid sample without tokens is still refused.
+    with pytest.raises(BatchError, match="empty prompt_token_ids"):
+        validate_groups([TrainingGroup("g", [Sample("g/0", [], [], [], 1.0, True)])], vocab_size=100, max_length=64)

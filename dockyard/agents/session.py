@@ -1,0 +1,93 @@
+"""A sandbox session seen as a client: open it on one worker, run commands, read and write files, close it.
+
+Guarantees: every call goes to the worker that opened the session (sessions live there); a command's
+result is the sandbox's verdict reduced to exit code, output and whether the wall-clock limit killed
+it; gRPC errors propagate unchanged (the caller decides what is an infrastructure failure); `close`
+never raises, so a trial's cleanup cannot mask the error that ended it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+
+# RPC deadline margin over the sandbox's own command limit (queueing, transfer).
+DEADLINE_MARGIN_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+
+
+class SandboxSession:
+    def __init__(
+        self, stub: sandbox_pb2_grpc.SandboxServiceStub, session_id: str, work_dir: str, timeout_seconds: float
+    ) -> None:
+        self.stub, self.session_id, self.work_dir = stub, session_id, work_dir
+        self._deadline = timeout_seconds + DEADLINE_MARGIN_SECONDS
+
+    @classmethod
+    async def open(
+        cls,
+        stub: sandbox_pb2_grpc.SandboxServiceStub,
+        request_id: str,
+        *,
+        files: dict[str, str],
+        limits: sandbox_pb2.Limits,
+        task_set: str = "",
+        instance_id: str = "",
+        idle_timeout_seconds: float = 0.0,
+    ) -> SandboxSession:
+        reply = await stub.OpenSession(
+            sandbox_pb2.OpenSessionRequest(
+                request_id=request_id,
+                files=files,
+                task_set=task_set,
+                instance_id=instance_id,
+                limits=limits,
+                idle_timeout_seconds=idle_timeout_seconds,
+            ),
+            timeout=limits.timeout_seconds + DEADLINE_MARGIN_SECONDS + 300.0,  # a SWE checkout takes a while
+        )
+        return cls(stub, reply.session_id, reply.work_dir, limits.timeout_seconds)
+
+    async def run(self, argv: list[str] | None = None, shell: str | None = None) -> CommandResult:
+        """One command (an argv, or a shell line) in the work folder."""
+        request = sandbox_pb2.SessionExecRequest(session_id=self.session_id, command=argv or [], shell=shell or "")
+        reply = await self.stub.SessionExec(request, timeout=self._deadline)
+        v = reply.verdict
+        return CommandResult(v.exit_code, v.stdout, v.stderr, reply.timed_out)
+
+    async def read_file(self, path: str, max_bytes: int = 0) -> tuple[bytes, bool]:
+        """(content, truncated)."""
+        reply = await self.stub.ReadFile(
+            sandbox_pb2.ReadFileRequest(session_id=self.session_id, path=path, max_bytes=max_bytes),
+            timeout=self._deadline,
+        )
+        return reply.content, reply.truncated
+
+    async def write_file(self, path: str, content: bytes) -> None:
+        await self.stub.WriteFile(
+            sandbox_pb2.WriteFileRequest(session_id=self.session_id, path=path, content=content),
+            timeout=self._deadline,
+        )
+
+    async def score(self, limits: sandbox_pb2.Limits) -> sandbox_pb2.ScoreSessionResponse:
+        """SWE sessions: the work folder's diff against the base commit, scored like a patch."""
+        return await self.stub.ScoreSession(
+            sandbox_pb2.ScoreSessionRequest(session_id=self.session_id, limits=limits),
+            timeout=limits.timeout_seconds + DEADLINE_MARGIN_SECONDS + 300.0,
+        )
+
+    async def close(self) -> None:
+        try:
+            await self.stub.CloseSession(sandbox_pb2.CloseSessionRequest(session_id=self.session_id), timeout=30.0)
+        except grpc.aio.AioRpcError:
+            pass  # reaped, or the worker is gone: the sandbox cleans up idle and orphaned sessions itself

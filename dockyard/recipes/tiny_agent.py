@@ -1,0 +1,226 @@
+"""Tiny agent recipe: warm start for the multi-turn integer-function task on a CPU.
+
+``warm_start_agent`` trains a randomly initialised character-level causal LM
+(``AGENT_MODEL``: the tiny recipe's shape with room for a whole trial) on
+demonstrated trials of ``make_agent_tasks("train", ...)``: the agent calls the
+tool ``f`` at a few points, reads the results (each reports every point read
+so far), and answers with an expression in ``x``, a reply without a tool call.
+It writes a Hugging Face folder like ``tiny_expr.warm_start`` (same atomic
+rename, tokenizer check and ``warm_start.json``).
+
+One training row is one whole trial, tokenized as the policy endpoint records
+a session (``trial_tokens``): the rendered first prompt, then per assistant
+turn the call text as the chat template renders it plus ``<eos>`` (the tokens
+the policy writes, the only ones with loss), then the template's closing of
+that turn and the rendering of the tool result up to the next generation
+prompt (context, no loss). So what the model learns to write is what the
+endpoint's Hermes parser reads, and the prompts it learns from are the ones
+it will be given, token for token.
+
+The demonstrator is imperfect on purpose, like ``tiny_expr``'s: with
+probability ``shortcut_rate`` it reads f(0) and f(1) and answers the line
+through them (right for the linear half of the tasks, wrong for the quadratic
+half); otherwise it also reads f(2) and answers the reference. Whether to read
+the third point is decided before any value could tell the two halves apart,
+so the warm-started policy takes the shortcut under greedy decoding yet
+samples the third call at temperature 1: the behaviour GRPO can reinforce, on
+every task alike.
+
+Guarantees:
+
+* ``trial_tokens`` equals the token ids and loss mask that the endpoint's
+  session recorder keeps for the same conversation, when the policy wrote
+  exactly the template's rendering of each call followed by ``<eos>``.
+* For a fixed seed, config and thread count the written weights are identical
+  across runs (CPU, float32); ``num_threads`` applies to the training only.
+* The folder guarantees of ``tiny_expr.warm_start`` hold (atomic replace,
+  tokenizer that reloads unchanged, refused model types).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from dockyard.models.build import DEFAULT_MODEL
+from dockyard.recipes.tiny_expr import (
+    fit,
+    generation_config,
+    line_expression,
+    new_policy,
+    pad_rows,
+    write_atomically,
+)
+from dockyard.tasks.expr import AGENT_TOOLS, f_output, make_agent_tasks
+from dockyard.tasks.task import Task
+
+Message = dict[str, Any]
+
+# The tiny recipe's shape; the longest demonstrated trial (three reads and the answer) is 331 tokens.
+AGENT_MODEL: dict[str, Any] = {**DEFAULT_MODEL, "max_position_embeddings": 512}
+SHORTCUT_RATE = 0.6
+# One assistant turn is one call (about 50 tokens) or the answer.
+MAX_NEW_TOKENS = 64
+_VALUE = re.compile(r"f\(-?\d+\)=(-?\d+)")
+# The points the demonstrator reads: the shortcut stops after two.
+SHORTCUT_POINTS: tuple[int, ...] = (0, 1)
+FULL_POINTS: tuple[int, ...] = (0, 1, 2)
+
+
+def call_message(index: int, name: str, arguments: dict[str, Any]) -> Message:
+    """An assistant turn that calls one tool, as a scaffold echoes it back."""
+    call = {"id": f"call_{index}", "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
+def demonstration(task: Task, shortcut: bool) -> list[Message]:
+    """The demonstrator's trial on ``task``: reads of ``f`` and their results, then the answer as text."""
+    points = SHORTCUT_POINTS if shortcut else FULL_POINTS
+    messages: list[Message] = [{"role": "user", "content": task.prompt}]
+    for i, x in enumerate(points):
+        messages.append(call_message(i, "f", {"x": x}))
+        content = f_output(task.solution, points[: i + 1])
+        messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": content})
+    if shortcut:
+        y0, y1 = (int(_VALUE.findall(messages[-1]["content"])[k]) for k in (0, 1))
+        answer = line_expression(y1 - y0, y0)
+    else:
+        answer = task.solution
+    messages.append({"role": "assistant", "content": answer})
+    return messages
+
+
+def _render(tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools, generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False
+    )
+
+
+def trial_tokens(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message], tools: Sequence[dict] | None
+) -> tuple[list[int], list[int]]:
+    """Token ids of a whole trial and its loss mask (1 on what the policy wrote, ``<eos>`` included).
+
+    ``messages`` start with the prompt messages and end with an assistant turn.
+    """
+    messages = list(messages)
+    tools = list(tools) if tools else None
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not turns or turns[0] == 0 or turns[-1] != len(messages) - 1:
+        raise ValueError("messages must start with a prompt and end with an assistant turn")
+    if any(b == a + 1 for a, b in zip(turns, turns[1:], strict=False)):
+        raise ValueError("every assistant turn but the last must be followed by a tool or user message")
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    ids = encode(_render(tokenizer, messages[: turns[0]], tools, True))
+    mask = [0] * len(ids)
+    for k, turn in enumerate(turns):
+        history = messages[:turn]
+        prompt = _render(tokenizer, history, tools, True)
+        full = _render(tokenizer, [*history, messages[turn]], tools, False)
+        empty = _render(tokenizer, [*history, {"role": "assistant", "content": ""}], tools, False)
+        closing = empty[len(prompt) :]
+        if not (full.startswith(prompt) and empty.startswith(prompt) and full.endswith(closing)):
+            raise ValueError("the chat template does not render an assistant turn after its generation prompt")
+        written = encode(full[len(prompt) : len(full) - len(closing)]) + [tokenizer.eos_token_id]
+        ids += written
+        mask += [1] * len(written)
+        if k + 1 == len(turns):
+            break
+        # The closing, less what the policy wrote of it (its eos), then the new messages to the next prompt.
+        said = tokenizer.decode(written, skip_special_tokens=False)
+        kept = next((n for n in range(len(closing), 0, -1) if said.endswith(closing[:n])), 0)
+        after = _render(tokenizer, messages[: turns[k + 1]], tools, True)
+        if not after.startswith(full):
+            raise ValueError("the chat template renders the history differently once a message follows it")
+        context = encode(closing[kept:] + after[len(full) :])
+        ids += context
+        mask += [0] * len(context)
+    return ids, mask
+
+
+def warm_start_agent(
+    out_dir: Path,
+    *,
+    model: dict[str, Any],
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    num_threads: int | None = None,
+    progress: Callable[[int, float], None] | None = None,
+    shortcut_rate: float = SHORTCUT_RATE,
+) -> Path:
+    """Train the agent warm start on demonstrated trials and write it to ``out_dir``; returns ``out_dir``."""
+    if steps < 1 or batch_size < 1:
+        raise ValueError("steps and batch_size must be >= 1")
+    if not 0.0 <= shortcut_rate <= 1.0:
+        raise ValueError(f"shortcut_rate must be in [0, 1], got {shortcut_rate}")
+    out_dir = Path(out_dir)
+    model = {**AGENT_MODEL, **model}
+    previous_threads = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    try:
+        started = time.monotonic()
+        policy, tokenizer = new_policy(model, seed)
+        rows = _demonstrated_rows(tokenizer, steps * batch_size, seed, shortcut_rate)
+        longest = max(len(ids) for ids, _ in rows)
+        if longest > model["max_position_embeddings"]:
+            raise ValueError(f"model.max_position_embeddings {model['max_position_embeddings']} < a trial's {longest}")
+        losses = fit(
+            policy,
+            lambda step: pad_rows(rows[step * batch_size : (step + 1) * batch_size], tokenizer.pad_token_id),
+            steps,
+            lr,
+            progress,
+        )
+        elapsed = time.monotonic() - started
+    finally:
+        torch.set_num_threads(previous_threads)
+
+    policy.generation_config = generation_config(tokenizer, MAX_NEW_TOKENS)
+    meta = {
+        "recipe": "tiny_agent",
+        "model": model,
+        "steps": steps,
+        "lr": lr,
+        "batch_size": batch_size,
+        "seed": seed,
+        "shortcut_rate": shortcut_rate,
+        "num_threads": num_threads,
+        "longest_trial_tokens": longest,
+        "first_loss": losses[0],
+        "final_loss": sum(losses[-10:]) / len(losses[-10:]),
+        "train_seconds": round(elapsed, 3),
+    }
+    write_atomically(out_dir, policy, tokenizer, meta)
+    return out_dir
+
+
+def _demonstrated_rows(
+    tokenizer: PreTrainedTokenizerBase, n: int, seed: int, shortcut_rate: float
+) -> list[tuple[list[int], list[int]]]:
+    """``(ids, labels)`` of ``n`` demonstrated training trials, in a seeded order."""
+    tasks = make_agent_tasks("train", n, seed=seed)
+    rng = random.Random(seed)
+    rng.shuffle(tasks)
+    # Trials repeat (a pool of a few hundred functions, two demonstrator choices): render each once.
+    cache: dict[tuple[str, bool], tuple[list[int], list[int]]] = {}
+    rows = []
+    for task in tasks:
+        key = (task.solution, rng.random() < shortcut_rate)
+        if key not in cache:
+            ids, mask = trial_tokens(tokenizer, demonstration(task, key[1]), AGENT_TOOLS)
+            cache[key] = (ids, [i if m else -100 for i, m in zip(ids, mask, strict=True)])
+        rows.append(cache[key])
+    return rows

@@ -1,0 +1,279 @@
+"""Agent workers: a group of multi-turn trials, each a scaffold in its own sandbox and endpoint session.
+
+    Task ──n trials at once (at most grpo.max_concurrent_trials per job)──> for each trial:
+        OpenSession(task.files) on the least loaded sandbox worker (a full one is waited out) ── the
+            session stays on that worker
+        run_scaffold(openai client ─X-Dockyard-Session─> policy endpoint, Toolbox ─> the session)
+        score: the answer as env.score scores a completion (expr, program synthesis), or
+               ScoreSession (swe: the work folder's diff against the base commit)
+        GET /v1/sessions/{id}/trajectory ──trial_tokens──> Trajectory (loss mask, later segments)
+        close both sessions
+
+Where they live: in the coordinator process, as asyncio tasks beside the single-turn collector
+(docs/architecture.md says why). Guarantees: a trial whose endpoint or replica failed (TrialLost) makes
+the whole group be generated again (at most max_regenerations times, counted; then the error
+propagates), never trained on half a trajectory; a trial the sandbox could not serve, or the endpoint
+refused, becomes an invalid trajectory (ERROR verdict, masked); a trial that ran out of turns, tokens or
+time is scored as it stands, and its finish_reason says which budget; both sessions are closed
+whatever happens, and a trial's recorded tokens are cut to grpo.max_trial_tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+
+import grpc
+import httpx
+import openai
+import structlog
+
+from dockyard.agents.scaffold import Budget, Outcome, TrialLost, TrialRefused, run_scaffold
+from dockyard.agents.session import SandboxSession
+from dockyard.agents.tools import Toolbox
+from dockyard.agents.trajectory import trial_tokens
+from dockyard.api.common.v1 import common_pb2
+from dockyard.api.sandbox.v1 import sandbox_pb2
+from dockyard.config import MasterConfig, SamplingConfig
+from dockyard.rpc.retry import OVERLOADED, PEER_LOST
+from dockyard.tasks import swe
+from dockyard.tasks.task import Task
+from services.coordinator.fleet import Fleet, Member
+
+SESSION_HEADER = "X-Dockyard-Session"
+# A full (RESOURCE_EXHAUSTED) or unreachable sandbox worker frees up or comes back: wait for it.
+OPEN_RETRIABLE = OVERLOADED | PEER_LOST
+
+log = structlog.get_logger()
+
+# (task, answer, request id) -> verdict: the collector's scoring, with its retries across workers.
+Score = Callable[[Task, str, str], Awaitable[common_pb2.Verdict]]
+
+
+def endpoint_url(address: str) -> str:
+    """host:port (or a URL) -> the endpoint's base URL."""
+    return address if address.startswith(("http://", "https://")) else f"http://{address}"
+
+
+class AgentTrials:
+    def __init__(
+        self,
+        job_id: str,
+        config: MasterConfig,
+        fleet: Fleet,
+        score: Score,
+        limits: sandbox_pb2.Limits,
+        *,
+        endpoint_address: str,
+        token: str,
+        max_regenerations: int,
+        wait_timeout: float,
+    ) -> None:
+        self.job_id, self.config, self.fleet = job_id, config, fleet
+        self._score, self._limits = score, limits
+        self._base = endpoint_url(endpoint_address).rstrip("/")
+        self._token = token or "none"
+        self._max_regenerations = max_regenerations
+        self._wait_timeout = wait_timeout
+        self._slots = asyncio.Semaphore(config.grpo.max_concurrent_trials)
+        self._http: httpx.AsyncClient | None = None
+        self._client: openai.AsyncOpenAI | None = None
+        self.regenerated_groups = 0
+        # Figures of finished trials since the last take_stats: turns, tokens, masked fraction, budgets hit.
+        self._stats: list[dict[str, float | str]] = []
+
+    def _clients(self) -> tuple[httpx.AsyncClient, openai.AsyncOpenAI]:
+        if self._client is None:
+            grpo = self.config.grpo
+            # Model calls through the openai client (as any scaffold makes them); session reads through httpx.
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0))
+            self._client = openai.AsyncOpenAI(
+                base_url=f"{self._base}/v1", api_key=self._token, max_retries=0, timeout=grpo.max_trial_seconds + 60.0
+            )
+        assert self._http is not None
+        return self._http, self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+        if self._http is not None:
+            await self._http.aclose()
+        self._client = self._http = None
+
+    def take_stats(self) -> list[dict[str, float | str]]:
+        stats, self._stats = self._stats, []
+        return stats
+
+    async def group(
+        self, task: Task, group_id: str, seed: int, n: int, sampling: SamplingConfig
+    ) -> list[common_pb2.Trajectory]:
+        """n scored trials of `task`; the whole group again when a trial lost its endpoint or replica."""
+        for attempt in range(self._max_regenerations + 1):
+            trials = [
+                asyncio.create_task(self.trial(task, f"{group_id}/{i}", seed * 1_000 + i, sampling)) for i in range(n)
+            ]
+            try:
+                return list(await asyncio.gather(*trials))
+            except TrialLost as exc:
+                for t in trials:
+                    t.cancel()
+                await asyncio.gather(*trials, return_exceptions=True)
+                if attempt == self._max_regenerations:
+                    raise
+                self.regenerated_groups += 1
+                log.warning(
+                    "a trial lost its endpoint or replica; generating the group again", group=group_id, error=str(exc)
+                )
+        raise AssertionError("unreachable")
+
+    async def trial(
+        self, task: Task, trajectory_id: str, seed: int | None, sampling: SamplingConfig
+    ) -> common_pb2.Trajectory:
+        """One scored trial; TrialLost when the endpoint or its replica failed."""
+        async with self._slots:
+            session_id = f"{re.sub(r'[^A-Za-z0-9._:-]', '.', trajectory_id)[-90:]}.{uuid.uuid4().hex[:12]}"
+            opened = await self._open(task, session_id)
+            if isinstance(opened, str):
+                return _invalid(trajectory_id, opened)
+            worker, sandbox = opened
+            with self.fleet.calling(worker):
+                try:
+                    return await self._run(task, trajectory_id, seed, sampling, sandbox, session_id)
+                finally:
+                    await sandbox.close()
+                    await self._forget(session_id)
+
+    async def _run(
+        self, task: Task, trajectory_id: str, seed, sampling, sandbox: SandboxSession, session_id: str
+    ) -> common_pb2.Trajectory:
+        grpo, tools = self.config.grpo, self.config.env.tools
+        _, base = self._clients()
+        client = base.with_options(default_headers={SESSION_HEADER: session_id})
+        budget = Budget(grpo.max_rollout_turns, grpo.max_trial_tokens, grpo.max_trial_seconds)
+        toolbox = Toolbox(tools, sandbox, max_output_chars=self.config.env.sandbox.max_output_bytes or 4096)
+        try:
+            outcome = await run_scaffold(client, self.job_id, task.prompt, tools, toolbox, sampling, budget, seed)
+        except TrialRefused as exc:
+            return _invalid(trajectory_id, str(exc))
+        except grpc.aio.AioRpcError as exc:
+            return _invalid(trajectory_id, f"the sandbox session failed: {exc.code().name}: {exc.details()}")
+        recorded = await self._recorded(session_id)
+        if recorded.get("status") != "ok":
+            raise TrialLost(f"trial {trajectory_id}: {recorded.get('error') or 'the endpoint session ended'}")
+        tokens = trial_tokens(recorded, grpo.max_trial_tokens)
+        if not tokens.segments:
+            return _invalid(trajectory_id, "the trial recorded no sampled token")
+        verdict = await self._verdict(task, outcome, sandbox, trajectory_id)
+        self._stats.append(
+            {
+                "turns": float(outcome.turns),
+                "tokens": float(tokens.total_tokens),
+                "sampled_tokens": float(tokens.sampled_tokens),
+                "segments": float(len(tokens.segments)),
+                "model_seconds": outcome.model_seconds,
+                "tool_seconds": outcome.tool_seconds,
+                "finish_reason": "tokens" if tokens.truncated else outcome.finish_reason,
+            }
+        )
+        first, *later = tokens.segments
+        return common_pb2.Trajectory(
+            trajectory_id=trajectory_id,
+            prompt_token_ids=first.prompt_ids,
+            completion_token_ids=first.completion_ids,
+            completion_logprobs=first.logprobs,
+            completion_loss_mask=first.loss_mask,
+            later_segments=[
+                common_pb2.Segment(
+                    prompt_token_ids=s.prompt_ids,
+                    completion_token_ids=s.completion_ids,
+                    completion_logprobs=s.logprobs,
+                    completion_loss_mask=s.loss_mask,
+                )
+                for s in later
+            ],
+            completion_text=outcome.answer or "",
+            weight_version=tokens.weight_version,
+            verdict=verdict,
+            finish_reason="tokens" if tokens.truncated else outcome.finish_reason,
+            num_turns=outcome.turns,
+        )
+
+    async def _verdict(
+        self, task: Task, outcome: Outcome, sandbox: SandboxSession, request_id: str
+    ) -> common_pb2.Verdict:
+        if self.config.env.name == "swe":
+            try:
+                return (await sandbox.score(self._limits)).score.verdict
+            except grpc.aio.AioRpcError as exc:
+                return common_pb2.Verdict(
+                    status=common_pb2.VERDICT_STATUS_ERROR, error_message=f"ScoreSession: {exc.details()}"
+                )
+        # No answer (a budget ran out first): scored as it stands, an empty answer.
+        return await self._score(task, outcome.answer or "", request_id)
+
+    async def _open(self, task: Task, session_id: str) -> tuple[Member, SandboxSession] | str:
+        """A session on the least loaded worker; a full or unreachable worker is waited out (other
+        workers tried first) up to the fleet wait timeout. The error, as text, when none opened one."""
+        task_set, instance_id = swe.split_task_id(task.task_id) if self.config.env.name == "swe" else ("", "")
+        loop = asyncio.get_running_loop()
+        deadline, pause, error = loop.time() + self._wait_timeout, 0.05, "no sandbox worker is alive"
+        while True:
+            worker = self.fleet.pick_sandbox()
+            if worker is not None:
+                try:
+                    with self.fleet.calling(worker):
+                        sandbox = await SandboxSession.open(
+                            worker.stub,
+                            session_id,
+                            files=dict(task.files),
+                            limits=self._limits,
+                            task_set=task_set,
+                            instance_id=instance_id,
+                            idle_timeout_seconds=min(self.config.grpo.max_trial_seconds + 120.0, 3600.0),
+                        )
+                    return worker, sandbox
+                except grpc.aio.AioRpcError as exc:
+                    error = f"opening a sandbox session on {worker.name}: {exc.code().name}: {exc.details()}"
+                    if exc.code() not in OPEN_RETRIABLE:
+                        return error
+                    if exc.code() in PEER_LOST:
+                        self.fleet.mark_failed(worker)
+            if loop.time() > deadline:
+                return f"{error} (waited {self._wait_timeout:.0f} s)"
+            await asyncio.sleep(pause)  # sessions close as trials end
+            pause = min(pause * 2, 1.0)
+
+    async def _recorded(self, session_id: str) -> dict:
+        http, _ = self._clients()
+        try:
+            reply = await http.get(
+                f"{self._base}/v1/sessions/{session_id}/trajectory", headers={"authorization": f"Bearer {self._token}"}
+            )
+        except httpx.HTTPError as exc:
+            raise TrialLost(f"reading session {session_id}'s trajectory: {exc}") from exc
+        if reply.status_code != 200:
+            raise TrialLost(f"reading session {session_id}'s trajectory: {reply.status_code} {reply.text[:200]}")
+        return reply.json()
+
+    async def _forget(self, session_id: str) -> None:
+        if self._http is None:
+            return
+        try:
+            await self._http.delete(
+                f"{self._base}/v1/sessions/{session_id}", headers={"authorization": f"Bearer {self._token}"}
+            )
+        except httpx.HTTPError:
+            pass  # the endpoint drops idle sessions itself
+
+
+def _invalid(trajectory_id: str, error: str) -> common_pb2.Trajectory:
+    """An infrastructure failure: no tokens, no learning signal, masked from every statistic."""
+    log.warning("an agent trial failed", trajectory=trajectory_id, error=error)
+    return common_pb2.Trajectory(
+        trajectory_id=trajectory_id,
+        valid=False,
+        verdict=common_pb2.Verdict(status=common_pb2.VERDICT_STATUS_ERROR, error_message=error),
+        finish_reason="error",
+    )

@@ -1,0 +1,43 @@
+"""An endpoint session's recording as Trajectory token fields: segments, masks, the token budget."""
+
+from __future__ import annotations
+
+from dockyard.agents.trajectory import trial_tokens
+
+
+def _segment(prompt: list[int], turns: list[tuple[list[int], list[int]]], version: int = 3) -> dict:
+    """A recorded segment: the prompt, then (sampled ids, context ids that follow) per turn."""
+    ids, mask, logprobs, versions = list(prompt), [0] * len(prompt), [0.0] * len(prompt), [-1] * len(prompt)
+    for sampled, context in turns:
+        ids += sampled + context
+        mask += [1] * len(sampled) + [0] * len(context)
+        logprobs += [-0.5] * len(sampled) + [0.0] * len(context)
+        versions += [version] * len(sampled) + [-1] * len(context)
+    return {"token_ids": ids, "loss_mask": mask, "logprobs": logprobs, "weight_versions": versions}
+
+
+def test_the_prompt_is_what_comes_before_the_first_sampled_token() -> None:
+    recorded = {"segments": [_segment([1, 2, 3], [([4, 5], [6, 7]), ([8], [])])]}
+    [seg] = trial_tokens(recorded, max_tokens=100).segments
+    assert seg.prompt_ids == [1, 2, 3]
+    assert seg.completion_ids == [4, 5, 6, 7, 8]
+    assert seg.loss_mask == [1, 1, 0, 0, 1]
+    assert seg.logprobs == [-0.5, -0.5, 0.0, 0.0, -0.5]
+
+
+def test_later_segments_and_the_oldest_version() -> None:
+    recorded = {"segments": [_segment([1], [([2], [3])], version=4), _segment([9, 9], [([5], [])], version=5)]}
+    tokens = trial_tokens(recorded, max_tokens=100)
+    assert [s.prompt_ids for s in tokens.segments] == [[1], [9, 9]]
+    assert tokens.weight_version == 4 and not tokens.truncated
+    assert tokens.total_tokens == 6 and tokens.sampled_tokens == 2
+
+
+def test_the_budget_cuts_the_trajectory_and_drops_what_lies_past_it() -> None:
+    recorded = {"segments": [_segment([1, 2], [([3, 4], [5, 6]), ([7, 8], [])]), _segment([1], [([2], [])])]}
+    tokens = trial_tokens(recorded, max_tokens=5)
+    [seg] = tokens.segments
+    assert seg.prompt_ids + seg.completion_ids == [1, 2, 3, 4, 5]
+    assert seg.loss_mask == [1, 1, 0] and tokens.truncated and tokens.total_tokens == 5
+    # A cut inside the prompt leaves nothing sampled: no segment at all.
+    assert trial_tokens(recorded, max_tokens=2).segments == []
