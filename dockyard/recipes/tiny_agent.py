@@ -4,7 +4,7 @@
 (``AGENT_MODEL``: the tiny recipe's shape with room for a whole trial) on
 demonstrated trials of ``make_agent_tasks("train", ...)``: the agent calls the
 tool ``f`` at a few points, reads the results (each reports every point read
-so far), and answers with an expression in ``x``, a reply without a tool call.
+so far), and answers ``f(x)=<expression in x>``, a reply without a tool call.
 It writes a Hugging Face folder like ``tiny_expr.warm_start`` (same atomic
 rename, tokenizer check and ``warm_start.json``).
 
@@ -16,6 +16,10 @@ that turn and the rendering of the tool result up to the next generation
 prompt (context, no loss). So what the model learns to write is what the
 endpoint's Hermes parser reads, and the prompts it learns from are the ones
 it will be given, token for token.
+
+The answer's fixed ``f(x)=`` makes "answer now or read another point" one
+token's choice (``f`` or the call's ``<``), and puts the expression right after
+it, as in the single-turn recipe.
 
 The demonstrator is imperfect on purpose, like ``tiny_expr``'s: with
 probability ``shortcut_rate`` it reads f(0) and f(1) and answers the line
@@ -58,7 +62,7 @@ from dockyard.recipes.tiny_expr import (
     pad_rows,
     write_atomically,
 )
-from dockyard.tasks.expr import AGENT_TOOLS, f_output, make_agent_tasks
+from dockyard.tasks.expr import AGENT_TOOLS, ANSWER_PREFIX, f_output, make_agent_tasks
 from dockyard.tasks.task import Task
 
 Message = dict[str, Any]
@@ -72,6 +76,9 @@ _VALUE = re.compile(r"f\(-?\d+\)=(-?\d+)")
 # The points the demonstrator reads: the shortcut stops after two.
 SHORTCUT_POINTS: tuple[int, ...] = (0, 1)
 FULL_POINTS: tuple[int, ...] = (0, 1, 2)
+# Every other warm-start step trains on short rows, the tail of a trial from its last tool result (where
+# the arithmetic of the answer is), this many per trial of a trial step: cheap rows, many answers seen.
+DRILLS_PER_TRIAL = 4
 
 
 def call_message(index: int, name: str, arguments: dict[str, Any]) -> Message:
@@ -93,7 +100,7 @@ def demonstration(task: Task, shortcut: bool) -> list[Message]:
         answer = line_expression(y1 - y0, y0)
     else:
         answer = task.solution
-    messages.append({"role": "assistant", "content": answer})
+    messages.append({"role": "assistant", "content": f"{ANSWER_PREFIX}{answer}"})
     return messages
 
 
@@ -173,17 +180,25 @@ def warm_start_agent(
     try:
         started = time.monotonic()
         policy, tokenizer = new_policy(model, seed)
-        rows = _demonstrated_rows(tokenizer, steps * batch_size, seed, shortcut_rate)
+        rows = _demonstrated_rows(tokenizer, (steps + 1) // 2 * batch_size, seed, shortcut_rate)
         longest = max(len(ids) for ids, _ in rows)
         if longest > model["max_position_embeddings"]:
             raise ValueError(f"model.max_position_embeddings {model['max_position_embeddings']} < a trial's {longest}")
-        losses = fit(
-            policy,
-            lambda step: pad_rows(rows[step * batch_size : (step + 1) * batch_size], tokenizer.pad_token_id),
-            steps,
-            lr,
-            progress,
-        )
+        drills = [_answer_drill(tokenizer, ids, labels) for ids, labels in rows]
+
+        def batch_at(step: int) -> dict[str, torch.Tensor]:
+            # Odd steps drill the answer on short rows, DRILLS_PER_TRIAL times as many.
+            k = step // 2
+            if step % 2:
+                chosen = [
+                    drills[(k * batch_size * DRILLS_PER_TRIAL + i) % len(drills)]
+                    for i in range(batch_size * DRILLS_PER_TRIAL)
+                ]
+            else:
+                chosen = [rows[(k * batch_size + i) % len(rows)] for i in range(batch_size)]
+            return pad_rows(chosen, tokenizer.pad_token_id)
+
+        losses = fit(policy, batch_at, steps, lr, progress)
         elapsed = time.monotonic() - started
     finally:
         torch.set_num_threads(previous_threads)
@@ -205,6 +220,14 @@ def warm_start_agent(
     }
     write_atomically(out_dir, policy, tokenizer, meta)
     return out_dir
+
+
+def _answer_drill(tokenizer: PreTrainedTokenizerBase, ids: list[int], labels: list[int]) -> tuple[list[int], list[int]]:
+    """The tail of a trial from its last tool result on: the tokens the answer is read from, and the answer."""
+    marker = tokenizer.encode("\ntool: ", add_special_tokens=False)
+    starts = [i for i in range(len(ids) - len(marker)) if ids[i : i + len(marker)] == marker]
+    start = starts[-1] + 1 if starts else 0
+    return ids[start:], labels[start:]
 
 
 def _demonstrated_rows(

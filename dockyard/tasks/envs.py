@@ -2,7 +2,7 @@
 
     env.name            tasks (data.*.source)      completion ─> sandbox call
     expr                expr (tiny recipe)         first line as f's body ─> RunTests(program, asserts)
-    expr_agent          expr_agent (no points      the submitted answer, as expr's completion
+    expr_agent          expr_agent (no points      the answer (`f(x)=` dropped), as expr's completion
                         shown; a tool reads f)
     program_synthesis   humaneval (or a JSONL)     prompt + completion ─> RunTests(program, check(entry_point))
     swe                 swe (a task-set folder)    the diff in the completion ─> ScorePatch(task_set, instance_id)
@@ -66,6 +66,8 @@ class Environment:
             return (await sandbox.ScorePatch(request, timeout=deadline)).verdict
         if self.name == "program_synthesis":
             program = humaneval.program_for(task.prompt, completion)
+        elif self.name == "expr_agent":
+            program = expr.program_for(expr.agent_answer(completion))
         else:
             program = expr.program_for(completion)
         request = sandbox_pb2.RunTestsRequest(

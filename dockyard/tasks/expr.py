@@ -43,7 +43,8 @@ call of the tool ``f`` (``AGENT_TOOLS``), before it answers with an
 expression. ``python3 f.py <x>`` reads f at any integer ``x``, keeps the points
 read so far in ``points.txt`` of the session's work folder and prints them all,
 sorted (``f(0)=1 f(2)=5``); any other argument prints a one-line error to
-stderr and exits 1.
+stderr and exits 1. The answer may be written ``f(x)=<expression>``
+(``agent_answer`` takes the expression).
 The tests, the reference solution and the split of each function are those of
 ``make_tasks`` with the same ``(split, n, seed)``, in the same order, so the
 answer is scored exactly like a single-turn completion (``program_for``).
@@ -200,6 +201,16 @@ with open("points.txt", "w") as saved:
     saved.write("".join(f"{{k}} {{v}}\\n" for k, v in sorted(seen.items())))
 print(" ".join(f"f({{k}})={{v}}" for k, v in sorted(seen.items())))
 """
+
+
+# An agent may write its answer as `f(x)=<expression>`: the expression is what is scored.
+ANSWER_PREFIX = "f(x)="
+
+
+def agent_answer(text: str) -> str:
+    """The expression of an agent's answer: its first line, without a leading ``f(x)=``."""
+    line = text.strip().split("\n", 1)[0].strip()
+    return line[len(ANSWER_PREFIX) :].strip() if line.startswith(ANSWER_PREFIX) else line
 
 
 def f_program(solution: str) -> str:

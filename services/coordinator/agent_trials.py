@@ -128,6 +128,18 @@ class AgentTrials:
                 )
         raise AssertionError("unreachable")
 
+    async def validation_trial(self, task: Task, request_id: str, sampling: SamplingConfig) -> common_pb2.Trajectory:
+        """One trial, tried again (at most max_regenerations times, counted) when it lost its endpoint."""
+        for attempt in range(self._max_regenerations + 1):
+            try:
+                return await self.trial(task, request_id, None, sampling)
+            except TrialLost as exc:
+                if attempt == self._max_regenerations:
+                    raise
+                self.regenerated_groups += 1
+                log.warning("a validation trial lost its endpoint or replica; trying it again", error=str(exc))
+        raise AssertionError("unreachable")
+
     async def trial(
         self, task: Task, trajectory_id: str, seed: int | None, sampling: SamplingConfig
     ) -> common_pb2.Trajectory:

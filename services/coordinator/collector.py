@@ -33,6 +33,10 @@ unreachable buffer is waited out by JobBuffer.put; every finished group's
 outcome (put, duplicate, dropped_stale, dropped_uniform) is reported through
 `on_group`; with dynamic sampling, `deliver` drops groups whose valid rewards
 are all equal (counted), and the producer draws further tasks.
+
+Why a little over 400 lines: generation, scoring, group assembly and validation share one set of
+semaphores, retry counters and the generation timeline; split apart, they would reach into each
+other's state.
 """
 
 from __future__ import annotations
@@ -398,7 +402,7 @@ class Collector:
         async def one(i: int, task: Task) -> tuple[bool, float, bool]:
             request_id = f"{self.job_id}/val-v{version}/{i}"
             if self.agent is not None:
-                verdict = (await self.agent.trial(task, request_id, None, greedy)).verdict
+                verdict = (await self.agent.validation_trial(task, request_id, greedy)).verdict
             else:
                 reply = await self.generate(task, 1, greedy, request_id)
                 verdict = await self.score(task, reply.completions[0].text, request_id)

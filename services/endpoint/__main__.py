@@ -14,6 +14,8 @@ from dockyard.rpc.launch import _die_with_parent
 from dockyard.rpc.logging import configure_logging
 from services.endpoint.settings import EndpointSettings
 
+KEEP_ALIVE_SECONDS = 75.0
+
 
 def main() -> None:
     settings = EndpointSettings()
@@ -27,7 +29,16 @@ def main() -> None:
     from services.endpoint.app import create_app
 
     app = create_app(settings, token or None)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)
+    # Keep idle connections well past a client pool's expiry (httpx: 5 s), so a client never sends on a
+    # connection the server is closing at that moment (a failed call it cannot tell from a lost server).
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+    )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 
 Guarantees: an unknown or finished job is UnknownModel (a 404); a job whose
 replicas are all gone, or a replica that fails mid-call (UNAVAILABLE,
-DEADLINE_EXCEEDED, CANCELLED, or a replica that forgot the job), is
+DEADLINE_EXCEEDED, CANCELLED, INTERNAL or any other error but INVALID_ARGUMENT,
+or a replica that forgot the job), is
 ReplicaLost (a 503 that ends the session as an infrastructure error); a request
 the replica refuses (INVALID_ARGUMENT: e.g. prompt plus max_tokens past the
 context) is GenerateRefused (a 400) with the replica's message, and so is a
@@ -170,10 +171,9 @@ class Backend:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise GenerateRefused(exc.details()) from None
-            if exc.code() in LOST | LOST_JOB:
-                self._members = (0.0, [])
-                raise ReplicaLost(f"replica {name} failed mid-session: {exc.code().name}: {exc.details()}") from None
-            raise
+            # Anything else is the replica's failure (INTERNAL included), never the caller's: the session ends.
+            self._members = (0.0, [])
+            raise ReplicaLost(f"replica {name} failed mid-session: {exc.code().name}: {exc.details()}") from None
         finally:
             self.in_flight[name] -= 1
         return Generated(

@@ -16,7 +16,7 @@ from dockyard.recipes.tiny_agent import (
     warm_start_agent,
 )
 from dockyard.recipes.tiny_expr import WARM_START_META, pad_rows
-from dockyard.tasks.expr import AGENT_TOOLS, f_output, make_agent_tasks, pool_size, program_for
+from dockyard.tasks.expr import AGENT_TOOLS, agent_answer, f_output, make_agent_tasks, pool_size, program_for
 from services.endpoint.rendering import Renderer
 from services.endpoint.sessions import Sampled, SessionStore
 from services.endpoint.tool_parsers import parse_hermes
@@ -92,11 +92,11 @@ def test_trial_tokens_train_exactly_the_calls_the_endpoint_parses():
         [("f", {"x": 2})],
         [],
     ]
-    assert parsed[-1].content == task.solution  # the answer: a reply without a tool call
+    assert parsed[-1].content == f"f(x)={task.solution}"  # the answer: a reply without a tool call
     text = tok.decode(ids, skip_special_tokens=False)
     assert text.startswith("tools: f(x)\nuser: find f(x).\nassistant: <tool_call>")
     assert f"</tool_call><eos>\ntool: {f_output(task.solution, [0, 1])}\nassistant: <tool_call>" in text
-    assert text.endswith(f"tool: {f_output(task.solution, [0, 1, 2])}\nassistant: {task.solution}<eos>")
+    assert text.endswith(f"tool: {f_output(task.solution, [0, 1, 2])}\nassistant: f(x)={task.solution}<eos>")
 
 
 def test_trial_tokens_refuse_a_conversation_that_does_not_end_with_the_policy():
@@ -117,7 +117,7 @@ def test_demonstrator_shortcut_is_right_on_lines_and_wrong_on_curves():
         reads = [[m["tool_calls"][0]["function"]["arguments"]["x"] for m in t[1:-1:2]] for t in (short, full)]
         assert reads == [[0, 1], [0, 1, 2]]
         assert [m["content"] for m in full[2:-1:2]] == [f_output(task.solution, range(k)) for k in (1, 2, 3)]
-        answers = [t[-1]["content"] for t in (short, full)]
+        answers = [agent_answer(t[-1]["content"]) for t in (short, full)]
         assert "tool_calls" not in short[-1] and "tool_calls" not in full[-1]
         assert answers[1] == task.solution
         assert _passes_all(answers[0], task) == ("x*x" not in task.solution)

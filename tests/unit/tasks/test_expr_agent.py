@@ -11,6 +11,7 @@ from dockyard.models.tokenizer import CHARSET, build_char_tokenizer
 from dockyard.tasks.expr import (
     AGENT_TOOLS,
     TEST_INPUTS,
+    agent_answer,
     f_output,
     make_agent_tasks,
     make_tasks,
@@ -93,3 +94,8 @@ def test_splits_are_disjoint_by_function():
 def test_the_agent_tool_is_f_of_one_integer():
     shapes = {t["function"]["name"]: t["function"]["parameters"] for t in AGENT_TOOLS}
     assert shapes == {"f": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}
+
+
+def test_an_answer_is_scored_with_or_without_its_f_of_x_prefix():
+    assert agent_answer("f(x)=2*x+1") == agent_answer(" 2*x+1\nmore") == "2*x+1"
+    assert agent_answer("f(x)= x*x") == "x*x" and agent_answer("") == ""
