@@ -10,7 +10,8 @@ Guarantees: it uses only the public `openai` client (AsyncOpenAI, chat.completio
 it does an external scaffold can do; every turn is sampled with the trial's sampling settings and a
 seed derived from the trial's seed and the turn number (a resumed job samples alike); the trial ends
 with finish_reason "submit" or "answer", or, when a budget runs out, "turns", "tokens" (the
-endpoint's usage says the sequence reached `max_tokens`) or "time" (checked before each turn and
+endpoint's usage says the sequence reached `max_tokens`, or a 400 says the prompt outgrew the model's
+context) or "time" (checked before each turn and
 bounding each call); a turn the endpoint could not serve (a 5xx, a lost connection, a time-out)
 raises TrialLost, and a refused one (another 4xx) TrialRefused: neither is ever trained on.
 """
@@ -98,6 +99,10 @@ async def run_scaffold(
             return end(None, "time", turn)
         except openai.RateLimitError:  # 429: the session's turn limit on the endpoint
             return end(None, "turns", turn)
+        except openai.BadRequestError as exc:
+            if "context" in exc.message.lower():  # the prompt grew past the model's context: out of tokens
+                return end(None, "tokens", turn)
+            raise TrialRefused(f"turn {turn}: the endpoint refused it (400): {exc.message}") from exc
         except openai.APIStatusError as exc:
             if exc.status_code >= 500:
                 raise TrialLost(f"turn {turn}: the endpoint answered {exc.status_code}: {exc.message}") from exc
