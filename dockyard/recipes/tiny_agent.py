@@ -55,11 +55,13 @@ from transformers import PreTrainedTokenizerBase
 
 from dockyard.models.build import DEFAULT_MODEL
 from dockyard.recipes.tiny_expr import (
+    check_settings,
     fit,
     generation_config,
     line_expression,
     new_policy,
     pad_rows,
+    torch_threads,
     write_atomically,
 )
 from dockyard.tasks.expr import AGENT_TOOLS, ANSWER_PREFIX, f_output, make_agent_tasks
@@ -168,16 +170,10 @@ def warm_start_agent(
     shortcut_rate: float = SHORTCUT_RATE,
 ) -> Path:
     """Train the agent warm start on demonstrated trials and write it to ``out_dir``; returns ``out_dir``."""
-    if steps < 1 or batch_size < 1:
-        raise ValueError("steps and batch_size must be >= 1")
-    if not 0.0 <= shortcut_rate <= 1.0:
-        raise ValueError(f"shortcut_rate must be in [0, 1], got {shortcut_rate}")
+    check_settings(steps, batch_size, shortcut_rate)
     out_dir = Path(out_dir)
     model = {**AGENT_MODEL, **model}
-    previous_threads = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    try:
+    with torch_threads(num_threads):
         started = time.monotonic()
         policy, tokenizer = new_policy(model, seed)
         rows = _demonstrated_rows(tokenizer, (steps + 1) // 2 * batch_size, seed, shortcut_rate)
@@ -200,8 +196,6 @@ def warm_start_agent(
 
         losses = fit(policy, batch_at, steps, lr, progress)
         elapsed = time.monotonic() - started
-    finally:
-        torch.set_num_threads(previous_threads)
 
     policy.generation_config = generation_config(tokenizer, MAX_NEW_TOKENS)
     meta = {

@@ -40,6 +40,7 @@ and ``write_atomically`` are shared with the agent recipe (``tiny_agent``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -47,7 +48,7 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -141,21 +142,13 @@ def warm_start(
     shortcut_rate: float = SHORTCUT_RATE,
 ) -> Path:
     """Train the SFT warm start and write it to ``out_dir``; returns ``out_dir``."""
-    if steps < 1 or batch_size < 1:
-        raise ValueError("steps and batch_size must be >= 1")
-    if not 0.0 <= shortcut_rate <= 1.0:
-        raise ValueError(f"shortcut_rate must be in [0, 1], got {shortcut_rate}")
+    check_settings(steps, batch_size, shortcut_rate)
     out_dir = Path(out_dir)
-    previous_threads = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    try:
+    with torch_threads(num_threads):
         started = time.monotonic()
         policy, tokenizer = new_policy(model, seed)
         losses = _train(policy, tokenizer, steps, lr, batch_size, seed, progress, shortcut_rate)
         elapsed = time.monotonic() - started
-    finally:
-        torch.set_num_threads(previous_threads)
 
     policy.generation_config = generation_config(tokenizer, MAX_NEW_TOKENS)
     meta = {
@@ -173,6 +166,26 @@ def warm_start(
     }
     write_atomically(out_dir, policy, tokenizer, meta)
     return out_dir
+
+
+def check_settings(steps: int, batch_size: int, shortcut_rate: float) -> None:
+    """The warm-start settings every recipe takes, refused with a message when out of range."""
+    if steps < 1 or batch_size < 1:
+        raise ValueError("steps and batch_size must be >= 1")
+    if not 0.0 <= shortcut_rate <= 1.0:
+        raise ValueError(f"shortcut_rate must be in [0, 1], got {shortcut_rate}")
+
+
+@contextlib.contextmanager
+def torch_threads(num_threads: int | None) -> Iterator[None]:
+    """torch's thread count set to `num_threads` (None: unchanged) for the body, then restored."""
+    previous = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def new_policy(model: dict[str, Any], seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
