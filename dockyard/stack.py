@@ -38,7 +38,7 @@ from pathlib import Path
 
 from dockyard.rpc.client import wait_until_serving
 from dockyard.rpc.launch import PARENT_PID_ENV
-from dockyard.rpc.settings import DEFAULT_PORTS
+from dockyard.rpc.ports import DEFAULT_PORTS
 
 SERVICES = ("buffer", "sandbox", "rollout", "trainer", "coordinator")
 # The HTTP policy endpoint (services/endpoint): started after the coordinator, checked over HTTP.
