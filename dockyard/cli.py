@@ -353,9 +353,9 @@ def cmd_preflight(args) -> int:
 
 
 def cmd_run(args) -> int:
+    cfg = _load(args.config, args.overrides)
     from dockyard.api.coordinator.v1 import coordinator_pb2
 
-    cfg = _load(args.config, args.overrides)
     log_dir = Path(cfg.logger.log_dir) / "logs" / time.strftime("%Y%m%d-%H%M%S")
     from dockyard.tasks.envs import sandbox_env
 
@@ -445,7 +445,8 @@ def cmd_up(args) -> int:
 
 def cmd_submit(args) -> int:
     cfg = _load(args.config, args.overrides)
-    prepare(cfg)
+    if args.prepare:
+        prepare(cfg)
     job_id = _arun(_submit(args.coordinator, cfg.resolved_yaml()))
     print(job_id, flush=True)
     if not args.wait:
@@ -572,6 +573,9 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(p)
     with_coordinator(p)
     p.add_argument("--wait", action="store_true", help="follow the job; exit 0 only when it succeeds")
+    p.add_argument(
+        "--prepare", action="store_true", help="build a missing policy folder with the config's bootstrap first"
+    )
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("status", help="show one job, or list every job")

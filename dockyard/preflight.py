@@ -222,10 +222,10 @@ def check_docker(env: Mapping[str, str]) -> Finding:
     from docker.errors import DockerException, ImageNotFound
 
     try:
-        client = docker.from_env(timeout=5)
+        client = docker.from_env(timeout=5, environment=dict(env))
         client.ping()
     except DockerException as exc:
-        return Finding("docker", ERROR, f"{docker_problem(exc)}")
+        return Finding("docker", ERROR, docker_problem(exc, env))
     image = env.get("DOCKYARD_SANDBOX_IMAGE") or _default_sandbox_image()
     try:
         client.images.get(image)
@@ -236,9 +236,9 @@ def check_docker(env: Mapping[str, str]) -> Finding:
     return Finding("docker", OK, f"engine answers, image {image} present")
 
 
-def docker_problem(exc: Exception) -> str:
+def docker_problem(exc: Exception, env: Mapping[str, str] = os.environ) -> str:
     """One line for a Docker client that cannot reach an engine (instead of the client's traceback)."""
-    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    where = env.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     return (
         f"the docker sandbox backend needs a Docker engine and none answers at {where} ({type(exc).__name__}): "
         "start dockerd (or set DOCKER_HOST), or use the local backend (DOCKYARD_SANDBOX_BACKEND=local)"
