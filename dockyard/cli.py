@@ -371,6 +371,7 @@ def cmd_run(args) -> int:
         sandbox_workers=args.sandbox_workers,
         ports=_port_flags(args),
         endpoint=cfg.env.agentic,  # agent trials send their model calls through the policy endpoint
+        dashboard=True,
     )
     _preflight(cfg, prepare=args.prepare, ports=stack.ports, environ={**os.environ, **extra_env})
     if args.prepare:
@@ -382,8 +383,7 @@ def cmd_run(args) -> int:
     except RuntimeError as exc:  # a service exited while starting: its log's last lines say why
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    for name in stack.procs:
-        print(f"  {name:<12} {stack.address(name)}")
+    _print_addresses(stack, indent="  ")
     address = stack.address("coordinator")
     try:
         job_id = _arun(_submit(address, cfg.resolved_yaml()))
@@ -407,7 +407,15 @@ def _port_flags(args) -> dict[str, int]:
     return {
         **{service: getattr(args, f"{service}_port") for service in DEFAULT_PORTS},
         "endpoint": args.endpoint_port,
+        "dashboard": args.dashboard_port,
     }
+
+
+def _print_addresses(stack, indent: str = "") -> None:
+    for name in stack.procs:
+        print(f"{indent}{name:<12} {stack.address(name)}")
+    if "dashboard" in stack.ports:
+        print(f"{indent}{'dashboard':<12} http://{stack.address('dashboard')}/")
 
 
 def cmd_up(args) -> int:
@@ -419,6 +427,7 @@ def cmd_up(args) -> int:
         sandbox_workers=args.sandbox_workers,
         ports=_port_flags(args),
         endpoint=True,
+        dashboard=True,
     )
     if (ports := check_ports(stack.ports)).status == "error":
         print(f"error: ports {ports.message}", file=sys.stderr)
@@ -429,8 +438,7 @@ def cmd_up(args) -> int:
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    for name in stack.procs:
-        print(f"{name:<12} {stack.address(name)}")
+    _print_addresses(stack)
     print(f"logs in {args.log_dir}; Ctrl-C stops every service")
     try:
         while not (dead := stack.dead()):
@@ -541,6 +549,13 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="PORT",
             help="HTTP port of the policy endpoint (OpenAI/Anthropic API): default $DOCKYARD_ENDPOINT_PORT, else "
             + unset.format(port=8000),
+        )
+        p.add_argument(
+            "--dashboard-port",
+            type=int,
+            metavar="PORT",
+            help="HTTP port of the coordinator's web dashboard: default $DOCKYARD_COORDINATOR_DASHBOARD_PORT, else "
+            + unset.format(port=8080),
         )
 
     p = sub.add_parser("run", help="preflight, start the services, run one job to the end, stop them")
