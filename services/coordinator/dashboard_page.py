@@ -87,7 +87,7 @@ function barChart(title, bars) {
   const svg = el("svg:svg", {width: W, height: H});
   const top = Math.max(...bars.map(b => b[1]), 1), w = (W - 20) / bars.length;
   bars.forEach(([label, v], i) => {
-    const h = v / top * (H - T - B);
+    const h = v / top * (H - T - B - 12);  // room for the value above the tallest bar
     const x = 10 + i * w + 2;
     svg.append(el("svg:rect", {x, y: H - B - h, width: w - 4, height: h, fill: COLORS[0], class: "bar"}));
     svg.append(el("svg:text", {x: 10 + i * w + w / 2 - 10, y: H - 6, "font-size": 10}, label));
