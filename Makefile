@@ -44,7 +44,7 @@ sandbox-tools:
 	  else echo "bubblewrap (bwrap) is missing: install it (apt-get install bubblewrap) for the local sandbox" >&2; exit 1; fi; }
 
 run: install sandbox-tools
-	$(BIN)/dockyard run $(CONFIG) $(ARGS)
+	$(BIN)/dockyard run --prepare $(CONFIG) $(ARGS)
 
 test: install tools sandbox-tools
 	$(BIN)/python -m pytest -rs $(PYTEST_ARGS)

@@ -9,13 +9,18 @@
     dockyard status [JOB]               one job in detail, or every job and the fleet
     dockyard cancel JOB                 cancel a job
     dockyard prepare CONFIG [k=v ...]   build the policy folder a recipe bootstraps (warm start)
-    dockyard run CONFIG [k=v ...]       prepare + up + submit + follow, then stop everything
+    dockyard preflight CONFIG [k=v ...] check what a run needs (model, data, context, Docker, Redis, GPUs,
+                                        ports, disk) and say what to fix; exit 2 when something is wrong
+    dockyard run CONFIG [k=v ...]       preflight + up + submit + follow, then stop everything
+                                        (--prepare: build a missing policy folder with the config's bootstrap)
 
 submit, status and cancel talk to the coordinator at --coordinator, else
 DOCKYARD_CLI_COORDINATOR_ADDRESS, else 127.0.0.1:50051.
 
-Heavy modules (torch, transformers) load only in the commands that need
-them, so `dockyard --help` answers at once.
+Heavy modules (torch, transformers, grpc, pydantic, even asyncio) load only in the commands that
+need them, so `dockyard --help` answers at once, and a config is validated without torch.
+A config given on the command line is strict: a key dockyard does not define is an error that
+names the closest valid key, unless an override adds it on purpose (`+section.key=value`).
 
 Why one module of this size: every subcommand is a few lines of argument handling around the
 library (LocalStack, the coordinator stub, the warm start); the parser and its handlers read
@@ -25,7 +30,6 @@ best side by side, and splitting them per command would scatter one `--help` acr
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import signal
@@ -34,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from dockyard.rpc.settings import DEFAULT_PORTS, default_address
+from dockyard.rpc.ports import DEFAULT_PORTS, default_address
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -50,17 +54,34 @@ def _coordinator(address: str):
     return channel, coordinator_pb2_grpc.CoordinatorServiceStub(channel)
 
 
+def _arun(coro):
+    import asyncio
+
+    return asyncio.run(coro)
+
+
 def _load(config: str, overrides: list[str]):
     from dockyard.config import ConfigError, load_config
 
     try:
-        cfg = load_config(config, overrides)
+        cfg = load_config(config, overrides, strict=True)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(EXIT_USAGE) from None
-    if unknown := cfg.unknown_keys():
-        print(f"warning: keys dockyard does not use (kept in the saved config): {', '.join(unknown)}", file=sys.stderr)
+    if added := cfg.unknown_keys():
+        print(f"note: keys added on purpose, kept in the saved config, unused by dockyard: {', '.join(added)}")
     return cfg
+
+
+def _preflight(cfg, **context) -> None:
+    """Run the preflight checks; print them, and exit with status 2 when any fails."""
+    from dockyard.preflight import Context, errors, preflight, report
+
+    findings = preflight(cfg, Context(**context))
+    failed = errors(findings)
+    print(("preflight found problems:\n" if failed else "preflight:\n") + report(findings), flush=True)
+    if failed:
+        raise SystemExit(EXIT_USAGE)
 
 
 def _stack(log_dir: Path, **options):
@@ -82,6 +103,7 @@ def prepare(cfg) -> None:
     out = Path(policy.model_name)
     if (out / "config.json").is_file():
         return
+    print(f"{out} does not exist: building it with the config's bootstrap ({policy.bootstrap.recipe} warm start)")
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dockyard.recipes.tiny_agent import warm_start_agent
@@ -245,7 +267,16 @@ async def _submit(address: str, yaml_text: str) -> str:
 
 async def _follow(address: str, job_id: str, stack=None) -> int:
     """Show a progress bar until the job finishes; returns the job's final state."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    import asyncio
+
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     from dockyard.api.coordinator.v1 import coordinator_pb2
     from dockyard.jobs import FINISHED
@@ -256,10 +287,13 @@ async def _follow(address: str, job_id: str, stack=None) -> int:
             TextColumn("[bold]{task.fields[phase]:<16}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("reward {task.fields[reward]}  val {task.fields[val]}  {task.fields[tps]} tok/s"),
+            TextColumn("reward {task.fields[reward]}  loss {task.fields[loss]}  val {task.fields[val]}"),
+            TextColumn("{task.fields[tps]} tok/s"),
             TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
         ) as bar:
-            task = bar.add_task("job", total=None, phase="starting", reward="-", val="-", tps="-")
+            task = bar.add_task("job", total=None, phase="starting", reward="-", loss="-", val="-", tps="-")
             while True:
                 job = (await stub.GetJob(coordinator_pb2.GetJobRequest(job_id=job_id), timeout=10)).job
                 m, v = job.metrics, job.validation_metrics
@@ -269,6 +303,7 @@ async def _follow(address: str, job_id: str, stack=None) -> int:
                     completed=job.step,
                     phase=job.phase,
                     reward=f"{m['reward_mean']:.3f}" if "reward_mean" in m else "-",
+                    loss=f"{m['loss']:.4f}" if "loss" in m else "-",
                     val=f"{v['pass_rate']:.3f}" if "pass_rate" in v else "-",
                     tps=f"{m['generated_tokens_per_second']:.0f}" if "generated_tokens_per_second" in m else "-",
                 )
@@ -311,11 +346,16 @@ def _interrupt_on_signals() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+def cmd_preflight(args) -> int:
+    cfg = _load(args.config, args.overrides)
+    _preflight(cfg, prepare=args.prepare, local_services=not args.remote)
+    return 0
+
+
 def cmd_run(args) -> int:
+    cfg = _load(args.config, args.overrides)
     from dockyard.api.coordinator.v1 import coordinator_pb2
 
-    cfg = _load(args.config, args.overrides)
-    prepare(cfg)
     log_dir = Path(cfg.logger.log_dir) / "logs" / time.strftime("%Y%m%d-%H%M%S")
     from dockyard.tasks.envs import sandbox_env
 
@@ -329,16 +369,26 @@ def cmd_run(args) -> int:
         extra_env=extra_env,
         rollout_replicas=args.rollout_replicas,
         sandbox_workers=args.sandbox_workers,
+        ports=_port_flags(args),
         endpoint=cfg.env.agentic,  # agent trials send their model calls through the policy endpoint
+        dashboard=True,
     )
+    _preflight(cfg, prepare=args.prepare, ports=stack.ports, environ={**os.environ, **extra_env})
+    if args.prepare:
+        prepare(cfg)
     print(f"starting services (logs in {log_dir})")
     _interrupt_on_signals()
-    stack.start()
+    try:
+        stack.start()
+    except RuntimeError as exc:  # a service exited while starting: its log's last lines say why
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    _print_addresses(stack, indent="  ")
     address = stack.address("coordinator")
     try:
-        job_id = asyncio.run(_submit(address, cfg.resolved_yaml()))
+        job_id = _arun(_submit(address, cfg.resolved_yaml()))
         print(f"job {job_id} submitted")
-        state = asyncio.run(_follow(address, job_id, stack))
+        state = _arun(_follow(address, job_id, stack))
     except KeyboardInterrupt:
         print("\ninterrupted: stopping services", file=sys.stderr)
         state = None
@@ -353,21 +403,42 @@ def cmd_run(args) -> int:
     return 0 if state == coordinator_pb2.JOB_STATE_SUCCEEDED else EXIT_FAILED
 
 
+def _port_flags(args) -> dict[str, int]:
+    return {
+        **{service: getattr(args, f"{service}_port") for service in DEFAULT_PORTS},
+        "endpoint": args.endpoint_port,
+        "dashboard": args.dashboard_port,
+    }
+
+
+def _print_addresses(stack, indent: str = "") -> None:
+    for name in stack.procs:
+        print(f"{indent}{name:<12} {stack.address(name)}")
+    if "dashboard" in stack.ports:
+        print(f"{indent}{'dashboard':<12} http://{stack.address('dashboard')}/")
+
+
 def cmd_up(args) -> int:
+    from dockyard.preflight import check_ports
+
     stack = _stack(
         Path(args.log_dir),
         rollout_replicas=args.rollout_replicas,
         sandbox_workers=args.sandbox_workers,
-        ports={
-            **{service: getattr(args, f"{service}_port") for service in DEFAULT_PORTS},
-            "endpoint": args.endpoint_port,
-        },
+        ports=_port_flags(args),
         endpoint=True,
+        dashboard=True,
     )
+    if (ports := check_ports(stack.ports)).status == "error":
+        print(f"error: ports {ports.message}", file=sys.stderr)
+        return EXIT_USAGE
     _interrupt_on_signals()
-    stack.start()
-    for name in stack.procs:
-        print(f"{name:<12} {stack.address(name)}")
+    try:
+        stack.start()
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    _print_addresses(stack)
     print(f"logs in {args.log_dir}; Ctrl-C stops every service")
     try:
         while not (dead := stack.dead()):
@@ -382,14 +453,15 @@ def cmd_up(args) -> int:
 
 def cmd_submit(args) -> int:
     cfg = _load(args.config, args.overrides)
-    prepare(cfg)
-    job_id = asyncio.run(_submit(args.coordinator, cfg.resolved_yaml()))
+    if args.prepare:
+        prepare(cfg)
+    job_id = _arun(_submit(args.coordinator, cfg.resolved_yaml()))
     print(job_id, flush=True)
     if not args.wait:
         return 0
     from dockyard.api.coordinator.v1 import coordinator_pb2
 
-    state = asyncio.run(_follow(args.coordinator, job_id))
+    state = _arun(_follow(args.coordinator, job_id))
     return 0 if state == coordinator_pb2.JOB_STATE_SUCCEEDED else EXIT_FAILED
 
 
@@ -413,7 +485,7 @@ def cmd_status(args) -> int:
                     print("  " + member_line(member))
         return 0
 
-    return asyncio.run(go())
+    return _arun(go())
 
 
 def cmd_cancel(args) -> int:
@@ -425,7 +497,7 @@ def cmd_cancel(args) -> int:
             print(_job_line((await stub.CancelJob(coordinator_pb2.CancelJobRequest(job_id=args.job))).job))
         return 0
 
-    return asyncio.run(go())
+    return _arun(go())
 
 
 def cmd_prepare(args) -> int:
@@ -461,36 +533,64 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"coordinator host:port (default: ${COORDINATOR_ADDRESS_ENV}, else {default_address('coordinator')})",
         )
 
-    p = sub.add_parser("run", help="start the services, run one job to the end, stop them")
+    def with_ports(p: argparse.ArgumentParser, unset: str) -> None:
+        for service, port in DEFAULT_PORTS.items():
+            several = " (N > 1 processes: the first of N consecutive ports; free ports when unset)"
+            p.add_argument(
+                f"--{service}-port",
+                type=int,
+                metavar="PORT",
+                help=f"port of the {service}: default $DOCKYARD_{service.upper()}_PORT, else {unset.format(port=port)}"
+                + (several if service in ("rollout", "sandbox") else ""),
+            )
+        p.add_argument(
+            "--endpoint-port",
+            type=int,
+            metavar="PORT",
+            help="HTTP port of the policy endpoint (OpenAI/Anthropic API): default $DOCKYARD_ENDPOINT_PORT, else "
+            + unset.format(port=8000),
+        )
+        p.add_argument(
+            "--dashboard-port",
+            type=int,
+            metavar="PORT",
+            help="HTTP port of the coordinator's web dashboard: default $DOCKYARD_COORDINATOR_DASHBOARD_PORT, else "
+            + unset.format(port=8080),
+        )
+
+    p = sub.add_parser("run", help="preflight, start the services, run one job to the end, stop them")
     with_config(p)
+    p.add_argument(
+        "--prepare", action="store_true", help="build a missing policy folder with the config's bootstrap first"
+    )
     p.add_argument("--default-ports", action="store_true", help="bind 50051-50055 instead of free ports")
+    with_ports(p, "a free port (--default-ports: {port})")
     with_fleet(p)
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("preflight", help="check what a run of the config needs, before starting anything")
+    with_config(p)
+    p.add_argument("--prepare", action="store_true", help="a missing policy folder will be built by the bootstrap")
+    p.add_argument(
+        "--remote",
+        action="store_true",
+        help="the services run elsewhere (skip the one-machine GPU layout check)",
+    )
+    p.set_defaults(func=cmd_preflight)
 
     p = sub.add_parser("up", help="run the five services locally until Ctrl-C")
     p.add_argument("--log-dir", default="runs/logs/up", help="service logs go here")
     with_fleet(p)
-    for service, port in DEFAULT_PORTS.items():
-        several = " (N > 1 processes: the first of N consecutive ports; free ports when unset)"
-        p.add_argument(
-            f"--{service}-port",
-            type=int,
-            metavar="PORT",
-            help=f"port of the {service}: default $DOCKYARD_{service.upper()}_PORT, else {port}"
-            + (several if service in ("rollout", "sandbox") else ""),
-        )
-    p.add_argument(
-        "--endpoint-port",
-        type=int,
-        metavar="PORT",
-        help="HTTP port of the policy endpoint (OpenAI/Anthropic API): default $DOCKYARD_ENDPOINT_PORT, else 8000",
-    )
+    with_ports(p, "{port}")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("submit", help="submit a job to a running coordinator")
     with_config(p)
     with_coordinator(p)
     p.add_argument("--wait", action="store_true", help="follow the job; exit 0 only when it succeeds")
+    p.add_argument(
+        "--prepare", action="store_true", help="build a missing policy folder with the config's bootstrap first"
+    )
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("status", help="show one job, or list every job")

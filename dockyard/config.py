@@ -21,6 +21,7 @@ against it field by field, which is simplest while the schema stays in one place
 from __future__ import annotations
 
 import asyncio
+import difflib
 import math
 import re
 from pathlib import Path
@@ -458,6 +459,13 @@ class MasterConfig(Section):
             )
         if self.data.num_dataloaders > 1:
             errors.append(("data.num_dataloaders", "one training task source is supported; set it to 1"))
+        if self.sft is None and g.num_generations_per_prompt < 2:
+            errors.append(
+                (
+                    "grpo.num_generations_per_prompt",
+                    "a group of one sample has no baseline, so every advantage, loss and gradient is 0; use 2 or more",
+                )
+            )
         wanted = {"expr": "expr", "expr_agent": "expr_agent", "program_synthesis": "humaneval", "swe": "swe"}[
             self.env.name
         ]
@@ -527,9 +535,26 @@ def _known_paths(model: type[BaseModel], prefix: str = "") -> set[str]:
     return paths
 
 
-def _apply_overrides(cfg: Any, overrides: list[str]) -> Any:
+def closest_key(key: str) -> str | None:
+    """The config key most like `key` (a typo's likely intent), or None when none is close."""
     known = _known_paths(MasterConfig)
-    dotlist = []
+    match = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if not match and "." in key:  # a typo in the section: match on the last part under any section
+        leaf = key.rsplit(".", 1)[1]
+        match = [p for p in difflib.get_close_matches(leaf, [p.rsplit(".", 1)[-1] for p in known], n=1) if p]
+        match = [p for p in known if p.rsplit(".", 1)[-1] == match[0]][:1] if match else []
+    return match[0] if match else None
+
+
+def _did_you_mean(key: str) -> str:
+    guess = closest_key(key)
+    return f" (did you mean {guess}?)" if guess else ""
+
+
+def _apply_overrides(cfg: Any, overrides: list[str]) -> tuple[Any, list[str]]:
+    """The config with the overrides merged in, and the keys added on purpose (`+key=value`)."""
+    known = _known_paths(MasterConfig)
+    dotlist, added = [], []
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
@@ -538,9 +563,13 @@ def _apply_overrides(cfg: Any, overrides: list[str]) -> Any:
         key = key.lstrip("+")
         exists = OmegaConf.select(cfg, key, default=None, throw_on_missing=False) is not None
         if not add and not exists and key not in known:
-            raise ConfigError(f"override {key!r}: no such key in the config; write +{key}={value} to add it")
+            raise ConfigError(
+                f"override {key!r}: no such key in the config{_did_you_mean(key)}; write +{key}={value} to add it"
+            )
+        if add:
+            added.append(key)
         dotlist.append(f"{key}={value}")
-    return OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist))
+    return OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist)), added
 
 
 def _format_validation_error(exc: ValidationError) -> str:
@@ -652,22 +681,38 @@ async def parse_config_text(text: str, *, origin: str = "<config>") -> MasterCon
         raise ConfigError(f"{origin}: not parsed within {CONFIG_PARSE_SECONDS:g} s") from None
 
 
-def load_config_text(text: str, overrides: list[str] | None = None, *, origin: str = "<config>") -> MasterConfig:
-    """Parse YAML text (within the bounds above), apply overrides, resolve interpolations, validate."""
+def load_config_text(
+    text: str, overrides: list[str] | None = None, *, origin: str = "<config>", strict: bool = False
+) -> MasterConfig:
+    """Parse YAML text (within the bounds above), apply overrides, resolve interpolations, validate.
+
+    strict: a key no section defines is a ConfigError naming the closest valid key, unless an
+    override added it on purpose (`+section.key=value`); the CLI loads this way, services do not
+    (a config that reached them was checked where it was written, and extra keys are kept)."""
     try:
         cfg = OmegaConf.create(_safe_yaml(text, origin) or {})
-        cfg = _apply_overrides(cfg, overrides or [])
+        cfg, added = _apply_overrides(cfg, overrides or [])
         _check_interpolations(OmegaConf.to_container(cfg, resolve=False), origin)
         data = OmegaConf.to_container(cfg, resolve=True)
     except (yaml.YAMLError, OmegaConfBaseException) as exc:
         raise ConfigError(f"{origin}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: a job config is a mapping of sections")
-    return parse_config(data)
+    config = parse_config(data)
+    if strict:
+        # An added key makes its unknown section (or itself) deliberate: +loger.x=1 reports `loger`.
+        typos = [k for k in config.unknown_keys() if not any(f"{a}.".startswith(f"{k}.") for a in added)]
+        if typos:
+            raise ConfigError(
+                f"{origin}: unknown config key(s):\n  "
+                + "\n  ".join(f"{key}{_did_you_mean(key)}" for key in typos)
+                + "\n(a key dockyard does not define is added on purpose with the override +section.key=value)"
+            )
+    return config
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> MasterConfig:
+def load_config(path: str | Path, overrides: list[str] | None = None, *, strict: bool = False) -> MasterConfig:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"no config file at {path}")
-    return load_config_text(path.read_text(), overrides, origin=str(path))
+    return load_config_text(path.read_text(), overrides, origin=str(path), strict=strict)

@@ -3,6 +3,8 @@
     buffer, sandbox (or sandbox-1..M), rollout (or rollout-1..N), trainer, coordinator
     [endpoint]  the policy endpoint (HTTP, default port 8000), with endpoint=True (`dockyard up` sets it,
                 and `dockyard run` for a config with agent trials); the coordinator is told its address
+    [dashboard] the coordinator's web dashboard (HTTP, default port 8080), with dashboard=True: the
+                coordinator is told its port (DOCKYARD_COORDINATOR_DASHBOARD_PORT)
 
 Rollout replicas and sandbox workers register with the coordinator themselves
 (DOCKYARD_<SVC>_COORDINATOR_ADDRESS); with N > 1 (M > 1) each process is named
@@ -38,12 +40,16 @@ from pathlib import Path
 
 from dockyard.rpc.client import wait_until_serving
 from dockyard.rpc.launch import PARENT_PID_ENV
-from dockyard.rpc.settings import DEFAULT_PORTS
+from dockyard.rpc.ports import DEFAULT_PORTS
 
 SERVICES = ("buffer", "sandbox", "rollout", "trainer", "coordinator")
 # The HTTP policy endpoint (services/endpoint): started after the coordinator, checked over HTTP.
 ENDPOINT = "endpoint"
 ENDPOINT_DEFAULT_PORT = 8000  # services.endpoint.settings.DEFAULT_PORT (the library never imports services/)
+# The coordinator's read-only web dashboard (HTTP, in the coordinator process), with dashboard=True.
+DASHBOARD = "dashboard"
+DASHBOARD_DEFAULT_PORT = 8080
+DASHBOARD_PORT_ENV = "DOCKYARD_COORDINATOR_DASHBOARD_PORT"
 
 
 def _free_port() -> int:
@@ -62,12 +68,13 @@ def _port_variable(service: str) -> str:
     return f"DOCKYARD_{service.upper()}_PORT"
 
 
-def _set_port(service: str, given: dict[str, int], env: dict[str, str]) -> int:
+def _set_port(service: str, given: dict[str, int], env: dict[str, str], variable: str | None = None) -> int:
     """The port set for `service` (flag, then environment), or 0 when none is; 0 anywhere means unset."""
+    variable = variable or _port_variable(service)
     if given.get(service):
         value, origin = given[service], f"the {service} port"
     else:
-        value, origin = env.get(_port_variable(service), "").strip() or "0", _port_variable(service)
+        value, origin = env.get(variable, "").strip() or "0", variable
     try:
         port = int(value)
     except ValueError:
@@ -106,6 +113,7 @@ class LocalStack:
         sandbox_workers: int = 1,
         ports: dict[str, int] | None = None,
         endpoint: bool = False,
+        dashboard: bool = False,
     ) -> None:
         """`ports`: service -> port of its (first) process, over DOCKYARD_<SVC>_PORT of the environment."""
         self.log_dir = log_dir
@@ -115,6 +123,7 @@ class LocalStack:
         if endpoint:
             self.kinds[ENDPOINT] = ENDPOINT
         self.extra_env = extra_env or {}
+        self.dashboard = dashboard
         self.ports = self._ports(ports or {}, free_ports)
         # Per service (or per process, e.g. "rollout-2"), on top of extra_env: e.g. CUDA_VISIBLE_DEVICES
         # to put trainer and rollout on two GPUs.
@@ -137,6 +146,13 @@ class LocalStack:
                     drawn.append(name)
                 else:
                     ports[name] = DEFAULT_PORTS.get(service, ENDPOINT_DEFAULT_PORT)
+        if self.dashboard:
+            if base := _set_port(DASHBOARD, given, env, DASHBOARD_PORT_ENV):
+                ports[DASHBOARD] = base
+            elif free_ports:
+                drawn.append(DASHBOARD)
+            else:
+                ports[DASHBOARD] = DASHBOARD_DEFAULT_PORT
         for name in drawn:
             # The OS may hand out one free port twice (each probe closes its socket), or one set above.
             while (port := _free_port()) in ports.values():
@@ -173,6 +189,8 @@ class LocalStack:
                 env.setdefault(f"{prefix}{peer.upper()}_ADDRESS", self.address(peer))
         if kind == "coordinator" and ENDPOINT in self.ports:  # agent trials call the policy endpoint
             env.setdefault(f"{prefix}ENDPOINT_ADDRESS", self.address(ENDPOINT))
+        if kind == "coordinator" and DASHBOARD in self.ports:
+            env[DASHBOARD_PORT_ENV] = str(self.ports[DASHBOARD])
         return env
 
     def _spawn(self, name: str) -> None:

@@ -1,6 +1,6 @@
 """Build one image per service fleet, offline, skipping those already up to date.
 
-    dockyard/coordinator                                      base.txt + torch.txt + agents.txt
+    dockyard/coordinator                                      base.txt + torch.txt + agents.txt + endpoint.txt
     dockyard/trainer, dockyard/rollout                        base.txt + torch.txt
     dockyard/endpoint                                         base.txt + torch.txt + endpoint.txt
     dockyard/buffer                                           base.txt + buffer.txt    (no torch)
@@ -48,7 +48,7 @@ from services.sandbox.images import (  # noqa: E402
 IMAGES = Path(__file__).resolve().parent
 # image name -> requirement files under requirements/ (a service image: wheels + source in /app)
 FLEETS = {
-    "coordinator": ("base.txt", "torch.txt", "agents.txt"),
+    "coordinator": ("base.txt", "torch.txt", "agents.txt", "endpoint.txt"),  # endpoint.txt: the dashboard's server
     "trainer": ("base.txt", "torch.txt"),
     "rollout": ("base.txt", "torch.txt"),
     "endpoint": ("base.txt", "torch.txt", "endpoint.txt"),

@@ -5,27 +5,35 @@
 
 Guarantees: every name below is public API with a stable signature; nothing here holds state,
 touches a device other than its inputs', or does I/O. Formulas and defaults: docs/algorithms.md.
+Names load on first use (PEP 562), so the config layer's `launch_rules` and `choices` never import torch.
 """
 
-from dockyard.algorithms.advantages import SCALES, compute_advantages, opd_advantages
-from dockyard.algorithms.dynamic_sampling import dynamic_sampling_mask
-from dockyard.algorithms.launch_rules import launch_errors
-from dockyard.algorithms.loss import IS_CORRECTIONS, KL_TYPES, REDUCTIONS, clipped_pg_loss, kl_estimate
-from dockyard.algorithms.rewards import apply_integrity, invalid_action_penalty, overlong_penalty, scale_rewards
+from __future__ import annotations
 
-__all__ = [
-    "IS_CORRECTIONS",
-    "KL_TYPES",
-    "REDUCTIONS",
-    "SCALES",
-    "apply_integrity",
-    "clipped_pg_loss",
-    "compute_advantages",
-    "dynamic_sampling_mask",
-    "invalid_action_penalty",
-    "kl_estimate",
-    "launch_errors",
-    "opd_advantages",
-    "overlong_penalty",
-    "scale_rewards",
-]
+import importlib
+from typing import Any
+
+_HOMES = {
+    "SCALES": "choices",
+    "IS_CORRECTIONS": "choices",
+    "KL_TYPES": "choices",
+    "REDUCTIONS": "choices",
+    "compute_advantages": "advantages",
+    "opd_advantages": "advantages",
+    "dynamic_sampling_mask": "dynamic_sampling",
+    "launch_errors": "launch_rules",
+    "clipped_pg_loss": "loss",
+    "kl_estimate": "loss",
+    "apply_integrity": "rewards",
+    "invalid_action_penalty": "rewards",
+    "overlong_penalty": "rewards",
+    "scale_rewards": "rewards",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

@@ -25,8 +25,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from dockyard.algorithms.choices import SCALES
+
 Scale = Literal["group", "batch", "none"]
-SCALES: tuple[str, ...] = ("group", "batch", "none")
 
 
 def compute_advantages(

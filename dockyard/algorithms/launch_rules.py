@@ -11,7 +11,7 @@ Guarantees:
 
 from __future__ import annotations
 
-from dockyard.algorithms.loss import IS_CORRECTIONS
+from dockyard.algorithms.choices import IS_CORRECTIONS
 
 _ASYNC = "grpo.async_grpo.enabled"
 

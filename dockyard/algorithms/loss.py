@@ -22,12 +22,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from dockyard.algorithms.choices import IS_CORRECTIONS, KL_TYPES, REDUCTIONS
+
 KlType = Literal["k1", "k2", "k3"]
 IsCorrection = Literal["plain", "tis", "icepop", "seq-mask-tis"]
 Reduction = Literal["token", "sequence"]
-KL_TYPES: tuple[str, ...] = ("k1", "k2", "k3")
-IS_CORRECTIONS: tuple[str, ...] = ("plain", "tis", "icepop", "seq-mask-tis")
-REDUCTIONS: tuple[str, ...] = ("token", "sequence")
 
 
 def kl_estimate(

@@ -9,14 +9,18 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
+import structlog
+
 from dockyard.rpc.auth import AuthConfigError, load_auth_settings
 from dockyard.rpc.logging import configure_logging
-from dockyard.rpc.server import Service, serve
-from dockyard.rpc.settings import DEFAULT_PORTS, ServiceSettings
+from dockyard.rpc.ports import DEFAULT_PORTS
+from dockyard.rpc.server import BindError, Service, serve
+from dockyard.rpc.settings import ServiceSettings
 
 # Set by a supervising process (dockyard.stack) to its pid: the service then
 # dies with it instead of outliving it as an orphan.
@@ -60,4 +64,16 @@ def run_service(name: str, settings: ServiceSettings, build: Build) -> None:
         services, on_stop = await build()
         await serve(name, settings, services, default_port=DEFAULT_PORTS[name], on_stop=on_stop, auth=auth)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except BindError as exc:
+        raise SystemExit(str(exc)) from None
+    # Stopped: the servicers closed what they own. Threads still running now (a worker blocked in a
+    # collective, a to_thread call, a library's pool) would hold the process past its supervisor's
+    # grace and get it SIGKILLed; say which, then exit at once.
+    lingering = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon)
+    if lingering:
+        structlog.get_logger().info("exiting with threads still running", threads=lingering)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -74,6 +74,10 @@ def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], 
     return deserialize
 
 
+class BindError(OSError):
+    """The service's port cannot be bound: its process exits with this one line."""
+
+
 class RpcContextInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -144,9 +148,12 @@ async def serve(
     port = settings.port or default_port
     address = f"{settings.host}:{port}"
     credentials = auth.server_credentials()
-    bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    try:
+        bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError:  # grpc's "Failed to bind": nothing more to say than the address
+        bound = 0
     if bound == 0:
-        raise OSError(f"{name}: cannot bind {address}")
+        raise BindError(f"{name}: cannot bind {address} (in use, or not an address of this host): pick another port")
     await server.start()
     for service_name in ["", *names]:
         await health_servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)

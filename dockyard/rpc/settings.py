@@ -9,13 +9,9 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_PORTS = {
-    "coordinator": 50051,
-    "trainer": 50052,
-    "rollout": 50053,
-    "buffer": 50054,
-    "sandbox": 50055,
-}
+from dockyard.rpc.ports import DEFAULT_PORTS, default_address
+
+__all__ = ["DEFAULT_PORTS", "ServiceSettings", "default_address", "member_name_pattern"]
 
 
 class ServiceSettings(BaseSettings):
@@ -36,7 +32,3 @@ class ServiceSettings(BaseSettings):
 def member_name_pattern(kind: str) -> str:
     """A fleet member's name: the kind alone (`rollout`) or the kind and a suffix (`rollout-2`)."""
     return rf"^{kind}(-[a-z0-9][a-z0-9_.:-]{{0,62}})?$"
-
-
-def default_address(service: str) -> str:
-    return f"127.0.0.1:{DEFAULT_PORTS[service]}"

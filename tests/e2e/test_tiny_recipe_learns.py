@@ -29,6 +29,7 @@ def test_tiny_recipe_raises_the_validation_pass_rate(tmp_path: Path, tiny_policy
         [
             str(DOCKYARD),
             "run",
+            "--prepare",
             "examples/configs/tiny_expr.yaml",
             f"policy.model_name={tiny_policy_folder}",
             f"logger.log_dir={runs}",

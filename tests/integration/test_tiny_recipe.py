@@ -41,7 +41,7 @@ def alive_services(log_root: Path) -> list[str]:
 def dockyard_run(config: str, overrides: list[str]) -> subprocess.CompletedProcess:
     """`dockyard run CONFIG OVERRIDES` from the repository root; asserts that it succeeded."""
     result = subprocess.run(
-        [sys.executable, "-m", "dockyard.cli", "run", config, *overrides],
+        [sys.executable, "-m", "dockyard.cli", "run", "--prepare", config, *overrides],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -57,6 +57,9 @@ def test_dockyard_run_trains_to_succeeded_and_writes_the_run_folder(tmp_path: Pa
     overrides = [*SHORT, f"policy.model_name={model_dir}", f"logger.log_dir={runs}"]
     result = dockyard_run("examples/configs/tiny_expr.yaml", overrides)
     assert "SUCCEEDED" in result.stdout
+    # Every service left within the stop's grace, none SIGKILLed; the ports they served on were printed.
+    assert "exited uncleanly" not in result.stderr, result.stderr[-2000:]
+    assert "  coordinator  127.0.0.1:" in result.stdout and "preflight:" in result.stdout
 
     [run_dir] = [p for p in runs.iterdir() if p.name != "logs"]
     assert (run_dir / "config.yaml").is_file()

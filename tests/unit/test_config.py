@@ -23,7 +23,7 @@ grpo:
 
 @pytest.mark.parametrize("path", sorted((REPO / "examples" / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_parses(path: Path) -> None:
-    assert isinstance(load_config(path), MasterConfig)
+    assert isinstance(load_config(path, strict=True), MasterConfig)
 
 
 def test_mul_resolver_and_interpolation() -> None:
@@ -102,3 +102,50 @@ def test_missing_file_and_bad_yaml() -> None:
 def test_async_grpo_with_importance_sampling_correction_is_accepted() -> None:
     cfg = load_config_text(MINIMAL, ["grpo.async_grpo.enabled=true", "loss_fn.is_correction=tis", "loss_fn.is_max=2"])
     assert cfg.grpo.async_grpo.enabled and cfg.loss_fn.is_correction == "tis"
+
+
+@pytest.mark.parametrize(
+    ("yaml_typo", "override", "named", "suggested"),
+    [
+        ("logger:", None, "loger", "logger"),
+        (None, "loss_fn.kl_penaltly=0.1", "loss_fn.kl_penaltly", "loss_fn.kl_penalty"),
+        (None, "grpo.max_num_step=3", "grpo.max_num_step", "grpo.max_num_steps"),
+        ("  kl_penalty: 0.0", None, "loss_fn.kl_penaltly", "loss_fn.kl_penalty"),
+    ],
+)
+def test_a_typo_is_an_error_that_names_the_closest_key(yaml_typo, override, named, suggested) -> None:
+    text = TINY.read_text()
+    if yaml_typo == "logger:":
+        text = text.replace("logger:", "loger:")
+    elif yaml_typo:
+        text = text.replace(yaml_typo, yaml_typo.replace("kl_penalty", "kl_penaltly"))
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text, [override] if override else [], strict=True)
+    assert named in str(info.value) and f"did you mean {suggested}?" in str(info.value)
+
+
+def test_a_key_added_on_purpose_is_kept_under_strict_loading() -> None:
+    cfg = load_config(TINY, ["+logger.my_tag=abc", "+myteam.owner=me"], strict=True)
+    assert cfg.unknown_keys() == ["myteam", "logger.my_tag"]
+    # The same keys written into the file are typos until an override adds them.
+    with pytest.raises(ConfigError, match="myteam"):
+        load_config_text(TINY.read_text() + "myteam: {owner: me}\n", strict=True)
+
+
+def test_a_group_of_one_sample_is_refused() -> None:
+    with pytest.raises(ConfigError, match="grpo.num_generations_per_prompt") as info:
+        load_config_text(MINIMAL, ["grpo.num_generations_per_prompt=1"])
+    assert "no baseline" in str(info.value)
+
+
+def test_validating_a_config_imports_neither_torch_nor_transformers() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from dockyard.config import load_config; "
+        f"load_config({str(TINY)!r}, ['grpo.max_num_steps=3'], strict=True); "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
+    assert out.strip() == "[]"

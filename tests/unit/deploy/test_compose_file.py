@@ -79,9 +79,11 @@ def test_backends_volumes_and_the_sandbox_work_folder() -> None:
 
 def test_one_published_port_and_images_build_sh_makes() -> None:
     services = load("compose.yaml")
-    # The coordinator's gRPC port and the policy endpoint's HTTP port, both on loopback only.
+    # The coordinator's gRPC port and dashboard, and the policy endpoint's HTTP port, all on loopback only.
     assert [name for name, service in services.items() if "ports" in service] == ["coordinator", "endpoint"]
     assert default(services["coordinator"]["ports"][0]) == "127.0.0.1:50051:50051"
+    assert default(services["coordinator"]["ports"][1]) == "127.0.0.1:8080:8080"
+    assert services["coordinator"]["environment"]["DOCKYARD_COORDINATOR_DASHBOARD_PORT"] == 8080
     assert default(services["endpoint"]["ports"][0]) == "127.0.0.1:8000:8000"
     built = {f"dockyard/{name}:latest" for name in fleets()}
     for name, service in services.items():

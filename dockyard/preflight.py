@@ -1,0 +1,351 @@
+"""Preflight: what a run will need, checked before any service starts.
+
+    MasterConfig (already valid: typos, group size and launch rules failed in load_config)
+        ──> model folder ─> tokenizer ─> datasets (files, fields) ─> context (longest prompt + max_new_tokens)
+        ──> GPUs / NCCL layout ─> sandbox backend (Docker engine, image) ─> buffer backend (Redis)
+        ──> ports ─> free disk for checkpoints
+        ──> [Finding(check, status, message)]     status: ok | error | skip
+
+Guarantees: every check runs (one failure never hides the next) and says exactly what is wrong and
+how to fix it; nothing is started, written or downloaded; torch is imported only to count GPUs for a
+cuda config, transformers only to load a tokenizer. The environment (DOCKYARD_SANDBOX_BACKEND,
+DOCKYARD_BUFFER_BACKEND, ...) is read as the services that `dockyard run` starts would read it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from dockyard.config import MasterConfig
+
+OK, ERROR, SKIP = "ok", "error", "skip"
+# Bytes a checkpoint holds per parameter: fp32 weights plus AdamW's two fp32 moments.
+CHECKPOINT_BYTES_PER_PARAM = 12
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    status: str  # OK, ERROR or SKIP
+    message: str
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the checks need besides the config: how the run will be started."""
+
+    prepare: bool = False  # the bootstrap may build a missing policy folder (dockyard run --prepare / prepare)
+    ports: Mapping[str, int] | None = None  # ports the run will bind (explicit ones only)
+    local_services: bool = True  # trainer and rollout run on this machine (dockyard run)
+    environ: Mapping[str, str] | None = None
+
+
+def preflight(config: MasterConfig, context: Context = Context()) -> list[Finding]:
+    """Every check's finding, in the order of the module docstring."""
+    env = os.environ if context.environ is None else context.environ
+    checks: list[Callable[[], Finding | list[Finding]]] = [
+        lambda: check_model(config, context.prepare),
+        lambda: check_tokenizer_and_context(config, context.prepare),
+        lambda: check_gpus(config, context.local_services),
+        lambda: check_docker(env),
+        lambda: check_redis(env),
+        lambda: check_ports(context.ports or {}),
+        lambda: check_disk(config),
+    ]
+    findings: list[Finding] = []
+    for check in checks:
+        result = check()
+        findings += result if isinstance(result, list) else [result]
+    return findings
+
+
+def _folder_missing(config: MasterConfig) -> bool:
+    name = config.policy.model_name
+    return name is not None and not (Path(name) / "config.json").is_file()
+
+
+def check_model(config: MasterConfig, prepare: bool) -> Finding:
+    policy = config.policy
+    if policy.model_name is None:
+        return Finding("model", OK, f"random init of a {policy.model['model_type']} from policy.model")
+    if not _folder_missing(config):
+        return Finding("model", OK, f"policy folder {policy.model_name}")
+    if policy.bootstrap is None:
+        return Finding(
+            "model",
+            ERROR,
+            f"policy.model_name={policy.model_name!r} is not a local model folder (no config.json): "
+            "point it at a Hugging Face folder (config.json, weights, tokenizer)",
+        )
+    boot = policy.bootstrap
+    if prepare:
+        return Finding(
+            "model", OK, f"{policy.model_name} will be built by the {boot.recipe} warm start ({boot.steps} steps)"
+        )
+    return Finding(
+        "model",
+        ERROR,
+        f"policy.model_name={policy.model_name!r} does not exist; if that is the folder you mean, build it with the "
+        f"config's bootstrap ({boot.recipe}, {boot.steps} steps): `dockyard prepare CONFIG` or `dockyard run --prepare "
+        "CONFIG`; otherwise fix the path",
+    )
+
+
+def _max_positions(config: MasterConfig) -> int | None:
+    policy = config.policy
+    if policy.model_name is not None and not _folder_missing(config):
+        data = json.loads((Path(policy.model_name) / "config.json").read_text())
+        return data.get("max_position_embeddings") or data.get("text_config", {}).get("max_position_embeddings")
+    return (policy.model or {}).get("max_position_embeddings")
+
+
+def _tokenizer(config: MasterConfig):
+    from dockyard.models.load import load_tokenizer
+
+    if _folder_missing(config):  # the bootstrap builds the character tokenizer into the folder
+        return load_tokenizer(config.policy.model_copy(update={"model_name": None}))
+    return load_tokenizer(config.policy)
+
+
+def _prompt_lengths(config: MasterConfig, tokenizer, prompts: list[str]) -> list[int]:
+    if not config.env.agentic:
+        return [len(tokenizer(p, add_special_tokens=True)["input_ids"]) for p in prompts]
+    # An agent trial's first turn is the chat template over the task and the tools, as the endpoint renders it.
+    from dockyard.agents.tools import schemas
+
+    tools = schemas(config.env.tools)
+    return [
+        len(
+            _ids(
+                tokenizer.apply_chat_template([{"role": "user", "content": p}], tools=tools, add_generation_prompt=True)
+            )
+        )
+        for p in prompts
+    ]
+
+
+def _ids(rendered) -> list[int]:
+    # transformers 5 returns a BatchEncoding where 4 returned the ids themselves.
+    return rendered["input_ids"] if hasattr(rendered, "keys") else rendered
+
+
+def check_tokenizer_and_context(config: MasterConfig, prepare: bool) -> list[Finding]:
+    if _folder_missing(config) and not (prepare and config.policy.bootstrap is not None):
+        return [Finding("tokenizer", SKIP, "no policy folder to read it from (see model)")]
+    try:
+        tokenizer = _tokenizer(config)
+    except Exception as exc:  # any loader failure is the folder's: report it, never crash preflight
+        return [Finding("tokenizer", ERROR, f"cannot load the tokenizer of {config.policy.model_name}: {exc}")]
+    findings = [Finding("tokenizer", OK, f"{type(tokenizer).__name__}, {len(tokenizer)} tokens")]
+
+    from dockyard.tasks.envs import environment
+
+    env = environment(config)
+    prompts: list[str] = []
+    for split in ("train", "validation"):
+        dataset = getattr(config.data, split)
+        try:
+            tasks = env.load(split, dataset)
+        except (OSError, ValueError) as exc:
+            findings.append(Finding(f"data.{split}", ERROR, f"{exc}"))
+            continue
+        findings.append(Finding(f"data.{split}", OK, f"{len(tasks)} tasks from {dataset.path or dataset.source}"))
+        prompts += [t.prompt for t in tasks]
+    positions = _max_positions(config)
+    if not prompts:
+        return findings
+    if positions is None:
+        findings.append(Finding("context", SKIP, "the model's config names no max_position_embeddings"))
+        return findings
+    longest = max(_prompt_lengths(config, tokenizer, sorted(set(prompts))))
+    new_tokens = config.policy.generation.max_new_tokens
+    if longest + new_tokens > positions:
+        findings.append(
+            Finding(
+                "context",
+                ERROR,
+                f"the longest prompt ({longest} tokens) + policy.generation.max_new_tokens ({new_tokens}) exceeds the "
+                f"model's {positions} positions: lower max_new_tokens to {max(positions - longest, 0)} or less, or use "
+                "shorter prompts or a model with a longer context",
+            )
+        )
+    elif config.env.agentic and config.grpo.max_trial_tokens > positions:
+        findings.append(
+            Finding(
+                "context",
+                ERROR,
+                f"grpo.max_trial_tokens ({config.grpo.max_trial_tokens}) exceeds the model's {positions} positions: "
+                f"a trial's whole sequence must fit; set it to {positions} or less",
+            )
+        )
+    else:
+        findings.append(
+            Finding("context", OK, f"longest prompt {longest} + {new_tokens} new tokens within {positions} positions")
+        )
+    return findings
+
+
+def check_gpus(config: MasterConfig, local_services: bool) -> Finding:
+    if config.cluster.device != "cuda":
+        return Finding("gpus", SKIP, "cluster.device=cpu")
+    import torch
+
+    if not torch.cuda.is_available():
+        return Finding(
+            "gpus",
+            ERROR,
+            "cluster.device=cuda but torch sees no CUDA device: install a CUDA build, or set cluster.device=cpu",
+        )
+    count = torch.cuda.device_count()
+    if local_services and config.cluster.weight_sync_backend == "nccl" and count < 2:
+        return Finding(
+            "gpus",
+            ERROR,
+            f"NCCL cannot join two processes on one GPU ({count} visible) and this run puts the trainer and the "
+            "rollout on this machine: set cluster.weight_sync_backend=gloo, or give each its own GPU",
+        )
+    names = ", ".join(torch.cuda.get_device_name(i) for i in range(count))
+    return Finding("gpus", OK, f"{count} CUDA device(s): {names}")
+
+
+def check_docker(env: Mapping[str, str]) -> Finding:
+    if env.get("DOCKYARD_SANDBOX_BACKEND", "local") != "docker":
+        return Finding("docker", SKIP, "the sandbox runs on the local backend")
+    import docker
+    from docker.errors import DockerException, ImageNotFound
+
+    try:
+        client = docker.from_env(timeout=5, environment=dict(env))
+        client.ping()
+    except DockerException as exc:
+        return Finding("docker", ERROR, docker_problem(exc, env))
+    image = env.get("DOCKYARD_SANDBOX_IMAGE") or _default_sandbox_image()
+    try:
+        client.images.get(image)
+    except ImageNotFound:
+        return Finding("docker", ERROR, f"the sandbox image {image} is not built: run deploy/images/build.sh")
+    finally:
+        client.close()
+    return Finding("docker", OK, f"engine answers, image {image} present")
+
+
+def docker_problem(exc: Exception, env: Mapping[str, str] = os.environ) -> str:
+    """One line for a Docker client that cannot reach an engine (instead of the client's traceback)."""
+    where = env.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    return (
+        f"the docker sandbox backend needs a Docker engine and none answers at {where} ({type(exc).__name__}): "
+        "start dockerd (or set DOCKER_HOST), or use the local backend (DOCKYARD_SANDBOX_BACKEND=local)"
+    )
+
+
+def _default_sandbox_image() -> str:
+    # services/sandbox/images.py's SANDBOX_IMAGE, read without importing the sandbox service.
+    return "dockyard/sandbox:latest"
+
+
+def check_redis(env: Mapping[str, str]) -> Finding:
+    if env.get("DOCKYARD_BUFFER_BACKEND", "memory") != "redis":
+        return Finding("redis", SKIP, "the buffer keeps experience in memory")
+    url = env.get("DOCKYARD_BUFFER_REDIS_URL", "")
+    if not url:
+        return Finding(
+            "redis", ERROR, "DOCKYARD_BUFFER_BACKEND=redis needs DOCKYARD_BUFFER_REDIS_URL (redis://host:port/db)"
+        )
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=3, socket_connect_timeout=3)
+    try:
+        client.ping()
+    except redis.AuthenticationError:
+        return Finding("redis", ERROR, "Redis refused the password: set DOCKYARD_BUFFER_REDIS_PASSWORD(_FILE)")
+    except redis.RedisError as exc:
+        return Finding(
+            "redis", ERROR, f"no Redis answers at {_redacted(url)}: {exc}; start redis-server or fix the URL"
+        )
+    finally:
+        client.close()
+    return Finding("redis", OK, f"Redis answers at {_redacted(url)}")
+
+
+def _redacted(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}{sep}***@{rest.split('@', 1)[1]}" if "@" in rest else url
+
+
+def check_ports(ports: Mapping[str, int]) -> Finding:
+    taken = []
+    for name, port in ports.items():
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                taken.append(f"{port} ({name})")
+    if taken:
+        return Finding(
+            "ports",
+            ERROR,
+            f"in use: {', '.join(taken)}; stop what holds them, or pick others (--<service>-port, "
+            "DOCKYARD_<SERVICE>_PORT), or leave them unset for free ports",
+        )
+    return Finding("ports", OK, f"{len(ports)} port(s) free" if ports else "free ports are picked at start")
+
+
+def _parameter_count(config: MasterConfig) -> int | None:
+    policy = config.policy
+    if policy.model_name is not None and not _folder_missing(config):
+        folder = Path(policy.model_name)
+        weights = sum(f.stat().st_size for f in folder.glob("*.safetensors")) or sum(
+            f.stat().st_size for f in folder.glob("*.bin")
+        )
+        dtype_bytes = {"float32": 4}.get(json.loads((folder / "config.json").read_text()).get("torch_dtype"), 2)
+        return weights // dtype_bytes if weights else None
+    arch = policy.model or {}
+    hidden, layers = arch.get("hidden_size"), arch.get("num_hidden_layers")
+    if not hidden or not layers:
+        return None
+    inner, vocab = (
+        arch.get("intermediate_size", 4 * hidden),
+        arch.get("vocab_size", 256),
+    )  # the character tokenizer's, unless named
+    return layers * (4 * hidden * hidden + 3 * hidden * inner) + 2 * vocab * hidden
+
+
+def check_disk(config: MasterConfig) -> Finding:
+    if not config.checkpointing.enabled:
+        return Finding("disk", SKIP, "checkpointing.enabled=false")
+    params = _parameter_count(config)
+    if params is None:
+        return Finding("disk", SKIP, "the model's size is unknown before the bootstrap builds it")
+    ckpt = config.checkpointing
+    saves = 1 if ckpt.save_period == 0 else math.ceil(config.max_num_steps / ckpt.save_period)
+    if ckpt.keep_top_k is not None:
+        saves = min(saves, ckpt.keep_top_k + 1)
+    need = params * CHECKPOINT_BYTES_PER_PARAM * saves
+    folder = Path(ckpt.checkpoint_dir or config.logger.log_dir).resolve()
+    existing = next((p for p in [folder, *folder.parents] if p.exists()), Path("/"))
+    free = shutil.disk_usage(existing).free
+    gib = 1 << 30
+    if free < need:
+        return Finding(
+            "disk",
+            ERROR,
+            f"{saves} checkpoint(s) of ~{params / 1e6:.0f}M parameters need ~{need / gib:.1f} GiB under {folder}, "
+            f"{free / gib:.1f} GiB free: free space, move checkpointing.checkpoint_dir, or set "
+            "checkpointing.keep_top_k",
+        )
+    return Finding("disk", OK, f"~{need / gib:.2f} GiB of checkpoints, {free / gib:.0f} GiB free under {existing}")
+
+
+def errors(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.status == ERROR]
+
+
+def report(findings: list[Finding]) -> str:
+    return "\n".join(f"  {f.status:<6} {f.check:<16} {f.message}" for f in findings)
