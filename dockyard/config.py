@@ -385,7 +385,7 @@ class ClusterConfig(Section):
         None, description="Folder of the checkpoint transport; null = <logger.log_dir>/<job_id>/weights."
     )
     weight_sync_checksum: bool = Field(
-        True, description="SHA-256 of the moved bytes on both sides, compared after every sync (costs a host copy)."
+        True, description="Fingerprint of the moved bytes on their device, both sides, compared after every sync."
     )
 
 
