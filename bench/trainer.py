@@ -1,6 +1,7 @@
-"""Trainer step throughput and model FLOPs utilisation, against a plain LM step in the same run.
+"""Trainer step throughput, MFU and peak memory, against baselines measured in the same run.
 
-    synthetic GRPO groups (random tokens, varied lengths) ──PolicyTrainer.train_step──>  timed
+    synthetic GRPO groups (random tokens, varied lengths) ──PolicyTrainer.train_step──>  timed, peak memory
+    the same step with the full-logits logprobs (the path before the chunked one) ──>     timed, peak memory
     the same rows, same micro-batches ──model(labels=...) + backward + AdamW──>          timed (baseline)
 
 Default: a Qwen2.5-0.5B-shaped qwen2 model (hidden 896, 24 layers, 14 heads, 2 kv heads,
@@ -8,16 +9,22 @@ intermediate 4864, vocab 151936, tied embeddings; random init) in bf16 with fp32
 32 sequences of 256-512 prompt + 768-1536 completion tokens, micro-batches of <= 16384 tokens.
 `--smoke` runs a tiny model on CPU in fp32 for a few seconds.
 
-Model FLOPs per step (real tokens only; padding, activation recompute and the entropy are not
-counted), for each sequence of S tokens:
-    6 · N · S  +  6 · L · d · S · (S + 1)
-where N = parameters of every matmul (attention q/k/v/o and MLP of each layer, plus the LM head
-V·d, counted even when tied to the embedding) and the second term is causal attention
-(QKᵀ and AV: 2·2·d per query-key pair, forward, ×3 with backward, S(S+1)/2 pairs per layer).
-MFU = model FLOPs per second / peak; the default peak is an H200's dense bf16, 989 TFLOP/s.
+Model FLOPs per step (real tokens only; padding, activation recompute, the no-grad π_old pass of
+several minibatches and the entropy are not counted), for each sequence of S tokens:
+    6 · N · S  +  6 · L · d · S · (S + 1)  +  6 · V · d · H
+where N = parameters of every body matmul (attention q/k/v/o and MLP of each layer), the second
+term is causal attention (QKᵀ and AV: 2·2·d per query-key pair, forward, ×3 with backward,
+S(S+1)/2 pairs per layer) and H = the positions the LM head (V·d, counted even when tied to the
+embedding) scores: every position for the plain step and the full-logits path, the completion
+tokens for the GRPO step (it computes no logits elsewhere). MFU = model FLOPs per second / peak;
+the default peak is an H200's dense bf16, 989 TFLOP/s.
 
-Prints tokens/s and MFU for both, then `trainer_vs_plain_step: R` (dockyard tokens/s over the
-plain step's; 1.0 is parity).
+Prints tokens/s and MFU of each, then, last:
+    peak_memory_vs_full_logits: R   peak memory of the step over the full-logits path's (CUDA only)
+    trainer_vs_plain_step: R        dockyard tokens/s over the plain step's (1.0 is parity)
+
+    python bench/trainer.py            # one GPU: the Qwen2.5-0.5B shape, 32 sequences
+    python bench/trainer.py --smoke    # CPU, a tiny model, seconds
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ policy:
   model: {{{fields}}}
   dtype: {args.dtype}
   activation_checkpointing: {str(args.activation_checkpointing).lower()}
-  train_global_batch_size: {args.sequences}
+  train_global_batch_size: {args.minibatch or args.sequences}
   train_micro_batch_size: {args.sequences}
   max_tokens_per_micro_batch: {budget}
   sequence_packing: {str(args.packing).lower()}
@@ -98,14 +105,15 @@ def make_groups(args: argparse.Namespace, vocab: int) -> list[TrainingGroup]:
     return groups
 
 
-def model_flops(model_cfg, lengths: list[int]) -> float:
+def model_flops(model_cfg, lengths: list[int], head_positions: int) -> float:
     d, layers = model_cfg.hidden_size, model_cfg.num_hidden_layers
     heads, kv = model_cfg.num_attention_heads, model_cfg.num_key_value_heads
     head_dim = getattr(model_cfg, "head_dim", None) or d // heads
     attn = d * heads * head_dim + 2 * d * kv * head_dim + heads * head_dim * d
     mlp = 3 * d * model_cfg.intermediate_size
-    n = layers * (attn + mlp) + model_cfg.vocab_size * d
-    return sum(6 * n * s + 6 * layers * heads * head_dim * s * (s + 1) for s in lengths)
+    n = layers * (attn + mlp)
+    body = sum(6 * n * s + 6 * layers * heads * head_dim * s * (s + 1) for s in lengths)
+    return body + 6 * model_cfg.vocab_size * d * head_positions
 
 
 def main() -> None:
@@ -119,6 +127,10 @@ def main() -> None:
     parser.add_argument("--completion-tokens", type=int, default=1536, help="completion lengths uniform in [n/2, n]")
     parser.add_argument("--tokens-per-micro-batch", type=int, default=16384)
     parser.add_argument("--packing", action="store_true")
+    parser.add_argument(
+        "--minibatch", type=int, default=None, help="trajectories per optimizer step (default: all, one step)"
+    )
+    parser.add_argument("--skip-full-logits", action="store_true", help="no full-logits baseline (saves its time)")
     parser.add_argument("--activation-checkpointing", action="store_true")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (after --warmup)")
     parser.add_argument("--warmup", type=int, default=2)
@@ -141,7 +153,12 @@ def main() -> None:
     cfg = policy.model.config
     groups = make_groups(args, cfg.vocab_size)
     lengths = [len(s.prompt_ids) + len(s.completion_ids) for g in groups for s in g.samples]
-    flops = model_flops(cfg, lengths)
+    completion = sum(len(s.completion_ids) for g in groups for s in g.samples)
+    flops = {
+        "dockyard GRPO step": model_flops(cfg, lengths, completion),
+        "full-logits GRPO step": model_flops(cfg, lengths, sum(lengths)),
+        "plain LM step": model_flops(cfg, lengths, sum(lengths)),
+    }
     tokens = sum(lengths)
     print(
         f"model: {cfg.model_type} {policy.num_parameters() / 1e6:.1f}M parameters, {args.dtype} on {device}; "
@@ -150,11 +167,16 @@ def main() -> None:
         f"activation checkpointing {args.activation_checkpointing}"
     )
 
+    cuda = device.startswith("cuda")
+
     def sync() -> None:
-        if device.startswith("cuda"):
+        if cuda:
             torch.cuda.synchronize()
 
     def timed(step) -> float:
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
         times = []
         for i in range(args.warmup + args.steps):
             sync()
@@ -171,6 +193,21 @@ def main() -> None:
         last.update(policy.train_step(groups))
 
     ours = timed(grpo_step)
+    peaks = {"dockyard GRPO step": torch.cuda.max_memory_allocated() if cuda else None}
+    seconds = {"dockyard GRPO step": ours}
+    ours_last = dict(last)
+    if not args.skip_full_logits:
+        # The same step through the model's full [tokens, vocab] logits: the path before the chunked one.
+        import services.trainer.policy as policy_module
+        from services.trainer.logprobs import full_logits_logprobs
+
+        chunked = policy_module.sampled_logprobs
+        policy_module.sampled_logprobs = lambda *a, scored=None: full_logits_logprobs(*a)
+        try:
+            seconds["full-logits GRPO step"] = timed(grpo_step)
+            peaks["full-logits GRPO step"] = torch.cuda.max_memory_allocated() if cuda else None
+        finally:
+            policy_module.sampled_logprobs = chunked
     # Baseline: the same micro-batches through a bare causal-LM loss, backward and AdamW step.
     from services.trainer.batch import build_batch
 
@@ -197,19 +234,28 @@ def main() -> None:
         policy.optimizer.step()
 
     plain = timed(plain_step)
-    for name, seconds in (("dockyard GRPO step", ours), ("plain LM step", plain)):
-        tflops = flops / seconds / 1e12
+    peaks["plain LM step"] = torch.cuda.max_memory_allocated() if cuda else None
+    seconds["plain LM step"] = plain
+    for name, took in seconds.items():
+        tflops = flops[name] / took / 1e12
+        peak = "" if peaks[name] is None else f"  peak {peaks[name] / 2**30:6.1f} GiB"
         print(
-            f"{name:>20}: {seconds * 1000:8.1f} ms/step  {tokens / seconds:10.0f} tokens/s  "
-            f"{tflops:7.2f} TFLOP/s  MFU {100 * tflops / args.peak_tflops:5.1f}% (of {args.peak_tflops:g})"
+            f"{name:>22}: {took * 1000:8.1f} ms/step  {tokens / took:10.0f} tokens/s  "
+            f"{tflops:7.2f} TFLOP/s  MFU {100 * tflops / args.peak_tflops:5.1f}% (of {args.peak_tflops:g}){peak}"
         )
+    last = ours_last
     print(
-        f"breakdown (last step): batch {last['batch_seconds'] * 1000:.1f} ms, forward/backward "
+        f"breakdown (last dockyard step): batch {last['batch_seconds'] * 1000:.1f} ms, forward/backward "
         f"{last['forward_backward_seconds'] * 1000:.1f} ms, optimizer {last['optimizer_seconds'] * 1000:.1f} ms, "
-        f"{int(last['num_micro_batches'])} micro-batches"
+        f"{int(last['num_micro_batches'])} micro-batches, {int(last['optimizer_steps'])} optimizer steps, "
+        f"clip fraction {last['clip_fraction']:.3f}"
     )
-    if device.startswith("cuda"):
-        print(f"peak memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+    full = peaks.get("full-logits GRPO step")
+    if cuda and full:
+        print(f"peak_memory_vs_full_logits: {peaks['dockyard GRPO step'] / full:.3f}")
+    else:
+        print("peak_memory_vs_full_logits: n/a (CUDA only, and not with --skip-full-logits)")
+    print(f"trainer_mfu: {flops['dockyard GRPO step'] / ours / 1e12 / args.peak_tflops:.3f}")
     print(f"trainer_vs_plain_step: {plain / ours:.3f}")
 
 

@@ -10,10 +10,12 @@
     baseline, same processes and weight-sync group: one raw broadcast of a single buffer of the same bytes
 
 The refit runs as the deployment configures it except for the checksum
-(cluster.weight_sync_checksum, on by default: a SHA-256 of every byte on the
-host of both sides), which is off unless --checksum: with it the figure
-measures the host hash, not the transfer. --direct-mb 0 measures the
-all-packed path for comparison.
+(cluster.weight_sync_checksum, on by default: a fingerprint of every byte on
+the device of both sides), which is off unless --checksum. --checksum-cost
+times the refit both ways in the same rounds and prints, last,
+`checksum_cost_vs_transfer: R` = (refit with checksum − refit without) /
+refit without (goal <= 0.05), after checking that both sides' fingerprints
+agree. --direct-mb 0 measures the all-packed path for comparison.
 
 Both are timed from a common start (an all-reduce) to the later of the two
 processes' end, best of --repeats after a warm-up. After the last refit the
@@ -24,6 +26,7 @@ refit moves weights at link speed).
     python bench/weight_sync.py                  # two GPUs, NCCL, 7B-shaped
     python bench/weight_sync.py --smoke          # CPU, gloo, a tiny model (seconds)
     python bench/weight_sync.py --direct-mb 0    # every tensor packed (the path before the direct one)
+    python bench/weight_sync.py --checksum-cost  # the fingerprint's cost, as a fraction of the transfer
 """
 
 from __future__ import annotations
@@ -127,18 +130,25 @@ def member(role: str, group, args: argparse.Namespace, out: mp.Queue) -> None:
         member._broadcast(flat, "raw broadcast")
 
     version = 0
+    fingerprints: list[str] = []
 
-    def refit() -> None:
+    def refit(checksum: bool) -> None:
         nonlocal version
         version += 1
+        transport.checksum = checksum
         if trainer:
-            transport.send(tensors, version, group)
+            report = transport.send(tensors, version, group)
         else:
-            asyncio.run(engine.receive_weights(transport, version, group, timeout))
+            report = asyncio.run(engine.receive_weights(transport, version, group, timeout))
+        if checksum:
+            fingerprints.append(report.checksum)
 
-    results = {"raw": [], "refit": []}
-    for i in range(args.repeats + 1):  # the first round warms up both paths
-        for name, run in (("raw", raw), ("refit", refit)):
+    paths = [("raw", raw), ("refit", lambda: refit(args.checksum))]
+    if args.checksum_cost:
+        paths.append(("refit_checksum", lambda: refit(True)))
+    results: dict[str, list[float]] = {name: [] for name, _ in paths}
+    for i in range(args.repeats + 1):  # the first round warms up every path
+        for name, run in paths:
             seconds = timed(run)
             if i > 0:
                 results[name].append(seconds)
@@ -148,7 +158,7 @@ def member(role: str, group, args: argparse.Namespace, out: mp.Queue) -> None:
     if engine is not None:
         assert engine.weight_version == version
     transport.close()
-    out.put((role, nbytes, results, sums))
+    out.put((role, nbytes, results, sums, fingerprints))
 
 
 def main() -> None:
@@ -165,8 +175,13 @@ def main() -> None:
     parser.add_argument(
         "--checksum",
         action="store_true",
-        help="SHA-256 on both sides, as cluster.weight_sync_checksum (default true in deployments) does; "
-        "off by default here: it measures the host hash, not the transfer",
+        help="fingerprint on both sides, as cluster.weight_sync_checksum (default true in deployments) does; "
+        "off by default here: the figure is the transfer's",
+    )
+    parser.add_argument(
+        "--checksum-cost",
+        action="store_true",
+        help="also time the refit with the checksum on, and print checksum_cost_vs_transfer",
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=60.0, help="weight-sync timeout, seconds")
@@ -206,8 +221,8 @@ def main() -> None:
     try:
         while len(got) < 2:
             try:
-                role, nbytes, results, sums = out.get(timeout=5)
-                got[role] = (nbytes, results, sums)
+                role, nbytes, results, sums, fingerprints = out.get(timeout=5)
+                got[role] = (nbytes, results, sums, fingerprints)
             except queue.Empty:
                 dead = [p for p in procs if not p.is_alive() and p.exitcode != 0]
                 if dead:
@@ -218,8 +233,11 @@ def main() -> None:
             if p.is_alive():
                 p.kill()
     nbytes = got["trainer"][0]
-    raw = min(max(a, b) for a, b in zip(got["trainer"][1]["raw"], got["rollout"][1]["raw"], strict=True))
-    refit = min(max(a, b) for a, b in zip(got["trainer"][1]["refit"], got["rollout"][1]["refit"], strict=True))
+
+    def best(name: str) -> float:
+        return min(max(a, b) for a, b in zip(got["trainer"][1][name], got["rollout"][1][name], strict=True))
+
+    raw, refit = best("raw"), best("refit")
     equal = got["trainer"][2] == got["rollout"][2]
     gb = nbytes / 1e9
     direct = "bucket/4" if args.direct_mb is None else f"{args.direct_mb:g} MiB"
@@ -233,6 +251,14 @@ def main() -> None:
     if not equal:
         sys.exit("the engine's weights differ from the trainer's after the refit")
     print(f"sync_vs_raw_broadcast: {raw / refit:.3f}")
+    if args.checksum_cost:
+        checked = best("refit_checksum")
+        agree = got["trainer"][3] == got["rollout"][3] and all(len(f) == 64 for f in got["trainer"][3])
+        print(f"refit with the checksum: {checked * 1e3:9.1f} ms  {gb / checked:7.1f} GB/s")
+        print(f"fingerprints of both sides agree in every round: {agree}")
+        if not agree:
+            sys.exit("the trainer's and the engine's fingerprints differ")
+        print(f"checksum_cost_vs_transfer: {(checked - refit) / refit:.3f}")
 
 
 if __name__ == "__main__":

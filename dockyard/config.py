@@ -144,6 +144,7 @@ class PolicyConfig(Section):
     )
     activation_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     train_global_batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="Trajectories per optimizer step.")
+    num_epochs: int = Field(1, ge=1, le=100, description="Passes over a step's minibatches, one optimizer step each.")
     train_micro_batch_size: int = Field(16, ge=1, le=MAX_BATCH, description="Most trajectories per forward/backward.")
     max_tokens_per_micro_batch: int | None = Field(
         None, ge=1, le=MAX_TOKENS, description="Token budget of a micro-batch (padded rows × length); null = rows only."
@@ -385,7 +386,7 @@ class ClusterConfig(Section):
         None, description="Folder of the checkpoint transport; null = <logger.log_dir>/<job_id>/weights."
     )
     weight_sync_checksum: bool = Field(
-        True, description="SHA-256 of the moved bytes on both sides, compared after every sync (costs a host copy)."
+        True, description="Fingerprint of the moved bytes on their device, both sides, compared after every sync."
     )
 
 

@@ -118,14 +118,19 @@ def launch_errors(
         if value < 1:
             errors.append((field, f"{field} must be at least 1, got {value}"))
     rollouts = num_prompts_per_step * num_generations_per_prompt
-    if rollouts != train_global_batch_size:
+    size = train_global_batch_size
+    if size >= 1 and num_generations_per_prompt >= 1 and (rollouts % size or size % num_generations_per_prompt):
+        # Minibatches of whole groups: the size divides the step and is a multiple of the group.
+        sizes = [k * num_generations_per_prompt for k in range(1, num_prompts_per_step + 1)]
+        fits = [str(k) for k in sizes if rollouts % k == 0]
         errors.append(
             (
                 "policy.train_global_batch_size",
                 f"a step collects grpo.num_prompts_per_step × grpo.num_generations_per_prompt = "
-                f"{num_prompts_per_step} × {num_generations_per_prompt} = {rollouts} rollouts but "
-                f"policy.train_global_batch_size is {train_global_batch_size}; set it to {rollouts} "
-                "or change the two grpo values so their product matches",
+                f"{num_prompts_per_step} × {num_generations_per_prompt} = {rollouts} rollouts, trained in "
+                f"minibatches of policy.train_global_batch_size = {size} trajectories (one optimizer step each), "
+                "which must divide the step and hold whole groups; set it to "
+                f"{rollouts} (one optimizer step per trainer step) or another of {', '.join(fits)}",
             )
         )
 

@@ -50,8 +50,9 @@ Guarantees:
 - The sender returns only after every receiver confirmed it loaded the last
   transfer (a final all-reduce), so a receiver that dies after the last byte left
   still fails the sync.
-- Both sides can report a SHA-256 over the bytes moved, in transfer order; equal digests mean
-  the receiver holds exactly the bytes the sender sent.
+- Both sides can report a fingerprint of the bytes moved, in transfer order (fingerprint.py:
+  computed on the group's device, stream-ordered, one host copy per sync); equal fingerprints
+  mean the receiver holds the bytes the sender sent, and any single flipped bit shows.
 
 Why one module of this size: the sender (`send_weights`) and the receiver (`receive_weights`)
 must issue the same broadcasts in the same order from the same transfer plan; keeping the
@@ -77,6 +78,7 @@ import structlog
 import torch
 import torch.distributed as dist
 
+from dockyard.weights.fingerprint import Fingerprint
 from dockyard.weights.refit import RefitError, TensorSpec, canonical_name, refit_plan
 
 ALIGN = 64
@@ -318,10 +320,6 @@ def _pieces(specs: list[TensorSpec], offsets: list[int], lo: int, hi: int) -> It
         yield i, (start - off) // size, (stop - off) // size, start - lo, stop - lo
 
 
-def _hash_update(digest, buf: torch.Tensor) -> None:
-    digest.update(memoryview(buf.detach().cpu().contiguous().numpy()))
-
-
 def _copy_flat(t: torch.Tensor, a: int, b: int, flat: torch.Tensor, into_flat: bool) -> None:
     """Copy between elements [a, b) of `t` in row-major order and the 1-D `flat` (casting), never copying all of `t`.
 
@@ -475,7 +473,7 @@ def send_weights(
     plan = transfer_plan(specs, bucket_bytes, direct_bytes)
     longest = max((t.hi - t.lo for t in plan.transfers), default=1)
     buffers: list[torch.Tensor] = []  # the two bucket buffers, made on first use (none if every tensor goes direct)
-    digest = hashlib.sha256()
+    digest = Fingerprint()
     pending: list[dist.Work] = []
     in_buffer: list[tuple[dist.Work, int]] = []  # the last broadcast out of each buffer, oldest first
     for k, transfer in enumerate(plan.transfers):
@@ -490,10 +488,7 @@ def send_weights(
                 slot = len(buffers) - 1
             else:  # this buffer's previous broadcast must have left first
                 work, slot = in_buffer.pop(0)
-                if checksum:
-                    member._wait(work, f"transfer {k}: buffer reuse")  # hashing reads on the CPU: never block
-                else:
-                    member._order(work, f"transfer {k}: buffer reuse")
+                member._order(work, f"transfer {k}: buffer reuse")
             src = buffers[slot][:n]
             if t is not None:  # a large tensor that is not contiguous here: gathered piece by piece
                 size = t.element_size()
@@ -506,7 +501,7 @@ def send_weights(
         if slot is not None:
             in_buffer.append((work, slot))
         if checksum:
-            _hash_update(digest, src)
+            digest.update(src)  # queued on this stream after the packing, before the buffer's reuse
     for k, work in enumerate(pending):  # on NCCL the last completes after all; gloo may run them out of order
         member._wait(work, f"transfer {k}")
     # Sent is not received: only when every replica confirms is the sync done.
@@ -566,7 +561,7 @@ def receive_weights(
     plan = transfer_plan(specs, bucket_bytes, direct_bytes)
     longest = max((t.hi - t.lo for t in plan.transfers), default=1)
     buffers: list[torch.Tensor] = []
-    digest = hashlib.sha256()
+    digest = Fingerprint()
     partial: dict[int, torch.Tensor] = {}  # whole-tensor loaders: tensors being assembled
 
     def buffer(slot: int) -> torch.Tensor:
@@ -593,11 +588,10 @@ def receive_weights(
     def finish(transfer: Transfer, dst: tuple[torch.Tensor, bool], work: dist.Work, k: int) -> None:
         """Transfer `k` has arrived (ordered on CUDA, waited on gloo): hash it, copy it into place, load it."""
         view, copy_out = dst
-        if checksum:
-            member._wait(work, f"transfer {k}")
-            _hash_update(digest, view)
-        elif copy_out or sink.load is not None:
+        if checksum or copy_out or sink.load is not None:
             member._order(work, f"transfer {k}")
+        if checksum:
+            digest.update(view)
         whole: list[tuple[str, torch.Tensor]] = []
         if transfer.index >= 0:
             spec = specs[transfer.index]

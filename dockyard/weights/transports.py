@@ -4,9 +4,9 @@
     checkpoint   a shared folder: the trainer writes version v as safetensors shards,
                  every replica reads them (layouts without a shared collective)
 
-Guarantees: both go through `refit_plan` and report a SHA-256 over the bytes
-moved (equal on both sides when the receiver holds exactly the sender's
-weights). Every blocking step is bounded: a collective by the group's timeout,
+Guarantees: both go through `refit_plan` and report a fingerprint of the bytes
+moved (fingerprint.py; equal on both sides when the receiver holds exactly the
+sender's weights). Every blocking step is bounded: a collective by the group's timeout,
 a wait for a checkpoint folder by `timeout`. A collective transport that
 failed has closed its group; the next operation forms the weight-sync group it is
 given (the coordinator hands out a new epoch after a failure).
@@ -15,7 +15,6 @@ given (the coordinator hands out a new epoch after a failure).
 from __future__ import annotations
 
 import abc
-import hashlib
 import json
 import os
 import shutil
@@ -35,6 +34,7 @@ from dockyard.weights.collective import (
     receive_weights,
     send_weights,
 )
+from dockyard.weights.fingerprint import Fingerprint
 from dockyard.weights.refit import TensorSpec, canonical_name, refit_plan
 
 MANIFEST = "manifest.json"
@@ -181,7 +181,7 @@ class CheckpointTransport(Transport):
         tmp = self.folder / f".tmp-v{version:08d}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        digest = hashlib.sha256()
+        digest = Fingerprint()
         entries: list[tuple] = []
         shard: dict[str, torch.Tensor] = {}
         shard_index, shard_size, total = 0, 0, 0
@@ -203,7 +203,7 @@ class CheckpointTransport(Transport):
             shard_size += cpu.nbytes
             total += cpu.nbytes
             if self.checksum:
-                digest.update(memoryview(cpu.view(-1).view(torch.uint8).numpy()))
+                digest.update(cpu)
         flush()
         manifest = {"version": version, "checksum": digest.hexdigest() if self.checksum else "", "tensors": entries}
         (tmp / MANIFEST).write_text(json.dumps(manifest))
@@ -240,7 +240,7 @@ class CheckpointTransport(Transport):
         entries = manifest["tensors"]
         specs = [TensorSpec.from_json(e[:3]) for e in entries]
         names = refit_plan(specs, sink.layout())
-        digest = hashlib.sha256()
+        digest = Fingerprint()
         total = 0
         handles: dict[int, object] = {}
         try:
@@ -250,7 +250,7 @@ class CheckpointTransport(Transport):
                     handles[index] = safe_open(str(folder / f"shard-{index:05d}.safetensors"), framework="pt")
                 tensor = handles[index].get_tensor(entry[0])  # type: ignore[attr-defined]
                 if self.checksum:
-                    digest.update(memoryview(tensor.view(-1).view(torch.uint8).numpy()))
+                    digest.update(tensor)
                 total += tensor.nbytes
                 if sink.targets is not None:
                     sink.targets[target].copy_(tensor)

@@ -23,7 +23,9 @@ differs from the token count, a mask value other than 0/1, a non-finite
 reward or logprob, a token id outside the vocabulary, a segment longer than
 the model's positions), naming the group, trajectory and segment; it raises
 BatchError. `validate_rows` applies the same checks to supervised
-(prompt, completion) rows.
+(prompt, completion) rows. `minibatch_rows` cuts a step's rows into
+minibatches of whole groups, in order, each with at least `size` trajectories
+but the last (`size` divides the step in a valid config: exact).
 """
 
 from __future__ import annotations
@@ -148,6 +150,27 @@ def build_batch(groups: Sequence[TrainingGroup], pad_token_id: int) -> Batch:
         sample_index=torch.tensor(sample_index, dtype=torch.long),
         first_segment=torch.tensor(first, dtype=torch.bool),
     )
+
+
+def minibatch_rows(groups: Sequence[TrainingGroup], size: int) -> list[slice]:
+    """Row ranges of `build_batch(groups)`, one per minibatch: whole groups, about `size` trajectories each.
+
+    A minibatch closes once it holds `size` trajectories (a failed trial without tokens counts,
+    although it has no row); a minibatch without rows is dropped.
+    """
+    bounds: list[slice] = []
+    start = row = trajectories = 0
+    for g in groups:
+        for s in g.samples:
+            trajectories += 1
+            if not _hollow(s):
+                row += 1 + len(s.later_segments)
+        if trajectories >= size:
+            bounds.append(slice(start, row))
+            start, trajectories = row, 0
+    if trajectories:
+        bounds.append(slice(start, row))
+    return [b for b in bounds if b.stop > b.start]
 
 
 def build_row_batch(rows: Sequence[Row], pad_token_id: int) -> Batch:

@@ -1,21 +1,36 @@
-"""Per-token logprobs (and entropy) of a causal LM at the rollout's sampling temperature.
+"""Per-token logprobs (and entropy) of a causal LM at the rollout's sampling temperature, in chunks.
 
-    input ids [B, L] ─model─> logits[:, :-1] (fp32) / temperature ─log_softmax─>
-        ─gather at input ids[:, 1:]─> logprob of each next token [B, L-1]
-        ─(entropy=True)─> −Σ p·log p per position [B, L-1], no grad
+    input ids [B, L] ─model body─> last hidden state [B, L, H] ─[:, :-1], the scored positions─> h [N, H]
+        ─chunks of ~CHUNK_ELEMENTS / vocab positions─> logits chunk = h_c · Wᵀ (fp32) / temperature
+        ─> logsumexp, gather at the next token, entropy ─> logprob [N] (grad), entropy [N] (no grad)
+        ─scatter─> [B, L-1] (0 at positions not scored)
+    backward: each chunk's logits recomputed from h_c and W, dlogits = g·(onehot − softmax) / T
+        ─> dh_c = dlogits · W, dW += dlogitsᵀ · h_c
 
 Guarantees: logprobs are computed in fp32 from logits divided by the sampling
 temperature (temperature 0 or 1 leaves them as they are), so they compare
 with the logprobs the rollout engine reports; position t scores token t+1,
-aligned with Batch.token_mask. The entropy is taken 1024 positions at a
-time, so it adds no [tokens, vocab] temporary of its own.
+aligned with Batch.token_mask. Only one chunk of [positions, vocab] logits
+exists at a time, in the forward and in the backward (the full [B, L, vocab]
+logits are never built), and the results equal `full_logits_logprobs` (the
+plain computation, kept as the reference) to fp32 rounding. The matmul runs
+in the autocast dtype when autocast is on, as the model's own LM head would.
+Works with tied embeddings (the head's weight is the embedding's) and under
+FSDP2: the head runs inside the model's forward, where its weight is gathered.
+Models that transform logits after the head (soft-capping, a logit scale) take
+the full-logits path.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from services.trainer.batch import Batch
+
+# Elements of one chunk of logits: 2^28 fp32 values (1 GiB), ~1.8k positions at a 150k vocabulary.
+CHUNK_ELEMENTS = 1 << 28
 
 
 def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float) -> torch.Tensor:
@@ -31,8 +46,58 @@ def sampled_logprobs(
     position_ids: torch.Tensor | None,
     temperature: float,
     entropy: bool,
+    scored: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Sampled-token logprobs [B, L-1] and, when asked, the policy's entropy per position (no grad)."""
+    """Sampled-token logprobs [B, L-1] and, when asked, the policy's entropy per position (no grad).
+
+    `scored`: [B, L-1], the positions to compute (e.g. the token mask); the others hold 0.
+    None scores every position.
+    """
+    config = getattr(model, "config", None)
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        return full_logits_logprobs(model, input_ids, attention_mask, position_ids, temperature, entropy)
+    head = model.get_output_embeddings()
+    targets = input_ids[:, 1:]
+    where = torch.ones_like(targets, dtype=torch.bool) if scored is None else scored.bool()
+    found: dict[str, torch.Tensor] = {}
+
+    def on_body_output(_module, _args, output) -> None:
+        # Inside the model's forward: under FSDP2 the head's weight is gathered right now.
+        hidden = output[0] if isinstance(output, tuple) else output.last_hidden_state
+        picked = hidden[:, :-1][where]
+        lp, ent = ChunkedHeadLogprobs.apply(picked, head.weight, targets[where], temperature, entropy)
+        found.update(lp=lp, ent=ent)
+
+    handle = model.get_decoder().register_forward_hook(on_body_output)
+    try:
+        # No position keeps its logits: the head runs on an empty slice, and our hook does its work.
+        nothing = torch.zeros(0, dtype=torch.long, device=input_ids.device)
+        model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=nothing,
+        )
+    finally:
+        handle.remove()
+    shape = targets.shape
+    logprobs = torch.zeros(shape, dtype=torch.float32, device=input_ids.device).masked_scatter(where, found["lp"])
+    ent = None
+    if entropy:
+        ent = torch.zeros(shape, dtype=torch.float32, device=input_ids.device).masked_scatter(where, found["ent"])
+    return logprobs, ent
+
+
+def full_logits_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    temperature: float,
+    entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The plain computation through the model's full [B, L, vocab] logits: the reference and the baseline."""
     # use_cache=False: with a cache, transformers would ignore the packed-sequence position ids.
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     logits = out.logits[:, :-1].float()
@@ -41,8 +106,73 @@ def sampled_logprobs(
     log_probs = torch.log_softmax(logits, dim=-1)
     ent = None
     if entropy:
-        # In chunks of positions: a full [tokens, vocab] temporary is gigabytes at a 150k vocabulary.
         with torch.no_grad():
             flat = log_probs.detach().flatten(0, 1)
             ent = torch.cat([-(c.exp() * c).sum(-1) for c in flat.split(1024)]).view(log_probs.shape[:2])
     return log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1), ent
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    kind = t.device.type
+    if torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return t.dtype
+
+
+class ChunkedHeadLogprobs(torch.autograd.Function):
+    """logprob and entropy of `targets` under softmax(hidden · weightᵀ / T), one chunk of positions at a time."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, entropy):  # type: ignore[override]
+        dtype = _compute_dtype(hidden)
+        scale = temperature if temperature > 0 and temperature != 1.0 else 1.0  # logits are divided by it
+        chunk = max(1, CHUNK_ELEMENTS // weight.shape[0])
+        n = hidden.shape[0]
+        lp = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        ent = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+        with _no_autocast(hidden):
+            w = weight.to(dtype)
+            for s in range(0, n, chunk):
+                logits = _logits(hidden[s : s + chunk], w, dtype, scale)
+                lse[s : s + chunk] = torch.logsumexp(logits, -1)
+                lp[s : s + chunk] = logits.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - lse[s : s + chunk]
+                if entropy:  # H = −Σ p·log p, log p in place of the logits it no longer needs
+                    logp = logits.sub_(lse[s : s + chunk, None])
+                    ent[s : s + chunk] = -(logp.exp() * logp).sum(-1)
+        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.dtype, ctx.scale, ctx.chunk = dtype, scale, chunk
+        ctx.mark_non_differentiable(ent)
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx, grad_lp, _grad_ent):  # type: ignore[override]
+        hidden, weight, targets, lse = ctx.saved_tensors
+        dtype, scale, chunk = ctx.dtype, ctx.scale, ctx.chunk
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        with _no_autocast(hidden):
+            w = weight.to(dtype)
+            for s in range(0, hidden.shape[0], chunk):
+                h = hidden[s : s + chunk]
+                # d logprob / d raw logits = (onehot(target) − softmax) / temperature.
+                d = _logits(h, w, dtype, scale).sub_(lse[s : s + chunk, None]).exp_().neg_()
+                d.scatter_add_(-1, targets[s : s + chunk, None], torch.ones_like(d[:, :1]))
+                d.mul_((grad_lp[s : s + chunk] / scale)[:, None])
+                d = d.to(dtype)
+                if grad_hidden is not None:
+                    grad_hidden[s : s + chunk] = (d @ w).to(hidden.dtype)
+                grad_weight += (d.T @ h.to(dtype)).float()
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None
+
+
+def _logits(h: torch.Tensor, w: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    logits = (h.to(dtype) @ w.T).float()
+    return logits.div_(scale) if scale != 1.0 else logits
+
+
+def _no_autocast(t: torch.Tensor):
+    kind = t.device.type
+    if torch.is_autocast_enabled(kind):
+        return torch.autocast(kind, enabled=False)
+    return contextlib.nullcontext()

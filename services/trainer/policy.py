@@ -1,17 +1,26 @@
-"""One job's policy on the trainer: GRPO optimizer steps and checkpoints, on one rank or many.
+"""One job's policy on the trainer: GRPO trainer steps and checkpoints, on one rank or many.
 
-    [TrainingGroup] ─validate_groups─> build_batch ─> advantages (compute_advantages)
-        ─> this rank's micro-batches (micro_batches.plan)
-        ─> logprobs of π_θ, and of π_ref when kl_penalty > 0 (logprobs.py)
-        ─> clipped_pg_loss ─backward─> clip grad norm ─> AdamW step ─> scheduler step
-        ─> weight_version += 1
+    [TrainingGroup] ─validate_groups─> build_batch ─> advantages over the whole step
+        ─> minibatches of whole groups, train_global_batch_size trajectories each (minibatches.py)
+        ─> each minibatch: this rank's micro-batches (micro_batches.plan)
+        ─(more than one minibatch or epoch)─> π_old (and π_ref) logprobs of every micro-batch, no grad,
+                                              by the policy that starts the step
+        ─> per epoch, per minibatch: logprobs of π_θ (logprobs.py) ─> clipped_pg_loss ─backward─>
+           clip grad norm ─> AdamW step
+        ─> scheduler step, weight_version += 1 (once per trainer step)
     [(prompt ids, completion ids)] ─validate_rows─> build_row_batch ─> the same micro-batches
-        ─> NLL of the completion tokens ─backward─> the same update
+        ─> NLL of the completion tokens ─backward─> one update
 
 Guarantees:
-- The loss of a step is the configured reduction over the whole global batch,
+- A trainer step takes one optimizer step per minibatch per epoch
+  (`policy.num_epochs`), and advances the weight version and the learning-rate
+  schedule once. With one minibatch and one epoch π_old is the current policy
+  (ρ = 1); otherwise π_old is the policy that starts the step, computed once,
+  so later updates see ρ ≠ 1 and the clip binds. The IS weight always compares
+  π_old with the generation logprobs.
+- The loss of an optimizer step is the configured reduction over its minibatch,
   whatever the micro-batching, packing or number of ranks: each micro-batch's
-  loss is weighted by its share of the global tokens (or sequences), and the
+  loss is weighted by its share of the minibatch's tokens (or sequences), and the
   gradients of the ranks are summed. Every rank runs the same number of
   forward/backward passes (ranks with fewer rows run zero-weight passes), so
   the FSDP collectives stay in step.
@@ -44,14 +53,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dockyard.algorithms import clipped_pg_loss, compute_advantages
-from dockyard.config import AdvantageConfig, MasterConfig
+from dockyard.algorithms import clipped_pg_loss
+from dockyard.config import MasterConfig
 from dockyard.models.load import DTYPES, load_policy
 from services.trainer import checkpoint
-from services.trainer.batch import Batch, build_batch, build_row_batch, validate_groups, validate_rows
+from services.trainer.batch import Batch, build_batch, build_row_batch, minibatch_rows, validate_groups, validate_rows
 from services.trainer.experience import Row, TrainingGroup
 from services.trainer.logprobs import sampled_logprobs
 from services.trainer.micro_batches import MicroBatch, plan
+from services.trainer.minibatches import TALLY, Frozen, Minibatch, Step, count, step_metrics, trajectory_advantages
 from services.trainer.sharding import (
     full_state,
     load_full_optimizer_state,
@@ -65,19 +75,6 @@ from services.trainer.sharding import (
 Weights = Iterator[tuple[str, torch.Tensor]]
 
 _LOSS_STATS = ("pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "is_weight_mean", "ratio_mean")
-
-
-def trajectory_advantages(batch: Batch, advantage: AdvantageConfig) -> torch.Tensor:
-    """One advantage per row: its trajectory's, computed once per trajectory (its first row stands
-    for it, so a trajectory of several segments counts once in its group's statistics)."""
-    first = batch.first_segment
-    return compute_advantages(
-        batch.rewards[first],
-        batch.group_ids[first],
-        batch.valid[first],
-        leave_one_out=advantage.leave_one_out,
-        scale=advantage.scale,
-    )[batch.sample_index]
 
 
 class PolicyTrainer:
@@ -161,10 +158,28 @@ class PolicyTrainer:
     # -- training ----------------------------------------------------------------------------
 
     def train_step(self, groups: Sequence[TrainingGroup]) -> dict[str, float]:
-        """One GRPO optimizer step on `groups`; the weight version advances by one."""
+        """One GRPO trainer step on `groups`: one optimizer step per minibatch and epoch; the weight version +1."""
         start = time.perf_counter()
-        metrics = self.accumulate_gradients(groups)
-        return self._update(metrics, start)
+        pcfg = self.config.policy
+        step = self._prepare(groups, pcfg.train_global_batch_size)
+        tally = dict.fromkeys(TALLY, 0.0)
+        t1 = time.perf_counter()
+        frozen: list[list[Frozen]] | list[None] = [None]
+        if len(step.minibatches) * pcfg.num_epochs > 1:
+            # The policy that starts the step is π_old of every minibatch: later ones see ρ ≠ 1.
+            frozen = self._old_logprobs(step.minibatches, tally)
+        updates: list[dict[str, float]] = []
+        optimizer_seconds = 0.0
+        for _ in range(pcfg.num_epochs):
+            for mini, old in zip(step.minibatches, frozen, strict=True):
+                updates.append(self._gradients(mini, old, tally if old is None else None))
+                t_opt = time.perf_counter()
+                updates[-1]["grad_norm"] = self._clip_and_step()
+                optimizer_seconds += time.perf_counter() - t_opt
+        passes = time.perf_counter() - t1 - optimizer_seconds
+        metrics = step_metrics(step, updates, tally, self.world, t1 - start, passes)
+        metrics["optimizer_seconds"] = optimizer_seconds
+        return self._finish(metrics, start)
 
     def sft_step(self, demonstrations: Sequence[Row]) -> dict[str, float]:
         """One supervised optimizer step on (prompt ids, completion ids) pairs.
@@ -188,7 +203,9 @@ class PolicyTrainer:
             mb = micro_batches[i].to(self.device)
             sequence_tokens += mb.num_tokens
             with self._autocast():
-                logprobs, _ = sampled_logprobs(self.model, mb.input_ids, mb.attention_mask, mb.position_ids, 0.0, False)
+                logprobs, _ = sampled_logprobs(
+                    self.model, mb.input_ids, mb.attention_mask, mb.position_ids, 0.0, False, scored=mb.token_mask
+                )
             nll = -torch.where(mb.token_mask.bool(), logprobs, 0.0).sum()
             (nll * (self.world / total_tokens)).backward()
             nll_sum += float(nll.detach())
@@ -202,74 +219,105 @@ class PolicyTrainer:
             "batch_seconds": t1 - start,
             "forward_backward_seconds": time.perf_counter() - t1,
         }
-        return self._update(metrics, start)
+        t_opt = time.perf_counter()
+        metrics["grad_norm"] = self._clip_and_step()
+        metrics["optimizer_seconds"] = time.perf_counter() - t_opt
+        return self._finish(metrics, start)
 
-    def _update(self, metrics: dict[str, float], start: float) -> dict[str, float]:
-        """Clip, optimizer and scheduler step after the gradients of a step; adds the step's metrics."""
-        t_backward = time.perf_counter()
+    def _clip_and_step(self) -> float:
+        """Clip the gradients by global norm and take one optimizer step; the norm before clipping."""
         max_norm = self.config.policy.optimizer.max_grad_norm
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        metrics["lr"] = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
+        return float(grad_norm)
+
+    def _finish(self, metrics: dict[str, float], start: float) -> dict[str, float]:
+        """The end of a trainer step: the scheduler steps and the weight version advances, once each."""
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.weight_version += 1
-        end = time.perf_counter()
-        seconds = end - start
+        seconds = time.perf_counter() - start
         metrics.update(
-            grad_norm=float(grad_norm),
             train_seconds=seconds,
-            optimizer_seconds=end - t_backward,
             tokens_per_second=metrics["sequence_tokens"] / seconds,
             weight_version=float(self.weight_version),
         )
         return metrics
 
     def accumulate_gradients(self, groups: Sequence[TrainingGroup]) -> dict[str, float]:
-        """Zero the gradients, then backpropagate the step's loss over micro-batches; no update."""
-        t0 = time.perf_counter()
-        cfg, loss_cfg = self.config, self.config.loss_fn
-        temperature = cfg.policy.generation.temperature
+        """Zero the gradients, then backpropagate the loss of `groups` as one minibatch; no update."""
+        start = time.perf_counter()
+        step = self._prepare(groups, None)
+        tally = dict.fromkeys(TALLY, 0.0)
+        t1 = time.perf_counter()
+        update = self._gradients(step.minibatches[0], None, tally)
+        return step_metrics(step, [update], tally, self.world, t1 - start, time.perf_counter() - t1)
+
+    def _prepare(self, groups: Sequence[TrainingGroup], minibatch_size: int | None) -> Step:
+        """Validate and lay out a step, its advantages (over the whole step) and its minibatches (None: one)."""
         validate_groups(groups, self.model.config.vocab_size, self.max_positions)
         batch = build_batch(groups, self.tokenizer.pad_token_id)
-        first = batch.first_segment
-        advantages = trajectory_advantages(batch, cfg.grpo.advantage)
+        advantages = trajectory_advantages(batch, self.config.grpo.advantage)
         # Infrastructure failures carry no learning signal: they leave the loss entirely.
         batch.token_mask = batch.token_mask * batch.valid[:, None].float()
-        total_tokens = float(batch.token_mask.sum().clamp(min=1))
-        total_seqs = float((batch.token_mask.sum(-1) > 0).sum().clamp(min=1))
-        micro_batches = self._plan(batch, advantages)
-        count = max_over_ranks(len(micro_batches), self.world)
-        t1 = time.perf_counter()
+        bounds = [slice(0, len(batch))] if minibatch_size is None else minibatch_rows(groups, minibatch_size)
+        minibatches = []
+        for rows in bounds:
+            part = batch.slice(rows.start, rows.stop)
+            micro = self._plan(part, advantages[rows])
+            minibatches.append(
+                Minibatch(
+                    micro,
+                    max_over_ranks(len(micro), self.world),
+                    float(part.token_mask.sum().clamp(min=1)),
+                    float((part.token_mask.sum(-1) > 0).sum().clamp(min=1)),
+                )
+            )
+        return Step(batch, advantages, minibatches)
 
+    @torch.no_grad()
+    def _old_logprobs(self, minibatches: list[Minibatch], tally: dict[str, float]) -> list[list[Frozen]]:
+        """Per minibatch and micro-batch: (π_old, π_ref) logprobs of the policy as it starts the step."""
+        frozen: list[list[Frozen]] = []
+        for mini in minibatches:
+            frozen.append([])
+            for i in range(mini.count):
+                if i >= len(mini.micro):
+                    self._idle_pass(grad=False)
+                    continue
+                mb = mini.micro[i].to(self.device)
+                with self._autocast():
+                    old, entropy = self._logprobs(self.model, mb, entropy=True)
+                    reference = self._reference_logprobs(mb)
+                count(tally, mb, old, entropy)
+                frozen[-1].append((old, reference))
+        return frozen
+
+    def _gradients(self, mini: Minibatch, frozen: list[Frozen] | None, tally: dict | None) -> dict[str, float]:
+        """Zero the gradients, backpropagate one minibatch's loss; its loss statistics (summed over ranks).
+
+        `frozen`: (π_old, π_ref) per micro-batch from `_old_logprobs`; None: the current policy is
+        π_old (ρ = 1 with the gradient of ρ), and `tally` collects the step's statistics.
+        """
+        loss_cfg = self.config.loss_fn
         self.optimizer.zero_grad(set_to_none=True)
         sums = dict.fromkeys(("loss", *_LOSS_STATS), 0.0)
-        tally = dict.fromkeys(("nll", "abs_delta", "kl", "entropy", "sequence_tokens"), 0.0)
-        # FSDP averages gradients over ranks; the step's loss is their sum.
-        scale = float(self.world)
-        for i in range(count):
-            if i >= len(micro_batches):
-                self._idle_pass()
+        scale = float(self.world)  # FSDP averages gradients over ranks; the step's loss is their sum.
+        for i in range(mini.count):
+            if i >= len(mini.micro):
+                self._idle_pass(reference=frozen is None)
                 continue
-            mb = micro_batches[i].to(self.device)
-            tally["sequence_tokens"] += mb.num_tokens
+            mb = mini.micro[i].to(self.device)
             with self._autocast():
-                logprobs, entropy = sampled_logprobs(
-                    self.model, mb.input_ids, mb.attention_mask, mb.position_ids, temperature, entropy=True
-                )
-                reference = None
-                if self.reference is not None:
-                    with torch.no_grad():
-                        reference, _ = sampled_logprobs(
-                            self.reference, mb.input_ids, mb.attention_mask, mb.position_ids, temperature, False
-                        )
+                logprobs, entropy = self._logprobs(self.model, mb, entropy=tally is not None)
+                if frozen is None:
+                    old, reference = logprobs.detach(), self._reference_logprobs(mb)
+                else:
+                    old, reference = frozen[i]
             mask = mb.token_mask
-            mb_tokens = float(mask.sum())
-            # One optimizer step per batch: the pre-update policy is the current one, so
-            # its logprobs are these values, detached (ρ = 1 with the gradient of ρ).
-            old = logprobs.detach()
             loss, stats = clipped_pg_loss(
                 logprobs,
                 old,
@@ -287,64 +335,50 @@ class PolicyTrainer:
                 is_max=loss_cfg.is_max,
                 reduction=loss_cfg.reduction,
             )
-            # Weight each micro-batch by its share, so the sum is the global-batch reduction.
+            # Weight each micro-batch by its share, so the sum is the minibatch's reduction.
             if loss_cfg.reduction == "token":
-                share = mb_tokens / total_tokens
+                share = float(mask.sum()) / mini.tokens
             else:
-                share = float((mask.sum(-1) > 0).sum()) / total_seqs
+                share = float((mask.sum(-1) > 0).sum()) / mini.sequences
             (loss * (share * scale)).backward()
             sums["loss"] += float(loss.detach()) * share
             for key in _LOSS_STATS:
                 sums[key] += stats[key] * share
-            m = mask.bool()
-            delta = torch.where(m, old - mb.generation_logprobs, 0.0)
-            tally["abs_delta"] += float(delta.abs().sum())
-            tally["kl"] += float((-delta).sum())  # k1 estimate of KL(π_gen ‖ π_train) on π_gen's samples
-            tally["nll"] += float(-torch.where(m, old, 0.0).sum())
-            tally["entropy"] += float(torch.where(m, entropy, 0.0).sum())
-        keys = [*sums, *tally]
-        values = dict(zip(keys, sum_over_ranks([*sums.values(), *tally.values()], self.world), strict=True))
-        t2 = time.perf_counter()
+            if tally is not None:
+                count(tally, mb, old, entropy)
+        return dict(zip(sums, sum_over_ranks(list(sums.values()), self.world), strict=True))
 
-        valid_rewards = batch.rewards[first & batch.valid]
-        mean_abs = values["abs_delta"] / total_tokens
-        return {
-            **{key: values[key] for key in sums},
-            # Mean NLL of the sampled tokens: an estimate of the policy's entropy at the sampling temperature.
-            "sampled_token_nll": values["nll"] / total_tokens,
-            "entropy": values["entropy"] / total_tokens,
-            "reward_mean": float(valid_rewards.mean()) if len(valid_rewards) else 0.0,
-            "valid_fraction": float(batch.valid[first].float().mean()),
-            "advantage_abs_mean": float(advantages[first].abs().mean()),
-            "num_trajectories": float(first.sum()),
-            "num_segments": float(len(batch)),
-            "num_tokens": total_tokens,
-            "sequence_tokens": values["sequence_tokens"],
-            "num_micro_batches": float(count),
-            "batch_seconds": t1 - t0,
-            "forward_backward_seconds": t2 - t1,
-            "gen_train_logprob_abs_diff": mean_abs,
-            "gen_train_prob_error": math.exp(mean_abs) - 1.0,
-            "gen_train_kl": values["kl"] / total_tokens,
-        }
+    def _logprobs(self, model: torch.nn.Module, mb: MicroBatch, entropy: bool):
+        temperature = self.config.policy.generation.temperature
+        return sampled_logprobs(
+            model, mb.input_ids, mb.attention_mask, mb.position_ids, temperature, entropy, scored=mb.token_mask
+        )
+
+    def _reference_logprobs(self, mb: MicroBatch) -> torch.Tensor | None:
+        if self.reference is None:
+            return None
+        with torch.no_grad():
+            return self._logprobs(self.reference, mb, entropy=False)[0]
 
     def _autocast(self):
         if not self.autocast:
             return contextlib.nullcontext()
         return torch.autocast(device_type=torch.device(self.device).type, dtype=self.compute_dtype)
 
-    def _idle_pass(self, reference: bool = True) -> None:
-        """A zero-weight forward/backward, so this rank joins the FSDP collectives of the others.
+    def _idle_pass(self, reference: bool = True, grad: bool = True) -> None:
+        """A zero-weight forward (and backward), so this rank joins the FSDP collectives of the others.
 
-        `reference`: whether the other ranks' passes also run the reference model.
+        `reference`: whether the other ranks' passes also run the reference model; `grad`: whether
+        they run a backward.
         """
         ids = torch.full((1, 2), self.tokenizer.pad_token_id, dtype=torch.long, device=self.device)
-        with self._autocast():
+        with self._autocast(), torch.set_grad_enabled(grad):
             out = self.model(input_ids=ids, use_cache=False).logits
             if reference and self.reference is not None:
                 with torch.no_grad():
                     self.reference(input_ids=ids, use_cache=False)
-        (out.float().sum() * 0.0).backward()
+        if grad:
+            (out.float().sum() * 0.0).backward()
 
     def _plan(self, batch: Batch, advantages: torch.Tensor) -> list[MicroBatch]:
         """This rank's micro-batches: its rows of the global batch under the row and token budgets."""

@@ -60,7 +60,8 @@ def test_good_configs_have_no_errors():
         ({"is_correction": "vtrace"}, "loss_fn.is_correction", ["'vtrace'", "icepop"]),
         ({"is_correction": "tis", "is_max": None}, "loss_fn.is_max", ["set loss_fn.is_max"]),
         ({"is_correction": "icepop", "is_min": None}, "loss_fn.is_min", ["set loss_fn.is_min"]),
-        ({"train_global_batch_size": 16}, "policy.train_global_batch_size", ["8 × 4 = 32", "set it to 32"]),
+        ({"train_global_batch_size": 12}, "policy.train_global_batch_size", ["8 × 4 = 32", "set it to 32", "16"]),
+        ({"train_global_batch_size": 2}, "policy.train_global_batch_size", ["whole groups", "set it to 32"]),
         ({"num_generations_per_prompt": 2}, "policy.train_global_batch_size", ["8 × 2 = 16", "set it to 16"]),
         ({"opd": True, "zero_prev_logprobs": True}, "loss_fn.zero_prev_logprobs", ["zero_prev_logprobs=false"]),
     ],
@@ -75,6 +76,11 @@ def test_each_rule_reports_its_field_and_a_fix(changes, field, words):
 def test_async_rules_only_apply_in_async_mode():
     assert errors(async_enabled=False, is_correction=None) == []
     assert errors(async_enabled=False, dynamic_sampling=True, num_dataloaders=4) == []
+
+
+def test_minibatches_of_whole_groups_that_divide_the_step_are_accepted():
+    for size in (4, 8, 16, 32):
+        assert errors(train_global_batch_size=size) == []
 
 
 def test_non_positive_sizes_are_reported():

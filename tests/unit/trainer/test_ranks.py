@@ -1,8 +1,9 @@
 """FSDP2 across 2 ranks (torchrun, gloo, CPU) takes the same steps as one rank on the same batch.
 
 The test runs this file under torchrun; each rank builds the same PolicyTrainer,
-takes one GRPO step on the same groups (dealt over the ranks, micro-batched
-under a token budget) and one supervised step on the same rows, then writes
+takes one GRPO step on the same groups (two minibatches of one group each, so
+two optimizer steps against the logprobs of the policy that started the step;
+dealt over the ranks, micro-batched under a token budget) and one supervised step on the same rows, then writes
 its metrics, the gathered weights and a checkpoint. The same step taken in the
 test process (one rank, no FSDP) must give the same loss, gradient norm and
 weights, and the 2-rank checkpoint must load with AutoModelForCausalLM.
@@ -28,7 +29,7 @@ CONFIG = """
 policy:
   model: {model_type: qwen2, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2,
           num_attention_heads: 2, num_key_value_heads: 1, max_position_embeddings: 64}
-  train_global_batch_size: 6
+  train_global_batch_size: 3
   train_micro_batch_size: 4
   max_tokens_per_micro_batch: 40
   optimizer: {lr: 0.01, max_grad_norm: 0.5}
@@ -101,7 +102,9 @@ def test_two_ranks_take_the_single_rank_step(tmp_path: Path) -> None:
     sharded = json.loads((tmp_path / "metrics.json").read_text())
     # Several micro-batches under the token budget; the step is still the global one.
     assert single["num_micro_batches"] >= 2 and sharded["num_micro_batches"] >= 1
-    for key in ("loss", "pg_loss", "kl", "grad_norm", "entropy", "num_tokens", "gen_train_kl", "sft_loss"):
+    assert single["optimizer_steps"] == sharded["optimizer_steps"] == 2 and single["clip_fraction"] > 0
+    keys = ("loss", "pg_loss", "kl", "grad_norm", "entropy", "num_tokens", "gen_train_kl", "clip_fraction", "sft_loss")
+    for key in keys:
         assert abs(single[key] - sharded[key]) <= 1e-5 * max(1.0, abs(single[key])), key
     assert single["grad_norm"] > 0.5  # clipping was active: the global norm must agree across ranks
     two = torch.load(tmp_path / "weights.pt")

@@ -1,0 +1,105 @@
+"""A GRPO trainer step's layout and statistics: minibatches of whole groups, each one optimizer step.
+
+    [TrainingGroup] ─build_batch─> Batch (rows in group order) ─advantages over the whole step─>
+        ─minibatch_rows(policy.train_global_batch_size)─> Minibatch: rows of whole groups
+            ─micro_batches.plan─> this rank's micro-batches, the passes every rank runs,
+                                  the minibatch's token and sequence counts (the loss's denominators)
+        ─> per optimizer step: loss statistics ─┐
+           per step: the tally of π_old ────────┴─step_metrics─> the step's metrics
+
+Guarantees: advantages are computed once per step, over every trajectory of
+the step, whatever the minibatches; a group is never split across
+minibatches; the tally (sampled-token NLL, entropy, generation-vs-training
+mismatch) is taken once per step, on the policy that starts it; loss
+statistics (loss, clip fractions, ...) are means over the step's optimizer
+steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from dockyard.algorithms import compute_advantages
+from dockyard.config import AdvantageConfig
+from services.trainer.batch import Batch
+from services.trainer.micro_batches import MicroBatch
+from services.trainer.sharding import sum_over_ranks
+
+# (π_old logprobs, π_ref logprobs or None) of one micro-batch, taken before the step's first update.
+Frozen = tuple[torch.Tensor, torch.Tensor | None]
+TALLY = ("nll", "abs_delta", "kl", "entropy", "sequence_tokens")
+
+
+@dataclass
+class Minibatch:
+    micro: list[MicroBatch]  # this rank's micro-batches
+    count: int  # forward/backward passes every rank runs (the most micro-batches of any rank)
+    tokens: float  # valid tokens of the minibatch, all ranks (the token reduction's denominator)
+    sequences: float  # rows with a valid token, all ranks (the sequence reduction's denominator)
+
+
+@dataclass
+class Step:
+    batch: Batch
+    advantages: torch.Tensor  # one per row
+    minibatches: list[Minibatch]
+
+
+def trajectory_advantages(batch: Batch, advantage: AdvantageConfig) -> torch.Tensor:
+    """One advantage per row: its trajectory's, computed once per trajectory (its first row stands
+    for it, so a trajectory of several segments counts once in its group's statistics)."""
+    first = batch.first_segment
+    return compute_advantages(
+        batch.rewards[first],
+        batch.group_ids[first],
+        batch.valid[first],
+        leave_one_out=advantage.leave_one_out,
+        scale=advantage.scale,
+    )[batch.sample_index]
+
+
+def count(tally: dict[str, float], mb: MicroBatch, old: torch.Tensor, entropy: torch.Tensor | None) -> None:
+    """Add one micro-batch of π_old's logprobs (and entropy) to the step's tally."""
+    m = mb.token_mask.bool()
+    delta = torch.where(m, old - mb.generation_logprobs, 0.0)
+    tally["sequence_tokens"] += mb.num_tokens
+    tally["abs_delta"] += float(delta.abs().sum())
+    tally["kl"] += float((-delta).sum())  # k1 estimate of KL(π_gen ‖ π_train) on π_gen's samples
+    tally["nll"] += float(-torch.where(m, old, 0.0).sum())
+    if entropy is not None:
+        tally["entropy"] += float(torch.where(m, entropy, 0.0).sum())
+
+
+def step_metrics(
+    step: Step, updates: list[dict[str, float]], tally: dict[str, float], world: int, prepare: float, passes: float
+) -> dict[str, float]:
+    """A trainer step's metrics: loss statistics averaged over its optimizer steps, the rest over the step."""
+    batch, first = step.batch, step.batch.first_segment
+    values = dict(zip(tally, sum_over_ranks(list(tally.values()), world), strict=True))
+    total_tokens = float(batch.token_mask.sum().clamp(min=1))
+    valid_rewards = batch.rewards[first & batch.valid]
+    mean_abs = values["abs_delta"] / total_tokens
+    return {
+        **{key: sum(u[key] for u in updates) / len(updates) for key in updates[0]},
+        # Mean NLL of the sampled tokens: an estimate of the policy's entropy at the sampling temperature.
+        "sampled_token_nll": values["nll"] / total_tokens,
+        "entropy": values["entropy"] / total_tokens,
+        "reward_mean": float(valid_rewards.mean()) if len(valid_rewards) else 0.0,
+        "valid_fraction": float(batch.valid[first].float().mean()),
+        "advantage_abs_mean": float(step.advantages[first].abs().mean()),
+        "num_trajectories": float(first.sum()),
+        "num_segments": float(len(batch)),
+        "num_tokens": total_tokens,
+        "sequence_tokens": values["sequence_tokens"],
+        "num_micro_batches": float(sum(m.count for m in step.minibatches)),
+        "num_minibatches": float(len(step.minibatches)),
+        "optimizer_steps": float(len(updates)),
+        "batch_seconds": prepare,
+        "forward_backward_seconds": passes,
+        "gen_train_logprob_abs_diff": mean_abs,
+        "gen_train_prob_error": math.exp(mean_abs) - 1.0,
+        "gen_train_kl": values["kl"] / total_tokens,
+    }
