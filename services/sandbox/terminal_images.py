@@ -257,9 +257,7 @@ class TerminalImages:
         except docker.errors.ImageNotFound:
             return False
 
-    def _build(
-        self, task: TaskFolder, translation: Translation, files: list[Path], tag: str, content_hash: str
-    ) -> None:
+    def _build(self, task: TaskFolder, translation: Translation, files: list[Path], tag: str, digest: str) -> None:
         import docker.errors
 
         with tempfile.TemporaryDirectory(prefix="dockyard-terminal-build-") as tmp:
