@@ -8,7 +8,6 @@
         ──> `cd WORKDIR && bash /tests/run-tests.sh` (TEST_DIR=/tests), at most max_test_timeout_sec
         ──> the pytest summary ──> SweResult: passed iff at least one test ran and all passed;
             tests_passed / tests_total from the summary (env.reward picks all_pass or the fraction)
-    run_solution (validation, the oracle) ──> solution.sh into /oracle, `cd WORKDIR && bash /oracle/solution.sh`
 
 Guarantees: the tests reach the container only once the agent has finished, into a folder emptied
 first (nothing the agent left there is run); the verdict comes from the summary, never from the
@@ -29,7 +28,6 @@ from pathlib import Path
 
 from dockyard.rpc.errors import FailedPrecondition
 from dockyard.tasks.terminal import (
-    CONTAINER_SOLUTION_DIR,
     CONTAINER_TEST_DIR,
     TaskFolder,
     TaskFormatError,
@@ -39,7 +37,7 @@ from dockyard.tasks.terminal import (
 from services.sandbox.backend import Outcome, ResourceLimits, Status
 from services.sandbox.sessions import SessionHandle
 from services.sandbox.swe import SweResult, TaskSetError
-from services.sandbox.terminal_images import ORACLE_TARGET, TESTS_TARGET, TerminalImages
+from services.sandbox.terminal_images import TESTS_TARGET, TerminalImages
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -109,19 +107,6 @@ class TerminalTasks:
                 "terminal tasks run in their own images: start the sandbox with the docker backend"
             )
         return Prepared(*await asyncio.to_thread(self._images.ensure, task))
-
-
-async def run_solution(handle: SessionHandle, task: TaskFolder, workdir: str, limits: ResourceLimits) -> Outcome:
-    """The oracle: solution.sh copied to /oracle and run in WORKDIR, as terminal-bench's oracle agent does."""
-    if task.solution_path.suffix != ".sh":
-        raise FailedPrecondition(f"task {task.task_id!r}: solution.yaml (keystrokes) is not run here")
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        tar.add(task.solution_path, arcname="solution.sh")
-    copied = await handle.exec(_copy_in(ORACLE_TARGET), buffer.getvalue(), limits)
-    if copied.status is not Status.PASSED:
-        return copied
-    return await handle.exec(["bash", "-c", f"cd {workdir} && bash {CONTAINER_SOLUTION_DIR}/solution.sh"], None, limits)
 
 
 async def score(
