@@ -68,7 +68,10 @@ def test_what_cannot_be_built_offline_is_refused_with_its_line(tmp_path: Path, d
 
 
 def test_compose_must_be_one_client_service_and_gives_its_environment(tmp_path: Path) -> None:
-    compose = "services:\n  client:\n    build: {dockerfile: Dockerfile}\n    environment:\n      - TEST_DIR=${T}\n      - MODE=strict\n"
+    compose = (
+        "services:\n  client:\n    build: {dockerfile: Dockerfile}\n"
+        "    environment:\n      - TEST_DIR=${T}\n      - MODE=strict\n"
+    )
     assert "ENV MODE=strict" in translate(task_with(tmp_path, "FROM x\nWORKDIR /app\n", compose)).dockerfile
     two = "services:\n  client: {}\n  db: {}\n"
     with pytest.raises(DockerfileError, match="one service named `client`"):
