@@ -208,7 +208,7 @@ class SessionService:
                 return result, ""
             if session.swe is None:
                 raise FailedPrecondition(
-                    "ScoreSession needs a task session (opened with task_set and instance_id: SWE or terminal)"
+                    "ScoreSession needs a SWE session or a terminal task's (opened with task_set and instance_id)"
                 )
             task_set, instance_id = session.swe
             instance = self._swe.task_sets.instance(task_set, instance_id)
