@@ -300,7 +300,11 @@ class TerminalImages:
             stream, _ = api.get_archive(container, SEED_DIR)
             with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
                 tar.extractall(tmp, filter="tar")
-            (tmp / Path(SEED_DIR).name).rename(folder)
+            try:
+                (tmp / Path(SEED_DIR).name).rename(folder)
+            except OSError:
+                if not folder.is_dir():  # else another sandbox process on this host extracted it first
+                    raise
         finally:
             api.remove_container(container, force=True)
             shutil.rmtree(tmp, ignore_errors=True)
