@@ -3,7 +3,8 @@
     examples/tasks/terminal/<task>/ ──OpenSession(task_set, task id)──> the task's image (built offline,
         one per distinct Dockerfile + context) with WORKDIR's files
       oracle:  solution.sh into /oracle, `bash /oracle/solution.sh` in WORKDIR ──ScoreSession──> PASSED, all tests
-      nothing: ──ScoreSession──> FAILED, some test failing
+      nothing: no /tests yet, a test planted there ──ScoreSession──> FAILED, some test failing (the task's own ran)
+    a Dockerfile that needs the network ──OpenSession──> FAILED_PRECONDITION naming its line
 
 This is the environment's own path (services/sandbox/session_api.py -> terminal.py), the one agent
 trials take; tasks run a few at a time.
@@ -12,8 +13,10 @@ trials take; tasks run a few at a time.
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
+import grpc
 import pytest
 
 from dockyard.api.common.v1 import common_pb2
@@ -37,6 +40,13 @@ async def validate(stub, task_id: str, solution: bytes) -> dict[str, common_pb2.
         )
         sid = opened.session_id
         try:
+            if mode == "nothing":  # no test is there yet, and one the agent plants is not what runs
+                plant = (
+                    'echo "TEST_DIR=$TEST_DIR"; ls /tests/ 2>&1; mkdir -p /tmp/dockyard-tests && '
+                    "printf 'def test_planted():\\n    pass\\n' > /tests/test_outputs.py"
+                )
+                reply = await stub.SessionExec(sandbox_pb2.SessionExecRequest(session_id=sid, shell=plant))
+                assert reply.verdict.stdout.startswith("TEST_DIR=/tests\nls: cannot access"), reply.verdict
             if mode == "oracle":
                 copy = "mkdir -p /tmp/dockyard-oracle && cat > /oracle/solution.sh"
                 reply = await stub.SessionExec(
@@ -64,6 +74,11 @@ async def validate_all(address: str, tasks: dict[str, bytes]) -> dict[str, dict[
                 return await validate(stub, task_id, tasks[task_id])
 
         results = await asyncio.gather(*(one(t) for t in tasks))
+        # A task whose Dockerfile needs the network is refused at open, its line and reason named.
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.OpenSession(sandbox_pb2.OpenSessionRequest(task_set="broken", instance_id="needs-apt"))
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "line 3: 'apt-get update': apt needs a Debian mirror" in refused.value.details()
     return dict(zip(tasks, results, strict=True))
 
 
@@ -73,9 +88,16 @@ def test_every_shipped_task_passes_its_solution_and_fails_untouched(
     folders = task_folders(TASK_ROOT / TASK_SET)
     categories = {tag for f in folders for tag in f.config.tags}
     assert len(folders) >= 8 and {"shell", "files", "git", "python"} <= categories
+    root = tmp_path / "tasks"
+    root.mkdir()
+    (root / TASK_SET).symlink_to(TASK_ROOT / TASK_SET)
+    broken = root / "broken" / "needs-apt"
+    shutil.copytree(TASK_ROOT / TASK_SET / "hello-file", broken)
+    needs_apt = "FROM ubuntu:24.04\nWORKDIR /app\nRUN apt-get update && apt-get install -y tmux\n"
+    (broken / "Dockerfile").write_text(needs_apt)
     env = docker_sandbox_env(
         docker_sandbox_image,
-        task_root=str(TASK_ROOT),
+        task_root=str(root),
         work_root=str(tmp_path),
         max_concurrency="4",
         max_sessions="8",
