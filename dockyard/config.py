@@ -328,7 +328,7 @@ class ToolConfig(Section):
 
 
 class EnvConfig(Section):
-    name: Literal["expr", "expr_agent", "program_synthesis", "swe"] = Field(
+    name: Literal["expr", "expr_agent", "program_synthesis", "swe", "terminal_bench"] = Field(
         "expr", description="Environment: how completions are scored (dockyard/tasks/envs.py)."
     )
     reward: Literal["pass_fraction", "all_pass"] = Field("pass_fraction", description="Verdict → reward.")
@@ -354,8 +354,12 @@ class EnvConfig(Section):
 
 
 class DatasetConfig(Section):
-    source: Literal["expr", "expr_agent", "humaneval", "swe"] = Field("expr", description="Task set.")
-    path: str | None = Field(None, description="humaneval: a JSONL(.gz) in HumanEval's format; swe: task-set folder.")
+    source: Literal["expr", "expr_agent", "humaneval", "swe", "terminal_bench"] = Field("expr", description="Task set.")
+    path: str | None = Field(
+        None,
+        description="humaneval: a JSONL(.gz) in HumanEval's format; swe: task-set folder; terminal_bench: a folder "
+        "of task folders in terminal-bench's format.",
+    )
     size: int = Field(256, ge=1, le=100_000_000, description="Tasks drawn from the source.")
     seed: int = Field(0, ge=0, le=MAX_SEED)
 
@@ -467,21 +471,27 @@ class MasterConfig(Section):
                     "a group of one sample has no baseline, so every advantage, loss and gradient is 0; use 2 or more",
                 )
             )
-        wanted = {"expr": "expr", "expr_agent": "expr_agent", "program_synthesis": "humaneval", "swe": "swe"}[
-            self.env.name
-        ]
+        wanted = {
+            "expr": "expr",
+            "expr_agent": "expr_agent",
+            "program_synthesis": "humaneval",
+            "swe": "swe",
+            "terminal_bench": "terminal_bench",
+        }[self.env.name]
         for split in ("train", "validation"):
             dataset = getattr(self.data, split)
             if dataset.source != wanted:
                 errors.append((f"data.{split}.source", f"env.name={self.env.name} takes source {wanted}"))
-            elif dataset.source == "swe" and not dataset.path:
-                errors.append((f"data.{split}.path", "env swe needs the task-set folder"))
+            elif dataset.source in ("swe", "terminal_bench") and not dataset.path:
+                errors.append((f"data.{split}.path", f"env {dataset.source} needs the task-set folder"))
+        if self.env.name == "terminal_bench" and not self.env.agentic:
+            errors.append(("env.tools", "env terminal_bench is a multi-turn task: give the agent its tools (a shell)"))
         if self.env.name == "expr_agent" and not self.env.agentic:
             errors.append(("env.tools", "env expr_agent is a multi-turn task: give it its tool f"))
         if self.env.agentic and self.sft is not None:
             errors.append(("env.tools", "agent trials are GRPO's; a supervised job takes demonstrations"))
         train_path, val_path = self.data.train.path, self.data.validation.path
-        if self.env.name == "swe" and train_path and val_path:
+        if self.env.name in ("swe", "terminal_bench") and train_path and val_path:
             if Path(train_path).resolve().parent != Path(val_path).resolve().parent:
                 errors.append(
                     ("data.validation.path", "must lie in the same folder as data.train.path (one task root)")

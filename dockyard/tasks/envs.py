@@ -6,6 +6,8 @@
                         shown; a tool reads f)
     program_synthesis   humaneval (or a JSONL)     prompt + completion ─> RunTests(program, check(entry_point))
     swe                 swe (a task-set folder)    the diff in the completion ─> ScorePatch(task_set, instance_id)
+    terminal_bench      terminal_bench (a folder   agent trials only: the session's tests ─> ScoreSession
+                        of terminal-bench tasks)   (run-tests.sh after the agent; docs/terminal_tasks.md)
 
 An agent environment's trials (env.tools set) end with an answer that is scored like a completion
 (swe's trials are scored from their session's work folder instead: services/coordinator/agent_trials.py).
@@ -23,7 +25,7 @@ from pathlib import Path
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.config import DatasetConfig, MasterConfig
-from dockyard.tasks import expr, humaneval, swe
+from dockyard.tasks import expr, humaneval, swe, terminal
 from dockyard.tasks.task import Task
 
 # The RPC deadline is the sandbox's wall-clock limit plus this margin (queueing, checkout, transfer).
@@ -42,7 +44,9 @@ class Environment:
         if self.name == "program_synthesis":
             return humaneval.make_tasks(split, dataset.size, dataset.seed, dataset.path)
         if dataset.path is None:
-            raise ValueError(f"data.{split}.path must name a task-set folder for env swe")
+            raise ValueError(f"data.{split}.path must name a task-set folder for env {self.name}")
+        if self.name == "terminal_bench":
+            return terminal.load_tasks(dataset.path, dataset.size, dataset.seed)
         return swe.load_tasks(dataset.path, dataset.size, dataset.seed)
 
     async def score(
@@ -54,6 +58,8 @@ class Environment:
         limits: sandbox_pb2.Limits,
     ) -> common_pb2.Verdict:
         deadline = limits.timeout_seconds + DEADLINE_MARGIN_SECONDS
+        if self.name == "terminal_bench":
+            raise ValueError("terminal_bench tasks are scored from their agent session (ScoreSession), not an answer")
         if self.name == "swe":
             task_set, instance_id = swe.split_task_id(task.task_id)
             request = sandbox_pb2.ScorePatchRequest(
@@ -81,13 +87,17 @@ def environment(config: MasterConfig) -> Environment:
 
 
 def sandbox_env(config: MasterConfig) -> dict[str, str]:
-    """Sandbox settings a local stack needs for this config: for swe, the task root that holds
-    data.train.path (validation's task set lies beside it; the config checks that); for agent
+    """Sandbox settings a local stack needs for this config: for swe and terminal_bench, the task root
+    that holds data.train.path (validation's task set lies beside it; the config checks that), and for
+    terminal_bench the docker backend (a task runs in its own image); for agent
     trials, room for as many sessions as the job runs trials at once. A setting already in the
     environment is kept."""
     env = {}
-    if config.env.name == "swe" and "DOCKYARD_SANDBOX_TASK_ROOT" not in os.environ and config.data.train.path:
+    task_sets = ("swe", "terminal_bench")
+    if config.env.name in task_sets and "DOCKYARD_SANDBOX_TASK_ROOT" not in os.environ and config.data.train.path:
         env["DOCKYARD_SANDBOX_TASK_ROOT"] = str(Path(config.data.train.path).resolve().parent)
+    if config.env.name == "terminal_bench" and "DOCKYARD_SANDBOX_BACKEND" not in os.environ:
+        env["DOCKYARD_SANDBOX_BACKEND"] = "docker"  # each task runs in its own image
     if config.env.agentic and "DOCKYARD_SANDBOX_MAX_SESSIONS" not in os.environ:
         env["DOCKYARD_SANDBOX_MAX_SESSIONS"] = str(config.grpo.max_concurrent_trials)
     return env

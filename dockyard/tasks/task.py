@@ -26,6 +26,9 @@ class Task:
     * ``files``: ``(relative path, content)`` pairs a sandbox session for the task starts with in its
       work folder (``expr`` agent tasks: ``f.py``, which the agent's tool runs); empty for tasks
       scored from a single completion.
+    * ``max_seconds``: the task's own wall-clock budget for an agent trial (terminal tasks:
+      ``max_agent_timeout_sec``); the trial gets the smaller of it and ``grpo.max_trial_seconds``.
+      None: only the job's budget.
     """
 
     task_id: str
@@ -33,3 +36,4 @@ class Task:
     tests: tuple[str, ...]
     solution: str
     files: tuple[tuple[str, str], ...] = ()
+    max_seconds: float | None = None

@@ -5,7 +5,8 @@
             session stays on that worker
         run_scaffold(openai client ─X-Dockyard-Session─> policy endpoint, Toolbox ─> the session)
         score: the answer as env.score scores a completion (expr, program synthesis), or
-               ScoreSession (swe: the work folder's diff against the base commit)
+               ScoreSession (swe: the work folder's diff against the base commit; terminal_bench: the
+               task's tests, run in the session after the agent)
         GET /v1/sessions/{id}/trajectory ──trial_tokens──> Trajectory (loss mask, later segments)
         close both sessions
 
@@ -43,6 +44,8 @@ from dockyard.tasks.task import Task
 from services.coordinator.fleet import Fleet, Member
 
 SESSION_HEADER = "X-Dockyard-Session"
+# Environments whose sessions open on a task of a task set and are scored by ScoreSession.
+TASK_SESSION_ENVS = ("swe", "terminal_bench")
 # A full (RESOURCE_EXHAUSTED) or unreachable sandbox worker frees up or comes back: wait for it.
 OPEN_RETRIABLE = OVERLOADED | PEER_LOST
 
@@ -163,7 +166,8 @@ class AgentTrials:
         grpo, tools = self.config.grpo, self.config.env.tools
         _, base = self._clients()
         client = base.with_options(default_headers={SESSION_HEADER: session_id})
-        budget = Budget(grpo.max_rollout_turns, grpo.max_trial_tokens, grpo.max_trial_seconds)
+        seconds = min(grpo.max_trial_seconds, task.max_seconds or grpo.max_trial_seconds)  # the task's own limit
+        budget = Budget(grpo.max_rollout_turns, grpo.max_trial_tokens, seconds)
         toolbox = Toolbox(tools, sandbox, max_output_chars=self.config.env.sandbox.max_output_bytes or 4096)
         try:
             outcome = await run_scaffold(client, self.job_id, task.prompt, tools, toolbox, sampling, budget, seed)
@@ -215,7 +219,7 @@ class AgentTrials:
     async def _verdict(
         self, task: Task, outcome: Outcome, sandbox: SandboxSession, request_id: str
     ) -> common_pb2.Verdict:
-        if self.config.env.name == "swe":
+        if self.config.env.name in TASK_SESSION_ENVS:
             try:
                 return (await sandbox.score(self._limits)).score.verdict
             except grpc.aio.AioRpcError as exc:
@@ -228,7 +232,8 @@ class AgentTrials:
     async def _open(self, task: Task, session_id: str) -> tuple[Member, SandboxSession] | str:
         """A session on the least loaded worker; a full or unreachable worker is waited out (other
         workers tried first) up to the fleet wait timeout. The error, as text, when none opened one."""
-        task_set, instance_id = swe.split_task_id(task.task_id) if self.config.env.name == "swe" else ("", "")
+        in_task_set = self.config.env.name in TASK_SESSION_ENVS
+        task_set, instance_id = swe.split_task_id(task.task_id) if in_task_set else ("", "")
         loop = asyncio.get_running_loop()
         deadline, pause, error = loop.time() + self._wait_timeout, 0.05, "no sandbox worker is alive"
         while True:

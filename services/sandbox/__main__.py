@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import structlog
 
@@ -75,6 +76,24 @@ def make_swe_scorer(settings: SandboxSettings, backend):
     )
 
 
+def make_terminal_tasks(settings: SandboxSettings):
+    """Terminal task sets under the task root; with docker, each task runs in its own image (built offline)."""
+    from services.sandbox.terminal import TerminalTasks
+
+    images = None
+    if settings.backend == "docker":
+        import tempfile
+
+        import docker
+
+        from services.sandbox.terminal_images import TerminalImages
+
+        seeds = Path(settings.work_root or tempfile.gettempdir()) / "dockyard-terminal-seeds"
+        seeds.mkdir(parents=True, exist_ok=True)
+        images = TerminalImages(docker.from_env(timeout=600), settings.image, seeds)
+    return TerminalTasks(settings.task_root, images)
+
+
 def main() -> None:
     settings = SandboxSettings()
 
@@ -86,7 +105,9 @@ def main() -> None:
         backend = await make_backend(settings)
         reaped = await asyncio.to_thread(backend.reap_sessions)
         log.info("removed the sessions of a previous run", count=reaped, backend=settings.backend)
-        servicer = SandboxServicer(backend, settings, swe=make_swe_scorer(settings, backend))
+        servicer = SandboxServicer(
+            backend, settings, swe=make_swe_scorer(settings, backend), terminal=make_terminal_tasks(settings)
+        )
         servicer.start()
         service = Service(
             name="dockyard.sandbox.v1.SandboxService",

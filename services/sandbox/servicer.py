@@ -31,6 +31,7 @@ from services.sandbox.session_api import SessionService
 from services.sandbox.settings import SandboxSettings
 from services.sandbox.staging import MAX_PATH_CHARS, MAX_PATH_DEPTH
 from services.sandbox.swe import SweResult, SweScorer, TaskSetError, TaskSets
+from services.sandbox.terminal import TerminalTasks
 
 MAX_FILES = 1000
 MAX_ARGS = 1024
@@ -138,7 +139,13 @@ def swe_response(result: SweResult) -> sandbox_pb2.ScorePatchResponse:
 
 
 class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
-    def __init__(self, backend: SandboxBackend, settings: SandboxSettings, swe: SweScorer | None = None) -> None:
+    def __init__(
+        self,
+        backend: SandboxBackend,
+        settings: SandboxSettings,
+        swe: SweScorer | None = None,
+        terminal: TerminalTasks | None = None,
+    ) -> None:
         self._backend = backend
         self._settings = settings
         self._admission = Admission(settings.max_concurrency, settings.max_queued)
@@ -148,7 +155,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             log_cap_bytes=settings.max_output_bytes,
             checkout_root=settings.work_root,
         )
-        self._sessions = SessionService(backend, settings, self._swe, self._admission)
+        self._sessions = SessionService(backend, settings, self._swe, self._admission, terminal)
 
     def start(self) -> None:
         """Start reaping idle sessions (needs the running event loop)."""

@@ -1,13 +1,15 @@
 """What the session RPCs do, apart from protobuf: checks naming the field at fault, then the store and backend.
 
     open(files, task_set + instance_id?, limits, idle)  --> SWE: SweScorer.prepare -> checkout (+ image)
+                                                          --> terminal task (terminal.py): its image + WORKDIR seed
                                                           --> SessionStore.open(backend.open_session)
     exec(id, argv, stdin, timeout)    --> store.use(id) --> Admission slot --> handle.exec
     read_file / write_file(id, path)  --> store.use(id) --> handle (session_files: links never followed)
     close(id)                         --> store.close(id)
     score(id, limits)                 --> store.use(id) --> handle.export_tree --> checkouts.tree_patch
                                         (git diff against the base commit) --> SweScorer.score, the
-                                        very call ScorePatch makes with that patch
+                                        very call ScorePatch makes with that patch; a terminal task's
+                                        session: terminal.score (its tests copied in, run-tests.sh run)
 
 Checks (InvalidArgument naming the field): session_id of 1..64 url-safe characters; paths
 relative, without '..' or NUL, at most MAX_PATH_CHARS characters in MAX_PATH_DEPTH parts;
@@ -35,6 +37,8 @@ from services.sandbox.sessions import Session, SessionStore
 from services.sandbox.settings import SandboxSettings
 from services.sandbox.staging import MAX_PATH_CHARS, MAX_PATH_DEPTH
 from services.sandbox.swe import SweResult, SweScorer
+from services.sandbox.terminal import TerminalTasks
+from services.sandbox.terminal import score as score_terminal
 
 _SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_SHELL_CHARS = 128 * 1024  # the kernel's limit on one argument (MAX_ARG_STRLEN)
@@ -86,11 +90,17 @@ def _file_error(problem: FileProblem, field: str = "path") -> Exception:
 
 class SessionService:
     def __init__(
-        self, backend: SandboxBackend, settings: SandboxSettings, swe: SweScorer, admission: Admission
+        self,
+        backend: SandboxBackend,
+        settings: SandboxSettings,
+        swe: SweScorer,
+        admission: Admission,
+        terminal: TerminalTasks | None = None,
     ) -> None:
         self._backend = backend
         self._settings = settings
         self._swe = swe
+        self._terminal = terminal or TerminalTasks(settings.task_root, None)
         self._admission = admission
         self.store = SessionStore(settings.max_sessions)
         self._max_file_bytes = settings.max_file_mb * 1024 * 1024
@@ -108,8 +118,17 @@ class SessionService:
         if bool(task_set) != bool(instance_id):
             missing = "instance_id" if task_set else "task_set"
             raise InvalidArgument(f"{missing} is required with {'task_set' if task_set else 'instance_id'}")
-        seed, image, swe = None, None, None
-        if task_set:
+        seed, image, swe, terminal = None, None, None, None
+        if task_set and self._terminal.is_terminal_set(task_set):
+            task = self._terminal.task(task_set, instance_id)  # TaskSetError: the caller maps it
+            try:
+                prepared = await self._terminal.prepare(task)
+            except FailedPrecondition:
+                raise
+            except Exception as exc:
+                raise FailedPrecondition(f"cannot prepare task {instance_id!r} of {task_set!r}: {exc}") from None
+            seed, image, terminal = prepared.seed_dir, prepared.image, (task, prepared.workdir)
+        elif task_set:
             instance = self._swe.task_sets.instance(task_set, instance_id)  # TaskSetError: the caller maps it
             try:
                 checkout, image = await self._swe.prepare(task_set, instance)
@@ -120,7 +139,7 @@ class SessionService:
         async def make():
             return await self._backend.open_session(files, limits, seed_dir=seed, image=image)
 
-        return await self.store.open(make, limits=limits, idle_timeout=idle, swe=swe)
+        return await self.store.open(make, limits=limits, idle_timeout=idle, swe=swe, terminal=terminal)
 
     async def exec(self, session_id: str, command: Sequence[str], shell: str, stdin: bytes, timeout: float) -> Outcome:
         check_session_id(session_id)
@@ -174,8 +193,23 @@ class SessionService:
         """(the SWE verdict, the patch scored): the work folder's diff against the base, as ScorePatch scores it."""
         check_session_id(session_id)
         async with self.store.use(session_id) as session:
+            if session.terminal is not None:
+                task, workdir = session.terminal
+                async with self._admission.slot():
+                    s = self._settings
+                    result = await score_terminal(
+                        session.handle,
+                        task,
+                        workdir,
+                        limits,
+                        max_timeout=s.max_timeout_seconds,
+                        log_cap=s.max_output_bytes,
+                    )
+                return result, ""
             if session.swe is None:
-                raise FailedPrecondition("ScoreSession needs a SWE session (opened with task_set and instance_id)")
+                raise FailedPrecondition(
+                    "ScoreSession needs a SWE session or a terminal task's (opened with task_set and instance_id)"
+                )
             task_set, instance_id = session.swe
             instance = self._swe.task_sets.instance(task_set, instance_id)
             scratch_root = self._settings.work_root

@@ -17,6 +17,7 @@ from services.coordinator.collector import Collector
 from services.coordinator.fleet import Fleet
 from services.coordinator.rewards import reward_of
 from services.coordinator.task_stream import load_tasks
+from tests.conftest import REPO_ROOT
 
 TINY = "examples/configs/tiny_expr.yaml"
 
@@ -135,3 +136,18 @@ def test_swe_task_sets_share_one_task_root(tmp_path, monkeypatch):
     assert sandbox_env(load_config(TINY)) == {}
     with pytest.raises(ConfigError, match="same folder"):
         load_config(TINY, [*base, f"data.train.path={train}", f"data.validation.path={tmp_path / 'other' / 'v'}"])
+
+
+def test_terminal_bench_needs_tools_and_gets_a_docker_sandbox_on_its_task_root(monkeypatch):
+    for name in ("DOCKYARD_SANDBOX_TASK_ROOT", "DOCKYARD_SANDBOX_BACKEND", "DOCKYARD_SANDBOX_MAX_SESSIONS"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = load_config("examples/configs/grpo_terminal_bench.yaml")
+    assert sandbox_env(cfg) == {
+        "DOCKYARD_SANDBOX_TASK_ROOT": str((REPO_ROOT / "examples" / "tasks").resolve()),
+        "DOCKYARD_SANDBOX_BACKEND": "docker",
+        "DOCKYARD_SANDBOX_MAX_SESSIONS": "32",
+    }
+    tasks = Environment("terminal_bench").load("validation", cfg.data.validation)
+    assert len(tasks) == 9 and all(t.task_id.startswith("terminal/") for t in tasks)
+    with pytest.raises(ConfigError, match="env.tools"):
+        load_config("examples/configs/grpo_terminal_bench.yaml", ["env.tools=[]"])

@@ -1,0 +1,145 @@
+"""Terminal tasks on the sandbox's side: task sets under the task root, their sessions, their tests.
+
+    OpenSession(task_set, instance_id = task id)  where <task root>/<task_set>/ is a folder of task folders
+        ──TerminalTasks.prepare──> (the task's image, its WORKDIR's files as the seed, the WORKDIR)
+                                   (terminal_images.TerminalImages: built offline once, then reused)
+        ──> a docker session of that image: the agent starts in WORKDIR (a link to /work)
+    ScoreSession (after the agent) ──score──> run-tests.sh + tests/* as a tar into /tests (a fresh folder)
+        ──> `cd WORKDIR && bash /tests/run-tests.sh` (TEST_DIR=/tests), at most max_test_timeout_sec
+        ──> the pytest summary ──> SweResult: passed iff at least one test ran and all passed;
+            tests_passed / tests_total from the summary (env.reward picks all_pass or the fraction)
+
+Guarantees: the tests reach the container only once the agent has finished, into a folder emptied
+first (nothing the agent left there is run); the verdict comes from the summary, never from the
+exit code; a run past max_test_timeout_sec is a TIMEOUT (a zero, as terminal-bench counts it); output
+without a pytest summary is FAILED with no test (terminal-bench counts it unresolved), since the agent's
+actions can cause it; only an infrastructure failure (the container gone, the tests not copied in, a
+task image that cannot be built) is an ERROR, masked from training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import io
+import re
+import tarfile
+from pathlib import Path
+
+from dockyard.rpc.errors import FailedPrecondition
+from dockyard.tasks.terminal import (
+    CONTAINER_TEST_DIR,
+    TaskFolder,
+    TaskFormatError,
+    parse_pytest_summary,
+    read_task,
+)
+from services.sandbox.backend import Outcome, ResourceLimits, Status
+from services.sandbox.sessions import SessionHandle
+from services.sandbox.swe import SweResult, TaskSetError
+from services.sandbox.terminal_images import TESTS_TARGET, TerminalImages
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    image: str
+    seed_dir: str
+    workdir: str
+
+
+def is_terminal_set(root: Path | None, task_set: str) -> bool:
+    """True when <root>/<task_set> is a folder of terminal task folders (and not a SWE task set)."""
+    if root is None or not _NAME.match(task_set):
+        return False
+    folder = root / task_set
+    if not folder.is_dir() or (folder / "instances.jsonl").is_file():
+        return False
+    return any((p / "task.yaml").is_file() for p in folder.iterdir())
+
+
+def tests_archive(task: TaskFolder) -> bytes:
+    """run-tests.sh and the contents of tests/, side by side at the archive's top (as /tests holds them)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(task.run_tests_path, arcname=task.run_tests_path.name)
+        if task.test_dir.is_dir():
+            for path in sorted(task.test_dir.rglob("*")):
+                tar.add(path, arcname=str(path.relative_to(task.test_dir)), recursive=False)
+    return buffer.getvalue()
+
+
+def _copy_in(target: str) -> list[str]:
+    return ["sh", "-c", f"rm -rf {target} && mkdir -p {target} && tar -x -f - -C {target}"]
+
+
+def _error(message: str, outcome: Outcome | None = None) -> SweResult:
+    return SweResult(status="error", outcome=outcome, error_message=message)
+
+
+class TerminalTasks:
+    """Terminal task sets under the task root; `images` is None on a backend without containers."""
+
+    def __init__(self, root: str | None, images: TerminalImages | None) -> None:
+        self.root = Path(root) if root else None
+        self._images = images
+        self._tasks: dict[tuple[str, str], TaskFolder] = {}
+
+    def is_terminal_set(self, task_set: str) -> bool:
+        return is_terminal_set(self.root, task_set)
+
+    def task(self, task_set: str, task_id: str) -> TaskFolder:
+        key = (task_set, task_id)
+        if key not in self._tasks:
+            assert self.root is not None
+            if not _NAME.match(task_id) or not (self.root / task_set / task_id / "task.yaml").is_file():
+                raise TaskSetError(f"task {task_id!r} not found in task set {task_set!r}", kind="not_found")
+            try:
+                self._tasks[key] = read_task(self.root / task_set / task_id)
+            except TaskFormatError as exc:
+                raise TaskSetError(str(exc)) from None
+        return self._tasks[key]
+
+    async def prepare(self, task: TaskFolder) -> Prepared:
+        if self._images is None:
+            raise FailedPrecondition(
+                "terminal tasks run in their own images: start the sandbox with the docker backend"
+            )
+        return Prepared(*await asyncio.to_thread(self._images.ensure, task))
+
+
+async def score(
+    handle: SessionHandle, task: TaskFolder, workdir: str, limits: ResourceLimits, *, max_timeout: float, log_cap: int
+) -> SweResult:
+    """Copy the tests in, run run-tests.sh at most max_test_timeout_sec (under `max_timeout`), read the summary
+    (from at most `log_cap` bytes of each stream: the summary comes last, so the whole log is kept)."""
+    copied = await handle.exec(_copy_in(TESTS_TARGET), tests_archive(task), limits)
+    if copied.status is not Status.PASSED:
+        return _error(
+            f"the tests could not be copied into the session: {copied.error_message or copied.stderr}", copied
+        )
+    test_limits = dataclasses.replace(
+        limits,
+        timeout_seconds=min(task.config.max_test_timeout_sec, max_timeout),
+        max_output_bytes=max(limits.max_output_bytes, log_cap),
+    )
+    command = ["bash", "-c", f"cd {workdir} && TEST_DIR={CONTAINER_TEST_DIR} bash {CONTAINER_TEST_DIR}/run-tests.sh"]
+    outcome = await handle.exec(command, None, test_limits)
+    if outcome.status is Status.ERROR:
+        return _error(f"run-tests.sh could not run: {outcome.error_message}", outcome)
+    if outcome.status is Status.TIMEOUT:
+        message = f"run-tests.sh ran past max_test_timeout_sec={test_limits.timeout_seconds:g}"
+        return SweResult(status="timeout", outcome=outcome, error_message=message)
+    results = parse_pytest_summary(outcome.stdout + "\n" + outcome.stderr)
+    if results is None:
+        message = "run-tests.sh printed no pytest summary (run pytest with -rA): unresolved"
+        return SweResult(status="failed", outcome=outcome, error_message=message)
+    passed = sum(results.values())
+    return SweResult(
+        status="passed" if results and passed == len(results) else "failed",
+        tests_passed=passed,
+        tests_total=len(results),
+        statuses={name: "PASSED" if ok else "FAILED" for name, ok in results.items()},
+        outcome=outcome,
+    )
