@@ -19,6 +19,7 @@ from dockyard.models.tokenizer import build_char_tokenizer
 from services.endpoint.app import SESSION_HEADER, create_app
 from services.endpoint.backend import Generated, JobModel, ReplicaLost, UnknownModel
 from services.endpoint.rendering import Renderer
+from services.endpoint.routing import Router
 from services.endpoint.settings import EndpointSettings
 
 TOKEN = "sekret"
@@ -33,6 +34,7 @@ class ScriptedBackend:
         self.script: list[str] = []
         self.prompts: list[list[int]] = []
         self.lose = False
+        self.router = Router()
 
     async def close(self) -> None: ...
 
@@ -46,10 +48,7 @@ class ScriptedBackend:
             raise UnknownModel(f"model {job_id!r}: no such job")
         return self.model_
 
-    async def pick(self, job_id, sticky):
-        return "rollout", "127.0.0.1:1"
-
-    async def generate(self, job_id, replica, prompt_ids, n, sampling) -> Generated:
+    async def complete(self, job_id, session, prompt_ids, n, sampling) -> Generated:
         if self.lose:
             raise ReplicaLost("replica rollout failed mid-session: UNAVAILABLE")
         self.prompts.append(list(prompt_ids))
