@@ -118,7 +118,10 @@ def create_app(settings: EndpointSettings, token: str | None, backend: Backend |
                 generate_timeout=settings.generate_timeout_seconds,
                 run_root=settings.run_root,
                 router=Router(
-                    settings.admission_pressure, settings.admission_queue_size, settings.admission_wait_seconds
+                    settings.admission_pressure,
+                    settings.admission_queue_size,
+                    settings.admission_wait_seconds,
+                    settings.admission_session_tokens,
                 ),
             )
         yield

@@ -10,16 +10,18 @@
 
 Load of a replica = (sessions admitted to it, calls in flight to it plus the load it last reported).
 Admission pressure of a replica = the tokens its admitted sessions' histories hold (each session's
-last prompt + completion, or its first prompt before it took a turn) over the KV capacity the replica
-reported with its last Generate reply (services/rollout/prefix_cache.py); a replica that reported none
-(another engine, or no call yet) is never under pressure.
+last prompt + completion, at least the reserve: `session_tokens`, else the mean size of the latest
+sessions that ended) over the KV capacity the replica reported with its last Generate reply
+(services/rollout/prefix_cache.py); a replica that reported none (another engine, or no call yet)
+is never under pressure. A new session is admitted where the pressure with it stays at or under
+the threshold, or where no session runs.
 
 Guarantees:
 - every call of a session goes to the same replica while that replica is live; a session whose
   replica left (dead, deregistered or failing) moves to the least loaded live replica, whatever the
   pressure (a running session is always served), and stays there;
-- with admission on (`pressure_threshold` > 0), a new session is admitted only when some replica is
-  under the threshold and every session queued before it was admitted (FIFO); at most `queue_size`
+- with admission on (`pressure_threshold` > 0), a new session is admitted only when some replica has
+  room for it and every session queued before it was admitted (FIFO); at most `queue_size`
   wait, a new session beyond that is refused (AdmissionRefused, a 429), and so is one that waited
   `wait_seconds`;
 - `snapshot()` gives queue depth, admitted sessions, in-flight calls and pressure per replica.
@@ -65,8 +67,16 @@ class Router:
     # A replica whose call failed is left out this long (the coordinator's member list lags its death).
     FAILED_SECONDS = 10.0
 
-    def __init__(self, pressure_threshold: float = 0.0, queue_size: int = 256, wait_seconds: float = 600.0) -> None:
+    def __init__(
+        self,
+        pressure_threshold: float = 0.0,
+        queue_size: int = 256,
+        wait_seconds: float = 600.0,
+        session_tokens: int = 0,
+    ) -> None:
         self.pressure_threshold = pressure_threshold
+        self.session_tokens = session_tokens
+        self._finished: deque[int] = deque(maxlen=64)  # sizes of the latest sessions that ended
         self.queue_size = queue_size
         self.wait_seconds = wait_seconds
         self.replicas: dict[str, ReplicaState] = {}
@@ -83,11 +93,25 @@ class Router:
         now = time.monotonic()
         return [r for r in replicas if now - self._state(r.name).failed_at > self.FAILED_SECONDS]
 
-    def pressure(self, name: str) -> float:
+    def reserve(self) -> int:
+        """Tokens a session is expected to grow to: `session_tokens`, else the mean of the latest ended ones."""
+        if self.session_tokens:
+            return self.session_tokens
+        return sum(self._finished) // len(self._finished) if self._finished else 0
+
+    def pressure(self, name: str, joining: int = 0) -> float:
+        """The admitted sessions' tokens (each at least the reserve) over the replica's KV capacity."""
         kv = self._state(name).kv
         if kv is None or not kv.capacity_tokens:
             return 0.0
-        return sum(self.sizes.get(s, 0) for s in self._state(name).sessions) / kv.capacity_tokens
+        reserve = self.reserve()
+        held = sum(max(self.sizes.get(s, 0), reserve) for s in self._state(name).sessions)
+        return (held + joining) / kv.capacity_tokens
+
+    def _has_room(self, name: str, size: int) -> bool:
+        """Room for one more session: none admitted yet, or the pressure with it stays at the threshold or under."""
+        state = self._state(name)
+        return not state.sessions or self.pressure(name, max(size, self.reserve())) <= self.pressure_threshold
 
     def _least_loaded(self, replicas: list[Replica]) -> Replica:
         def load(r: Replica) -> tuple:
@@ -122,7 +146,7 @@ class Router:
         self.sizes[session] = max(self.sizes.get(session, 0), size)
         if self.pressure_threshold <= 0:
             return self._assign(session, self._least_loaded(replicas))
-        room = [r for r in replicas if self.pressure(r.name) < self.pressure_threshold]
+        room = [r for r in replicas if self._has_room(r.name, size)]
         if session not in self.queue:
             if room and not self.queue:
                 return self._assign(session, self._least_loaded(room))
@@ -173,7 +197,9 @@ class Router:
         """The session ended (deleted, expired or lost): its replica has room again."""
         self.abandon(session)
         name = self.session_replica.pop(session, None)
-        self.sizes.pop(session, None)
+        size = self.sizes.pop(session, None)
+        if name is not None and size:
+            self._finished.append(size)
         if name is not None:
             self._state(name).sessions.discard(session)
             self._changed.set()
@@ -197,6 +223,7 @@ class Router:
                 "pressure_threshold": self.pressure_threshold,
                 "queue_size": self.queue_size,
                 "queue_depth": len(self.queue),
+                "session_tokens": self.reserve(),
             },
             "sessions": len(self.session_replica),
             **vars(self.stats),

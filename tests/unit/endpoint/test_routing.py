@@ -45,7 +45,7 @@ def test_a_session_whose_replica_left_moves_and_stays() -> None:
 
 
 def test_admission_queues_new_sessions_fifo_and_serves_running_ones() -> None:
-    router = Router(pressure_threshold=0.5, queue_size=2)
+    router = Router(pressure_threshold=0.5, queue_size=2, session_tokens=20)
     router.served("rollout-a", kv(100))
     assert router.route("run", [A], 40).name == "rollout-a"
     router.note_size("run", 60)  # the running session grew past the threshold
@@ -59,6 +59,18 @@ def test_admission_queues_new_sessions_fifo_and_serves_running_ones() -> None:
     assert router.route("new1", [A], 10).name == "rollout-a"
     assert router.route("new2", [A], 10).name == "rollout-a"
     assert router.stats.refused_sessions == 1 and router.stats.queued_sessions == 2
+    assert router.route("new4", [A], 10) is None  # 20 + 20 + 20 tokens would pass half of 100
+
+
+def test_without_a_set_reserve_a_session_counts_as_the_mean_ended_one() -> None:
+    router = Router(pressure_threshold=0.5)
+    router.served("rollout-a", kv(100))
+    for name, size in (("x", 30), ("y", 50)):
+        router.route(name, [A], 5)
+        router.note_size(name, size)
+        router.release(name)
+    assert router.reserve() == 40
+    assert router.route("one", [A], 5).name == "rollout-a" and router.route("two", [A], 5) is None
 
 
 def test_admission_off_admits_everything() -> None:
@@ -100,7 +112,7 @@ async def test_a_call_in_flight_on_a_dying_replica_goes_on_elsewhere() -> None:
 
 
 async def test_a_queued_session_is_admitted_when_a_running_one_ends_or_refused_after_waiting() -> None:
-    router = Router(pressure_threshold=0.5, queue_size=4, wait_seconds=30.0)
+    router = Router(pressure_threshold=0.5, queue_size=4, wait_seconds=30.0, session_tokens=10)
     fleet = FakeFleet(router, [A])
     await fleet.complete("job", "run", [0] * 60, 1, None)
     router.note_size("run", 60)
