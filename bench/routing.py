@@ -168,17 +168,30 @@ def show(label: str, result: dict) -> None:
 async def main(args) -> None:
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
-    fresh = lambda: engines(args.replicas, args.cache_tokens, args.hidden, args.layers)  # noqa: E731
-    # (a) one fresh fleet per routing, the same trials.
-    sticky = await run(fresh(), Router(), args.sessions, args)
+
+    def fresh(cache_tokens: int) -> list[TorchEngine]:
+        return engines(args.replicas, cache_tokens, args.hidden, args.layers)
+
+    await run(fresh(args.cache_tokens), Router(), 2, args)  # warm-up: first-call costs fall on no measured run
+    # (a) one fresh fleet per routing, the same trials, caches that hold every session.
+    sticky = await run(fresh(args.cache_tokens), Router(), args.sessions, args)
     show("sticky", sticky)
-    rand = await run(fresh(), Router(), args.sessions, args, random_routing=True)
+    rand = await run(fresh(args.cache_tokens), Router(), args.sessions, args, random_routing=True)
     show("random", rand)
-    # (b) more sessions at once than the caches hold: admission off, then on.
-    off = await run(fresh(), Router(), args.crowd, args)
+    # (b) more sessions at once than the caches hold: admission off, then on, a session reserving the
+    # mean final size the off run's sessions reached.
+    router = Router()
+    off = await run(fresh(args.crowd_cache_tokens), router, args.crowd, args)
     show("admission off", off)
-    on = await run(fresh(), Router(pressure_threshold=args.threshold), args.crowd, args)
+    reserve = router.reserve()
+    on = await run(
+        fresh(args.crowd_cache_tokens),
+        Router(pressure_threshold=args.threshold, session_tokens=reserve),
+        args.crowd,
+        args,
+    )
     show("admission on", on)
+    print(f"(b): {args.crowd} sessions of about {reserve} tokens, {args.replicas} caches of {args.crowd_cache_tokens}")
     print(f"sticky_hit_rate: {sticky['hit_rate']:.3f}  random_hit_rate: {rand['hit_rate']:.3f}")
     print(f"admission_vs_none_evictions: {on['evictions'] / max(off['evictions'], 1):.3f}")
     print(f"admission_vs_none_throughput: {on['trials_per_second'] / off['trials_per_second']:.3f}")
@@ -193,7 +206,8 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--message-chars", type=int, default=120)
     parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--cache-tokens", type=int, default=3000, help="prefix cache positions per replica")
+    parser.add_argument("--cache-tokens", type=int, default=20000, help="prefix cache positions per replica in (a)")
+    parser.add_argument("--crowd-cache-tokens", type=int, default=3000, help="... in (b): fewer than --crowd hold")
     parser.add_argument("--threshold", type=float, default=0.8, help="admission pressure threshold in (b)")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)

@@ -12,9 +12,9 @@ Load of a replica = (sessions admitted to it, calls in flight to it plus the loa
 Admission pressure of a replica = the tokens its admitted sessions' histories hold (each session's
 last prompt + completion, at least the reserve: `session_tokens`, else the mean size of the latest
 sessions that ended) over the KV capacity the replica reported with its last Generate reply
-(services/rollout/prefix_cache.py); a replica that reported none (another engine, or no call yet)
-is never under pressure. A new session is admitted where the pressure with it stays at or under
-the threshold, or where no session runs.
+(services/rollout/prefix_cache.py); a replica that reports none (another engine) is never under
+pressure, one that has not answered yet takes one session until it has. A new session is admitted
+where the pressure with it stays at or under the threshold, or where no session runs.
 
 Guarantees:
 - every call of a session goes to the same replica while that replica is live; a session whose
@@ -52,6 +52,7 @@ class ReplicaState:
     sessions: set[str] = field(default_factory=set)
     in_flight: int = 0
     kv: Any = None  # the replica's last KvCacheStats
+    reports_kv: bool | None = None  # None until a call returned: does it report a KV capacity?
     failed_at: float = -1e9
 
 
@@ -111,7 +112,11 @@ class Router:
     def _has_room(self, name: str, size: int) -> bool:
         """Room for one more session: none admitted yet, or the pressure with it stays at the threshold or under."""
         state = self._state(name)
-        return not state.sessions or self.pressure(name, max(size, self.reserve())) <= self.pressure_threshold
+        if not state.sessions:
+            return True
+        if state.reports_kv is None:  # its capacity is not known yet: one session until its first reply
+            return False
+        return self.pressure(name, max(size, self.reserve())) <= self.pressure_threshold
 
     def _least_loaded(self, replicas: list[Replica]) -> Replica:
         def load(r: Replica) -> tuple:
@@ -184,6 +189,7 @@ class Router:
     def served(self, name: str, kv: Any) -> None:
         state = self._state(name)
         state.failed_at = -1e9
+        state.reports_kv = kv is not None and kv.capacity_tokens > 0
         if kv is not None:
             state.kv = kv
         self._changed.set()
