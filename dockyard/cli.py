@@ -177,6 +177,13 @@ _SUMMARY = (
 def fleet_summary(metrics: dict[str, float]) -> list[str]:
     """One line per rollout replica and sandbox worker of a step's metrics, and the fleet's retries."""
     lines = []
+    if "endpoint_queue_depth" in metrics:
+        lines.append(
+            f"{'endpoint:':<14}sessions {metrics['endpoint_sessions']:.0f}  "
+            f"admission queue {metrics['endpoint_queue_depth']:.0f}  "
+            f"moved {metrics.get('endpoint_moved_sessions', 0):.0f}  "
+            f"refused {metrics.get('endpoint_refused_sessions', 0):.0f}"
+        )
     if "regenerated_groups" in metrics:
         lines.append(
             f"{'fleet:':<14}regenerated groups {metrics['regenerated_groups']:.0f}  "
@@ -188,6 +195,21 @@ def fleet_summary(metrics: dict[str, float]) -> list[str]:
             lines.append(
                 f"{name + ':':<14}groups {metrics[key]:.0f}  busy {metrics[f'replica_{name}_busy_seconds']:.2f}s  "
                 f"tokens/s {metrics[f'replica_{name}_tokens_per_second']:.0f}"
+            )
+        if key.startswith("replica_") and key.endswith("_sessions"):
+            name = key.removeprefix("replica_").removesuffix("_sessions")
+            kv = metrics.get(f"replica_{name}_kv_pressure")
+            lines.append(
+                f"{name + ':':<14}sessions {metrics[key]:.0f}  "
+                f"admission pressure {metrics[f'replica_{name}_admission_pressure']:.2f}"
+                + (f"  kv pressure {kv:.2f}" if kv is not None else "")
+                + (
+                    f"  prefill saved {metrics.get(f'replica_{name}_prefill_tokens_saved', 0):.0f}"
+                    f" computed {metrics.get(f'replica_{name}_prefill_tokens_computed', 0):.0f}"
+                    f"  evictions {metrics.get(f'replica_{name}_evictions', 0):.0f}"
+                    if kv is not None
+                    else ""
+                )
             )
         if key.startswith("sandbox_") and key.endswith("_queued"):
             name = key.removeprefix("sandbox_").removesuffix("_queued")

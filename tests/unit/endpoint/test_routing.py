@@ -126,3 +126,22 @@ async def test_a_queued_session_is_admitted_when_a_running_one_ends_or_refused_a
     with pytest.raises(AdmissionRefused, match="within"):
         await fleet.complete("job", "late", [0] * 10, 1, None)
     assert router.snapshot()["admission"]["queue_depth"] == 0
+
+
+def test_queue_sessions_and_pressure_reach_the_step_metrics_and_dockyard_status() -> None:
+    from dockyard.cli import fleet_summary
+    from services.coordinator.step_metrics import routing_metrics
+
+    router = Router(pressure_threshold=0.5, session_tokens=40)
+    router.served("rollout-a", rollout_pb2.KvCacheStats(capacity_tokens=100, prefill_tokens_saved=30, pressure=0.25))
+    router.route("run", [A], 40)
+    first = routing_metrics(router.snapshot(), {})
+    assert router.route("waits", [A], 40) is None
+    router.served("rollout-a", rollout_pb2.KvCacheStats(capacity_tokens=100, prefill_tokens_saved=70, pressure=0.5))
+    snapshot = router.snapshot()
+    metrics = routing_metrics(snapshot, {"replicas": {"rollout-a": {"prefill_tokens_saved": 30}}, **vars(router.stats)})
+    assert first["endpoint_queue_depth"] == 0 and metrics["endpoint_queue_depth"] == 1
+    assert metrics["replica_rollout-a_sessions"] == 1 and metrics["replica_rollout-a_admission_pressure"] == 0.4
+    assert metrics["replica_rollout-a_kv_pressure"] == 0.5 and metrics["replica_rollout-a_prefill_tokens_saved"] == 40
+    lines = "\n".join(fleet_summary(metrics))
+    assert "admission queue 1" in lines and "rollout-a:" in lines and "kv pressure 0.50" in lines
