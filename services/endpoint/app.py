@@ -16,8 +16,8 @@ recorded (nothing could continue it). Calls of one session run
 one at a time. Errors are JSON `{"type": "error", "error": {"type", "message"}}`
 (readable by both official clients): malformed JSON 400, a body that does not
 fit the schema 422 naming the field, a body over max_body_bytes 413, unknown
-model 404, too many sessions or turns 429, a new session refused admission 429
-(the queue is full or it waited too long), no replica left 503 (a session that
+model 404, too many sessions or turns 429, a new session refused admission 503
+(the queue is full or it waited too long: the agent's trial is lost, not scored), no replica left 503 (a session that
 already took a turn then ends as an infrastructure error: its trajectory says
 so and later calls get 409; a session whose replica failed goes on on another
 one when there is one). No request error stops the endpoint serving other sessions.
@@ -175,7 +175,7 @@ def create_app(settings: EndpointSettings, token: str | None, backend: Backend |
         (GenerateRefused, 400, "invalid_request_error"),
         (UnknownModel, 404, "not_found_error"),
         (SessionLimit, 429, "rate_limit_error"),
-        (AdmissionRefused, 429, "rate_limit_error"),
+        (AdmissionRefused, 503, "overloaded_error"),
         (SessionEnded, 409, "infrastructure_error"),
         (ReplicaLost, 503, "infrastructure_error"),
     ):

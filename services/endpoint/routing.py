@@ -22,7 +22,7 @@ Guarantees:
   pressure (a running session is always served), and stays there;
 - with admission on (`pressure_threshold` > 0), a new session is admitted only when some replica has
   room for it and every session queued before it was admitted (FIFO); at most `queue_size`
-  wait, a new session beyond that is refused (AdmissionRefused, a 429), and so is one that waited
+  wait, a new session beyond that is refused (AdmissionRefused, a 503), and so is one that waited
   `wait_seconds`;
 - `snapshot()` gives queue depth, admitted sessions, in-flight calls and pressure per replica.
 """

@@ -56,9 +56,9 @@ class EndpointSettings(BaseSettings):
         "max_trial_tokens); 0 = the mean size of the latest sessions that ended.",
     )
     admission_queue_size: int = Field(
-        256, ge=1, description="New sessions that may wait for admission; one more is refused with 429."
+        256, ge=1, description="New sessions that may wait for admission; one more is refused with 503."
     )
     admission_wait_seconds: float = Field(
-        600.0, gt=0, description="Longest a new session waits for admission before it is refused with 429."
+        600.0, gt=0, description="Longest a new session waits for admission before it is refused with 503."
     )
     log_level: str = Field("info", description="debug, info, warning or error.")
