@@ -5,6 +5,8 @@
         in one pass), copy its KV into free slots, sample each row's first token
         ──> one decode step over every row (kv_slots.DecodeStep)
         ──> a row leaves at eos / stop string / max_new_tokens ──> a request resolves when its last row left
+    with a prefix cache (services/rollout/prefix_cache.py): a leaving row's KV is kept by its token ids, and
+        a prompt prefills only what follows the longest kept prefix it shares
 
 Guarantees: requests join and leave the running batch between decode steps, each row with its
 own decoding parameters, random stream (services/rollout/sampling.py), stop rules and weight
@@ -375,10 +377,9 @@ class DecodeBatch:
         prefix cache, unless any of it came from other weights than the current ones."""
         version = self.weight_version()
         assert self.prefix is not None and request.prefill is not None
-        if row.versions != {version} or request.prefill[0] != version:
-            return
         ids = [*request.prompt_ids, *row.tokens[:-1]]
-        assert self.column - row.start == len(ids)
+        if row.versions != {version} or request.prefill[0] != version or self.column - row.start != len(ids):
+            return
         cut = slice(row.start, self.column)
         keys = [k[slot : slot + 1, :, cut].clone() for k in self.cache.keys]
         values = [v[slot : slot + 1, :, cut].clone() for v in self.cache.values]

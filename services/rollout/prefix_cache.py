@@ -78,17 +78,18 @@ class PrefixCache:
     entries: OrderedDict[int, Entry] = field(default_factory=OrderedDict)  # least recently used first
     counters: PrefixStats = field(default_factory=PrefixStats)
     version: int | None = None
+    cached_tokens: int = 0  # positions held by the entries
     _next: int = 0
 
-    @property
-    def cached_tokens(self) -> int:
-        return sum(len(e.ids) for e in self.entries.values())
+    def _drop(self, key: int) -> None:
+        self.cached_tokens -= len(self.entries.pop(key).ids)
 
     def see_version(self, version: int) -> None:
         """Drop every entry when the weights changed since the entries were made."""
         if version != self.version:
             self.counters.invalidated += len(self.entries)
             self.entries.clear()
+            self.cached_tokens = 0
             self.version = version
 
     def lookup(self, prompt: list[int], version: int) -> tuple[int, Entry | None]:
@@ -121,7 +122,7 @@ class PrefixCache:
     def make_room(self, live: int, need: int) -> None:
         """Evict least recently used entries until `need` more tokens fit beside `live` and the rest."""
         while self.entries and live + need + self.cached_tokens > self.capacity_tokens:
-            self.entries.popitem(last=False)
+            self._drop(next(iter(self.entries)))
             self.counters.evictions += 1
 
     def keep(
@@ -131,9 +132,10 @@ class PrefixCache:
         if version != self.version or not ids or len(ids) + live > self.capacity_tokens:
             return
         for key in [k for k, e in self.entries.items() if len(e.ids) <= len(ids) and ids[: len(e.ids)] == e.ids]:
-            del self.entries[key]
+            self._drop(key)
         self.make_room(live, len(ids))
         self.entries[self._next] = Entry(list(ids), version, keys, values)
+        self.cached_tokens += len(ids)
         self._next += 1
 
     def stats(self, live: int) -> PrefixStats:
