@@ -122,6 +122,10 @@ def _job_line(job) -> str:
         parts.append(f"val pass {val:.3f}")
     if "buffer_held" in job.metrics:
         parts.append(f"buffer {job.metrics['buffer_held']:.0f} held {job.metrics['buffer_pending']:.0f} pending")
+    if "endpoint_queue_depth" in job.metrics:
+        parts.append(
+            f"endpoint {job.metrics['endpoint_sessions']:.0f} sessions {job.metrics['endpoint_queue_depth']:.0f} queued"
+        )
     return "  ".join(parts)
 
 
