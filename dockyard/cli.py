@@ -228,6 +228,8 @@ def member_line(member) -> str:
     kind = coordinator_pb2.MemberKind.Name(member.kind).removeprefix("MEMBER_KIND_").lower()
     parts = [f"{member.name:<14}", f"{kind:<8}", f"{member.status:<8}", member.address, f"load {member.load}"]
     parts.append(f"in flight {member.in_flight}  seen {member.seconds_since_heartbeat:.1f}s ago")
+    if member.kv_pressure:
+        parts.append(f"kv pressure {member.kv_pressure:.2f}")
     if member.weight_versions:
         parts.append("versions " + ",".join(f"{j}@{v}" for j, v in sorted(member.weight_versions.items())))
     return "  ".join(parts)

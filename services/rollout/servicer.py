@@ -95,6 +95,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         # One load at a time: two concurrent loads of one job would build two engines.
         self._load_lock = asyncio.Lock()
 
+    def kv_pressure(self) -> float:
+        """The highest prefix-cache pressure over the loaded engines (heartbeats report it); 0 without one."""
+        stats = [e.kv_cache_stats for e in list(self.engines.values())]
+        return max((s.pressure for s in stats if s is not None), default=0.0)
+
     def engine(self, job_id: str) -> GenerationEngine:
         """The job's engine, or NotFound."""
         _require_job_id(job_id)

@@ -145,3 +145,16 @@ def test_queue_sessions_and_pressure_reach_the_step_metrics_and_dockyard_status(
     assert metrics["replica_rollout-a_kv_pressure"] == 0.5 and metrics["replica_rollout-a_prefill_tokens_saved"] == 40
     lines = "\n".join(fleet_summary(metrics))
     assert "admission queue 1" in lines and "rollout-a:" in lines and "kv pressure 0.50" in lines
+
+
+def test_a_replica_reports_its_kv_pressure_in_heartbeats_and_dockyard_status_lists_it() -> None:
+    from types import SimpleNamespace
+
+    from dockyard.cli import member_line
+    from services.coordinator.fleet import ROLLOUT, Fleet
+
+    fleet = Fleet(6.0, channel_factory=lambda kind, address, mb: (None, SimpleNamespace()))
+    fleet.register(ROLLOUT, "rollout-1", "h:1")
+    fleet.heartbeat("rollout-1", load=2, running=2, kv_pressure=0.625)
+    member = fleet.to_proto()[0]
+    assert member.kv_pressure == 0.625 and "kv pressure 0.62" in member_line(member)
