@@ -43,7 +43,7 @@ class SessionLimit(Exception):
 
 
 class SessionEnded(Exception):
-    """The session was ended (its replica died); it takes no more turns."""
+    """The session was ended (its replica died and no other could go on with it); it takes no more turns."""
 
 
 def message_key(message: Message) -> tuple:

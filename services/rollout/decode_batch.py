@@ -238,10 +238,7 @@ class DecodeBatch:
         version = self.weight_version()
         past, reused = DynamicCache(), 0
         if self.prefix is not None and len(requests) == 1:
-            reused, entry = self.prefix.lookup(requests[0].prompt_ids, version)
-            if entry is not None:
-                past = self.prefix.prefix_kv(entry, reused)
-            self.prefix.counted_prefill(len(requests[0].prompt_ids) - reused, reused)
+            past, reused = self.prefix.past_for(requests[0].prompt_ids, version)
         ids = torch.tensor([r.prompt_ids[reused:] for r in requests], dtype=torch.long, device=self.device)
         out = self.model(input_ids=ids, past_key_values=past, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1].float()
@@ -380,12 +377,8 @@ class DecodeBatch:
         ids = [*request.prompt_ids, *row.tokens[:-1]]
         if row.versions != {version} or request.prefill[0] != version or self.column - row.start != len(ids):
             return
-        cut = slice(row.start, self.column)
-        keys = [k[slot : slot + 1, :, cut].clone() for k in self.cache.keys]
-        values = [v[slot : slot + 1, :, cut].clone() for v in self.cache.values]
-        self.prefix.see_version(version)
         live = self._live_tokens() - len(ids) - 1
-        self.prefix.keep(ids, version, keys, values, live)
+        self.prefix.keep_slot(self.cache, slot, row.start, ids, version, live)
 
     def _leave(self, slot: int) -> None:
         request, _ = self._active.pop(slot)

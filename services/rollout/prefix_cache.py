@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache
@@ -107,6 +108,21 @@ class PrefixCache:
         self.entries.move_to_end(found)
         self.counters.hits += 1
         return best, self.entries[found]
+
+    def past_for(self, prompt: list[int], version: int) -> tuple[DynamicCache, int]:
+        """The KV to prefill `prompt` after (empty on a miss) and how many of its tokens it covers; counted."""
+        reused, entry = self.lookup(prompt, version)
+        past = self.prefix_kv(entry, reused) if entry is not None else DynamicCache()
+        self.counted_prefill(len(prompt) - reused, reused)
+        return past, reused
+
+    def keep_slot(self, cache: Any, slot: int, start: int, ids: list[int], version: int, live: int) -> None:
+        """Keep the KV of `ids`, in columns [start, start + len(ids)) of `slot` of a SlotCache (copied)."""
+        cut = slice(start, start + len(ids))
+        keys = [k[slot : slot + 1, :, cut].clone() for k in cache.keys]
+        values = [v[slot : slot + 1, :, cut].clone() for v in cache.values]
+        self.see_version(version)
+        self.keep(ids, version, keys, values, live)
 
     def prefix_kv(self, entry: Entry, n: int) -> DynamicCache:
         """A fresh DynamicCache holding the first n positions of `entry` (copies: the entry stays intact)."""
