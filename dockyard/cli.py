@@ -144,6 +144,10 @@ def _job_line(job) -> str:
         parts.append(f"val pass {val:.3f}")
     if "buffer_held" in job.metrics:
         parts.append(f"buffer {job.metrics['buffer_held']:.0f} held {job.metrics['buffer_pending']:.0f} pending")
+    if "endpoint_queue_depth" in job.metrics:
+        parts.append(
+            f"endpoint {job.metrics['endpoint_sessions']:.0f} sessions {job.metrics['endpoint_queue_depth']:.0f} queued"
+        )
     return "  ".join(parts)
 
 
@@ -199,6 +203,13 @@ _SUMMARY = (
 def fleet_summary(metrics: dict[str, float]) -> list[str]:
     """One line per rollout replica and sandbox worker of a step's metrics, and the fleet's retries."""
     lines = []
+    if "endpoint_queue_depth" in metrics:
+        lines.append(
+            f"{'endpoint:':<14}sessions {metrics['endpoint_sessions']:.0f}  "
+            f"admission queue {metrics['endpoint_queue_depth']:.0f}  "
+            f"moved {metrics.get('endpoint_moved_sessions', 0):.0f}  "
+            f"refused {metrics.get('endpoint_refused_sessions', 0):.0f}"
+        )
     if "regenerated_groups" in metrics:
         lines.append(
             f"{'fleet:':<14}regenerated groups {metrics['regenerated_groups']:.0f}  "
@@ -210,6 +221,21 @@ def fleet_summary(metrics: dict[str, float]) -> list[str]:
             lines.append(
                 f"{name + ':':<14}groups {metrics[key]:.0f}  busy {metrics[f'replica_{name}_busy_seconds']:.2f}s  "
                 f"tokens/s {metrics[f'replica_{name}_tokens_per_second']:.0f}"
+            )
+        if key.startswith("replica_") and key.endswith("_sessions"):
+            name = key.removeprefix("replica_").removesuffix("_sessions")
+            kv = metrics.get(f"replica_{name}_kv_pressure")
+            lines.append(
+                f"{name + ':':<14}sessions {metrics[key]:.0f}  "
+                f"admission pressure {metrics[f'replica_{name}_admission_pressure']:.2f}"
+                + (f"  kv pressure {kv:.2f}" if kv is not None else "")
+                + (
+                    f"  prefill saved {metrics.get(f'replica_{name}_prefill_tokens_saved', 0):.0f}"
+                    f" computed {metrics.get(f'replica_{name}_prefill_tokens_computed', 0):.0f}"
+                    f"  evictions {metrics.get(f'replica_{name}_evictions', 0):.0f}"
+                    if kv is not None
+                    else ""
+                )
             )
         if key.startswith("sandbox_") and key.endswith("_queued"):
             name = key.removeprefix("sandbox_").removesuffix("_queued")
@@ -224,6 +250,8 @@ def member_line(member) -> str:
     kind = coordinator_pb2.MemberKind.Name(member.kind).removeprefix("MEMBER_KIND_").lower()
     parts = [f"{member.name:<14}", f"{kind:<8}", f"{member.status:<8}", member.address, f"load {member.load}"]
     parts.append(f"in flight {member.in_flight}  seen {member.seconds_since_heartbeat:.1f}s ago")
+    if member.kv_pressure:
+        parts.append(f"kv pressure {member.kv_pressure:.2f}")
     if member.weight_versions:
         parts.append("versions " + ",".join(f"{j}@{v}" for j, v in sorted(member.weight_versions.items())))
     return "  ".join(parts)

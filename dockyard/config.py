@@ -83,6 +83,12 @@ class GenerationConfig(SamplingConfig):
     max_batch_rows: int = Field(
         64, ge=1, le=4096, description="Most completions the torch engine decodes in one batch; more wait and join."
     )
+    prefix_cache_tokens: int = Field(
+        0,
+        ge=0,
+        description="Token positions of KV the torch engine keeps for finished rows and reuses for prompts "
+        "sharing their prefix (shared with the rows decoding); 0 = no prefix cache.",
+    )
     vllm_cfg: dict[str, Any] = Field(
         default_factory=dict,
         description="Options of the vLLM engine: engine arguments (e.g. gpu_memory_utilization, max_model_len) "

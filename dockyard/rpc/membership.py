@@ -43,8 +43,10 @@ class Membership:
         *,
         warn_every: float = 30.0,
         serving_address: str | None = None,
+        pressure: Callable[[], float] | None = None,
     ) -> None:
         self.kind, self.name, self.address = kind, name, address
+        self._pressure = pressure  # a rollout replica's KV pressure, reported with each heartbeat
         self.heartbeat_seconds = heartbeat_seconds
         self._load = load
         self._warn_every = warn_every
@@ -97,7 +99,13 @@ class Membership:
             return
         load, running, queued = self._load()
         await self._stub.Heartbeat(
-            coordinator_pb2.HeartbeatRequest(name=self.name, load=load, running=running, queued=queued),
+            coordinator_pb2.HeartbeatRequest(
+                name=self.name,
+                load=load,
+                running=running,
+                queued=queued,
+                kv_pressure=self._pressure() if self._pressure is not None else 0.0,
+            ),
             timeout=timeout,
         )
 
@@ -118,7 +126,9 @@ class Membership:
         await self._channel.close()
 
 
-def membership_for(settings, kind: str, name: str, load: LoadFn) -> Membership | None:
+def membership_for(
+    settings, kind: str, name: str, load: LoadFn, pressure: Callable[[], float] | None = None
+) -> Membership | None:
     """The Membership a service's settings ask for (coordinator_address, advertise_address,
     heartbeat_seconds); None when coordinator_address is empty (a standalone service)."""
     if not settings.coordinator_address:
@@ -132,4 +142,5 @@ def membership_for(settings, kind: str, name: str, load: LoadFn) -> Membership |
         settings.heartbeat_seconds,
         load,
         serving_address=f"127.0.0.1:{port}",
+        pressure=pressure,
     )

@@ -105,6 +105,16 @@ class AgentTrials:
             await self._http.aclose()
         self._client = self._http = None
 
+    async def routing(self) -> dict | None:
+        """The endpoint's routing state (GET /v1/routing: admission queue, sessions and KV pressure per
+        replica); None when the endpoint does not answer (the step goes without those figures)."""
+        http, _ = self._clients()
+        try:
+            reply = await http.get(f"{self._base}/v1/routing", headers={"authorization": f"Bearer {self._token}"})
+        except httpx.HTTPError:
+            return None
+        return reply.json() if reply.status_code == 200 else None
+
     def take_stats(self) -> list[dict[str, float | str]]:
         stats, self._stats = self._stats, []
         return stats

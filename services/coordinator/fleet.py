@@ -64,6 +64,7 @@ class Member:
     load: int = 0
     running: int = 0
     queued: int = 0
+    kv_pressure: float = 0.0
     in_flight: int = 0
     assigned: int = 0
     failed_at: float | None = None
@@ -132,13 +133,16 @@ class Fleet:
         self._notify()
         return member
 
-    def heartbeat(self, name: str, load: int, running: int = 0, queued: int = 0) -> Member | None:
+    def heartbeat(
+        self, name: str, load: int, running: int = 0, queued: int = 0, kv_pressure: float = 0.0
+    ) -> Member | None:
         """Record a sign of life; None for an unknown or expired member (it must register again)."""
         member = self._members.get(name)
         if member is None or member.expired(self._clock(), self.member_timeout):
             return None
         member.last_seen = self._clock()
         member.load, member.running, member.queued = load, running, queued
+        member.kv_pressure = kv_pressure
         if member.failed:
             member.failed_at = None
             self._notify()
@@ -253,6 +257,7 @@ class Fleet:
                 in_flight=m.in_flight,
                 seconds_since_heartbeat=now - m.last_seen,
                 weight_versions=m.versions,
+                kv_pressure=m.kv_pressure,
             )
             for m in self.members()
         ]

@@ -327,6 +327,7 @@ class JobRunner:
         cfg = self.config
         metrics.update(await self.metrics.buffer())
         metrics.update(self.metrics.fleet(step))
+        metrics.update(await self.metrics.endpoint())
         self.folder.append("train", step, metrics)
         self.record.touch(step=step, weight_version=version, metrics=metrics)
         last = step == cfg.grpo.max_num_steps

@@ -274,7 +274,12 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
             raise InvalidArgument("name is required")
         if min(request.load, request.running, request.queued) < 0:
             raise InvalidArgument("load, running and queued must be >= 0")
-        if self.fleet.heartbeat(request.name, request.load, request.running, request.queued) is None:
+        if not 0.0 <= request.kv_pressure < float("inf"):
+            raise InvalidArgument("kv_pressure must be a finite number >= 0")
+        if (
+            self.fleet.heartbeat(request.name, request.load, request.running, request.queued, request.kv_pressure)
+            is None
+        ):
             raise NotFound(f"no live member {request.name!r}: register again")
         return coordinator_pb2.HeartbeatResponse()
 

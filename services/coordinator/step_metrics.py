@@ -5,6 +5,8 @@
     collector timeline + fleet ─fleet(step)─> replica_<name>_*, sandbox_<name>_*, regenerated_groups, ...
     agent trials ─trial_metrics─> agent_turns_mean, agent_tokens_mean, agent_masked_fraction, agent_finish_<why>
                                               (each Generate also written as a "generation" record)
+    endpoint GET /v1/routing ─routing_metrics─> endpoint_queue_depth, endpoint_sessions, endpoint_moved_sessions,
+        replica_<name>_sessions, replica_<name>_kv_pressure, replica_<name>_prefill_tokens_saved, ...
 
 Guarantees: counters that accumulate over the job (regenerated groups,
 sandbox retries) are reported per step, as differences since the last call;
@@ -67,11 +69,47 @@ def trial_metrics(trials: list[dict[str, float | str]]) -> dict[str, float]:
     return metrics
 
 
+_ROUTING_COUNTERS = ("moved_sessions", "retried_calls", "queued_sessions", "refused_sessions")
+_REPLICA_COUNTERS = ("prefill_tokens_computed", "prefill_tokens_saved", "evictions")
+
+
+def routing_metrics(now: dict, last: dict) -> dict[str, float]:
+    """The endpoint's routing state (services/endpoint/routing.py snapshot) as step metrics: gauges as they
+    are, counters as differences from `last` (the previous step's snapshot)."""
+    metrics = {
+        "endpoint_queue_depth": float(now["admission"]["queue_depth"]),
+        "endpoint_sessions": float(now["sessions"]),
+    }
+    for key in _ROUTING_COUNTERS:
+        metrics[f"endpoint_{key}"] = float(now[key] - last.get(key, 0))
+    before = last.get("replicas", {})
+    for name, replica in now["replicas"].items():
+        metrics[f"replica_{name}_sessions"] = float(replica["sessions"])
+        metrics[f"replica_{name}_admission_pressure"] = float(replica["admission_pressure"])
+        if replica["kv_pressure"] is None:
+            continue
+        metrics[f"replica_{name}_kv_pressure"] = float(replica["kv_pressure"])
+        for key in _REPLICA_COUNTERS:
+            metrics[f"replica_{name}_{key}"] = float(replica[key] - (before.get(name, {}).get(key) or 0))
+    return metrics
+
+
 class StepMetrics:
     def __init__(self, fleet: Fleet, collector: Collector, buffer: JobBuffer, folder: RunFolder) -> None:
         self._fleet, self._collector, self._buffer, self._folder = fleet, collector, buffer, folder
         # The collector's fleet counters at the last step's end.
         self._counts = (0, 0)
+        self._routing: dict = {}  # the endpoint's routing snapshot at the last step's end
+
+    async def endpoint(self) -> dict[str, float]:
+        """Admission queue, sessions and KV pressure per replica from the policy endpoint (agent jobs only)."""
+        agent = self._collector.agent
+        now = await agent.routing() if agent is not None else None
+        if now is None:
+            return {}
+        metrics = routing_metrics(now, self._routing)
+        self._routing = now
+        return metrics
 
     async def buffer(self) -> dict[str, float]:
         stats = await self._buffer.stats()

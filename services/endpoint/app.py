@@ -5,6 +5,7 @@
     GET  /v1/models             running jobs (a model id is a job id)
     POST /v1/sessions           a new session id and its session-scoped API key
     GET  /v1/sessions/{id}/trajectory, DELETE /v1/sessions/{id}
+    GET  /v1/routing            sessions, admission queue and KV pressure per replica
     GET  /health                liveness, no auth
 
 Guarantees: with DOCKYARD_AUTH_TOKEN set, every /v1 route needs the token or a
@@ -15,9 +16,11 @@ recorded (nothing could continue it). Calls of one session run
 one at a time. Errors are JSON `{"type": "error", "error": {"type", "message"}}`
 (readable by both official clients): malformed JSON 400, a body that does not
 fit the schema 422 naming the field, a body over max_body_bytes 413, unknown
-model 404, too many sessions or turns 429, no replica or a replica lost 503 (a
-session that already took a turn then ends as an infrastructure error: its
-trajectory says so and later calls get 409). No request error stops the endpoint serving other sessions.
+model 404, too many sessions or turns 429, a new session refused admission 503
+(the queue is full or it waited too long: the agent's trial is lost, not scored), no replica left 503 (a session that
+already took a turn then ends as an infrastructure error: its trajectory says
+so and later calls get 409; a session whose replica failed goes on on another
+one when there is one). No request error stops the endpoint serving other sessions.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from services.endpoint.convert import (
     openai_reply,
     reply_message,
 )
+from services.endpoint.routing import AdmissionRefused, Router
 from services.endpoint.schemas import ChatCompletionRequest, MessagesRequest
 from services.endpoint.sessions import Sampled, Session, SessionEnded, SessionLimit, SessionStore
 from services.endpoint.settings import EndpointSettings
@@ -97,7 +101,12 @@ def session_key(token: str, session_id: str) -> str:
 
 
 def create_app(settings: EndpointSettings, token: str | None, backend: Backend | None = None) -> FastAPI:
-    store = SessionStore(settings.max_sessions, settings.session_idle_seconds, settings.max_turns_per_session)
+    store = SessionStore(
+        settings.max_sessions,
+        settings.session_idle_seconds,
+        settings.max_turns_per_session,
+        on_drop=lambda session_id: app.state.backend.router.release(session_id),
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -108,6 +117,12 @@ def create_app(settings: EndpointSettings, token: str | None, backend: Backend |
                 tool_parser=settings.tool_parser,
                 generate_timeout=settings.generate_timeout_seconds,
                 run_root=settings.run_root,
+                router=Router(
+                    settings.admission_pressure,
+                    settings.admission_queue_size,
+                    settings.admission_wait_seconds,
+                    settings.admission_session_tokens,
+                ),
             )
         yield
         await app.state.backend.close()
@@ -160,6 +175,7 @@ def create_app(settings: EndpointSettings, token: str | None, backend: Backend |
         (GenerateRefused, 400, "invalid_request_error"),
         (UnknownModel, 404, "not_found_error"),
         (SessionLimit, 429, "rate_limit_error"),
+        (AdmissionRefused, 503, "overloaded_error"),
         (SessionEnded, 409, "infrastructure_error"),
         (ReplicaLost, 503, "infrastructure_error"),
     ):
@@ -190,13 +206,16 @@ def create_app(settings: EndpointSettings, token: str | None, backend: Backend |
                 ignore_eos=chat.ignore_eos,
             )
             try:
-                replica = await backend.pick(model_id, session.replica)
-                generated = await backend.generate(model_id, replica, plan.prompt_ids, chat.n, sampling)
+                generated = await backend.complete(model_id, session_id, plan.prompt_ids, chat.n, sampling)
             except ReplicaLost as exc:
-                if session.turns:  # mid-session: the trial ends with its replica
+                if session.turns:  # mid-session and no replica to go on with: the trial ends
                     session.ended = str(exc)
+                    backend.router.release(session.id)
                 raise
             session.replica = generated.replica
+            if session_id:
+                longest = max(len(c.token_ids) for c in generated.completions)
+                backend.router.note_size(session_id, len(plan.prompt_ids) + longest)
             choices, sampled = await asyncio.to_thread(
                 _choices, job, chat, plan.prompt_text_tail, generated.completions
             )
@@ -242,6 +261,11 @@ def create_app(settings: EndpointSettings, token: str | None, backend: Backend |
             return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
         return JSONResponse(anthropic_reply(body.model, choices[0], usage), headers=headers)
 
+    @app.get("/v1/routing")
+    async def routing(request: Request):
+        authorize(request)
+        return app.state.backend.router.snapshot()
+
     @app.post("/v1/sessions")
     async def new_session(request: Request):
         if authorize(request) is not None:
@@ -262,6 +286,7 @@ def create_app(settings: EndpointSettings, token: str | None, backend: Backend |
         own = authorize(request)
         if own not in (None, session_id) or not store.delete(session_id):
             raise HTTPException(404, f"no session {session_id!r}")
+        app.state.backend.router.release(session_id)
         return {"deleted": session_id}
 
     return app

@@ -1,14 +1,18 @@
 """The endpoint's view of the fleet, over gRPC only: running jobs, their tokenizers, replicas, Generate.
 
     model (= job id) ──Jobs.renderer──> GetJob ─> <run_dir>/config.yaml ─> load_tokenizer ─> Renderer (cached)
-    session ──Router.pick──> ListMembers: ALIVE rollout replicas holding the job ──> sticky, else least loaded
-    prompt ids ──Router.generate──> RolloutService.Generate(prompt_token_ids) on that replica
+    session ──pick──> ListMembers: ALIVE rollout replicas holding the job ──Router.route──> sticky, else least
+        loaded (services/endpoint/routing.py; a new session may wait for admission)
+    prompt ids ──complete──> RolloutService.Generate(prompt_token_ids) on that replica
+        ──replica fails the call──> left out; the call goes to another live replica (the session moves)
 
-Guarantees: an unknown or finished job is UnknownModel (a 404); a job whose
-replicas are all gone, or a replica that fails mid-call (UNAVAILABLE,
-DEADLINE_EXCEEDED, CANCELLED, INTERNAL or any other error but INVALID_ARGUMENT,
-or a replica that forgot the job), is
-ReplicaLost (a 503 that ends the session as an infrastructure error); a request
+Guarantees: an unknown or finished job is UnknownModel (a 404); a replica that
+fails a call (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED, INTERNAL or any other
+error but INVALID_ARGUMENT, or a replica that forgot the job) is left out for a
+while and the call is sent to another live replica, once per replica (nothing
+of a failed call was recorded, so a retry is safe); when no other replica is
+left, or none holds the job, it is ReplicaLost (a 503 that ends a session
+that already took a turn as an infrastructure error); a request
 the replica refuses (INVALID_ARGUMENT: e.g. prompt plus max_tokens past the
 context) is GenerateRefused (a 400) with the replica's message, and so is a
 job whose tokenizer cannot be loaded or has no chat template. Tokenizers and
@@ -34,6 +38,7 @@ from dockyard.config import load_config_text
 from dockyard.models.load import load_tokenizer
 from dockyard.rpc.client import connect
 from services.endpoint.rendering import Renderer
+from services.endpoint.routing import AdmissionRefused, Replica, ReplicaState, Router
 from services.endpoint.tool_parsers import pick_parser
 
 LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
@@ -71,7 +76,13 @@ class Generated:
 
 class Backend:
     def __init__(
-        self, coordinator_address: str, *, tool_parser: str, generate_timeout: float, run_root: str = ""
+        self,
+        coordinator_address: str,
+        *,
+        tool_parser: str,
+        generate_timeout: float,
+        run_root: str = "",
+        router: Router | None = None,
     ) -> None:
         self._coordinator = connect(coordinator_address, service="coordinator")
         self._stub = coordinator_pb2_grpc.CoordinatorServiceStub(self._coordinator)
@@ -83,7 +94,7 @@ class Backend:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._members: tuple[float, list] = (0.0, [])
         self._checked: dict[str, float] = {}  # job id -> when GetJob last said RUNNING
-        self.in_flight: dict[str, int] = {}
+        self.router = router or Router()
 
     async def close(self) -> None:
         for channel in [self._coordinator, *self._channels.values()]:
@@ -130,24 +141,59 @@ class Backend:
             cfg.policy.generation.max_new_tokens,
         )
 
-    async def _replicas(self, job_id: str) -> list:
+    async def _replicas(self, job_id: str) -> list[Replica]:
         read_at, members = self._members
         if time.monotonic() - read_at > 1.0:
             reply = await self._stub.ListMembers(coordinator_pb2.ListMembersRequest(), timeout=10)
             members = [m for m in reply.members if m.kind == coordinator_pb2.MEMBER_KIND_ROLLOUT]
             self._members = (time.monotonic(), members)
-        return [m for m in members if m.status == "ALIVE" and job_id in m.weight_versions]
+        live = [m for m in members if m.status == "ALIVE" and job_id in m.weight_versions]
+        return [Replica(m.name, m.address, m.load) for m in live]
 
-    async def pick(self, job_id: str, sticky: str | None) -> tuple[str, str]:
-        """(name, address) of the replica for a session: its sticky one while alive, else the least loaded."""
-        replicas = await self._replicas(job_id)
-        if not replicas:
-            raise ReplicaLost(f"no live rollout replica holds job {job_id!r}")
-        for m in replicas:
-            if m.name == sticky:
-                return m.name, m.address
-        best = min(replicas, key=lambda m: (m.load + self.in_flight.get(m.name, 0), m.name))
-        return best.name, best.address
+    async def pick(self, job_id: str, session: str | None, size: int) -> Replica:
+        """The replica for a session's call (services/endpoint/routing.py); a new session may wait for admission."""
+        deadline = time.monotonic() + self.router.wait_seconds
+        try:
+            while True:
+                replicas = await self._replicas(job_id)
+                if not replicas:
+                    raise ReplicaLost(f"no live rollout replica holds job {job_id!r}")
+                chosen = self.router.route(session, replicas, size)
+                if chosen is not None:
+                    return chosen
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.router.stats.refused_sessions += 1
+                    raise AdmissionRefused(
+                        f"no replica had room for a new session within {self.router.wait_seconds:g} s "
+                        f"(KV pressure over {self.router.pressure_threshold:g} on every replica)"
+                    )
+                await self.router.wait(min(1.0, left))
+        except BaseException:  # refused, no replica, or the caller went away: it no longer waits
+            if session is not None:
+                self.router.abandon(session)
+            raise
+
+    async def complete(
+        self, job_id: str, session: str | None, prompt_ids: list[int], n: int, sampling: common_pb2.SamplingParams
+    ) -> Generated:
+        """Generate on the session's replica; a replica that fails the call is left and the call goes to
+        another live one (safe: nothing of a failed call was recorded), else ReplicaLost."""
+        tried: set[str] = set()
+        lost = ReplicaLost(f"no live rollout replica holds job {job_id!r}")
+        while True:
+            replica = await self.pick(job_id, session, len(prompt_ids))
+            if replica.name in tried:  # no other replica to go to
+                raise lost
+            if tried:
+                self.router.stats.retried_calls += 1
+            tried.add(replica.name)
+            try:
+                return await self.generate(job_id, replica, prompt_ids, n, sampling)
+            except ReplicaLost as exc:
+                lost = exc
+                self.router.failed(replica.name)
+                self._members = (0.0, [])
 
     def _rollout(self, address: str) -> rollout_pb2_grpc.RolloutServiceStub:
         if address not in self._channels:
@@ -155,9 +201,10 @@ class Backend:
         return rollout_pb2_grpc.RolloutServiceStub(self._channels[address])
 
     async def generate(
-        self, job_id: str, replica: tuple[str, str], prompt_ids: list[int], n: int, sampling: common_pb2.SamplingParams
+        self, job_id: str, replica: Replica, prompt_ids: list[int], n: int, sampling: common_pb2.SamplingParams
     ) -> Generated:
-        name, address = replica
+        """One Generate call on `replica`: GenerateRefused for the caller's fault, ReplicaLost for the replica's."""
+        name, address = replica.name, replica.address
         request = rollout_pb2.GenerateRequest(
             job_id=job_id,
             request_id=f"endpoint-{uuid.uuid4().hex[:16]}",
@@ -165,17 +212,18 @@ class Backend:
             num_samples=n,
             sampling=sampling,
         )
-        self.in_flight[name] = self.in_flight.get(name, 0) + 1
+        state = self.router.replicas.setdefault(name, ReplicaState())
+        state.in_flight += 1
         try:
             reply = await self._rollout(address).Generate(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise GenerateRefused(exc.details()) from None
-            # Anything else is the replica's failure (INTERNAL included), never the caller's: the session ends.
-            self._members = (0.0, [])
+            # Anything else is the replica's failure (INTERNAL included), never the caller's.
             raise ReplicaLost(f"replica {name} failed mid-session: {exc.code().name}: {exc.details()}") from None
         finally:
-            self.in_flight[name] -= 1
+            state.in_flight -= 1
+        self.router.served(name, reply.kv_cache if reply.HasField("kv_cache") else None)
         return Generated(
             list(reply.prompt_token_ids),
             list(reply.completions),

@@ -43,7 +43,7 @@ class SessionLimit(Exception):
 
 
 class SessionEnded(Exception):
-    """The session was ended (its replica died); it takes no more turns."""
+    """The session was ended (its replica died and no other could go on with it); it takes no more turns."""
 
 
 def message_key(message: Message) -> tuple:
@@ -223,8 +223,14 @@ class Session:
 
 class SessionStore:
     def __init__(
-        self, max_sessions: int, idle_seconds: float, max_turns: int, clock: Callable[[], float] = time.monotonic
+        self,
+        max_sessions: int,
+        idle_seconds: float,
+        max_turns: int,
+        clock: Callable[[], float] = time.monotonic,
+        on_drop: Callable[[str], None] | None = None,
     ) -> None:
+        self.on_drop = on_drop  # told of each session dropped for being idle
         self.max_sessions = max_sessions
         self.idle_seconds = idle_seconds
         self.max_turns = max_turns
@@ -239,6 +245,8 @@ class SessionStore:
         idle = [sid for sid, s in self._sessions.items() if s.last_used < cutoff and not s.lock.locked()]
         for sid in idle:
             del self._sessions[sid]
+            if self.on_drop is not None:
+                self.on_drop(sid)
         return len(idle)
 
     def get(self, session_id: str) -> Session | None:

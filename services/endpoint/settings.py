@@ -42,4 +42,23 @@ class EndpointSettings(BaseSettings):
         description="How tool calls are read from model output: auto (the tokenizer's response_template when it "
         "has one, else hermes), transformers, hermes (<tool_call>{json}</tool_call>) or none.",
     )
+    admission_pressure: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Admit a new session only to a replica whose admitted sessions, with it, hold at most this "
+        "fraction of its KV capacity; else it waits in a FIFO queue. 0 = off (every session is admitted at once).",
+    )
+    admission_session_tokens: int = Field(
+        0,
+        ge=0,
+        description="Tokens a session counts for in admission until its history is larger (e.g. the trials' "
+        "max_trial_tokens); 0 = the mean size of the latest sessions that ended.",
+    )
+    admission_queue_size: int = Field(
+        256, ge=1, description="New sessions that may wait for admission; one more is refused with 503."
+    )
+    admission_wait_seconds: float = Field(
+        600.0, gt=0, description="Longest a new session waits for admission before it is refused with 503."
+    )
     log_level: str = Field("info", description="debug, info, warning or error.")

@@ -30,7 +30,11 @@ def main() -> None:
             add_to_server=rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
         )
         membership = membership_for(
-            settings, "rollout", settings.replica_name, lambda: (servicer.in_flight, servicer.in_flight, 0)
+            settings,
+            "rollout",
+            settings.replica_name,
+            lambda: (servicer.in_flight, servicer.in_flight, 0),
+            pressure=servicer.kv_pressure,
         )
         if membership is not None:
             membership.start()

@@ -5,6 +5,8 @@
         in one pass), copy its KV into free slots, sample each row's first token
         ──> one decode step over every row (kv_slots.DecodeStep)
         ──> a row leaves at eos / stop string / max_new_tokens ──> a request resolves when its last row left
+    with a prefix cache (services/rollout/prefix_cache.py): a leaving row's KV is kept by its token ids, and
+        a prompt prefills only what follows the longest kept prefix it shares
 
 Guarantees: requests join and leave the running batch between decode steps, each row with its
 own decoding parameters, random stream (services/rollout/sampling.py), stop rules and weight
@@ -38,6 +40,7 @@ from transformers.cache_utils import DynamicCache
 from services.rollout.decoding import DecodingParams
 from services.rollout.engine import GenerationCancelled
 from services.rollout.kv_slots import DecodeStep, SlotCache, length_for
+from services.rollout.prefix_cache import PrefixCache, PrefixStats
 from services.rollout.sampling import StopStrings, sample
 from services.rollout.weight_gate import WeightGate
 
@@ -107,8 +110,12 @@ class DecodeBatch:
         gate: WeightGate,
         weight_version: Callable[[], int],
         in_flight: bool,
+        prefix_cache_tokens: int = 0,
     ) -> None:
         self.model, self.device, self.gate = model, device, gate
+        self.prefix = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        # Written by the scheduler after each cycle, read by any thread (one reference: no lock).
+        self.prefix_stats = PrefixStats(capacity_tokens=prefix_cache_tokens)
         self.eos = frozenset(eos_token_ids)
         self.pad_token_id = pad_token_id
         self.weight_version, self.in_flight = weight_version, in_flight
@@ -185,6 +192,11 @@ class DecodeBatch:
         self._admit()
         if self._active:
             self._decode()
+        if self.prefix is not None:
+            self.prefix_stats = self.prefix.stats(self._live_tokens())
+
+    def _live_tokens(self) -> int:
+        return sum(len(r.prompt_ids) + len(row.tokens) for r, row in self._active.values())
 
     def _drop_cancelled(self) -> None:
         with self._cv:
@@ -224,8 +236,11 @@ class DecodeBatch:
     def _prefill(self, requests: list[Request]) -> None:
         """One forward pass over the prompts of `requests`, all of one length (no padding)."""
         version = self.weight_version()
-        ids = torch.tensor([r.prompt_ids for r in requests], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
+        past, reused = DynamicCache(), 0
+        if self.prefix is not None and len(requests) == 1:
+            past, reused = self.prefix.past_for(requests[0].prompt_ids, version)
+        ids = torch.tensor([r.prompt_ids[reused:] for r in requests], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, past_key_values=past, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1].float()
         for i, request in enumerate(requests):
             request.prefill = (version, out.past_key_values, i, logits[i : i + 1])
@@ -233,7 +248,10 @@ class DecodeBatch:
     def _prefill_together(self, first: Request) -> None:
         """Prefill `first` with the requests queued right behind it whose prompts have its length and
         whose rows fit in the free slots too, in one forward pass; if that pass fails, each request
-        is prefilled alone (so a prompt the model cannot take fails its own request only)."""
+        is prefilled alone (so a prompt the model cannot take fails its own request only). With the
+        prefix cache on, each prompt is prefilled alone, after the prefix it shares with a kept row."""
+        if self.prefix is not None:
+            return
         group, rows = [], 0
         with self._cv:
             for request in self._queue:
@@ -263,6 +281,8 @@ class DecodeBatch:
             else:
                 self.column = prompt_len
         running = bool(self._active)
+        if self.prefix is not None:  # the joining rows' prompts need room beside the live rows
+            self.prefix.make_room(self._live_tokens(), prompt_len * min(len(self._free), len(request.rows)))
         joined: list[tuple[int, Row]] = []
         while request.admitted < len(request.rows) and self._free:
             row = request.rows[request.admitted]
@@ -343,9 +363,22 @@ class DecodeBatch:
             if not row.finish_reason and len(row.tokens) >= row.params.max_new_tokens:
                 row.finish_reason = "length"
             if row.finish_reason:
+                if self.prefix is not None:
+                    self._keep(slot, request, row)
                 self._leave(slot)
                 if request.live == 0 and request.admitted == len(request.rows):
                     self._resolve(request)
+
+    def _keep(self, slot: int, request: Request, row: Row) -> None:
+        """Give a finished row's KV (prompt and sampled tokens but the last: columns [start, column)) to the
+        prefix cache, unless any of it came from other weights than the current ones."""
+        version = self.weight_version()
+        assert self.prefix is not None and request.prefill is not None
+        ids = [*request.prompt_ids, *row.tokens[:-1]]
+        if row.versions != {version} or request.prefill[0] != version or self.column - row.start != len(ids):
+            return
+        live = self._live_tokens() - len(ids) - 1
+        self.prefix.keep_slot(self.cache, slot, row.start, ids, version, live)
 
     def _leave(self, slot: int) -> None:
         request, _ = self._active.pop(slot)
@@ -365,6 +398,8 @@ class DecodeBatch:
             row.start -= by
 
     def _resolve(self, request: Request) -> None:
+        if self.prefix is not None:  # the caller may read the counters as soon as its result is in
+            self.prefix_stats = self.prefix.stats(self._live_tokens())
         try:
             _settle(request.future, result=request.resolve(request))
         except Exception as exc:

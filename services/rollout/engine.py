@@ -148,6 +148,11 @@ class GenerationEngine(abc.ABC):
         return sum(t.numel() for t in self.named_weights().values())
 
     @property
+    def kv_cache_stats(self) -> Any:
+        """The engine's prefix cache counters (PrefixStats), None when it keeps none it reports."""
+        return None
+
+    @property
     def context_tokens(self) -> int | None:
         """Most prompt + new tokens the model can attend over; None when the engine checks it itself."""
         return None

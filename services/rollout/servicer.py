@@ -55,6 +55,22 @@ from services.rollout.settings import RolloutSettings
 log = structlog.get_logger()
 
 
+def kv_cache_proto(stats) -> rollout_pb2.KvCacheStats | None:
+    """An engine's prefix cache counters (PrefixStats) on the wire; None (unset) when it reports none."""
+    if stats is None:
+        return None
+    return rollout_pb2.KvCacheStats(
+        capacity_tokens=stats.capacity_tokens,
+        live_tokens=stats.live_tokens,
+        cached_tokens=stats.cached_tokens,
+        cached_entries=stats.cached_entries,
+        prefill_tokens_computed=stats.prefill_tokens_computed,
+        prefill_tokens_saved=stats.prefill_tokens_saved,
+        evictions=stats.evictions,
+        pressure=stats.pressure,
+    )
+
+
 def _require_job_id(job_id: str) -> None:
     if error := job_id_error(job_id):
         raise InvalidArgument(error)
@@ -78,6 +94,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.in_flight = 0  # Generate calls running now: the load this replica reports in heartbeats
         # One load at a time: two concurrent loads of one job would build two engines.
         self._load_lock = asyncio.Lock()
+
+    def kv_pressure(self) -> float:
+        """The highest prefix-cache pressure over the loaded engines (heartbeats report it); 0 without one."""
+        stats = [e.kv_cache_stats for e in list(self.engines.values())]
+        return max((s.pressure for s in stats if s is not None), default=0.0)
 
     def engine(self, job_id: str) -> GenerationEngine:
         """The job's engine, or NotFound."""
@@ -144,6 +165,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             kv_cache=kv_cache,
             in_flight_weight_updates=cfg.grpo.async_grpo.in_flight_weight_updates,
             max_batch_rows=cfg.policy.generation.max_batch_rows,
+            prefix_cache_tokens=cfg.policy.generation.prefix_cache_tokens,
         )
 
     def _default_decoding(self, job_id: str) -> DecodingParams:
@@ -205,6 +227,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             ],
             weight_version=result.weight_version,
             weight_versions=result.weight_versions,
+            kv_cache=kv_cache_proto(engine.kv_cache_stats),
         )
 
     async def ReceiveWeights(

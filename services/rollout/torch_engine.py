@@ -14,7 +14,9 @@ samples with its own parameters and generator: a seeded request gives the same t
 else is in the batch (up to floating-point differences between batch shapes, which can flip a
 sample that lies on a boundary), an unseeded row draws from the engine's own generator. Weights
 load in place into the live parameters, so a captured graph stays valid; were a parameter
-replaced, `prepare_for_generation` has the graph captured anew.
+replaced, `prepare_for_generation` has the graph captured anew. With `prefix_cache_tokens` > 0,
+finished rows' KV is kept and a later prompt sharing its prefix prefills only the rest
+(services/rollout/prefix_cache.py; reuse within one weight version only).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from services.rollout.engine import (
     Prompt,
     UnsupportedRequest,
 )
+from services.rollout.prefix_cache import PrefixStats
 from services.rollout.sampling import StopStrings, row_generator
 from services.rollout.weight_gate import WeightGate
 
@@ -60,6 +63,7 @@ class TorchEngine(GenerationEngine):
         in_flight_weight_updates: bool = False,
         max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
         compile_decode: bool | None = None,
+        prefix_cache_tokens: int = 0,
     ) -> None:
         if kv_cache not in ("static", "dynamic", "auto"):
             raise ValueError(f"kv_cache must be static, dynamic or auto, not {kv_cache!r}")
@@ -103,6 +107,7 @@ class TorchEngine(GenerationEngine):
             gate=self._gate,
             weight_version=lambda: self._weight_version,
             in_flight=in_flight_weight_updates,
+            prefix_cache_tokens=prefix_cache_tokens,
         )
         self._param_ptrs = self._parameter_pointers()
 
@@ -150,6 +155,11 @@ class TorchEngine(GenerationEngine):
     def batch_stats(self) -> BatchStats:
         """Counters of the decode batch (steps, rows joined, largest batch ...)."""
         return self._batch.stats
+
+    @property
+    def kv_cache_stats(self) -> PrefixStats | None:
+        """The prefix cache's counters and pressure (services/rollout/prefix_cache.py); None when it is off."""
+        return self._batch.prefix_stats if self._batch.prefix is not None else None
 
     def tokenize(self, prompt: str) -> list[int]:
         # The tokenizer's own convention (a BOS where the model expects one); the

@@ -2,7 +2,9 @@
 
 The official openai and anthropic clients get text and tool-calling replies, streamed and not, from the tiny
 job's policy (a random model: whatever it emits must come back as a valid reply, and a second turn must reuse
-the first turn's tokens); bad input gets a clear 4xx while other sessions keep being served.
+the first turn's tokens); bad input gets a clear 4xx while other sessions keep being served. Two replicas serve
+the job: sessions spread over them and stick, the sessions of a replica that dies go on on the other, and a
+session whose last replica dies ends as an infrastructure error.
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type":
 def served(tmp_path_factory: pytest.TempPathFactory):
     runs = tmp_path_factory.mktemp("runs")
     stack = LocalStack(
-        tmp_path_factory.mktemp("logs"), free_ports=True, endpoint=True, extra_env={"DOCKYARD_AUTH_TOKEN": TOKEN}
+        tmp_path_factory.mktemp("logs"),
+        free_ports=True,
+        endpoint=True,
+        rollout_replicas=2,
+        extra_env={"DOCKYARD_AUTH_TOKEN": TOKEN},
     )
     stack.start()
     try:
@@ -42,6 +48,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):
                 "policy.model_name=null",
                 "policy.bootstrap=null",
                 "policy.model.max_position_embeddings=512",  # room for a tools line
+                "policy.generation.prefix_cache_tokens=4096",
                 "grpo.max_num_steps=100000",
                 f"logger.log_dir={runs}",
             ],
@@ -50,8 +57,14 @@ def served(tmp_path_factory: pytest.TempPathFactory):
         async def create() -> str:
             async with connect(stack.address("coordinator"), auth=AuthSettings(auth_token=TOKEN)) as channel:
                 stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
-                reply = await stub.CreateJob(coordinator_pb2.CreateJobRequest(config_yaml=cfg.resolved_yaml()))
-                return reply.job.job_id
+                job = (await stub.CreateJob(coordinator_pb2.CreateJobRequest(config_yaml=cfg.resolved_yaml()))).job
+                deadline = time.monotonic() + 240
+                while True:  # until both replicas hold the job's policy
+                    members = (await stub.ListMembers(coordinator_pb2.ListMembersRequest())).members
+                    if sum(job.job_id in m.weight_versions for m in members) == 2:
+                        return job.job_id
+                    assert time.monotonic() < deadline, members
+                    await asyncio.sleep(1)
 
         job_id = asyncio.run(create())
         base = f"http://{stack.address('endpoint')}"
@@ -136,13 +149,59 @@ def test_bad_input_gets_4xx_and_other_sessions_are_served(served) -> None:
     assert httpx.post(url, json=body, headers=headers, timeout=60).status_code == 200
 
 
+def test_sessions_stick_spread_and_move_when_their_replica_dies(served) -> None:
+    """Kills rollout-1: the sessions it held go on on rollout-2, their trajectories whole and "ok"."""
+    base, job, stack = served
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=TOKEN, max_retries=0, timeout=120)
+    histories: dict[str, list] = {}
+    sessions = ("m1", "m2", "m3", "m4")
+
+    def turn(session: str) -> None:
+        messages = histories.setdefault(session, [])
+        messages.append({"role": "user", "content": f"f({len(messages)})=?"})
+        reply = client.chat.completions.create(
+            model=job, messages=messages, max_tokens=6, seed=1, extra_headers={"X-Dockyard-Session": session}
+        )
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+
+    def routing() -> dict:
+        return httpx.get(f"{base}/v1/routing", headers=headers).json()
+
+    before = routing()
+    held = {name: r["sessions"] for name, r in before["replicas"].items()}
+    for session in sessions:
+        turn(session)
+    now = {name: r["sessions"] for name, r in routing()["replicas"].items()}
+    spread = {name: now[name] - held.get(name, 0) for name in now}
+    # New sessions go to the replica with fewer sessions: both get some, and the two end balanced.
+    assert sorted(now) == ["rollout-1", "rollout-2"] and min(spread.values()) >= 1, (held, now)
+    assert abs(now["rollout-1"] - now["rollout-2"]) <= 1, now
+    for session in sessions:
+        turn(session)
+    after = routing()
+    assert {name: r["sessions"] for name, r in after["replicas"].items()} == now  # each stayed on its replica
+    assert after["moved_sessions"] == before["moved_sessions"] and after["retried_calls"] == before["retried_calls"]
+    assert all(r["kv_capacity_tokens"] == 4096 for r in after["replicas"].values()), after
+
+    stack.kill("rollout-1")
+    for session in sessions:
+        turn(session)  # the sessions of rollout-1 go on on rollout-2
+    after = routing()
+    assert after["moved_sessions"] - before["moved_sessions"] >= spread["rollout-1"], after
+    assert after["replicas"]["rollout-2"]["sessions"] >= len(sessions), after
+    for session in sessions:
+        trajectory = httpx.get(f"{base}/v1/sessions/{session}/trajectory", headers=headers).json()
+        assert trajectory["status"] == "ok" and trajectory["turns"] == 3, trajectory
+
+
 def test_a_replica_that_dies_mid_session_ends_it_as_an_infrastructure_error(served) -> None:
-    """Last in this module: it kills the only replica."""
+    """Last in this module: it kills the last replica (the one before it killed the other)."""
     base, job, stack = served
     headers = {"authorization": f"Bearer {TOKEN}", "X-Dockyard-Session": "dies"}
     body = {"model": job, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
     assert httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers, timeout=60).status_code == 200
-    stack.kill("rollout")
+    stack.kill("rollout-2")
     lost = httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers, timeout=60)
     assert lost.status_code == 503 and lost.json()["error"]["type"] == "infrastructure_error", lost.text
     trajectory = httpx.get(f"{base}/v1/sessions/dies/trajectory", headers=headers).json()

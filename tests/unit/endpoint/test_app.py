@@ -19,6 +19,7 @@ from dockyard.models.tokenizer import build_char_tokenizer
 from services.endpoint.app import SESSION_HEADER, create_app
 from services.endpoint.backend import Generated, JobModel, ReplicaLost, UnknownModel
 from services.endpoint.rendering import Renderer
+from services.endpoint.routing import Replica, Router
 from services.endpoint.settings import EndpointSettings
 
 TOKEN = "sekret"
@@ -33,6 +34,7 @@ class ScriptedBackend:
         self.script: list[str] = []
         self.prompts: list[list[int]] = []
         self.lose = False
+        self.router = Router()
 
     async def close(self) -> None: ...
 
@@ -46,10 +48,8 @@ class ScriptedBackend:
             raise UnknownModel(f"model {job_id!r}: no such job")
         return self.model_
 
-    async def pick(self, job_id, sticky):
-        return "rollout", "127.0.0.1:1"
-
-    async def generate(self, job_id, replica, prompt_ids, n, sampling) -> Generated:
+    async def complete(self, job_id, session, prompt_ids, n, sampling) -> Generated:
+        self.router.route(session, [Replica("rollout", "127.0.0.1:1")], len(prompt_ids))
         if self.lose:
             raise ReplicaLost("replica rollout failed mid-session: UNAVAILABLE")
         self.prompts.append(list(prompt_ids))
@@ -252,3 +252,16 @@ async def test_chunked_body_over_the_limit_is_413_and_calls_without_a_session_ar
     served = await http.post("/v1/chat/completions", json=body, headers=headers)
     assert served.status_code == 200 and SESSION_HEADER not in served.headers
     assert app.state.store.get("") is None and len(app.state.store) == 0
+
+
+async def test_routing_state_is_served(app, backend) -> None:
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://endpoint")
+    assert (await http.get("/v1/routing")).status_code == 401
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    body = {"model": "job-1", "messages": [{"role": "user", "content": "x"}]}
+    assert (await http.post("/v1/chat/completions", json=body, headers={**headers, SESSION_HEADER: "s"})).is_success
+    state = (await http.get("/v1/routing", headers=headers)).json()
+    assert state["sessions"] == 1 and state["admission"]["queue_depth"] == 0
+    assert state["replicas"]["rollout"]["sessions"] == 1
+    assert (await http.delete("/v1/sessions/s", headers=headers)).status_code == 200
+    assert (await http.get("/v1/routing", headers=headers)).json()["replicas"]["rollout"]["sessions"] == 0

@@ -36,7 +36,7 @@ JOB_STATE_FAILED: JobState
 JOB_STATE_CANCELLED: JobState
 
 class Member(_message.Message):
-    __slots__ = ("kind", "name", "address", "status", "load", "in_flight", "seconds_since_heartbeat", "weight_versions")
+    __slots__ = ("kind", "name", "address", "status", "load", "in_flight", "seconds_since_heartbeat", "weight_versions", "kv_pressure")
     class WeightVersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class Member(_message.Message):
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     SECONDS_SINCE_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    KV_PRESSURE_FIELD_NUMBER: _ClassVar[int]
     kind: MemberKind
     name: str
     address: str
@@ -60,7 +61,8 @@ class Member(_message.Message):
     in_flight: int
     seconds_since_heartbeat: float
     weight_versions: _containers.ScalarMap[str, int]
-    def __init__(self, kind: _Optional[_Union[MemberKind, str]] = ..., name: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., load: _Optional[int] = ..., in_flight: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., weight_versions: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    kv_pressure: float
+    def __init__(self, kind: _Optional[_Union[MemberKind, str]] = ..., name: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ..., load: _Optional[int] = ..., in_flight: _Optional[int] = ..., seconds_since_heartbeat: _Optional[float] = ..., weight_versions: _Optional[_Mapping[str, int]] = ..., kv_pressure: _Optional[float] = ...) -> None: ...
 
 class RegisterMemberRequest(_message.Message):
     __slots__ = ("kind", "name", "address")
@@ -79,16 +81,18 @@ class RegisterMemberResponse(_message.Message):
     def __init__(self, heartbeat_seconds: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("name", "load", "running", "queued")
+    __slots__ = ("name", "load", "running", "queued", "kv_pressure")
     NAME_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
+    KV_PRESSURE_FIELD_NUMBER: _ClassVar[int]
     name: str
     load: int
     running: int
     queued: int
-    def __init__(self, name: _Optional[str] = ..., load: _Optional[int] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ...) -> None: ...
+    kv_pressure: float
+    def __init__(self, name: _Optional[str] = ..., load: _Optional[int] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., kv_pressure: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ()

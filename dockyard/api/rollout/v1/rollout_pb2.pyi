@@ -62,16 +62,38 @@ class Completion(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("prompt_token_ids", "completions", "weight_version", "weight_versions")
+    __slots__ = ("prompt_token_ids", "completions", "weight_version", "weight_versions", "kv_cache")
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_FIELD_NUMBER: _ClassVar[int]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     completions: _containers.RepeatedCompositeFieldContainer[Completion]
     weight_version: int
     weight_versions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., weight_version: _Optional[int] = ..., weight_versions: _Optional[_Iterable[int]] = ...) -> None: ...
+    kv_cache: KvCacheStats
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., weight_version: _Optional[int] = ..., weight_versions: _Optional[_Iterable[int]] = ..., kv_cache: _Optional[_Union[KvCacheStats, _Mapping]] = ...) -> None: ...
+
+class KvCacheStats(_message.Message):
+    __slots__ = ("capacity_tokens", "live_tokens", "cached_tokens", "cached_entries", "prefill_tokens_computed", "prefill_tokens_saved", "evictions", "pressure")
+    CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_COMPUTED_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_SAVED_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    PRESSURE_FIELD_NUMBER: _ClassVar[int]
+    capacity_tokens: int
+    live_tokens: int
+    cached_tokens: int
+    cached_entries: int
+    prefill_tokens_computed: int
+    prefill_tokens_saved: int
+    evictions: int
+    pressure: float
+    def __init__(self, capacity_tokens: _Optional[int] = ..., live_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., cached_entries: _Optional[int] = ..., prefill_tokens_computed: _Optional[int] = ..., prefill_tokens_saved: _Optional[int] = ..., evictions: _Optional[int] = ..., pressure: _Optional[float] = ...) -> None: ...
 
 class ReceiveWeightsRequest(_message.Message):
     __slots__ = ("job_id", "weight_version")
