@@ -108,8 +108,9 @@ def host_config(
             Ulimit(name="fsize", soft=max_file_bytes, hard=max_file_bytes),
             Ulimit(name="core", soft=0, hard=0),
         ],
-        mounts=[Mount(f"{WORK}/{REPORT_NAME}", os.path.join(work, REPORT_NAME), type="bind")] if report else []
-        + ([Mount(ROUTE_MOUNT, route, type="bind", read_only=True)] if route else []),
+        mounts=[Mount(f"{WORK}/{REPORT_NAME}", os.path.join(work, REPORT_NAME), type="bind")]
+        if report
+        else [] + ([Mount(ROUTE_MOUNT, route, type="bind", read_only=True)] if route else []),
         tmpfs={
             "/tmp": f"rw,nosuid,nodev,size={tmp_mb}m,mode=1777",
             # Counts against the memory cgroup too: the lower of the two limits ends the run first.

@@ -44,7 +44,6 @@ import structlog
 from dockyard.rpc.errors import FailedPrecondition
 from services.sandbox import session_files
 from services.sandbox.backend import DISK_FULL_MESSAGE, Outcome, ResourceLimits, Status, run_outcome
-from services.sandbox.endpoint_route import ROUTED_PID1_SOURCE, EndpointRoute, endpoint_url
 from services.sandbox.docker_container import (
     LABEL,
     SESSION_LABEL,
@@ -55,6 +54,7 @@ from services.sandbox.docker_container import (
     owner_is_dead,
     send_work_folder,
 )
+from services.sandbox.endpoint_route import ROUTED_PID1_SOURCE, EndpointRoute, endpoint_url
 from services.sandbox.sessions import SessionHandle
 from services.sandbox.staging import Capped, checked_files, remove_tree, stage_files
 
