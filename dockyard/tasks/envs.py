@@ -83,9 +83,19 @@ def environment(config: MasterConfig) -> Environment:
 def sandbox_env(config: MasterConfig) -> dict[str, str]:
     """Sandbox settings a local stack needs for this config: for swe, the task root that holds
     data.train.path (validation's task set lies beside it; the config checks that); for agent
-    trials, room for as many sessions as the job runs trials at once. A setting already in the
+    trials, room for as many sessions as the job runs trials at once; for an external scaffold, the
+    docker backend (ValueError when the environment names another). A setting already in the
     environment is kept."""
     env = {}
+    if config.env.scaffold is not None:
+        backend = os.environ.get("DOCKYARD_SANDBOX_BACKEND", "docker")
+        if backend != "docker":
+            raise ValueError(
+                f"env.scaffold runs an external scaffold, whose session's only network route is the policy "
+                f"endpoint: that needs the docker sandbox backend, not DOCKYARD_SANDBOX_BACKEND={backend}; "
+                "set DOCKYARD_SANDBOX_BACKEND=docker (and build the images: deploy/images/build.sh)"
+            )
+        env["DOCKYARD_SANDBOX_BACKEND"] = "docker"
     if config.env.name == "swe" and "DOCKYARD_SANDBOX_TASK_ROOT" not in os.environ and config.data.train.path:
         env["DOCKYARD_SANDBOX_TASK_ROOT"] = str(Path(config.data.train.path).resolve().parent)
     if config.env.agentic and "DOCKYARD_SANDBOX_MAX_SESSIONS" not in os.environ:
