@@ -133,17 +133,19 @@ def test_a_hostile_scaffold_is_contained(sandbox, endpoint):
                     max_new=16,
                 )
             )
-        left = await session.run(shell="ps -e -o comm= | grep -c sleep || true")
-        return outcomes, left
+        count = "cat /proc/[0-9]*/comm | grep -c '^sleep$' || true"
+        seen = await session.run(shell=f"sleep 60 & sleep 0.5; {count}")  # the count sees a live sleep
+        left = await session.run(shell=count)
+        return outcomes, seen, left
 
-    outcomes, left = asyncio.run(_with_session(sandbox.address, endpoint, body, timeout=30.0))
+    outcomes, seen, left = asyncio.run(_with_session(sandbox.address, endpoint, body, timeout=30.0))
     (hang, _), (huge, huge_tail), (network, network_tail), (allowed, allowed_tail) = outcomes
     assert hang.finish_reason == "time" and hang.model_seconds < 20.0
     # 100 MB through the sandbox may outlast the 3 s: either way it ends, clipped to the session's cap.
     assert huge.finish_reason in {"exit", "time"} and 0 < len(huge_tail) <= 2000
     assert network.finish_reason == "failed" and "Network is unreachable" in network_tail, network_tail
     assert allowed.finish_reason == "exit" and ANSWER.decode() in allowed_tail
-    assert left.stdout.strip() == "0"  # nothing the hung scaffold started is left
+    assert (seen.stdout.strip(), left.stdout.strip()) == ("1", "0")  # nothing a command started is left
 
 
 def test_the_local_backend_refuses_a_routed_session(start_service):
