@@ -121,6 +121,8 @@ class DockerSession(SessionHandle):
         start = time.monotonic()
         try:
             out, err, code, timed_out = self._run(["sh", "-c", EXEC_WRAPPER, "sh", *argv], stdin, limits)
+            if code != 0 and not self._api.inspect_container(self._id)["State"]["Running"]:
+                raise OSError("the container stopped")  # killed under the command: not the command's failure
             disk_full = not timed_out and self._disk_full(limits)
         except (docker.errors.DockerException, OSError) as exc:
             message = f"the session's container is gone (closed, or ended for memory): {exc}"

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import subprocess
 import threading
 
 import grpc
 import pytest
 
 from dockyard.agents.external import run_external
-from dockyard.agents.scaffold import Budget
+from dockyard.agents.scaffold import Budget, TrialRefused
 from dockyard.agents.session import SandboxSession
 from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.config import ScaffoldConfig
@@ -162,3 +163,40 @@ def test_the_local_backend_refuses_a_routed_session(start_service):
         asyncio.run(open_one())
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "DOCKYARD_SANDBOX_BACKEND=docker" in caught.value.details()
+
+
+def test_a_scaffold_whose_container_dies_is_an_infrastructure_error(sandbox, endpoint):
+    """The container is removed under a running scaffold: TrialRefused (the trial's ERROR, masked), not a score."""
+
+    def remove_the_session_container() -> None:
+        label = "dockyard.sandbox.owner"
+        for cid in subprocess.run(
+            ["docker", "ps", "-q", "--filter", "label=dockyard.sandbox.session"], capture_output=True, text=True
+        ).stdout.split():
+            owner = subprocess.run(
+                ["docker", "inspect", "-f", f'{{{{index .Config.Labels "{label}"}}}}', cid],
+                capture_output=True,
+                text=True,
+            ).stdout
+            if f"/{sandbox.proc.pid}/" in owner:
+                subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
+
+    async def body(session: SandboxSession):
+        running = asyncio.ensure_future(
+            run_external(
+                session,
+                ScaffoldConfig(command="sleep 60"),
+                endpoint_url=session.endpoint_url,
+                api_key="k",
+                model="job",
+                prompt="p",
+                budget=Budget(max_turns=1, max_tokens=64, seconds=30.0),
+                max_new=8,
+            )
+        )
+        await asyncio.sleep(2.0)
+        await asyncio.to_thread(remove_the_session_container)
+        with pytest.raises(TrialRefused, match="sandbox failed"):
+            await running
+
+    asyncio.run(_with_session(sandbox.address, endpoint, body, timeout=40.0))
