@@ -74,6 +74,7 @@ def test_an_unchanged_pypi_scaffold_runs_trials_that_are_scored_and_trained(tmp_
     [run_dir] = [p for p in runs.iterdir() if p.name != "logs"]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     [train] = [r for r in records if r["kind"] == "train"]
+    print(json.dumps({k: v for k, v in train.items() if k.startswith(("agent_", "num_", "invalid", "loss"))}))
     # Both trials ran mini-swe-agent to an end of its own (or the time limit), and were scored.
     assert train["agent_trials"] == 2, train
     assert sum(v for k, v in train.items() if k.startswith("agent_finish_")) == 2, train
