@@ -3,7 +3,9 @@
     Task ──n trials at once (at most grpo.max_concurrent_trials per job)──> for each trial:
         OpenSession(task.files) on the least loaded sandbox worker (a full one is waited out) ── the
             session stays on that worker
-        run_scaffold(openai client ─X-Dockyard-Session─> policy endpoint, Toolbox ─> the session)
+        run_scaffold(openai client ─X-Dockyard-Session─> policy endpoint, Toolbox ─> the session), or
+        with env.scaffold: POST /v1/sessions (id + key), the session opened with a route to the endpoint
+            (and the scaffold's package), run_external: the unchanged program in it, the key as its API key
         score: the answer as env.score scores a completion (expr, program synthesis), or
                ScoreSession (swe: the work folder's diff against the base commit)
         GET /v1/sessions/{id}/trajectory ──trial_tokens──> Trajectory (loss mask, later segments)
@@ -183,7 +185,7 @@ class AgentTrials:
             return _invalid(trajectory_id, f"the sandbox session failed: {exc.code().name}: {exc.details()}")
         recorded = await self._recorded(session_id)
         if self.config.env.scaffold is not None:
-            outcome.turns = sum(len(s.get("turns", ())) for s in recorded.get("segments", ())) or outcome.turns
+            outcome.turns = int(recorded.get("turns") or 0)  # the endpoint counted the scaffold's calls
         if recorded.get("status") != "ok":
             raise TrialLost(f"trial {trajectory_id}: {recorded.get('error') or 'the endpoint session ended'}")
         tokens = trial_tokens(recorded, grpo.max_trial_tokens)
