@@ -133,7 +133,7 @@ class SessionService:
             required = [*(instance.requirements if task_set else ()), *packages]
             try:
                 image = await self._backend.packages_image(required)
-            except FailedPrecondition:
+            except FailedPrecondition:  # the backend's own words (local: use the docker backend)
                 raise
             except Exception as exc:
                 raise FailedPrecondition(f"cannot build the session's image with {list(packages)!r}: {exc}") from None
