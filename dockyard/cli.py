@@ -387,7 +387,11 @@ def cmd_run(args) -> int:
     log_dir = Path(cfg.logger.log_dir) / "logs" / time.strftime("%Y%m%d-%H%M%S")
     from dockyard.tasks.envs import sandbox_env
 
-    extra_env = sandbox_env(cfg)
+    try:
+        extra_env = sandbox_env(cfg)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     # The job's state (job.json) goes to its run folder unless the environment says otherwise.
     if "DOCKYARD_COORDINATOR_STATE_DIR" not in os.environ:
         extra_env["DOCKYARD_COORDINATOR_STATE_DIR"] = str(Path(cfg.logger.log_dir).resolve())

@@ -333,6 +333,63 @@ class ToolConfig(Section):
         return dict.fromkeys(BUILTIN_TOOL_PARAMETERS[self.kind], "string")
 
 
+# Set for every external scaffold's command (docs/agents.md#external-scaffolds); env cannot override them.
+SCAFFOLD_ENV_NAMES = (
+    "OPENAI_BASE_URL",
+    "OPENAI_API_BASE",
+    "OPENAI_API_KEY",
+    "ANTHROPIC_BASE_URL",
+    "ANTHROPIC_API_KEY",
+    "DOCKYARD_MODEL",
+    "DOCKYARD_TASK",
+    "DOCKYARD_MAX_TURNS",
+    "DOCKYARD_MAX_SECONDS",
+    "DOCKYARD_MAX_NEW_TOKENS",
+    "HOME",
+)
+
+
+class ScaffoldConfig(Section):
+    """An external agent program run per trial in its sandbox session, instead of the built-in loop."""
+
+    command: str = Field(
+        min_length=1,
+        max_length=16384,
+        description="Shell line run in the session's work folder; it reads the endpoint from OPENAI_BASE_URL / "
+        "ANTHROPIC_BASE_URL and its key from OPENAI_API_KEY / ANTHROPIC_API_KEY, the task from DOCKYARD_TASK.",
+    )
+    package: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-\[\],]*\s*(?:[=<>!~]=?[^\s;]+)?$",
+        description="pip requirement the command comes from (e.g. mini-swe-agent==2.4.6), installed into the "
+        "session's image from the sandbox's wheelhouse; None: the image has it already.",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra environment of the command (the scaffold's own settings); names are A-Z 0-9 _, and "
+        "the endpoint's and DOCKYARD_* variables cannot be overridden.",
+    )
+    answer_file: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9._-][A-Za-z0-9._/-]{0,254}$",
+        description="Non-swe envs: the work-folder file whose text is the trial's answer; None: the empty answer "
+        "(swe scores the session's diff).",
+    )
+
+    @model_validator(mode="after")
+    def _env_names(self) -> ScaffoldConfig:
+        for name in self.env:
+            if not re.fullmatch(r"[A-Z_][A-Z0-9_]{0,127}", name):
+                raise ValueError(f"env.scaffold.env: {name!r} is not a variable name (A-Z 0-9 _)")
+            if name in SCAFFOLD_ENV_NAMES:
+                raise ValueError(f"env.scaffold.env: {name} is set by dockyard (the trial's endpoint and budget)")
+        if self.answer_file and ".." in self.answer_file.split("/"):
+            raise ValueError("env.scaffold.answer_file: a path inside the work folder, without '..'")
+        return self
+
+
 class EnvConfig(Section):
     name: Literal["expr", "expr_agent", "program_synthesis", "swe", "terminal_bench"] = Field(
         "expr", description="Environment: how completions are scored (dockyard/tasks/envs.py)."
@@ -344,6 +401,11 @@ class EnvConfig(Section):
         description="Non-empty: each trial is a multi-turn agent loop of the built-in scaffold with these "
         "tools, in a sandbox session (docs/agents.md); empty: one completion per sample.",
     )
+    scaffold: ScaffoldConfig | None = Field(
+        None,
+        description="Set: each trial runs this external scaffold in its sandbox session (docker backend), whose "
+        "only network route is the policy endpoint (docs/agents.md#external-scaffolds).",
+    )
 
     @model_validator(mode="after")
     def _tool_names(self) -> EnvConfig:
@@ -352,11 +414,13 @@ class EnvConfig(Section):
             raise ValueError(f"env.tools: names must differ, got {names}")
         if [t.kind for t in self.tools].count("submit") > 1:
             raise ValueError("env.tools: at most one tool of kind submit (it ends the trial with its answer)")
+        if self.tools and self.scaffold is not None:
+            raise ValueError("env.tools are the built-in scaffold's; an external env.scaffold brings its own tools")
         return self
 
     @property
     def agentic(self) -> bool:
-        return bool(self.tools)
+        return bool(self.tools) or self.scaffold is not None
 
 
 class DatasetConfig(Section):
@@ -493,7 +557,7 @@ class MasterConfig(Section):
         if self.env.name == "terminal_bench" and not self.env.agentic:
             errors.append(("env.tools", "env terminal_bench is a multi-turn task: give the agent its tools (a shell)"))
         if self.env.name == "expr_agent" and not self.env.agentic:
-            errors.append(("env.tools", "env expr_agent is a multi-turn task: give it its tool f"))
+            errors.append(("env.tools", "env expr_agent is a multi-turn task: give it its tool f (or a scaffold)"))
         if self.env.agentic and self.sft is not None:
             errors.append(("env.tools", "agent trials are GRPO's; a supervised job takes demonstrations"))
         train_path, val_path = self.data.train.path, self.data.validation.path

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 
 # RPC deadline margin over the sandbox's own command limit (queueing, transfer).
@@ -24,13 +25,20 @@ class CommandResult:
     stdout: str
     stderr: str
     timed_out: bool
+    error: str = ""  # the sandbox could not run it (its container is gone): an infrastructure failure
 
 
 class SandboxSession:
     def __init__(
-        self, stub: sandbox_pb2_grpc.SandboxServiceStub, session_id: str, work_dir: str, timeout_seconds: float
+        self,
+        stub: sandbox_pb2_grpc.SandboxServiceStub,
+        session_id: str,
+        work_dir: str,
+        timeout_seconds: float,
+        endpoint_url: str = "",
     ) -> None:
         self.stub, self.session_id, self.work_dir = stub, session_id, work_dir
+        self.endpoint_url = endpoint_url  # the policy endpoint as the session's commands reach it ("" if they cannot)
         self._deadline = timeout_seconds + DEADLINE_MARGIN_SECONDS
 
     @classmethod
@@ -44,6 +52,8 @@ class SandboxSession:
         task_set: str = "",
         instance_id: str = "",
         idle_timeout_seconds: float = 0.0,
+        endpoint_address: str = "",
+        packages: tuple[str, ...] = (),
     ) -> SandboxSession:
         reply = await stub.OpenSession(
             sandbox_pb2.OpenSessionRequest(
@@ -53,17 +63,24 @@ class SandboxSession:
                 instance_id=instance_id,
                 limits=limits,
                 idle_timeout_seconds=idle_timeout_seconds,
+                endpoint_address=endpoint_address,
+                packages=packages,
             ),
-            timeout=limits.timeout_seconds + DEADLINE_MARGIN_SECONDS + 300.0,  # a SWE checkout takes a while
+            # A SWE checkout, or an image with `packages` built the first time, takes a while.
+            timeout=limits.timeout_seconds + DEADLINE_MARGIN_SECONDS + (900.0 if packages else 300.0),
         )
-        return cls(stub, reply.session_id, reply.work_dir, limits.timeout_seconds)
+        return cls(stub, reply.session_id, reply.work_dir, limits.timeout_seconds, reply.endpoint_url)
 
-    async def run(self, argv: list[str] | None = None, shell: str | None = None) -> CommandResult:
-        """One command (an argv, or a shell line) in the work folder."""
-        request = sandbox_pb2.SessionExecRequest(session_id=self.session_id, command=argv or [], shell=shell or "")
-        reply = await self.stub.SessionExec(request, timeout=self._deadline)
+    async def run(self, argv: list[str] | None = None, shell: str | None = None, timeout: float = 0.0) -> CommandResult:
+        """One command (an argv, or a shell line) in the work folder; `timeout` 0: the session's limit."""
+        request = sandbox_pb2.SessionExecRequest(
+            session_id=self.session_id, command=argv or [], shell=shell or "", timeout_seconds=timeout
+        )
+        deadline = timeout + DEADLINE_MARGIN_SECONDS if timeout else self._deadline
+        reply = await self.stub.SessionExec(request, timeout=deadline)
         v = reply.verdict
-        return CommandResult(v.exit_code, v.stdout, v.stderr, reply.timed_out)
+        error = v.error_message or "the sandbox failed" if v.status == common_pb2.VERDICT_STATUS_ERROR else ""
+        return CommandResult(v.exit_code, v.stdout, v.stderr, reply.timed_out, error)
 
     async def read_file(self, path: str, max_bytes: int = 0) -> tuple[bytes, bool]:
         """(content, truncated)."""

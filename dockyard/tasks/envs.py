@@ -88,11 +88,21 @@ def environment(config: MasterConfig) -> Environment:
 
 def sandbox_env(config: MasterConfig) -> dict[str, str]:
     """Sandbox settings a local stack needs for this config: for swe and terminal_bench, the task root
-    that holds data.train.path (validation's task set lies beside it; the config checks that), and for
-    terminal_bench the docker backend (a task runs in its own image); for agent
-    trials, room for as many sessions as the job runs trials at once. A setting already in the
-    environment is kept."""
+    that holds data.train.path (validation's task set lies beside it; the config checks that); the
+    docker backend for terminal_bench (a task runs in its own image) and for an external scaffold
+    (its session's only network route is the policy endpoint; ValueError when the environment names
+    another backend); for agent trials, room for as many sessions as the job runs trials at once. A
+    setting already in the environment is kept."""
     env = {}
+    if config.env.scaffold is not None:
+        backend = os.environ.get("DOCKYARD_SANDBOX_BACKEND", "docker")
+        if backend != "docker":
+            raise ValueError(
+                f"env.scaffold runs an external scaffold, whose session's only network route is the policy "
+                f"endpoint: that needs the docker sandbox backend, not DOCKYARD_SANDBOX_BACKEND={backend}; "
+                "set DOCKYARD_SANDBOX_BACKEND=docker (and build the images: deploy/images/build.sh)"
+            )
+        env["DOCKYARD_SANDBOX_BACKEND"] = "docker"
     task_sets = ("swe", "terminal_bench")
     if config.env.name in task_sets and "DOCKYARD_SANDBOX_TASK_ROOT" not in os.environ and config.data.train.path:
         env["DOCKYARD_SANDBOX_TASK_ROOT"] = str(Path(config.data.train.path).resolve().parent)

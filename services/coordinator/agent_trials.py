@@ -3,7 +3,9 @@
     Task ──n trials at once (at most grpo.max_concurrent_trials per job)──> for each trial:
         OpenSession(task.files) on the least loaded sandbox worker (a full one is waited out) ── the
             session stays on that worker
-        run_scaffold(openai client ─X-Dockyard-Session─> policy endpoint, Toolbox ─> the session)
+        run_scaffold(openai client ─X-Dockyard-Session─> policy endpoint, Toolbox ─> the session), or
+        with env.scaffold: POST /v1/sessions (id + key), the session opened with a route to the endpoint
+            (and the scaffold's package), run_external: the unchanged program in it, the key as its API key
         score: the answer as env.score scores a completion (expr, program synthesis), or
                ScoreSession (swe: the work folder's diff against the base commit; terminal_bench: the
                task's tests, run in the session after the agent)
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -31,6 +34,7 @@ import httpx
 import openai
 import structlog
 
+from dockyard.agents.external import run_external
 from dockyard.agents.scaffold import Budget, Outcome, TrialLost, TrialRefused, run_scaffold
 from dockyard.agents.session import SandboxSession
 from dockyard.agents.tools import Toolbox
@@ -159,33 +163,43 @@ class AgentTrials:
         """One scored trial; TrialLost when the endpoint or its replica failed."""
         async with self._slots:
             session_id = f"{re.sub(r'[^A-Za-z0-9._:-]', '.', trajectory_id)[-90:]}.{uuid.uuid4().hex[:12]}"
+            api_key = ""
+            if self.config.env.scaffold is not None:
+                # An unchanged client sends no session header: the session's own key binds its calls.
+                session_id, api_key = await self._new_endpoint_session()
             opened = await self._open(task, session_id)
             if isinstance(opened, str):
+                await self._forget(session_id)
                 return _invalid(trajectory_id, opened)
             worker, sandbox = opened
             with self.fleet.calling(worker):
                 try:
-                    return await self._run(task, trajectory_id, seed, sampling, sandbox, session_id)
+                    return await self._run(task, trajectory_id, seed, sampling, sandbox, session_id, api_key)
                 finally:
                     await sandbox.close()
                     await self._forget(session_id)
 
     async def _run(
-        self, task: Task, trajectory_id: str, seed, sampling, sandbox: SandboxSession, session_id: str
+        self, task: Task, trajectory_id: str, seed, sampling, sandbox: SandboxSession, session_id: str, api_key: str
     ) -> common_pb2.Trajectory:
         grpo, tools = self.config.grpo, self.config.env.tools
-        _, base = self._clients()
-        client = base.with_options(default_headers={SESSION_HEADER: session_id})
         seconds = min(grpo.max_trial_seconds, task.max_seconds or grpo.max_trial_seconds)  # the task's own limit
         budget = Budget(grpo.max_rollout_turns, grpo.max_trial_tokens, seconds)
-        toolbox = Toolbox(tools, sandbox, max_output_chars=self.config.env.sandbox.max_output_bytes or 4096)
         try:
-            outcome = await run_scaffold(client, self.job_id, task.prompt, tools, toolbox, sampling, budget, seed)
+            if self.config.env.scaffold is not None:
+                outcome = await self._external(task, sandbox, api_key, budget, sampling, trajectory_id)
+            else:
+                _, base = self._clients()
+                client = base.with_options(default_headers={SESSION_HEADER: session_id})
+                toolbox = Toolbox(tools, sandbox, max_output_chars=self.config.env.sandbox.max_output_bytes or 4096)
+                outcome = await run_scaffold(client, self.job_id, task.prompt, tools, toolbox, sampling, budget, seed)
         except TrialRefused as exc:
             return _invalid(trajectory_id, str(exc))
         except grpc.aio.AioRpcError as exc:
             return _invalid(trajectory_id, f"the sandbox session failed: {exc.code().name}: {exc.details()}")
         recorded = await self._recorded(session_id)
+        if self.config.env.scaffold is not None:
+            outcome.turns = int(recorded.get("turns") or 0)  # the endpoint counted the scaffold's calls
         if recorded.get("status") != "ok":
             raise TrialLost(f"trial {trajectory_id}: {recorded.get('error') or 'the endpoint session ended'}")
         tokens = trial_tokens(recorded, grpo.max_trial_tokens)
@@ -226,6 +240,44 @@ class AgentTrials:
             num_turns=outcome.turns,
         )
 
+    async def _external(
+        self, task: Task, sandbox: SandboxSession, api_key: str, budget: Budget, sampling: SamplingConfig, trial: str
+    ) -> Outcome:
+        """The configured scaffold, unchanged, in the session; a container that died is TrialRefused (masked)."""
+        scaffold = self.config.env.scaffold
+        assert scaffold is not None
+        if not sandbox.endpoint_url:
+            raise TrialRefused("the sandbox session has no route to the policy endpoint")
+        outcome, tail = await run_external(
+            sandbox,
+            scaffold,
+            endpoint_url=sandbox.endpoint_url,
+            api_key=api_key,
+            model=self.job_id,
+            prompt=task.prompt,
+            budget=budget,
+            max_new=sampling.max_new_tokens,
+        )
+        if outcome.finish_reason != "exit":
+            log.info("an external scaffold ended", trial=trial, finish=outcome.finish_reason, output=tail[-500:])
+        return outcome
+
+    async def _new_endpoint_session(self) -> tuple[str, str]:
+        """(session id, its key) from POST /v1/sessions; TrialLost when the endpoint cannot open one."""
+        http, _ = self._clients()
+        try:
+            reply = await http.post(f"{self._base}/v1/sessions", headers={"authorization": f"Bearer {self._token}"})
+        except httpx.HTTPError as exc:
+            raise TrialLost(f"opening an endpoint session: {exc}") from exc
+        if reply.status_code != 200:
+            raise TrialLost(f"opening an endpoint session: {reply.status_code} {reply.text[:200]}")
+        body = reply.json()
+        return body["session_id"], body["api_key"]
+
+    def _endpoint_address(self) -> str:
+        """host:port the sandbox routes a session's calls to: the address this coordinator calls."""
+        return urllib.parse.urlsplit(self._base).netloc
+
     async def _verdict(
         self, task: Task, outcome: Outcome, sandbox: SandboxSession, request_id: str
     ) -> common_pb2.Verdict:
@@ -244,6 +296,7 @@ class AgentTrials:
         workers tried first) up to the fleet wait timeout. The error, as text, when none opened one."""
         in_task_set = self.config.env.name in TASK_SESSION_ENVS
         task_set, instance_id = swe.split_task_id(task.task_id) if in_task_set else ("", "")
+        scaffold = self.config.env.scaffold
         loop = asyncio.get_running_loop()
         deadline, pause, error = loop.time() + self._wait_timeout, 0.05, "no sandbox worker is alive"
         while True:
@@ -259,6 +312,8 @@ class AgentTrials:
                             task_set=task_set,
                             instance_id=instance_id,
                             idle_timeout_seconds=min(self.config.grpo.max_trial_seconds + 120.0, 3600.0),
+                            endpoint_address=self._endpoint_address() if scaffold else "",
+                            packages=(scaffold.package,) if scaffold and scaffold.package else (),
                         )
                     return worker, sandbox
                 except grpc.aio.AioRpcError as exc:

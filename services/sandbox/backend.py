@@ -110,11 +110,25 @@ class SandboxBackend(abc.ABC):
         """Run the Python `program`, then each test statement on its own; count the passes."""
 
     async def open_session(
-        self, files: Mapping[str, str], limits: ResourceLimits, *, seed_dir: str | None = None, image: str | None = None
+        self,
+        files: Mapping[str, str],
+        limits: ResourceLimits,
+        *,
+        seed_dir: str | None = None,
+        image: str | None = None,
+        endpoint_address: str = "",
     ) -> SessionHandle:
         """A work folder (or container) kept across commands, holding `seed_dir` overlaid with `files`;
-        `limits.memory_mb` bounds the whole session where the backend can (see sessions.py)."""
+        `limits.memory_mb` bounds the whole session where the backend can (see sessions.py); with
+        `endpoint_address`, the session's only network route is to that host:port."""
         raise FailedPrecondition(f"the {type(self).__name__} backend has no sessions")
+
+    async def packages_image(self, requirements: Sequence[str]) -> str:
+        """The tag of an image holding the backend's image plus `requirements` (built once)."""
+        raise FailedPrecondition(
+            f"the {type(self).__name__} backend cannot install packages into a session; "
+            "use the docker backend (DOCKYARD_SANDBOX_BACKEND=docker)"
+        )
 
     def reap_sessions(self) -> int:
         """Remove the sessions a dead predecessor of this service left; returns how many. Blocks."""

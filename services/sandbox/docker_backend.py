@@ -250,7 +250,13 @@ class DockerBackend(SandboxBackend):
         return _outcome(run, Status.PASSED if passed == total else Status.FAILED, passed=passed, total=total)
 
     async def open_session(
-        self, files: Mapping[str, str], limits: ResourceLimits, *, seed_dir: str | None = None, image: str | None = None
+        self,
+        files: Mapping[str, str],
+        limits: ResourceLimits,
+        *,
+        seed_dir: str | None = None,
+        image: str | None = None,
+        endpoint_address: str = "",
     ):
         from services.sandbox.docker_sessions import DockerSessionConfig, open_docker_session
 
@@ -266,7 +272,13 @@ class DockerBackend(SandboxBackend):
             tmp_mb=self._tmp_mb,
             work_root=self._work_root,
         )
-        return await open_docker_session(config, files, limits, seed_dir=seed_dir)
+        return await open_docker_session(config, files, limits, seed_dir=seed_dir, endpoint_address=endpoint_address)
+
+    async def packages_image(self, requirements: Sequence[str]) -> str:
+        from services.sandbox.images import ensure_env_image
+
+        # Content-addressed: built once per requirement set from the wheelhouse (--network none), then reused.
+        return await asyncio.to_thread(ensure_env_image, self._client, self._image, list(requirements))
 
     def reap_sessions(self) -> int:
         from services.sandbox.docker_sessions import reap_session_containers

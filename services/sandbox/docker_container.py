@@ -82,10 +82,14 @@ def host_config(
     max_disk_mb: int,
     tmp_mb: int,
     report: bool = True,
+    route: str | None = None,
 ) -> dict:
     """The engine's host config of a run's container; `user` "uid:gid" owns the /work tmpfs; `report`
-    False (a session's container): no host file at all."""
+    False (a session's container): no host file at all, but for `route`, the host folder of a session's
+    endpoint socket (endpoint_route.py), mounted read-only."""
     from docker.types import LogConfig, Mount, Ulimit
+
+    from services.sandbox.endpoint_route import MOUNT as ROUTE_MOUNT
 
     memory = f"{limits.memory_mb}m"
     uid, gid = user.split(":")
@@ -104,7 +108,9 @@ def host_config(
             Ulimit(name="fsize", soft=max_file_bytes, hard=max_file_bytes),
             Ulimit(name="core", soft=0, hard=0),
         ],
-        mounts=[Mount(f"{WORK}/{REPORT_NAME}", os.path.join(work, REPORT_NAME), type="bind")] if report else [],
+        mounts=[Mount(f"{WORK}/{REPORT_NAME}", os.path.join(work, REPORT_NAME), type="bind")]
+        if report
+        else [] + ([Mount(ROUTE_MOUNT, route, type="bind", read_only=True)] if route else []),
         tmpfs={
             "/tmp": f"rw,nosuid,nodev,size={tmp_mb}m,mode=1777",
             # Counts against the memory cgroup too: the lower of the two limits ends the run first.

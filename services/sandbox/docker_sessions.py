@@ -5,6 +5,8 @@
                  bind: no host path at all), labels owner + dockyard.sandbox.session
            --> the stage arrives as a tar on stdin into the /work tmpfs (max_disk_mb); then PID 1 is a
                  reaper (REAPER_SOURCE) that only waits for orphans, so nothing piles up as zombies
+                 (with an endpoint_address: also the container end of the session's one route,
+                 endpoint_route.py, its socket's folder the only host path mounted, read-only)
     exec   --> docker exec (the container's user, cwd /work): the command, then `kill -9 -1`, which
                  ends every process but PID 1; past the wall-clock limit the same kill from a second
                  exec; then `stat -f` flags a full /work
@@ -52,6 +54,7 @@ from services.sandbox.docker_container import (
     owner_is_dead,
     send_work_folder,
 )
+from services.sandbox.endpoint_route import ROUTED_PID1_SOURCE, EndpointRoute, endpoint_url
 from services.sandbox.sessions import SessionHandle
 from services.sandbox.staging import Capped, checked_files, remove_tree, stage_files
 
@@ -95,11 +98,13 @@ class DockerSessionConfig:
 
 
 class DockerSession(SessionHandle):
-    def __init__(self, config: DockerSessionConfig, container_id: str) -> None:
+    def __init__(self, config: DockerSessionConfig, container_id: str, route: EndpointRoute | None = None) -> None:
         self._config = config
         self._api = config.client.api
         self._id = container_id
+        self._route = route
         self.work_dir = WORK
+        self.endpoint_url = endpoint_url() if route else ""
 
     async def exec(self, argv: Sequence[str], stdin: bytes | None, limits: ResourceLimits) -> Outcome:
         running = asyncio.ensure_future(asyncio.to_thread(self._exec, list(argv), stdin or b"", limits))
@@ -116,6 +121,8 @@ class DockerSession(SessionHandle):
         start = time.monotonic()
         try:
             out, err, code, timed_out = self._run(["sh", "-c", EXEC_WRAPPER, "sh", *argv], stdin, limits)
+            if code != 0 and not self._api.inspect_container(self._id)["State"]["Running"]:
+                raise OSError("the container stopped")  # killed under the command: not the command's failure
             disk_full = not timed_out and self._disk_full(limits)
         except (docker.errors.DockerException, OSError) as exc:
             message = f"the session's container is gone (closed, or ended for memory): {exc}"
@@ -236,6 +243,8 @@ class DockerSession(SessionHandle):
 
     async def close(self) -> None:
         await asyncio.to_thread(self._remove)
+        if self._route is not None:
+            await self._route.close()
 
 
 def _feed(raw, data: bytes) -> None:
@@ -248,13 +257,30 @@ def _feed(raw, data: bytes) -> None:
 
 
 async def open_docker_session(
-    config: DockerSessionConfig, files: Mapping[str, str], limits: ResourceLimits, *, seed_dir: str | None
+    config: DockerSessionConfig,
+    files: Mapping[str, str],
+    limits: ResourceLimits,
+    *,
+    seed_dir: str | None,
+    endpoint_address: str = "",
 ) -> DockerSession:
+    """A session's container; with `endpoint_address`, its one route is to that address (endpoint_route.py)."""
     checked = checked_files(files)
-    return await asyncio.to_thread(_open, config, checked, limits, seed_dir)
+    route = None
+    if endpoint_address:
+        route = EndpointRoute(endpoint_address, config.work_root)
+        await route.start()
+    try:
+        return await asyncio.to_thread(_open, config, checked, limits, seed_dir, route)
+    except BaseException:
+        if route is not None:
+            await route.close()
+        raise
 
 
-def _open(config: DockerSessionConfig, checked, limits: ResourceLimits, seed_dir: str | None) -> DockerSession:
+def _open(
+    config: DockerSessionConfig, checked, limits: ResourceLimits, seed_dir: str | None, route: EndpointRoute | None
+) -> DockerSession:
     import docker.errors
 
     api = config.client.api
@@ -276,8 +302,9 @@ def _open(config: DockerSessionConfig, checked, limits: ResourceLimits, seed_dir
             max_disk_mb=config.max_disk_mb,
             tmp_mb=config.tmp_mb,
             report=False,
+            route=route.folder if route else None,
         )
-        command = ["sh", "-c", OPEN_COMMAND, REAPER_SOURCE]
+        command = ["sh", "-c", OPEN_COMMAND, ROUTED_PID1_SOURCE if route else REAPER_SOURCE]
         container_id = create_container(
             api,
             config.image,
@@ -299,7 +326,7 @@ def _open(config: DockerSessionConfig, checked, limits: ResourceLimits, seed_dir
         stream.close()
         if READY not in said:
             raise RuntimeError(f"the session's container did not start: {said[-500:]!r}")
-        return DockerSession(config, container_id)
+        return DockerSession(config, container_id, route)
     except BaseException as exc:
         if container_id is not None:
             try:

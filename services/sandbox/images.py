@@ -33,6 +33,14 @@ DEBIAN_MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = ("python3", "python3-venv", "git", "ca-certificates", "patch")
 SANDBOX_CONTEXT = Path(__file__).resolve().parents[2] / "deploy" / "images" / "sandbox"
 IMAGE_PYTHON = "3.11"  # bookworm's python3: wheels are downloaded for it, whatever the host runs
+# Every platform tag bookworm's glibc 2.36 runs (pip takes --platform tags literally, it does not widen them).
+IMAGE_PLATFORMS = (
+    *(f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)),
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+    "linux_x86_64",
+)
 DEFAULT_WHEELHOUSE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dockyard" / "wheelhouse"
 
 # An environment image adds packages to the sandbox image's venv and stays non-root.
@@ -111,7 +119,7 @@ def download_wheels(requirements: Sequence[str], wheelhouse_dir: str | os.PathLi
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--only-binary=:all:"]
             + ["--python-version", IMAGE_PYTHON, "--implementation", "cp"]
-            + ["--platform", "manylinux_2_36_x86_64", "--platform", "linux_x86_64"]
+            + [arg for platform in IMAGE_PLATFORMS for arg in ("--platform", platform)]
             + ["--dest", str(wheelhouse_dir), "-r", req.name],
             check=True,
         )

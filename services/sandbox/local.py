@@ -70,7 +70,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from dockyard.rpc.errors import InvalidArgument
+from dockyard.rpc.errors import FailedPrecondition, InvalidArgument
 from services.sandbox.backend import (
     DISK_FULL_MESSAGE,
     Outcome,
@@ -293,10 +293,21 @@ class LocalBackend(SandboxBackend):
         return _outcome(run, Status.PASSED if passed == total else Status.FAILED, passed=passed, total=total)
 
     async def open_session(
-        self, files: Mapping[str, str], limits: ResourceLimits, *, seed_dir: str | None = None, image: str | None = None
+        self,
+        files: Mapping[str, str],
+        limits: ResourceLimits,
+        *,
+        seed_dir: str | None = None,
+        image: str | None = None,
+        endpoint_address: str = "",
     ):
         from services.sandbox.local_sessions import open_local_session
 
+        if endpoint_address:
+            raise FailedPrecondition(
+                "a session with a route to the policy endpoint (an external scaffold's) needs the docker backend: "
+                "set DOCKYARD_SANDBOX_BACKEND=docker (the local backend has no network but none)"
+            )
         del limits, image  # each command gets the session's limits itself; no images here
         return await open_local_session(
             self, files, seed_dir=seed_dir, work_root=self._work_root, max_disk_bytes=self._max_disk_bytes

@@ -235,12 +235,21 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         limits = resolve_limits(request.limits, self._settings)
         try:
             session = await self._sessions.open(
-                dict(request.files), request.task_set, request.instance_id, limits, request.idle_timeout_seconds
+                dict(request.files),
+                request.task_set,
+                request.instance_id,
+                limits,
+                request.idle_timeout_seconds,
+                endpoint_address=request.endpoint_address,
+                packages=list(request.packages),
             )
         except TaskSetError as exc:
             raise _TASK_SET_ERRORS[exc.kind](str(exc)) from None
         return sandbox_pb2.OpenSessionResponse(
-            session_id=session.id, work_dir=session.handle.work_dir, idle_timeout_seconds=session.idle_timeout
+            session_id=session.id,
+            work_dir=session.handle.work_dir,
+            idle_timeout_seconds=session.idle_timeout,
+            endpoint_url=session.handle.endpoint_url,
         )
 
     async def SessionExec(

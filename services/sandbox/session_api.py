@@ -1,7 +1,9 @@
 """What the session RPCs do, apart from protobuf: checks naming the field at fault, then the store and backend.
 
-    open(files, task_set + instance_id?, limits, idle)  --> SWE: SweScorer.prepare -> checkout (+ image)
-                                                          --> terminal task (terminal.py): its image + WORKDIR seed
+    open(files, task_set + instance_id?, limits, idle, endpoint_address?, packages?)
+                                      --> SWE: SweScorer.prepare -> checkout (+ image)
+                                      --> terminal task (terminal.py): its image + WORKDIR seed
+                                      --> packages: backend.packages_image (the instance's requirements too)
                                                           --> SessionStore.open(backend.open_session)
     exec(id, argv, stdin, timeout)    --> store.use(id) --> Admission slot --> handle.exec
     read_file / write_file(id, path)  --> store.use(id) --> handle (session_files: links never followed)
@@ -32,6 +34,7 @@ from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, R
 from services.sandbox.admission import Admission
 from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend
 from services.sandbox.checkouts import tree_patch
+from services.sandbox.endpoint_route import split_address
 from services.sandbox.session_files import FileProblem
 from services.sandbox.sessions import Session, SessionStore
 from services.sandbox.settings import SandboxSettings
@@ -112,6 +115,9 @@ class SessionService:
         instance_id: str,
         limits: ResourceLimits,
         idle_timeout: float,
+        *,
+        endpoint_address: str = "",
+        packages: Sequence[str] = (),
     ) -> Session:
         s = self._settings
         idle = bounded(idle_timeout, "idle_timeout_seconds", s.max_session_idle_seconds, s.session_idle_seconds)
@@ -135,9 +141,26 @@ class SessionService:
             except Exception as exc:
                 raise FailedPrecondition(f"cannot prepare {instance_id!r} of {task_set!r}: {exc}") from None
             seed, swe = str(checkout), (task_set, instance_id)
+        if endpoint_address:
+            try:
+                split_address(endpoint_address)
+            except ValueError as exc:
+                raise InvalidArgument(str(exc)) from None
+        if packages:
+            if any(not p.strip() or p.strip().startswith("-") or "\n" in p for p in packages):
+                raise InvalidArgument(f"packages: {list(packages)[:8]!r}: each must be a pip requirement")
+            required = [*(instance.requirements if task_set else ()), *packages]
+            try:
+                image = await self._backend.packages_image(required)
+            except FailedPrecondition:  # the backend's own words (local: use the docker backend)
+                raise
+            except Exception as exc:
+                raise FailedPrecondition(f"cannot build the session's image with {list(packages)!r}: {exc}") from None
 
         async def make():
-            return await self._backend.open_session(files, limits, seed_dir=seed, image=image)
+            return await self._backend.open_session(
+                files, limits, seed_dir=seed, image=image, endpoint_address=endpoint_address
+            )
 
         return await self.store.open(make, limits=limits, idle_timeout=idle, swe=swe, terminal=terminal)
 

@@ -45,6 +45,7 @@ class SessionHandle(abc.ABC):
     """One backend's live session: a work folder that outlives each command."""
 
     work_dir: str  # the work folder as commands see it (cwd, HOME)
+    endpoint_url: str = ""  # the policy endpoint's URL as commands see it; "" without a route
 
     @abc.abstractmethod
     async def exec(self, argv: Sequence[str], stdin: bytes | None, limits: ResourceLimits) -> Outcome:

@@ -135,7 +135,7 @@ class ListInstancesResponse(_message.Message):
     def __init__(self, instances: _Optional[_Iterable[_Union[InstanceSummary, _Mapping]]] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("request_id", "files", "task_set", "instance_id", "limits", "idle_timeout_seconds")
+    __slots__ = ("request_id", "files", "task_set", "instance_id", "limits", "idle_timeout_seconds", "endpoint_address", "packages")
     class FilesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -149,23 +149,29 @@ class OpenSessionRequest(_message.Message):
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PACKAGES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     files: _containers.ScalarMap[str, str]
     task_set: str
     instance_id: str
     limits: Limits
     idle_timeout_seconds: float
-    def __init__(self, request_id: _Optional[str] = ..., files: _Optional[_Mapping[str, str]] = ..., task_set: _Optional[str] = ..., instance_id: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., idle_timeout_seconds: _Optional[float] = ...) -> None: ...
+    endpoint_address: str
+    packages: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_id: _Optional[str] = ..., files: _Optional[_Mapping[str, str]] = ..., task_set: _Optional[str] = ..., instance_id: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., idle_timeout_seconds: _Optional[float] = ..., endpoint_address: _Optional[str] = ..., packages: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
-    __slots__ = ("session_id", "work_dir", "idle_timeout_seconds")
+    __slots__ = ("session_id", "work_dir", "idle_timeout_seconds", "endpoint_url")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WORK_DIR_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_URL_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     work_dir: str
     idle_timeout_seconds: float
-    def __init__(self, session_id: _Optional[str] = ..., work_dir: _Optional[str] = ..., idle_timeout_seconds: _Optional[float] = ...) -> None: ...
+    endpoint_url: str
+    def __init__(self, session_id: _Optional[str] = ..., work_dir: _Optional[str] = ..., idle_timeout_seconds: _Optional[float] = ..., endpoint_url: _Optional[str] = ...) -> None: ...
 
 class SessionExecRequest(_message.Message):
     __slots__ = ("session_id", "command", "shell", "stdin", "timeout_seconds")

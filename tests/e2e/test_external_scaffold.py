@@ -1,0 +1,86 @@
+"""mini-swe-agent from PyPI, unchanged, runs the trials of a job and the trainer trains on them.
+
+This is `dockyard run examples/configs/tiny_agent_external.yaml` (the five services and the policy
+endpoint as real processes, the sandbox on the docker backend) cut to one GRPO step of one group:
+each trial is mini-swe-agent (its `mini` command, configured by its own flags and variables) in the
+trial's session container, whose only route is the endpoint; litellm's calls carry the endpoint
+session's key, so the endpoint records them in the trial's session; the trial is scored, and its
+tokens (sampled ones with loss mask 1) reach the buffer and the trainer. The tiny warm start (one
+step) writes nonsense, which is fine: the test is that the loop runs, scores and trains.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO_ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+CONFIG = REPO_ROOT / "examples" / "configs" / "tiny_agent_external.yaml"
+DOCKYARD = Path(sys.executable).parent / "dockyard"
+
+
+@pytest.fixture(scope="module")
+def scaffold_image(docker_sandbox_image: str) -> str:
+    """The session image with the config's package, built from the wheelhouse (--network none) as the
+    sandbox would build it on the first trial; built here so the job's first trial does not wait."""
+    import docker
+
+    from services.sandbox.images import ensure_env_image
+
+    package = yaml.safe_load(CONFIG.read_text())["env"]["scaffold"]["package"]
+    return ensure_env_image(docker.from_env(timeout=900), docker_sandbox_image, [package])
+
+
+def test_an_unchanged_pypi_scaffold_runs_trials_that_are_scored_and_trained(tmp_path: Path, scaffold_image) -> None:
+    runs = tmp_path / "runs"
+    seconds = 300  # a Python agent starting on a busy 2-core machine (litellm's import alone takes seconds)
+    result = subprocess.run(
+        [
+            str(DOCKYARD),
+            "run",
+            str(CONFIG),
+            f"policy.model_name={tmp_path / 'model'}",
+            "policy.bootstrap.steps=1",
+            f"logger.log_dir={runs}",
+            "grpo.max_num_steps=1",
+            "grpo.num_prompts_per_step=1",
+            "grpo.num_generations_per_prompt=2",
+            "grpo.val_at_start=false",
+            "grpo.val_at_end=false",
+            "grpo.max_rollout_turns=2",
+            f"grpo.max_trial_seconds={seconds}",
+            f"env.sandbox.timeout_seconds={seconds}",
+            f"env.sandbox.cpu_seconds={seconds}",
+            "data.train.size=4",
+            "data.validation.size=1",
+        ],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1400,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "DOCKYARD_SANDBOX_BACKEND": "docker"},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    [run_dir] = [p for p in runs.iterdir() if p.name != "logs"]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    [train] = [r for r in records if r["kind"] == "train"]
+    print(json.dumps({k: v for k, v in train.items() if k.startswith(("agent_", "num_", "invalid", "loss"))}))
+    # Both trials ran mini-swe-agent to an end of its own (or the time limit), and were scored.
+    assert train["agent_trials"] == 2, train
+    assert sum(v for k, v in train.items() if k.startswith("agent_finish_")) == 2, train
+    # The endpoint recorded mini's calls in each trial's session: turns, and context tokens (masked)
+    # between the sampled ones; the trainer trained on those trials.
+    assert train["agent_turns_mean"] >= 1.0, train
+    assert 0.0 < train["agent_masked_fraction"] < 1.0, train
+    assert train["num_trajectories"] - train["invalid_trajectories"] >= 1, train
+    assert train["num_segments"] >= 1, train
