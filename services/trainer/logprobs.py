@@ -131,15 +131,14 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         lp = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(n, dtype=torch.float32, device=hidden.device)
         ent = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+        stats = _kernel(_chunk_stats, hidden.device)
         with _no_autocast(hidden):
             w = weight.to(dtype)
             for s in range(0, n, chunk):
-                logits = _logits(hidden[s : s + chunk], w, dtype, scale)
-                lse[s : s + chunk] = torch.logsumexp(logits, -1)
-                lp[s : s + chunk] = logits.gather(-1, targets[s : s + chunk, None]).squeeze(-1) - lse[s : s + chunk]
-                if entropy:  # H = −Σ p·log p, log p in place of the logits it no longer needs
-                    logp = logits.sub_(lse[s : s + chunk, None])
-                    ent[s : s + chunk] = -(logp.exp() * logp).sum(-1)
+                h = hidden[s : s + chunk].to(dtype)
+                lp[s : s + chunk], lse[s : s + chunk], e = stats(h @ w.T, targets[s : s + chunk], scale, entropy)
+                if entropy:
+                    ent[s : s + chunk] = e
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.dtype, ctx.scale, ctx.chunk = dtype, scale, chunk
         ctx.mark_non_differentiable(ent)
@@ -151,24 +150,65 @@ class ChunkedHeadLogprobs(torch.autograd.Function):
         dtype, scale, chunk = ctx.dtype, ctx.scale, ctx.chunk
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        grad = _kernel(_chunk_grad, hidden.device)
         with _no_autocast(hidden):
             w = weight.to(dtype)
             for s in range(0, hidden.shape[0], chunk):
                 h = hidden[s : s + chunk]
-                # d logprob / d raw logits = (onehot(target) − softmax) / temperature.
-                d = _logits(h, w, dtype, scale).sub_(lse[s : s + chunk, None]).exp_().neg_()
-                d.scatter_add_(-1, targets[s : s + chunk, None], torch.ones_like(d[:, :1]))
-                d.mul_((grad_lp[s : s + chunk] / scale)[:, None])
-                d = d.to(dtype)
+                logits = h.to(dtype) @ w.T
+                d = grad(logits, targets[s : s + chunk], lse[s : s + chunk], grad_lp[s : s + chunk], scale, dtype)
                 if grad_hidden is not None:
                     grad_hidden[s : s + chunk] = (d @ w).to(hidden.dtype)
                 grad_weight += (d.T @ h.to(dtype)).float()
         return grad_hidden, grad_weight.to(weight.dtype), None, None, None
 
 
-def _logits(h: torch.Tensor, w: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
-    logits = (h.to(dtype) @ w.T).float()
-    return logits.div_(scale) if scale != 1.0 else logits
+def _chunk_stats(logits: torch.Tensor, targets: torch.Tensor, scale: float, entropy: bool):
+    """(logprob of the target, logsumexp, entropy or None) of each row of a chunk's raw logits, in fp32."""
+    z = logits.float()
+    if scale != 1.0:
+        z = z / scale
+    lse = torch.logsumexp(z, -1)
+    lp = z.gather(-1, targets[:, None]).squeeze(-1) - lse
+    logp = z - lse[:, None]  # fused away on CUDA; H = −Σ p·log p (not lse − Σ p·z, which cancels when H is small)
+    ent = -(torch.exp(logp) * logp).sum(-1) if entropy else None
+    return lp, lse, ent
+
+
+def _chunk_grad(logits, targets, lse, grad_lp, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """d loss / d raw logits of a chunk: grad · (onehot(target) − softmax) / temperature, in `dtype`."""
+    z = logits.float()
+    if scale != 1.0:
+        z = z / scale
+    onehot = torch.arange(z.shape[-1], device=z.device)[None, :] == targets[:, None]
+    return ((onehot.to(z.dtype) - torch.exp(z - lse[:, None])) * (grad_lp / scale)[:, None]).to(dtype)
+
+
+_COMPILED: dict = {}
+
+
+def _kernel(fn, device: torch.device):
+    """`fn` compiled into fused kernels on CUDA (each elementwise chain reads the chunk's logits once,
+    with no fp32 copy of them); eager elsewhere, and wherever compiling fails."""
+    if device.type != "cuda":
+        return fn
+    if fn not in _COMPILED:
+        compiled = torch.compile(fn, dynamic=True)
+
+        def call(*args):
+            if _COMPILED.get(fn) is fn:  # compiling failed once: stay eager
+                return fn(*args)
+            try:
+                return compiled(*args)
+            except Exception as exc:  # an inductor/triton failure must not stop training
+                _COMPILED[fn] = fn
+                import structlog
+
+                structlog.get_logger().warning("fused logprob kernels unavailable, eager fallback", error=str(exc))
+                return fn(*args)
+
+        _COMPILED[fn] = call
+    return _COMPILED[fn]
 
 
 def _no_autocast(t: torch.Tensor):
