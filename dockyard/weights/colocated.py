@@ -186,7 +186,7 @@ class ColocatedSender(_Peer):
         if group.rank != 0:
             raise ValueError(f"rank {group.rank} cannot send: rank 0 sends")
         if not group.secret:
-            raise SyncFailed(f"the weight-sync group of epoch {group.epoch} has no secret: take it from the coordinator")
+            raise SyncFailed(f"the weight-sync group of epoch {group.epoch} has no secret: ask the coordinator")
         self.group, self.timeout, self.device, self.checksum = group, timeout, device, checksum
         self.bucket_bytes = max(64, bucket_bytes // 64 * 64)
         if device.type == "cpu":
@@ -348,7 +348,7 @@ class ColocatedReceiver(_Peer):
         if group.rank == 0:
             raise ValueError("rank 0 cannot receive: rank 0 sends")
         if not group.secret:
-            raise SyncFailed(f"the weight-sync group of epoch {group.epoch} has no secret: take it from the coordinator")
+            raise SyncFailed(f"the weight-sync group of epoch {group.epoch} has no secret: ask the coordinator")
         self.group, self.timeout, self.device, self.checksum = group, timeout, device, checksum
         try:
             self._root = join_store(group, timeout)
@@ -452,9 +452,7 @@ class ColocatedTransport(Transport):
     name = "colocated"
     needs_group = True
 
-    def __init__(
-        self, timeout: timedelta, bucket_bytes: int, checksum: bool = True, device: str | None = None
-    ) -> None:
+    def __init__(self, timeout: timedelta, bucket_bytes: int, checksum: bool = True, device: str | None = None) -> None:
         self.timeout, self.bucket_bytes, self.checksum, self.device = timeout, bucket_bytes, checksum, device
         self.peer: ColocatedSender | ColocatedReceiver | None = None
 

@@ -13,6 +13,7 @@ id (one per running kernel), so two containers of one host count as one host.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 from datetime import timedelta
@@ -64,7 +65,12 @@ def exchange(store: dist.Store, rank: int, world_size: int, device: torch.device
     store.set(f"device/{rank}", json.dumps(identity(device)))
     keys = [f"device/{r}" for r in range(world_size)]
     store.wait(keys, timeout)
-    return [json.loads(store.get(k)) for k in keys]
+    idents = [json.loads(store.get(k)) for k in keys]
+    store.set(f"device/seen/{rank}", "1")
+    if rank == 0:  # rank 0 hosts the store: it stays up until every rank has read (each then fails on its own)
+        with contextlib.suppress(Exception):
+            store.wait([f"device/seen/{r}" for r in range(1, world_size)], timeout)
+    return idents
 
 
 def distinct_gpus(idents: list[dict]) -> None:
@@ -80,12 +86,16 @@ def distinct_gpus(idents: list[dict]) -> None:
 
 def one_device(idents: list[dict]) -> None:
     """DeviceMismatch unless every rank is on rank 0's device (the colocated transport's requirement)."""
+
+    def where(i: dict) -> tuple:
+        return i["kind"], i.get("uuid"), i["host"]
+
     home = idents[0]
-    away = [r for r, i in enumerate(idents) if (i["kind"], i.get("uuid"), i["host"]) != (home["kind"], home.get("uuid"), home["host"])]
+    away = [r for r, i in enumerate(idents) if where(i) != where(home)]
     if away:
-        where = "; ".join(f"rank {r} on {describe(idents[r])}" for r in away)
+        others = "; ".join(f"rank {r} on {describe(idents[r])}" for r in away)
         raise DeviceMismatch(
             f"the colocated transport shares weights within one device, but the trainer (rank 0) is on "
-            f"{describe(home)} and {where}: put them on one device, or set "
+            f"{describe(home)} and {others}: put them on one device, or set "
             f"cluster.weight_sync_transport=collective"
         )

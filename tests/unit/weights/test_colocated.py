@@ -192,4 +192,3 @@ def test_device_checks_name_the_ranks_and_the_fix() -> None:
         devices.one_device([gpu, other])
     with pytest.raises(devices.DeviceMismatch, match="rank 1 on the CPU"):
         devices.one_device([gpu, {"kind": "cpu", "host": "h"}])
-
