@@ -8,6 +8,7 @@
         ──engine.receive_weights──    what the rollout's ReceiveWeights runs: refit plan, copies device to device
                                       out of the trainer's memory into the engine's parameters, version tag
     baseline, in the rollout process, same GPU: one raw copy of a buffer of the same bytes into another
+    (also printed, for information: one torch._foreach_copy_ of a local copy of the tensors into the engine's)
 
 Shapes: Qwen2.5-0.5B (494M parameters, tied embeddings, ~1 GB) and Qwen2-7B (~15.2 GB). Each round
 starts both processes at a barrier and takes the later end of the two; the best of --repeats after a
@@ -84,9 +85,11 @@ def member(role: str, group, shape: str, args: argparse.Namespace, barrier, out)
         tensors = list(engine.named_weights().items())
     nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
     src = dst = None
+    local: list = []
     if not trainer:
         src = torch.empty(nbytes, dtype=torch.uint8, device=device)
         dst = torch.empty_like(src)
+        local = [t.clone() for _, t in tensors]  # for the per-tensor copy (information only)
     sync_device()
     say(role, f"{shape}: {len(tensors)} tensors, {nbytes / 1e9:.2f} GB on {device}")
 
@@ -101,6 +104,10 @@ def member(role: str, group, shape: str, args: argparse.Namespace, barrier, out)
         if dst is not None:
             dst.copy_(src)
 
+    def per_tensor() -> None:
+        if local:
+            torch._foreach_copy_([t for _, t in tensors], local)
+
     version = 0
 
     def refit() -> None:
@@ -111,13 +118,20 @@ def member(role: str, group, shape: str, args: argparse.Namespace, barrier, out)
         else:
             asyncio.run(engine.receive_weights(transport, version, group, timeout))
 
-    results: dict[str, list[float]] = {"raw": [], "refit": []}
+    results: dict[str, list[float]] = {"raw": [], "per_tensor": [], "refit": []}
     for i in range(args.repeats + 1):  # the first round warms both paths up (and maps the handles)
-        for name, run in (("raw", raw), ("refit", refit)):
+        for name, run in (("raw", raw), ("per_tensor", per_tensor), ("refit", refit)):
             seconds = timed(run)
             if i > 0:
                 results[name].append(seconds)
             say(role, f"{'warm-up' if i == 0 else f'round {i}'} {name}: {seconds * 1e3:.2f} ms")
+    if local:
+        with torch.no_grad():  # the per-tensor copies wrote the engine's zeros back: one more refit
+            for _, t in tensors:
+                t.zero_()
+    barrier.wait()
+    refit()
+    sync_device()
     with torch.no_grad():
         sums = [float(t.double().sum()) for _, t in tensors]
     if engine is not None:
@@ -171,6 +185,8 @@ def run_shape(shape: str, args: argparse.Namespace) -> float:
     gb = nbytes / 1e9
     print(f"{shape}: {gb:.2f} GB bf16 in {len(got['trainer'][2])} tensors on {args.device}, checksum {args.checksum}")
     print(f"  raw copy of one buffer:                    {raw * 1e3:9.2f} ms  {gb / raw:8.1f} GB/s")
+    per_tensor = min(got["rollout"][1]["per_tensor"])
+    print(f"  per-tensor copies (one _foreach_copy_):    {per_tensor * 1e3:9.2f} ms  {gb / per_tensor:8.1f} GB/s")
     print(f"  refit (handles, copies into the engine):   {refit * 1e3:9.2f} ms  {gb / refit:8.1f} GB/s")
     equal = got["trainer"][2] == got["rollout"][2]
     print(f"  engine weights equal the trainer's (per-tensor sums): {equal}")

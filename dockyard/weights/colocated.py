@@ -7,13 +7,14 @@ formed (NCCL refuses two ranks on one GPU); the epoch's store carries small sign
                 and publishes its device (devices.exchange): all must be on rank 0's device
     version v   rank 0: "colocated/v<v>/manifest" = {tensors: [[name, shape, dtype]...], messages: M, live: ids}
                 rank r: refit_plan onto its engine ──> "colocated/v<v>/plan/<r>" = "ok" | "failed: <why>"
-                for k in 0..M-1:
-                  rank 0: the strided or off-device pieces staged into bucket k % 2 (two, shared once),
-                          the contiguous tensors shared as they are (their storage's handle, once);
+                for k in 0..M-1 (rank 0 does not wait for the plans: a receiver copies nothing before its own):
+                  rank 0: the contiguous tensors shared as they are (their storage's handle, once), then
+                          the strided or off-device pieces staged into two buckets (each shared once);
                           "colocated/v<v>/message/<k>" = {new handles, pieces}
                   rank r: maps new handles (CUDA IPC: torch.multiprocessing.reductions; CPU: shared memory),
-                          copies every piece into its target ──> "colocated/v<v>/ack/<k>/<r>"
-                rank r: "colocated/v<v>/loaded/<r>" = "ok" | "failed: <why>"
+                          copies every piece into its target; a message that used a bucket, once the
+                          copies are done ──> "colocated/v<v>/ack/<k>/<r>"
+                rank r: every copy done ──> "colocated/v<v>/loaded/<r>" = "ok" | "failed: <why>"
 
 Guarantees:
 - Weights never cross the host: on CUDA a receiver copies device to device out of
@@ -271,36 +272,53 @@ class ColocatedSender(_Peer):
         self._set(_key(version, "manifest"), json.dumps(manifest).encode())
         loaded = [_key(version, "loaded", r) for r in ranks]
         self.keys = [_key(version, "manifest"), *loaded, *(_key(version, "plan", r) for r in ranks)]
-        self._agree(version, ranks)
+        # No wait for the receivers' refit plans here: each one checks its own before it copies a
+        # byte, and a refusal reaches this side as a failed acknowledgement (then _refused names it).
         digest = hashlib.sha256() if self.checksum else None
+        mapped = set(self.sent)  # handles the receivers hold once this version is through
         slot_user: dict[int, int] = {}  # bucket slot -> the message that used it last
-        for k, (pieces, slot) in enumerate(messages):
-            if slot is not None:
-                if slot in slot_user:  # reused only once every receiver is done with it
-                    acks = [_key(version, "ack", slot_user[slot], r) for r in ranks]
-                    self._poll(acks, loaded, f"message {slot_user[slot]} of version {version}")
-                slot_user[slot] = k
-                self._stage(items, pieces, slot)
-            new = {p.handle: self._handle(p.handle) for p in pieces if p.handle not in self.sent}
-            body = pickle.dumps({"new": new, "pieces": [(p.index, p.handle, p.offset, p.a, p.b) for p in pieces]})
-            self._set(_key(version, "message", k), body)
-            self.sent.update(new)
-            self.keys += [_key(version, "message", k), *(_key(version, "ack", k, r) for r in ranks)]
-            if digest is not None:
-                for p in pieces:
-                    _hash(digest, self._view(p, specs[p.index].torch_dtype))
-        self._poll(loaded, loaded, f"confirming version {version}")
+        try:
+            for k, (pieces, slot) in enumerate(messages):
+                if slot is not None:
+                    if slot in slot_user:  # reused only once every receiver is done with it
+                        acks = [_key(version, "ack", slot_user[slot], r) for r in ranks]
+                        self._poll(acks, loaded, f"message {slot_user[slot]} of version {version}")
+                    slot_user[slot] = k
+                    self._stage(items, pieces, slot)
+                    self.keys += [_key(version, "ack", k, r) for r in ranks]
+                new = {p.handle: self._handle(p.handle) for p in pieces if p.handle not in mapped}
+                body = pickle.dumps({"new": new, "pieces": [(p.index, p.handle, p.offset, p.a, p.b) for p in pieces]})
+                self._set(_key(version, "message", k), body)
+                mapped.update(new)
+                self.keys.append(_key(version, "message", k))
+                if digest is not None:
+                    for p in pieces:
+                        _hash(digest, self._view(p, specs[p.index].torch_dtype))
+            self._poll(loaded, loaded, f"confirming version {version}")
+        except SyncFailed as exc:
+            self._refused(version, ranks, exc)
+            raise
+        self._refused(version, ranks, None)
         self._check_loaded(version, ranks)
+        self.sent = mapped
         checksum = digest.hexdigest() if digest is not None else ""
         return SyncReport(checksum, sum(s.nbytes for s in specs), time.perf_counter() - start)
 
-    def _agree(self, version: int, ranks: range) -> None:
-        plans = [_key(version, "plan", r) for r in ranks]
-        self._poll(plans, [_key(version, "loaded", r) for r in ranks], f"the refit plan of version {version}")
-        refused = [self.store.get(k).decode(errors="replace") for k in plans]
-        refused = [why for why in refused if why != "ok"]
+    def _refused(self, version: int, ranks: range, cause: SyncFailed | None) -> None:
+        """RefitError with the reason of the first receiver whose refit plan refused the manifest, if one did."""
+        try:
+            answers = [
+                self.store.get(k).decode(errors="replace")
+                for r in ranks
+                if self.store.check([k := _key(version, "plan", r)])
+            ]
+        except Exception:  # noqa: BLE001 - the store is gone: the caller's own cause stands
+            return
+        refused = [why for why in answers if why != "ok"]
         if refused:
-            raise RefitError(f"a rollout replica cannot load the weights: {refused[0].removeprefix('failed: ')}")
+            raise RefitError(
+                f"a rollout replica cannot load the weights: {refused[0].removeprefix('failed: ')}"
+            ) from cause
 
     def _check_loaded(self, version: int, ranks: range) -> None:
         for r in ranks:
@@ -403,12 +421,19 @@ class ColocatedReceiver(_Peer):
             body = pickle.loads(self._get(_key(version, "message", k), version, f"message {k} of version {version}"))
             for hid, handle in body["new"].items():
                 self.handles[hid] = _open(handle, self.cuda_index)
-            self._load([Piece(*p) for p in body["pieces"]], specs, names, sink, digest)
-            self.store.set(_key(version, "ack", k, rank), "ok")
+            pieces = [Piece(*p) for p in body["pieces"]]
+            staged = any(p.handle in BUCKETS for p in pieces)
+            self._load(pieces, specs, names, sink, digest, wait=staged or digest is not None)
+            if staged:  # rank 0 reuses a bucket only after this
+                self.store.set(_key(version, "ack", k, rank), "ok")
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the weights are whole before "loaded"
         return specs
 
-    def _load(self, pieces: list[Piece], specs: list[TensorSpec], names: list[str], sink: TensorSink, digest) -> None:
-        """Copy every piece into its target (cast as needed), hash what landed, then wait for the copies."""
+    def _load(
+        self, pieces: list[Piece], specs: list[TensorSpec], names: list[str], sink: TensorSink, digest, wait: bool
+    ) -> None:
+        """Copy every piece into its target (cast as needed); with `wait`, wait for the copies and hash what landed."""
         whole: list[tuple[str, torch.Tensor]] = []
         fast: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
         for p in pieces:
@@ -431,6 +456,8 @@ class ColocatedReceiver(_Peer):
         if whole:
             assert sink.load is not None
             sink.load(whole)
+        if not wait:
+            return
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # done reading before the sender reuses anything
         for p in pieces if digest is not None else ():

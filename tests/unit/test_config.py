@@ -102,3 +102,10 @@ def test_missing_file_and_bad_yaml() -> None:
 def test_async_grpo_with_importance_sampling_correction_is_accepted() -> None:
     cfg = load_config_text(MINIMAL, ["grpo.async_grpo.enabled=true", "loss_fn.is_correction=tis", "loss_fn.is_max=2"])
     assert cfg.grpo.async_grpo.enabled and cfg.loss_fn.is_correction == "tis"
+
+
+def test_the_colocated_transport_is_accepted_except_for_sglang() -> None:
+    cfg = load_config(TINY, ["cluster.device=cuda", "cluster.weight_sync_transport=colocated"])
+    assert cfg.cluster.weight_sync_transport == "colocated"
+    with pytest.raises(ConfigError, match="cluster.weight_sync_transport.*SGLang"):
+        load_config(TINY, ["cluster.weight_sync_transport=colocated", "policy.generation.backend=sglang"])

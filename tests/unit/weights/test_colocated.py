@@ -61,7 +61,7 @@ def _patch(rank: int, scenario: str) -> None:
 
         colocated._sign = corrupt
     if scenario == "killed" and rank == 1:  # a replica that dies after the manifest, before any acknowledgement
-        colocated.ColocatedReceiver._load = lambda *args: os._exit(3)  # type: ignore[method-assign]
+        colocated.ColocatedReceiver._load = lambda *args, **kwargs: os._exit(3)  # type: ignore[method-assign]
     if scenario == "killed-sender" and rank == 0:  # a trainer that dies between the manifest and its first bucket
         colocated.ColocatedSender._stage = lambda *args: os._exit(3)  # type: ignore[method-assign]
 
