@@ -37,12 +37,15 @@ Guarantees:
   a steady-state sync opens no new handle. Handles of a version are released by both sides once
   the next version no longer uses them (a trainer that sends cast copies keeps one version of
   them alive until the next sync).
+
+Why one module of this size: the sender and the receiver must read the same keys, messages and
+pieces in the same order; keeping both sides and the transport that picks one together is what
+keeps them in step (the handles and signatures live in handles.py, the device check in devices.py).
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import pickle
 import time
@@ -53,7 +56,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
-from torch.multiprocessing import reductions
 
 from dockyard.weights import devices
 from dockyard.weights.collective import (
@@ -66,13 +68,13 @@ from dockyard.weights.collective import (
     join_store,
     prove_membership,
 )
+from dockyard.weights.handles import byte_tensor, open_handle, share, sign, verify
 from dockyard.weights.refit import RefitError, TensorSpec, canonical_name, refit_plan
 from dockyard.weights.transports import Transport
 
 BUCKETS = (0, 1)  # handle ids of the two staging buckets; shared tensors' handles count from 2
 DIRECT_PER_MESSAGE = 4 << 30  # bytes of shared tensors one message lists (messages pipeline the receiver)
 POLL_S = 100e-6
-_MAC_LEN = 64
 
 
 @dataclass(frozen=True)
@@ -90,49 +92,8 @@ def _key(version: int, *parts: object) -> str:
     return "/".join(("colocated", f"v{version}", *(str(p) for p in parts)))
 
 
-def _sign(secret: str, key: str, payload: bytes) -> bytes:
-    return hmac.new(secret.encode(), key.encode() + payload, hashlib.sha256).hexdigest().encode() + payload
-
-
-def _verify(secret: str, key: str, raw: bytes) -> bytes:
-    mac, payload = raw[:_MAC_LEN], raw[_MAC_LEN:]
-    expected = hmac.new(secret.encode(), key.encode() + payload, hashlib.sha256).hexdigest().encode()
-    if not hmac.compare_digest(mac, expected):
-        raise SyncFailed(f"{key}: the message is not signed with the epoch's secret (corrupt, or not from rank 0)")
-    return payload
-
-
 def _hash(digest, t: torch.Tensor) -> None:
     digest.update(memoryview(t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy()))
-
-
-def _byte_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The whole storage of `t` as a 1-D uint8 tensor (what a handle shares)."""
-    storage = t.untyped_storage()
-    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage, 0, (storage.nbytes(),))
-
-
-def _share(t: torch.Tensor) -> tuple[str, object]:
-    """A picklable handle of byte tensor `t`: CUDA IPC (device index left to the receiver) or shared memory."""
-    if t.is_cuda:
-        rebuild, args = reductions.reduce_tensor(t)
-        if rebuild is not reductions.rebuild_cuda_tensor:
-            raise SyncFailed(f"a CUDA tensor could not be shared through IPC ({rebuild.__name__})")
-        args = list(args)
-        args[6] = None  # the storage's device index: the receiver's own index of the same GPU
-        return "cuda", tuple(args)
-    from multiprocessing.reduction import ForkingPickler
-
-    return "cpu", bytes(ForkingPickler.dumps(t))  # shared-memory file (file_system strategy)
-
-
-def _open(handle: tuple[str, object], cuda_index: int | None) -> torch.Tensor:
-    kind, body = handle
-    if kind == "cuda":
-        args = list(body)  # type: ignore[arg-type]
-        args[6] = cuda_index
-        return reductions.rebuild_cuda_tensor(*args)
-    return pickle.loads(body)  # type: ignore[arg-type]
 
 
 class _Peer:
@@ -194,8 +155,12 @@ class ColocatedSender(_Peer):
             torch_mp.set_sharing_strategy("file_system")  # shared-memory files any local process can open
         self._root = host_store(group, timeout)
         self.store = dist.PrefixStore(f"dockyard/weights/epoch-{group.epoch}", self._root)
-        prove_membership(self.store, group, timeout)
-        self._devices(device)
+        try:
+            prove_membership(self.store, group, timeout)
+            self._devices(device)
+        except SyncFailed:
+            self.store = self._root = None  # type: ignore[assignment]  # the store stops listening
+            raise
         self.buckets: list[torch.Tensor] = []
         self.ids: dict[int, int] = {}  # storage -> handle id, for the storages shared as they are
         self.shared: dict[int, torch.Tensor] = {}  # handle id -> the storage's bytes (kept alive while shared)
@@ -212,7 +177,7 @@ class ColocatedSender(_Peer):
         # The storage itself (not its data pointer: sharing a CPU storage may move its bytes into a file).
         ptr = t.untyped_storage()._cdata
         if ptr not in self.ids:
-            self.ids[ptr], self.shared[self.next_id] = self.next_id, _byte_tensor(t)
+            self.ids[ptr], self.shared[self.next_id] = self.next_id, byte_tensor(t)
             self.next_id += 1
         return self.ids[ptr]
 
@@ -327,10 +292,10 @@ class ColocatedSender(_Peer):
                 raise SyncFailed(f"{self._where()}: rank {r} could not load version {version}: {why}")
 
     def _set(self, key: str, payload: bytes) -> None:
-        self.store.set(key, _sign(self.group.secret, key, payload))
+        self.store.set(key, sign(self.group.secret, key, payload))
 
     def _handle(self, hid: int) -> tuple[str, object]:
-        return _share(self.buckets[hid] if hid in BUCKETS else self.shared[hid])
+        return share(self.buckets[hid] if hid in BUCKETS else self.shared[hid])
 
     def _view(self, p: Piece, dtype: torch.dtype) -> torch.Tensor:
         """The bytes piece `p` reads on this side, as `dtype`."""
@@ -380,7 +345,7 @@ class ColocatedReceiver(_Peer):
 
     def _get(self, key: str, version: int, what: str) -> bytes:
         self._poll([key], [_key(version, "aborted")], what)
-        return _verify(self.group.secret, key, self.store.get(key))
+        return verify(self.group.secret, key, self.store.get(key))
 
     def receive(self, sink: TensorSink, version: int) -> SyncReport:
         start = time.perf_counter()
@@ -420,7 +385,7 @@ class ColocatedReceiver(_Peer):
         for k in range(int(manifest["messages"])):
             body = pickle.loads(self._get(_key(version, "message", k), version, f"message {k} of version {version}"))
             for hid, handle in body["new"].items():
-                self.handles[hid] = _open(handle, self.cuda_index)
+                self.handles[hid] = open_handle(handle, self.cuda_index)
             pieces = [Piece(*p) for p in body["pieces"]]
             staged = any(p.handle in BUCKETS for p in pieces)
             self._load(pieces, specs, names, sink, digest, wait=staged or digest is not None)

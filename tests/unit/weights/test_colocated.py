@@ -51,22 +51,22 @@ def _sums(tensors) -> list[float]:
 
 def _patch(rank: int, scenario: str) -> None:
     """What goes wrong in `scenario`, on this rank (and nothing of the scenario before)."""
-    colocated._sign = _REAL_SIGN
+    colocated.sign = _REAL_SIGN
     if scenario == "corrupt" and rank == 0:
-        real_sign = colocated._sign
+        real_sign = colocated.sign
 
         def corrupt(secret, key, payload):  # a message altered on its way through the store
             signed = real_sign(secret, key, payload)
             return signed[:-1] + bytes([signed[-1] ^ 1]) if "/message/" in key else signed
 
-        colocated._sign = corrupt
+        colocated.sign = corrupt
     if scenario == "killed" and rank == 1:  # a replica that dies after the manifest, before any acknowledgement
         colocated.ColocatedReceiver._load = lambda *args, **kwargs: os._exit(3)  # type: ignore[method-assign]
     if scenario == "killed-sender" and rank == 0:  # a trainer that dies between the manifest and its first bucket
         colocated.ColocatedSender._stage = lambda *args: os._exit(3)  # type: ignore[method-assign]
 
 
-_REAL_SIGN = colocated._sign
+_REAL_SIGN = colocated.sign
 
 
 def _scenario(rank: int, port: int, scenario: str) -> tuple:
