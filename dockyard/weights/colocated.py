@@ -315,7 +315,7 @@ class ColocatedSender(_Peer):
         """Forget storages the new version no longer uses (the receivers drop them too, from the manifest)."""
         self.ids = {ptr: i for ptr, i in self.ids.items() if i in live}
         self.shared = {i: t for i, t in self.shared.items() if i in live}
-        self.sent &= live | set(BUCKETS)
+        self.sent &= live  # a bucket the version does not use is dropped by the receivers too
 
     def close(self) -> None:
         self.ids.clear()
