@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -192,3 +193,33 @@ def test_device_checks_name_the_ranks_and_the_fix() -> None:
         devices.one_device([gpu, other])
     with pytest.raises(devices.DeviceMismatch, match="rank 1 on the CPU"):
         devices.one_device([gpu, {"kind": "cpu", "host": "h"}])
+
+
+def test_versions_that_switch_between_shared_and_staged_tensors_stay_exact() -> None:
+    """One process, two threads: a bucket left out of a version is shared again when a later one needs it."""
+    strategy = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")  # as the sender sets it; restored below
+    gen = torch.Generator().manual_seed(1)
+    port = free_port()
+    sender = ColocatedTransport(timedelta(seconds=30), BUCKET)
+    receiver = ColocatedTransport(timedelta(seconds=30), BUCKET)
+    targets = {"a": torch.zeros(30, 20), "b": torch.zeros(8, 16)}
+    try:
+        for version, staged in ((1, False), (2, True), (3, False), (4, True)):
+            a = torch.randn(30, 20, generator=gen).share_memory_()
+            b = torch.randn(16, 8, generator=gen).t() if staged else torch.randn(8, 16, generator=gen).share_memory_()
+            box: list = []
+            thread = threading.Thread(
+                target=lambda v=version, out=box: out.append(
+                    receiver.receive(TensorSink(targets=targets), v, _group(1, port))
+                )
+            )
+            thread.start()
+            sent = sender.send([("a", a), ("b", b)], version, _group(0, port))
+            thread.join(30)
+            assert box and box[0].checksum == sent.checksum, version
+            assert torch.equal(targets["a"], a) and torch.equal(targets["b"], b), version
+    finally:
+        sender.close()
+        receiver.close()
+        torch.multiprocessing.set_sharing_strategy(strategy)
