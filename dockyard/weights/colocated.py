@@ -14,7 +14,11 @@ formed (NCCL refuses two ranks on one GPU); the epoch's store carries small sign
                   rank r: maps new handles (CUDA IPC: torch.multiprocessing.reductions; CPU: shared memory),
                           copies every piece into its target; a message that used a bucket, once the
                           copies are done ──> "colocated/v<v>/ack/<k>/<r>"
-                rank r: every copy done ──> "colocated/v<v>/loaded/<r>" = "ok" | "failed: <why>"
+                rank r: every copy done ──> "colocated/v<v>/loaded/<r>" = "ok" | "ok+replay" | "failed: <why>"
+    repeat v    (checksum off) the same names, layouts and storages as version u, every tensor shared as it
+                is, and every receiver answered "ok+replay" for u: rank 0 writes only
+                "colocated/v<v>/manifest" = {repeat: u}; rank r replays u's copies into the same tensors
+                (or fails, when they changed) ──> "colocated/v<v>/loaded/<r>"
 
 Guarantees:
 - Weights never cross the host: on CUDA a receiver copies device to device out of
@@ -92,6 +96,22 @@ def _key(version: int, *parts: object) -> str:
     return "/".join(("colocated", f"v{version}", *(str(p) for p in parts)))
 
 
+def _signature(name: str, t: torch.Tensor) -> tuple:
+    """What decides a tensor's piece: a version whose signatures all equal the last one's sends the same pieces."""
+    return name, t.shape, t.dtype, t.stride(), t.storage_offset(), t.device, t.untyped_storage()._cdata
+
+
+def _targets(sink: TensorSink) -> list[tuple]:
+    assert sink.targets is not None
+    return [(n, t.data_ptr(), t.dtype, t.shape) for n, t in sink.targets.items()]
+
+
+def _extend(copies: tuple[list, list], more: tuple[list, list]) -> tuple[list, list]:
+    copies[0].extend(more[0])
+    copies[1].extend(more[1])
+    return copies
+
+
 def _hash(digest, t: torch.Tensor) -> None:
     digest.update(memoryview(t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy()))
 
@@ -112,7 +132,9 @@ class _Peer:
         try:
             while not self.store.check(keys):
                 for key in failures:
-                    if self.store.check([key]) and (why := self.store.get(key).decode(errors="replace")) != "ok":
+                    if self.store.check([key]) and not (why := self.store.get(key).decode(errors="replace")).startswith(
+                        "ok"
+                    ):
                         if self.store.check(keys):  # what it said before it gave up decides (a refit plan)
                             return
                         raise SyncFailed(f"{self._where()}: {what}: a peer gave up: {why}")
@@ -167,6 +189,8 @@ class ColocatedSender(_Peer):
         self.next_id = len(BUCKETS)
         self.sent: set[int] = set()  # handle ids the receivers have mapped
         self.keys: list[str] = []  # this epoch's keys of the last version, deleted when the next starts
+        self.last_signature: list | None = None  # of the last version every receiver can replay
+        self.last_version = -1
 
     def _direct(self, t: torch.Tensor) -> bool:
         if t.numel() == 0 or not t.is_contiguous() or t.device != self.device:
@@ -221,14 +245,20 @@ class ColocatedSender(_Peer):
     def send(self, tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncReport:
         start = time.perf_counter()
         items = [(canonical_name(n), t.detach()) for n, t in tensors]
-        specs = [TensorSpec.of(n, t) for n, t in items]
-        refit_plan(specs, None)  # the same name twice is a RefitError
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # each send may run on another worker thread
             torch.cuda.synchronize(self.device)  # the optimizer's writes are done before anyone reads
         for key in self.keys:
             self.store.delete_key(key)
         ranks = range(1, self.group.world_size)
+        # The same names, layouts and storages as the last version, all shared as they are: the
+        # receivers replay their copies (no manifest to map, no handle to look up).
+        signature = None if self.checksum else [_signature(n, t) for n, t in items]
+        if signature is not None and signature == self.last_signature:
+            return self._repeat(version, ranks, sum(t.nbytes for _, t in items), start)
+        self.last_signature = None
+        specs = [TensorSpec.of(n, t) for n, t in items]
+        refit_plan(specs, None)  # the same name twice is a RefitError
         messages = self._plan(items)
         live = sorted({p.handle for pieces, _ in messages for p in pieces})
         self._release(set(live))
@@ -264,10 +294,22 @@ class ColocatedSender(_Peer):
             self._refused(version, ranks, exc)
             raise
         self._refused(version, ranks, None)
-        self._check_loaded(version, ranks)
+        replayable = self._check_loaded(version, ranks)
         self.sent = mapped
+        if replayable and all(slot is None for _, slot in messages):
+            self.last_signature = signature
+            self.last_version = version
         checksum = digest.hexdigest() if digest is not None else ""
         return SyncReport(checksum, sum(s.nbytes for s in specs), time.perf_counter() - start)
+
+    def _repeat(self, version: int, ranks: range, nbytes: int, start: float) -> SyncReport:
+        loaded = [_key(version, "loaded", r) for r in ranks]
+        self._set(_key(version, "manifest"), json.dumps({"version": version, "repeat": self.last_version}).encode())
+        self.keys = [_key(version, "manifest"), *loaded]
+        self._poll(loaded, loaded, f"confirming version {version}")
+        self._check_loaded(version, ranks)
+        self.last_version = version
+        return SyncReport("", nbytes, time.perf_counter() - start)
 
     def _refused(self, version: int, ranks: range, cause: SyncFailed | None) -> None:
         """RefitError with the reason of the first receiver whose refit plan refused the manifest, if one did."""
@@ -285,11 +327,13 @@ class ColocatedSender(_Peer):
                 f"a rollout replica cannot load the weights: {refused[0].removeprefix('failed: ')}"
             ) from cause
 
-    def _check_loaded(self, version: int, ranks: range) -> None:
-        for r in ranks:
-            why = self.store.get(_key(version, "loaded", r)).decode(errors="replace")
-            if why != "ok":
+    def _check_loaded(self, version: int, ranks: range) -> bool:
+        """SyncFailed unless every rank loaded `version`; whether every rank can replay it."""
+        answers = [self.store.get(_key(version, "loaded", r)).decode(errors="replace") for r in ranks]
+        for r, why in zip(ranks, answers, strict=True):
+            if not why.startswith("ok"):
                 raise SyncFailed(f"{self._where()}: rank {r} could not load version {version}: {why}")
+        return all(why == "ok+replay" for why in answers)
 
     def _set(self, key: str, payload: bytes) -> None:
         self.store.set(key, sign(self.group.secret, key, payload))
@@ -342,6 +386,8 @@ class ColocatedReceiver(_Peer):
         home = self._devices(device)[0]
         self.cuda_index = devices.local_cuda_index(home["uuid"]) if home["kind"] == "cuda" else None
         self.handles: dict[int, torch.Tensor] = {}
+        # (version, its targets, its copies (destinations, sources), its specs) when a repeat can replay it
+        self.replay: tuple | None = None
 
     def _get(self, key: str, version: int, what: str) -> bytes:
         self._poll([key], [_key(version, "aborted")], what)
@@ -364,7 +410,8 @@ class ColocatedReceiver(_Peer):
             if isinstance(exc, SyncFailed | RefitError):
                 raise
             raise SyncFailed(f"{self._where()}: loading version {version} failed: {exc}") from exc
-        self.store.set(_key(version, "loaded", rank), "ok")
+        replayable = self.replay is not None and self.replay[0] == version
+        self.store.set(_key(version, "loaded", rank), "ok+replay" if replayable else "ok")
         checksum = digest.hexdigest() if digest is not None else ""
         return SyncReport(checksum, sum(s.nbytes for s in specs), time.perf_counter() - start)
 
@@ -373,6 +420,9 @@ class ColocatedReceiver(_Peer):
         manifest = json.loads(self._get(_key(version, "manifest"), version, f"the manifest of version {version}"))
         if manifest["version"] != version:
             raise SyncFailed(f"{self._where()}: the manifest is of version {manifest['version']}, not {version}")
+        if "repeat" in manifest:
+            return self._replay(sink, version, int(manifest["repeat"]))
+        self.replay = None
         try:
             specs = [TensorSpec.from_json(item) for item in manifest["tensors"]]
             names = refit_plan(specs, sink.layout())
@@ -382,23 +432,42 @@ class ColocatedReceiver(_Peer):
         self.store.set(_key(version, "plan", rank), "ok")
         live = set(manifest["live"])
         self.handles = {h: t for h, t in self.handles.items() if h in live}
+        copies: tuple[list, list] | None = ([], []) if digest is None else None
         for k in range(int(manifest["messages"])):
             body = pickle.loads(self._get(_key(version, "message", k), version, f"message {k} of version {version}"))
             for hid, handle in body["new"].items():
                 self.handles[hid] = open_handle(handle, self.cuda_index)
             pieces = [Piece(*p) for p in body["pieces"]]
             staged = any(p.handle in BUCKETS for p in pieces)
-            self._load(pieces, specs, names, sink, digest, wait=staged or digest is not None)
+            fast = self._load(pieces, specs, names, sink, digest, wait=staged or digest is not None)
+            copies = None if copies is None or staged or len(fast[0]) < len(pieces) else _extend(copies, fast)
             if staged:  # rank 0 reuses a bucket only after this
                 self.store.set(_key(version, "ack", k, rank), "ok")
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the weights are whole before "loaded"
+        if copies is not None and sink.targets is not None:  # every piece a whole-tensor copy: replayable
+            self.replay = (version, _targets(sink), copies, specs)
+        return specs
+
+    def _replay(self, sink: TensorSink, version: int, previous: int) -> list[TensorSpec]:
+        """Version `previous`'s copies again (same storages on rank 0), into the same tensors on this side."""
+        if self.replay is None or self.replay[0] != previous or sink.targets is None:
+            raise SyncFailed(f"{self._where()}: asked to repeat version {previous}, which this rank cannot replay")
+        _, targets, (dsts, srcs), specs = self.replay
+        if _targets(sink) != targets:
+            raise SyncFailed(f"{self._where()}: the engine's tensors changed since version {previous}: no replay")
+        torch._foreach_copy_(dsts, srcs)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        self.replay = (version, targets, (dsts, srcs), specs)
         return specs
 
     def _load(
         self, pieces: list[Piece], specs: list[TensorSpec], names: list[str], sink: TensorSink, digest, wait: bool
-    ) -> None:
-        """Copy every piece into its target (cast as needed); with `wait`, wait for the copies and hash what landed."""
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copy every piece into its target (cast as needed); with `wait`, wait for the copies and hash what landed.
+
+        Returns the whole-tensor copies it made as one list of destinations and one of sources."""
         whole: list[tuple[str, torch.Tensor]] = []
         fast: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
         for p in pieces:
@@ -422,7 +491,7 @@ class ColocatedReceiver(_Peer):
             assert sink.load is not None
             sink.load(whole)
         if not wait:
-            return
+            return fast
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # done reading before the sender reuses anything
         for p in pieces if digest is not None else ():
@@ -432,8 +501,10 @@ class ColocatedReceiver(_Peer):
             else:  # cast on load (or loaded by the engine): the bytes it loaded from
                 landed = self.handles[p.handle][p.offset : p.offset + (p.b - p.a) * spec.torch_dtype.itemsize]
             _hash(digest, landed)
+        return fast
 
     def close(self) -> None:
+        self.replay = None
         self.handles.clear()
         self.store = self._root = None  # type: ignore[assignment]
 

@@ -223,3 +223,56 @@ def test_versions_that_switch_between_shared_and_staged_tensors_stay_exact() -> 
         sender.close()
         receiver.close()
         torch.multiprocessing.set_sharing_strategy(strategy)
+
+
+def test_an_unchanged_layout_is_replayed_and_a_changed_engine_refuses_the_replay() -> None:
+    """Checksum off, the trainer's tensors stepped in place: the next version is a replay of the last one's copies."""
+    strategy = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    gen = torch.Generator().manual_seed(2)
+    sent = [
+        ("a", torch.randn(30, 20, generator=gen).share_memory_()),
+        ("b", torch.randn(9, generator=gen).share_memory_()),
+    ]
+    targets = {"a": torch.zeros(30, 20), "b": torch.zeros(9)}
+    sender = ColocatedTransport(timedelta(seconds=5), BUCKET, checksum=False)
+    receiver = ColocatedTransport(timedelta(seconds=5), BUCKET, checksum=False)
+
+    def sync(version: int, port: int) -> list:
+        got: list = []
+
+        def receive() -> None:
+            try:
+                got.append(receiver.receive(TensorSink(targets=targets), version, _group(1, port)))
+            except SyncFailed as exc:
+                got.append(exc)
+
+        thread = threading.Thread(target=receive)
+        thread.start()
+        try:
+            sender.send(sent, version, _group(0, port))
+        except SyncFailed as exc:
+            got.append(exc)
+        thread.join(30)
+        return got
+
+    try:
+        port = free_port()
+        for version in (1, 2, 3):
+            with torch.no_grad():
+                for _, t in sent:
+                    t.mul_(-0.5)  # an optimizer step, in place
+            assert not any(isinstance(r, Exception) for r in sync(version, port)), version
+            assert torch.equal(targets["a"], sent[0][1]) and torch.equal(targets["b"], sent[1][1]), version
+            assert receiver.peer.replay[0] == version and sender.peer.last_version == version
+        assert sender.peer.keys == ["colocated/v3/manifest", "colocated/v3/loaded/1"]  # a replay: no message
+        targets = {"a": torch.zeros(30, 20), "b": torch.zeros(9)}  # the engine reloaded: other tensors
+        failures = sync(4, port)
+        assert any("tensors changed" in str(r) for r in failures) and len(failures) == 2, failures
+        sync_again = sync(4, free_port())  # the next epoch starts over with the whole protocol
+        assert not any(isinstance(r, Exception) for r in sync_again)
+        assert torch.equal(targets["a"], sent[0][1]) and torch.equal(targets["b"], sent[1][1])
+    finally:
+        sender.close()
+        receiver.close()
+        torch.multiprocessing.set_sharing_strategy(strategy)
