@@ -14,7 +14,10 @@ Shapes: Qwen2.5-0.5B (494M parameters, tied embeddings, ~1 GB) and Qwen2-7B (~15
 starts both processes at a barrier and takes the later end of the two; the best of --repeats after a
 warm-up (the first refit of an epoch maps the trainer's tensors; later ones reuse the mappings, as a
 run's syncs do). Checksum off unless --checksum (the deployed default hashes every byte on the host).
-After the last refit the processes compare per-tensor sums (exact equality).
+After the last refit the processes compare per-tensor sums (exact equality). With the checksum
+off and the trainer's tensors unchanged in layout and storage (its own bf16 parameters, stepped in
+place), every refit after the first is a replay of the receiver's copies (colocated.py, "repeat");
+a trainer that sends cast copies (fp32 master weights) takes the whole protocol every time.
 
 Prints `colocated_sync_vs_copy_<shape>: R` per shape and, last, `colocated_sync_vs_copy: R`, the
 smallest of them (raw copy time / refit time; 1.0 = the refit moves weights as fast as a bare copy;
@@ -79,6 +82,9 @@ def member(role: str, group, shape: str, args: argparse.Namespace, barrier, out)
         for p in model.parameters():
             p.normal_(0.0, 0.02, generator=gen) if trainer else p.zero_()
     if trainer:
+        if device.type == "cpu":  # CPU tensors are shared as they are only from shared memory (as on a GPU)
+            torch.multiprocessing.set_sharing_strategy("file_system")
+            model.share_memory()
         tensors = [(name, p.detach()) for name, p in model.named_parameters()]
     else:
         engine = TorchEngine(model, build_char_tokenizer(), device)
