@@ -444,10 +444,11 @@ class ClusterConfig(Section):
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="Device the trainer and rollout are deployed on (their DOCKYARD_*_DEVICE); nccl needs cuda."
     )
-    weight_sync_transport: Literal["collective", "checkpoint"] = Field(
+    weight_sync_transport: Literal["collective", "checkpoint", "colocated"] = Field(
         "collective",
-        description="How weights reach rollout replicas: the torch.distributed weight-sync group, or safetensors "
-        "files in a folder both can read (layouts without a shared collective).",
+        description="How weights reach rollout replicas: the torch.distributed weight-sync group, safetensors "
+        "files in a folder both can read (layouts without a shared collective), or memory handles between "
+        "processes on one device (colocated: trainer and rollout on one GPU, CUDA IPC).",
     )
     weight_sync_backend: Literal["gloo", "nccl"] = Field("gloo", description="Weight-sync group backend.")
     weight_sync_bucket_mb: int = Field(
@@ -572,6 +573,14 @@ class MasterConfig(Section):
             )
         if self.cluster.device == "cpu" and self.cluster.weight_sync_backend == "nccl":
             errors.append(("cluster.weight_sync_backend", "nccl needs cluster.device=cuda; use gloo on CPU"))
+        if self.cluster.weight_sync_transport == "colocated" and self.policy.generation.backend == "sglang":
+            errors.append(
+                (
+                    "cluster.weight_sync_transport",
+                    "SGLang receives whole tensors over its own process group; colocated needs the torch or "
+                    "vllm backend (or use collective)",
+                )
+            )
         if errors:
             raise ValueError("; ".join(f"{field}: {message}" for field, message in errors))
         return self

@@ -20,6 +20,8 @@ Guarantees:
 - The store listens on `master_address` only (not every interface); only
   where that name is no address of this host (a name that forwards here, such
   as a Kubernetes Service) does it listen on every interface, with a warning.
+- An NCCL group is not formed when two ranks report the same GPU (devices.py): every
+  rank fails with SyncFailed naming the fix (the colocated transport) instead.
 - No tensor moves and no process group is formed unless every rank proved
   knowledge of the epoch's secret to rank 0 and rank 0 proved it back: a
   member with another secret, or a stranger on the store, makes forming the
@@ -135,14 +137,14 @@ class GroupMember:
             self.pg = dist.ProcessGroupGloo(store, group.rank, group.world_size, timeout)
             self.device = torch.device("cpu")
         elif group.backend == "nccl":
+            chosen = torch.device(device) if device and device.startswith("cuda") else torch.device("cuda")
+            self.device = chosen if chosen.index is not None else torch.device("cuda", torch.cuda.current_device())
+            _distinct_gpus(store, group, self.device, timeout)
             options = dist.ProcessGroupNCCL.Options()
             # Our own waits time out first and abort the communicator; the
             # watchdog's later timeout is only a backstop.
             options._timeout = timeout * 2 + timedelta(seconds=30)
             self.pg = dist.ProcessGroupNCCL(store, group.rank, group.world_size, options)
-            # Explicit: worker threads start on GPU 0 whatever the service's device.
-            chosen = torch.device(device) if device and device.startswith("cuda") else torch.device("cuda")
-            self.device = chosen if chosen.index is not None else torch.device("cuda", torch.cuda.current_device())
         else:
             raise ValueError(f"unknown weight-sync group backend {group.backend!r}: use gloo or nccl")
 
@@ -212,6 +214,18 @@ class GroupMember:
                     continue  # not offered by this backend, or a peer already gone
         self.pg = None  # type: ignore[assignment]
         self._store = None  # type: ignore[assignment]
+
+
+def _distinct_gpus(store: dist.Store, group: WeightSyncGroup, device: torch.device, timeout: timedelta) -> None:
+    """SyncFailed on every rank, naming the fix, when two ranks share a GPU (NCCL would fail obscurely)."""
+    from dockyard.weights import devices
+
+    try:
+        devices.distinct_gpus(devices.exchange(store, group.rank, group.world_size, device, timeout))
+    except devices.DeviceMismatch as exc:
+        raise SyncFailed(f"weight-sync group epoch {group.epoch}, rank {group.rank}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the store's timeout: a peer never came
+        raise SyncFailed(f"weight-sync group epoch {group.epoch}: exchanging devices failed: {exc}") from exc
 
 
 def host_store(group: WeightSyncGroup, timeout: timedelta) -> dist.TCPStore:

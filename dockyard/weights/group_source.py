@@ -15,6 +15,7 @@ from pathlib import Path
 from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.config import MasterConfig
 from dockyard.weights.collective import WeightSyncGroup
+from dockyard.weights.colocated import ColocatedTransport
 from dockyard.weights.synchronizer import GroupSource
 from dockyard.weights.transports import CheckpointTransport, CollectiveTransport, Transport
 from dockyard.weights.whole_tensor import WholeTensorTransport
@@ -49,6 +50,8 @@ def transport_for(config: MasterConfig, job_id: str, timeout: timedelta, device:
     if cluster.weight_sync_transport == "checkpoint":
         folder = cluster.weight_sync_folder or str(Path(config.logger.log_dir) / job_id / "weights")
         return CheckpointTransport(folder, timeout, shard_bytes=bucket, checksum=cluster.weight_sync_checksum)
+    if cluster.weight_sync_transport == "colocated":  # one device: memory handles, not a collective
+        return ColocatedTransport(timeout, bucket, checksum=cluster.weight_sync_checksum, device=device)
     if config.policy.generation.backend == "sglang":  # SGLang receives whole tensors (whole_tensor.py)
         return WholeTensorTransport(timeout, bucket, device=device)
     return CollectiveTransport(timeout, bucket, checksum=cluster.weight_sync_checksum, device=device)

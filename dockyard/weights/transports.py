@@ -1,8 +1,9 @@
-"""The two ways weights travel, chosen from the deployment (cluster.weight_sync_transport).
+"""The ways weights travel, chosen from the deployment (cluster.weight_sync_transport).
 
     collective   torch.distributed weight-sync group (NCCL on GPUs, gloo on CPUs), packed buckets
     checkpoint   a shared folder: the trainer writes version v as safetensors shards,
                  every replica reads them (layouts without a shared collective)
+    colocated    trainer and replicas on one device share memory handles (colocated.py)
 
 Guarantees: both go through `refit_plan` and report a fingerprint of the bytes
 moved (fingerprint.py; equal on both sides when the receiver holds exactly the
@@ -73,6 +74,10 @@ def transport_from_spec(spec: dict, device: str | None = None) -> Transport:
         return CollectiveTransport(
             timeout, int(spec["bucket_bytes"]), bool(spec["checksum"]), device, None if direct is None else int(direct)
         )
+    if spec["kind"] == "colocated":
+        from dockyard.weights.colocated import ColocatedTransport  # it builds on this module
+
+        return ColocatedTransport(timeout, int(spec["bucket_bytes"]), bool(spec["checksum"]), device)
     if spec["kind"] == "checkpoint":
         return CheckpointTransport(
             spec["folder"], timeout, int(spec["shard_bytes"]), int(spec["keep"]), bool(spec["checksum"])

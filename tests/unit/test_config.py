@@ -149,3 +149,10 @@ def test_validating_a_config_imports_neither_torch_nor_transformers() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
     assert out.strip() == "[]"
+
+
+def test_the_colocated_transport_is_accepted_except_for_sglang() -> None:
+    cfg = load_config(TINY, ["cluster.device=cuda", "cluster.weight_sync_transport=colocated"])
+    assert cfg.cluster.weight_sync_transport == "colocated"
+    with pytest.raises(ConfigError, match="cluster.weight_sync_transport.*SGLang"):
+        load_config(TINY, ["cluster.weight_sync_transport=colocated", "policy.generation.backend=sglang"])

@@ -1,0 +1,577 @@
+"""Colocated weight sync: trainer and rollout on one device share memory handles, the bytes never leave it.
+
+Over the coordinator's weight-sync group (A:P, world W, rank r, epoch e, secret) no process group is
+formed (NCCL refuses two ranks on one GPU); the epoch's store carries small signed messages instead:
+
+    per epoch   rank 0 hosts the store at A:P; every rank proves the epoch's secret (collective.prove_membership)
+                and publishes its device (devices.exchange): all must be on rank 0's device
+    version v   rank 0: "colocated/v<v>/manifest" = {tensors: [[name, shape, dtype]...], messages: M, live: ids}
+                rank r: refit_plan onto its engine ──> "colocated/v<v>/plan/<r>" = "ok" | "failed: <why>"
+                for k in 0..M-1 (rank 0 does not wait for the plans: a receiver copies nothing before its own):
+                  rank 0: the contiguous tensors shared as they are (their storage's handle, once), then
+                          the strided or off-device pieces staged into two buckets (each shared once);
+                          "colocated/v<v>/message/<k>" = {new handles, pieces}
+                  rank r: maps new handles (CUDA IPC: torch.multiprocessing.reductions; CPU: shared memory),
+                          copies every piece into its target; a message that used a bucket, once the
+                          copies are done ──> "colocated/v<v>/ack/<k>/<r>"
+                rank r: every copy done ──> "colocated/v<v>/loaded/<r>" = "ok" | "ok+replay" | "failed: <why>"
+    repeat v    (checksum off) the same names, layouts and storages as version u, every tensor shared as it
+                is, and every receiver answered "ok+replay" for u: rank 0 writes only
+                "colocated/v<v>/manifest" = {repeat: u}; rank r replays u's copies into the same tensors
+                (or fails, when they changed) ──> "colocated/v<v>/loaded/<r>"
+
+Guarantees:
+- Weights never cross the host: on CUDA a receiver copies device to device out of
+  the trainer's own memory (or a staging bucket) through CUDA IPC handles.
+- Staging memory is bounded: at most two buckets; a bucket is reused only after every
+  receiver acknowledged the message that used it, and every shared tensor stays alive on
+  rank 0 until every receiver confirmed the version (the send returns only then).
+- Same semantics as the other transports: one manifest per version, `refit_plan` on every
+  receiver before any byte is loaded (a mismatch fails both sides with the names), casts on
+  load, and a fingerprint (fingerprint.py, on the device) of the bytes of every piece in
+  message order on both sides (the receiver fingerprints what landed in its tensors), equal
+  when the receiver holds exactly the sender's bytes.
+- Messages carry pickled handles, so each is signed with the epoch's secret (HMAC-SHA256)
+  and a receiver unpickles only a message whose signature holds: a stranger on the store
+  cannot make a member run code, and a corrupted message fails the sync.
+- Every wait is bounded by the timeout and sees a peer's reported failure at once: a receiver
+  that dies, stalls or fails makes the send raise SyncFailed (with its reason where it gave
+  one), a sender that dies or fails makes the receive raise SyncFailed.
+- Handles are kept across versions for storages that stay the same (the trainer's parameters):
+  a steady-state sync opens no new handle. Handles of a version are released by both sides once
+  the next version no longer uses them (a trainer that sends cast copies keeps one version of
+  them alive until the next sync).
+
+Why one module of this size: the sender and the receiver must read the same keys, messages and
+pieces in the same order; keeping both sides and the transport that picks one together is what
+keeps them in step (the handles and signatures live in handles.py, the device check in devices.py).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as torch_mp
+
+from dockyard.weights import devices
+from dockyard.weights.collective import (
+    SyncFailed,
+    SyncReport,
+    TensorSink,
+    WeightSyncGroup,
+    _copy_flat,
+    host_store,
+    join_store,
+    prove_membership,
+)
+from dockyard.weights.fingerprint import Fingerprint
+from dockyard.weights.handles import byte_tensor, open_handle, share, sign, verify
+from dockyard.weights.refit import RefitError, TensorSpec, canonical_name, refit_plan
+from dockyard.weights.transports import Transport
+
+BUCKETS = (0, 1)  # handle ids of the two staging buckets; shared tensors' handles count from 2
+DIRECT_PER_MESSAGE = 4 << 30  # bytes of shared tensors one message lists (messages pipeline the receiver)
+POLL_S = 100e-6
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Elements [a, b) of manifest tensor `index`, at byte `offset` of handle `handle`."""
+
+    index: int
+    handle: int
+    offset: int
+    a: int
+    b: int
+
+
+def _key(version: int, *parts: object) -> str:
+    return "/".join(("colocated", f"v{version}", *(str(p) for p in parts)))
+
+
+def _signature(name: str, t: torch.Tensor) -> tuple:
+    """What decides a tensor's piece: a version whose signatures all equal the last one's sends the same pieces."""
+    return name, t.shape, t.dtype, t.stride(), t.storage_offset(), t.device, t.untyped_storage()._cdata
+
+
+def _targets(sink: TensorSink) -> list[tuple]:
+    assert sink.targets is not None
+    return [(n, t.data_ptr(), t.dtype, t.shape) for n, t in sink.targets.items()]
+
+
+def _extend(copies: tuple[list, list], more: tuple[list, list]) -> tuple[list, list]:
+    copies[0].extend(more[0])
+    copies[1].extend(more[1])
+    return copies
+
+
+def _hash(digest: Fingerprint, t: torch.Tensor) -> None:
+    digest.update(t.detach().contiguous())  # on the tensor's device, queued: no host copy (fingerprint.py)
+
+
+class _Peer:
+    """What both sides share: the epoch's scoped store, the secret, polling against a deadline."""
+
+    store: dist.Store
+    group: WeightSyncGroup
+    timeout: timedelta
+
+    def _where(self) -> str:
+        return f"colocated weight sync, epoch {self.group.epoch}, rank {self.group.rank}"
+
+    def _poll(self, keys: list[str], failures: list[str], what: str) -> None:
+        """Until every key of `keys` exists; SyncFailed when a key of `failures` says "failed" or the timeout passes."""
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        try:
+            while not self.store.check(keys):
+                for key in failures:
+                    if self.store.check([key]) and not (why := self.store.get(key).decode(errors="replace")).startswith(
+                        "ok"
+                    ):
+                        if self.store.check(keys):  # what it said before it gave up decides (a refit plan)
+                            return
+                        raise SyncFailed(f"{self._where()}: {what}: a peer gave up: {why}")
+                if time.monotonic() > deadline:
+                    missing = [k for k in keys if not self.store.check([k])]
+                    raise SyncFailed(
+                        f"{self._where()}: {what}: no answer within {self.timeout.total_seconds():g}s "
+                        f"(a peer died or stalled); missing {missing[:3]}"
+                    )
+                time.sleep(POLL_S)
+        except SyncFailed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the store is gone: its host (rank 0) died or closed it
+            raise SyncFailed(f"{self._where()}: {what}: the weight-sync store failed: {exc}") from exc
+
+    def _devices(self, device: torch.device) -> list[dict]:
+        try:
+            idents = devices.exchange(self.store, self.group.rank, self.group.world_size, device, self.timeout)
+            devices.one_device(idents)
+        except devices.DeviceMismatch as exc:
+            raise SyncFailed(f"{self._where()}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - the store's timeout: a peer never came
+            raise SyncFailed(f"{self._where()}: exchanging devices failed or timed out: {exc}") from exc
+        return idents
+
+
+class ColocatedSender(_Peer):
+    """Rank 0 of one epoch: hosts the store, keeps the staging buckets and the handles it shared."""
+
+    def __init__(
+        self, group: WeightSyncGroup, timeout: timedelta, device: torch.device, bucket_bytes: int, checksum: bool
+    ) -> None:
+        if group.rank != 0:
+            raise ValueError(f"rank {group.rank} cannot send: rank 0 sends")
+        if not group.secret:
+            raise SyncFailed(f"the weight-sync group of epoch {group.epoch} has no secret: ask the coordinator")
+        self.group, self.timeout, self.device, self.checksum = group, timeout, device, checksum
+        self.bucket_bytes = max(64, bucket_bytes // 64 * 64)
+        if device.type == "cpu":
+            torch_mp.set_sharing_strategy("file_system")  # shared-memory files any local process can open
+        self._root = host_store(group, timeout)
+        self.store = dist.PrefixStore(f"dockyard/weights/epoch-{group.epoch}", self._root)
+        try:
+            prove_membership(self.store, group, timeout)
+            self._devices(device)
+        except SyncFailed:
+            self.store = self._root = None  # type: ignore[assignment]  # the store stops listening
+            raise
+        self.buckets: list[torch.Tensor] = []
+        self.ids: dict[int, int] = {}  # storage -> handle id, for the storages shared as they are
+        self.shared: dict[int, torch.Tensor] = {}  # handle id -> the storage's bytes (kept alive while shared)
+        self.next_id = len(BUCKETS)
+        self.sent: set[int] = set()  # handle ids the receivers have mapped
+        self.keys: list[str] = []  # this epoch's keys of the last version, deleted when the next starts
+        self.last_signature: list | None = None  # of the last version every receiver can replay
+        self.last_version = -1
+
+    def _direct(self, t: torch.Tensor) -> bool:
+        if t.numel() == 0 or not t.is_contiguous() or t.device != self.device:
+            return False
+        return t.is_cuda or t.is_shared()
+
+    def _handle_of(self, t: torch.Tensor) -> int:
+        # The storage itself (not its data pointer: sharing a CPU storage may move its bytes into a file).
+        ptr = t.untyped_storage()._cdata
+        if ptr not in self.ids:
+            self.ids[ptr], self.shared[self.next_id] = self.next_id, byte_tensor(t)
+            self.next_id += 1
+        return self.ids[ptr]
+
+    def _plan(self, items: list[tuple[str, torch.Tensor]]) -> list[tuple[list[Piece], int | None]]:
+        """Messages: (pieces, bucket slot or None); shared tensors first, then the staged pieces bucket by bucket."""
+        messages: list[tuple[list[Piece], int | None]] = []
+        direct: list[Piece] = []
+        size = 0
+        for i, (_, t) in enumerate(items):
+            if not self._direct(t):
+                continue
+            if direct and size + t.nbytes > DIRECT_PER_MESSAGE:
+                messages.append((direct, None))
+                direct, size = [], 0
+            direct.append(Piece(i, self._handle_of(t), t.storage_offset() * t.element_size(), 0, t.numel()))
+            size += t.nbytes
+        if direct:
+            messages.append((direct, None))
+        staged: list[Piece] = []
+        used = slot = 0
+        for i, (_, t) in enumerate(items):
+            if self._direct(t) or t.numel() == 0:
+                continue
+            item = t.element_size()
+            a = 0
+            while a < t.numel():
+                used = -(-used // 64) * 64
+                room = (self.bucket_bytes - used) // item
+                if room <= 0:
+                    messages.append((staged, slot))
+                    staged, used, slot = [], 0, 1 - slot
+                    continue
+                b = min(t.numel(), a + room)
+                staged.append(Piece(i, BUCKETS[slot], used, a, b))
+                used += (b - a) * item
+                a = b
+        if staged:
+            messages.append((staged, slot))
+        return messages
+
+    def send(self, tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncReport:
+        start = time.perf_counter()
+        items = [(canonical_name(n), t.detach()) for n, t in tensors]
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # each send may run on another worker thread
+            torch.cuda.synchronize(self.device)  # the optimizer's writes are done before anyone reads
+        for key in self.keys:
+            self.store.delete_key(key)
+        ranks = range(1, self.group.world_size)
+        # The same names, layouts and storages as the last version, all shared as they are: the
+        # receivers replay their copies (no manifest to map, no handle to look up).
+        signature = None if self.checksum else [_signature(n, t) for n, t in items]
+        if signature is not None and signature == self.last_signature:
+            return self._repeat(version, ranks, sum(t.nbytes for _, t in items), start)
+        self.last_signature = None
+        specs = [TensorSpec.of(n, t) for n, t in items]
+        refit_plan(specs, None)  # the same name twice is a RefitError
+        messages = self._plan(items)
+        live = sorted({p.handle for pieces, _ in messages for p in pieces})
+        self._release(set(live))
+        manifest = {"version": version, "tensors": [s.to_json() for s in specs], "messages": len(messages)}
+        manifest["live"] = live
+        self._set(_key(version, "manifest"), json.dumps(manifest).encode())
+        loaded = [_key(version, "loaded", r) for r in ranks]
+        self.keys = [_key(version, "manifest"), *loaded, *(_key(version, "plan", r) for r in ranks)]
+        # No wait for the receivers' refit plans here: each one checks its own before it copies a
+        # byte, and a refusal reaches this side as a failed acknowledgement (then _refused names it).
+        digest = Fingerprint() if self.checksum else None
+        mapped = set(self.sent)  # handles the receivers hold once this version is through
+        slot_user: dict[int, int] = {}  # bucket slot -> the message that used it last
+        try:
+            for k, (pieces, slot) in enumerate(messages):
+                if slot is not None:
+                    if slot in slot_user:  # reused only once every receiver is done with it
+                        acks = [_key(version, "ack", slot_user[slot], r) for r in ranks]
+                        self._poll(acks, loaded, f"message {slot_user[slot]} of version {version}")
+                    slot_user[slot] = k
+                    self._stage(items, pieces, slot)
+                    self.keys += [_key(version, "ack", k, r) for r in ranks]
+                new = {p.handle: self._handle(p.handle) for p in pieces if p.handle not in mapped}
+                body = pickle.dumps({"new": new, "pieces": [(p.index, p.handle, p.offset, p.a, p.b) for p in pieces]})
+                self._set(_key(version, "message", k), body)
+                mapped.update(new)
+                self.keys.append(_key(version, "message", k))
+                if digest is not None:
+                    for p in pieces:
+                        _hash(digest, self._view(p, specs[p.index].torch_dtype))
+            self._poll(loaded, loaded, f"confirming version {version}")
+        except SyncFailed as exc:
+            self._refused(version, ranks, exc)
+            raise
+        self._refused(version, ranks, None)
+        replayable = self._check_loaded(version, ranks)
+        self.sent = mapped
+        if replayable and all(slot is None for _, slot in messages):
+            self.last_signature = signature
+            self.last_version = version
+        checksum = digest.hexdigest() if digest is not None else ""
+        return SyncReport(checksum, sum(s.nbytes for s in specs), time.perf_counter() - start)
+
+    def _repeat(self, version: int, ranks: range, nbytes: int, start: float) -> SyncReport:
+        loaded = [_key(version, "loaded", r) for r in ranks]
+        self._set(_key(version, "manifest"), json.dumps({"version": version, "repeat": self.last_version}).encode())
+        self.keys = [_key(version, "manifest"), *loaded]
+        self._poll(loaded, loaded, f"confirming version {version}")
+        self._check_loaded(version, ranks)
+        self.last_version = version
+        return SyncReport("", nbytes, time.perf_counter() - start)
+
+    def _refused(self, version: int, ranks: range, cause: SyncFailed | None) -> None:
+        """RefitError with the reason of the first receiver whose refit plan refused the manifest, if one did."""
+        try:
+            answers = [
+                self.store.get(k).decode(errors="replace")
+                for r in ranks
+                if self.store.check([k := _key(version, "plan", r)])
+            ]
+        except Exception:  # noqa: BLE001 - the store is gone: the caller's own cause stands
+            return
+        refused = [why for why in answers if why != "ok"]
+        if refused:
+            raise RefitError(
+                f"a rollout replica cannot load the weights: {refused[0].removeprefix('failed: ')}"
+            ) from cause
+
+    def _check_loaded(self, version: int, ranks: range) -> bool:
+        """SyncFailed unless every rank loaded `version`; whether every rank can replay it."""
+        answers = [self.store.get(_key(version, "loaded", r)).decode(errors="replace") for r in ranks]
+        for r, why in zip(ranks, answers, strict=True):
+            if not why.startswith("ok"):
+                raise SyncFailed(f"{self._where()}: rank {r} could not load version {version}: {why}")
+        return all(why == "ok+replay" for why in answers)
+
+    def _set(self, key: str, payload: bytes) -> None:
+        self.store.set(key, sign(self.group.secret, key, payload))
+
+    def _handle(self, hid: int) -> tuple[str, object]:
+        return share(self.buckets[hid] if hid in BUCKETS else self.shared[hid])
+
+    def _view(self, p: Piece, dtype: torch.dtype) -> torch.Tensor:
+        """The bytes piece `p` reads on this side, as `dtype`."""
+        base = self.buckets[p.handle] if p.handle in BUCKETS else self.shared[p.handle]
+        return base[p.offset : p.offset + (p.b - p.a) * dtype.itemsize].view(dtype)
+
+    def _stage(self, items: list[tuple[str, torch.Tensor]], pieces: list[Piece], slot: int) -> None:
+        while len(self.buckets) <= slot:
+            self.buckets.append(torch.empty(self.bucket_bytes, dtype=torch.uint8, device=self.device))
+        for p in pieces:
+            t = items[p.index][1]
+            _copy_flat(t, p.a, p.b, self._view(p, t.dtype), into_flat=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the bucket is whole before a receiver reads
+
+    def _release(self, live: set[int]) -> None:
+        """Forget storages the new version no longer uses (the receivers drop them too, from the manifest)."""
+        self.ids = {ptr: i for ptr, i in self.ids.items() if i in live}
+        self.shared = {i: t for i, t in self.shared.items() if i in live}
+        self.sent &= live  # a bucket the version does not use is dropped by the receivers too
+
+    def close(self) -> None:
+        self.ids.clear()
+        self.shared.clear()
+        self.buckets.clear()
+        self.store = self._root = None  # type: ignore[assignment]  # the store stops listening
+
+
+class ColocatedReceiver(_Peer):
+    """Rank r > 0 of one epoch: the store it joined, and the handles it mapped."""
+
+    def __init__(self, group: WeightSyncGroup, timeout: timedelta, device: torch.device, checksum: bool) -> None:
+        if group.rank == 0:
+            raise ValueError("rank 0 cannot receive: rank 0 sends")
+        if not group.secret:
+            raise SyncFailed(f"the weight-sync group of epoch {group.epoch} has no secret: ask the coordinator")
+        self.group, self.timeout, self.device, self.checksum = group, timeout, device, checksum
+        try:
+            self._root = join_store(group, timeout)
+        except Exception as exc:  # noqa: BLE001 - connect errors and timeouts: rank 0 never came
+            raise SyncFailed(f"joining the weight-sync store of epoch {group.epoch} failed: {exc}") from exc
+        self.store = dist.PrefixStore(f"dockyard/weights/epoch-{group.epoch}", self._root)
+        prove_membership(self.store, group, timeout)
+        home = self._devices(device)[0]
+        self.cuda_index = devices.local_cuda_index(home["uuid"]) if home["kind"] == "cuda" else None
+        self.handles: dict[int, torch.Tensor] = {}
+        # (version, its targets, its copies (destinations, sources), its specs) when a repeat can replay it
+        self.replay: tuple | None = None
+
+    def _get(self, key: str, version: int, what: str) -> bytes:
+        self._poll([key], [_key(version, "aborted")], what)
+        return verify(self.group.secret, key, self.store.get(key))
+
+    def receive(self, sink: TensorSink, version: int) -> SyncReport:
+        start = time.perf_counter()
+        rank = self.group.rank
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.cuda.synchronize(self.device)  # kernels still reading the weights finish before they change
+        digest = Fingerprint() if self.checksum else None
+        try:
+            specs = self._receive(sink, version, digest)
+        except Exception as exc:
+            try:  # rank 0 stops waiting for this rank at once, with the reason
+                self.store.set(_key(version, "loaded", rank), f"failed: {exc}")
+            except Exception:  # noqa: BLE001 - the store is gone with rank 0
+                pass
+            if isinstance(exc, SyncFailed | RefitError):
+                raise
+            raise SyncFailed(f"{self._where()}: loading version {version} failed: {exc}") from exc
+        replayable = self.replay is not None and self.replay[0] == version
+        self.store.set(_key(version, "loaded", rank), "ok+replay" if replayable else "ok")
+        checksum = digest.hexdigest() if digest is not None else ""
+        return SyncReport(checksum, sum(s.nbytes for s in specs), time.perf_counter() - start)
+
+    def _receive(self, sink: TensorSink, version: int, digest) -> list[TensorSpec]:
+        rank = self.group.rank
+        manifest = json.loads(self._get(_key(version, "manifest"), version, f"the manifest of version {version}"))
+        if manifest["version"] != version:
+            raise SyncFailed(f"{self._where()}: the manifest is of version {manifest['version']}, not {version}")
+        if "repeat" in manifest:
+            return self._replay(sink, version, int(manifest["repeat"]))
+        self.replay = None
+        try:
+            specs = [TensorSpec.from_json(item) for item in manifest["tensors"]]
+            names = refit_plan(specs, sink.layout())
+        except RefitError as exc:
+            self.store.set(_key(version, "plan", rank), f"failed: {exc}")
+            raise
+        self.store.set(_key(version, "plan", rank), "ok")
+        live = set(manifest["live"])
+        self.handles = {h: t for h, t in self.handles.items() if h in live}
+        copies: tuple[list, list] | None = ([], []) if digest is None else None
+        for k in range(int(manifest["messages"])):
+            body = pickle.loads(self._get(_key(version, "message", k), version, f"message {k} of version {version}"))
+            for hid, handle in body["new"].items():
+                self.handles[hid] = open_handle(handle, self.cuda_index)
+            pieces = [Piece(*p) for p in body["pieces"]]
+            staged = any(p.handle in BUCKETS for p in pieces)
+            fast = self._load(pieces, specs, names, sink, digest, wait=staged or digest is not None)
+            copies = None if copies is None or staged or len(fast[0]) < len(pieces) else _extend(copies, fast)
+            if staged:  # rank 0 reuses a bucket only after this
+                self.store.set(_key(version, "ack", k, rank), "ok")
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the weights are whole before "loaded"
+        if copies is not None and sink.targets is not None:  # every piece a whole-tensor copy: replayable
+            self.replay = (version, _targets(sink), copies, specs)
+        return specs
+
+    def _replay(self, sink: TensorSink, version: int, previous: int) -> list[TensorSpec]:
+        """Version `previous`'s copies again (same storages on rank 0), into the same tensors on this side."""
+        if self.replay is None or self.replay[0] != previous or sink.targets is None:
+            raise SyncFailed(f"{self._where()}: asked to repeat version {previous}, which this rank cannot replay")
+        _, targets, (dsts, srcs), specs = self.replay
+        if _targets(sink) != targets:
+            raise SyncFailed(f"{self._where()}: the engine's tensors changed since version {previous}: no replay")
+        torch._foreach_copy_(dsts, srcs)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        self.replay = (version, targets, (dsts, srcs), specs)
+        return specs
+
+    def _load(
+        self, pieces: list[Piece], specs: list[TensorSpec], names: list[str], sink: TensorSink, digest, wait: bool
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copy every piece into its target (cast as needed); with `wait`, wait for the copies and hash what landed.
+
+        Returns the whole-tensor copies it made as one list of destinations and one of sources."""
+        whole: list[tuple[str, torch.Tensor]] = []
+        fast: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+        for p in pieces:
+            spec = specs[p.index]
+            src = self.handles[p.handle][p.offset : p.offset + (p.b - p.a) * spec.torch_dtype.itemsize]
+            src = src.view(spec.torch_dtype)
+            if sink.targets is None:  # a loader of whole tensors: it copies them before returning
+                if (p.a, p.b) != (0, spec.numel):
+                    raise SyncFailed(f"{spec.name}: a loader sink takes whole tensors; raise the bucket size")
+                whole.append((names[p.index], src.view(spec.shape)))
+                continue
+            target = sink.targets[names[p.index]]
+            if (p.a, p.b) == (0, spec.numel) and target.dtype == src.dtype and target.is_contiguous():
+                fast[0].append(target.view(-1))
+                fast[1].append(src)
+            else:
+                _copy_flat(target, p.a, p.b, src, into_flat=False)
+        if fast[0]:
+            torch._foreach_copy_(fast[0], fast[1])
+        if whole:
+            assert sink.load is not None
+            sink.load(whole)
+        if not wait:
+            return fast
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # done reading before the sender reuses anything
+        for p in pieces if digest is not None else ():
+            spec = specs[p.index]
+            if sink.targets is not None and sink.targets[names[p.index]].dtype == spec.torch_dtype:
+                landed = sink.targets[names[p.index]].reshape(-1)[p.a : p.b]
+            else:  # cast on load (or loaded by the engine): the bytes it loaded from
+                landed = self.handles[p.handle][p.offset : p.offset + (p.b - p.a) * spec.torch_dtype.itemsize]
+            _hash(digest, landed)
+        return fast
+
+    def close(self) -> None:
+        self.replay = None
+        self.handles.clear()
+        self.store = self._root = None  # type: ignore[assignment]
+
+
+class ColocatedTransport(Transport):
+    """Trainer (rank 0) and replicas on one device, over the epoch's store; formed again when the epoch moves."""
+
+    name = "colocated"
+    needs_group = True
+
+    def __init__(self, timeout: timedelta, bucket_bytes: int, checksum: bool = True, device: str | None = None) -> None:
+        self.timeout, self.bucket_bytes, self.checksum, self.device = timeout, bucket_bytes, checksum, device
+        self.peer: ColocatedSender | ColocatedReceiver | None = None
+
+    def _device(self) -> torch.device:
+        chosen = torch.device(self.device or "cpu")
+        if chosen.type == "cuda" and chosen.index is None:
+            chosen = torch.device("cuda", torch.cuda.current_device())
+        return chosen
+
+    def _peer(self, group: WeightSyncGroup | None, sending: bool):
+        if group is None:
+            raise ValueError("the colocated transport needs a weight-sync group from the coordinator")
+        if self.peer is not None and self.peer.group == group:
+            return self.peer
+        self.reset()
+        if sending:
+            self.peer = ColocatedSender(group, self.timeout, self._device(), self.bucket_bytes, self.checksum)
+        else:
+            self.peer = ColocatedReceiver(group, self.timeout, self._device(), self.checksum)
+        return self.peer
+
+    def send(self, tensors, version, group=None) -> SyncReport:
+        return self._guard(version, lambda: self._peer(group, True).send(tensors, version))
+
+    def receive(self, sink, version, group=None) -> SyncReport:
+        return self._guard(version, lambda: self._peer(group, False).receive(sink, version))
+
+    def _guard(self, version: int, move) -> SyncReport:
+        try:
+            return move()
+        except (SyncFailed, RefitError) as exc:
+            self._abort(version, exc)
+            raise
+        except Exception as exc:  # noqa: BLE001 - store errors: the peers never came or went away
+            self._abort(version, exc)
+            raise SyncFailed(f"colocated weight sync of version {version} failed: {exc}") from exc
+
+    def _abort(self, version: int, exc: BaseException) -> None:
+        """Tell the receivers why (rank 0), then forget the epoch: the next sync forms the one it is given."""
+        if isinstance(self.peer, ColocatedSender) and self.peer.store is not None:
+            try:
+                self.peer.store.set(_key(version, "aborted"), f"failed: {exc}")
+                time.sleep(min(1.0, 10 * POLL_S * self.peer.group.world_size))  # the receivers read it first
+            except Exception:  # noqa: BLE001 - the store is already gone
+                pass
+        self.reset()
+
+    def spec(self) -> dict:
+        return {
+            "kind": "colocated",
+            "timeout_s": self.timeout.total_seconds(),
+            "bucket_bytes": self.bucket_bytes,
+            "checksum": self.checksum,
+        }
+
+    def reset(self) -> None:
+        if self.peer is not None:
+            self.peer.close()
+        self.peer = None

@@ -1,0 +1,116 @@
+"""Two processes on one GPU: the colocated transport moves weights through CUDA IPC exactly, and an NCCL
+weight-sync group of two ranks on that GPU is refused with the fix in the message (`make test-gpu`)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import traceback
+from datetime import timedelta
+
+import torch
+
+from dockyard.weights.collective import GroupMember, SyncFailed, TensorSink, WeightSyncGroup
+from dockyard.weights.colocated import ColocatedTransport
+from tests.conftest import free_port, missing
+
+
+def _needs_gpu() -> None:
+    if not torch.cuda.is_available():
+        missing("no CUDA device")
+
+
+def _trainer_tensors() -> list[tuple[str, torch.Tensor]]:
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    big = torch.randn(1024, 1024, generator=gen, device="cuda", dtype=torch.bfloat16)  # shared as it is
+    return [
+        ("_orig_mod.model.embed.weight", big),
+        ("model.mlp.weight", torch.randn(64, 32, generator=gen, device="cuda").t()),  # strided: staged
+        ("model.norm.weight", torch.randn(32, generator=gen, device="cuda")),
+        ("model.cpu_side.weight", torch.randn(300, 7)),  # off the device: staged through a bucket
+    ]
+
+
+def _targets() -> dict[str, torch.Tensor]:
+    return {
+        "model.embed.weight": torch.zeros(1024, 1024, dtype=torch.bfloat16, device="cuda"),
+        "model.mlp.weight": torch.zeros(32, 64, device="cuda"),
+        "model.norm.weight": torch.zeros(32, dtype=torch.bfloat16, device="cuda"),  # cast on load
+        "model.cpu_side.weight": torch.zeros(300, 7, device="cuda"),
+    }
+
+
+def _colocated(rank: int, port: int, out) -> None:
+    try:
+        torch.cuda.set_device(0)
+        group = WeightSyncGroup("127.0.0.1", port, 2, rank, epoch=1, secret="s")
+        transport = ColocatedTransport(timedelta(seconds=60), 4096, checksum=True, device="cuda:0")
+        if rank == 0:
+            tensors = _trainer_tensors()
+            checksums = [transport.send(tensors, 1, group).checksum]
+            with torch.no_grad():
+                for _, t in tensors:
+                    t.mul_(-1.0)
+            checksums.append(transport.send(tensors, 2, group).checksum)
+            got = [t.cpu().float() for _, t in tensors]
+        else:
+            targets = _targets()
+            sink = TensorSink(targets=targets)
+            checksums = [transport.receive(sink, v, group).checksum for v in (1, 2)]
+            got = [t.cpu().float() for t in targets.values()]
+        transport.close()
+        out.put((rank, "ok", checksums, got))
+    except Exception as exc:
+        out.put((rank, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+
+
+def _nccl(rank: int, port: int, out) -> None:
+    try:
+        group = WeightSyncGroup("127.0.0.1", port, 2, rank, epoch=1, backend="nccl", secret="s")
+        GroupMember(group, timedelta(seconds=30), device="cuda:0")
+        out.put((rank, "formed", "", ""))
+    except SyncFailed as exc:
+        out.put((rank, "refused", str(exc), ""))
+    except Exception as exc:
+        out.put((rank, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+
+
+def _pair(target) -> dict[int, tuple]:
+    ctx = mp.get_context("spawn")
+    out, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=target, args=(rank, port, out)) for rank in (0, 1)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        for _ in procs:
+            item = out.get(timeout=120)
+            results[item[0]] = item[1:]
+    except queue.Empty:
+        raise AssertionError(f"a member hung; got {results}") from None
+    finally:
+        for p in procs:
+            p.join(20)
+            if p.is_alive():
+                p.kill()
+    return results
+
+
+def test_two_processes_on_one_gpu_move_weights_exactly_through_cuda_ipc() -> None:
+    _needs_gpu()
+    results = _pair(_colocated)
+    assert results[0][0] == "ok" and results[1][0] == "ok", results
+    assert results[0][1] == results[1][1] and results[0][1][0] != results[0][1][1]
+    sent, got = results[0][2], results[1][2]
+    for i in (0, 1, 3):
+        assert torch.equal(sent[i], got[i]), i
+    assert torch.equal(sent[2].to(torch.bfloat16).float(), got[2])
+
+
+def test_an_nccl_group_of_two_ranks_on_one_gpu_is_refused_with_the_fix() -> None:
+    _needs_gpu()
+    results = _pair(_nccl)
+    for rank in (0, 1):
+        status, message = results[rank][0], results[rank][1]
+        assert status == "refused", results
+        assert "both on GPU" in message and "cluster.weight_sync_transport=colocated" in message
