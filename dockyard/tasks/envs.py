@@ -6,6 +6,7 @@
                         shown; a tool reads f)
     program_synthesis   humaneval (or a JSONL)     prompt + completion ─> RunTests(program, check(entry_point))
     swe                 swe (a task-set folder)    the diff in the completion ─> ScorePatch(task_set, instance_id)
+                                                   (with env.tools: the session's diff ─> ScoreSession)
 
 An agent environment's trials (env.tools set) end with an answer that is scored like a completion
 (swe's trials are scored from their session's work folder instead: services/coordinator/agent_trials.py).
@@ -33,6 +34,7 @@ DEADLINE_MARGIN_SECONDS = 30.0
 @dataclass(frozen=True)
 class Environment:
     name: str
+    agentic: bool = False  # env.tools set: each sample is a multi-turn trial (SWE: prompts ask for edits)
 
     def load(self, split: str, dataset: DatasetConfig) -> list[Task]:
         if self.name == "expr":
@@ -43,7 +45,7 @@ class Environment:
             return humaneval.make_tasks(split, dataset.size, dataset.seed, dataset.path)
         if dataset.path is None:
             raise ValueError(f"data.{split}.path must name a task-set folder for env swe")
-        return swe.load_tasks(dataset.path, dataset.size, dataset.seed)
+        return swe.load_tasks(dataset.path, dataset.size, dataset.seed, agentic=self.agentic)
 
     async def score(
         self,
@@ -77,7 +79,7 @@ class Environment:
 
 
 def environment(config: MasterConfig) -> Environment:
-    return Environment(config.env.name)
+    return Environment(config.env.name, config.env.agentic)
 
 
 def sandbox_env(config: MasterConfig) -> dict[str, str]:
