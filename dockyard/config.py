@@ -472,7 +472,7 @@ class MasterConfig(Section):
         if self.env.name == "expr_agent" and not self.env.agentic:
             errors.append(("env.tools", "env expr_agent is a multi-turn task: give it its tool f"))
         if self.env.name == "swe" and self.env.agentic and not {t.kind for t in self.env.tools} & FILE_CHANGING_TOOLS:
-            errors.append(("env.tools", "multi-turn swe scores the session's edits: give it a shell or write_file tool"))
+            errors.append(("env.tools", "multi-turn swe scores the session's edits: give it a shell or write_file"))
         if self.env.agentic and self.sft is not None:
             errors.append(("env.tools", "agent trials are GRPO's; a supervised job takes demonstrations"))
         train_path, val_path = self.data.train.path, self.data.validation.path
