@@ -135,3 +135,17 @@ def test_swe_task_sets_share_one_task_root(tmp_path, monkeypatch):
     assert sandbox_env(load_config(TINY)) == {}
     with pytest.raises(ConfigError, match="same folder"):
         load_config(TINY, [*base, f"data.train.path={train}", f"data.validation.path={tmp_path / 'other' / 'v'}"])
+
+
+def test_multi_turn_swe_asks_for_edits_and_needs_a_tool_that_makes_them(tmp_path):
+    write_task_set(tmp_path / "bugs")
+    base = ["env.name=swe", "data.train.source=swe", "data.validation.source=swe"]
+    base += [f"data.train.path={tmp_path / 'bugs'}", f"data.validation.path={tmp_path / 'bugs'}"]
+    single = load_tasks(load_config(TINY, base), "train")[0]
+    tools = "[{name: sh, kind: shell}, {name: done, kind: submit}]"
+    agent = load_tasks(load_config(TINY, [*base, f"env.tools={tools}"]), "train")[0]
+    assert single.task_id == agent.task_id and "f is wrong" in single.prompt and "f is wrong" in agent.prompt
+    assert "unified diff" in single.prompt and "unified diff" not in agent.prompt
+    assert "call submit" in agent.prompt and "test files" in agent.prompt
+    with pytest.raises(ConfigError, match="env.tools: multi-turn swe"):
+        load_config(TINY, [*base, "env.tools=[{name: look, kind: read_file}, {name: done, kind: submit}]"])
