@@ -10,6 +10,9 @@ builder made from toolz's sdist (two instances, bugs injected, tests held out).
   instance it also appends a line to a test file. The first instance's trials are resolved
   (reward 1); the second's pass the tests too but are flagged (integrity) and earn nothing, in
   training and in validation.
+
+The sandbox is the local backend; with DOCKYARD_SANDBOX_BACKEND=docker (and DOCKYARD_SANDBOX_IMAGE) in
+the environment, `dockyard run` starts a docker-backed one instead and the same assertions hold.
 """
 
 from __future__ import annotations
