@@ -21,7 +21,7 @@ sync() {
 }
 
 recipe() {
-  DOCKYARD_TRAINER_DEVICE=cuda DOCKYARD_ROLLOUT_DEVICE=cuda timeout 560 "$PY" -m dockyard.cli run \
+  DOCKYARD_TRAINER_DEVICE=cuda DOCKYARD_ROLLOUT_DEVICE=cuda timeout 560 "$PY" -m dockyard.cli run --prepare \
     examples/configs/tiny_expr.yaml cluster.device=cuda cluster.weight_sync_transport=colocated \
     policy.model_name="${TMPDIR:-/tmp}/dockyard-tiny-expr-sft" logger.log_dir="$OUT/runs" ${RECIPE_ARGS:-} \
     2>&1 | tee "$OUT/tiny_colocated.txt" || status=1

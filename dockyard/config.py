@@ -285,6 +285,8 @@ class SandboxLimits(Section):
 
 
 ToolKind = Literal["command", "shell", "read_file", "write_file", "submit"]
+# Tool kinds that can change the session's files (a multi-turn SWE trial is scored by its edits).
+FILE_CHANGING_TOOLS = frozenset({"command", "shell", "write_file"})
 # The parameters of the built-in tool kinds (all strings); a command tool declares its own.
 BUILTIN_TOOL_PARAMETERS: dict[str, tuple[str, ...]] = {
     "shell": ("command",),
@@ -559,6 +561,8 @@ class MasterConfig(Section):
             errors.append(("env.tools", "env terminal_bench is a multi-turn task: give the agent its tools (a shell)"))
         if self.env.name == "expr_agent" and not self.env.agentic:
             errors.append(("env.tools", "env expr_agent is a multi-turn task: give it its tool f (or a scaffold)"))
+        if self.env.name == "swe" and self.env.agentic and not {t.kind for t in self.env.tools} & FILE_CHANGING_TOOLS:
+            errors.append(("env.tools", "multi-turn swe scores the session's edits: give it a shell or write_file"))
         if self.env.agentic and self.sft is not None:
             errors.append(("env.tools", "agent trials are GRPO's; a supervised job takes demonstrations"))
         train_path, val_path = self.data.train.path, self.data.validation.path

@@ -256,3 +256,20 @@ def docker_sandbox_env(image: str, **settings: str) -> dict[str, str]:
     """Environment of a sandbox service on the docker backend; extra settings by field name."""
     env = {"DOCKYARD_SANDBOX_BACKEND": "docker", "DOCKYARD_SANDBOX_IMAGE": image}
     return env | {f"DOCKYARD_SANDBOX_{name.upper()}": value for name, value in settings.items()}
+
+
+# The SWE task set the task builder makes from toolz's sdist (PyPI), shared by the tests that need one.
+TOOLZ_SPEC, TOOLZ_TASK_SET = "toolz==1.0.0", "toolz-bugs"
+TOOLZ_MODULE, TOOLZ_TEST_FILE = "toolz/itertoolz.py", "toolz/tests/test_itertoolz.py"
+
+
+@pytest.fixture(scope="session")
+def toolz_task_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A task root holding TOOLZ_TASK_SET (two instances), built once per session with the CLI, as a
+    user would: `dockyard tasks build-swe ...`."""
+    root = tmp_path_factory.mktemp("tasks")
+    cmd = [sys.executable, "-m", "dockyard.cli", "tasks", "build-swe", TOOLZ_SPEC, "--out", str(root / TOOLZ_TASK_SET)]
+    cmd += ["--module", TOOLZ_MODULE, "--test-file", TOOLZ_TEST_FILE, "--max-instances", "2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return root

@@ -6,6 +6,7 @@
                         shown; a tool reads f)
     program_synthesis   humaneval (or a JSONL)     prompt + completion ─> RunTests(program, check(entry_point))
     swe                 swe (a task-set folder)    the diff in the completion ─> ScorePatch(task_set, instance_id)
+                                                   (with env.tools: the session's diff ─> ScoreSession)
     terminal_bench      terminal_bench (a folder   agent trials only: the session's tests ─> ScoreSession
                         of terminal-bench tasks)   (run-tests.sh after the agent; docs/terminal_tasks.md)
 
@@ -35,6 +36,7 @@ DEADLINE_MARGIN_SECONDS = 30.0
 @dataclass(frozen=True)
 class Environment:
     name: str
+    agentic: bool = False  # env.tools set: each sample is a multi-turn trial (SWE: prompts ask for edits)
 
     def load(self, split: str, dataset: DatasetConfig) -> list[Task]:
         if self.name == "expr":
@@ -47,7 +49,7 @@ class Environment:
             raise ValueError(f"data.{split}.path must name a task-set folder for env {self.name}")
         if self.name == "terminal_bench":
             return terminal.load_tasks(dataset.path, dataset.size, dataset.seed)
-        return swe.load_tasks(dataset.path, dataset.size, dataset.seed)
+        return swe.load_tasks(dataset.path, dataset.size, dataset.seed, agentic=self.agentic)
 
     async def score(
         self,
@@ -83,7 +85,7 @@ class Environment:
 
 
 def environment(config: MasterConfig) -> Environment:
-    return Environment(config.env.name)
+    return Environment(config.env.name, config.env.agentic)
 
 
 def sandbox_env(config: MasterConfig) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """SWE tasks on the coordinator's side: a task set's public part, prompts, and patches out of completions.
 
     <task set>/instances.jsonl ─load_tasks─> Task(task_id = "<task set>/<instance_id>", prompt)
-    completion ─extract_patch─> unified diff ─sandbox.ScorePatch(task_set, instance_id, patch)─> verdict
+    single-shot: completion ─extract_patch─> unified diff ─sandbox.ScorePatch(task_set, instance_id, patch)─> verdict
+    multi-turn (agentic): the prompt asks for edits in the session's checkout; ScoreSession scores its diff
 
 Guarantees: only `instance_id`, `repo` and `problem_statement` are read here; the gold patch, the
 held-out test patch and the test lists stay with the sandbox, which loads the same task set from its
@@ -23,18 +24,27 @@ PROMPT = (
     "Issue:\n{problem}\n\n"
     "Answer with a single unified diff (git format, paths prefixed a/ and b/) that fixes the issue.\n"
 )
+# Multi-turn trials: the agent edits the checkout in its sandbox session; the session's diff is scored.
+AGENT_PROMPT = (
+    "You are working in the repository {repo}, checked out at its current commit in your working "
+    "directory.\nIssue:\n{problem}\n\n"
+    "Fix the issue by editing the repository's files with the tools, then call submit. Do not add or "
+    "change test files: held-out tests judge the fix, and a change to a test file earns nothing.\n"
+)
 _FENCE = re.compile(r"```(?:diff|patch)?\n(.*?)```", re.DOTALL)
 
 
-def load_tasks(path: str | Path, n: int, seed: int = 0) -> list[Task]:
-    """n tasks drawn from a task-set folder (seeded permutations, cycling when n exceeds the set)."""
+def load_tasks(path: str | Path, n: int, seed: int = 0, *, agentic: bool = False) -> list[Task]:
+    """n tasks drawn from a task-set folder (seeded permutations, cycling when n exceeds the set); an
+    agentic task's prompt asks for edits in the session rather than a diff."""
     folder = Path(path)
     file = folder / "instances.jsonl"
     if not file.is_file():
         raise FileNotFoundError(f"{file} does not exist (a task-set folder holds instances.jsonl)")
     pool = []
+    template = AGENT_PROMPT if agentic else PROMPT
     for _, item in read_records(file.read_bytes(), str(file), ("instance_id", "repo")):
-        prompt = PROMPT.format(repo=item["repo"], problem=item.get("problem_statement", "").strip())
+        prompt = template.format(repo=item["repo"], problem=item.get("problem_statement", "").strip())
         pool.append(Task(task_id=f"{folder.name}/{item['instance_id']}", prompt=prompt, tests=(), solution=""))
     if not pool:
         raise ValueError(f"{file} holds no instance")

@@ -205,7 +205,7 @@ class AgentTrials:
         tokens = trial_tokens(recorded, grpo.max_trial_tokens)
         if not tokens.segments:
             return _invalid(trajectory_id, "the trial recorded no sampled token")
-        verdict = await self._verdict(task, outcome, sandbox, trajectory_id)
+        verdict, scored_text = await self._verdict(task, outcome, sandbox, trajectory_id)
         self._stats.append(
             {
                 "turns": float(outcome.turns),
@@ -233,7 +233,7 @@ class AgentTrials:
                 )
                 for s in later
             ],
-            completion_text=outcome.answer or "",
+            completion_text=scored_text,
             weight_version=tokens.weight_version,
             verdict=verdict,
             finish_reason="tokens" if tokens.truncated else outcome.finish_reason,
@@ -280,16 +280,20 @@ class AgentTrials:
 
     async def _verdict(
         self, task: Task, outcome: Outcome, sandbox: SandboxSession, request_id: str
-    ) -> common_pb2.Verdict:
+    ) -> tuple[common_pb2.Verdict, str]:
+        """(the verdict, the text it scored): the answer, or for a task session the sandbox's own scoring
+        of it (swe: the session's diff against the base commit, with the held-out tests applied after it,
+        whatever the answer said; terminal_bench: the task's tests run in the session)."""
         if self.config.env.name in TASK_SESSION_ENVS:
             try:
-                return (await sandbox.score(self._limits)).score.verdict
+                scored = await sandbox.score(self._limits)
             except grpc.aio.AioRpcError as exc:
-                return common_pb2.Verdict(
-                    status=common_pb2.VERDICT_STATUS_ERROR, error_message=f"ScoreSession: {exc.details()}"
-                )
+                error = f"ScoreSession: {exc.code().name}: {exc.details()}"
+                return common_pb2.Verdict(status=common_pb2.VERDICT_STATUS_ERROR, error_message=error), ""
+            return scored.score.verdict, scored.patch
         # No answer (a budget ran out first): scored as it stands, an empty answer.
-        return await self._score(task, outcome.answer or "", request_id)
+        answer = outcome.answer or ""
+        return await self._score(task, answer, request_id), answer
 
     async def _open(self, task: Task, session_id: str) -> tuple[Member, SandboxSession] | str:
         """A session on the least loaded worker; a full or unreachable worker is waited out (other

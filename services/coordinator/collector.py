@@ -93,6 +93,7 @@ class CollectStats:
     dropped_uniform: int = 0
     dropped_stale: int = 0
     verdicts: dict[str, int] = field(default_factory=dict)
+    integrity_violations: int = 0  # verdicts flagged for touching protected (test) files
     generated_tokens: int = 0
     failed: int = 0
 
@@ -390,13 +391,15 @@ class Collector:
         for t in group.trajectories:
             stats.trajectories += 1
             stats.invalid += not t.valid
+            stats.integrity_violations += t.verdict.integrity_violation
             stats.generated_tokens += sampled_tokens(t)
             name = common_pb2.VerdictStatus.Name(t.verdict.status).removeprefix("VERDICT_STATUS_").lower()
             stats.verdicts[name] = stats.verdicts.get(name, 0) + 1
         return True
 
     async def validate(self, tasks: Sequence[Task], version: int) -> dict[str, float]:
-        """Greedy decoding of each validation task; pass rate = tasks whose every test passes."""
+        """Greedy decoding of each validation task; pass rate = tasks whose every test passes (and that
+        touched no protected test file: a flagged verdict counts as a failure with no reward)."""
         greedy = self.config.policy.generation.model_copy(update={"temperature": 0.0})
 
         async def one(i: int, task: Task) -> tuple[bool, float, bool]:
@@ -407,6 +410,8 @@ class Collector:
                 reply = await self.generate(task, 1, greedy, request_id)
                 verdict = await self.score(task, reply.completions[0].text, request_id)
             reward, valid = reward_of(verdict, "pass_fraction")
+            if verdict.integrity_violation:  # it touched the tests: no pass, as in training
+                return False, 0.0, valid
             return verdict.status == common_pb2.VERDICT_STATUS_PASSED, reward, valid
 
         results = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))

@@ -10,7 +10,8 @@ its only ref is a detached HEAD, so `git log --all`, `git rev-list --all` and
 the mirror (which keeps the upstream branch) can be checked out from it; `git apply` and
 `git checkout HEAD -- <path>` work as in a clone. The cache folder is made at the first checkout
 and removed by `close`. tree_patch diffs a session's work folder against a checkout without
-adding anything to it (new objects go to a scratch folder), so the checkout stays as above.
+adding anything to it (new objects go to a scratch folder), so the checkout stays as above;
+bytecode and pytest caches that running the code leaves are not part of that diff.
 Trusted host-side git: only the mirror and the commit id (validated hex)
 reach git's argv.
 """
@@ -82,12 +83,23 @@ _GIT_ENV = {
 }
 
 
+# Left out of a session's diff beside what .gitignore says: Python's bytecode and pytest's cache, which
+# running the code leaves behind (binary, so a patch holding them would be refused whole).
+SESSION_EXCLUDES = "__pycache__/\n*.py[cod]\n.pytest_cache/\n"
+
+
 async def tree_patch(checkout: Path, tree: str) -> str:
     """`git diff` of the files under `tree` against `checkout`'s one commit: new files included, what
-    .gitignore ignores and every `.git` folder left out, no renames; `checkout` is not changed."""
+    .gitignore ignores, bytecode caches and every `.git` folder left out, no renames; `checkout` is
+    not changed."""
     with tempfile.TemporaryDirectory(prefix="dockyard-tree-diff-") as scratch:
         objects = Path(checkout, ".git", "objects")
+        excludes = Path(scratch, "exclude")
+        excludes.write_text(SESSION_EXCLUDES)
         env = {
+            "GIT_CONFIG_COUNT": "1",
+            "GIT_CONFIG_KEY_0": "core.excludesFile",
+            "GIT_CONFIG_VALUE_0": str(excludes),
             "GIT_DIR": str(Path(checkout, ".git")),
             "GIT_WORK_TREE": tree,
             "GIT_INDEX_FILE": os.path.join(scratch, "index"),

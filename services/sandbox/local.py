@@ -99,7 +99,9 @@ UNISOLATED_HINT = (
 )
 PROBE_LIMITS = ResourceLimits(timeout_seconds=30.0, memory_mb=512, cpu_seconds=10.0, max_output_bytes=4096)
 
-SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+# The service interpreter's folder first: a shell line's `python3` or `pytest` is the interpreter a
+# `python` argv gets (read-only, like the docker image's /opt/venv/bin first on its PATH).
+SANDBOX_PATH = f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin"
 PYTHON_NAMES = frozenset({"python", "python3"})
 # After the main process exits and its group is killed, how long pipes may
 # stay open (held by a process that escaped the group) before we stop reading.

@@ -33,8 +33,9 @@ Verdicts (SweResult.status):
   masked from rewards, never a zero.
 
 Guarantees: in its work folder the code under test finds base_commit's tree and nothing else of
-the repository (checkouts.py; the local backend leaves the host's files, mirrors included,
-readable); a log is graded whole or not at all (ERROR), never cut short by the caller's output cap.
+the repository (checkouts.py; the task root is outside the sandbox's mounts, except on an
+unisolated local backend, which leaves the host's files readable); a log is graded whole or not
+at all (ERROR), never cut short by the caller's output cap.
 
 The nonce that brackets the log is written into the work folder and deleted by the driver before
 any untrusted code runs; code under test cannot print a forged end marker without it. Log lines

@@ -164,7 +164,35 @@ def verdict_of(score: sandbox_pb2.ScorePatchResponse) -> tuple:
     return v.status, score.resolved, v.tests_passed, v.tests_total, tests
 
 
-async def swe_session_scores_as_score_patch(address: str, row: dict) -> None:
+# What a SWE session can find of the repository's history: sections split by "=".
+HISTORY_PROBE = "; echo =; ".join(
+    [
+        "git log --all --format=%H",
+        "git rev-list --all --reflog",
+        "git reflog --all --format=%H",
+        "git for-each-ref",
+        "find .git/refs .git/packed-refs -type f 2>/dev/null; true",
+        "git cat-file --batch-all-objects --batch-check='%(objectname)'",
+        "ls tests 2>&1; true",
+    ]
+)
+
+
+def base_tree_objects(mirror: Path, base_commit: str) -> set[str]:
+    tree = subprocess.run(
+        ["git", "--git-dir", str(mirror), "rev-list", "--objects", "--no-object-names", f"{base_commit}^{{tree}}"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return set(tree.stdout.split())
+
+
+def upstream_blobs(mirror: Path) -> set[str]:
+    """The fixed module's and the held-out test file's blobs (the mirror's upstream branch holds both)."""
+    show = ["git", "--git-dir", str(mirror), "rev-parse", "upstream:pkg/core.py", "upstream:tests/test_core.py"]
+    return set(subprocess.run(show, capture_output=True, text=True, check=True).stdout.split())
+
+
+async def swe_session_scores_as_score_patch(address: str, row: dict, mirror: Path) -> None:
     async with connect(address, default_timeout=300) as channel:
         stub = stub_for(channel)
         task = {"task_set": "set", "instance_id": row["instance_id"]}
@@ -172,6 +200,17 @@ async def swe_session_scores_as_score_patch(address: str, row: dict) -> None:
         sid = opened.session_id
         reply = await exec_shell(stub, sid, "git status --porcelain; cat pkg/core.py")
         assert reply.verdict.stdout == "def add(a, b):\n    return a - b\n", reply.verdict  # base commit, clean
+
+        # The base tree only: one parentless commit of it, no other ref, reflog entry, packed ref or object;
+        # neither the fix nor the held-out tests, nor the mirror they come from.
+        reply = await exec_shell(stub, sid, f"{HISTORY_PROBE}; echo =; ls {mirror.parent.parent} 2>&1; true")
+        log_all, rev_list, reflog, refs, packed, objects, tests, task_root = reply.verdict.stdout.split("=\n")
+        [commit] = log_all.split()
+        assert rev_list.split() == [commit] and set(reflog.split()) == {commit}
+        assert (refs, packed) == ("", ""), reply.verdict.stdout
+        assert set(objects.split()) == base_tree_objects(mirror, row["base_commit"]) | {commit}
+        assert not set(objects.split()) & upstream_blobs(mirror) and row["base_commit"] not in objects
+        assert "No such file" in tests and "No such file" in task_root, reply.verdict.stdout
 
         unfixed = await stub.ScoreSession(sandbox_pb2.ScoreSessionRequest(session_id=sid))
         assert unfixed.patch == ""
@@ -192,6 +231,16 @@ async def swe_session_scores_as_score_patch(address: str, row: dict) -> None:
         as_patch = await stub.ScorePatch(sandbox_pb2.ScorePatchRequest(**task, patch=wrong.patch))
         assert wrong.score.verdict.status == FAILED and verdict_of(wrong.score) == verdict_of(as_patch)
 
+        # Tests written in the session to pass: flagged, and the held-out test patch, applied after the
+        # session's diff, judges the (still wrong) code as written.
+        await exec_shell(stub, sid, "mkdir tests; printf 'def test_add():\\n    pass\\n' > tests/test_core.py")
+        cheat = await stub.ScoreSession(sandbox_pb2.ScoreSessionRequest(session_id=sid))
+        assert "+++ b/tests/test_core.py" in cheat.patch, cheat.patch
+        assert cheat.score.verdict.integrity_violation and list(cheat.score.verdict.protected_paths_touched) == [
+            "tests/test_core.py"
+        ]
+        assert cheat.score.verdict.status == FAILED and not cheat.score.resolved
+
         plain = await stub.OpenSession(sandbox_pb2.OpenSessionRequest())
         await expect_code(stub.ScoreSession(sandbox_pb2.ScoreSessionRequest(session_id=plain.session_id)),
                           grpc.StatusCode.FAILED_PRECONDITION, "SWE session")  # fmt: skip
@@ -202,7 +251,8 @@ def test_score_session_gives_score_patchs_verdict(start_service, sandbox_env, tm
     _, env = sandbox_env
     row = make_task_set(tmp_path / "tasks")
     service = start_service("sandbox", env)
-    asyncio.run(swe_session_scores_as_score_patch(service.address, row))
+    mirror = tmp_path / "tasks" / "set" / "repos" / "o__r.git"
+    asyncio.run(swe_session_scores_as_score_patch(service.address, row, mirror))
 
 
 def session_containers() -> set[str]:

@@ -47,6 +47,7 @@ def test_an_unchanged_pypi_scaffold_runs_trials_that_are_scored_and_trained(tmp_
         [
             str(DOCKYARD),
             "run",
+            "--prepare",
             str(CONFIG),
             f"policy.model_name={tmp_path / 'model'}",
             "policy.bootstrap.steps=1",

@@ -12,7 +12,6 @@ import asyncio
 import difflib
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import grpc
@@ -21,25 +20,20 @@ import pytest
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.rpc.client import connect
+from tests.conftest import TOOLZ_MODULE as MODULE
+from tests.conftest import TOOLZ_TASK_SET as TASK_SET
+from tests.conftest import TOOLZ_TEST_FILE as TEST_FILE
 
 pytestmark = pytest.mark.slow
 
 SANDBOX_BACKENDS = ["local", "docker"]
-PACKAGE, VERSION = "toolz", "1.0.0"
-MODULE, TEST_FILE = "toolz/itertoolz.py", "toolz/tests/test_itertoolz.py"
-TASK_SET = "toolz-bugs"
+PACKAGE = "toolz"
 S = common_pb2
 
 
 @pytest.fixture(scope="session")
-def task_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Built with the CLI, as a user would: `dockyard tasks build-swe ...`."""
-    root = tmp_path_factory.mktemp("tasks")
-    cmd = [sys.executable, "-m", "dockyard.cli", "tasks", "build-swe", f"{PACKAGE}=={VERSION}"]
-    cmd += ["--out", str(root / TASK_SET), "--module", MODULE, "--test-file", TEST_FILE, "--max-instances", "2"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    return root
+def task_root(toolz_task_root: Path) -> Path:
+    return toolz_task_root
 
 
 @pytest.fixture(params=SANDBOX_BACKENDS)

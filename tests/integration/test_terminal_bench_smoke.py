@@ -67,7 +67,15 @@ def test_grpo_terminal_bench_runs_scores_and_trains_on_cpu(docker_sandbox_image,
         f"logger.log_dir={runs}",
     ]
     result = subprocess.run(
-        [sys.executable, "-m", "dockyard.cli", "run", "examples/configs/grpo_terminal_bench.yaml", *overrides],
+        [
+            sys.executable,
+            "-m",
+            "dockyard.cli",
+            "run",
+            "--prepare",
+            "examples/configs/grpo_terminal_bench.yaml",
+            *overrides,
+        ],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

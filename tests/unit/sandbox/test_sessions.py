@@ -200,11 +200,18 @@ async def test_tree_patch_is_the_diff_against_the_base_and_leaves_the_checkout_a
         shutil.copytree(checkout, tree, symlinks=True)
         (tree / "pkg" / "core.py").write_text(FIXED)
         (tree / "NOTES.md").write_text("new file\n")
+        # What running the code leaves behind (bytecode, pytest's cache) is not the agent's change.
+        (tree / "pkg" / "__pycache__").mkdir()
+        (tree / "pkg" / "__pycache__" / "core.cpython-311.pyc").write_bytes(b"\x00\x01binary")
+        (tree / "stray.pyc").write_bytes(b"\x00\x02binary")
+        (tree / ".pytest_cache").mkdir()
+        (tree / ".pytest_cache" / "README.md").write_text("cache\n")
         git(tree, "commit", "--quiet", "--all", "-m", "an agent's commit does not hide its change")
         patch = await tree_patch(checkout, str(tree))
         assert "-    return a - b\n+    return a + b\n" in patch
         assert "+++ b/NOTES.md" in patch and "new file mode" in patch
         assert ".git/" not in patch
+        assert "pyc" not in patch and "pytest_cache" not in patch and "Binary" not in patch
         assert git(checkout, "count-objects", "-v") == objects_before
         assert git(checkout, "status", "--porcelain") == ""
         assert await tree_patch(checkout, str(checkout)) == ""

@@ -151,3 +151,17 @@ def test_terminal_bench_needs_tools_and_gets_a_docker_sandbox_on_its_task_root(m
     assert len(tasks) == 9 and all(t.task_id.startswith("terminal/") for t in tasks)
     with pytest.raises(ConfigError, match="env.tools"):
         load_config("examples/configs/grpo_terminal_bench.yaml", ["env.tools=[]"])
+
+
+def test_multi_turn_swe_asks_for_edits_and_needs_a_tool_that_makes_them(tmp_path):
+    write_task_set(tmp_path / "bugs")
+    base = ["env.name=swe", "data.train.source=swe", "data.validation.source=swe"]
+    base += [f"data.train.path={tmp_path / 'bugs'}", f"data.validation.path={tmp_path / 'bugs'}"]
+    single = load_tasks(load_config(TINY, base), "train")[0]
+    tools = "[{name: sh, kind: shell}, {name: done, kind: submit}]"
+    agent = load_tasks(load_config(TINY, [*base, f"env.tools={tools}"]), "train")[0]
+    assert single.task_id == agent.task_id and "f is wrong" in single.prompt and "f is wrong" in agent.prompt
+    assert "unified diff" in single.prompt and "unified diff" not in agent.prompt
+    assert "call submit" in agent.prompt and "test files" in agent.prompt
+    with pytest.raises(ConfigError, match="env.tools: multi-turn swe"):
+        load_config(TINY, [*base, "env.tools=[{name: look, kind: read_file}, {name: done, kind: submit}]"])
