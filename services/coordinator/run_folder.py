@@ -20,7 +20,8 @@ Guarantees: every line of metrics.jsonl, groups.jsonl and samples.jsonl is a
 complete JSON object, flushed when written, so a reader (or a crash) never sees
 half a record; every metrics record and sample also goes to the job's trackers.
 With a run root (DOCKYARD_COORDINATOR_RUN_ROOT), `confine` keeps every job's
-run folder and checkpoints inside it, symlinks resolved, or refuses the job.
+run folder, checkpoints and local MLflow store inside it, symlinks resolved, or
+refuses the job.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from dockyard.config import MasterConfig
 from dockyard.monitoring.trackers import Trackers
@@ -50,6 +52,12 @@ def confine(config: MasterConfig, root: str) -> MasterConfig:
         return str(folder)
 
     logger = config.logger.model_copy(update={"log_dir": inside("logger.log_dir", config.logger.log_dir)})
+    uri = config.logger.mlflow.tracking_uri
+    if uri is not None and (uri.startswith("file:") or "://" not in uri):
+        # A local MLflow store is a folder the coordinator writes: it stays inside the root too.
+        folder = inside("logger.mlflow.tracking_uri", unquote(urlparse(uri).path) if uri.startswith("file:") else uri)
+        mlflow = config.logger.mlflow.model_copy(update={"tracking_uri": Path(folder).as_uri()})
+        logger = logger.model_copy(update={"mlflow": mlflow})
     update = {"logger": logger}
     if config.checkpointing.checkpoint_dir is not None:
         checkpoint_dir = inside("checkpointing.checkpoint_dir", config.checkpointing.checkpoint_dir)
