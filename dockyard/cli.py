@@ -158,6 +158,13 @@ def _print_job(job) -> None:
     metrics = dict(job.metrics)
     for line in trainer_summary(metrics) + pipeline_summary(metrics) + fleet_summary(metrics):
         print(line)
+    for line in warning_lines(job):
+        print(line)
+
+
+def warning_lines(job) -> list[str]:
+    """The failure signatures a job's latest step shows (docs/failure_signatures.md)."""
+    return [f"warning: {w}  (see docs/failure_signatures.md)" for w in job.warnings]
 
 
 # (label, metric, format) of the trainer's last step, one line per group; metrics a step lacks are left out.
@@ -341,6 +348,8 @@ async def _follow(address: str, job_id: str, stack=None) -> int:
                     raise RuntimeError(f"service(s) exited during the job: {', '.join(dead)}; logs in {stack.log_dir}")
                 await asyncio.sleep(0.5)
     print(_job_line(job))
+    for line in warning_lines(job):
+        print(line)
     if job.message:
         print(f"message: {job.message}")
     return job.state
@@ -357,7 +366,7 @@ def _summary(run_dir: Path) -> None:
             f"validation pass rate: {val[0]['pass_rate']:.3f} at step {val[0]['step']} -> "
             f"{val[-1]['pass_rate']:.3f} at step {val[-1]['step']}"
         )
-    print(f"run folder: {run_dir}  (config.yaml, metrics.jsonl, curves.png)")
+    print(f"run folder: {run_dir}  (config.yaml, metrics.jsonl, samples.jsonl, curves.png)")
 
 
 def _interrupt_on_signals() -> None:
@@ -509,6 +518,8 @@ def cmd_status(args) -> int:
                 jobs = (await stub.ListJobs(coordinator_pb2.ListJobsRequest())).jobs
                 for job in jobs:
                     print(_job_line(job))
+                    for line in warning_lines(job):
+                        print("  " + line)
                 if not jobs:
                     print("no jobs")
                 members = (await stub.ListMembers(coordinator_pb2.ListMembersRequest())).members

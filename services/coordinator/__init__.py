@@ -11,5 +11,6 @@
 Guarantees: a job moves only along PENDING → RUNNING → {SUCCEEDED, FAILED,
 CANCELLED} (PENDING may also fail or be cancelled); every step's metrics
 (step_metrics.py) and every validation go to runs/<job-id>/metrics.jsonl next
-to the resolved config (run_folder.py).
+to the resolved config (run_folder.py), and to the job's experiment trackers;
+a few completions per step (samples.py) go to samples.jsonl and the trackers.
 """

@@ -61,6 +61,7 @@ from services.coordinator.agent_trials import AgentTrials
 from services.coordinator.fleet import Fleet, Member, NoReplica
 from services.coordinator.job_buffer import JobBuffer
 from services.coordinator.rewards import has_signal, reward_of, sampled_tokens, shape_rewards
+from services.coordinator.samples import SampleReservoir
 
 # Sandbox failures that another worker may not have: try the call there.
 SCORING_RETRIABLE = PEER_LOST | OVERLOADED
@@ -96,6 +97,7 @@ class CollectStats:
     integrity_violations: int = 0  # verdicts flagged for touching protected (test) files
     generated_tokens: int = 0
     failed: int = 0
+    uniform: int = 0  # groups put whose valid rewards were all equal (no learning signal)
 
 
 class ReplicaLost(Exception):
@@ -151,6 +153,8 @@ class Collector:
         self.sandbox_retries = 0
         # One record per Generate (replica, group, start/end since the job started, version, tokens).
         self.timeline: list[dict] = []
+        # A few of the groups put, for people to read (samples.jsonl and the trackers' tables).
+        self.samples = SampleReservoir(config.logger.num_samples_per_step, config.grpo.seed)
         self._started = time.monotonic()
         self.env = environment(config)
         limits = config.env.sandbox
@@ -368,7 +372,8 @@ class Collector:
 
     async def deliver(self, group: common_pb2.Group, stats: CollectStats) -> bool:
         """Put one finished group into the buffer (or drop it), counting it in `stats`; True if it is held."""
-        if self.config.grpo.dynamic_sampling.enabled and not has_signal(group):
+        signal = has_signal(group)
+        if self.config.grpo.dynamic_sampling.enabled and not signal:
             stats.dropped_uniform += 1
             self._on_group(group.group_id, "dropped_uniform", group.weight_version)
             return False
@@ -388,10 +393,12 @@ class Collector:
             stats.dropped_stale += reply.dropped_stale
             return False
         stats.groups += 1
+        stats.uniform += not signal
+        self.samples.offer(group)
         for t in group.trajectories:
             stats.trajectories += 1
-            stats.invalid += not t.valid
             stats.integrity_violations += t.verdict.integrity_violation
+            stats.invalid += not t.valid
             stats.generated_tokens += sampled_tokens(t)
             name = common_pb2.VerdictStatus.Name(t.verdict.status).removeprefix("VERDICT_STATUS_").lower()
             stats.verdicts[name] = stats.verdicts.get(name, 0) + 1

@@ -48,6 +48,8 @@ class JobRecord:
     message: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     validation_metrics: dict[str, float] = field(default_factory=dict)
+    # Failure signatures the latest step shows ("<name>: <what was seen>", dockyard/monitoring/signatures.py).
+    warnings: list[str] = field(default_factory=list)
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
     # Where the runner's task stream stands (see JobRunner._mark_cursor); persisted with the job.
@@ -95,6 +97,7 @@ class JobRecord:
             "message": self.message,
             "metrics": dict(self.metrics),
             "validation_metrics": dict(self.validation_metrics),
+            "warnings": list(self.warnings),
             "created": self.created,
             "updated": self.updated,
             "cursor": dict(self.cursor),
@@ -120,6 +123,7 @@ class JobRecord:
                 message=doc["message"],
                 metrics={k: float(v) for k, v in doc["metrics"].items()},
                 validation_metrics={k: float(v) for k, v in doc["validation_metrics"].items()},
+                warnings=[str(w) for w in doc.get("warnings", [])],  # absent from documents stored before it
                 created=float(doc["created"]),
                 updated=float(doc["updated"]),
                 cursor=dict(doc["cursor"]),
@@ -152,6 +156,7 @@ class JobRecord:
             phase=self.phase,
             metrics=self.metrics,
             validation_metrics=self.validation_metrics,
+            warnings=self.warnings,
             services=services or [],
             message=self.message,
             run_dir=self.run_dir,

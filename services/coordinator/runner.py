@@ -22,11 +22,15 @@ into another's fields:
     weight_sync.WeightSync    replica loading and admission, the routing version, weight sync with retry
     recovery.Recovery         resume at start, trainer-restart recovery, coordinator-restart cursor
     step_metrics.StepMetrics  buffer, fleet and collection metrics of a step; run_folder.RunFolder writes them
+    monitoring.trackers.Trackers   the enabled experiment trackers, fed every record the RunFolder writes
+    monitoring.signatures.Monitor  failure signatures over the recent steps: logged when they start and
+                              end, flagged in the step's metrics (signature_<name>), listed on the job
 
 Data flows: the producer draws tasks and ids and hands groups to the collector,
 which routes through WeightSync (required version, admit) and puts through
 JobBuffer; TrainerClient's replies feed the loop, WeightSync and Recovery;
-metrics go to the RunFolder and the job record.
+metrics go to the RunFolder (and through it the trackers) and the job record;
+curves.png is redrawn at most every PLOT_PERIOD_SECONDS while the job runs.
 
 Guarantees: in sync mode generation for step s uses the weights of version
 s − 1 (a replica is routed to only at the current version); in async mode
@@ -56,6 +60,8 @@ import structlog
 from dockyard.api.buffer.v1 import buffer_pb2_grpc
 from dockyard.api.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from dockyard.jobs import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED
+from dockyard.monitoring.signatures import Monitor, Signature
+from dockyard.monitoring.trackers import Trackers
 from dockyard.rpc.auth import AuthSettings
 from dockyard.tasks.task import Task
 from services.coordinator.collector import Collector
@@ -73,6 +79,8 @@ from services.coordinator.weight_sync import WeightSync
 from services.coordinator.weight_sync_groups import WeightSyncGroups
 
 log = structlog.get_logger()
+# curves.png is redrawn after a step at most this often (and once more at the end).
+PLOT_PERIOD_SECONDS = 10.0
 
 
 @dataclass
@@ -99,7 +107,10 @@ class JobRunner:
         cfg = self.config = record.config
         grpo = cfg.grpo
         self.fleet = stubs.fleet
-        self.folder = RunFolder(Path(record.run_dir))
+        self.trackers = Trackers(cfg.logger, Path(record.run_dir), record.job_id, cfg.model_dump(mode="json"))
+        self.folder = RunFolder(Path(record.run_dir), self.trackers)
+        self.monitor = Monitor(cfg.logger.signatures)
+        self._plotted: tuple[float, asyncio.Future | None] = (0.0, None)
         self.recovering = recovering
         self.tasks = TaskStream(load_tasks(cfg, "train"), grpo.seed)
         self.ids = GroupIds(record.job_id, grpo.seed)
@@ -302,6 +313,7 @@ class JobRunner:
             metrics = {**reply.metrics, "step_seconds": time.perf_counter() - t0}
             self.folder.append("train", step, metrics)
             self.record.touch(step=step, weight_version=reply.weight_version, metrics=metrics)
+            self._replot()
             last = step == sft.max_num_steps
             if (sft.val_period and step % sft.val_period == 0 and not last) or (last and sft.val_at_end):
                 # Validation generates with the rollout: it needs this step's weights.
@@ -328,8 +340,15 @@ class JobRunner:
         metrics.update(await self.metrics.buffer())
         metrics.update(self.metrics.fleet(step))
         metrics.update(await self.metrics.endpoint())
+        active = self.monitor.observe(metrics)
+        if cfg.logger.signatures.enabled:
+            metrics.update(Monitor.flags(active))
+            self._warn(step, active)
         self.folder.append("train", step, metrics)
-        self.record.touch(step=step, weight_version=version, metrics=metrics)
+        self.folder.record_samples(step, self.collector.samples.take())
+        warnings = [f"{s.name}: {s.message}" for s in active]
+        self.record.touch(step=step, weight_version=version, metrics=metrics, warnings=warnings)
+        self._replot()
         last = step == cfg.grpo.max_num_steps
         if (last and cfg.grpo.val_at_end) or (cfg.grpo.val_period and step % cfg.grpo.val_period == 0):
             await self._validate(step, val_tasks)
@@ -337,6 +356,24 @@ class JobRunner:
             last or (cfg.checkpointing.save_period and step % cfg.checkpointing.save_period == 0)
         ):
             await self._checkpoint(step)
+
+    def _warn(self, step: int, active: list[Signature]) -> None:
+        """Log a signature when it starts and when it ends; the job lists those active now."""
+        before = {w.split(":", 1)[0] for w in self.record.warnings}
+        now = {s.name for s in active}
+        for signature in active:
+            if signature.name not in before:
+                log.warning("failure signature", signature=signature.name, step=step, detail=signature.message)
+        for name in before - now:
+            log.info("failure signature cleared", signature=name, step=step)
+
+    def _replot(self) -> None:
+        """Redraw curves.png off the loop, unless one is being drawn or the last is recent."""
+        at, pending = self._plotted
+        if not self.config.logger.plot or (pending is not None and not pending.done()):
+            return
+        if time.monotonic() - at >= PLOT_PERIOD_SECONDS:
+            self._plotted = (time.monotonic(), asyncio.ensure_future(asyncio.to_thread(self.folder.plot)))
 
     async def _validate(self, step: int, tasks: list[Task]) -> None:
         self._phase("validating")
@@ -368,8 +405,12 @@ class JobRunner:
         except grpc.aio.AioRpcError as exc:
             if exc.code() != grpc.StatusCode.NOT_FOUND:
                 log.warning("buffer cleanup failed", code=exc.code().name, error=exc.details())
-        if self.config.logger.plot:
-            try:
+        _, pending = self._plotted
+        try:
+            if pending is not None:
+                await pending
+            if self.config.logger.plot:
                 await asyncio.to_thread(self.folder.plot)
-            except Exception:
-                log.exception("plot failed")
+        except Exception:
+            log.exception("plot failed")
+        await asyncio.to_thread(self.trackers.close)

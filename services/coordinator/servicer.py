@@ -30,6 +30,7 @@ from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.api.trainer.v1 import trainer_pb2_grpc
 from dockyard.config import ConfigError, parse_config_text
 from dockyard.jobs import CANCELLED, PENDING, RUNNING, job_id_error
+from dockyard.monitoring.trackers import missing_libraries
 from dockyard.rpc.client import channel_health, connect
 from dockyard.rpc.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from services.coordinator.fleet import KINDS, Fleet, FleetError
@@ -162,6 +163,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         except ConfigError as exc:
             raise InvalidArgument(str(exc)) from None
         config = confine(config, self.settings.run_root)
+        if missing := missing_libraries(config.logger):
+            raise FailedPrecondition("; ".join(missing))
         resolved = config.resolved_yaml()
         job_id = request.job_id
         if job_id:

@@ -1,6 +1,7 @@
 """A step's metrics beyond the trainer's own: what was collected, the buffer, the fleet, phase times.
 
-    CollectStats ─collected()─> groups, invalid_trajectories, integrity_violations, dropped_*, verdict_<status>
+    CollectStats ─collected()─> groups, invalid_trajectories, dropped_*, uniform_reward_groups,
+                                integrity_violations, verdict_<status>
     JobBuffer.stats ─buffer()─> buffer_held, buffer_pending, ..., buffer_age_<a>
     collector timeline + fleet ─fleet(step)─> replica_<name>_*, sandbox_<name>_*, regenerated_groups, ...
     agent trials ─trial_metrics─> agent_turns_mean, agent_tokens_mean, agent_masked_fraction, agent_finish_<why>
@@ -31,6 +32,7 @@ def collected(stats: CollectStats) -> dict[str, float]:
         "integrity_violations": float(stats.integrity_violations),
         "dropped_uniform_groups": float(stats.dropped_uniform),
         "dropped_stale_on_put": float(stats.dropped_stale),
+        "uniform_reward_groups": float(stats.uniform),
         **{f"verdict_{name}": float(count) for name, count in stats.verdicts.items()},
     }
 

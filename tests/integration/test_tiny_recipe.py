@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import AutoModelForCausalLM
 
 from tests.conftest import REPO_ROOT
@@ -54,12 +55,16 @@ def dockyard_run(config: str, overrides: list[str]) -> subprocess.CompletedProce
 
 def test_dockyard_run_trains_to_succeeded_and_writes_the_run_folder(tmp_path: Path) -> None:
     model_dir, runs = tmp_path / "model", tmp_path / "runs"
-    overrides = [*SHORT, f"policy.model_name={model_dir}", f"logger.log_dir={runs}"]
+    # A TensorBoard tracker, and a weight-sync bound every sync breaks: the signature's whole path.
+    watch = ["logger.tensorboard_enabled=true", "logger.signatures.window=1"]
+    watch.append("logger.signatures.max_weight_sync_seconds=1e-9")
+    overrides = [*SHORT, f"policy.model_name={model_dir}", f"logger.log_dir={runs}", *watch]
     result = dockyard_run("examples/configs/tiny_expr.yaml", overrides)
     assert "SUCCEEDED" in result.stdout
     # Every service left within the stop's grace, none SIGKILLed; the ports they served on were printed.
     assert "exited uncleanly" not in result.stderr, result.stderr[-2000:]
     assert "  coordinator  127.0.0.1:" in result.stdout and "preflight:" in result.stdout
+    assert "warning: slow_weight_sync: weight sync took" in result.stdout
 
     [run_dir] = [p for p in runs.iterdir() if p.name != "logs"]
     assert (run_dir / "config.yaml").is_file()
@@ -74,6 +79,17 @@ def test_dockyard_run_trains_to_succeeded_and_writes_the_run_folder(tmp_path: Pa
         assert 0.0 <= r["reward_mean"] <= 1.0
     for r in val:
         assert r["num_tasks"] == 8 and 0.0 <= r["pass_rate"] <= 1.0
+    assert [r["signature_slow_weight_sync"] for r in train] == [1.0, 1.0]
+    for r in train:  # a window of one step: the flag is this step's uniform fraction against its bound
+        assert r["signature_no_learning_signal"] == float(r["uniform_reward_groups"] / r["groups"] > 0.8)
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1] * 4 + [2] * 4  # logger.num_samples_per_step of the 8 trajectories
+    assert all(s["prompt"].startswith("f(") and s["verdict"] in ("passed", "failed") for s in samples)
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2]
+    assert [e.step for e in events.Scalars("val/pass_rate")] == [0, 1, 2]
+    assert [e.value for e in events.Scalars("train/signature_slow_weight_sync")] == [1.0, 1.0]
     # The final checkpoint is a Hugging Face folder.
     model = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "step-2")
     assert model.num_parameters() > 0

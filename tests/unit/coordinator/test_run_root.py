@@ -46,3 +46,19 @@ def test_folders_outside_the_root_are_refused_naming_the_field(tmp_path: Path, f
 def test_without_a_root_the_folders_are_used_as_given() -> None:
     config = config_with(log_dir="/anywhere")
     assert confine(config, "") is config
+
+
+def test_a_local_mlflow_store_stays_inside_the_root_and_a_server_is_left_alone(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+
+    def mlflow_uri(uri: str) -> str | None:
+        config = load_config_text(CONFIG + f"logger: {{mlflow: {{tracking_uri: {uri!r}}}}}\n")
+        return confine(config, str(root)).logger.mlflow.tracking_uri
+
+    assert mlflow_uri("file:mlruns") == (root / "mlruns").as_uri()
+    assert mlflow_uri(str(root / "shared")) == (root / "shared").as_uri()
+    assert mlflow_uri("https://mlflow.example:5000") == "https://mlflow.example:5000"
+    for outside in ("file:///etc/mlruns", "/tmp/elsewhere"):
+        with pytest.raises(InvalidArgument, match="logger.mlflow.tracking_uri .* outside"):
+            mlflow_uri(outside)

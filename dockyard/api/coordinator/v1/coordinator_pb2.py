@@ -26,7 +26,7 @@ from dockyard.api.common.v1 import common_pb2 as dockyard_dot_common_dot_v1_dot_
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)dockyard/coordinator/v1/coordinator.proto\x12\x17\x64ockyard.coordinator.v1\x1a\x1f\x64ockyard/common/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc6\x02\n\x06Member\x12\x31\n\x04kind\x18\x01 \x01(\x0e\x32#.dockyard.coordinator.v1.MemberKind\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x0c\n\x04load\x18\x05 \x01(\x05\x12\x11\n\tin_flight\x18\x06 \x01(\x05\x12\x1f\n\x17seconds_since_heartbeat\x18\x07 \x01(\x01\x12L\n\x0fweight_versions\x18\x08 \x03(\x0b\x32\x33.dockyard.coordinator.v1.Member.WeightVersionsEntry\x12\x13\n\x0bkv_pressure\x18\t \x01(\x01\x1a\x35\n\x13WeightVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"i\n\x15RegisterMemberRequest\x12\x31\n\x04kind\x18\x01 \x01(\x0e\x32#.dockyard.coordinator.v1.MemberKind\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"3\n\x16RegisterMemberResponse\x12\x19\n\x11heartbeat_seconds\x18\x01 \x01(\x01\"d\n\x10HeartbeatRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04load\x18\x02 \x01(\x05\x12\x0f\n\x07running\x18\x03 \x01(\x05\x12\x0e\n\x06queued\x18\x04 \x01(\x05\x12\x13\n\x0bkv_pressure\x18\x05 \x01(\x01\"\x13\n\x11HeartbeatResponse\"\'\n\x17UnregisterMemberRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1a\n\x18UnregisterMemberResponse\"\x14\n\x12ListMembersRequest\"G\n\x13ListMembersResponse\x12\x30\n\x07members\x18\x01 \x03(\x0b\x32\x1f.dockyard.coordinator.v1.Member\">\n\rServiceStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\"\xc4\x04\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x30\n\x05state\x18\x02 \x01(\x0e\x32!.dockyard.coordinator.v1.JobState\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x11\n\tmax_steps\x18\x04 \x01(\x03\x12\x16\n\x0eweight_version\x18\x05 \x01(\x03\x12\r\n\x05phase\x18\x06 \x01(\t\x12:\n\x07metrics\x18\x07 \x03(\x0b\x32).dockyard.coordinator.v1.Job.MetricsEntry\x12O\n\x12validation_metrics\x18\x08 \x03(\x0b\x32\x33.dockyard.coordinator.v1.Job.ValidationMetricsEntry\x12\x38\n\x08services\x18\t \x03(\x0b\x32&.dockyard.coordinator.v1.ServiceStatus\x12\x0f\n\x07message\x18\n \x01(\t\x12\x0f\n\x07run_dir\x18\x0b \x01(\t\x12/\n\x0b\x63reate_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x38\n\x16ValidationMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"7\n\x10\x43reateJobRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\">\n\x11\x43reateJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.dockyard.coordinator.v1.Job\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\";\n\x0eGetJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.dockyard.coordinator.v1.Job\"\x11\n\x0fListJobsRequest\">\n\x10ListJobsResponse\x12*\n\x04jobs\x18\x01 \x03(\x0b\x32\x1c.dockyard.coordinator.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\">\n\x11\x43\x61ncelJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.dockyard.coordinator.v1.Job\"g\n\x19GetWeightSyncGroupRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06member\x18\x02 \x01(\t\x12\x19\n\x0c\x66\x61iled_epoch\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_failed_epoch\"^\n\x1aGetWeightSyncGroupResponse\x12\x32\n\x05group\x18\x01 \x01(\x0b\x32#.dockyard.common.v1.WeightSyncGroup\x12\x0c\n\x04rank\x18\x02 \x01(\x05\"=\n\x1bLeaveWeightSyncGroupRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06member\x18\x02 \x01(\t\"R\n\x1cLeaveWeightSyncGroupResponse\x12\x32\n\x05group\x18\x01 \x01(\x0b\x32#.dockyard.common.v1.WeightSyncGroup*[\n\nMemberKind\x12\x1b\n\x17MEMBER_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13MEMBER_KIND_ROLLOUT\x10\x01\x12\x17\n\x13MEMBER_KIND_SANDBOX\x10\x02*\x9b\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_PENDING\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05\x32\xd7\x08\n\x12\x43oordinatorService\x12\x62\n\tCreateJob\x12).dockyard.coordinator.v1.CreateJobRequest\x1a*.dockyard.coordinator.v1.CreateJobResponse\x12Y\n\x06GetJob\x12&.dockyard.coordinator.v1.GetJobRequest\x1a\'.dockyard.coordinator.v1.GetJobResponse\x12_\n\x08ListJobs\x12(.dockyard.coordinator.v1.ListJobsRequest\x1a).dockyard.coordinator.v1.ListJobsResponse\x12\x62\n\tCancelJob\x12).dockyard.coordinator.v1.CancelJobRequest\x1a*.dockyard.coordinator.v1.CancelJobResponse\x12}\n\x12GetWeightSyncGroup\x12\x32.dockyard.coordinator.v1.GetWeightSyncGroupRequest\x1a\x33.dockyard.coordinator.v1.GetWeightSyncGroupResponse\x12\x83\x01\n\x14LeaveWeightSyncGroup\x12\x34.dockyard.coordinator.v1.LeaveWeightSyncGroupRequest\x1a\x35.dockyard.coordinator.v1.LeaveWeightSyncGroupResponse\x12q\n\x0eRegisterMember\x12..dockyard.coordinator.v1.RegisterMemberRequest\x1a/.dockyard.coordinator.v1.RegisterMemberResponse\x12\x62\n\tHeartbeat\x12).dockyard.coordinator.v1.HeartbeatRequest\x1a*.dockyard.coordinator.v1.HeartbeatResponse\x12w\n\x10UnregisterMember\x12\x30.dockyard.coordinator.v1.UnregisterMemberRequest\x1a\x31.dockyard.coordinator.v1.UnregisterMemberResponse\x12h\n\x0bListMembers\x12+.dockyard.coordinator.v1.ListMembersRequest\x1a,.dockyard.coordinator.v1.ListMembersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)dockyard/coordinator/v1/coordinator.proto\x12\x17\x64ockyard.coordinator.v1\x1a\x1f\x64ockyard/common/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc6\x02\n\x06Member\x12\x31\n\x04kind\x18\x01 \x01(\x0e\x32#.dockyard.coordinator.v1.MemberKind\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0e\n\x06status\x18\x04 \x01(\t\x12\x0c\n\x04load\x18\x05 \x01(\x05\x12\x11\n\tin_flight\x18\x06 \x01(\x05\x12\x1f\n\x17seconds_since_heartbeat\x18\x07 \x01(\x01\x12L\n\x0fweight_versions\x18\x08 \x03(\x0b\x32\x33.dockyard.coordinator.v1.Member.WeightVersionsEntry\x12\x13\n\x0bkv_pressure\x18\t \x01(\x01\x1a\x35\n\x13WeightVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"i\n\x15RegisterMemberRequest\x12\x31\n\x04kind\x18\x01 \x01(\x0e\x32#.dockyard.coordinator.v1.MemberKind\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"3\n\x16RegisterMemberResponse\x12\x19\n\x11heartbeat_seconds\x18\x01 \x01(\x01\"d\n\x10HeartbeatRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04load\x18\x02 \x01(\x05\x12\x0f\n\x07running\x18\x03 \x01(\x05\x12\x0e\n\x06queued\x18\x04 \x01(\x05\x12\x13\n\x0bkv_pressure\x18\x05 \x01(\x01\"\x13\n\x11HeartbeatResponse\"\'\n\x17UnregisterMemberRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x1a\n\x18UnregisterMemberResponse\"\x14\n\x12ListMembersRequest\"G\n\x13ListMembersResponse\x12\x30\n\x07members\x18\x01 \x03(\x0b\x32\x1f.dockyard.coordinator.v1.Member\">\n\rServiceStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0e\n\x06status\x18\x03 \x01(\t\"\xd6\x04\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x30\n\x05state\x18\x02 \x01(\x0e\x32!.dockyard.coordinator.v1.JobState\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x11\n\tmax_steps\x18\x04 \x01(\x03\x12\x16\n\x0eweight_version\x18\x05 \x01(\x03\x12\r\n\x05phase\x18\x06 \x01(\t\x12:\n\x07metrics\x18\x07 \x03(\x0b\x32).dockyard.coordinator.v1.Job.MetricsEntry\x12O\n\x12validation_metrics\x18\x08 \x03(\x0b\x32\x33.dockyard.coordinator.v1.Job.ValidationMetricsEntry\x12\x38\n\x08services\x18\t \x03(\x0b\x32&.dockyard.coordinator.v1.ServiceStatus\x12\x0f\n\x07message\x18\n \x01(\t\x12\x0f\n\x07run_dir\x18\x0b \x01(\t\x12/\n\x0b\x63reate_time\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0bupdate_time\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08warnings\x18\x0e \x03(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x38\n\x16ValidationMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"7\n\x10\x43reateJobRequest\x12\x13\n\x0b\x63onfig_yaml\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\">\n\x11\x43reateJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.dockyard.coordinator.v1.Job\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\";\n\x0eGetJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.dockyard.coordinator.v1.Job\"\x11\n\x0fListJobsRequest\">\n\x10ListJobsResponse\x12*\n\x04jobs\x18\x01 \x03(\x0b\x32\x1c.dockyard.coordinator.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\">\n\x11\x43\x61ncelJobResponse\x12)\n\x03job\x18\x01 \x01(\x0b\x32\x1c.dockyard.coordinator.v1.Job\"g\n\x19GetWeightSyncGroupRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06member\x18\x02 \x01(\t\x12\x19\n\x0c\x66\x61iled_epoch\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_failed_epoch\"^\n\x1aGetWeightSyncGroupResponse\x12\x32\n\x05group\x18\x01 \x01(\x0b\x32#.dockyard.common.v1.WeightSyncGroup\x12\x0c\n\x04rank\x18\x02 \x01(\x05\"=\n\x1bLeaveWeightSyncGroupRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06member\x18\x02 \x01(\t\"R\n\x1cLeaveWeightSyncGroupResponse\x12\x32\n\x05group\x18\x01 \x01(\x0b\x32#.dockyard.common.v1.WeightSyncGroup*[\n\nMemberKind\x12\x1b\n\x17MEMBER_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13MEMBER_KIND_ROLLOUT\x10\x01\x12\x17\n\x13MEMBER_KIND_SANDBOX\x10\x02*\x9b\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_PENDING\x10\x01\x12\x15\n\x11JOB_STATE_RUNNING\x10\x02\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x03\x12\x14\n\x10JOB_STATE_FAILED\x10\x04\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x05\x32\xd7\x08\n\x12\x43oordinatorService\x12\x62\n\tCreateJob\x12).dockyard.coordinator.v1.CreateJobRequest\x1a*.dockyard.coordinator.v1.CreateJobResponse\x12Y\n\x06GetJob\x12&.dockyard.coordinator.v1.GetJobRequest\x1a\'.dockyard.coordinator.v1.GetJobResponse\x12_\n\x08ListJobs\x12(.dockyard.coordinator.v1.ListJobsRequest\x1a).dockyard.coordinator.v1.ListJobsResponse\x12\x62\n\tCancelJob\x12).dockyard.coordinator.v1.CancelJobRequest\x1a*.dockyard.coordinator.v1.CancelJobResponse\x12}\n\x12GetWeightSyncGroup\x12\x32.dockyard.coordinator.v1.GetWeightSyncGroupRequest\x1a\x33.dockyard.coordinator.v1.GetWeightSyncGroupResponse\x12\x83\x01\n\x14LeaveWeightSyncGroup\x12\x34.dockyard.coordinator.v1.LeaveWeightSyncGroupRequest\x1a\x35.dockyard.coordinator.v1.LeaveWeightSyncGroupResponse\x12q\n\x0eRegisterMember\x12..dockyard.coordinator.v1.RegisterMemberRequest\x1a/.dockyard.coordinator.v1.RegisterMemberResponse\x12\x62\n\tHeartbeat\x12).dockyard.coordinator.v1.HeartbeatRequest\x1a*.dockyard.coordinator.v1.HeartbeatResponse\x12w\n\x10UnregisterMember\x12\x30.dockyard.coordinator.v1.UnregisterMemberRequest\x1a\x31.dockyard.coordinator.v1.UnregisterMemberResponse\x12h\n\x0bListMembers\x12+.dockyard.coordinator.v1.ListMembersRequest\x1a,.dockyard.coordinator.v1.ListMembersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,10 +39,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOB_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_JOB_VALIDATIONMETRICSENTRY']._loaded_options = None
   _globals['_JOB_VALIDATIONMETRICSENTRY']._serialized_options = b'8\001'
-  _globals['_MEMBERKIND']._serialized_start=2305
-  _globals['_MEMBERKIND']._serialized_end=2396
-  _globals['_JOBSTATE']._serialized_start=2399
-  _globals['_JOBSTATE']._serialized_end=2554
+  _globals['_MEMBERKIND']._serialized_start=2323
+  _globals['_MEMBERKIND']._serialized_end=2414
+  _globals['_JOBSTATE']._serialized_start=2417
+  _globals['_JOBSTATE']._serialized_end=2572
   _globals['_MEMBER']._serialized_start=137
   _globals['_MEMBER']._serialized_end=463
   _globals['_MEMBER_WEIGHTVERSIONSENTRY']._serialized_start=410
@@ -66,35 +66,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SERVICESTATUS']._serialized_start=912
   _globals['_SERVICESTATUS']._serialized_end=974
   _globals['_JOB']._serialized_start=977
-  _globals['_JOB']._serialized_end=1557
-  _globals['_JOB_METRICSENTRY']._serialized_start=1453
-  _globals['_JOB_METRICSENTRY']._serialized_end=1499
-  _globals['_JOB_VALIDATIONMETRICSENTRY']._serialized_start=1501
-  _globals['_JOB_VALIDATIONMETRICSENTRY']._serialized_end=1557
-  _globals['_CREATEJOBREQUEST']._serialized_start=1559
-  _globals['_CREATEJOBREQUEST']._serialized_end=1614
-  _globals['_CREATEJOBRESPONSE']._serialized_start=1616
-  _globals['_CREATEJOBRESPONSE']._serialized_end=1678
-  _globals['_GETJOBREQUEST']._serialized_start=1680
-  _globals['_GETJOBREQUEST']._serialized_end=1711
-  _globals['_GETJOBRESPONSE']._serialized_start=1713
-  _globals['_GETJOBRESPONSE']._serialized_end=1772
-  _globals['_LISTJOBSREQUEST']._serialized_start=1774
-  _globals['_LISTJOBSREQUEST']._serialized_end=1791
-  _globals['_LISTJOBSRESPONSE']._serialized_start=1793
-  _globals['_LISTJOBSRESPONSE']._serialized_end=1855
-  _globals['_CANCELJOBREQUEST']._serialized_start=1857
-  _globals['_CANCELJOBREQUEST']._serialized_end=1891
-  _globals['_CANCELJOBRESPONSE']._serialized_start=1893
-  _globals['_CANCELJOBRESPONSE']._serialized_end=1955
-  _globals['_GETWEIGHTSYNCGROUPREQUEST']._serialized_start=1957
-  _globals['_GETWEIGHTSYNCGROUPREQUEST']._serialized_end=2060
-  _globals['_GETWEIGHTSYNCGROUPRESPONSE']._serialized_start=2062
-  _globals['_GETWEIGHTSYNCGROUPRESPONSE']._serialized_end=2156
-  _globals['_LEAVEWEIGHTSYNCGROUPREQUEST']._serialized_start=2158
-  _globals['_LEAVEWEIGHTSYNCGROUPREQUEST']._serialized_end=2219
-  _globals['_LEAVEWEIGHTSYNCGROUPRESPONSE']._serialized_start=2221
-  _globals['_LEAVEWEIGHTSYNCGROUPRESPONSE']._serialized_end=2303
-  _globals['_COORDINATORSERVICE']._serialized_start=2557
-  _globals['_COORDINATORSERVICE']._serialized_end=3668
+  _globals['_JOB']._serialized_end=1575
+  _globals['_JOB_METRICSENTRY']._serialized_start=1471
+  _globals['_JOB_METRICSENTRY']._serialized_end=1517
+  _globals['_JOB_VALIDATIONMETRICSENTRY']._serialized_start=1519
+  _globals['_JOB_VALIDATIONMETRICSENTRY']._serialized_end=1575
+  _globals['_CREATEJOBREQUEST']._serialized_start=1577
+  _globals['_CREATEJOBREQUEST']._serialized_end=1632
+  _globals['_CREATEJOBRESPONSE']._serialized_start=1634
+  _globals['_CREATEJOBRESPONSE']._serialized_end=1696
+  _globals['_GETJOBREQUEST']._serialized_start=1698
+  _globals['_GETJOBREQUEST']._serialized_end=1729
+  _globals['_GETJOBRESPONSE']._serialized_start=1731
+  _globals['_GETJOBRESPONSE']._serialized_end=1790
+  _globals['_LISTJOBSREQUEST']._serialized_start=1792
+  _globals['_LISTJOBSREQUEST']._serialized_end=1809
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1811
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1873
+  _globals['_CANCELJOBREQUEST']._serialized_start=1875
+  _globals['_CANCELJOBREQUEST']._serialized_end=1909
+  _globals['_CANCELJOBRESPONSE']._serialized_start=1911
+  _globals['_CANCELJOBRESPONSE']._serialized_end=1973
+  _globals['_GETWEIGHTSYNCGROUPREQUEST']._serialized_start=1975
+  _globals['_GETWEIGHTSYNCGROUPREQUEST']._serialized_end=2078
+  _globals['_GETWEIGHTSYNCGROUPRESPONSE']._serialized_start=2080
+  _globals['_GETWEIGHTSYNCGROUPRESPONSE']._serialized_end=2174
+  _globals['_LEAVEWEIGHTSYNCGROUPREQUEST']._serialized_start=2176
+  _globals['_LEAVEWEIGHTSYNCGROUPREQUEST']._serialized_end=2237
+  _globals['_LEAVEWEIGHTSYNCGROUPRESPONSE']._serialized_start=2239
+  _globals['_LEAVEWEIGHTSYNCGROUPRESPONSE']._serialized_end=2321
+  _globals['_COORDINATORSERVICE']._serialized_start=2575
+  _globals['_COORDINATORSERVICE']._serialized_end=3686
 # @@protoc_insertion_point(module_scope)

@@ -129,7 +129,7 @@ class ServiceStatus(_message.Message):
     def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., status: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "state", "step", "max_steps", "weight_version", "phase", "metrics", "validation_metrics", "services", "message", "run_dir", "create_time", "update_time")
+    __slots__ = ("job_id", "state", "step", "max_steps", "weight_version", "phase", "metrics", "validation_metrics", "services", "message", "run_dir", "create_time", "update_time", "warnings")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +157,7 @@ class Job(_message.Message):
     RUN_DIR_FIELD_NUMBER: _ClassVar[int]
     CREATE_TIME_FIELD_NUMBER: _ClassVar[int]
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
+    WARNINGS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: JobState
     step: int
@@ -170,7 +171,8 @@ class Job(_message.Message):
     run_dir: str
     create_time: _timestamp_pb2.Timestamp
     update_time: _timestamp_pb2.Timestamp
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., step: _Optional[int] = ..., max_steps: _Optional[int] = ..., weight_version: _Optional[int] = ..., phase: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., validation_metrics: _Optional[_Mapping[str, float]] = ..., services: _Optional[_Iterable[_Union[ServiceStatus, _Mapping]]] = ..., message: _Optional[str] = ..., run_dir: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    warnings: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., step: _Optional[int] = ..., max_steps: _Optional[int] = ..., weight_version: _Optional[int] = ..., phase: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., validation_metrics: _Optional[_Mapping[str, float]] = ..., services: _Optional[_Iterable[_Union[ServiceStatus, _Mapping]]] = ..., message: _Optional[str] = ..., run_dir: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., warnings: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CreateJobRequest(_message.Message):
     __slots__ = ("config_yaml", "job_id")
