@@ -52,13 +52,15 @@ def _colocated(rank: int, port: int, out) -> None:
                 for _, t in tensors:
                     t.mul_(-1.0)
             checksums.append(transport.send(tensors, 2, group).checksum)
-            got = [t.cpu().float() for _, t in tensors]
+            got = [t.cpu().float().numpy() for _, t in tensors]
         else:
             targets = _targets()
             sink = TensorSink(targets=targets)
             checksums = [transport.receive(sink, v, group).checksum for v in (1, 2)]
-            got = [t.cpu().float() for t in targets.values()]
+            got = [t.cpu().float().numpy() for t in targets.values()]
         transport.close()
+        # numpy, not tensors: a CPU tensor would cross the queue as a file descriptor, which needs this
+        # process alive until the parent reads it
         out.put((rank, "ok", checksums, got))
     except Exception as exc:
         out.put((rank, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
@@ -101,7 +103,8 @@ def test_two_processes_on_one_gpu_move_weights_exactly_through_cuda_ipc() -> Non
     results = _pair(_colocated)
     assert results[0][0] == "ok" and results[1][0] == "ok", results
     assert results[0][1] == results[1][1] and results[0][1][0] != results[0][1][1]
-    sent, got = results[0][2], results[1][2]
+    sent = [torch.from_numpy(a) for a in results[0][2]]
+    got = [torch.from_numpy(a) for a in results[1][2]]
     for i in (0, 1, 3):
         assert torch.equal(sent[i], got[i]), i
     assert torch.equal(sent[2].to(torch.bfloat16).float(), got[2])
