@@ -47,7 +47,7 @@ import torch.distributed as dist
 from dockyard.algorithms import clipped_pg_loss, compute_advantages
 from dockyard.config import AdvantageConfig, MasterConfig
 from dockyard.models.load import DTYPES, load_policy
-from services.trainer import checkpoint
+from services.trainer import checkpoint, lora
 from services.trainer.batch import Batch, build_batch, build_row_batch, validate_groups, validate_rows
 from services.trainer.experience import Row, TrainingGroup
 from services.trainer.logprobs import sampled_logprobs
@@ -94,7 +94,9 @@ class PolicyTrainer:
         self.compute_dtype = DTYPES[pcfg.dtype]
         master = torch.float32 if pcfg.master_weights_fp32 else self.compute_dtype
         self.sync_dtype = self.compute_dtype
-        source = pcfg if resume is None else pcfg.model_copy(update={"model_name": str(resume.path)})
+        # With LoRA the base is always the job's own (a checkpoint adds only its adapters to it).
+        use_base = resume is None or pcfg.lora.enabled
+        source = pcfg if use_base else pcfg.model_copy(update={"model_name": str(resume.path)})
         self.model, self.tokenizer = load_policy(source, device, dtype=master)
         self.model.train()
         if pcfg.activation_checkpointing:
@@ -103,8 +105,14 @@ class PolicyTrainer:
                 self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        self.peft = None  # the PeftModel that owns the adapters of self.model, with policy.lora
+        if pcfg.lora.enabled:
+            self.peft = lora.add_adapters(self.model, pcfg.lora)
+            if resume is not None:
+                lora.load_adapter(self.peft, resume.path / lora.ADAPTER_DIR, pcfg.lora)
         self.reference: torch.nn.Module | None = None
-        if config.loss_fn.kl_penalty > 0:
+        # With LoRA the reference is the base with its adapters off (_reference_model), no second copy.
+        if config.loss_fn.kl_penalty > 0 and self.peft is None:
             # The reference is the job's starting policy, also when resuming from a later checkpoint.
             self.reference, _ = load_policy(pcfg, device, dtype=master)
             self.reference.eval().requires_grad_(False)
@@ -114,8 +122,9 @@ class PolicyTrainer:
             shard(models, self.compute_dtype if self.autocast else None)
             self.autocast = False  # FSDP casts the gathered parameters itself
         opt = pcfg.optimizer
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # all, or the adapters alone
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
+            trainable, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.weight_version = 0
@@ -141,6 +150,24 @@ class PolicyTrainer:
         return sum(p.numel() for p in self.model.parameters())
 
     @property
+    def uses_reference(self) -> bool:
+        return self.config.loss_fn.kl_penalty > 0
+
+    @contextlib.contextmanager
+    def _reference_model(self) -> Iterator[torch.nn.Module]:
+        """π_ref for the KL term: the frozen copy, or with LoRA the policy's own base with adapters off
+        (in eval mode, as the copy is, so no dropout)."""
+        if self.peft is None:
+            yield self.reference
+            return
+        self.model.eval()
+        try:
+            with lora.adapters_off(self.peft):
+                yield self.model
+        finally:
+            self.model.train()
+
+    @property
     def max_positions(self) -> int | None:
         return getattr(self.model.config, "max_position_embeddings", None)
 
@@ -149,14 +176,17 @@ class PolicyTrainer:
     def named_weights(self) -> Weights:
         """(name, full tensor) in named_parameters order (tied weights once), in the rollout's dtype.
 
-        Collective with more than one rank: every rank must drain the iterator. One
-        parameter is gathered at a time, so at most one tensor beyond the shards exists.
+        With LoRA: the plain model's names and shapes, each adapted weight merged (W + scale·B·A),
+        computed here without touching the trained weights. Collective with more than one rank:
+        every rank must drain the iterator. One parameter is gathered at a time, so at most one
+        tensor (and one adapter pair) beyond the shards exists.
         """
-        for name, param in self.model.named_parameters():
-            tensor = param.detach()
-            if hasattr(tensor, "full_tensor"):
-                tensor = tensor.full_tensor()
-            yield name, tensor.to(self.sync_dtype)
+        params = self.model.named_parameters()
+        if self.peft is not None:
+            named = dict(self.model.named_parameters())
+            params = lora.merged(named.items(), named, lora.scalings(self.model), full=_full)
+        for name, tensor in params:
+            yield name, _full(tensor).to(self.sync_dtype)
 
     # -- training ----------------------------------------------------------------------------
 
@@ -260,10 +290,10 @@ class PolicyTrainer:
                     self.model, mb.input_ids, mb.attention_mask, mb.position_ids, temperature, entropy=True
                 )
                 reference = None
-                if self.reference is not None:
-                    with torch.no_grad():
+                if self.uses_reference:
+                    with torch.no_grad(), self._reference_model() as model:
                         reference, _ = sampled_logprobs(
-                            self.reference, mb.input_ids, mb.attention_mask, mb.position_ids, temperature, False
+                            model, mb.input_ids, mb.attention_mask, mb.position_ids, temperature, False
                         )
             mask = mb.token_mask
             mb_tokens = float(mask.sum())
@@ -341,9 +371,9 @@ class PolicyTrainer:
         ids = torch.full((1, 2), self.tokenizer.pad_token_id, dtype=torch.long, device=self.device)
         with self._autocast():
             out = self.model(input_ids=ids, use_cache=False).logits
-            if reference and self.reference is not None:
-                with torch.no_grad():
-                    self.reference(input_ids=ids, use_cache=False)
+            if reference and self.uses_reference:
+                with torch.no_grad(), self._reference_model() as model:
+                    model(input_ids=ids, use_cache=False)
         (out.float().sum() * 0.0).backward()
 
     def _plan(self, batch: Batch, advantages: torch.Tensor) -> list[MicroBatch]:
@@ -369,7 +399,13 @@ class PolicyTrainer:
         if self.rank == 0:
 
             def write(tmp: Path) -> None:
-                self.model.save_pretrained(tmp, state_dict=model_state)
+                if self.peft is None:
+                    self.model.save_pretrained(tmp, state_dict=model_state)
+                else:  # the merged model under its plain names, and the adapter in peft's format
+                    scale = lora.scalings(self.model)
+                    plain = dict(lora.merged(model_state.items(), model_state, scale))
+                    self.model.save_pretrained(tmp, state_dict=plain)
+                    lora.save_adapter(self.peft, tmp / lora.ADAPTER_DIR, model_state)
                 self.tokenizer.save_pretrained(tmp)
                 torch.save(
                     {
@@ -401,3 +437,9 @@ class PolicyTrainer:
         torch.set_rng_state(rng[self.rank] if len(rng) == self.world else rng[0])
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a parameter (gathered when sharded: a collective), detached."""
+    tensor = tensor.detach()
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
