@@ -160,12 +160,13 @@ class PolicyTrainer:
         if self.peft is None:
             yield self.reference
             return
+        training = self.model.training
         self.model.eval()
         try:
             with lora.adapters_off(self.peft):
                 yield self.model
         finally:
-            self.model.train()
+            self.model.train(training)
 
     @property
     def max_positions(self) -> int | None:
