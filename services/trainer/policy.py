@@ -25,6 +25,9 @@ Guarantees:
 - Logprobs come from logits divided by the sampling temperature, as the rollout
   engine reports them; no reference model is held when kl_penalty is 0; the
   reference is the job's initial policy, also after a resume.
+- With policy.lora only the adapters train (lora.py); the reference is the
+  base with adapters off, the weights pushed and checkpointed are the merged
+  ones under the plain model's names, and the checkpoint adds the adapter.
 - `sft_step` (supervised fine-tuning) shares all of the above: the same model,
   micro-batching, sharding, optimizer, schedule, checkpoints and metrics.
 - A batch that fails `validate_groups` (`validate_rows` for sft_step) raises
