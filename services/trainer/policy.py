@@ -150,7 +150,8 @@ class PolicyTrainer:
         return opt.min_lr_ratio + (1 - opt.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        """Parameters of the policy as the rollout holds it (LoRA adapters not counted: they are merged)."""
+        return sum(p.numel() for n, p in self.model.named_parameters() if not lora.is_adapter(n))
 
     @property
     def uses_reference(self) -> bool:
