@@ -15,7 +15,8 @@ reference policy without a second copy. `merged` yields every parameter (or
 state-dict entry) of the plain model under its plain name and shape, in the
 plain model's order, so a receiver built from the base config cannot tell a
 LoRA policy from a fully trained one. A target list that matches no linear
-layer, or matches anything but linear layers, raises ConfigError at load.
+layer, or matches anything but linear layers or a tied weight, raises
+ConfigError at load.
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ def add_adapters(model: torch.nn.Module, lora: LoraConfig) -> PeftModel:
     odd = sorted(name for name, m in layers.items() if not isinstance(m, LoraLinear) or m.fan_in_fan_out)
     if odd:
         raise ConfigError(f"policy.lora.target_modules: only nn.Linear layers take adapters here, not {odd[:4]}")
+    # A tied weight (lm_head with tied embeddings) is sent once under its other name: its merge would be lost.
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    tied = sorted(n for n, m in layers.items() if len(names[id(m.base_layer.weight)]) > 1)
+    if tied:
+        raise ConfigError(f"policy.lora.target_modules: {tied[:4]} share their weight with another layer (tied)")
     return wrapped
 
 

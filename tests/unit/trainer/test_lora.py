@@ -145,7 +145,11 @@ def test_bad_lora_settings_fail_validation(override: str, words: list[str]) -> N
 
 @pytest.mark.parametrize(
     ("targets", "words"),
-    [("[no_such_layer]", ["no_such_layer", "not found"]), ("[embed_tokens]", ["only nn.Linear", "embed_tokens"])],
+    [
+        ("[no_such_layer]", ["no_such_layer", "not found"]),
+        ("[embed_tokens]", ["only nn.Linear", "embed_tokens"]),
+        ("[q_proj,lm_head]", ["lm_head", "tied"]),  # the tiny model ties lm_head to the embeddings
+    ],
 )
 def test_targets_that_do_not_fit_the_model_are_refused_at_load(targets: str, words: list[str]) -> None:
     with pytest.raises(ConfigError) as info:
