@@ -10,7 +10,7 @@
 
 Guarantees: only adapter parameters require gradients; the base weights are
 never modified (the merge is computed on the fly, never merged in place), so
-the base with adapters off (`adapters_off`) is exactly the loaded model, the
+the base with adapters off (`base_only`) is exactly the loaded model, the
 reference policy without a second copy. `merged` yields every parameter (or
 state-dict entry) of the plain model under its plain name and shape, in the
 plain model's order, so a receiver built from the base config cannot tell a
@@ -25,7 +25,7 @@ import contextlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +33,7 @@ from dockyard.config import ConfigError, LoraConfig
 
 if TYPE_CHECKING:
     from peft import PeftModel
+    from transformers import PreTrainedModel
 
 ADAPTER = "default"  # peft's name of the one adapter
 ADAPTER_DIR = "adapter"  # inside a checkpoint folder
@@ -116,18 +117,35 @@ def merged(
         yield plain_name(name), whole
 
 
-def adapters_off(wrapped: PeftModel) -> contextlib.AbstractContextManager[Any]:
-    """Within this context the model runs as its base alone: the reference policy, no second copy."""
-    return wrapped.disable_adapter()
+def merged_parameters(
+    model: torch.nn.Module, full: Callable[[torch.Tensor], torch.Tensor]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`merged` over the parameters of the adapted `model` (what the weight sync sends)."""
+    named = dict(model.named_parameters())
+    return merged(named.items(), named, scalings(model), full)
 
 
-def save_adapter(wrapped: PeftModel, folder: Path, state: Mapping[str, torch.Tensor]) -> None:
-    """Write peft's adapter folder (adapter_model.safetensors, adapter_config.json) from a full state dict.
+@contextlib.contextmanager
+def base_only(model: torch.nn.Module, wrapped: PeftModel) -> Iterator[torch.nn.Module]:
+    """`model` run as its base alone, in eval mode (as a frozen reference copy is): the reference
+    policy without a second copy. The model's train/eval mode comes back afterwards."""
+    training = model.training
+    model.eval()
+    try:
+        with wrapped.disable_adapter():
+            yield model
+    finally:
+        model.train(training)
 
-    `state` is keyed like the trained model's state_dict (no peft prefix), e.g. gathered from all ranks.
+
+def save(model: PreTrainedModel, wrapped: PeftModel, folder: Path, state: Mapping[str, torch.Tensor]) -> None:
+    """Write the merged model as a Hugging Face folder and peft's adapter folder under ADAPTER_DIR.
+
+    `state` is the full state dict of the adapted `model` (no peft prefix), e.g. gathered from all ranks.
     """
+    model.save_pretrained(folder, state_dict=dict(merged(state.items(), state, scalings(model))))
     adapter_state = {_PEFT_PREFIX + k: v for k, v in state.items() if is_adapter(k)}
-    wrapped.save_pretrained(str(folder), state_dict=adapter_state)
+    wrapped.save_pretrained(str(folder / ADAPTER_DIR), state_dict=adapter_state)
 
 
 def load_adapter(wrapped: PeftModel, folder: Path, lora: LoraConfig) -> None:

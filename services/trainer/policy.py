@@ -157,20 +157,9 @@ class PolicyTrainer:
     def uses_reference(self) -> bool:
         return self.config.loss_fn.kl_penalty > 0
 
-    @contextlib.contextmanager
-    def _reference_model(self) -> Iterator[torch.nn.Module]:
-        """π_ref for the KL term: the frozen copy, or with LoRA the policy's own base with adapters off
-        (in eval mode, as the copy is, so no dropout)."""
-        if self.peft is None:
-            yield self.reference
-            return
-        training = self.model.training
-        self.model.eval()
-        try:
-            with lora.adapters_off(self.peft):
-                yield self.model
-        finally:
-            self.model.train(training)
+    def _reference_model(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
+        """π_ref for the KL term: the frozen copy, or with LoRA the policy's own base with adapters off."""
+        return contextlib.nullcontext(self.reference) if self.peft is None else lora.base_only(self.model, self.peft)
 
     @property
     def max_positions(self) -> int | None:
@@ -186,10 +175,7 @@ class PolicyTrainer:
         every rank must drain the iterator. One parameter is gathered at a time, so at most one
         tensor (and one adapter pair) beyond the shards exists.
         """
-        params = self.model.named_parameters()
-        if self.peft is not None:
-            named = dict(self.model.named_parameters())
-            params = lora.merged(named.items(), named, lora.scalings(self.model), full=_full)
+        params = self.model.named_parameters() if self.peft is None else lora.merged_parameters(self.model, _full)
         for name, tensor in params:
             yield name, _full(tensor).to(self.sync_dtype)
 
@@ -407,10 +393,7 @@ class PolicyTrainer:
                 if self.peft is None:
                     self.model.save_pretrained(tmp, state_dict=model_state)
                 else:  # the merged model under its plain names, and the adapter in peft's format
-                    scale = lora.scalings(self.model)
-                    plain = dict(lora.merged(model_state.items(), model_state, scale))
-                    self.model.save_pretrained(tmp, state_dict=plain)
-                    lora.save_adapter(self.peft, tmp / lora.ADAPTER_DIR, model_state)
+                    lora.save(self.model, self.peft, tmp, model_state)
                 self.tokenizer.save_pretrained(tmp)
                 torch.save(
                     {
