@@ -135,6 +135,33 @@ class BootstrapConfig(Section):
     )
 
 
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraConfig(Section):
+    enabled: bool = Field(
+        False, description="Train low-rank adapters (peft LoRA) on a frozen base instead of every weight."
+    )
+    rank: int = Field(8, ge=1, le=4096, description="Rank r of each adapter pair A [r, in], B [out, r].")
+    alpha: float = Field(
+        16.0, gt=0.0, le=1e6, allow_inf_nan=False, description="Scale of the update: W + (alpha / rank) · B·A."
+    )
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on each adapter's input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(LORA_TARGETS),
+        min_length=1,
+        max_length=256,
+        description="Names (last component) of the linear layers that get adapters; the default fits Llama/Qwen2.",
+    )
+
+    @model_validator(mode="after")
+    def _names(self) -> LoraConfig:
+        for name in self.target_modules:
+            if not re.fullmatch(r"[A-Za-z0-9_.]{1,128}", name):
+                raise ValueError(f"policy.lora.target_modules: {name!r} is not a module name")
+        return self
+
+
 class PolicyConfig(Section):
     model_name: str | None = Field(None, description="Local Hugging Face folder of the policy.")
     model: dict[str, Any] | None = Field(
@@ -161,6 +188,7 @@ class PolicyConfig(Section):
     seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed of random initialisation and of the trainer's RNG.")
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
 
     @model_validator(mode="after")
     def _one_source(self) -> PolicyConfig:
@@ -634,7 +662,7 @@ class MasterConfig(Section):
             errors.append(("env.tools", "env terminal_bench is a multi-turn task: give the agent its tools (a shell)"))
         if self.env.name == "expr_agent" and not self.env.agentic:
             errors.append(("env.tools", "env expr_agent is a multi-turn task: give it its tool f (or a scaffold)"))
-        if self.env.name == "swe" and self.env.agentic and not {t.kind for t in self.env.tools} & FILE_CHANGING_TOOLS:
+        if self.env.name == "swe" and self.env.tools and not {t.kind for t in self.env.tools} & FILE_CHANGING_TOOLS:
             errors.append(("env.tools", "multi-turn swe scores the session's edits: give it a shell or write_file"))
         if self.env.agentic and self.sft is not None:
             errors.append(("env.tools", "agent trials are GRPO's; a supervised job takes demonstrations"))

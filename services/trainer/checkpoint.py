@@ -4,6 +4,7 @@
                        trainer_state.pt   optimizer, scheduler, RNG of every rank, step, weight version,
                                           the coordinator's data position
                        checkpoint.json    step, weight version, validation metrics (written last)
+                       adapter/           policy.lora: peft's adapter folder (the HF folder holds the merge)
     <checkpoint_dir>/.step-<N>.tmp-<pid>/ a save in progress; never read
     <checkpoint_dir>/.step-<N>.old-<pid>/ a checkpoint being deleted; never read
 

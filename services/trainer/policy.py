@@ -34,6 +34,9 @@ Guarantees:
 - Logprobs come from logits divided by the sampling temperature, as the rollout
   engine reports them; no reference model is held when kl_penalty is 0; the
   reference is the job's initial policy, also after a resume.
+- With policy.lora only the adapters train (lora.py); the reference is the
+  base with adapters off, the weights pushed and checkpointed are the merged
+  ones under the plain model's names, and the checkpoint adds the adapter.
 - `sft_step` (supervised fine-tuning) shares all of the above: the same model,
   micro-batching, sharding, optimizer, schedule, checkpoints and metrics.
 - A batch that fails `validate_groups` (`validate_rows` for sft_step) raises
@@ -56,7 +59,7 @@ import torch.distributed as dist
 from dockyard.algorithms import clipped_pg_loss
 from dockyard.config import MasterConfig
 from dockyard.models.load import DTYPES, load_policy
-from services.trainer import checkpoint
+from services.trainer import checkpoint, lora
 from services.trainer.batch import Batch, build_batch, build_row_batch, minibatch_rows, validate_groups, validate_rows
 from services.trainer.experience import Row, TrainingGroup
 from services.trainer.logprobs import sampled_logprobs
@@ -91,7 +94,9 @@ class PolicyTrainer:
         self.compute_dtype = DTYPES[pcfg.dtype]
         master = torch.float32 if pcfg.master_weights_fp32 else self.compute_dtype
         self.sync_dtype = self.compute_dtype
-        source = pcfg if resume is None else pcfg.model_copy(update={"model_name": str(resume.path)})
+        # With LoRA the base is always the job's own (a checkpoint adds only its adapters to it).
+        use_base = resume is None or pcfg.lora.enabled
+        source = pcfg if use_base else pcfg.model_copy(update={"model_name": str(resume.path)})
         self.model, self.tokenizer = load_policy(source, device, dtype=master)
         self.model.train()
         if pcfg.activation_checkpointing:
@@ -100,8 +105,14 @@ class PolicyTrainer:
                 self.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        self.peft = None  # the PeftModel that owns the adapters of self.model, with policy.lora
+        if pcfg.lora.enabled:
+            self.peft = lora.add_adapters(self.model, pcfg.lora)
+            if resume is not None:
+                lora.load_adapter(self.peft, resume.path / lora.ADAPTER_DIR, pcfg.lora)
         self.reference: torch.nn.Module | None = None
-        if config.loss_fn.kl_penalty > 0:
+        # With LoRA the reference is the base with its adapters off (_reference_model), no second copy.
+        if config.loss_fn.kl_penalty > 0 and self.peft is None:
             # The reference is the job's starting policy, also when resuming from a later checkpoint.
             self.reference, _ = load_policy(pcfg, device, dtype=master)
             self.reference.eval().requires_grad_(False)
@@ -111,8 +122,9 @@ class PolicyTrainer:
             shard(models, self.compute_dtype if self.autocast else None)
             self.autocast = False  # FSDP casts the gathered parameters itself
         opt = pcfg.optimizer
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # all, or the adapters alone
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
+            trainable, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.weight_version = 0
@@ -135,7 +147,16 @@ class PolicyTrainer:
         return opt.min_lr_ratio + (1 - opt.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        """Parameters of the policy as the rollout holds it (LoRA adapters not counted: they are merged)."""
+        return sum(p.numel() for n, p in self.model.named_parameters() if not lora.is_adapter(n))
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.config.loss_fn.kl_penalty > 0
+
+    def _reference_model(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
+        """π_ref for the KL term: the frozen copy, or with LoRA the policy's own base with adapters off."""
+        return contextlib.nullcontext(self.reference) if self.peft is None else lora.base_only(self.model, self.peft)
 
     @property
     def max_positions(self) -> int | None:
@@ -146,14 +167,14 @@ class PolicyTrainer:
     def named_weights(self) -> Weights:
         """(name, full tensor) in named_parameters order (tied weights once), in the rollout's dtype.
 
-        Collective with more than one rank: every rank must drain the iterator. One
-        parameter is gathered at a time, so at most one tensor beyond the shards exists.
+        With LoRA: the plain model's names and shapes, each adapted weight merged (W + scale·B·A),
+        computed here without touching the trained weights. Collective with more than one rank:
+        every rank must drain the iterator. One parameter is gathered at a time, so at most one
+        tensor (and one adapter pair) beyond the shards exists.
         """
-        for name, param in self.model.named_parameters():
-            tensor = param.detach()
-            if hasattr(tensor, "full_tensor"):
-                tensor = tensor.full_tensor()
-            yield name, tensor.to(self.sync_dtype)
+        params = self.model.named_parameters() if self.peft is None else lora.merged_parameters(self.model, _full)
+        for name, tensor in params:
+            yield name, _full(tensor).to(self.sync_dtype)
 
     # -- training ----------------------------------------------------------------------------
 
@@ -355,10 +376,11 @@ class PolicyTrainer:
         )
 
     def _reference_logprobs(self, mb: MicroBatch) -> torch.Tensor | None:
-        if self.reference is None:
+        """π_ref's logprobs: the frozen reference copy, or with LoRA the policy's base with adapters off."""
+        if not self.uses_reference:
             return None
-        with torch.no_grad():
-            return self._logprobs(self.reference, mb, entropy=False)[0]
+        with torch.no_grad(), self._reference_model() as model:
+            return self._logprobs(model, mb, entropy=False)[0]
 
     def _autocast(self):
         if not self.autocast:
@@ -374,9 +396,9 @@ class PolicyTrainer:
         ids = torch.full((1, 2), self.tokenizer.pad_token_id, dtype=torch.long, device=self.device)
         with self._autocast(), torch.set_grad_enabled(grad):
             out = self.model(input_ids=ids, use_cache=False).logits
-            if reference and self.reference is not None:
-                with torch.no_grad():
-                    self.reference(input_ids=ids, use_cache=False)
+            if reference and self.uses_reference:
+                with torch.no_grad(), self._reference_model() as model:
+                    model(input_ids=ids, use_cache=False)
         if grad:
             (out.float().sum() * 0.0).backward()
 
@@ -403,7 +425,10 @@ class PolicyTrainer:
         if self.rank == 0:
 
             def write(tmp: Path) -> None:
-                self.model.save_pretrained(tmp, state_dict=model_state)
+                if self.peft is None:
+                    self.model.save_pretrained(tmp, state_dict=model_state)
+                else:  # the merged model under its plain names, and the adapter in peft's format
+                    lora.save(self.model, self.peft, tmp, model_state)
                 self.tokenizer.save_pretrained(tmp)
                 torch.save(
                     {
@@ -435,3 +460,9 @@ class PolicyTrainer:
         torch.set_rng_state(rng[self.rank] if len(rng) == self.world else rng[0])
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a parameter (gathered when sharded: a collective), detached."""
+    tensor = tensor.detach()
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from dockyard.config import load_config_text
+from dockyard.config import ConfigError, load_config_text
 from services.trainer import checkpoint
 from services.trainer.experience import Sample, TrainingGroup
 from services.trainer.policy import PolicyTrainer
@@ -47,24 +47,29 @@ def batch(step: int) -> list[TrainingGroup]:
     return [TrainingGroup(group_id=f"s{step}", samples=samples)]
 
 
-def trainer(folder: Path) -> PolicyTrainer:
-    return PolicyTrainer(load_config_text(CONFIG.replace("CKPT", str(folder))), checkpoint_dir=folder)
+# LoRA with adapter dropout: the adapters, their optimizer state and the RNG must come back exactly.
+LORA = ["policy.lora.enabled=true", "policy.lora.rank=4", "policy.lora.dropout=0.1", "policy.optimizer.lr=0.05"]
 
 
-def test_stop_and_resume_gives_the_uninterrupted_next_step(tmp_path: Path) -> None:
+def trainer(folder: Path, overrides: list[str] | None = None) -> PolicyTrainer:
+    return PolicyTrainer(load_config_text(CONFIG.replace("CKPT", str(folder)), overrides), checkpoint_dir=folder)
+
+
+@pytest.mark.parametrize("overrides", [[], LORA], ids=["full", "lora"])
+def test_stop_and_resume_gives_the_uninterrupted_next_step(tmp_path: Path, overrides: list[str]) -> None:
     k = 3
-    straight = trainer(tmp_path / "a")
+    straight = trainer(tmp_path / "a", overrides)
     assert straight.resumed_from is None
     losses = [straight.train_step(batch(s))["loss"] for s in range(1, k + 3)]
 
-    first = trainer(tmp_path / "b")
+    first = trainer(tmp_path / "b", overrides)
     for s in range(1, k + 1):
         assert first.train_step(batch(s))["loss"] == losses[s - 1]
     first.save(tmp_path / "b" / f"step-{k}", {"pass_rate": 0.5}, data_state='{"tasks_drawn": 3}')
     first.train_step(batch(k + 1))  # work after the checkpoint is lost with the process
     del first
 
-    resumed = trainer(tmp_path / "b")
+    resumed = trainer(tmp_path / "b", overrides)
     assert resumed.resumed_from == tmp_path / "b" / f"step-{k}"
     assert (resumed.weight_version, resumed.data_state) == (k, '{"tasks_drawn": 3}')
     assert resumed.train_step(batch(k + 1))["loss"] == losses[k]
@@ -72,6 +77,9 @@ def test_stop_and_resume_gives_the_uninterrupted_next_step(tmp_path: Path) -> No
     assert resumed.train_step(batch(k + 2))["loss"] == losses[k + 1]
     for (name, a), (_, b) in zip(straight.named_weights(), resumed.named_weights(), strict=True):
         assert torch.equal(a, b), name
+    if overrides:  # the adapter of the checkpoint must fit the configured one
+        with pytest.raises(ConfigError, match="policy.lora"):
+            trainer(tmp_path / "b", [*overrides, "policy.lora.rank=8"])
 
 
 def test_checkpoint_is_a_hugging_face_folder(tmp_path: Path) -> None:

@@ -60,10 +60,19 @@ def groups() -> list[TrainingGroup]:
     return out
 
 
-def take_step():
+# LoRA under FSDP2: frozen base and trained adapters share each decoder layer's shard group.
+LORA = [
+    "policy.lora.enabled=true",
+    "policy.lora.rank=4",
+    "policy.optimizer.lr=0.05",
+    "policy.optimizer.max_grad_norm=0.2",
+]
+
+
+def take_step(overrides: list[str]):
     from services.trainer.policy import PolicyTrainer
 
-    policy = PolicyTrainer(load_config_text(CONFIG))
+    policy = PolicyTrainer(load_config_text(CONFIG, overrides))
     metrics = policy.train_step(groups())
     # Then a supervised step on the same rows (the SFT job's step), sharded the same way.
     demos = [(s.prompt_ids, s.completion_ids) for g in groups() for s in g.samples]
@@ -72,15 +81,17 @@ def take_step():
     grads = {}
     for name, param in policy.model.named_parameters():
         grad = param.grad
+        if grad is None:  # a frozen base weight under LoRA
+            continue
         grads[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).clone()
     return policy, metrics, weights, grads
 
 
-def main(out: Path) -> None:
+def main(out: Path, overrides: list[str]) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-    policy, metrics, weights, grads = take_step()
+    policy, metrics, weights, grads = take_step(overrides)
     assert policy.world == 2
     policy.save(out / "checkpoint")
     if dist.get_rank() == 0:
@@ -89,16 +100,17 @@ def main(out: Path) -> None:
     dist.destroy_process_group()
 
 
-def test_two_ranks_take_the_single_rank_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("overrides", [[], LORA], ids=["full", "lora"])
+def test_two_ranks_take_the_single_rank_step(tmp_path: Path, overrides: list[str]) -> None:
     # Loopback only: the ranks never depend on how the machine resolves its hostname.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     cmd += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
-    cmd += ["-m", "tests.unit.trainer.test_ranks", str(tmp_path)]
+    cmd += ["-m", "tests.unit.trainer.test_ranks", str(tmp_path), *overrides]
     done = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
-    policy, single, weights, grads = take_step()
+    policy, single, weights, grads = take_step(overrides)
     sharded = json.loads((tmp_path / "metrics.json").read_text())
     # Several micro-batches under the token budget; the step is still the global one.
     assert single["num_micro_batches"] >= 2 and sharded["num_micro_batches"] >= 1
@@ -106,7 +118,8 @@ def test_two_ranks_take_the_single_rank_step(tmp_path: Path) -> None:
     keys = ("loss", "pg_loss", "kl", "grad_norm", "entropy", "num_tokens", "gen_train_kl", "clip_fraction", "sft_loss")
     for key in keys:
         assert abs(single[key] - sharded[key]) <= 1e-5 * max(1.0, abs(single[key])), key
-    assert single["grad_norm"] > 0.5  # clipping was active: the global norm must agree across ranks
+    # Clipping was active: the global norm must agree across ranks.
+    assert single["grad_norm"] > policy.config.policy.optimizer.max_grad_norm
     two = torch.load(tmp_path / "weights.pt")
     assert list(two["weights"]) == list(weights)
     # The clipped gradients agree to float32 rounding; the weights after AdamW too, up to
@@ -120,6 +133,15 @@ def test_two_ranks_take_the_single_rank_step(tmp_path: Path) -> None:
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint")
     for name, tensor in loaded.named_parameters():
         torch.testing.assert_close(tensor, two["weights"][name], rtol=0, atol=0, msg=name)
+    if policy.peft is not None:  # the adapter gathered from the shards is the one-rank adapter
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        saved = load_file(tmp_path / "checkpoint" / "adapter" / "adapter_model.safetensors")
+        mine = get_peft_model_state_dict(policy.peft)
+        assert saved.keys() == mine.keys()
+        for name, tensor in mine.items():
+            torch.testing.assert_close(saved[name], tensor, rtol=1e-5, atol=1e-5, msg=name)
 
 
 def test_rank_zero_finishes_every_gather_even_when_its_send_fails(tmp_path: Path) -> None:
@@ -149,4 +171,4 @@ def test_rank_zero_finishes_every_gather_even_when_its_send_fails(tmp_path: Path
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2:])
