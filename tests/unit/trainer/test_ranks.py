@@ -114,7 +114,9 @@ def test_two_ranks_take_the_single_rank_step(tmp_path: Path, overrides: list[str
     sharded = json.loads((tmp_path / "metrics.json").read_text())
     # Several micro-batches under the token budget; the step is still the global one.
     assert single["num_micro_batches"] >= 2 and sharded["num_micro_batches"] >= 1
-    assert single["optimizer_steps"] == sharded["optimizer_steps"] == 2 and single["clip_fraction"] > 0
+    assert single["optimizer_steps"] == sharded["optimizer_steps"] == 2
+    if not overrides:  # full fine-tuning moves far enough in one update for the second minibatch to clip
+        assert single["clip_fraction"] > 0
     keys = ("loss", "pg_loss", "kl", "grad_norm", "entropy", "num_tokens", "gen_train_kl", "clip_fraction", "sft_loss")
     for key in keys:
         assert abs(single[key] - sharded[key]) <= 1e-5 * max(1.0, abs(single[key])), key
