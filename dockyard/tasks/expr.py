@@ -53,11 +53,10 @@ answer is scored exactly like a single-turn completion (``program_for``).
 from __future__ import annotations
 
 import hashlib
-import random
 from dataclasses import replace
 from functools import cache
 
-from dockyard.tasks.task import Task
+from dockyard.tasks.task import Task, draw
 
 SHOWN_INPUTS: tuple[int, ...] = (0, 1, 2, 3, 4, 5)
 HELD_OUT_INPUTS: tuple[int, ...] = (7, 10)
@@ -147,16 +146,8 @@ def make_tasks(split: str, n: int, seed: int = 0) -> list[Task]:
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     pool = _pool(split)
-    rng = random.Random(f"expr:{split}:{seed}")
-    tasks: list[Task] = []
-    order: list[int] = []
-    while len(tasks) < n:
-        if not order:
-            order = list(range(len(pool)))
-            rng.shuffle(order)
-        family, expr, outputs = pool[order.pop()]
-        tasks.append(_task(split, len(tasks), family, expr, outputs))
-    return tasks
+    drawn = draw(pool, n, f"expr:{split}:{seed}")
+    return [_task(split, i, family, expr, outputs) for i, (family, expr, outputs) in enumerate(drawn)]
 
 
 def program_for(completion: str) -> str:

@@ -16,13 +16,12 @@ function), so its reward is 1 when every assert holds and 0 otherwise.
 from __future__ import annotations
 
 import hashlib
-import random
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from dockyard.tasks.jsonl import read_records
-from dockyard.tasks.task import Task
+from dockyard.tasks.task import Task, draw
 
 # A completion ends where a new top-level statement starts (the usual HumanEval stop sequences).
 STOP_SEQUENCES = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert ")
@@ -91,12 +90,4 @@ def make_tasks(split: str, n: int, seed: int = 0, path: str | Path | None = None
     pool = [p for p in load_problems(path) if split_of(p.task_id) == split]
     if not pool:
         raise ValueError(f"no problem of {path or 'HumanEval'} falls in the {split} split")
-    rng = random.Random(f"humaneval:{split}:{seed}")
-    tasks: list[Task] = []
-    order: list[int] = []
-    while len(tasks) < n:
-        if not order:
-            order = list(range(len(pool)))
-            rng.shuffle(order)
-        tasks.append(task_of(pool[order.pop()]))
-    return tasks
+    return [task_of(p) for p in draw(pool, n, f"humaneval:{split}:{seed}")]

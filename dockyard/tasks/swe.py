@@ -12,12 +12,11 @@ task set's own: each split names its task-set folder (`data.train.path`, `data.v
 
 from __future__ import annotations
 
-import random
 import re
 from pathlib import Path
 
 from dockyard.tasks.jsonl import read_records
-from dockyard.tasks.task import Task
+from dockyard.tasks.task import Task, draw
 
 PROMPT = (
     "You are working in the repository {repo} at its current commit.\n"
@@ -48,15 +47,7 @@ def load_tasks(path: str | Path, n: int, seed: int = 0, *, agentic: bool = False
         pool.append(Task(task_id=f"{folder.name}/{item['instance_id']}", prompt=prompt, tests=(), solution=""))
     if not pool:
         raise ValueError(f"{file} holds no instance")
-    rng = random.Random(f"swe:{folder.name}:{seed}")
-    tasks: list[Task] = []
-    order: list[int] = []
-    while len(tasks) < n:
-        if not order:
-            order = list(range(len(pool)))
-            rng.shuffle(order)
-        tasks.append(pool[order.pop()])
-    return tasks
+    return draw(pool, n, f"swe:{folder.name}:{seed}")
 
 
 def split_task_id(task_id: str) -> tuple[str, str]:

@@ -7,7 +7,12 @@ between callers without copies.
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -37,3 +42,17 @@ class Task:
     solution: str
     files: tuple[tuple[str, str], ...] = ()
     max_seconds: float | None = None
+
+
+def draw(pool: Sequence[T], n: int, key: str) -> list[T]:
+    """n items of `pool` in seeded permutations (random.Random(key)), a new one each time it runs out:
+    the same (pool, n, key) gives the same list, and no item repeats before every item was drawn."""
+    rng = random.Random(key)
+    drawn: list[T] = []
+    order: list[int] = []
+    while len(drawn) < n:
+        if not order:
+            order = list(range(len(pool)))
+            rng.shuffle(order)
+        drawn.append(pool[order.pop()])
+    return drawn

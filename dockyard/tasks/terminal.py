@@ -20,7 +20,6 @@ xpass fail); no summary at all is None, never an empty pass.
 
 from __future__ import annotations
 
-import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dockyard.tasks.task import Task
+from dockyard.tasks.task import Task, draw
 
 # Where the harness puts run-tests.sh and the contents of tests/, and what TEST_DIR says.
 CONTAINER_TEST_DIR = "/tests"
@@ -150,15 +149,7 @@ def load_tasks(path: str | Path, n: int, seed: int = 0) -> list[Task]:
     """n tasks of the task set at `path` (seeded permutations, cycling when n exceeds the set)."""
     root = Path(path)
     pool = [task_of(root.name, folder) for folder in task_folders(root)]
-    rng = random.Random(f"terminal:{root.name}:{seed}")
-    tasks: list[Task] = []
-    order: list[int] = []
-    while len(tasks) < n:
-        if not order:
-            order = list(range(len(pool)))
-            rng.shuffle(order)
-        tasks.append(pool[order.pop()])
-    return tasks
+    return draw(pool, n, f"terminal:{root.name}:{seed}")
 
 
 _SUMMARY = re.compile(r"=+\s*short test summary info\s*=+", re.IGNORECASE)
