@@ -22,8 +22,10 @@ import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dockyard.config import MasterConfig
+if TYPE_CHECKING:  # the sandbox service imports docker_problem, and its image has no config libraries
+    from dockyard.config import MasterConfig
 
 OK, ERROR, SKIP = "ok", "error", "skip"
 # Bytes a checkpoint holds per parameter: fp32 weights plus AdamW's two fp32 moments.

@@ -183,3 +183,12 @@ def test_dockyard_run_stops_at_preflight_before_any_service_starts(tmp_path: Pat
     assert "error  model" in result.stdout and "dockyard prepare" in result.stdout
     assert "starting services" not in result.stdout
     assert not (tmp_path / "runs" / "logs").exists() and not (tmp_path / "typo").exists()
+
+
+def test_the_docker_message_imports_nothing_the_sandbox_image_lacks() -> None:
+    # The sandbox service's image has no config libraries; it imports docker_problem from here.
+    code = (
+        "import sys, dockyard.preflight; print(sorted(m for m in ('omegaconf', 'yaml', 'torch') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
+    assert out.strip() == "[]"
