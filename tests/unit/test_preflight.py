@@ -192,3 +192,11 @@ def test_the_docker_message_imports_nothing_the_sandbox_image_lacks() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
     assert out.strip() == "[]"
+
+
+def test_the_default_sandbox_image_is_the_one_the_sandbox_builds() -> None:
+    # The library never imports services/, so preflight names the image itself; this keeps the two equal.
+    from dockyard.preflight import _default_sandbox_image
+    from services.sandbox.images import SANDBOX_IMAGE
+
+    assert _default_sandbox_image() == SANDBOX_IMAGE
