@@ -14,7 +14,7 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e '.[dev,trackers]'
+	$(BIN)/pip install -q -e '.[dev,trackers,jax]'
 	touch $@
 
 install: $(BIN)/.installed
@@ -23,7 +23,7 @@ install: $(BIN)/.installed
 # which stays as it is). The torchvision/torchaudio/torchcodec it pulls target CUDA torch and break
 # `import transformers`: removed.
 $(BIN)/.vllm-installed: $(BIN)/.installed pyproject.toml
-	$(BIN)/pip install -q -e '.[dev,trackers,vllm]' "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e '.[dev,trackers,jax,vllm]' "$(TORCH_SPEC)"
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 

@@ -1,9 +1,11 @@
 """The buffer service on Redis vs raw redis-py on the same Redis, in one run.
 
-    put     --concurrency callers ──PutGroup──> buffer service ──Lua: dedup, capacity, XADD──> redis
-            --concurrency callers ──XADD────────────────────────────────────────────────────> redis
-    sample  one trainer ──SampleGroups(k), AckGroups──> buffer ──Lua: XREADGROUP, XACK+XDEL──> redis
-            one trainer ──XREADGROUP COUNT k, XACK+XDEL (one pipeline)──────────────────────> redis
+    put     --concurrency callers: JobBuffer.put (the coordinator's writer): split, check, SET the payload in
+                Redis (the data plane), PutGroup(metadata, key) ──> buffer ──Lua: dedup, capacity, RENAME, XADD──> redis
+            --concurrency callers ──XADD───────────────────────────────────────────────────────────────────> redis
+    sample  one trainer: BufferConsumer.lease(k) (SampleGroupsStream by reference, MGET of the payloads from
+                Redis), unpack, AckGroups ──> buffer ──Lua: XREADGROUP, XACK+XDEL──> redis
+            one trainer ──XREADGROUP COUNT k, XACK+XDEL (one pipeline)─────────────────────────────────────> redis
 
 The script starts its own redis-server (no persistence, in a temp dir) and the
 buffer service (`python -m services.buffer`, redis backend) on free ports, and
@@ -12,14 +14,25 @@ stops both at the end. For each --tokens size it builds --groups GRPO groups of
 float logprobs, a 256-token prompt), then times on each path: putting all of
 them, and sampling batches of --batch and acking them until all are consumed;
 --repeats times, the two paths alternating, keeping the best put and the best
-sample-and-ack time of each path. Both paths start from Group messages and end
-with Group messages, so the protobuf encoding and decoding that a direct Redis
-client needs is timed in both; MB are those of the serialized Groups.
+sample-and-ack time of each path. Both paths start from Group messages. The
+service path runs the services' own clients: the writer splits each group into
+metadata and a packed payload (dockyard/experience/payload.py) and checks it
+(timed), the reader gets the bytes as stored and unpacks them into arrays
+(timed). With --no-data-plane the payloads stream through the buffer service
+(PutGroupStream, SampleGroupsStream) instead. The raw path encodes and decodes
+whole Groups, what a direct Redis client of the old format needs. MB are those
+of the serialized Groups. --multi-turn-tokens adds a size of multi-turn groups
+(loss masks, a later segment) of that many tokens per trajectory, prompt
+included.
 
 Prints a table, then `buffer_vs_raw_redis: R` where R is the service's
 put+sample throughput over raw Redis's at 4096 tokens (or at the first --tokens
-size without 4096); put+sample throughput is N / (put seconds + sample-and-ack
-seconds). 1.0 is parity; lower means the service costs that much.
+size without 4096), and the same ratio at every size; put+sample throughput is
+N / (put seconds + sample-and-ack seconds). 1.0 is parity; lower means the
+service costs that much. `metadata_share` is the fraction of the writer's bytes
+that is metadata (ids, rewards, versions, texts); `writer_bytes_through_service`
+the fraction the writer sent through the buffer service (metadata, and payloads
+without a data plane): the coordinator's share of the bytes.
 """
 
 from __future__ import annotations
@@ -43,7 +56,11 @@ import redis.asyncio as aioredis
 
 from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
 from dockyard.api.common.v1 import common_pb2
+from dockyard.experience import payload
 from dockyard.rpc.client import connect, health_status
+from services.coordinator.job_buffer import JobBuffer
+from services.trainer.consumer import BufferConsumer
+from services.trainer.ledger import TrainedLedger
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 151_936
@@ -57,8 +74,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_groups(job_id: str, n: int, group_size: int, tokens: int, seed: int) -> list[common_pb2.Group]:
-    """`n` groups of `group_size` distinct trajectories of `tokens` completion tokens, weight version 0."""
+def make_groups(
+    job_id: str, n: int, group_size: int, tokens: int, seed: int, multi_turn: bool = False
+) -> list[common_pb2.Group]:
+    """`n` groups of `group_size` distinct trajectories of `tokens` completion tokens, weight version 0;
+    `multi_turn`: loss masks (every 8th token is tool output) and a small later segment."""
     rng = random.Random(seed)
     prompt_ids = [rng.randrange(VOCAB) for _ in range(PROMPT_TOKENS)]
     template = common_pb2.Group(
@@ -78,6 +98,12 @@ def make_groups(job_id: str, n: int, group_size: int, tokens: int, seed: int) ->
             for _ in range(group_size)
         ],
     )
+    if multi_turn:
+        for t in template.trajectories:
+            t.completion_loss_mask.extend([int(i % 8 != 0) for i in range(tokens)])
+            for i in range(0, tokens, 8):
+                t.completion_logprobs[i] = 0.0
+            t.later_segments.add(prompt_token_ids=[1, 2], completion_token_ids=[3], completion_logprobs=[-0.5])
     groups = []
     for i in range(n):
         group = common_pb2.Group()
@@ -94,51 +120,65 @@ def make_groups(job_id: str, n: int, group_size: int, tokens: int, seed: int) ->
 class Timing:
     put_s: float
     sample_s: float
+    metadata_bytes: int = 0
+    payload_bytes: int = 0  # payload bytes the writer sent through the buffer service
+    staged_bytes: int = 0  # payload bytes the writer staged in the data plane
 
 
 def best(timings: list[Timing]) -> Timing:
-    return Timing(min(t.put_s for t in timings), min(t.sample_s for t in timings))
+    return Timing(
+        min(t.put_s for t in timings),
+        min(t.sample_s for t in timings),
+        timings[0].metadata_bytes,
+        timings[0].payload_bytes,
+        timings[0].staged_bytes,
+    )
 
 
 # ---- the buffer service -----------------------------------------------------------------------
 
 
 async def service_run(stub, job_id: str, groups: list[common_pb2.Group], args: argparse.Namespace) -> Timing:
-    await stub.OpenJob(
-        buffer_pb2.OpenJobRequest(job_id=job_id, max_groups=len(groups) + 1, max_trajectory_age_steps=1000)
-    )
-    requests = iter([buffer_pb2.PutGroupRequest(group=g) for g in groups])
+    """The coordinator's writer (JobBuffer) and the trainer's reader (BufferConsumer), as the services run them."""
+    producer = JobBuffer(stub, job_id, max_groups=len(groups) + 1, max_age_steps=1000)
+    await producer.open()
+    if (producer.data_plane is not None) != args.data_plane:
+        raise RuntimeError(f"the writer's data plane is {producer.data_plane}, wanted {args.data_plane}")
+    pending = iter(groups)
 
     async def putter() -> None:
-        for request in requests:
-            reply = await stub.PutGroup(request)
+        for group in pending:
+            reply = await producer.put(group)  # packs once, stages the payload, puts the metadata
             if reply.duplicate or reply.dropped_stale:
-                raise RuntimeError(f"put of {request.group.group_id} answered {reply}")
+                raise RuntimeError(f"put of {group.group_id} answered {reply}")
 
     start = time.perf_counter()
     await asyncio.gather(*(putter() for _ in range(args.concurrency)))
     put_s = time.perf_counter() - start
 
-    start = time.perf_counter()
-    consumed = 0
-    while consumed < len(groups):
-        reply = await stub.SampleGroups(
-            buffer_pb2.SampleGroupsRequest(job_id=job_id, trainer_step=0, max_groups=args.batch, consumer=CONSUMER)
-        )
-        if not reply.groups:
-            raise RuntimeError(f"sample returned nothing after {consumed} of {len(groups)} groups")
-        ids = [g.group_id for g in reply.groups]
-        acked = await stub.AckGroups(buffer_pb2.AckGroupsRequest(job_id=job_id, group_ids=ids, weight_version=0))
-        if acked.acked != len(ids):
-            raise RuntimeError(f"acked {acked.acked} of {len(ids)}")
-        consumed += len(ids)
-    sample_s = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as ledger:
+        consumer = BufferConsumer(stub, CONSUMER, job_id, TrainedLedger(Path(ledger)), ack_timeout=60)
+        start = time.perf_counter()
+        consumed = 0
+        while consumed < len(groups):
+            lease = await consumer.lease(0, args.batch)  # metadata by the service, payloads as stored
+            arrays = [payload.unpack(g.payload) for g in lease.groups]  # what the trainer reads
+            if sum(len(a) for a in arrays) != len(lease.groups) * args.group_size:
+                raise RuntimeError("a sampled payload lost trajectories")
+            ids = [g.group_id for g in lease.groups]
+            acked = await stub.AckGroups(buffer_pb2.AckGroupsRequest(job_id=job_id, group_ids=ids, weight_version=0))
+            if acked.acked != len(ids):
+                raise RuntimeError(f"acked {acked.acked} of {len(ids)}")
+            consumed += len(ids)
+        sample_s = time.perf_counter() - start
+        await consumer.close()
 
     stats = await stub.GetStats(buffer_pb2.GetStatsRequest(job_id=job_id))
     if (stats.puts, stats.acked, stats.held, stats.pending) != (len(groups), len(groups), 0, 0):
         raise RuntimeError(f"unexpected buffer stats after the run:\n{stats}")
-    await stub.CloseJob(buffer_pb2.CloseJobRequest(job_id=job_id))
-    return Timing(put_s, sample_s)
+    sent = dict(producer.sent_bytes)
+    await producer.close()
+    return Timing(put_s, sample_s, sent["metadata"], sent["payload"], sent["staged"])
 
 
 # ---- raw redis-py -----------------------------------------------------------------------------
@@ -209,13 +249,14 @@ def start_redis(server: str, workdir: str) -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
-def start_buffer(redis_port: int, workdir: str) -> tuple[subprocess.Popen, str]:
+def start_buffer(redis_port: int, workdir: str, data_plane: bool) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {
         **os.environ,
         "DOCKYARD_BUFFER_PORT": str(port),
         "DOCKYARD_BUFFER_BACKEND": "redis",
         "DOCKYARD_BUFFER_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "DOCKYARD_BUFFER_DATA_PLANE": str(data_plane).lower(),
     }
     with open(Path(workdir) / "buffer.log", "wb") as log:
         proc = subprocess.Popen(
@@ -246,7 +287,9 @@ def stop(proc: subprocess.Popen | None) -> None:
 # ---- main -------------------------------------------------------------------------------------
 
 
-async def bench(address: str, redis_port: int, args: argparse.Namespace) -> list[tuple[int, float, Timing, Timing]]:
+async def bench(
+    address: str, redis_port: int, args: argparse.Namespace
+) -> list[tuple[int, int, float, Timing, Timing]]:
     results = []
     r = aioredis.Redis(port=redis_port, max_connections=args.concurrency + 2)
     async with connect(address, service="dockyard.buffer.v1.BufferService", default_timeout=120.0) as channel:
@@ -255,15 +298,18 @@ async def bench(address: str, redis_port: int, args: argparse.Namespace) -> list
         warm = make_groups("bench-warmup", 2 * args.concurrency, args.group_size, 256, seed=0)
         await service_run(stub, "bench-warmup", warm, args)
         await raw_run(r, "bench:raw:warmup", warm, args)
-        for tokens in args.tokens:
+        sizes = [(tokens, args.groups, False) for tokens in args.tokens]
+        if args.multi_turn_tokens:
+            sizes.append((args.multi_turn_tokens - PROMPT_TOKENS - 3, args.multi_turn_groups, True))
+        for tokens, n, multi_turn in sizes:
             job_id = f"bench-{tokens}"
-            groups = make_groups(job_id, args.groups, args.group_size, tokens, seed=tokens)
+            groups = make_groups(job_id, n, args.group_size, tokens, seed=tokens, multi_turn=multi_turn)
             mb = sum(g.ByteSize() for g in groups) / 1e6
             service, raw = [], []
             for _ in range(args.repeats):  # alternating, so that load from elsewhere hits both alike
                 service.append(await service_run(stub, job_id, groups, args))
                 raw.append(await raw_run(r, f"bench:raw:{tokens}", groups, args))
-            results.append((tokens, mb, best(service), best(raw)))
+            results.append((tokens, n, mb, best(service), best(raw)))
     await r.aclose()
     return results
 
@@ -273,9 +319,19 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=96, help="groups put and sampled per size")
     parser.add_argument("--group-size", type=int, default=8, help="trajectories per group")
     parser.add_argument("--tokens", type=int, nargs="+", default=[1024, 4096, 16384], help="completion tokens")
+    parser.add_argument(
+        "--multi-turn-tokens", type=int, default=65536, help="tokens per multi-turn trajectory (0: no such size)"
+    )
+    parser.add_argument("--multi-turn-groups", type=int, default=24, help="groups put and sampled at that size")
     parser.add_argument("--concurrency", type=int, default=4, help="concurrent putters")
     parser.add_argument("--batch", type=int, default=8, help="max_groups of each sample (XREADGROUP COUNT)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per size and path; the best is kept")
+    parser.add_argument(
+        "--no-data-plane",
+        dest="data_plane",
+        action="store_false",
+        help="stream payloads through the buffer service (DOCKYARD_BUFFER_DATA_PLANE=false) instead of around it",
+    )
     parser.add_argument("--redis-server", default=shutil.which("redis-server") or "/usr/bin/redis-server")
     args = parser.parse_args()
     # Stopped by SIGTERM, still stop the processes started here.
@@ -285,7 +341,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-buffer-") as workdir:
         try:
             redis_proc, redis_port = start_redis(args.redis_server, workdir)
-            buffer_proc, address = start_buffer(redis_port, workdir)
+            buffer_proc, address = start_buffer(redis_port, workdir, args.data_plane)
             asyncio.run(wait_serving(buffer_proc, address, Path(workdir) / "buffer.log"))
             with redis.Redis(port=redis_port) as client:
                 version = client.info("server")["redis_version"]
@@ -303,13 +359,21 @@ def main() -> None:
         f"{header[0]:>6}  {header[1]:<7} {header[2]:>8} {header[3]:>12} {header[4]:>9} {header[5]:>19} {header[6]:>15}"
     )
     throughput = {}
-    for tokens, mb, service, raw in results:
+    share = {}
+    for tokens, n, mb, service, raw in results:
         for path, t in (("service", service), ("raw", raw)):
             print(
-                f"{tokens:>6}  {path:<7} {mb / args.groups:>8.3f} {args.groups / t.put_s:>12.1f} {mb / t.put_s:>9.1f}"
-                f" {args.groups / t.sample_s:>19.1f} {mb / t.sample_s:>15.1f}"
+                f"{tokens:>6}  {path:<7} {mb / n:>8.3f} {n / t.put_s:>12.1f} {mb / t.put_s:>9.1f}"
+                f" {n / t.sample_s:>19.1f} {mb / t.sample_s:>15.1f}"
             )
-            throughput[tokens, path] = args.groups / (t.put_s + t.sample_s)
+            throughput[tokens, path] = n / (t.put_s + t.sample_s)
+        total = service.metadata_bytes + service.payload_bytes + service.staged_bytes
+        share[tokens] = (service.metadata_bytes / total, (service.metadata_bytes + service.payload_bytes) / total)
+    for tokens, *_ in results:
+        print(
+            f"at {tokens} tokens: service/raw {throughput[tokens, 'service'] / throughput[tokens, 'raw']:.3f}, "
+            f"metadata_share {share[tokens][0]:.4f}, writer_bytes_through_service {share[tokens][1]:.4f}"
+        )
     at = 4096 if 4096 in args.tokens else args.tokens[0]
     print(
         f"put+sample at {at} tokens: service {throughput[at, 'service']:.1f} groups/s, raw {throughput[at, 'raw']:.1f}"

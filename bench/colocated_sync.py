@@ -115,6 +115,7 @@ def member(role: str, group, shape: str, args: argparse.Namespace, barrier, out)
             torch._foreach_copy_([t for _, t in tensors], local)
 
     version = 0
+    loop = asyncio.new_event_loop()  # one for the whole run, as the rollout service's is
 
     def refit() -> None:
         nonlocal version
@@ -122,11 +123,15 @@ def member(role: str, group, shape: str, args: argparse.Namespace, barrier, out)
         if trainer:
             transport.send(tensors, version, group)
         else:
-            asyncio.run(engine.receive_weights(transport, version, group, timeout))
+            loop.run_until_complete(engine.receive_weights(transport, version, group, timeout))
 
-    results: dict[str, list[float]] = {"raw": [], "per_tensor": [], "refit": []}
+    def replayed() -> None:  # the receiver's copies alone (a repeat's graph), for the breakdown
+        if not trainer and transport.peer.replay is not None:
+            transport.peer.replay[2].run()
+
+    results: dict[str, list[float]] = {"raw": [], "per_tensor": [], "refit": [], "replayed": []}
     for i in range(args.repeats + 1):  # the first round warms both paths up (and maps the handles)
-        for name, run in (("raw", raw), ("per_tensor", per_tensor), ("refit", refit)):
+        for name, run in (("raw", raw), ("per_tensor", per_tensor), ("refit", refit), ("replayed", replayed)):
             seconds = timed(run)
             if i > 0:
                 results[name].append(seconds)
@@ -144,6 +149,7 @@ def member(role: str, group, shape: str, args: argparse.Namespace, barrier, out)
         assert engine.weight_version == version
     barrier.wait()  # the trainer's memory stays mapped until the rollout is done reading it
     transport.close()
+    loop.close()
     out.put((role, nbytes, results, sums))
 
 
@@ -193,6 +199,8 @@ def run_shape(shape: str, args: argparse.Namespace) -> float:
     print(f"  raw copy of one buffer:                    {raw * 1e3:9.2f} ms  {gb / raw:8.1f} GB/s")
     per_tensor = min(got["rollout"][1]["per_tensor"])
     print(f"  per-tensor copies (one _foreach_copy_):    {per_tensor * 1e3:9.2f} ms  {gb / per_tensor:8.1f} GB/s")
+    replayed = min(got["rollout"][1]["replayed"])
+    print(f"  the receiver's replayed copies alone:      {replayed * 1e3:9.2f} ms  {gb / replayed:8.1f} GB/s")
     print(f"  refit (handles, copies into the engine):   {refit * 1e3:9.2f} ms  {gb / refit:8.1f} GB/s")
     equal = got["trainer"][2] == got["rollout"][2]
     print(f"  engine weights equal the trainer's (per-tensor sums): {equal}")

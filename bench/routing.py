@@ -92,7 +92,7 @@ class InProcessFleet(Backend):
             return await super().pick(job_id, session, size)
         return Replica(*[self._random.choice(list(self.engines))] * 2)
 
-    async def generate(self, job_id, replica, prompt_ids, n, sampling) -> Generated:
+    async def generate(self, job_id, replica, prompt_ids, n, sampling, images=None) -> Generated:
         engine = self.engines[replica.name]
         decoding = DecodingParams(
             temperature=sampling.temperature, max_new_tokens=sampling.max_new_tokens, seed=sampling.seed or None

@@ -23,8 +23,15 @@ Prints tokens/s and MFU of each, then, last:
     peak_memory_vs_full_logits: R   peak memory of the step over the full-logits path's (CUDA only)
     trainer_vs_plain_step: R        dockyard tokens/s over the plain step's (1.0 is parity)
 
+With `--backend jax` it times the JAX (Flax NNX) trainer's `train_step` and the torch trainer's on
+the same model (the same random init), config and batch, and prints, last:
+    jax_mfu: R                      the JAX step's MFU
+    torch_mfu: R                    the torch step's MFU
+    jax_vs_torch: R                 JAX tokens/s over torch's (1.0 is parity)
+
     python bench/trainer.py            # one GPU: the Qwen2.5-0.5B shape, 32 sequences
     python bench/trainer.py --smoke    # CPU, a tiny model, seconds
+    python bench/trainer.py --backend jax [--smoke]
 """
 
 from __future__ import annotations
@@ -70,6 +77,7 @@ policy:
   model: {{{fields}}}
   dtype: {args.dtype}
   activation_checkpointing: {str(args.activation_checkpointing).lower()}
+  compile_layers: {str(args.compile_layers).lower()}
   train_global_batch_size: {args.minibatch or args.sequences}
   train_micro_batch_size: {args.sequences}
   max_tokens_per_micro_batch: {budget}
@@ -132,8 +140,10 @@ def main() -> None:
     )
     parser.add_argument("--skip-full-logits", action="store_true", help="no full-logits baseline (saves its time)")
     parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument("--compile-layers", action="store_true", help="policy.compile_layers (the GRPO step only)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (after --warmup)")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--backend", default="torch", choices=["torch", "jax"], help="jax: JAX vs torch step")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="peak of the device (H200 bf16 dense)")
     args = parser.parse_args()
     if args.smoke:
@@ -149,6 +159,8 @@ def main() -> None:
 
     model = TINY if args.smoke else QWEN25_05B
     config = load_config_text(config_yaml(args, model))
+    if args.backend == "jax":
+        return jax_versus_torch(args, config, device)
     policy = PolicyTrainer(config, device)
     cfg = policy.model.config
     groups = make_groups(args, cfg.vocab_size)
@@ -164,7 +176,7 @@ def main() -> None:
         f"model: {cfg.model_type} {policy.num_parameters() / 1e6:.1f}M parameters, {args.dtype} on {device}; "
         f"batch: {len(lengths)} sequences, {tokens} tokens (longest {max(lengths)}), "
         f"budget {args.tokens_per_micro_batch} tokens/micro-batch, packing {args.packing}, "
-        f"activation checkpointing {args.activation_checkpointing}"
+        f"activation checkpointing {args.activation_checkpointing}, compiled layers {args.compile_layers}"
     )
 
     cuda = device.startswith("cuda")
@@ -257,6 +269,54 @@ def main() -> None:
         print("peak_memory_vs_full_logits: n/a (CUDA only, and not with --skip-full-logits)")
     print(f"trainer_mfu: {flops['dockyard GRPO step'] / ours / 1e12 / args.peak_tflops:.3f}")
     print(f"trainer_vs_plain_step: {plain / ours:.3f}")
+
+
+def jax_versus_torch(args: argparse.Namespace, config, device: str) -> None:
+    """The JAX trainer's step against the torch trainer's: same model, config, batch; tokens/s and MFU."""
+    from services.trainer.jax_policy import JaxPolicyTrainer
+    from services.trainer.policy import PolicyTrainer
+
+    trainers = {
+        "jax": JaxPolicyTrainer(
+            config.model_copy(update={"policy": config.policy.model_copy(update={"backend": "jax"})}), device
+        ),
+        "torch": PolicyTrainer(config, device),
+    }
+    cfg = trainers["jax"].hf_config
+    groups = make_groups(args, cfg.vocab_size)
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for g in groups for s in g.samples]
+    completion = sum(len(s.completion_ids) for g in groups for s in g.samples)
+    flops, tokens = model_flops(cfg, lengths, completion), sum(lengths)
+    print(
+        f"model: {cfg.model_type} {trainers['jax'].num_parameters() / 1e6:.1f}M parameters, {args.dtype} on {device}; "
+        f"batch: {len(lengths)} sequences, {tokens} tokens (longest {max(lengths)}), "
+        f"budget {args.tokens_per_micro_batch} tokens/micro-batch, packing {args.packing}"
+    )
+    mfu = {}
+    for name, policy in trainers.items():  # JAX compiles in its warmup steps
+        times, last = [], {}
+        for i in range(args.warmup + args.steps):
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            last = policy.train_step(groups)  # returns floats: the device work is done
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            if i >= args.warmup:
+                times.append(time.perf_counter() - start)
+            else:
+                print(f"{name} warmup step {i}: {time.perf_counter() - start:.1f} s", flush=True)
+        took = statistics.median(times)
+        tflops = flops / took / 1e12
+        mfu[name] = tflops / args.peak_tflops
+        print(
+            f"{name:>6} GRPO step: {took * 1000:8.1f} ms/step  {tokens / took:10.0f} tokens/s  {tflops:7.2f} TFLOP/s  "
+            f"MFU {100 * mfu[name]:5.1f}% (of {args.peak_tflops:g}); "
+            f"loss {last['loss']:.5f} grad_norm {last['grad_norm']:.4f}"
+        )
+    print(f"jax_mfu: {mfu['jax']:.3f}")
+    print(f"torch_mfu: {mfu['torch']:.3f}")
+    print(f"jax_vs_torch: {mfu['jax'] / mfu['torch']:.3f}")
 
 
 if __name__ == "__main__":

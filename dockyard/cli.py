@@ -13,6 +13,9 @@
                                         ports, disk) and say what to fix; exit 2 when something is wrong
     dockyard run CONFIG [k=v ...]       preflight + up + submit + follow, then stop everything
                                         (--prepare: build a missing policy folder with the config's bootstrap)
+    dockyard export hf CHECKPOINT OUT   a Hugging Face folder from a (sharded) checkpoint
+    dockyard export gguf FOLDER OUT --type T [--type T ...]
+                                        validated GGUF file(s) of an HF folder (dockyard/export/commands.py)
 
 submit, status and cancel talk to the coordinator at --coordinator, else
 DOCKYARD_CLI_COORDINATOR_ADDRESS, else 127.0.0.1:50051.
@@ -385,7 +388,8 @@ def _interrupt_on_signals() -> None:
 
 def cmd_preflight(args) -> int:
     cfg = _load(args.config, args.overrides)
-    _preflight(cfg, prepare=args.prepare, local_services=not args.remote)
+    # A folder the config bootstraps is checked as built: `dockyard prepare` (or run --prepare) builds it.
+    _preflight(cfg, prepare=cfg.policy.bootstrap is not None, local_services=not args.remote)
     return 0
 
 
@@ -401,6 +405,10 @@ def cmd_run(args) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    # Trainer and rollout run where cluster.device says, unless the environment deploys them itself.
+    for variable in ("DOCKYARD_TRAINER_DEVICE", "DOCKYARD_ROLLOUT_DEVICE"):
+        if variable not in os.environ:
+            extra_env[variable] = cfg.cluster.device
     # The job's state (job.json) goes to its run folder unless the environment says otherwise.
     if "DOCKYARD_COORDINATOR_STATE_DIR" not in os.environ:
         extra_env["DOCKYARD_COORDINATOR_STATE_DIR"] = str(Path(cfg.logger.log_dir).resolve())
@@ -411,7 +419,8 @@ def cmd_run(args) -> int:
         rollout_replicas=args.rollout_replicas,
         sandbox_workers=args.sandbox_workers,
         ports=_port_flags(args),
-        endpoint=cfg.env.agentic,  # agent trials send their model calls through the policy endpoint
+        # agent trials and the hle judge send their model calls through the policy endpoint
+        endpoint=cfg.env.agentic or cfg.env.judge.enabled,
         dashboard=True,
     )
     _preflight(cfg, prepare=args.prepare, ports=stack.ports, environ={**os.environ, **extra_env})
@@ -548,6 +557,18 @@ def cmd_prepare(args) -> int:
     return 0
 
 
+def cmd_export_sft(args) -> int:
+    from dockyard.tasks.demonstrations import export_best_trials
+
+    try:
+        count = export_best_trials(args.run_dir, args.out, args.min_reward)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"{count} demonstrations (reward >= {args.min_reward:g}) written to {args.out}")
+    return 0
+
+
 def cmd_build_swe(args) -> int:
     # The builder is a sandbox-side tool (it grades with the sandbox's log parser): it runs as its own
     # process, as the services do, so the library never imports it; its parser owns the options.
@@ -613,7 +634,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("preflight", help="check what a run of the config needs, before starting anything")
     with_config(p)
-    p.add_argument("--prepare", action="store_true", help="a missing policy folder will be built by the bootstrap")
     p.add_argument(
         "--remote",
         action="store_true",
@@ -650,6 +670,12 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(p)
     p.set_defaults(func=cmd_prepare)
 
+    p = sub.add_parser("export-sft", help="write a run's passing trials as an SFT dataset (sft.dataset)")
+    p.add_argument("run_dir", help="a run folder, runs/<job-id>: samples.jsonl, or an agent run's trials.jsonl")
+    p.add_argument("out", help="the JSONL to write: {prompt, completion} records, or {messages, tools} for agents")
+    p.add_argument("--min-reward", type=float, default=1.0, help="keep trials whose reward is at least this")
+    p.set_defaults(func=cmd_export_sft)
+
     tasks = sub.add_parser("tasks", help="build task sets").add_subparsers(dest="tasks_command", required=True)
     p = tasks.add_parser(
         "build-swe",
@@ -658,6 +684,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("builder_args", nargs=argparse.REMAINDER, help="the task builder's arguments")
     p.set_defaults(func=cmd_build_swe)
+
+    from dockyard.export.commands import add_commands
+
+    add_commands(sub)
     return parser
 
 

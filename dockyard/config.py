@@ -33,6 +33,7 @@ from omegaconf.errors import OmegaConfBaseException
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from dockyard.algorithms.launch_rules import launch_errors
+from dockyard.tasks.reward_functions import syntax_error as reward_syntax_error
 
 MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_DEPTH = 32
@@ -44,6 +45,7 @@ MAX_BATCH = 1_000_000
 MAX_GROUP = 10_000
 MAX_TOKENS = 10_000_000
 MAX_SEED = 2**32 - 1  # numpy's seed range, the narrowest of the generators seeded
+MAX_REWARD_TERMS = 16
 
 
 class ConfigError(ValueError):
@@ -68,6 +70,7 @@ class SamplingConfig(Section):
     top_k: int = Field(0, ge=0, le=1_000_000, description="0 = off.")
     max_new_tokens: int = Field(32, ge=1, le=32768, description="Generation length cap.")
     stop_strings: list[str] = Field(default_factory=list, description="A sample ends after any of these.")
+    ignore_eos: bool = Field(False, description="Keep sampling past the end-of-sequence token up to max_new_tokens.")
 
 
 class GenerationConfig(SamplingConfig):
@@ -89,6 +92,11 @@ class GenerationConfig(SamplingConfig):
         description="Token positions of KV the torch engine keeps for finished rows and reuses for prompts "
         "sharing their prefix (shared with the rows decoding); 0 = no prefix cache.",
     )
+    precision: Literal["auto", "fp8"] = Field(
+        "auto",
+        description="auto: the engine runs in policy.dtype; fp8: the torch engine's decoder linear layers run FP8 "
+        "matmuls (CUDA, compute capability 8.9+), each refit quantizing the trainer's weights on arrival.",
+    )
     vllm_cfg: dict[str, Any] = Field(
         default_factory=dict,
         description="Options of the vLLM engine: engine arguments (e.g. gpu_memory_utilization, max_model_len) "
@@ -99,6 +107,15 @@ class GenerationConfig(SamplingConfig):
         description="Options of the SGLang engine: sgl.Engine server arguments (e.g. mem_fraction_static, "
         "context_length, enable_deterministic_inference).",
     )
+    allow_multimodal_inputs: bool = Field(
+        False,
+        description="Accept image inputs (Generate's images, the endpoint's image blocks), each normalised to "
+        "RGB (dockyard/images.py); false: a request with images is refused.",
+    )
+    max_image_pixels: int = Field(
+        16_777_216, ge=1, le=1 << 31, description="Largest width × height of one image, checked before decoding it."
+    )
+    max_images_per_sample: int = Field(8, ge=1, le=256, description="Most images one prompt may carry.")
 
 
 class OptimizerConfig(Section):
@@ -163,6 +180,9 @@ class LoraConfig(Section):
 
 
 class PolicyConfig(Section):
+    backend: Literal["torch", "jax"] = Field(
+        "torch", description="Trainer backend: torch (HF + FSDP2) or jax (Flax NNX, one device; the `jax` extra)."
+    )
     model_name: str | None = Field(None, description="Local Hugging Face folder of the policy.")
     model: dict[str, Any] | None = Field(
         None,
@@ -176,6 +196,11 @@ class PolicyConfig(Section):
         True, description="With dtype bfloat16, the trainer keeps fp32 parameters and optimizer state."
     )
     activation_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    compile_layers: bool = Field(
+        False,
+        description="torch.compile each decoder layer: fused kernels, less activation memory; compiles at the "
+        "first step.",
+    )
     train_global_batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="Trajectories per optimizer step.")
     num_epochs: int = Field(1, ge=1, le=100, description="Passes over a step's minibatches, one optimizer step each.")
     train_micro_batch_size: int = Field(16, ge=1, le=MAX_BATCH, description="Most trajectories per forward/backward.")
@@ -198,6 +223,15 @@ class PolicyConfig(Section):
             raise ValueError("policy.model needs a model_type, e.g. qwen2 or llama")
         if self.sequence_packing and self.max_tokens_per_micro_batch is None:
             raise ValueError("policy.sequence_packing needs policy.max_tokens_per_micro_batch (the packed row length)")
+        if self.backend == "jax":
+            unsupported = {
+                "lora.enabled": self.lora.enabled,
+                "activation_checkpointing": self.activation_checkpointing,
+                "compile_layers": self.compile_layers,
+            }
+            for key, on in unsupported.items():
+                if on:
+                    raise ValueError(f"policy.{key} is not supported with policy.backend=jax: use backend torch")
         return self
 
 
@@ -213,13 +247,21 @@ class LossConfig(Section):
     is_min: float | None = Field(None, ge=0.0, description="Lower bound of the IS weight.")
     is_max: float | None = Field(None, gt=0.0, description="Upper bound of the IS weight.")
     reduction: Literal["token", "sequence"] = Field("token", description="Loss reduction.")
-    opd: bool = Field(False, description="On-policy distillation advantages.")
+    opd: bool = Field(False, description="On-policy distillation advantages; the same as grpo.adv_estimator.name=opd.")
     zero_prev_logprobs: bool = Field(False, description="Treat previous logprobs as zero.")
 
 
 class AdvantageConfig(Section):
     leave_one_out: bool = Field(True, description="Baseline excludes the sample itself.")
     scale: Literal["group", "batch", "none"] = Field("group", description="Std normalisation; none = Dr.GRPO.")
+
+
+class AdvantageEstimatorConfig(Section):
+    name: Literal["grpo", "opd"] = Field(
+        "grpo",
+        description="grpo: group-relative advantages of the rewards; opd: on-policy distillation, "
+        "sg[log π_teacher − log π_student] per token (teachers in on_policy_distillation).",
+    )
 
 
 class ToggleConfig(Section):
@@ -277,6 +319,7 @@ class GRPOConfig(Section):
     val_at_end: bool = True
     seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed of task order and of generation.")
     advantage: AdvantageConfig = Field(default_factory=AdvantageConfig)
+    adv_estimator: AdvantageEstimatorConfig = Field(default_factory=AdvantageEstimatorConfig)
     max_rollout_turns: int = Field(
         16, ge=1, le=4096, description="Agent trials: model calls per trial; one that runs out is scored as it is."
     )
@@ -297,6 +340,14 @@ class GRPOConfig(Section):
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
     reward_scaling: RewardScalingConfig = Field(default_factory=RewardScalingConfig)
     reward_shaping: RewardShapingConfig = Field(default_factory=RewardShapingConfig)
+    invalid_action_penalty: float = Field(
+        0.0,
+        ge=0.0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="Subtracted from the reward of a trajectory with a malformed action (an unparsable tool "
+        "call, an unclosed thinking block); 0 = off. Reward shaping: refused with async GRPO.",
+    )
 
     @property
     def buffer_capacity(self) -> int:
@@ -420,22 +471,104 @@ class ScaffoldConfig(Section):
         return self
 
 
-class EnvConfig(Section):
-    name: Literal["expr", "expr_agent", "program_synthesis", "swe", "terminal_bench"] = Field(
-        "expr", description="Environment: how completions are scored (dockyard/tasks/envs.py)."
+class RewardTerm(Section):
+    """One reward of a weighted sum (env.reward as a list)."""
+
+    reward: str = Field(description="A built-in reward or a function, written as env.reward names one.")
+    weight: float = Field(1.0, allow_inf_nan=False, description="Its factor in the sum.")
+
+    @model_validator(mode="after")
+    def _reward_syntax(self) -> RewardTerm:
+        problem = reward_syntax_error(self.reward)
+        if problem is not None:
+            raise ValueError(f"env.reward: {problem}")
+        return self
+
+
+# The hle judge's prompt (dockyard/tasks/qa_judge.py), HLE's style: the extracted answer, then yes or no.
+JUDGE_TEMPLATE = """You grade an answer to an exam question. Decide whether the response's final answer \
+means the same as the correct answer given below; judge only that, not the reasoning.
+
+[question]: {question}
+
+[response]: {response}
+
+[correct_answer]: {correct_answer}
+
+Reply in exactly this format:
+extracted_final_answer: the final answer the response gives, copied exactly, or None if it gives none
+reasoning: one or two sentences comparing extracted_final_answer with [correct_answer] (numbers may \
+differ by a small rounding margin; anything else that differs makes it wrong)
+correct: yes if extracted_final_answer matches [correct_answer], otherwise no
+"""
+JUDGE_PLACEHOLDERS = ("{question}", "{response}", "{correct_answer}")
+
+
+class JudgeConfig(Section):
+    """The model judge of env hle (dockyard/tasks/qa_judge.py), HLE's style: asked through the policy endpoint."""
+
+    enabled: bool = Field(
+        False,
+        description="Ask the judge about every response the sandbox's answer rules reject; its yes passes it, "
+        "a failed call is an ERROR verdict (masked). env hle only.",
     )
-    reward: Literal["pass_fraction", "all_pass"] = Field("pass_fraction", description="Verdict → reward.")
+    prompt_template: str | None = Field(
+        None,
+        min_length=1,
+        max_length=16384,
+        description="The judge's one user message; {question}, {response} and {correct_answer} are filled in; "
+        "null: JUDGE_TEMPLATE (HLE's style).",
+    )
+    max_new_tokens: int = Field(256, ge=1, le=32768, description="Length cap of the judge's reply.")
+    temperature: float = Field(0.0, ge=0.0, le=2.0, allow_inf_nan=False, description="0 = greedy.")
+    timeout_seconds: float = Field(
+        120.0, gt=0.0, le=3600.0, allow_inf_nan=False, description="Time limit of one judge call."
+    )
+
+    @model_validator(mode="after")
+    def _placeholders(self) -> JudgeConfig:
+        template = self.prompt_template or JUDGE_TEMPLATE
+        if missing := [p for p in JUDGE_PLACEHOLDERS if p not in template]:
+            raise ValueError(f"env.judge.prompt_template must hold {', '.join(missing)}")
+        return self
+
+
+class EnvConfig(Section):
+    name: Literal[
+        "expr", "expr_agent", "program_synthesis", "program_bench", "swe", "terminal_bench", "hle", "gdpval", "osworld"
+    ] = Field("expr", description="Environment: how completions are scored (dockyard/tasks/envs.py).")
+    reward: str | list[RewardTerm] = Field(
+        "pass_fraction",
+        description="Verdict → reward: pass_fraction, all_pass, a function (module:function or file.py:function, "
+        "run in the sandbox), or a list of {reward, weight} summed (docs/rewards.md).",
+    )
     sandbox: SandboxLimits = Field(default_factory=SandboxLimits)
     tools: list[ToolConfig] = Field(
         default_factory=list,
         description="Non-empty: each trial is a multi-turn agent loop of the built-in scaffold with these "
         "tools, in a sandbox session (docs/agents.md); empty: one completion per sample.",
     )
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
     scaffold: ScaffoldConfig | None = Field(
         None,
         description="Set: each trial runs this external scaffold in its sandbox session (docker backend), whose "
         "only network route is the policy endpoint (docs/agents.md#external-scaffolds).",
     )
+
+    @model_validator(mode="after")
+    def _reward(self) -> EnvConfig:
+        if isinstance(self.reward, str) and (problem := reward_syntax_error(self.reward)) is not None:
+            raise ValueError(f"env.reward: {problem}")
+        if isinstance(self.reward, list) and not 1 <= len(self.reward) <= MAX_REWARD_TERMS:
+            raise ValueError(f"env.reward: a list of 1 to {MAX_REWARD_TERMS} {{reward, weight}} terms")
+        return self
+
+    @property
+    def reward_terms(self) -> list[tuple[str, float]]:
+        """(reward, weight) pairs; a single reward is one term of weight 1."""
+        if isinstance(self.reward, str):
+            return [(self.reward, 1.0)]
+        return [(term.reward, term.weight) for term in self.reward]
 
     @model_validator(mode="after")
     def _tool_names(self) -> EnvConfig:
@@ -444,6 +577,8 @@ class EnvConfig(Section):
             raise ValueError(f"env.tools: names must differ, got {names}")
         if [t.kind for t in self.tools].count("submit") > 1:
             raise ValueError("env.tools: at most one tool of kind submit (it ends the trial with its answer)")
+        if self.judge.enabled and self.name != "hle":
+            raise ValueError(f"env.judge grades question answering (env.name=hle), not env.name={self.name}")
         if self.tools and self.scaffold is not None:
             raise ValueError("env.tools are the built-in scaffold's; an external env.scaffold brings its own tools")
         return self
@@ -453,12 +588,41 @@ class EnvConfig(Section):
         return bool(self.tools) or self.scaffold is not None
 
 
+class FieldsConfig(Section):
+    """Which column of a dataset's rows holds what (docs/datasets.md); program-synthesis rows only."""
+
+    id: str = Field("task_id", min_length=1, description="Task id; a row without it is named by its file and line.")
+    prompt: str = Field("prompt", min_length=1, description="Prompt text (a row needs it or messages).")
+    messages: str = Field(
+        "messages", min_length=1, description="Chat messages [{role, content}], always rendered by the chat template."
+    )
+    tests: str = Field("tests", min_length=1, description="Python test source (one test) or a list of asserts.")
+    answer: str = Field("answer", min_length=1, description="Reference answer, carried on the task for rewards.")
+    solution: str = Field("solution", min_length=1, description="Reference completion (demonstrations).")
+    metadata: list[str] = Field(
+        default_factory=list, max_length=256, description="Further columns carried on the task as its metadata."
+    )
+
+
+class SourceConfig(Section):
+    path: str = Field(min_length=1, description="A JSONL(.gz), Parquet, or Hugging Face datasets folder.")
+    fields: FieldsConfig = Field(default_factory=FieldsConfig)
+
+
 class DatasetConfig(Section):
-    source: Literal["expr", "expr_agent", "humaneval", "swe", "terminal_bench"] = Field("expr", description="Task set.")
+    source: Literal[
+        "expr", "expr_agent", "humaneval", "program_bench", "swe", "terminal_bench", "qa", "gdpval", "osworld"
+    ] = Field("expr", description="Task set.")
     path: str | None = Field(
         None,
-        description="humaneval: a JSONL(.gz) in HumanEval's format; swe: task-set folder; terminal_bench: a folder "
-        "of task folders in terminal-bench's format.",
+        description="humaneval / program_bench: a JSONL(.gz), Parquet or Hugging Face datasets folder of "
+        "problems (docs/datasets.md); swe: task-set folder; terminal_bench: a folder of terminal-bench task folders; "
+        "qa: a JSONL of questions; gdpval: a folder of file-producing task folders (docs/environments.md); "
+        "osworld: OSWorld's evaluation_examples folder.",
+    )
+    fields: FieldsConfig = Field(default_factory=FieldsConfig)
+    sources: list[SourceConfig] = Field(
+        default_factory=list, max_length=64, description="More files of problems mixed in, each with its own fields."
     )
     size: int = Field(256, ge=1, le=100_000_000, description="Tasks drawn from the source.")
     seed: int = Field(0, ge=0, le=MAX_SEED)
@@ -468,17 +632,30 @@ class DataConfig(Section):
     train: DatasetConfig = Field(default_factory=DatasetConfig)
     validation: DatasetConfig = Field(default_factory=lambda: DatasetConfig(size=64, seed=1))
     num_dataloaders: int = Field(1, ge=1, le=64, description="Training task sources.")
+    chat_template: bool = Field(
+        False, description="Render each text prompt as a user message through the policy tokenizer's chat template."
+    )
 
 
 class ClusterConfig(Section):
     device: Literal["cpu", "cuda"] = Field(
-        "cpu", description="Device the trainer and rollout are deployed on (their DOCKYARD_*_DEVICE); nccl needs cuda."
+        "cpu",
+        description="Device the job's trainer and rollout run on: `dockyard run` deploys them there "
+        "(DOCKYARD_TRAINER_DEVICE / DOCKYARD_ROLLOUT_DEVICE unless set), and a service deployed elsewhere "
+        "refuses the job at LoadPolicy; nccl needs cuda.",
     )
     weight_sync_transport: Literal["collective", "checkpoint", "colocated"] = Field(
         "collective",
         description="How weights reach rollout replicas: the torch.distributed weight-sync group, safetensors "
         "files in a folder both can read (layouts without a shared collective), or memory handles between "
         "processes on one device (colocated: trainer and rollout on one GPU, CUDA IPC).",
+    )
+    target_hardware: str | None = Field(
+        None,
+        max_length=200,
+        description="The machines a cuda config is written for (e.g. '1 node, 8x H200'): on a machine without "
+        "CUDA, `dockyard preflight` states it and skips the checks that need those machines (GPUs, and the model "
+        "folder and task files that live there) instead of failing them.",
     )
     weight_sync_backend: Literal["gloo", "nccl"] = Field("gloo", description="Weight-sync group backend.")
     weight_sync_bucket_mb: int = Field(
@@ -493,6 +670,17 @@ class ClusterConfig(Section):
     weight_sync_checksum: bool = Field(
         True, description="Fingerprint of the moved bytes on their device, both sides, compared after every sync."
     )
+
+    def device_mismatch(self, service: str, deployed: str) -> str | None:
+        """Why a `service` deployed on `deployed` (its DOCKYARD_<SVC>_DEVICE: cpu, cuda or cuda:N) cannot
+        take this job, or None when it can: the job runs where cluster.device says, never silently elsewhere."""
+        if deployed.split(":")[0] == self.device:
+            return None
+        return (
+            f"the job's cluster.device is {self.device} but this {service} is deployed on {deployed} "
+            f"(DOCKYARD_{service.upper()}_DEVICE): set cluster.device={deployed.split(':')[0]}, or deploy the "
+            f"{service} on {self.device}"
+        )
 
 
 class WandbConfig(Section):
@@ -563,6 +751,11 @@ class LoggerConfig(Section):
     num_samples_per_step: int = Field(
         4, ge=0, le=1000, description="Completions per step to samples.jsonl and the trackers' tables."
     )
+    save_trials: bool = Field(
+        True,
+        description="An agent run writes each passing training trial's conversation to trials.jsonl "
+        "(what `dockyard export-sft` exports as chat demonstrations).",
+    )
     signatures: SignaturesConfig = Field(default_factory=SignaturesConfig)
 
     @model_validator(mode="after")
@@ -583,6 +776,14 @@ class CheckpointingConfig(Section):
     metric_name: str = Field("pass_rate", min_length=1, description="Validation metric that ranks checkpoints.")
     higher_is_better: bool = Field(True, description="Direction of metric_name.")
     resume: bool = Field(False, description="Start from the latest checkpoint in checkpoint_dir, if there is one.")
+    format: Literal["hf", "sharded"] = Field(
+        "hf",
+        description="hf: rank 0 writes a Hugging Face folder (from_pretrained loads it); sharded: every rank writes "
+        "its own shards with torch.distributed.checkpoint (`dockyard export hf` converts one).",
+    )
+    async_save: bool = Field(
+        False, description="sharded: write in the background while training goes on (one save in flight at a time)."
+    )
 
     @model_validator(mode="after")
     def _resume_needs_dir(self) -> CheckpointingConfig:
@@ -591,14 +792,31 @@ class CheckpointingConfig(Section):
         return self
 
 
+class OnPolicyDistillationConfig(Section):
+    teacher_model_by_agent_name: dict[str, str] = Field(
+        default_factory=dict,
+        description="Teacher policy (a local Hugging Face folder sharing the student's tokenizer) for the rollouts "
+        "of each agent (environment) name, e.g. {expr: runs/expr-grpo/step-30}; the trainer loads each "
+        "one frozen, without an optimizer.",
+    )
+
+
 class SFTConfig(Section):
     max_num_steps: int = Field(100, ge=1, le=MAX_STEPS, description="Supervised optimizer steps of the job.")
     batch_size: int = Field(
-        32, ge=1, le=MAX_BATCH, description="Demonstrations (training tasks with their reference) per step."
+        32,
+        ge=1,
+        le=MAX_BATCH,
+        description="Demonstrations (training tasks with their reference, or sft.dataset records) per step.",
     )
     val_period: int = Field(0, ge=0, le=MAX_STEPS, description="Validate every this many steps; 0 = only at start/end.")
     val_at_start: bool = Field(False, description="Validate before the first step.")
     val_at_end: bool = Field(True, description="Validate after the last step.")
+    dataset: str | None = Field(
+        None,
+        description="JSONL(.gz) of demonstrations ({prompt, completion} or {messages} records, the loss on "
+        "assistant turns only); null = the training tasks' reference solutions.",
+    )
 
 
 class MasterConfig(Section):
@@ -611,6 +829,16 @@ class MasterConfig(Section):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     logger: LoggerConfig = Field(default_factory=LoggerConfig)
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
+    on_policy_distillation: OnPolicyDistillationConfig = Field(default_factory=OnPolicyDistillationConfig)
+
+    @property
+    def opd(self) -> bool:
+        """Whether the job trains by on-policy distillation (grpo.adv_estimator.name=opd or loss_fn.opd)."""
+        return self.sft is None and (self.grpo.adv_estimator.name == "opd" or self.loss_fn.opd)
+
+    def teacher_model(self) -> str | None:
+        """The teacher folder of this job's rollouts (their agent name is env.name); None without OPD."""
+        return self.on_policy_distillation.teacher_model_by_agent_name.get(self.env.name) if self.opd else None
 
     @model_validator(mode="after")
     def _launch_rules(self) -> MasterConfig:
@@ -624,18 +852,16 @@ class MasterConfig(Section):
             dynamic_sampling=g.dynamic_sampling.enabled,
             reward_scaling=g.reward_scaling.enabled,
             reward_shaping=g.reward_shaping.enabled,
+            invalid_action_penalty=g.invalid_action_penalty,
             num_dataloaders=self.data.num_dataloaders,
             num_prompts_per_step=g.num_prompts_per_step,
             num_generations_per_prompt=g.num_generations_per_prompt,
             train_global_batch_size=self.policy.train_global_batch_size,
-            opd=loss.opd,
+            opd=self.opd,
             zero_prev_logprobs=loss.zero_prev_logprobs,
+            teachers=self.on_policy_distillation.teacher_model_by_agent_name,
+            agent_name=self.env.name,
         )
-        # Accepted by the schema, not built yet: refused here rather than silently ignored.
-        if loss.opd:
-            errors.append(
-                ("loss_fn.opd", "on-policy distillation needs a teacher model, which the trainer does not load yet")
-            )
         if self.data.num_dataloaders > 1:
             errors.append(("data.num_dataloaders", "one training task source is supported; set it to 1"))
         if self.sft is None and g.num_generations_per_prompt < 2:
@@ -649,25 +875,52 @@ class MasterConfig(Section):
             "expr": "expr",
             "expr_agent": "expr_agent",
             "program_synthesis": "humaneval",
+            "program_bench": "program_bench",
             "swe": "swe",
             "terminal_bench": "terminal_bench",
+            "hle": "qa",
+            "gdpval": "gdpval",
+            "osworld": "osworld",
         }[self.env.name]
         for split in ("train", "validation"):
             dataset = getattr(self.data, split)
             if dataset.source != wanted:
                 errors.append((f"data.{split}.source", f"env.name={self.env.name} takes source {wanted}"))
-            elif dataset.source in ("swe", "terminal_bench") and not dataset.path:
+            elif dataset.source in ("swe", "terminal_bench", "gdpval", "osworld") and not dataset.path:
                 errors.append((f"data.{split}.path", f"env {dataset.source} needs the task-set folder"))
+            elif dataset.source == "qa" and not dataset.path:
+                errors.append((f"data.{split}.path", "env hle needs a JSONL file of questions"))
+            if dataset.sources and self.env.name not in ("program_synthesis", "program_bench"):
+                errors.append((f"data.{split}.sources", "mixing files is for program_synthesis and program_bench"))
         if self.env.name == "terminal_bench" and not self.env.agentic:
             errors.append(("env.tools", "env terminal_bench is a multi-turn task: give the agent its tools (a shell)"))
+        if self.env.name == "gdpval" and (
+            not self.env.agentic or (self.env.tools and not {t.kind for t in self.env.tools} & FILE_CHANGING_TOOLS)
+        ):
+            errors.append(("env.tools", "env gdpval scores the files the agent leaves: give it a shell or write_file"))
+        generation = self.policy.generation
+        if generation.allow_multimodal_inputs and generation.backend != "torch":
+            errors.append(
+                (
+                    "policy.generation.allow_multimodal_inputs",
+                    f"image inputs run on the torch engine only; backend {generation.backend} refuses them",
+                )
+            )
+        if self.env.name == "osworld" and not self.policy.generation.allow_multimodal_inputs:
+            errors.append(
+                ("policy.generation.allow_multimodal_inputs", "env osworld observes screenshots: set it to true")
+            )
         if self.env.name == "expr_agent" and not self.env.agentic:
             errors.append(("env.tools", "env expr_agent is a multi-turn task: give it its tool f (or a scaffold)"))
         if self.env.name == "swe" and self.env.tools and not {t.kind for t in self.env.tools} & FILE_CHANGING_TOOLS:
             errors.append(("env.tools", "multi-turn swe scores the session's edits: give it a shell or write_file"))
-        if self.env.agentic and self.sft is not None:
-            errors.append(("env.tools", "agent trials are GRPO's; a supervised job takes demonstrations"))
+        if self.env.agentic and self.sft is not None and self.sft.dataset is None:
+            # With sft.dataset (e.g. an agent run's export-sft) the agent env only validates.
+            errors.append(
+                ("env.tools", "a supervised agent job trains on conversations: set sft.dataset (dockyard export-sft)")
+            )
         train_path, val_path = self.data.train.path, self.data.validation.path
-        if self.env.name in ("swe", "terminal_bench") and train_path and val_path:
+        if self.env.name in ("swe", "terminal_bench", "gdpval") and train_path and val_path:
             if Path(train_path).resolve().parent != Path(val_path).resolve().parent:
                 errors.append(
                     ("data.validation.path", "must lie in the same folder as data.train.path (one task root)")
@@ -678,6 +931,24 @@ class MasterConfig(Section):
             )
         if self.cluster.device == "cpu" and self.cluster.weight_sync_backend == "nccl":
             errors.append(("cluster.weight_sync_backend", "nccl needs cluster.device=cuda; use gloo on CPU"))
+        gen = self.policy.generation
+        if gen.precision == "fp8" and (gen.backend != "torch" or self.cluster.device != "cuda"):
+            errors.append(
+                (
+                    "policy.generation.precision",
+                    "fp8 runs on the torch engine on a GPU with FP8 matmuls: needs generation.backend=torch and "
+                    "cluster.device=cuda",
+                )
+            )
+        ckpt = self.checkpointing
+        if ckpt.format == "sharded" and self.policy.lora.enabled:
+            errors.append(
+                ("checkpointing.format", "policy.lora saves its adapter and a merged HF folder: use format hf")
+            )
+        if ckpt.format == "sharded" and self.policy.backend == "jax":
+            errors.append(("checkpointing.format", "the JAX backend runs on one device and writes HF folders: use hf"))
+        if ckpt.async_save and ckpt.format != "sharded":
+            errors.append(("checkpointing.async_save", "background writes are for checkpointing.format=sharded"))
         if self.cluster.weight_sync_transport == "colocated" and self.policy.generation.backend == "sglang":
             errors.append(
                 (

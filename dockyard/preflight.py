@@ -1,16 +1,26 @@
 """Preflight: what a run will need, checked before any service starts.
 
     MasterConfig (already valid: typos, group size and launch rules failed in load_config)
+        ──> [away from its hardware: a cuda config with cluster.target_hardware, on a machine without CUDA]
         ──> model folder ─> tokenizer ─> datasets (files, fields) ─> context (longest prompt + max_new_tokens)
-        ──> GPUs / NCCL layout ─> sandbox backend (Docker engine, image) ─> buffer backend (Redis)
-        ──> ports ─> free disk for checkpoints
+        ──> SFT demonstrations file (sft.dataset) / OPD teacher folder
+        ──> swe task sets as the sandbox loads them (swebench specs, mirror commits)
+        ──> GPUs / NCCL layout ─> image processor (multimodal) ─> desktop VM (osworld: a stated skip)
+        ──> sandbox backend (Docker engine, image) ─> buffer backend (Redis)
+        ──> ports ─> free disk for checkpoints ─> reward functions (file or module found, function defined: ast)
         ──> [Finding(check, status, message)]     status: ok | error | skip
 
 Guarantees: every check runs (one failure never hides the next) and says exactly what is wrong and
 how to fix it; nothing is started, written or downloaded; torch is imported only to count GPUs for a
-cuda config, transformers only to load a tokenizer. The environment (DOCKYARD_SANDBOX_BACKEND,
+cuda config, transformers only to load a tokenizer. Away from the hardware a config states
+(cluster.target_hardware), what lives on those machines (GPUs, a missing model folder or task path) is
+a SKIP that names them, never a pass; what exists here is still checked. The environment (DOCKYARD_SANDBOX_BACKEND,
 DOCKYARD_BUFFER_BACKEND, ...) is read as the services that `dockyard run` starts would read it.
-"""
+
+
+Why one module of this size: it is one check per function, run in the order of the report above;
+each check is a few lines around the library call that decides it (load_config, the task loaders,
+the tokenizer, docker, redis, ast), and splitting them would scatter one report across files."""
 
 from __future__ import annotations
 
@@ -19,6 +29,8 @@ import math
 import os
 import shutil
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,14 +64,20 @@ class Context:
 def preflight(config: MasterConfig, context: Context = Context()) -> list[Finding]:
     """Every check's finding, in the order of the module docstring."""
     env = os.environ if context.environ is None else context.environ
+    away = away_from_target(config)
     checks: list[Callable[[], Finding | list[Finding]]] = [
-        lambda: check_model(config, context.prepare),
-        lambda: check_tokenizer_and_context(config, context.prepare),
-        lambda: check_gpus(config, context.local_services),
+        lambda: check_model(config, context.prepare, away),
+        lambda: check_tokenizer_and_context(config, context.prepare, away),
+        lambda: check_swe_task_sets(config, away),
+        lambda: check_demonstrations_and_teacher(config),
+        lambda: check_gpus(config, context.local_services, away),
+        lambda: check_image_processor(config, context.prepare),
+        lambda: check_desktop_vm(config),
         lambda: check_docker(env),
         lambda: check_redis(env),
         lambda: check_ports(context.ports or {}),
         lambda: check_disk(config),
+        lambda: check_reward_functions(config),
     ]
     findings: list[Finding] = []
     for check in checks:
@@ -68,17 +86,31 @@ def preflight(config: MasterConfig, context: Context = Context()) -> list[Findin
     return findings
 
 
+def away_from_target(config: MasterConfig) -> str | None:
+    """The statement of a SKIP for a cuda config that names its hardware, on a machine without CUDA; else None."""
+    cluster = config.cluster
+    if cluster.device != "cuda" or cluster.target_hardware is None:
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    return f"written for {cluster.target_hardware} (cluster.target_hardware); this machine has no CUDA device"
+
+
 def _folder_missing(config: MasterConfig) -> bool:
     name = config.policy.model_name
     return name is not None and not (Path(name) / "config.json").is_file()
 
 
-def check_model(config: MasterConfig, prepare: bool) -> Finding:
+def check_model(config: MasterConfig, prepare: bool, away: str | None = None) -> Finding:
     policy = config.policy
     if policy.model_name is None:
         return Finding("model", OK, f"random init of a {policy.model['model_type']} from policy.model")
     if not _folder_missing(config):
         return Finding("model", OK, f"policy folder {policy.model_name}")
+    if away:
+        return Finding("model", SKIP, f"{policy.model_name} is not here: {away}")
     if policy.bootstrap is None:
         return Finding(
             "model",
@@ -89,7 +121,10 @@ def check_model(config: MasterConfig, prepare: bool) -> Finding:
     boot = policy.bootstrap
     if prepare:
         return Finding(
-            "model", OK, f"{policy.model_name} will be built by the {boot.recipe} warm start ({boot.steps} steps)"
+            "model",
+            OK,
+            f"{policy.model_name} will be built by the {boot.recipe} warm start ({boot.steps} steps; `dockyard "
+            "prepare CONFIG`, or `dockyard run --prepare CONFIG`)",
         )
     return Finding(
         "model",
@@ -116,9 +151,28 @@ def _tokenizer(config: MasterConfig):
     return load_tokenizer(config.policy)
 
 
-def _prompt_lengths(config: MasterConfig, tokenizer, prompts: list[str]) -> list[int]:
+def _chat(config: MasterConfig, task) -> tuple[tuple[str, str], ...] | None:
+    """The conversation a single-turn task is generated from (rendered by the chat template), or None: text."""
+    if config.env.agentic:  # agent trials render their own conversation (see _prompt_lengths)
+        return None
+    if task.messages:
+        return task.messages
+    return (("user", task.prompt),) if config.data.chat_template else None
+
+
+def _prompt_lengths(config: MasterConfig, tokenizer, prompts: list) -> list[int]:
+    """Token counts of prompts: text, or conversations ((role, content) pairs) through the chat template."""
     if not config.env.agentic:
-        return [len(tokenizer(p, add_special_tokens=True)["input_ids"]) for p in prompts]
+        conversation = [
+            [{"role": role, "content": content} for role, content in p] if isinstance(p, tuple) else None
+            for p in prompts
+        ]
+        return [
+            len(_ids(tokenizer.apply_chat_template(c, add_generation_prompt=True)))
+            if c is not None
+            else len(tokenizer(p, add_special_tokens=True)["input_ids"])
+            for p, c in zip(prompts, conversation, strict=True)
+        ]
     # An agent trial's first turn is the chat template over the task and the tools, as the endpoint renders it.
     from dockyard.agents.tools import schemas
 
@@ -138,35 +192,37 @@ def _ids(rendered) -> list[int]:
     return rendered["input_ids"] if hasattr(rendered, "keys") else rendered
 
 
-def check_tokenizer_and_context(config: MasterConfig, prepare: bool) -> list[Finding]:
+def check_tokenizer_and_context(config: MasterConfig, prepare: bool, away: str | None = None) -> list[Finding]:
     if _folder_missing(config) and not (prepare and config.policy.bootstrap is not None):
-        return [Finding("tokenizer", SKIP, "no policy folder to read it from (see model)")]
+        findings = [Finding("tokenizer", SKIP, "no policy folder to read it from (see model)")]
+        # The task files are still read when they are here (their fields and sizes need no tokenizer).
+        return findings + (_check_datasets(config, away)[0] if away else [])
     try:
         tokenizer = _tokenizer(config)
     except Exception as exc:  # any loader failure is the folder's: report it, never crash preflight
         return [Finding("tokenizer", ERROR, f"cannot load the tokenizer of {config.policy.model_name}: {exc}")]
     findings = [Finding("tokenizer", OK, f"{type(tokenizer).__name__}, {len(tokenizer)} tokens")]
 
-    from dockyard.tasks.envs import environment
-
-    env = environment(config)
-    prompts: list[str] = []
-    for split in ("train", "validation"):
-        dataset = getattr(config.data, split)
-        try:
-            tasks = env.load(split, dataset)
-        except (OSError, ValueError) as exc:
-            findings.append(Finding(f"data.{split}", ERROR, f"{exc}"))
-            continue
-        findings.append(Finding(f"data.{split}", OK, f"{len(tasks)} tasks from {dataset.path or dataset.source}"))
-        prompts += [t.prompt for t in tasks]
+    data_findings, prompts = _check_datasets(config, away)
+    findings += data_findings
+    if any(isinstance(p, tuple) for p in prompts) and not getattr(tokenizer, "chat_template", None):
+        findings.append(
+            Finding(
+                "chat template",
+                ERROR,
+                f"the tokenizer of {config.policy.model_name or 'the built-in policy'} has no chat_template, and "
+                "data.chat_template is true or data rows carry messages: use a tokenizer with a chat template "
+                "(chat_template in tokenizer_config.json), or set data.chat_template=false and use prompt rows",
+            )
+        )
+        return findings
     positions = _max_positions(config)
     if not prompts:
         return findings
     if positions is None:
         findings.append(Finding("context", SKIP, "the model's config names no max_position_embeddings"))
         return findings
-    longest = max(_prompt_lengths(config, tokenizer, sorted(set(prompts))))
+    longest = max(_prompt_lengths(config, tokenizer, list(set(prompts))))
     new_tokens = config.policy.generation.max_new_tokens
     if longest + new_tokens > positions:
         findings.append(
@@ -194,9 +250,79 @@ def check_tokenizer_and_context(config: MasterConfig, prepare: bool) -> list[Fin
     return findings
 
 
-def check_gpus(config: MasterConfig, local_services: bool) -> Finding:
+def _check_datasets(config: MasterConfig, away: str | None) -> tuple[list[Finding], list]:
+    """A finding per split, and the prompts of the tasks that loaded (text, or a conversation the chat
+    template renders); a task path that is not here is a SKIP when the config is away from its
+    hardware (the files live on its machines)."""
+    from dockyard.tasks.envs import split_tasks
+
+    findings: list[Finding] = []
+    prompts: list = []
+    for split in ("train", "validation"):
+        dataset = getattr(config.data, split)
+        if away and dataset.path is not None and not Path(dataset.path).exists():
+            findings.append(Finding(f"data.{split}", SKIP, f"{dataset.path} is not here: {away}"))
+            continue
+        try:
+            tasks = split_tasks(config, split)
+        except (OSError, ValueError) as exc:
+            findings.append(Finding(f"data.{split}", ERROR, f"{exc}"))
+            continue
+        findings.append(Finding(f"data.{split}", OK, f"{len(tasks)} tasks from {dataset.path or dataset.source}"))
+        prompts += [_chat(config, t) or t.prompt for t in tasks]
+    return findings, prompts
+
+
+def check_swe_task_sets(config: MasterConfig, away: str | None = None) -> list[Finding]:
+    """A swe environment's task sets load as the sandbox loads them (swebench specs, mirror commits),
+    checked by the sandbox's own loader in a child process (the library does not import the services)."""
+    if config.env.name != "swe":
+        return []
+    findings = []
+    for split in ("train", "validation"):
+        path = getattr(config.data, split).path
+        if not path:
+            continue
+        if away and not Path(path).exists():
+            findings.append(Finding(f"sandbox.{split}", SKIP, f"{path} is not here: {away}"))
+            continue
+        cmd = [sys.executable, "-m", "services.sandbox.task_set_check", str(path)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        ok = done.returncode == 0
+        message = (done.stdout if ok else done.stderr).strip().removeprefix("error: ") or f"exit {done.returncode}"
+        findings.append(Finding(f"sandbox.{split}", OK if ok else ERROR, message))
+    return findings
+
+
+def check_demonstrations_and_teacher(config: MasterConfig) -> list[Finding]:
+    """sft.dataset parses (records and fields; messages are rendered when the job starts); the OPD
+    teacher of the job's agent is a model folder."""
+    findings = []
+    if config.sft is not None and config.sft.dataset is not None:
+        from dockyard.tasks.demonstrations import read_demonstration_records
+
+        try:
+            records = read_demonstration_records(config.sft.dataset)
+            findings.append(Finding("sft.dataset", OK, f"{len(records)} demonstration records"))
+        except (OSError, ValueError) as exc:
+            findings.append(Finding("sft.dataset", ERROR, str(exc)))
+    teacher = config.teacher_model()
+    if teacher is not None:
+        key = f"on_policy_distillation.teacher_model_by_agent_name.{config.env.name}"
+        if (Path(teacher) / "config.json").is_file():
+            findings.append(Finding("teacher", OK, f"teacher folder {teacher}"))
+        else:
+            findings.append(
+                Finding("teacher", ERROR, f"{key}={teacher!r} is not a local model folder (no config.json)")
+            )
+    return findings
+
+
+def check_gpus(config: MasterConfig, local_services: bool, away: str | None = None) -> Finding:
     if config.cluster.device != "cuda":
         return Finding("gpus", SKIP, "cluster.device=cpu")
+    if away:
+        return Finding("gpus", SKIP, away)
     import torch
 
     if not torch.cuda.is_available():
@@ -215,6 +341,30 @@ def check_gpus(config: MasterConfig, local_services: bool) -> Finding:
         )
     names = ", ".join(torch.cuda.get_device_name(i) for i in range(count))
     return Finding("gpus", OK, f"{count} CUDA device(s): {names}")
+
+
+def check_image_processor(config: MasterConfig, prepare: bool) -> Finding:
+    """With the multimodal gate on, the policy folder must hold an image processor (a vision-language model)."""
+    if not config.policy.generation.allow_multimodal_inputs:
+        return Finding("images", SKIP, "policy.generation.allow_multimodal_inputs=false: text only")
+    fix = "point policy.model_name at a vision-language model folder, or set allow_multimodal_inputs=false"
+    if config.policy.model_name is None:
+        return Finding("images", ERROR, f"policy.model builds a text-only model, which cannot take images: {fix}")
+    if _folder_missing(config):
+        return Finding("images", SKIP, "no policy folder to read it from (see model)")
+    folder = Path(config.policy.model_name)
+    if not any((folder / name).is_file() for name in ("processor_config.json", "preprocessor_config.json")):
+        return Finding("images", ERROR, f"{folder} has no image processor (processor_config.json): {fix}")
+    return Finding("images", OK, f"image processor in {folder}")
+
+
+def check_desktop_vm(config: MasterConfig) -> Finding:
+    """env osworld: a stated skip (no desktop VM provider here), saying what a run would need."""
+    if config.env.name != "osworld":
+        return Finding("desktop_vm", SKIP, f"env {config.env.name} needs no desktop VM")
+    from dockyard.tasks.osworld import DESKTOP_REQUIREMENTS
+
+    return Finding("desktop_vm", SKIP, f"{DESKTOP_REQUIREMENTS}; `dockyard run` refuses this job")
 
 
 def check_docker(env: Mapping[str, str]) -> Finding:
@@ -343,6 +493,24 @@ def check_disk(config: MasterConfig) -> Finding:
             "checkpointing.keep_top_k",
         )
     return Finding("disk", OK, f"~{need / gib:.2f} GiB of checkpoints, {free / gib:.0f} GiB free under {existing}")
+
+
+def check_reward_functions(config: MasterConfig) -> Finding:
+    """Each function env.reward names: its file found and parsed (never imported), the function defined."""
+    from dockyard.tasks.reward_functions import RewardFunctionError, is_function, load
+
+    specs = [spec for spec, _ in config.env.reward_terms if is_function(spec)]
+    if not specs:
+        return Finding("reward", SKIP, "built-in rewards only")
+    problems, found = [], []
+    for spec in specs:
+        try:
+            found.append(f"{spec} ({load(spec).path})")
+        except RewardFunctionError as exc:
+            problems.append(str(exc))
+    if problems:
+        return Finding("reward", ERROR, "; ".join(problems))
+    return Finding("reward", OK, f"defined: {', '.join(found)}")
 
 
 def errors(findings: list[Finding]) -> list[Finding]:

@@ -34,20 +34,31 @@ def url_password(url: str) -> str | None:
         return None
 
 
-def mask_url(url: str) -> str:
-    """`url` with its password replaced by ***, e.g. redis://:***@redis:6379/0."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable redis url>"
+def _replace_password(url: str, password: str | None) -> str:
+    """`url` with its password replaced by `password` (None: dropped, the user kept); `url` if it has none."""
+    parts = urlsplit(url)
     if parts.password is None:
         return url
     user = parts.username or ""
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
-    netloc = f"{user}:{MASK}@{host}" + (f":{parts.port}" if parts.port is not None else "")
+    userinfo = f"{user}:{password}@" if password is not None else (f"{user}@" if user else "")
+    netloc = userinfo + host + (f":{parts.port}" if parts.port is not None else "")
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def mask_url(url: str) -> str:
+    """`url` with its password replaced by ***, e.g. redis://:***@redis:6379/0."""
+    try:
+        return _replace_password(url, MASK)
+    except ValueError:
+        return "<unparsable redis url>"
+
+
+def without_password(url: str) -> str:
+    """`url` with no password in it (its user, if any, kept): what may be shown to clients."""
+    return _replace_password(url, None)
 
 
 def mask_secret(text: str, secret: str | None) -> str:

@@ -1,11 +1,11 @@
 """Build one image per service fleet, offline, skipping those already up to date.
 
-    dockyard/coordinator                                      base.txt + torch.txt + agents.txt + endpoint.txt
-    dockyard/trainer, dockyard/rollout                        base.txt + torch.txt
-    dockyard/endpoint                                         base.txt + torch.txt + endpoint.txt
-    dockyard/buffer                                           base.txt + buffer.txt    (no torch)
-    dockyard/sandbox-service                                  base.txt + sandbox.txt   (no torch)
-    dockyard/redis                                            Debian's redis-tools .debs (redis-server)
+    dockyard/coordinator                 base.txt + torch.txt + agents.txt + endpoint.txt + data_plane.txt
+    dockyard/trainer, dockyard/rollout   base.txt + torch.txt + data_plane.txt
+    dockyard/endpoint                    base.txt + torch.txt + endpoint.txt
+    dockyard/buffer                      base.txt + data_plane.txt + buffer.txt    (no torch)
+    dockyard/sandbox-service             base.txt + sandbox.txt   (no torch)
+    dockyard/redis                       Debian's redis-tools .debs (redis-server)
 
 Each image is deploy/images/<name>/Dockerfile on the debootstrap base image
 (services/sandbox/images.py makes it). The host `pip download`s the wheels of
@@ -15,8 +15,8 @@ base); builds run with --network none and install with --no-index or dpkg.
 Each image carries a content-hash label of its base image id, Dockerfile,
 requirements and the source it copies (dockyard/, services/, examples/configs/):
 an unchanged image is not rebuilt. The three torch images have identical build
-steps up to their last lines, so Docker's layer cache builds the torch venv once
-and they share it.
+steps up to their last lines; the trainer and the rollout have the same requirements too,
+so Docker's layer cache builds their torch venv once and they share it.
 
     python deploy/images/fleet.py [--only trainer,buffer] [--tag-suffix :latest]
 TORCH_SPEC (default torch==2.13.0, a CPU build) picks the torch of the torch images.
@@ -48,11 +48,13 @@ from services.sandbox.images import (  # noqa: E402
 IMAGES = Path(__file__).resolve().parent
 # image name -> requirement files under requirements/ (a service image: wheels + source in /app)
 FLEETS = {
-    "coordinator": ("base.txt", "torch.txt", "agents.txt", "endpoint.txt"),  # endpoint.txt: the dashboard's server
-    "trainer": ("base.txt", "torch.txt"),
-    "rollout": ("base.txt", "torch.txt"),
+    # endpoint.txt: the dashboard's server; data_plane.txt: Redis, where experience payloads go around the buffer.
+    "coordinator": ("base.txt", "torch.txt", "agents.txt", "endpoint.txt", "data_plane.txt"),
+    "trainer": ("base.txt", "torch.txt", "data_plane.txt"),
+    # data_plane.txt only to share the trainer's wheelhouse and venv layer (the rollout never imports redis).
+    "rollout": ("base.txt", "torch.txt", "data_plane.txt"),
     "endpoint": ("base.txt", "torch.txt", "endpoint.txt"),
-    "buffer": ("base.txt", "buffer.txt"),
+    "buffer": ("base.txt", "data_plane.txt", "buffer.txt"),
     "sandbox-service": ("base.txt", "sandbox.txt"),
     "redis": (),
 }

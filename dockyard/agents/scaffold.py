@@ -92,6 +92,7 @@ async def run_scaffold(
                     max_tokens=min(sampling.max_new_tokens, room),
                     stop=sampling.stop_strings or None,
                     seed=None if seed is None else seed * 1009 + turn,
+                    extra_body={"ignore_eos": True} if sampling.ignore_eos else None,  # the endpoint's vLLM extension
                 ),
                 timeout=left,
             )

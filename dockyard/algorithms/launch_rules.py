@@ -11,9 +11,13 @@ Guarantees:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from dockyard.algorithms.choices import IS_CORRECTIONS
 
 _ASYNC = "grpo.async_grpo.enabled"
+_OPD = "grpo.adv_estimator.name=opd"
+_TEACHERS = "on_policy_distillation.teacher_model_by_agent_name"
 
 
 def launch_errors(
@@ -32,6 +36,9 @@ def launch_errors(
     train_global_batch_size: int,
     opd: bool,
     zero_prev_logprobs: bool,
+    invalid_action_penalty: float = 0.0,
+    teachers: Mapping[str, str] | None = None,
+    agent_name: str = "",
 ) -> list[tuple[str, str]]:
     """Every rule the configuration breaks, as (config field path, human message) pairs."""
     errors: list[tuple[str, str]] = []
@@ -62,6 +69,14 @@ def launch_errors(
                         f"set {field}=false or {_ASYNC}=false",
                     )
                 )
+        if invalid_action_penalty > 0:  # shaping too: it changes rewards after the verdict
+            errors.append(
+                (
+                    "grpo.invalid_action_penalty",
+                    f"the invalid-action penalty is reward shaping, which is not supported with async GRPO "
+                    f"({_ASYNC}=true); set grpo.invalid_action_penalty=0 or {_ASYNC}=false",
+                )
+            )
         if num_dataloaders > 1:
             errors.append(
                 (
@@ -134,13 +149,40 @@ def launch_errors(
             )
         )
 
-    if opd and zero_prev_logprobs:
+    if opd:
+        errors += _opd_errors(async_enabled, zero_prev_logprobs, teachers or {}, agent_name)
+    return errors
+
+
+def _opd_errors(
+    async_enabled: bool, zero_prev_logprobs: bool, teachers: Mapping[str, str], agent_name: str
+) -> list[tuple[str, str]]:
+    """The constraints of on-policy distillation (docs/algorithms.md, on-policy distillation)."""
+    errors: list[tuple[str, str]] = []
+    if not async_enabled:
+        errors.append(
+            (
+                _ASYNC,
+                f"on-policy distillation ({_OPD}) runs on the asynchronous path only: the trainer scores the "
+                f"student's rollouts with the teacher as they arrive; set {_ASYNC}=true (with loss_fn.is_correction)",
+            )
+        )
+    if zero_prev_logprobs:
         errors.append(
             (
                 "loss_fn.zero_prev_logprobs",
-                "on-policy distillation (loss_fn.opd=true) takes its advantage from teacher − student "
-                "logprobs, and the student's come from the previous logprobs, which "
-                "loss_fn.zero_prev_logprobs=true replaces with zeros; set loss_fn.zero_prev_logprobs=false",
+                f"on-policy distillation ({_OPD}) takes its advantage from teacher − student logprobs, and the "
+                "student's are the previous logprobs, which loss_fn.zero_prev_logprobs=true replaces with zeros; "
+                "set loss_fn.zero_prev_logprobs=false",
+            )
+        )
+    if agent_name not in teachers:
+        named = ", ".join(sorted(teachers)) or "none"
+        errors.append(
+            (
+                _TEACHERS,
+                f"on-policy distillation ({_OPD}) needs a teacher for the rollouts of agent {agent_name!r} "
+                f"(env.name); the map names {named}: add {_TEACHERS}.{agent_name}=<teacher model folder>",
             )
         )
     return errors

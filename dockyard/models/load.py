@@ -6,16 +6,28 @@ in `policy.model` is built with random weights and the built-in character
 tokenizer (its vocabulary size unless `policy.model` names a larger
 `vocab_size`). Nothing is ever downloaded from a hub. A missing folder raises
 FileNotFoundError (it may appear later); an architecture that cannot be
-built raises ConfigError (it never will).
+built raises ConfigError (it never will). A vision-language folder (a config that only
+AutoModelForImageTextToText knows, e.g. LLaVA) loads through that class, and `load_processor`
+gives its processor (None for a text-only folder).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
 from dockyard.config import ConfigError, PolicyConfig
 from dockyard.models.build import build_random_model
@@ -55,7 +67,7 @@ def load_policy(
                 f"policy.model_name={policy.model_name!r} is not a local model folder (no config.json)"
             )
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = _model_class(path).from_pretrained(path, dtype=dtype)
     else:
         tokenizer = build_char_tokenizer()
         # A vocab_size in policy.model builds a model of real shape (e.g. for benchmarks) beside the
@@ -71,3 +83,23 @@ def load_policy(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device), tokenizer
+
+
+def _model_class(path: Path) -> type:
+    """AutoModelForCausalLM, or AutoModelForImageTextToText for a vision-language folder (e.g. LLaVA)."""
+    config = type(AutoConfig.from_pretrained(path))
+    if config not in MODEL_FOR_CAUSAL_LM_MAPPING and config in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
+def load_processor(policy: PolicyConfig) -> Any:
+    """The image processor of a vision-language policy folder (AutoProcessor), or None for a text-only one."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if policy.model_name is None:
+        return None
+    path = Path(policy.model_name)
+    if not (path / "processor_config.json").is_file() and not (path / "preprocessor_config.json").is_file():
+        return None
+    processor = AutoProcessor.from_pretrained(path)
+    return processor if hasattr(processor, "image_processor") else None

@@ -61,16 +61,16 @@ CALLER_BACKOFF = Backoff(initial=0.1, multiplier=2.0, maximum=5.0)
 CHANNEL_RETRIED: dict[str, tuple[str, ...]] = {
     "dockyard.coordinator.v1.CoordinatorService": ("GetJob", "ListJobs", "GetWeightSyncGroup", "ListMembers"),
     "dockyard.rollout.v1.RolloutService": ("LoadPolicy", "GetEngineInfo"),
-    "dockyard.buffer.v1.BufferService": ("GetStats",),
-    "dockyard.sandbox.v1.SandboxService": ("Execute", "RunTests"),
+    "dockyard.buffer.v1.BufferService": ("GetStats", "GetDataPlane"),
+    "dockyard.sandbox.v1.SandboxService": ("Execute", "RunTests", "Reward"),
 }
 # Idempotent methods whose callers retry them with `retry()`, because an outage of a whole restart
-# must be waited out (or a full buffer backed off from): PutGroup is idempotent by group id, OpenJob
+# must be waited out (or a full buffer backed off from): PutGroup(Stream) is idempotent by group id, OpenJob
 # and AckGroups by their nature (the trainer defers a failed ack to its next step); the trainer
 # answers a repeated TrainStep with the reply of the step it took, reloads nothing on a repeated
 # LoadPolicy, and a repeated SaveCheckpoint rewrites the same step atomically.
 CALLER_RETRIED: dict[str, tuple[str, ...]] = {
-    "dockyard.buffer.v1.BufferService": ("PutGroup", "OpenJob", "AckGroups"),
+    "dockyard.buffer.v1.BufferService": ("PutGroup", "PutGroupStream", "OpenJob", "AckGroups"),
     "dockyard.trainer.v1.TrainerService": ("LoadPolicy", "TrainStep", "SaveCheckpoint"),
 }
 

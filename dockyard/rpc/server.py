@@ -1,6 +1,6 @@
 """A grpc.aio server with what every dockyard service needs.
 
-    request --> TokenAuthInterceptor --> RpcContextInterceptor --> servicer
+    request --> TokenAuthInterceptor --> RpcContextInterceptor --> servicer (unary, or streaming one way)
                  (when a token is set:    bytes that do not parse: INVALID_ARGUMENT naming the method;
                   UNAUTHENTICATED         binds rpc / request_id / job_id into every log line,
                   without it; see auth.py) turns ServiceError into its status code, INTERNAL otherwise
@@ -23,7 +23,8 @@ import asyncio
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,44 +79,83 @@ class BindError(OSError):
     """The service's port cannot be bound: its process exits with this one line."""
 
 
+@asynccontextmanager
+async def _answered(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
+    """A ServiceError raised inside becomes its status code, any other exception INTERNAL."""
+    start = time.perf_counter()
+    try:
+        yield
+    except ServiceError as exc:
+        log.info("rpc refused", code=exc.code.name, error=clip(str(exc)))
+        await context.abort(exc.code, clip(str(exc)))
+    except (asyncio.CancelledError, grpc.aio.AbortError):
+        raise
+    except Exception as exc:
+        log.exception("rpc failed")
+        await context.abort(grpc.StatusCode.INTERNAL, clip(f"{type(exc).__name__}: {exc}"))
+    finally:
+        log.debug("rpc done", seconds=round(time.perf_counter() - start, 4))
+
+
 class RpcContextInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
+        if handler is None or handler.stream_stream is not None:
             return handler
-        inner = handler.unary_unary
         method = handler_call_details.method
         metadata = dict(handler_call_details.invocation_metadata or ())
 
-        async def call(request, context: grpc.aio.ServicerContext):
+        async def refuse_undecodable(request, context: grpc.aio.ServicerContext) -> None:
             if isinstance(request, _Undecodable):
                 log.info("rpc refused", rpc=method, code="INVALID_ARGUMENT", error=request.error)
                 await context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT, clip(f"{method}: the request does not parse ({request.error})")
                 )
-            ids = {"rpc": method, "request_id": metadata.get("x-request-id") or uuid.uuid4().hex[:16]}
-            if job_id := getattr(request, "job_id", ""):
-                ids["job_id"] = job_id
-            start = time.perf_counter()
-            with structlog.contextvars.bound_contextvars(**ids):
-                try:
-                    return await inner(request, context)
-                except ServiceError as exc:
-                    log.info("rpc refused", code=exc.code.name, error=clip(str(exc)))
-                    await context.abort(exc.code, clip(str(exc)))
-                except (asyncio.CancelledError, grpc.aio.AbortError):
-                    raise
-                except Exception as exc:
-                    log.exception("rpc failed")
-                    await context.abort(grpc.StatusCode.INTERNAL, clip(f"{type(exc).__name__}: {exc}"))
-                finally:
-                    log.debug("rpc done", seconds=round(time.perf_counter() - start, 4))
 
-        return grpc.unary_unary_rpc_method_handler(
-            call,
-            request_deserializer=_tolerant(handler.request_deserializer),
-            response_serializer=handler.response_serializer,
-        )
+        def ids(request) -> dict[str, str]:
+            bound = {"rpc": method, "request_id": metadata.get("x-request-id") or uuid.uuid4().hex[:16]}
+            if job_id := getattr(request, "job_id", ""):
+                bound["job_id"] = job_id
+            return bound
+
+        serde = {
+            "request_deserializer": _tolerant(handler.request_deserializer),
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            async def call(request, context: grpc.aio.ServicerContext):
+                await refuse_undecodable(request, context)
+                with structlog.contextvars.bound_contextvars(**ids(request)):
+                    async with _answered(context):
+                        return await inner(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(call, **serde)
+        if handler.unary_stream is not None:
+            inner_stream = handler.unary_stream
+
+            async def call_stream(request, context: grpc.aio.ServicerContext):
+                await refuse_undecodable(request, context)
+                with structlog.contextvars.bound_contextvars(**ids(request)):
+                    async with _answered(context):
+                        async for reply in inner_stream(request, context):
+                            yield reply
+
+            return grpc.unary_stream_rpc_method_handler(call_stream, **serde)
+        inner_unary = handler.stream_unary
+
+        async def call_streamed(request_iterator, context: grpc.aio.ServicerContext):
+            async def checked():
+                async for request in request_iterator:
+                    await refuse_undecodable(request, context)
+                    yield request
+
+            with structlog.contextvars.bound_contextvars(**ids(None)):
+                async with _answered(context):
+                    return await inner_unary(checked(), context)
+
+        return grpc.stream_unary_rpc_method_handler(call_streamed, **serde)
 
 
 async def serve(

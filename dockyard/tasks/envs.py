@@ -4,11 +4,20 @@
     expr                expr (tiny recipe)         first line as f's body ─> RunTests(program, asserts)
     expr_agent          expr_agent (no points      the answer (`f(x)=` dropped), as expr's completion
                         shown; a tool reads f)
-    program_synthesis   humaneval (or a JSONL)     prompt + completion ─> RunTests(program, check(entry_point))
+    program_synthesis   humaneval (or your files:  HumanEval-shaped rows: prompt + completion ─> RunTests(program,
+                        JSONL, Parquet, HF folder) check(entry_point)); others: the completion's code ─> RunTests
+    program_bench       program_bench (HumanEval   as program_synthesis
+                        plus your files)
     swe                 swe (a task-set folder)    the diff in the completion ─> ScorePatch(task_set, instance_id)
                                                    (with env.tools: the session's diff ─> ScoreSession)
     terminal_bench      terminal_bench (a folder   agent trials only: the session's tests ─> ScoreSession
                         of terminal-bench tasks)   (run-tests.sh after the agent; docs/terminal_tasks.md)
+    hle                 qa (a JSONL of questions)  the final "Answer:" line ─> RunTests(qa_grading + the completion,
+                                                   assert grade(...)) (docs/environments.md)
+    gdpval              gdpval (a folder of file-  agent trials only: the files the agent left ─> ScoreSession
+                        producing task folders)    (deliverables checked, then checker.py in the session)
+    osworld             osworld (OSWorld task      desktop trials in a VM: no provider here, refused at launch
+                        JSON files)                (dockyard/tasks/osworld.py; docs/osworld.md)
 
 An agent environment's trials (env.tools set) end with an answer that is scored like a completion
 (swe's trials are scored from their session's work folder instead: services/coordinator/agent_trials.py).
@@ -25,30 +34,41 @@ from pathlib import Path
 
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
-from dockyard.config import DatasetConfig, MasterConfig
-from dockyard.tasks import expr, humaneval, swe, terminal
+from dockyard.config import JUDGE_TEMPLATE, DatasetConfig, MasterConfig
+from dockyard.tasks import expr, gdpval, osworld, programs, qa, swe, terminal
+from dockyard.tasks.qa_judge import Judge
 from dockyard.tasks.task import Task
 
 # The RPC deadline is the sandbox's wall-clock limit plus this margin (queueing, checkout, transfer).
 DEADLINE_MARGIN_SECONDS = 30.0
+# Program synthesis: a prompt (or chat messages) plus tests, scored by RunTests (dockyard/tasks/programs.py).
+PROGRAM_ENVS = ("program_synthesis", "program_bench")
 
 
 @dataclass(frozen=True)
 class Environment:
     name: str
     agentic: bool = False  # env.tools set: each sample is a multi-turn trial (SWE: prompts ask for edits)
+    judge: Judge | None = None  # hle with env.judge.enabled: asked about what the answer rules reject
 
-    def load(self, split: str, dataset: DatasetConfig) -> list[Task]:
+    def load(self, split: str, dataset: DatasetConfig, other: DatasetConfig | None = None) -> list[Task]:
+        """The tasks of `split`; `other` is the other split's config (program tasks: which files serve both)."""
         if self.name == "expr":
             return expr.make_tasks(split, dataset.size, dataset.seed)
         if self.name == "expr_agent":
             return expr.make_agent_tasks(split, dataset.size, dataset.seed)
-        if self.name == "program_synthesis":
-            return humaneval.make_tasks(split, dataset.size, dataset.seed, dataset.path)
+        if self.name in PROGRAM_ENVS:
+            return programs.load_tasks(split, dataset, other, bench=self.name == "program_bench")
         if dataset.path is None:
             raise ValueError(f"data.{split}.path must name a task-set folder for env {self.name}")
         if self.name == "terminal_bench":
             return terminal.load_tasks(dataset.path, dataset.size, dataset.seed)
+        if self.name == "hle":
+            return qa.load_tasks(dataset.path, dataset.size, dataset.seed)
+        if self.name == "gdpval":
+            return gdpval.load_tasks(dataset.path, dataset.size, dataset.seed)
+        if self.name == "osworld":
+            return osworld.load_tasks(dataset.path, dataset.size, dataset.seed)
         return swe.load_tasks(dataset.path, dataset.size, dataset.seed, agentic=self.agentic)
 
     async def score(
@@ -60,8 +80,10 @@ class Environment:
         limits: sandbox_pb2.Limits,
     ) -> common_pb2.Verdict:
         deadline = limits.timeout_seconds + DEADLINE_MARGIN_SECONDS
-        if self.name == "terminal_bench":
-            raise ValueError("terminal_bench tasks are scored from their agent session (ScoreSession), not an answer")
+        if self.name in ("terminal_bench", "gdpval"):
+            raise ValueError(f"{self.name} tasks are scored from their agent session (ScoreSession), not an answer")
+        if self.name == "osworld":
+            raise osworld.DesktopUnavailable(osworld.DESKTOP_REQUIREMENTS)
         if self.name == "swe":
             task_set, instance_id = swe.split_task_id(task.task_id)
             request = sandbox_pb2.ScorePatchRequest(
@@ -72,30 +94,62 @@ class Environment:
                 limits=limits,
             )
             return (await sandbox.ScorePatch(request, timeout=deadline)).verdict
-        if self.name == "program_synthesis":
-            program = humaneval.program_for(task.prompt, completion)
+        if self.name in PROGRAM_ENVS:
+            program = programs.program_for(task, completion)
         elif self.name == "expr_agent":
             program = expr.program_for(expr.agent_answer(completion))
+        elif self.name == "hle":
+            program = qa.program_for(completion)
         else:
             program = expr.program_for(completion)
         request = sandbox_pb2.RunTestsRequest(
             request_id=request_id, program=program, tests=list(task.tests), limits=limits
         )
-        return (await sandbox.RunTests(request, timeout=deadline)).verdict
+        verdict = (await sandbox.RunTests(request, timeout=deadline)).verdict
+        if self.judge is not None and verdict.status == common_pb2.VERDICT_STATUS_FAILED:
+            return await self.judge.verdict(task.prompt, completion, task.answer)
+        return verdict
 
 
-def environment(config: MasterConfig) -> Environment:
-    return Environment(config.env.name, config.env.agentic)
+def environment(config: MasterConfig, judge: Judge | None = None) -> Environment:
+    return Environment(config.env.name, config.env.agentic, judge)
+
+
+def judge_for(config: MasterConfig, job_id: str, endpoint_address: str, endpoint_token: str) -> Judge | None:
+    """With env.judge.enabled, the judge that asks the job's model (`job_id`) at the policy endpoint."""
+    j = config.env.judge
+    if not j.enabled:
+        return None
+    base = endpoint_address if endpoint_address.startswith(("http://", "https://")) else f"http://{endpoint_address}"
+    return Judge(
+        base_url=f"{base.rstrip('/')}/v1",
+        api_key=endpoint_token or "none",
+        model=job_id,
+        prompt_template=j.prompt_template or JUDGE_TEMPLATE,
+        max_new_tokens=j.max_new_tokens,
+        temperature=j.temperature,
+        timeout_seconds=j.timeout_seconds,
+    )
+
+
+def split_tasks(config: MasterConfig, split: str) -> list[Task]:
+    """The tasks of one split of the job's data (the other split's config says which files serve both)."""
+    data = config.data
+    dataset, other = (data.train, data.validation) if split == "train" else (data.validation, data.train)
+    return environment(config).load(split, dataset, other)
 
 
 def sandbox_env(config: MasterConfig) -> dict[str, str]:
-    """Sandbox settings a local stack needs for this config: for swe and terminal_bench, the task root
+    """Sandbox settings a local stack needs for this config: for swe, terminal_bench and gdpval, the task root
     that holds data.train.path (validation's task set lies beside it; the config checks that); the
     docker backend for terminal_bench (a task runs in its own image) and for an external scaffold
     (its session's only network route is the policy endpoint; ValueError when the environment names
     another backend); for agent trials, room for as many sessions as the job runs trials at once. A
-    setting already in the environment is kept."""
+    setting already in the environment is kept. ValueError for env osworld: its trials need a desktop
+    VM provider, which is not available (dockyard/tasks/osworld.py), so `dockyard run` stops here."""
     env = {}
+    if config.env.name == "osworld":
+        raise ValueError(f"{osworld.DESKTOP_REQUIREMENTS} (see docs/osworld.md)")
     if config.env.scaffold is not None:
         backend = os.environ.get("DOCKYARD_SANDBOX_BACKEND", "docker")
         if backend != "docker":
@@ -105,7 +159,7 @@ def sandbox_env(config: MasterConfig) -> dict[str, str]:
                 "set DOCKYARD_SANDBOX_BACKEND=docker (and build the images: deploy/images/build.sh)"
             )
         env["DOCKYARD_SANDBOX_BACKEND"] = "docker"
-    task_sets = ("swe", "terminal_bench")
+    task_sets = ("swe", "terminal_bench", "gdpval")
     if config.env.name in task_sets and "DOCKYARD_SANDBOX_TASK_ROOT" not in os.environ and config.data.train.path:
         env["DOCKYARD_SANDBOX_TASK_ROOT"] = str(Path(config.data.train.path).resolve().parent)
     if config.env.name == "terminal_bench" and "DOCKYARD_SANDBOX_BACKEND" not in os.environ:

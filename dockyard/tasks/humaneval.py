@@ -76,7 +76,11 @@ def program_for(prompt: str, completion: str) -> str:
 
 def task_of(problem: Problem) -> Task:
     return Task(
-        task_id=problem.task_id, prompt=problem.prompt, tests=tests_for(problem), solution=problem.canonical_solution
+        task_id=problem.task_id,
+        prompt=problem.prompt,
+        tests=tests_for(problem),
+        solution=problem.canonical_solution,
+        completes_prompt=True,
     )
 
 

@@ -1,6 +1,6 @@
 """SWE tasks on the coordinator's side: a task set's public part, prompts, and patches out of completions.
 
-    <task set>/instances.jsonl ─load_tasks─> Task(task_id = "<task set>/<instance_id>", prompt)
+    <task set>/instances.jsonl | instances.parquet ─load_tasks─> Task(task_id = "<task set>/<instance_id>", prompt)
     single-shot: completion ─extract_patch─> unified diff ─sandbox.ScorePatch(task_set, instance_id, patch)─> verdict
     multi-turn (agentic): the prompt asks for edits in the session's checkout; ScoreSession scores its diff
 
@@ -13,6 +13,7 @@ task set's own: each split names its task-set folder (`data.train.path`, `data.v
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from dockyard.tasks.jsonl import read_records
@@ -33,16 +34,47 @@ AGENT_PROMPT = (
 _FENCE = re.compile(r"```(?:diff|patch)?\n(.*?)```", re.DOTALL)
 
 
+INSTANCE_FILES = ("instances.jsonl", "instances.parquet")  # SWE-bench's datasets come as either
+
+
+def instances_file(folder: Path) -> Path | None:
+    """The task set's instances file (the first of INSTANCE_FILES it has), or None."""
+    return next((folder / name for name in INSTANCE_FILES if (folder / name).is_file()), None)
+
+
+def instance_rows(path: Path) -> Iterator[tuple[int, str | dict]]:
+    """(line or row number, the JSON line or the row) of an instances.jsonl or instances.parquet file."""
+    if path.suffix != ".parquet":
+        lines = enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        yield from ((number, line) for number, line in lines if line.strip())
+        return
+    try:
+        import pyarrow.parquet as pq  # installed with swebench (datasets)
+    except ImportError:
+        raise ValueError(
+            f"{path}: reading Parquet needs pyarrow (pip install pyarrow), or convert it to JSONL"
+        ) from None
+    yield from enumerate(pq.read_table(path).to_pylist(), start=1)
+
+
 def load_tasks(path: str | Path, n: int, seed: int = 0, *, agentic: bool = False) -> list[Task]:
     """n tasks drawn from a task-set folder (seeded permutations, cycling when n exceeds the set); an
     agentic task's prompt asks for edits in the session rather than a diff."""
     folder = Path(path)
-    file = folder / "instances.jsonl"
-    if not file.is_file():
-        raise FileNotFoundError(f"{file} does not exist (a task-set folder holds instances.jsonl)")
+    file = instances_file(folder)
+    if file is None:
+        raise FileNotFoundError(f"{folder} holds neither {' nor '.join(INSTANCE_FILES)} (a task-set folder does)")
+    if file.suffix == ".parquet":
+        records = []
+        for number, row in instance_rows(file):
+            if missing := [f for f in ("instance_id", "repo") if f not in row]:
+                raise ValueError(f"{file}: row {number}: missing {', '.join(missing)}")
+            records.append((number, row))
+    else:
+        records = read_records(file.read_bytes(), str(file), ("instance_id", "repo"))
     pool = []
     template = AGENT_PROMPT if agentic else PROMPT
-    for _, item in read_records(file.read_bytes(), str(file), ("instance_id", "repo")):
+    for _, item in records:
         prompt = template.format(repo=item["repo"], problem=item.get("problem_statement", "").strip())
         pool.append(Task(task_id=f"{folder.name}/{item['instance_id']}", prompt=prompt, tests=(), solution=""))
     if not pool:

@@ -8,9 +8,9 @@ between callers without copies.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -31,9 +31,17 @@ class Task:
     * ``files``: ``(relative path, content)`` pairs a sandbox session for the task starts with in its
       work folder (``expr`` agent tasks: ``f.py``, which the agent's tool runs); empty for tasks
       scored from a single completion.
+    * ``answer``: the reference answer a model judge compares a response with (``hle``); empty elsewhere.
     * ``max_seconds``: the task's own wall-clock budget for an agent trial (terminal tasks:
       ``max_agent_timeout_sec``); the trial gets the smaller of it and ``grpo.max_trial_seconds``.
       None: only the job's budget.
+    * ``messages``: ``(role, content)`` pairs of a chat prompt (dataset rows with messages): the policy
+      completes them rendered through its tokenizer's chat template; ``prompt`` then holds the last
+      user message, for people to read. Empty: ``prompt`` is the text the policy completes.
+    * ``answer``: a dataset row's reference answer (any JSON value), for reward functions; None: none.
+    * ``metadata``: further columns of the row (``data.<split>.fields.metadata``), for reward functions.
+    * ``completes_prompt``: the completion continues the prompt's code (HumanEval-shaped rows): the
+      program is the prompt plus the completion; otherwise the program is the completion's code.
     """
 
     task_id: str
@@ -42,6 +50,11 @@ class Task:
     solution: str
     files: tuple[tuple[str, str], ...] = ()
     max_seconds: float | None = None
+    messages: tuple[tuple[str, str], ...] = ()
+    # Excluded from the hash (JSON values may be lists or dicts), compared as usual.
+    answer: Any = field(default=None, hash=False)
+    metadata: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    completes_prompt: bool = False
 
 
 def draw(pool: Sequence[T], n: int, key: str) -> list[T]:

@@ -18,7 +18,8 @@ formed (NCCL refuses two ranks on one GPU); the epoch's store carries small sign
     repeat v    (checksum off) the same names, layouts and storages as version u, every tensor shared as it
                 is, and every receiver answered "ok+replay" for u: rank 0 writes only
                 "colocated/v<v>/manifest" = {repeat: u}; rank r replays u's copies into the same tensors
-                (or fails, when they changed) ──> "colocated/v<v>/loaded/<r>"
+                (on CUDA one launch of a graph of them, captured at the first repeat; or fails, when
+                they changed) ──> "colocated/v<v>/loaded/<r>"
 
 Guarantees:
 - Weights never cross the host: on CUDA a receiver copies device to device out of
@@ -79,6 +80,8 @@ from dockyard.weights.transports import Transport
 BUCKETS = (0, 1)  # handle ids of the two staging buckets; shared tensors' handles count from 2
 DIRECT_PER_MESSAGE = 4 << 30  # bytes of shared tensors one message lists (messages pipeline the receiver)
 POLL_S = 100e-6
+SPIN_S = 5e-3  # polls back to back this long before sleeping POLL_S between them
+FAILURE_EVERY = 4  # a peer's failure key is checked every this many polls
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,60 @@ def _extend(copies: tuple[list, list], more: tuple[list, list]) -> tuple[list, l
     return copies
 
 
+SMALL_COPY = 1 << 20  # bytes: a tensor below this joins the multi-tensor copy kernel
+
+
+def _copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """dst.copy_(src) for each pair, same dtype and size: large ones as plain memcpys (full bandwidth,
+    which the multi-tensor kernel does not reach), the many small ones in a few multi-tensor launches."""
+    small: tuple[list, list] = ([], [])
+    for d, s in zip(dsts, srcs, strict=True):
+        if d.nbytes < SMALL_COPY:
+            small[0].append(d)
+            small[1].append(s)
+        else:
+            d.copy_(s)
+    if small[0]:
+        torch._foreach_copy_(*small)
+
+
+class Replay:
+    """The whole-tensor copies of a version, run again for a repeat: on CUDA one graph launch.
+
+    The first run captures the copies into a CUDA graph (large tensors as memcpy nodes, the small
+    ones as one multi-tensor kernel) and launches it; later runs launch the same graph, so a repeat
+    costs one launch instead of hundreds. The pointers it holds stay valid because a replay happens
+    only while both sides keep the same tensors (the signature and target checks). Anywhere else,
+    or if capturing fails, the copies run eagerly.
+    """
+
+    def __init__(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor], device: torch.device) -> None:
+        self.dsts, self.srcs, self.device = dsts, srcs, device
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.eager = device.type != "cuda"
+
+    def _copy(self) -> None:
+        _copy_all(self.dsts, self.srcs)
+
+    def run(self) -> None:
+        if self.eager:
+            return self._copy()
+        if self.graph is None:
+            graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream(self.device)
+            try:
+                stream.wait_stream(torch.cuda.current_stream(self.device))
+                # thread_local: the engine's other threads may use the device meanwhile (not these tensors)
+                with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+                    self._copy()
+            except Exception:  # noqa: BLE001 - a driver or allocator that refuses capture: copy eagerly
+                self.eager = True
+                torch.cuda.current_stream(self.device).wait_stream(stream)
+                return self._copy()
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            self.graph = graph
+        self.graph.replay()
+
+
 def _hash(digest: Fingerprint, t: torch.Tensor) -> None:
     digest.update(t.detach().contiguous())  # on the tensor's device, queued: no host copy (fingerprint.py)
 
@@ -127,11 +184,20 @@ class _Peer:
         return f"colocated weight sync, epoch {self.group.epoch}, rank {self.group.rank}"
 
     def _poll(self, keys: list[str], failures: list[str], what: str) -> None:
-        """Until every key of `keys` exists; SyncFailed when a key of `failures` says "failed" or the timeout passes."""
-        deadline = time.monotonic() + self.timeout.total_seconds()
+        """Until every key of `keys` exists; SyncFailed when a key of `failures` says "failed" or the timeout passes.
+
+        The first SPIN_S poll back to back (each check is a store round trip): a sync's answers
+        come within a millisecond, and a sleep between checks would add its latency to every sync.
+        A failure key that is also the one awaited key ends the wait itself; the others are
+        checked every FAILURE_EVERY polls."""
+        now = time.monotonic()
+        deadline, spin_until = now + self.timeout.total_seconds(), now + SPIN_S
+        watched = failures if len(keys) > 1 else [k for k in failures if k not in keys]
+        polls = 0
         try:
             while not self.store.check(keys):
-                for key in failures:
+                polls += 1
+                for key in watched if polls % FAILURE_EVERY == 0 else ():
                     if self.store.check([key]) and not (why := self.store.get(key).decode(errors="replace")).startswith(
                         "ok"
                     ):
@@ -144,7 +210,8 @@ class _Peer:
                         f"{self._where()}: {what}: no answer within {self.timeout.total_seconds():g}s "
                         f"(a peer died or stalled); missing {missing[:3]}"
                     )
-                time.sleep(POLL_S)
+                if time.monotonic() > spin_until:
+                    time.sleep(POLL_S)
         except SyncFailed:
             raise
         except Exception as exc:  # noqa: BLE001 - the store is gone: its host (rank 0) died or closed it
@@ -446,20 +513,20 @@ class ColocatedReceiver(_Peer):
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the weights are whole before "loaded"
         if copies is not None and sink.targets is not None:  # every piece a whole-tensor copy: replayable
-            self.replay = (version, _targets(sink), copies, specs)
+            self.replay = (version, _targets(sink), Replay(*copies, self.device), specs)
         return specs
 
     def _replay(self, sink: TensorSink, version: int, previous: int) -> list[TensorSpec]:
         """Version `previous`'s copies again (same storages on rank 0), into the same tensors on this side."""
         if self.replay is None or self.replay[0] != previous or sink.targets is None:
             raise SyncFailed(f"{self._where()}: asked to repeat version {previous}, which this rank cannot replay")
-        _, targets, (dsts, srcs), specs = self.replay
+        _, targets, copies, specs = self.replay
         if _targets(sink) != targets:
             raise SyncFailed(f"{self._where()}: the engine's tensors changed since version {previous}: no replay")
-        torch._foreach_copy_(dsts, srcs)
+        copies.run()
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
-        self.replay = (version, targets, (dsts, srcs), specs)
+        self.replay = (version, targets, copies, specs)
         return specs
 
     def _load(
@@ -486,7 +553,7 @@ class ColocatedReceiver(_Peer):
             else:
                 _copy_flat(target, p.a, p.b, src, into_flat=False)
         if fast[0]:
-            torch._foreach_copy_(fast[0], fast[1])
+            _copy_all(*fast)
         if whole:
             assert sink.load is not None
             sink.load(whole)

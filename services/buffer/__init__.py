@@ -1,8 +1,14 @@
 """The buffer service: dockyard's replay buffer of whole GRPO groups.
 
-    collector --PutGroup--> [held] --SampleGroups--> [pending] --AckGroups--> [acked: id only]
-                               |
-                               +-- aged out at sampling --> [dropped_stale: id only, counted]
+    collector --PutGroup/PutGroupStream--> [held] --SampleGroupsStream--> [pending] --AckGroups--> [acked: id only]
+                                            |
+                                            +-- aged out at sampling --> [dropped_stale: id only, counted]
+    (on Redis, payloads go around the service: staged by the collector, read by the trainer; GetDataPlane)
+
+    servicer.py        BufferServicer: protobuf <-> backend calls; sizes, GetDataPlane
+    validation.py      the checks of what a put carries (a group the trainer can train on)
+    backend.py         BufferBackend: the semantics every backend keeps; memory.py, redis_backend.py
+    redis_scripts.py   the Redis backend's Lua scripts, one per method
 
 Guarantees, per job:
 - a group is stored, leased, acked and dropped whole, never in part;

@@ -48,6 +48,8 @@ def main() -> None:
             max_group_bytes=int(settings.max_group_mb * 2**20),
             max_message_bytes=settings.max_message_mb * 2**20,
             max_trajectory_tokens=settings.max_trajectory_tokens,
+            data_plane_url=settings.advertised_data_plane_url,
+            staging_ttl_seconds=settings.staging_ttl_seconds,
         )
         service = Service(
             name="dockyard.buffer.v1.BufferService",

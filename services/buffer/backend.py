@@ -39,6 +39,38 @@ class BufferStats:
     held_versions: dict[int, int] = field(default_factory=dict)  # weight_version -> held groups
 
 
+@dataclass(frozen=True)
+class StoredGroup:
+    """A group as the buffer stores and returns it: bytes in, the same bytes out.
+
+    `metadata` is a serialized Group: without token arrays when `payload` (dockyard/experience/payload.py)
+    holds them, the whole group when it came by PutGroup (payload empty).
+    """
+
+    group_id: str
+    weight_version: int
+    metadata: bytes
+    payload: bytes = b""
+    # Set instead of `payload` when sampled by reference: the data-plane key holding the payload.
+    payload_key: str = ""
+
+    @property
+    def size(self) -> int:
+        return len(self.metadata) + len(self.payload)
+
+    def group(self) -> common_pb2.Group:
+        """The stored Group message (metadata only when the group has a payload)."""
+        return common_pb2.Group.FromString(self.metadata)
+
+
+@dataclass(frozen=True)
+class StagedPayload:
+    """A payload a writer SET in the data plane (dockyard/experience/data_plane.py): its key and length."""
+
+    key: str
+    size: int
+
+
 # A trainer version never exceeds a job's steps; Lua numbers (doubles) hold it exactly.
 MAX_VERSION = 10_000_000
 
@@ -81,7 +113,7 @@ class BufferBackend(abc.ABC):
     close_job(job_id)
         Frees everything of the job: groups, ids, counters. NotFound if unknown.
 
-    put_group(group) -> (duplicate, dropped_stale)
+    put_group(group, payload=b"") -> (duplicate, dropped_stale)
         Idempotent by group id: if the job remembers the id (see below), nothing
         changes and the answer is (True, False). A group from the future
         (weight_version > latest_version) raises FailedPrecondition. A group
@@ -89,7 +121,8 @@ class BufferBackend(abc.ABC):
         dropped at once: (False, True), counted in puts and dropped_stale. Else,
         if held + pending equals max_groups, raises ResourceExhausted (nothing
         stored; the caller backs off); else the group is *held*: (False, False).
-        A duplicate is answered even when full. Ids are remembered while a
+        A duplicate is answered even when full. The group is stored as
+        StoredGroup(metadata=group serialized, payload) and returned as stored. Ids are remembered while a
         group of their version could still be fresh (version >= latest_version
         - max_age - 1); older ids are forgotten, which keeps memory bounded, and
         a late retry of such a put is dropped as stale on arrival.
@@ -99,7 +132,7 @@ class BufferBackend(abc.ABC):
         group that is not fresh at latest_version (never returned, payload
         freed, counted). Then leases held groups, oldest weight_version first,
         ties in put order, to `consumer`: at most max_groups, and at most
-        max_bytes of serialized groups in total (but always at least one group
+        max_bytes of stored groups (StoredGroup.size) in total (but always at least one group
         if any is held). Leased groups become *pending*, with their lease time.
 
     reclaim(job_id, consumer, trainer_version, max_groups, max_bytes, min_idle) -> (groups, dropped)
@@ -108,6 +141,18 @@ class BufferBackend(abc.ABC):
         its own included), oldest lease first, within max_groups and max_bytes
         as sample; their lease time restarts. A reclaimed group that is no
         longer fresh is dropped instead (counted), never returned.
+
+    put_staged(group, staged) -> (duplicate, dropped_stale)
+        put_group for metadata whose payload a writer staged under staged.key
+        (StagedPayload, in the job's staging keys): the same answers; the
+        backend takes the key over when the group is held, deletes it when the
+        put is a duplicate or stale, and leaves it to its expiry otherwise. A
+        staged key that is missing or of another length than staged.size
+        raises FailedPrecondition. Only backends with a data plane
+        (data_plane_prefix() is not None) accept it.
+
+    sample and reclaim with by_reference=True return each payload's key
+    (StoredGroup.payload_key) instead of its bytes; only with a data plane.
 
     sample, reclaim and ack refuse with FailedPrecondition (changing nothing) a
     version above latest_version + 1, except an ack of no groups, which sets the
@@ -132,17 +177,41 @@ class BufferBackend(abc.ABC):
     async def close_job(self, job_id: str) -> None: ...
 
     @abc.abstractmethod
-    async def put_group(self, group: common_pb2.Group) -> tuple[bool, bool]: ...
+    async def put_group(self, group: common_pb2.Group, payload: bytes = b"") -> tuple[bool, bool]: ...
+
+    def data_plane_prefix(self) -> str | None:
+        """The key prefix of the data plane (the backend's Redis), or None: this backend has none."""
+        return None
+
+    async def put_staged(self, group: common_pb2.Group, staged: StagedPayload) -> tuple[bool, bool]:
+        raise FailedPrecondition(
+            "this buffer keeps groups in memory and has no data plane: put the payload with PutGroupStream"
+        )
 
     @abc.abstractmethod
     async def sample(
-        self, job_id: str, consumer: str, trainer_version: int, max_groups: int, max_bytes: int
-    ) -> tuple[list[common_pb2.Group], int]: ...
+        self,
+        job_id: str,
+        consumer: str,
+        trainer_version: int,
+        max_groups: int,
+        max_bytes: int,
+        *,
+        by_reference: bool = False,
+    ) -> tuple[list[StoredGroup], int]: ...
 
     @abc.abstractmethod
     async def reclaim(
-        self, job_id: str, consumer: str, trainer_version: int, max_groups: int, max_bytes: int, min_idle: float
-    ) -> tuple[list[common_pb2.Group], int]: ...
+        self,
+        job_id: str,
+        consumer: str,
+        trainer_version: int,
+        max_groups: int,
+        max_bytes: int,
+        min_idle: float,
+        *,
+        by_reference: bool = False,
+    ) -> tuple[list[StoredGroup], int]: ...
 
     @abc.abstractmethod
     async def ack(self, job_id: str, group_ids: Sequence[str], weight_version: int) -> int: ...

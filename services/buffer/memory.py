@@ -4,7 +4,7 @@
         --> pending: group_id -> (Group, consumer, lease time)
         --> ids: weight_version -> {group_id: state}   (pruned with the age bound)
 
-Groups live in this process only and are lost when it exits. Each method
+Groups (StoredGroup: metadata and payload bytes) live in this process only and are lost when it exits. Each method
 holds one asyncio.Lock for its whole body, so concurrent coroutines see every
 put, sample, reclaim and ack as atomic.
 """
@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 
 from dockyard.api.common.v1 import common_pb2
 from dockyard.rpc.errors import FailedPrecondition, NotFound, ResourceExhausted
-from services.buffer.backend import BufferBackend, BufferStats, check_clock, is_fresh
+from services.buffer.backend import BufferBackend, BufferStats, StoredGroup, check_clock, is_fresh
 
 HELD, PENDING, ACKED, DROPPED = "held", "pending", "acked", "dropped"
 
 
 @dataclass
 class _Lease:
-    group: common_pb2.Group
+    group: StoredGroup
     consumer: str
     since: float
 
@@ -38,7 +38,7 @@ class _Job:
     latest_version: int = 0
     # (weight_version, put sequence, group_id, group): the heap top is both the
     # oldest group and the first to age out, so dropping and leasing are pops.
-    held: list[tuple[int, int, str, common_pb2.Group]] = field(default_factory=list)
+    held: list[tuple[int, int, str, StoredGroup]] = field(default_factory=list)
     pending: dict[str, _Lease] = field(default_factory=dict)
     ids: dict[int, dict[str, str]] = field(default_factory=dict)
     puts: int = 0
@@ -68,11 +68,11 @@ class _Job:
         return any(state in (HELD, PENDING) for state in self.ids[version].values())
 
 
-def _take(candidates: list[common_pb2.Group], max_groups: int, max_bytes: int) -> int:
+def _take(candidates: list[StoredGroup], max_groups: int, max_bytes: int) -> int:
     """How many of `candidates` (in order) fit in max_groups and max_bytes; at least one."""
     size = 0
     for n, group in enumerate(candidates[:max_groups]):
-        size += group.ByteSize()
+        size += group.size
         if n and size > max_bytes:
             return n
     return min(len(candidates), max_groups)
@@ -116,7 +116,7 @@ class MemoryBuffer(BufferBackend):
             self._job(job_id)
             del self._jobs[job_id]
 
-    async def put_group(self, group: common_pb2.Group) -> tuple[bool, bool]:
+    async def put_group(self, group: common_pb2.Group, payload: bytes = b"") -> tuple[bool, bool]:
         async with self._lock:
             job = self._job(group.job_id)
             if job.state(group.group_id) is not None:
@@ -139,16 +139,24 @@ class MemoryBuffer(BufferBackend):
                     f"buffer full for job {group.job_id!r}: {in_flight} groups held or pending "
                     f"(max_groups={job.max_groups}); back off and retry once the trainer has sampled and acked"
                 )
-            stored = common_pb2.Group()
-            stored.CopyFrom(group)  # the caller may reuse or mutate its message
+            # Serialized now: the caller may reuse or mutate its message, and a sample returns bytes.
+            stored = StoredGroup(group.group_id, version, group.SerializeToString(), bytes(payload))
             job.puts += 1
             heapq.heappush(job.held, (version, job.puts, stored.group_id, stored))
             job.set_state(version, stored.group_id, HELD)
             return False, False
 
     async def sample(
-        self, job_id: str, consumer: str, trainer_version: int, max_groups: int, max_bytes: int
-    ) -> tuple[list[common_pb2.Group], int]:
+        self,
+        job_id: str,
+        consumer: str,
+        trainer_version: int,
+        max_groups: int,
+        max_bytes: int,
+        *,
+        by_reference: bool = False,
+    ) -> tuple[list[StoredGroup], int]:
+        _no_references(by_reference)
         async with self._lock:
             job = self._job(job_id)
             check_clock(job_id, trainer_version, job.latest_version)
@@ -169,8 +177,17 @@ class MemoryBuffer(BufferBackend):
             return leased, dropped
 
     async def reclaim(
-        self, job_id: str, consumer: str, trainer_version: int, max_groups: int, max_bytes: int, min_idle: float
-    ) -> tuple[list[common_pb2.Group], int]:
+        self,
+        job_id: str,
+        consumer: str,
+        trainer_version: int,
+        max_groups: int,
+        max_bytes: int,
+        min_idle: float,
+        *,
+        by_reference: bool = False,
+    ) -> tuple[list[StoredGroup], int]:
+        _no_references(by_reference)
         async with self._lock:
             job = self._job(job_id)
             check_clock(job_id, trainer_version, job.latest_version)
@@ -246,3 +263,8 @@ class MemoryBuffer(BufferBackend):
     def num_remembered_ids(self, job_id: str) -> int:
         """How many ids the job keeps for idempotency (for tests of the memory bound)."""
         return sum(len(states) for states in self._jobs[job_id].ids.values())
+
+
+def _no_references(by_reference: bool) -> None:
+    if by_reference:
+        raise FailedPrecondition("this buffer keeps groups in memory and has no data plane: sample without references")

@@ -10,8 +10,13 @@ Keys of one job, all under one hash tag so that they share a cluster slot
     P:{J}:index         hash    group_id -> weight_version   (every remembered id)
     P:{J}:ids:<v>       hash    group_id -> h|<entry>|<size>, p|<entry>|<size>, a, d
     P:{J}:entries       hash    <v>/<entry> -> group_id      (held and pending only)
+    P:{J}:d:<group_id>  string  the group's packed payload   (held and pending only)
+    P:{J}:s:<group_id>:<nonce>
+                        string  a payload a writer staged in the data plane, with an expiry,
+                                until its put renames it to P:{J}:d:<group_id>
     P:{J}:v:<v>         stream  one entry per held or pending group of version v:
-                                g=group_id s=size p=serialized Group;
+                                g=group_id s=size p=metadata (serialized Group)
+                                d=1 when the group has a payload, 0 for a whole Group;
                                 consumer group "buffer": its PEL is the pending set
 
 Guarantees:
@@ -50,9 +55,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dockyard.api.common.v1 import common_pb2
+from dockyard.experience.data_plane import job_base, staging_base
 from dockyard.redis_url import explain_auth_failure
-from dockyard.rpc.errors import FailedPrecondition, NotFound, ResourceExhausted, Unavailable
-from services.buffer.backend import BufferBackend, BufferStats, check_clock
+from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from services.buffer.backend import BufferBackend, BufferStats, StagedPayload, StoredGroup, check_clock
 from services.buffer.redis_scripts import ACK, CLOSE, PUT, RECLAIM, REWIND, SAMPLE
 
 _COUNTERS = ("held", "pending", "acked", "dropped_stale", "puts", "duplicate_puts", "reclaimed")
@@ -74,11 +80,6 @@ def _unavailable_while_redis_is_down(method: Callable[P, Awaitable[T]]) -> Calla
             raise Unavailable(f"the buffer cannot reach its Redis ({type(exc).__name__}: {exc}); try again") from None
 
     return call
-
-
-def _tag(job_id: str) -> str:
-    # A `}` inside the hash tag would end it early; `%` is escaped so decoding stays unambiguous.
-    return job_id.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
 
 
 class RedisBuffer(BufferBackend):
@@ -121,7 +122,10 @@ class RedisBuffer(BufferBackend):
 
     def job_keys_base(self, job_id: str) -> str:
         """The prefix of every key of the job, e.g. `dockyard:buffer:{job-1}:`."""
-        return f"{self._prefix}:{{{_tag(job_id)}}}:"
+        return job_base(self._prefix, job_id)
+
+    def data_plane_prefix(self) -> str:
+        return self._prefix
 
     def _keys(self, job_id: str) -> tuple[list[str], str]:
         base = self.job_keys_base(job_id)
@@ -146,12 +150,37 @@ class RedisBuffer(BufferBackend):
             raise self._no_job(job_id)
 
     @_unavailable_while_redis_is_down
-    async def put_group(self, group: common_pb2.Group) -> tuple[bool, bool]:
+    async def put_group(self, group: common_pb2.Group, payload: bytes = b"") -> tuple[bool, bool]:
         keys, base = self._keys(group.job_id)
-        payload = group.SerializeToString()
-        reply = await self._put(
-            keys=keys, args=[base, group.group_id, str(group.weight_version), payload, str(len(payload))]
-        )
+        metadata = group.SerializeToString()
+        args = [base, group.group_id, str(group.weight_version), metadata, str(len(metadata) + len(payload))]
+        if not payload:
+            reply = await self._put(keys=keys, args=[*args, "0"])
+        else:
+            # One transaction: the payload (NX: a duplicate keeps the first), then the script, which
+            # deletes it again unless the group is held or pending.
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.set(base + "d:" + group.group_id, payload, nx=True)
+                await self._put(keys=keys, args=[*args, "1"], client=pipe)
+                _, reply = await pipe.execute()
+        return self._put_answer(group, reply)
+
+    @_unavailable_while_redis_is_down
+    async def put_staged(self, group: common_pb2.Group, staged: StagedPayload) -> tuple[bool, bool]:
+        if not staged.key.startswith(staging_base(self._prefix, group.job_id)):
+            raise InvalidArgument(
+                f"group {group.group_id!r}: payload_key {staged.key!r} is not one of job {group.job_id!r}'s staging "
+                f"keys ({staging_base(self._prefix, group.job_id)}...)"
+            )
+        keys, base = self._keys(group.job_id)
+        metadata = group.SerializeToString()
+        args = [base, group.group_id, str(group.weight_version), metadata, str(len(metadata) + staged.size)]
+        reply = await self._put(keys=keys, args=[*args, "2", staged.key, str(staged.size)])
+        return self._put_answer(group, reply, staged)
+
+    def _put_answer(
+        self, group: common_pb2.Group, reply: list, staged: StagedPayload | None = None
+    ) -> tuple[bool, bool]:
         status = reply[0].decode()
         if status == "nojob":
             raise self._no_job(group.job_id)
@@ -169,6 +198,16 @@ class RedisBuffer(BufferBackend):
                 f"buffer full for job {group.job_id!r}: {reply[1].decode()} groups held or pending "
                 f"(max_groups={reply[2].decode()}); back off and retry once the trainer has sampled and acked"
             )
+        if status == "nostage" and staged:
+            raise FailedPrecondition(
+                f"group {group.group_id!r}: its staged payload {staged.key!r} is not in Redis (never written, or "
+                "expired); stage it again"
+            )
+        if status == "stagesize" and staged:
+            raise FailedPrecondition(
+                f"group {group.group_id!r}: its staged payload {staged.key!r} is {reply[1].decode()} bytes, "
+                f"not the {staged.size} the put declares"
+            )
         return False, False
 
     async def _check_clock(self, job_id: str, keys: list[str], version: int, *, setting: bool = False) -> None:
@@ -181,17 +220,32 @@ class RedisBuffer(BufferBackend):
 
     @_unavailable_while_redis_is_down
     async def sample(
-        self, job_id: str, consumer: str, trainer_version: int, max_groups: int, max_bytes: int
-    ) -> tuple[list[common_pb2.Group], int]:
+        self,
+        job_id: str,
+        consumer: str,
+        trainer_version: int,
+        max_groups: int,
+        max_bytes: int,
+        *,
+        by_reference: bool = False,
+    ) -> tuple[list[StoredGroup], int]:
         keys, base = self._keys(job_id)
         await self._check_clock(job_id, keys, trainer_version)
         reply = await self._sample(keys=keys, args=[base, consumer, trainer_version, max_groups, max_bytes])
-        return self._groups(job_id, reply)
+        return await self._groups(job_id, reply, by_reference)
 
     @_unavailable_while_redis_is_down
     async def reclaim(
-        self, job_id: str, consumer: str, trainer_version: int, max_groups: int, max_bytes: int, min_idle: float
-    ) -> tuple[list[common_pb2.Group], int]:
+        self,
+        job_id: str,
+        consumer: str,
+        trainer_version: int,
+        max_groups: int,
+        max_bytes: int,
+        min_idle: float,
+        *,
+        by_reference: bool = False,
+    ) -> tuple[list[StoredGroup], int]:
         keys, base = self._keys(job_id)
         await self._check_clock(job_id, keys, trainer_version)
         # Rounded up, so a lease is never taken over before min_idle has passed.
@@ -199,12 +253,33 @@ class RedisBuffer(BufferBackend):
         reply = await self._reclaim(
             keys=keys, args=[base, consumer, trainer_version, max_groups, max_bytes, min_idle_ms]
         )
-        return self._groups(job_id, reply)
+        return await self._groups(job_id, reply, by_reference)
 
-    def _groups(self, job_id: str, reply: list) -> tuple[list[common_pb2.Group], int]:
+    async def _groups(self, job_id: str, reply: list, by_reference: bool) -> tuple[list[StoredGroup], int]:
+        """The leased groups with their payloads, read by one MGET outside the script (`by_reference`: their keys)."""
         if reply[0] == b"nojob":
             raise self._no_job(job_id)
-        return [common_pb2.Group.FromString(payload) for payload in reply[2]], int(reply[1])
+        base = self.job_keys_base(job_id)
+        if by_reference:
+            groups = [
+                StoredGroup(g.decode(), int(v), meta, payload_key=base + "d:" + g.decode() if flag == b"1" else "")
+                for g, v, meta, flag in reply[2]
+            ]
+            return groups, int(reply[1])
+        with_payload = [g.decode() for g, _, _, flag in reply[2] if flag == b"1"]
+        read = await self._redis.mget([base + "d:" + g for g in with_payload]) if with_payload else []
+        payloads = dict(zip(with_payload, read, strict=True))
+        groups = []
+        for g, v, meta, _ in reply[2]:
+            gid = g.decode()
+            data = payloads.get(gid, b"")
+            if data is None:
+                # Only a concurrent ack, reclaim, rewind or close frees a leased group's payload.
+                raise Unavailable(
+                    f"the payload of group {gid!r} of job {job_id!r} was freed while it was leased; try again"
+                )
+            groups.append(StoredGroup(gid, int(v), meta, data))
+        return groups, int(reply[1])
 
     @_unavailable_while_redis_is_down
     async def ack(self, job_id: str, group_ids: Sequence[str], weight_version: int) -> int:

@@ -1,7 +1,8 @@
 """The Lua scripts of the Redis buffer backend (services/buffer/redis_backend.py), one per method.
 
     _COMMON    key names, version formatting and the bookkeeping every script shares
-    PUT        store a group once (a repeat is a duplicate), refuse when full or from the future
+    PUT        store a group once (a repeat is a duplicate), refuse when full or from the future;
+               take over a payload a writer staged in the data plane
     SAMPLE     lease held groups, oldest version first, dropping what aged out
     RECLAIM    take over pending groups idle long enough (XAUTOCLAIM), deleted ones counted
     ACK        acknowledge leased groups and move the job's clock
@@ -24,6 +25,9 @@ local GROUP = 'buffer'
 local function fmt(n) return string.format('%d', n) end
 local function stream_key(v) return BASE .. 'v:' .. v end
 local function ids_key(v) return BASE .. 'ids:' .. v end
+-- A group's payload lives in a key of its own, written and read outside the scripts: big
+-- strings through Lua cost about twice what the same bytes cost a plain SET or MGET.
+local function payload_key(gid) return BASE .. 'd:' .. gid end
 local function meta_num(field) return tonumber(redis.call('HGET', META, field)) or 0 end
 local function incr(field, by) if by ~= 0 then redis.call('HINCRBY', META, field, by) end end
 local function fields(flat)
@@ -34,6 +38,7 @@ end
 
 local function held_of(v) return tonumber(redis.call('HGET', HELD, v)) or 0 end
 local function add_held(v, by)
+  if by == 0 then return end  -- Lua writes 0 - 0 as '-0', which HINCRBY refuses
   if redis.call('HINCRBY', HELD, v, by) <= 0 then redis.call('HDEL', HELD, v) end
   incr('held', by)
 end
@@ -97,6 +102,7 @@ local function drop_held(v)
   for _, e in ipairs(redis.call('XRANGE', key, '(' .. last_delivered(key), '+')) do
     redis.call('XDEL', key, e[1])
     redis.call('HSET', ids_key(v), fields(e[2])['g'], 'd')
+    redis.call('DEL', payload_key(fields(e[2])['g']))
     redis.call('HDEL', ENTRIES, v .. '/' .. e[1])
     n = n + 1
   end
@@ -107,7 +113,10 @@ end
 -- A pending group that leaves without an ack: aged out, or deleted behind our back.
 local function drop_pending(v, entry)
   local gid = redis.call('HGET', ENTRIES, v .. '/' .. entry)
-  if gid then redis.call('HSET', ids_key(v), gid, 'd') end
+  if gid then
+    redis.call('HSET', ids_key(v), gid, 'd')
+    redis.call('DEL', payload_key(gid))
+  end
   redis.call('HDEL', ENTRIES, v .. '/' .. entry)
   incr('pending', -1)
   incr('dropped_stale', 1)
@@ -119,15 +128,38 @@ if redis.call('EXISTS', META) == 0 then return {'nojob'} end
 PUT = (
     _COMMON
     + r"""
-local gid, v, payload, size = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-if redis.call('HEXISTS', INDEX, gid) == 1 then
+-- ARGV[6] says where the payload is: '0' none (a whole Group); '1' the caller wrote it to
+-- payload_key(gid) (SET NX) in the same transaction, just before this script: it stays only if the
+-- group is now held or pending; '2' a writer staged it under ARGV[7] (ARGV[8] bytes): it is renamed
+-- to payload_key(gid) when the group is held, deleted when the put is a duplicate or stale, and
+-- left to its expiry when the put is refused (full, future: the writer retries with it).
+local gid, v, metadata, size, has_payload = ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local staged = ARGV[7]
+if has_payload == '2' then
+  local length = redis.call('STRLEN', staged)
+  if length == 0 then return {'nostage'} end
+  if length ~= tonumber(ARGV[8]) then return {'stagesize', fmt(length)} end
+end
+local function discard_stage() if has_payload == '2' then redis.call('DEL', staged) end end
+local function refuse(reply)
+  if has_payload == '1' then redis.call('DEL', payload_key(gid)) end
+  return reply
+end
+local known = redis.call('HGET', INDEX, gid)
+if known then
   incr('duplicate_puts', 1)
-  return {'duplicate'}
+  discard_stage()
+  local state = redis.call('HGET', ids_key(known), gid) or ''
+  local kind = string.sub(state, 1, 1)
+  if kind == 'h' or kind == 'p' then return {'duplicate'} end  -- SET NX kept the first payload
+  return refuse({'duplicate'})
 end
 local version = tonumber(v)
 local latest, max_age = meta_num('latest_version'), meta_num('max_age')
-if version > latest then return {'future', fmt(latest)} end
+if version > latest then return refuse({'future', fmt(latest)}) end
 if latest - version > max_age then
+  if has_payload == '1' then redis.call('DEL', payload_key(gid)) end
+  discard_stage()
   redis.call('HSET', ids_key(v), gid, 'd')
   redis.call('HSET', INDEX, gid, v)
   redis.call('ZADD', VERSIONS, version, v)
@@ -136,7 +168,7 @@ if latest - version > max_age then
   return {'stale'}
 end
 local in_flight, max_groups = meta_num('held') + meta_num('pending'), meta_num('max_groups')
-if in_flight >= max_groups then return {'full', fmt(in_flight), fmt(max_groups)} end
+if in_flight >= max_groups then return refuse({'full', fmt(in_flight), fmt(max_groups)}) end
 local key = stream_key(v)
 if redis.call('EXISTS', key) == 0 then
   local created = redis.pcall('XGROUP', 'CREATE', key, GROUP, '0', 'MKSTREAM')
@@ -144,7 +176,11 @@ if redis.call('EXISTS', key) == 0 then
     return redis.error_reply(created.err)
   end
 end
-local entry = redis.call('XADD', key, '*', 'g', gid, 's', size, 'p', payload)
+if has_payload == '2' then
+  redis.call('RENAME', staged, payload_key(gid))
+  redis.call('PERSIST', payload_key(gid))  -- RENAME keeps the staging expiry
+end
+local entry = redis.call('XADD', key, '*', 'g', gid, 's', size, 'p', metadata, 'd', has_payload == '0' and '0' or '1')
 -- The largest group ever put lets sample skip its size peek when a whole read must fit.
 if tonumber(size) > meta_num('max_size') then redis.call('HSET', META, 'max_size', size) end
 redis.call('HSET', ids_key(v), gid, 'h|' .. entry .. '|' .. size)
@@ -203,7 +239,7 @@ for _, v in ipairs(redis.call('ZRANGEBYSCORE', VERSIONS, fmt(oldest_fresh), '+in
       for _, e in ipairs(read and read[1][2] or {}) do
         local f = fields(e[2])
         redis.call('HSET', ids_key(v), f['g'], 'p|' .. e[1] .. '|' .. f['s'])
-        out[#out + 1] = f['p']
+        out[#out + 1] = {f['g'], v, f['p'], f['d'] or '0'}
         got, read_bytes = got + 1, read_bytes + tonumber(f['s'])
       end
       if not peeked then bytes = bytes + read_bytes end
@@ -271,7 +307,8 @@ for _, lease in ipairs(leases) do
       local reply = redis.call('XAUTOCLAIM', key, GROUP, consumer, min_idle, lease.id, 'COUNT', 1)
       local claimed, deleted = reply[2], reply[3] or {}
       if claimed[1] and claimed[1][1] == lease.id then
-        out[#out + 1] = fields(claimed[1][2])['p']
+        local f = fields(claimed[1][2])
+        out[#out + 1] = {f['g'], lease.v, f['p'], f['d'] or '0'}
         bytes = bytes + size
         reclaimed = reclaimed + 1
       else
@@ -320,6 +357,7 @@ for i = 3, #ARGV do
     redis.call('XACK', key, GROUP, entry)
     redis.call('XDEL', key, entry)
     redis.call('HSET', ids_key(v), gid, 'a')
+    redis.call('DEL', payload_key(gid))
     redis.call('HDEL', ENTRIES, v .. '/' .. entry)
     acked = acked + 1
   end
@@ -335,6 +373,7 @@ CLOSE = (
     _COMMON
     + r"""
 for _, v in ipairs(redis.call('ZRANGE', VERSIONS, 0, -1)) do
+  for _, gid in ipairs(redis.call('HKEYS', ids_key(v))) do redis.call('DEL', payload_key(gid)) end
   redis.call('DEL', stream_key(v), ids_key(v))
 end
 redis.call('DEL', META, VERSIONS, HELD, INDEX, ENTRIES)

@@ -2,9 +2,16 @@
 
     OpenJob / CloseJob / PutGroup / SampleGroups / ReclaimGroups / AckGroups / GetStats
         --> validate --> backend
+    PutGroupStream (metadata + packed payload in chunks) --> validate --> backend stores both as sent
+    PutGroup (metadata + payload_key: staged in the data plane) --> validate --> backend takes the key over
+    SampleGroupsStream / ReclaimGroupsStream <-- each group's stored bytes, the payload in chunks
+        (payload_by_reference: each payload's data-plane key instead of its bytes)
+    GetDataPlane <-- where the data plane is (dockyard/experience/data_plane.py), empty when there is none
 
 Sizes are enforced here: a put above DOCKYARD_BUFFER_MAX_GROUP_MB is refused,
-and a sample or reclaim returns no more bytes than one message can carry.
+and a unary sample or reclaim returns no more bytes than one message can carry
+(the streamed ones have no such cap; a group with a payload is filled in for
+the unary ones, the streamed ones never decode it).
 
 Malformed input is refused with INVALID_ARGUMENT and a message naming the
 group and field, before the backend sees it (a group the trainer could not
@@ -22,114 +29,33 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
 
 import grpc
 import structlog
 
 from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
 from dockyard.api.common.v1 import common_pb2
-from dockyard.jobs import job_id_error
-from dockyard.rpc.errors import InvalidArgument
-from services.buffer.backend import MAX_VERSION, BufferBackend
+from dockyard.experience import payload as packed
+from dockyard.rpc.errors import FailedPrecondition, InvalidArgument
+from services.buffer.backend import BufferBackend, StagedPayload, StoredGroup
+from services.buffer.validation import (
+    DEFAULT_MAX_TRAJECTORY_TOKENS,
+    require_job_id,
+    require_version,
+    validate_group,
+)
 
-DEFAULT_MAX_TRAJECTORY_TOKENS = 65536
+# A streamed sample has no message cap: max_groups bounds it, and no group exceeds DOCKYARD_BUFFER_MAX_GROUP_MB.
+STREAM_MAX_BYTES = 1 << 50
+# The requests that lease groups: the unary and streamed samples and reclaims share their fields.
+LeaseRequest = (
+    buffer_pb2.SampleGroupsRequest
+    | buffer_pb2.SampleGroupsStreamRequest
+    | buffer_pb2.ReclaimGroupsRequest
+    | buffer_pb2.ReclaimGroupsStreamRequest
+)
 
 log = structlog.get_logger()
-
-
-def validate_group(group: common_pb2.Group, max_trajectory_tokens: int = DEFAULT_MAX_TRAJECTORY_TOKENS) -> None:
-    """Raise InvalidArgument unless `group` is a well-formed whole group the trainer can train on.
-
-    The trainer's own checks (services/trainer/batch.py) minus the vocabulary, which the buffer
-    does not know: a group refused here never reaches a batch, so it cannot fail one.
-    """
-    _require_job_id(group.job_id, "group.job_id")
-    if not group.group_id:
-        raise InvalidArgument("group.group_id is empty")
-    if not group.trajectories:
-        raise InvalidArgument(f"group {group.group_id!r} has no trajectories")
-    if not 0 <= group.weight_version <= MAX_VERSION:
-        raise InvalidArgument(
-            f"group {group.group_id!r}: weight_version {group.weight_version} is not in [0, {MAX_VERSION}]"
-        )
-    for i, trajectory in enumerate(group.trajectories):
-        where = f"group {group.group_id!r} trajectories[{i}] ({trajectory.trajectory_id!r})"
-        if trajectory.weight_version < 0:
-            raise InvalidArgument(f"{where}: weight_version {trajectory.weight_version} is negative")
-        _check_trajectory(where, trajectory, max_trajectory_tokens)
-    # The group's age is measured from its oldest trajectory; a different
-    # stamp would let an over-age trajectory past the bound.
-    oldest = min(t.weight_version for t in group.trajectories)
-    if group.weight_version != oldest:
-        raise InvalidArgument(
-            f"group {group.group_id!r}: weight_version {group.weight_version} differs from the oldest "
-            f"trajectory weight_version {oldest}; it must equal the minimum over its trajectories"
-        )
-
-
-def _check_trajectory(where: str, trajectory: common_pb2.Trajectory, max_tokens: int) -> None:
-    if not math.isfinite(trajectory.reward):
-        raise InvalidArgument(f"{where}: reward is {trajectory.reward}, not a finite number")
-    if not trajectory.valid and not (
-        trajectory.prompt_token_ids or trajectory.completion_token_ids or trajectory.later_segments
-    ):
-        return  # an infrastructure failure before any token (a failed agent trial): nothing to check
-    tokens = 0
-    for k, segment in enumerate([trajectory, *trajectory.later_segments]):
-        tokens += _check_segment(where if k == 0 else f"{where} later_segments[{k - 1}]", segment)
-    if tokens > max_tokens:
-        raise InvalidArgument(
-            f"{where}: {tokens} tokens (prompt_token_ids + completion_token_ids over its segments); "
-            f"at most {max_tokens} (DOCKYARD_BUFFER_MAX_TRAJECTORY_TOKENS)"
-        )
-
-
-def _check_segment(where: str, segment: common_pb2.Trajectory | common_pb2.Segment) -> int:
-    """Refuse a segment (a trajectory's own fields, or a later segment) the trainer cannot use; its token count."""
-    prompt, completion = segment.prompt_token_ids, segment.completion_token_ids
-    if not prompt:
-        raise InvalidArgument(f"{where}: prompt_token_ids is empty")
-    for field, ids in (("prompt_token_ids", prompt), ("completion_token_ids", completion)):
-        if ids and min(ids) < 0:
-            raise InvalidArgument(f"{where}: {field} holds the negative token id {min(ids)}")
-    if len(segment.completion_logprobs) != len(completion):
-        raise InvalidArgument(
-            f"{where}: {len(segment.completion_logprobs)} completion_logprobs for "
-            f"{len(completion)} completion_token_ids; need one logprob per token"
-        )
-    mask = segment.completion_loss_mask
-    if mask and len(mask) != len(completion):
-        raise InvalidArgument(
-            f"{where}: {len(mask)} completion_loss_mask values for {len(completion)} completion_token_ids; "
-            "need one per token (or none: all sampled)"
-        )
-    if any(m not in (0, 1) for m in mask):
-        raise InvalidArgument(f"{where}: completion_loss_mask holds {next(m for m in mask if m not in (0, 1))}; 0 or 1")
-    if bad := _bad_logprob(segment.completion_logprobs):
-        raise InvalidArgument(f"{where}: completion_logprobs holds {bad}; a logprob is a finite number <= 0")
-    return len(prompt) + len(completion)
-
-
-def _bad_logprob(logprobs: Sequence[float]) -> str | None:
-    # `not x <= 0` is True for NaN as well as for positive values.
-    if any(not x <= 0.0 for x in logprobs):
-        return str(next(x for x in logprobs if not x <= 0.0))
-    if logprobs and min(logprobs) == -math.inf:
-        return "-inf"
-    return None
-
-
-def _require_job_id(job_id: str, field: str = "job_id") -> None:
-    if error := job_id_error(job_id, field):
-        raise InvalidArgument(error)
-
-
-def _require_version(field: str, version: int) -> None:
-    if version < 0:
-        raise InvalidArgument(f"{field} must be >= 0, got {version}")
-    if version > MAX_VERSION:
-        raise InvalidArgument(f"{field} {version} is beyond any job's {MAX_VERSION} steps")
 
 
 class RateMeter:
@@ -172,8 +98,21 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         max_group_bytes: int,
         max_message_bytes: int,
         max_trajectory_tokens: int = DEFAULT_MAX_TRAJECTORY_TOKENS,
+        data_plane_url: str = "",
+        staging_ttl_seconds: int = 3600,
     ) -> None:
         self._backend = backend
+        # What GetDataPlane advertises: the Redis URL clients use (never with a password), if the backend has one.
+        prefix = backend.data_plane_prefix()
+        self._data_plane = buffer_pb2.GetDataPlaneResponse()
+        if data_plane_url and prefix is not None:
+            self._data_plane = buffer_pb2.GetDataPlaneResponse(
+                redis_url=data_plane_url,
+                key_prefix=prefix,
+                staging_ttl_seconds=staging_ttl_seconds,
+                max_trajectory_tokens=max_trajectory_tokens,
+                max_group_bytes=max_group_bytes,
+            )
         self._max_trajectory_tokens = max_trajectory_tokens
         self._max_group_bytes = max_group_bytes
         # A sample's reply must fit one message; keep room for the envelope.
@@ -184,21 +123,21 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     async def OpenJob(
         self, request: buffer_pb2.OpenJobRequest, context: grpc.aio.ServicerContext
     ) -> buffer_pb2.OpenJobResponse:
-        _require_job_id(request.job_id)
+        require_job_id(request.job_id)
         if request.max_groups < 1:
             raise InvalidArgument(f"max_groups must be >= 1, got {request.max_groups}")
         if request.max_trajectory_age_steps < 0:
             raise InvalidArgument(f"max_trajectory_age_steps must be >= 0, got {request.max_trajectory_age_steps}")
         rewind_to = request.rewind_to_version if request.HasField("rewind_to_version") else None
         if rewind_to is not None:
-            _require_version("rewind_to_version", rewind_to)
+            require_version("rewind_to_version", rewind_to)
         await self._backend.open_job(request.job_id, request.max_groups, request.max_trajectory_age_steps, rewind_to)
         return buffer_pb2.OpenJobResponse()
 
     async def CloseJob(
         self, request: buffer_pb2.CloseJobRequest, context: grpc.aio.ServicerContext
     ) -> buffer_pb2.CloseJobResponse:
-        _require_job_id(request.job_id)
+        require_job_id(request.job_id)
         await self._backend.close_job(request.job_id)
         self._puts.forget(request.job_id)
         self._samples.forget(request.job_id)
@@ -211,32 +150,131 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             raise InvalidArgument("group is missing")
         # The interceptor binds a top-level job_id only; a put carries it inside the group.
         structlog.contextvars.bind_contextvars(job_id=request.group.job_id)
-        validate_group(request.group, self._max_trajectory_tokens)
-        size = request.group.ByteSize()
-        if size > self._max_group_bytes:
-            raise InvalidArgument(
-                f"group {request.group.group_id!r} is {size / 2**20:.1f} MiB; "
-                f"the limit is {self._max_group_bytes / 2**20:.1f} MiB (DOCKYARD_BUFFER_MAX_GROUP_MB)"
-            )
-        duplicate, dropped = await self._backend.put_group(request.group)
-        self._puts.add(request.group.job_id, 0 if duplicate else 1)
+        if request.payload_key:
+            duplicate, dropped = await self._put_staged(request)
+        else:
+            duplicate, dropped = await self._put(request.group, None)
         return buffer_pb2.PutGroupResponse(duplicate=duplicate, dropped_stale=dropped)
+
+    async def _put_staged(self, request: buffer_pb2.PutGroupRequest) -> tuple[bool, bool]:
+        """A put whose payload a writer staged in the data plane: the metadata is checked here, the payload
+        by its writer (dockyard/experience/data_plane.py), its presence and length by the backend."""
+        group = request.group
+        if not self._data_plane.redis_url:
+            raise FailedPrecondition(
+                "payload_key is set but this buffer has no data plane (GetDataPlane is empty): "
+                "put the payload with PutGroupStream"
+            )
+        validate_group(group, self._max_trajectory_tokens, staged=True)
+        if request.payload_bytes < 1:
+            raise InvalidArgument(f"group {group.group_id!r}: payload_bytes must be >= 1, got {request.payload_bytes}")
+        size = group.ByteSize() + request.payload_bytes
+        if size > self._max_group_bytes:
+            self._refuse_size(group.group_id, size)
+        duplicate, dropped = await self._backend.put_staged(
+            group, StagedPayload(request.payload_key, request.payload_bytes)
+        )
+        self._puts.add(group.job_id, 0 if duplicate else 1)
+        return duplicate, dropped
+
+    async def PutGroupStream(
+        self, request_iterator, context: grpc.aio.ServicerContext
+    ) -> buffer_pb2.PutGroupStreamResponse:
+        group: common_pb2.Group | None = None
+        pieces: list[bytes] = []
+        size = 0
+        async for chunk in request_iterator:
+            if chunk.HasField("group"):
+                if group is not None:
+                    raise InvalidArgument("a PutGroupStream carries one group: `group` is set on a later chunk too")
+                group = chunk.group
+                structlog.contextvars.bind_contextvars(job_id=group.job_id)
+            elif group is None:
+                raise InvalidArgument("the first chunk of a PutGroupStream must carry the group")
+            size += len(chunk.payload)
+            if size > self._max_group_bytes:  # refused while streaming: never held in memory whole
+                self._refuse_size(group.group_id, size)
+            pieces.append(chunk.payload)
+        if group is None:
+            raise InvalidArgument("group is missing: the PutGroupStream was empty")
+        duplicate, dropped = await self._put(group, b"".join(pieces))
+        return buffer_pb2.PutGroupStreamResponse(duplicate=duplicate, dropped_stale=dropped)
+
+    async def _put(self, group: common_pb2.Group, payload: bytes | None) -> tuple[bool, bool]:
+        """Validate and store; (duplicate, dropped_stale)."""
+        validate_group(group, self._max_trajectory_tokens, payload)
+        size = group.ByteSize() + len(payload or b"")
+        if size > self._max_group_bytes:
+            self._refuse_size(group.group_id, size)
+        duplicate, dropped = await self._backend.put_group(group, payload or b"")
+        self._puts.add(group.job_id, 0 if duplicate else 1)
+        return duplicate, dropped
+
+    def _refuse_size(self, group_id: str, size: int) -> None:
+        raise InvalidArgument(
+            f"group {group_id!r} is {size / 2**20:.1f} MiB; "
+            f"the limit is {self._max_group_bytes / 2**20:.1f} MiB (DOCKYARD_BUFFER_MAX_GROUP_MB)"
+        )
 
     async def SampleGroups(
         self, request: buffer_pb2.SampleGroupsRequest, context: grpc.aio.ServicerContext
     ) -> buffer_pb2.SampleGroupsResponse:
+        groups, dropped = await self._sample(request, self._max_sample_bytes)
+        return buffer_pb2.SampleGroupsResponse(groups=[_whole(g) for g in groups], dropped_stale=dropped)
+
+    async def SampleGroupsStream(
+        self, request: buffer_pb2.SampleGroupsStreamRequest, context: grpc.aio.ServicerContext
+    ):
+        groups, dropped = await self._sample(request, STREAM_MAX_BYTES, self._by_reference(request))
+        for piece in _stream(groups, dropped, buffer_pb2.SampleGroupsStreamResponse):
+            yield piece
+
+    def _by_reference(
+        self, request: buffer_pb2.SampleGroupsStreamRequest | buffer_pb2.ReclaimGroupsStreamRequest
+    ) -> bool:
+        if request.payload_by_reference and not self._data_plane.redis_url:
+            raise FailedPrecondition(
+                "payload_by_reference is set but this buffer has no data plane (GetDataPlane is empty): "
+                "sample without it to get the payloads' bytes"
+            )
+        return request.payload_by_reference
+
+    async def _sample(
+        self, request: LeaseRequest, max_bytes: int, by_reference: bool = False
+    ) -> tuple[list[StoredGroup], int]:
         _check_lease_request(request)
         groups, dropped = await self._backend.sample(
-            request.job_id, request.consumer, request.trainer_step, request.max_groups, self._max_sample_bytes
+            request.job_id,
+            request.consumer,
+            request.trainer_step,
+            request.max_groups,
+            max_bytes,
+            by_reference=by_reference,
         )
         if dropped:
             log.info("dropped stale groups", dropped=dropped, trainer_step=request.trainer_step)
         self._samples.add(request.job_id, len(groups))
-        return buffer_pb2.SampleGroupsResponse(groups=groups, dropped_stale=dropped)
+        return groups, dropped
 
     async def ReclaimGroups(
         self, request: buffer_pb2.ReclaimGroupsRequest, context: grpc.aio.ServicerContext
     ) -> buffer_pb2.ReclaimGroupsResponse:
+        groups, dropped = await self._reclaim(request, self._max_sample_bytes)
+        return buffer_pb2.ReclaimGroupsResponse(groups=[_whole(g) for g in groups], dropped_stale=dropped)
+
+    async def ReclaimGroupsStream(
+        self, request: buffer_pb2.ReclaimGroupsStreamRequest, context: grpc.aio.ServicerContext
+    ):
+        groups, dropped = await self._reclaim(request, STREAM_MAX_BYTES, self._by_reference(request))
+        for piece in _stream(groups, dropped, buffer_pb2.ReclaimGroupsStreamResponse):
+            yield piece
+
+    async def _reclaim(
+        self,
+        request: buffer_pb2.ReclaimGroupsRequest | buffer_pb2.ReclaimGroupsStreamRequest,
+        max_bytes: int,
+        by_reference: bool = False,
+    ) -> tuple[list[StoredGroup], int]:
         _check_lease_request(request)
         if not math.isfinite(request.min_idle_seconds) or request.min_idle_seconds < 0:
             raise InvalidArgument(f"min_idle_seconds must be a finite number >= 0, got {request.min_idle_seconds}")
@@ -245,28 +283,34 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             request.consumer,
             request.trainer_step,
             request.max_groups,
-            self._max_sample_bytes,
+            max_bytes,
             request.min_idle_seconds,
+            by_reference=by_reference,
         )
         log.info("reclaimed groups", reclaimed=len(groups), dropped=dropped, consumer=request.consumer)
         self._samples.add(request.job_id, len(groups))
-        return buffer_pb2.ReclaimGroupsResponse(groups=groups, dropped_stale=dropped)
+        return groups, dropped
 
     async def AckGroups(
         self, request: buffer_pb2.AckGroupsRequest, context: grpc.aio.ServicerContext
     ) -> buffer_pb2.AckGroupsResponse:
-        _require_job_id(request.job_id)
-        _require_version("weight_version", request.weight_version)
+        require_job_id(request.job_id)
+        require_version("weight_version", request.weight_version)
         for i, group_id in enumerate(request.group_ids):
             if not group_id:
                 raise InvalidArgument(f"group_ids[{i}] is empty")
         acked = await self._backend.ack(request.job_id, list(request.group_ids), request.weight_version)
         return buffer_pb2.AckGroupsResponse(acked=acked)
 
+    async def GetDataPlane(
+        self, request: buffer_pb2.GetDataPlaneRequest, context: grpc.aio.ServicerContext
+    ) -> buffer_pb2.GetDataPlaneResponse:
+        return self._data_plane
+
     async def GetStats(
         self, request: buffer_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> buffer_pb2.GetStatsResponse:
-        _require_job_id(request.job_id)
+        require_job_id(request.job_id)
         s = await self._backend.stats(request.job_id)
         ages: dict[int, int] = {}
         for version, count in s.held_versions.items():
@@ -289,10 +333,28 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         )
 
 
-def _check_lease_request(request: buffer_pb2.SampleGroupsRequest | buffer_pb2.ReclaimGroupsRequest) -> None:
-    _require_job_id(request.job_id)
+def _whole(stored: StoredGroup) -> common_pb2.Group:
+    """The whole Group message of a stored group, for the unary sample and reclaim."""
+    group = stored.group()
+    return packed.merge(group, stored.payload) if stored.payload else group
+
+
+def _stream(groups: list[StoredGroup], dropped: int, piece_type):
+    """Pieces (`piece_type` messages) of stored groups, bytes as stored: each group's metadata, then its
+    payload in chunks (or its data-plane key); the last piece says done."""
+    for stored in groups:
+        for k, chunk in enumerate(packed.chunks(stored.payload)):
+            if k == 0:
+                yield piece_type(group=stored.metadata, payload=chunk, payload_key=stored.payload_key)
+            else:
+                yield piece_type(payload=chunk)
+    yield piece_type(dropped_stale=dropped, done=True)
+
+
+def _check_lease_request(request: LeaseRequest) -> None:
+    require_job_id(request.job_id)
     if request.max_groups < 1:
         raise InvalidArgument(f"max_groups must be >= 1, got {request.max_groups}")
-    _require_version("trainer_step", request.trainer_step)
+    require_version("trainer_step", request.trainer_step)
     if not request.consumer:
         raise InvalidArgument("consumer is empty: name the trainer that leases the groups")

@@ -4,7 +4,8 @@
     GetWeightSyncGroup ─────────> weight_sync_groups.py (members, ranks, epochs of every job's group)
     CreateJob ─> jobs.py record (store.py persists it) ─> runner.py JobRunner, one asyncio task per job:
         wait for the fleet ─> load policy on trainer + every replica ─> weights v0 over the weight-sync group
-        repeat: producer.py (tasks ─> collector.py: Generate ─> RunTests ─> rewards ─> job_buffer.py PutGroup)
+        repeat: producer.py (tasks ─> collector.py: Generate ─> RunTests ─> reward_functions.py, rewards.py
+                             ─> job_buffer.py: payload to the buffer's Redis + PutGroup, or PutGroupStream)
                 trainer_client.py TrainStep ─> weight_sync.py PushWeights/ReceiveWeights ─> validation
         ─> checkpoint ─> SUCCEEDED          (recovery.py: resumes, trainer and coordinator restarts)
 

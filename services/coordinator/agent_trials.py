@@ -8,8 +8,9 @@
             (and the scaffold's package), run_external: the unchanged program in it, the key as its API key
         score: the answer as env.score scores a completion (expr, program synthesis), or
                ScoreSession (swe: the work folder's diff against the base commit; terminal_bench: the
-               task's tests, run in the session after the agent)
+               task's tests, run in the session after the agent; gdpval: the deliverables, then the checker)
         GET /v1/sessions/{id}/trajectory ──trial_tokens──> Trajectory (loss mask, later segments)
+            + the conversation of each segment (messages and tools), which a run keeps for export-sft
         close both sessions
 
 Where they live: in the coordinator process, as asyncio tasks beside the single-turn collector
@@ -28,6 +29,7 @@ import re
 import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 import grpc
 import httpx
@@ -49,7 +51,7 @@ from services.coordinator.fleet import Fleet, Member
 
 SESSION_HEADER = "X-Dockyard-Session"
 # Environments whose sessions open on a task of a task set and are scored by ScoreSession.
-TASK_SESSION_ENVS = ("swe", "terminal_bench")
+TASK_SESSION_ENVS = ("swe", "terminal_bench", "gdpval")
 # A full (RESOURCE_EXHAUSTED) or unreachable sandbox worker frees up or comes back: wait for it.
 OPEN_RETRIABLE = OVERLOADED | PEER_LOST
 
@@ -123,9 +125,7 @@ class AgentTrials:
         stats, self._stats = self._stats, []
         return stats
 
-    async def group(
-        self, task: Task, group_id: str, seed: int, n: int, sampling: SamplingConfig
-    ) -> list[common_pb2.Trajectory]:
+    async def group(self, task: Task, group_id: str, seed: int, n: int, sampling: SamplingConfig) -> list[Trial]:
         """n scored trials of `task`; the whole group again when a trial lost its endpoint or replica."""
         for attempt in range(self._max_regenerations + 1):
             trials = [
@@ -149,7 +149,7 @@ class AgentTrials:
         """One trial, tried again (at most max_regenerations times, counted) when it lost its endpoint."""
         for attempt in range(self._max_regenerations + 1):
             try:
-                return await self.trial(task, request_id, None, sampling)
+                return (await self.trial(task, request_id, None, sampling)).trajectory
             except TrialLost as exc:
                 if attempt == self._max_regenerations:
                     raise
@@ -157,9 +157,7 @@ class AgentTrials:
                 log.warning("a validation trial lost its endpoint or replica; trying it again", error=str(exc))
         raise AssertionError("unreachable")
 
-    async def trial(
-        self, task: Task, trajectory_id: str, seed: int | None, sampling: SamplingConfig
-    ) -> common_pb2.Trajectory:
+    async def trial(self, task: Task, trajectory_id: str, seed: int | None, sampling: SamplingConfig) -> Trial:
         """One scored trial; TrialLost when the endpoint or its replica failed."""
         async with self._slots:
             session_id = f"{re.sub(r'[^A-Za-z0-9._:-]', '.', trajectory_id)[-90:]}.{uuid.uuid4().hex[:12]}"
@@ -170,7 +168,7 @@ class AgentTrials:
             opened = await self._open(task, session_id)
             if isinstance(opened, str):
                 await self._forget(session_id)
-                return _invalid(trajectory_id, opened)
+                return Trial(_invalid(trajectory_id, opened))
             worker, sandbox = opened
             with self.fleet.calling(worker):
                 try:
@@ -181,7 +179,7 @@ class AgentTrials:
 
     async def _run(
         self, task: Task, trajectory_id: str, seed, sampling, sandbox: SandboxSession, session_id: str, api_key: str
-    ) -> common_pb2.Trajectory:
+    ) -> Trial:
         grpo, tools = self.config.grpo, self.config.env.tools
         seconds = min(grpo.max_trial_seconds, task.max_seconds or grpo.max_trial_seconds)  # the task's own limit
         budget = Budget(grpo.max_rollout_turns, grpo.max_trial_tokens, seconds)
@@ -194,9 +192,9 @@ class AgentTrials:
                 toolbox = Toolbox(tools, sandbox, max_output_chars=self.config.env.sandbox.max_output_bytes or 4096)
                 outcome = await run_scaffold(client, self.job_id, task.prompt, tools, toolbox, sampling, budget, seed)
         except TrialRefused as exc:
-            return _invalid(trajectory_id, str(exc))
+            return Trial(_invalid(trajectory_id, str(exc)))
         except grpc.aio.AioRpcError as exc:
-            return _invalid(trajectory_id, f"the sandbox session failed: {exc.code().name}: {exc.details()}")
+            return Trial(_invalid(trajectory_id, f"the sandbox session failed: {exc.code().name}: {exc.details()}"))
         recorded = await self._recorded(session_id)
         if self.config.env.scaffold is not None:
             outcome.turns = int(recorded.get("turns") or 0)  # the endpoint counted the scaffold's calls
@@ -204,7 +202,7 @@ class AgentTrials:
             raise TrialLost(f"trial {trajectory_id}: {recorded.get('error') or 'the endpoint session ended'}")
         tokens = trial_tokens(recorded, grpo.max_trial_tokens)
         if not tokens.segments:
-            return _invalid(trajectory_id, "the trial recorded no sampled token")
+            return Trial(_invalid(trajectory_id, "the trial recorded no sampled token"))
         verdict, scored_text = await self._verdict(task, outcome, sandbox, trajectory_id)
         self._stats.append(
             {
@@ -218,7 +216,8 @@ class AgentTrials:
             }
         )
         first, *later = tokens.segments
-        return common_pb2.Trajectory(
+        conversation = [{"messages": g.get("messages") or [], "tools": g.get("tools")} for g in recorded["segments"]]
+        trajectory = common_pb2.Trajectory(
             trajectory_id=trajectory_id,
             prompt_token_ids=first.prompt_ids,
             completion_token_ids=first.completion_ids,
@@ -238,7 +237,10 @@ class AgentTrials:
             verdict=verdict,
             finish_reason="tokens" if tokens.truncated else outcome.finish_reason,
             num_turns=outcome.turns,
+            # Turns the endpoint found malformed (unparsable tool call, unclosed thinking block).
+            invalid_actions=int(recorded.get("invalid_actions") or 0),
         )
+        return Trial(trajectory, conversation)
 
     async def _external(
         self, task: Task, sandbox: SandboxSession, api_key: str, budget: Budget, sampling: SamplingConfig, trial: str
@@ -352,6 +354,14 @@ class AgentTrials:
             )
         except httpx.HTTPError:
             pass  # the endpoint drops idle sessions itself
+
+
+@dataclass
+class Trial:
+    """A scored trial, and its conversation per segment as the endpoint rendered it ({messages, tools})."""
+
+    trajectory: common_pb2.Trajectory
+    conversation: list[dict] = field(default_factory=list)
 
 
 def _invalid(trajectory_id: str, error: str) -> common_pb2.Trajectory:

@@ -1,8 +1,11 @@
 """The rollout collector: task → group of completions → sandbox verdicts → rewards → buffer.
 
     Task ─Generate(n) on ONE ready replica of the fleet─> completions (token ids, logprobs, weight version)
+         (the prompt text, or its conversation rendered by the rollout's chat template: task.messages, or the
+          prompt as a user message with data.chat_template; the rollout's prompt ids are what is trained on)
          ─env.score each on the least loaded sandbox worker (RunTests or ScorePatch, per env.name)─> verdicts
-         ─rewards.reward_of─> raw rewards ─rewards.shape_rewards (integrity, overlong, scaling)─> Group ─put─> buffer
+         ─reward_functions (env.reward: built-ins, user functions run by the sandbox, a weighted sum)─> raw rewards
+         ─rewards.shape_rewards (integrity, invalid action, overlong, scaling)─> Group ─put─> buffer
     with env.tools set, the n samples are agent trials instead (services/coordinator/agent_trials.py), each
     scored by its own answer; the rest of the path is the same.
 
@@ -43,23 +46,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import grpc
 import structlog
 
+from dockyard.algorithms.malformed import unclosed_thinking
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.rollout.v1 import rollout_pb2
-from dockyard.api.sandbox.v1 import sandbox_pb2
+from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.config import MasterConfig, SamplingConfig
+from dockyard.rpc.errors import InvalidArgument
 from dockyard.rpc.retry import OVERLOADED, PEER_LOST
-from dockyard.tasks.envs import environment
+from dockyard.tasks.envs import environment, judge_for
 from dockyard.tasks.task import Task
 from services.coordinator.agent_trials import AgentTrials
 from services.coordinator.fleet import Fleet, Member, NoReplica
 from services.coordinator.job_buffer import JobBuffer
+from services.coordinator.reward_functions import REWARD_ERROR_PREFIX, RewardFunctions
 from services.coordinator.rewards import has_signal, reward_of, sampled_tokens, shape_rewards
 from services.coordinator.samples import SampleReservoir
 
@@ -71,6 +77,7 @@ SCORING_REFUSED = frozenset(
 )
 
 log = structlog.get_logger()
+T = TypeVar("T")
 
 
 def sampling_params(sampling: SamplingConfig, seed: int | None = None) -> common_pb2.SamplingParams:
@@ -80,6 +87,7 @@ def sampling_params(sampling: SamplingConfig, seed: int | None = None) -> common
         top_k=sampling.top_k,
         max_new_tokens=sampling.max_new_tokens,
         stop=sampling.stop_strings,
+        ignore_eos=sampling.ignore_eos,
     )
     if seed is not None:
         params.seed = seed
@@ -98,6 +106,8 @@ class CollectStats:
     generated_tokens: int = 0
     failed: int = 0
     uniform: int = 0  # groups put whose valid rewards were all equal (no learning signal)
+    invalid_actions: int = 0  # trajectories with a malformed action (grpo.invalid_action_penalty applies)
+    reward_function_errors: int = 0  # trajectories a reward function failed on (ERROR, masked)
 
 
 class ReplicaLost(Exception):
@@ -155,8 +165,10 @@ class Collector:
         self.timeline: list[dict] = []
         # A few of the groups put, for people to read (samples.jsonl and the trackers' tables).
         self.samples = SampleReservoir(config.logger.num_samples_per_step, config.grpo.seed)
+        # Passing agent trials' conversations since the runner last wrote them (trials.jsonl).
+        self.trials: list[dict] = []
         self._started = time.monotonic()
-        self.env = environment(config)
+        self.env = environment(config, judge_for(config, job_id, endpoint_address, endpoint_token))
         limits = config.env.sandbox
         self._limits = sandbox_pb2.Limits(
             timeout_seconds=limits.timeout_seconds,
@@ -164,6 +176,7 @@ class Collector:
             cpu_seconds=limits.cpu_seconds,
             max_output_bytes=limits.max_output_bytes,
         )
+        self.rewards = RewardFunctions(config.env, self._limits, self.on_sandbox)
         # Multi-turn agent trials (env.tools set) instead of one Generate per group.
         self.agent: AgentTrials | None = None
         if config.env.agentic:
@@ -189,8 +202,19 @@ class Collector:
         self._on_group(group_id, outcome, weight_version)
 
     async def score(self, task: Task, completion_text: str, request_id: str) -> common_pb2.Verdict:
-        """The verdict of one completion; ERROR (invalid, masked) when no sandbox worker could score it.
-        With no worker alive, waits up to the fleet wait timeout for one to come back."""
+        """The verdict of one completion; ERROR (invalid, masked) when no sandbox worker could score it."""
+        verdict = await self.on_sandbox(
+            lambda stub: self.env.score(stub, task, completion_text, request_id, self._limits), task.task_id
+        )
+        if isinstance(verdict, str):
+            return common_pb2.Verdict(status=common_pb2.VERDICT_STATUS_ERROR, error_message=verdict)
+        return verdict
+
+    async def on_sandbox(
+        self, call: Callable[[sandbox_pb2_grpc.SandboxServiceStub], Awaitable[T]], task_id: str
+    ) -> T | str:
+        """call(stub) on the least loaded sandbox worker, tried on others when one is lost or full; the error
+        text when none could. With no worker alive, waits up to the fleet wait timeout for one to come back."""
         async with self._scoring:
             tried: set[str] = set()
             error = "no sandbox worker is alive"
@@ -204,7 +228,7 @@ class Collector:
                     self.sandbox_retries += 1
                 try:
                     with self.fleet.calling(worker):
-                        return await self.env.score(worker.stub, task, completion_text, request_id, self._limits)
+                        return await call(worker.stub)
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() in SCORING_REFUSED:
                         raise RuntimeError(f"the sandbox refused the job's request: {exc.details()}") from None
@@ -212,10 +236,10 @@ class Collector:
                         self.fleet.mark_failed(worker)
                     tried.add(worker.name)
                     error = f"sandbox {worker.name}: {exc.code().name}: {exc.details()}"
-                    log.warning("scoring failed", task=task.task_id, worker=worker.name, code=exc.code().name)
+                    log.warning("scoring failed", task=task_id, worker=worker.name, code=exc.code().name)
                     if exc.code() not in SCORING_RETRIABLE:
                         break
-            return common_pb2.Verdict(status=common_pb2.VERDICT_STATUS_ERROR, error_message=error)
+            return error
 
     async def _sandbox_back(self, deadline: float) -> Member | None:
         """A usable worker, tried before or not, once one is (it heartbeats again); None at the deadline."""
@@ -230,12 +254,15 @@ class Collector:
     ) -> rollout_pb2.GenerateResponse:
         """One Generate of the whole group on one ready replica; generated again elsewhere if it is lost."""
         request = rollout_pb2.GenerateRequest(
-            job_id=self.job_id,
-            request_id=request_id,
-            prompt=task.prompt,
-            num_samples=n,
-            sampling=sampling_params(sampling, seed),
+            job_id=self.job_id, request_id=request_id, num_samples=n, sampling=sampling_params(sampling, seed)
         )
+        # A conversation is rendered by the rollout's chat template; the rendered ids come back in
+        # prompt_token_ids, which the trajectory carries: the trainer trains on exactly what was generated from.
+        messages = task.messages or ((("user", task.prompt),) if self.config.data.chat_template else ())
+        if messages:
+            request.messages.extend(rollout_pb2.ChatMessage(role=r, content=c) for r, c in messages)
+        else:
+            request.prompt = task.prompt
         async with self._generations:
             for attempt in range(self._max_regenerations + 1):
                 replica = await self._ready_replica(request_id)
@@ -328,9 +355,10 @@ class Collector:
     async def _make_group_once(self, task: Task, group_id: str, seed: int) -> common_pb2.Group:
         n = self.config.grpo.num_generations_per_prompt
         if self.agent is not None:
-            return self._group(
-                task, group_id, await self.agent.group(task, group_id, seed, n, self.config.policy.generation)
-            )
+            trials = await self.agent.group(task, group_id, seed, n, self.config.policy.generation)
+            group = await self._group(task, group_id, [t.trajectory for t in trials])
+            self._keep_passing(group, trials)
+            return group
         reply = await self.generate(task, n, self.config.policy.generation, group_id, seed)
         verdicts = await asyncio.gather(
             *(self.score(task, c.text, f"{group_id}/{i}") for i, c in enumerate(reply.completions))
@@ -345,15 +373,41 @@ class Collector:
                 weight_version=reply.weight_version,
                 verdict=verdict,
                 finish_reason=completion.finish_reason,
+                invalid_actions=int(unclosed_thinking(completion.text)),
             )
             for i, (completion, verdict) in enumerate(zip(reply.completions, verdicts, strict=True))
         ]
-        return self._group(task, group_id, trajectories)
+        return await self._group(task, group_id, trajectories)
 
-    def _group(self, task: Task, group_id: str, trajectories: list[common_pb2.Trajectory]) -> common_pb2.Group:
+    def _keep_passing(self, group: common_pb2.Group, trials: list) -> None:
+        """The passing trials' conversations, for trials.jsonl (logger.save_trials); rewards as shaped."""
+        if not self.config.logger.save_trials:
+            return
+        for trajectory, trial in zip(group.trajectories, trials, strict=True):
+            if (
+                trajectory.valid
+                and trajectory.verdict.status == common_pb2.VERDICT_STATUS_PASSED
+                and trial.conversation
+            ):
+                self.trials.append(
+                    {
+                        "group_id": group.group_id,
+                        "trajectory_id": trajectory.trajectory_id,
+                        "task_id": group.task_id,
+                        "reward": trajectory.reward,
+                        "weight_version": trajectory.weight_version,
+                        "segments": trial.conversation,
+                    }
+                )
+
+    def take_trials(self) -> list[dict]:
+        """The passing trials kept since the last call (agent runs)."""
+        trials, self.trials = self.trials, []
+        return trials
+
+    async def _group(self, task: Task, group_id: str, trajectories: list[common_pb2.Trajectory]) -> common_pb2.Group:
         """Scored trajectories (verdicts set) as a group: rewards from the verdicts, then shaping."""
-        for t in trajectories:
-            t.reward, t.valid = reward_of(t.verdict, self.config.env.reward)
+        await self.rewards.assign(task, trajectories)
         # A trial that failed before its first turn has no version of its own: it takes the group's.
         versions = [t.weight_version for t in trajectories if t.prompt_token_ids]
         oldest = min(versions, default=self.routing.required_version or 0)
@@ -379,11 +433,13 @@ class Collector:
             return False
         try:
             reply = await self.buffer.put(group)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.INVALID_ARGUMENT:
+        except (grpc.aio.AioRpcError, InvalidArgument) as exc:
+            if isinstance(exc, grpc.aio.AioRpcError) and exc.code() != grpc.StatusCode.INVALID_ARGUMENT:
                 raise
-            # A group the trainer could not train on: counted as failed, the job goes on without it.
-            log.warning("the buffer refused a group", group=group.group_id, error=exc.details())
+            # A group the trainer could not train on (refused by the buffer, or by the data plane's writer
+            # before staging it): counted as failed, the job goes on without it.
+            error = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+            log.warning("the buffer refused a group", group=group.group_id, error=error)
             stats.failed += 1
             self._on_group(group.group_id, "refused", group.weight_version)
             return False
@@ -398,6 +454,8 @@ class Collector:
         for t in group.trajectories:
             stats.trajectories += 1
             stats.integrity_violations += t.verdict.integrity_violation
+            stats.invalid_actions += t.invalid_actions > 0
+            stats.reward_function_errors += t.verdict.error_message.startswith(REWARD_ERROR_PREFIX)
             stats.invalid += not t.valid
             stats.generated_tokens += sampled_tokens(t)
             name = common_pb2.VerdictStatus.Name(t.verdict.status).removeprefix("VERDICT_STATUS_").lower()

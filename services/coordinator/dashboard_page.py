@@ -128,7 +128,9 @@ async function refresh() {
     const state = await (await fetch("api/state")).json();
     const tbody = document.querySelector("#jobs tbody");
     tbody.replaceChildren();
-    if (!selected && state.jobs.length) selected = state.jobs[state.jobs.length - 1].job_id;
+    // Jobs come newest first: follow a running one, else the newest (a recovered store holds old ones).
+    if (!selected && state.jobs.length)
+      selected = (state.jobs.find(j => j.state === "RUNNING") || state.jobs[0]).job_id;
     for (const j of state.jobs) {
       const tr = el("tr", {class: "job" + (j.job_id === selected ? " sel" : ""), "data-job": j.job_id});
       for (const v of [j.job_id, j.state, `${j.step}/${j.max_steps}`, j.phase, fmt(j.metrics.reward_mean),

@@ -1,22 +1,32 @@
 """One job's calls to the buffer service: open (and rewind), the clock, puts, stats, close.
 
-    runner/recovery ─open(rewind_to)─> OpenJob      collector ─put(group)─> PutGroup (waited out while full or down)
+    runner/recovery ─open(rewind_to)─> OpenJob      collector ─put(group)─> (full, down: waited out)
+        (the first open also asks GetDataPlane)       with a data plane: payload SET in Redis, PutGroup(metadata, key)
+                                                       without: PutGroupStream(metadata + packed payload)
+                                                       (dockyard/experience/payload.py, data_plane.py)
     recovery ─set_clock(v)─> AckGroups(no ids)      producer, metrics ─stats()─> GetStats (None while restarting)
 
 Guarantees: `open` and `set_clock` wait out a buffer that is down (UNAVAILABLE, DEADLINE_EXCEEDED)
-for up to `recovery_timeout` seconds. `put` is the one place a PutGroup is retried
+for up to `recovery_timeout` seconds. `put` is the one place a put is retried
 (dockyard.rpc.retry lists it as CALLER_RETRIED, so the channel does not retry it too): a full buffer
 (RESOURCE_EXHAUSTED) and an unreachable one (UNAVAILABLE, DEADLINE_EXCEEDED) are waited out with
 backoff up to `max_wait` seconds, which is safe because a put is idempotent by group id; any other
-error is raised at once. `stats` never raises for a buffer that is restarting: it answers None.
+error is raised at once. A staged payload's expiry is renewed before every retry and the payload
+staged again if it expired, so a put waited out for long still finds it; a data plane whose Redis
+is down is waited out as the buffer is (UNAVAILABLE). `stats` never raises for
+a buffer that is restarting: it answers None. `sent_bytes` counts what this side sent the buffer
+service (metadata, payload) and what it staged in the data plane.
 """
 
 from __future__ import annotations
 
 import grpc
+from redis.exceptions import RedisError
 
 from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
 from dockyard.api.common.v1 import common_pb2
+from dockyard.experience import payload as packed
+from dockyard.experience.data_plane import DataPlane
 from dockyard.rpc.retry import OVERLOADED, TRANSIENT, retry
 
 # How long a put waits for a full or unreachable buffer before the error fails the job.
@@ -37,6 +47,10 @@ class JobBuffer:
         self.job_id = job_id
         self._max_groups, self._max_age_steps = max_groups, max_age_steps
         self._recovery_timeout = recovery_timeout  # how long open and set_clock wait out a buffer that is down
+        # Bytes of experience this side sent: metadata and payload to the buffer service, payload to the data plane.
+        self.sent_bytes = {"metadata": 0, "payload": 0, "staged": 0}
+        self._plane: DataPlane | None = None
+        self._plane_asked = False
 
     async def open(self, rewind_to: int | None = None) -> None:
         """OpenJob with the job's capacity and age bound; `rewind_to` sets the clock back to that version."""
@@ -48,6 +62,9 @@ class JobBuffer:
         await retry(
             lambda: self._stub.OpenJob(request, timeout=30), what="OpenJob", budget_seconds=self._recovery_timeout
         )
+        if not self._plane_asked:
+            self._plane = await DataPlane.discover(self._stub)
+            self._plane_asked = True
 
     async def set_clock(self, version: int) -> None:
         """The buffer's clock (age bound, puts from the future) at `version`: an ack of nothing."""
@@ -57,14 +74,60 @@ class JobBuffer:
         )
 
     async def put(self, group: common_pb2.Group, max_wait: float = PUT_MAX_WAIT_SECONDS) -> buffer_pb2.PutGroupResponse:
-        """PutGroup, waiting with exponential backoff while the buffer is full or unreachable."""
-        request = buffer_pb2.PutGroupRequest(group=group)
+        """The group's payload into the data plane (or PutGroupStream without one), its metadata to the buffer,
+        waiting with exponential backoff while the buffer is full or unreachable. A group the buffer would
+        refuse is INVALID_ARGUMENT: from the buffer (AioRpcError), or from the data plane's check before
+        staging (dockyard.rpc.errors.InvalidArgument)."""
+        metadata, payload = packed.split(group)
+        if self._plane is None:
+            reply = await self._put_streamed(metadata, payload, max_wait)
+            self.sent_bytes["payload"] += len(payload)
+        else:
+            reply = await self._put_staged(self._plane, metadata, payload, max_wait)
+            self.sent_bytes["staged"] += len(payload)
+        self.sent_bytes["metadata"] += metadata.ByteSize()
+        return reply
+
+    async def _put_streamed(
+        self, metadata: common_pb2.Group, payload: bytes, max_wait: float
+    ) -> buffer_pb2.PutGroupStreamResponse:
+        pieces = list(packed.chunks(payload))
+        chunks = [buffer_pb2.PutGroupStreamRequest(group=metadata, payload=pieces[0])]
+        chunks += [buffer_pb2.PutGroupStreamRequest(payload=piece) for piece in pieces[1:]]
         return await retry(
-            lambda: self._stub.PutGroup(request, timeout=30),
-            what="PutGroup",
+            lambda: self._stub.PutGroupStream(iter(chunks), timeout=30),
+            what="PutGroupStream",
             budget_seconds=max_wait,
             codes=OVERLOADED | TRANSIENT,
         )
+
+    async def _put_staged(
+        self, plane: DataPlane, metadata: common_pb2.Group, payload: bytes, max_wait: float
+    ) -> buffer_pb2.PutGroupResponse:
+        key = ""
+
+        async def attempt() -> buffer_pb2.PutGroupResponse:
+            nonlocal key
+            try:
+                if not key or not await plane.renew(key):
+                    key = await plane.stage(metadata, payload)
+            except (RedisError, OSError) as exc:
+                # The buffer's own store is down (restarting, unreachable): waited out like the buffer itself.
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    grpc.aio.Metadata(),
+                    grpc.aio.Metadata(),
+                    details=f"the data plane's Redis: {type(exc).__name__}: {exc}",
+                ) from None
+            request = buffer_pb2.PutGroupRequest(group=metadata, payload_key=key, payload_bytes=len(payload))
+            return await self._stub.PutGroup(request, timeout=30)
+
+        return await retry(attempt, what="PutGroup", budget_seconds=max_wait, codes=OVERLOADED | TRANSIENT)
+
+    @property
+    def data_plane(self) -> DataPlane | None:
+        """The data plane puts stage payloads in (None: they stream through the service); known after open()."""
+        return self._plane
 
     async def stats(self) -> buffer_pb2.GetStatsResponse | None:
         """The buffer's counters of the job; None while the buffer is restarting."""
@@ -76,4 +139,14 @@ class JobBuffer:
             return None
 
     async def close(self) -> None:
-        await self._stub.CloseJob(buffer_pb2.CloseJobRequest(job_id=self.job_id), timeout=10)
+        """CloseJob, then close_plane."""
+        try:
+            await self._stub.CloseJob(buffer_pb2.CloseJobRequest(job_id=self.job_id), timeout=10)
+        finally:
+            await self.close_plane()
+
+    async def close_plane(self) -> None:
+        """Release the data plane's connection; later puts stream through the service."""
+        if self._plane is not None:
+            await self._plane.close()
+            self._plane = None

@@ -1,9 +1,12 @@
 """Rewards of a group: verdict -> raw reward, then the shaping the config asks for, and dynamic sampling's test.
 
-    Verdict ─reward_of(env.reward)─> (reward, valid) ─shape_rewards─> integrity zeroing ─> overlong penalty
-            ─> reward scaling (valid trajectories only)          has_signal: any spread among valid rewards?
+    Verdict ─reward_functions (env.reward)─> (reward, valid) ─shape_rewards─> integrity zeroing
+            ─> invalid-action penalty ─> overlong penalty ─> reward scaling (valid trajectories only)
+    has_signal: any spread among valid rewards?
 
-The overlong penalty counts sampled tokens (loss mask 1) over all segments, and gives an agent
+The invalid-action penalty (grpo.invalid_action_penalty) is subtracted once from a trajectory with
+any malformed action (Trajectory.invalid_actions > 0: an unparsable tool call, an unclosed thinking
+block). The overlong penalty counts sampled tokens (loss mask 1) over all segments, and gives an agent
 trial that ran out of turns, tokens or time the full penalty.
 
 Guarantees: an ERROR verdict is an infrastructure failure, invalid (masked), never a zero reward;
@@ -15,7 +18,13 @@ from __future__ import annotations
 
 import torch
 
-from dockyard.algorithms import apply_integrity, dynamic_sampling_mask, overlong_penalty, scale_rewards
+from dockyard.algorithms import (
+    apply_integrity,
+    dynamic_sampling_mask,
+    invalid_action_penalty,
+    overlong_penalty,
+    scale_rewards,
+)
 from dockyard.api.common.v1 import common_pb2
 from dockyard.config import GRPOConfig
 
@@ -45,10 +54,14 @@ def sampled_tokens(trajectory: common_pb2.Trajectory) -> int:
 
 
 def shape_rewards(trajectories: list[common_pb2.Trajectory], grpo: GRPOConfig) -> None:
-    """Integrity zeroing, then the overlong penalty and reward scaling, on the valid trajectories (in place)."""
+    """Integrity zeroing, then the invalid-action and overlong penalties and reward scaling, on the valid
+    trajectories (in place)."""
     rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float64)
     # Before any penalty: a patch that touched protected (test) files earns nothing for passing.
     rewards = apply_integrity(rewards, torch.tensor([t.verdict.integrity_violation for t in trajectories]))
+    if grpo.invalid_action_penalty > 0:
+        malformed = torch.tensor([t.invalid_actions > 0 for t in trajectories], dtype=torch.bool)
+        rewards = invalid_action_penalty(rewards, malformed, grpo.invalid_action_penalty)
     if grpo.reward_shaping.enabled:
         shaping = grpo.reward_shaping
         # A trial cut short by a budget is overlong by definition: the full penalty.

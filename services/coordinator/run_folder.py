@@ -9,6 +9,8 @@
                                     (put, duplicate, dropped_stale, dropped_uniform, failed), weight version
     runs/<job-id>/samples.jsonl     a few completions per step (logger.num_samples_per_step): prompt,
                                     completion, reward, verdict
+    runs/<job-id>/trials.jsonl      agent runs (logger.save_trials): every passing training trial whole:
+                                    ids, reward, and per conversation segment its messages and tools
     runs/<job-id>/curves.png        one panel per metric family the run reports (reward, validation,
                                     loss, KL, entropy, clip fraction, staleness, tokens/s), rewritten
                                     as the run goes
@@ -16,7 +18,7 @@
                                     (dockyard/monitoring/trackers.py gets every record written here)
     runs/<job-id>/job.json          the job store's document (services/coordinator/store.py), not written here
 
-Guarantees: every line of metrics.jsonl, groups.jsonl and samples.jsonl is a
+Guarantees: every line of metrics.jsonl, groups.jsonl, samples.jsonl and trials.jsonl is a
 complete JSON object, flushed when written, so a reader (or a crash) never sees
 half a record; every metrics record and sample also goes to the job's trackers.
 With a run root (DOCKYARD_COORDINATOR_RUN_ROOT), `confine` keeps every job's
@@ -122,6 +124,12 @@ class RunFolder:
             f.write("".join(json.dumps(row) + "\n" for row in rows))
         if self.trackers is not None:
             self.trackers.samples(step, rows)
+
+    def record_trials(self, step: int, trials: list[dict]) -> None:
+        """Passing agent trials, whole (their conversations are what `dockyard export-sft` exports)."""
+        if trials:
+            with (self.path / "trials.jsonl").open("a") as f:
+                f.write("".join(json.dumps({"step": step, **trial}) + "\n" for trial in trials))
 
     def records(self) -> list[dict]:
         if not self.metrics_path.exists():

@@ -63,6 +63,7 @@ from dockyard.jobs import CANCELLED, FAILED, PENDING, RUNNING, SUCCEEDED
 from dockyard.monitoring.signatures import Monitor, Signature
 from dockyard.monitoring.trackers import Trackers
 from dockyard.rpc.auth import AuthSettings
+from dockyard.tasks.demonstrations import batch_at, load_demonstrations
 from dockyard.tasks.task import Task
 from services.coordinator.collector import Collector
 from services.coordinator.fleet import ROLLOUT, Fleet
@@ -102,6 +103,7 @@ class JobRunner:
         *,
         recovering: bool = False,
         flush: Callable[[float], Awaitable[bool]] | None = None,
+        tasks: dict[str, list[Task]] | None = None,
     ) -> None:
         self.record, self.settings = record, settings
         cfg = self.config = record.config
@@ -112,7 +114,9 @@ class JobRunner:
         self.monitor = Monitor(cfg.logger.signatures)
         self._plotted: tuple[float, asyncio.Future | None] = (0.0, None)
         self.recovering = recovering
-        self.tasks = TaskStream(load_tasks(cfg, "train"), grpo.seed)
+        # Tasks read at submit (CreateJob checks the data there), else read here (a recovered job).
+        self._val_tasks = tasks["validation"] if tasks else None
+        self.tasks = TaskStream(tasks["train"] if tasks else load_tasks(cfg, "train"), grpo.seed)
         self.ids = GroupIds(record.job_id, grpo.seed)
         # Synchronous GRPO trains at age 0 only: the buffer drops anything older (a resumed run's leftovers).
         max_age = grpo.max_trajectory_age_steps if grpo.async_grpo.enabled else 0
@@ -225,7 +229,7 @@ class JobRunner:
         except TrainerRestarted as exc:  # no checkpoint yet is fine: the resume starts afresh
             await self.recovery.recover_trainer(exc)
             start = self.record.step
-        val_tasks = load_tasks(cfg, "validation")
+        val_tasks = self._val_tasks if self._val_tasks is not None else load_tasks(cfg, "validation")
         if cfg.sft is not None:
             await self._train_sft(start, val_tasks)
             return
@@ -296,18 +300,23 @@ class JobRunner:
             await producer.stop()
 
     async def _train_sft(self, start: int, val_tasks: list[Task]) -> None:
-        """A supervised job: demonstrations of the training tasks, same validation and checkpoints."""
+        """A supervised job: demonstrations of the training tasks (or of sft.dataset), same validation
+        and checkpoints."""
         cfg, sft = self.config, self.config.sft
+        dataset = None
+        if sft.dataset is not None:
+            dataset = await asyncio.to_thread(load_demonstrations, sft.dataset, cfg.policy)
         if sft.val_at_start and start == 0:
             await self._validate(0, val_tasks)
         for step in range(start + 1, sft.max_num_steps + 1):
             t0 = time.perf_counter()
             self._phase("training")
             drawn = self.tasks.drawn
-            demos = [
-                trainer_pb2.Demonstration(prompt=task.prompt, completion=task.solution)
-                for task in (next(self.tasks) for _ in range(sft.batch_size))
-            ]
+            if dataset is None:
+                pairs = [(t.prompt, t.solution) for t in (next(self.tasks) for _ in range(sft.batch_size))]
+            else:
+                pairs = batch_at(dataset, step, sft.batch_size, cfg.data.train.seed)
+            demos = [trainer_pb2.Demonstration(prompt=prompt, completion=completion) for prompt, completion in pairs]
             await self.recovery.mark_cursor(step, drawn)
             reply = await self.trainer.supervised_step(step, demos)
             metrics = {**reply.metrics, "step_seconds": time.perf_counter() - t0}
@@ -346,6 +355,7 @@ class JobRunner:
             self._warn(step, active)
         self.folder.append("train", step, metrics)
         self.folder.record_samples(step, self.collector.samples.take())
+        self.folder.record_trials(step, self.collector.take_trials())
         warnings = [f"{s.name}: {s.message}" for s in active]
         self.record.touch(step=step, weight_version=version, metrics=metrics, warnings=warnings)
         self._replot()

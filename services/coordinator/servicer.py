@@ -9,9 +9,11 @@ on; a coordinator that dies without a graceful stop (SIGKILL, OOM, a lost host)
 and starts again on the same store serves every job it had and continues the
 unfinished ones; a graceful stop (SIGTERM) cancels unfinished jobs, persisted
 as CANCELLED, as before. A job id outside dockyard.jobs.JOB_ID, a config beyond
-the config bounds (parsed off the event loop) and a member address over
-MAX_ADDRESS_CHARS are INVALID_ARGUMENT; registering under a name a live member
-holds at another address is FAILED_PRECONDITION until that member expires.
+the config bounds (parsed off the event loop), a dataset that cannot be read
+(both splits are loaded at CreateJob, off the event loop; a missing file is
+FAILED_PRECONDITION) and a member address over MAX_ADDRESS_CHARS are
+INVALID_ARGUMENT; registering under a name a live member holds at another
+address is FAILED_PRECONDITION until that member expires.
 """
 
 from __future__ import annotations
@@ -28,17 +30,20 @@ from dockyard.api.buffer.v1 import buffer_pb2_grpc
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.api.trainer.v1 import trainer_pb2_grpc
-from dockyard.config import ConfigError, parse_config_text
+from dockyard.config import ConfigError, MasterConfig, parse_config_text
 from dockyard.jobs import CANCELLED, PENDING, RUNNING, job_id_error
 from dockyard.monitoring.trackers import missing_libraries
+from dockyard.preflight import ERROR, check_reward_functions
 from dockyard.rpc.client import channel_health, connect
 from dockyard.rpc.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from dockyard.tasks.task import Task
 from services.coordinator.fleet import KINDS, Fleet, FleetError
 from services.coordinator.jobs import JobRecord
 from services.coordinator.run_folder import RunFolder, confine
 from services.coordinator.runner import JobRunner, Stubs
 from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.store import JobPersister, open_store
+from services.coordinator.task_stream import load_tasks
 from services.coordinator.weight_sync_groups import MembershipError, WeightSyncGroups, check_member
 
 log = structlog.get_logger()
@@ -108,7 +113,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
                 resumed += 1
         log.info("job store loaded", store=store.describe(), jobs=len(documents), resumed=resumed)
 
-    def _start(self, record: JobRecord, *, epoch: int = 0, recovering: bool = False) -> None:
+    def _start(
+        self, record: JobRecord, *, epoch: int = 0, recovering: bool = False, tasks: dict[str, list[Task]] | None = None
+    ) -> None:
         job_id = record.job_id
         self.weight_sync_groups.open(job_id, record.config.cluster.weight_sync_backend, epoch)
         record.touch(sync_epoch=epoch)
@@ -119,6 +126,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
             self.weight_sync_groups,
             recovering=recovering,
             flush=self.persister.flush,
+            tasks=tasks,
         )
         task = self.runners[job_id] = asyncio.create_task(runner.run())
         # A finished job's rendezvous is gone for good; drop it with the runner.
@@ -165,6 +173,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         config = confine(config, self.settings.run_root)
         if missing := missing_libraries(config.logger):
             raise FailedPrecondition("; ".join(missing))
+        if (reward := check_reward_functions(config)).status == ERROR:  # found and defined, never imported
+            raise FailedPrecondition(reward.message)
         resolved = config.resolved_yaml()
         job_id = request.job_id
         if job_id:
@@ -175,12 +185,13 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
                 return coordinator_pb2.CreateJobResponse(job=existing.to_proto())
         else:
             job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        tasks = await _load_task_splits(config)
         run_dir = Path(config.logger.log_dir) / job_id
         RunFolder(run_dir).write_config(resolved)
         record = JobRecord(job_id=job_id, config=config, config_yaml=resolved, run_dir=str(run_dir))
         self.jobs[job_id] = record
         self.persister.track(record)
-        self._start(record)
+        self._start(record, tasks=tasks)
         log.info("job created", job_id=job_id, run_dir=str(run_dir))
         return coordinator_pb2.CreateJobResponse(job=record.to_proto())
 
@@ -300,6 +311,17 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
         self, request: coordinator_pb2.ListMembersRequest, context: grpc.aio.ServicerContext
     ) -> coordinator_pb2.ListMembersResponse:
         return coordinator_pb2.ListMembersResponse(members=self.fleet.to_proto())
+
+
+async def _load_task_splits(config: MasterConfig) -> dict[str, list[Task]]:
+    """Both splits' tasks, read off the event loop: a bad dataset is refused at submit, naming the file,
+    the line and the field, never minutes into the job."""
+    try:
+        return await asyncio.to_thread(lambda: {split: load_tasks(config, split) for split in ("train", "validation")})
+    except FileNotFoundError as exc:
+        raise FailedPrecondition(f"data: {exc}") from None
+    except ValueError as exc:
+        raise InvalidArgument(f"data: {exc}") from None
 
 
 def _check_job_id(job_id: str) -> None:

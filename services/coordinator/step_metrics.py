@@ -1,7 +1,8 @@
 """A step's metrics beyond the trainer's own: what was collected, the buffer, the fleet, phase times.
 
     CollectStats ─collected()─> groups, invalid_trajectories, dropped_*, uniform_reward_groups,
-                                integrity_violations, verdict_<status>
+                                integrity_violations, invalid_action_trajectories, reward_function_errors,
+                                verdict_<status>
     JobBuffer.stats ─buffer()─> buffer_held, buffer_pending, ..., buffer_age_<a>
     collector timeline + fleet ─fleet(step)─> replica_<name>_*, sandbox_<name>_*, regenerated_groups, ...
     agent trials ─trial_metrics─> agent_turns_mean, agent_tokens_mean, agent_masked_fraction, agent_finish_<why>
@@ -30,6 +31,8 @@ def collected(stats: CollectStats) -> dict[str, float]:
         "groups": float(stats.groups),
         "invalid_trajectories": float(stats.invalid),
         "integrity_violations": float(stats.integrity_violations),
+        "invalid_action_trajectories": float(stats.invalid_actions),
+        "reward_function_errors": float(stats.reward_function_errors),
         "dropped_uniform_groups": float(stats.dropped_uniform),
         "dropped_stale_on_put": float(stats.dropped_stale),
         "uniform_reward_groups": float(stats.uniform),
@@ -122,6 +125,8 @@ class StepMetrics:
         metrics["buffer_put_rate"] = stats.put_rate
         metrics["buffer_sample_rate"] = stats.sample_rate
         metrics.update({f"buffer_age_{age}": float(count) for age, count in sorted(stats.age_histogram.items())})
+        # Bytes this job's writer sent so far: through the buffer service (metadata, payload) and to the data plane.
+        metrics.update({f"buffer_sent_{kind}_bytes": float(n) for kind, n in self._buffer.sent_bytes.items()})
         return metrics
 
     def fleet(self, step: int) -> dict[str, float]:

@@ -13,13 +13,12 @@ import random
 from collections.abc import Iterator, Sequence
 
 from dockyard.config import MasterConfig
-from dockyard.tasks.envs import environment
+from dockyard.tasks.envs import split_tasks
 from dockyard.tasks.task import Task
 
 
 def load_tasks(config: MasterConfig, split: str) -> list[Task]:
-    dataset = config.data.train if split == "train" else config.data.validation
-    return environment(config).load(split, dataset)
+    return split_tasks(config, split)
 
 
 class TaskStream:

@@ -13,7 +13,10 @@ session key (`Authorization: Bearer` or `x-api-key`), else 401. A call's
 session is its `X-Dockyard-Session` header, else its session key's; the reply
 names it in `X-Dockyard-Session`. A call with neither is served but not
 recorded (nothing could continue it). Calls of one session run
-one at a time. Errors are JSON `{"type": "error", "error": {"type", "message"}}`
+one at a time. Image parts pass the job's multimodal gate (dockyard/images.py) before any replica
+is asked: off, over its limits or unreadable is a 400 naming the key or the numbers; a turn with
+images is rendered afresh as its own segment, and the ids the rollout reports (image tokens
+included) are what the trajectory records. Errors are JSON `{"type": "error", "error": {"type", "message"}}`
 (readable by both official clients): malformed JSON 400, a body that does not
 fit the schema 422 naming the field, a body over max_body_bytes 413, unknown
 model 404, too many sessions or turns 429, a new session refused admission 503
@@ -37,8 +40,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from dockyard.algorithms.malformed import unclosed_thinking
 from dockyard.api.common.v1 import common_pb2
-from services.endpoint.backend import Backend, GenerateRefused, JobModel, ReplicaLost, UnknownModel
+from dockyard.images import ImageRejected, gate_images
+from services.endpoint.backend import Backend, GenerateRefused, JobModel, Prompted, ReplicaLost, UnknownModel
 from services.endpoint.convert import (
     BadRequest,
     Chat,
@@ -194,8 +199,18 @@ def create_app(settings: EndpointSettings, token: str | None, backend: Backend |
         job = await backend.model(model_id)
         # A call without a session is served by a one-off session the store never holds.
         session = store.open(session_id) if session_id else Session("", settings.max_turns_per_session, 0.0)
+        images = None
+        if chat.images:  # the job's multimodal gate, before any replica is asked
+            try:
+                await asyncio.to_thread(gate_images, chat.images, job.images)
+            except ImageRejected as exc:
+                raise BadRequest(str(exc)) from None
         async with session.lock:
-            plan = await asyncio.to_thread(session.plan, job.renderer, chat.messages, chat.tools)
+            if chat.images:
+                plan = await asyncio.to_thread(session.plan_fresh, job.renderer, chat.messages, chat.tools, "images")
+                images = Prompted(plan.prompt_text_tail, chat.images)
+            else:
+                plan = await asyncio.to_thread(session.plan, job.renderer, chat.messages, chat.tools)
             sampling = common_pb2.SamplingParams(
                 temperature=chat.temperature,
                 top_p=chat.top_p,
@@ -206,13 +221,15 @@ def create_app(settings: EndpointSettings, token: str | None, backend: Backend |
                 ignore_eos=chat.ignore_eos,
             )
             try:
-                generated = await backend.complete(model_id, session_id, plan.prompt_ids, chat.n, sampling)
+                generated = await backend.complete(model_id, session_id, plan.prompt_ids, chat.n, sampling, images)
             except ReplicaLost as exc:
                 if session.turns:  # mid-session and no replica to go on with: the trial ends
                     session.ended = str(exc)
                     backend.router.release(session.id)
                 raise
             session.replica = generated.replica
+            if images is not None:  # the ids the model saw, image tokens included
+                plan.prompt_ids = generated.prompt_token_ids
             if session_id:
                 longest = max(len(c.token_ids) for c in generated.completions)
                 backend.router.note_size(session_id, len(plan.prompt_ids) + longest)
@@ -312,5 +329,7 @@ def _choices(job: JobModel, chat: Chat, prompt_tail: str, completions) -> tuple[
             logprobs=list(c.logprobs),
         )
         choices.append(choice)
-        sampled.append(Sampled(ids, list(c.logprobs), job.renderer.decode(ids), c.finish_reason, reply_message(choice)))
+        decoded = job.renderer.decode(ids)
+        malformed = parsed.malformed or unclosed_thinking(decoded)
+        sampled.append(Sampled(ids, list(c.logprobs), decoded, c.finish_reason, reply_message(choice), malformed))
     return choices, sampled

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -35,6 +35,7 @@ from dockyard.api.common.v1 import common_pb2
 from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from dockyard.config import load_config_text
+from dockyard.images import ImageLimits
 from dockyard.models.load import load_tokenizer
 from dockyard.rpc.client import connect
 from services.endpoint.rendering import Renderer
@@ -63,6 +64,15 @@ class JobModel:
     renderer: Renderer
     parser: str
     max_new_tokens: int
+    images: ImageLimits = field(default_factory=ImageLimits)  # the job's multimodal gate
+
+
+@dataclass(frozen=True)
+class Prompted:
+    """A prompt with images: the conversation's rendered text and the image files, for the rollout's gate."""
+
+    text: str
+    images: list[bytes]
 
 
 @dataclass
@@ -139,6 +149,7 @@ class Backend:
             Renderer(tokenizer),
             pick_parser(self._tool_parser, tokenizer),
             cfg.policy.generation.max_new_tokens,
+            ImageLimits.from_generation(cfg.policy.generation),
         )
 
     async def _replicas(self, job_id: str) -> list[Replica]:
@@ -175,7 +186,13 @@ class Backend:
             raise
 
     async def complete(
-        self, job_id: str, session: str | None, prompt_ids: list[int], n: int, sampling: common_pb2.SamplingParams
+        self,
+        job_id: str,
+        session: str | None,
+        prompt_ids: list[int],
+        n: int,
+        sampling: common_pb2.SamplingParams,
+        images: Prompted | None = None,
     ) -> Generated:
         """Generate on the session's replica; a replica that fails the call is left and the call goes to
         another live one (safe: nothing of a failed call was recorded), else ReplicaLost."""
@@ -189,7 +206,7 @@ class Backend:
                 self.router.stats.retried_calls += 1
             tried.add(replica.name)
             try:
-                return await self.generate(job_id, replica, prompt_ids, n, sampling)
+                return await self.generate(job_id, replica, prompt_ids, n, sampling, images)
             except ReplicaLost as exc:
                 lost = exc
                 self.router.failed(replica.name)
@@ -201,23 +218,34 @@ class Backend:
         return rollout_pb2_grpc.RolloutServiceStub(self._channels[address])
 
     async def generate(
-        self, job_id: str, replica: Replica, prompt_ids: list[int], n: int, sampling: common_pb2.SamplingParams
+        self,
+        job_id: str,
+        replica: Replica,
+        prompt_ids: list[int],
+        n: int,
+        sampling: common_pb2.SamplingParams,
+        images: Prompted | None = None,
     ) -> Generated:
-        """One Generate call on `replica`: GenerateRefused for the caller's fault, ReplicaLost for the replica's."""
+        """One Generate call on `replica`: GenerateRefused for the caller's fault, ReplicaLost for the replica's.
+
+        With images, the rendered text and the image bytes go instead of ids (the model's processor
+        inserts the image tokens); an engine that takes no images is the caller's fault too.
+        """
         name, address = replica.name, replica.address
         request = rollout_pb2.GenerateRequest(
-            job_id=job_id,
-            request_id=f"endpoint-{uuid.uuid4().hex[:16]}",
-            prompt_token_ids=prompt_ids,
-            num_samples=n,
-            sampling=sampling,
+            job_id=job_id, request_id=f"endpoint-{uuid.uuid4().hex[:16]}", num_samples=n, sampling=sampling
         )
+        if images is None:
+            request.prompt_token_ids.extend(prompt_ids)
+        else:
+            request.prompt, request.images[:] = images.text, images.images
+        refused = {grpc.StatusCode.INVALID_ARGUMENT} | ({grpc.StatusCode.FAILED_PRECONDITION} if images else set())
         state = self.router.replicas.setdefault(name, ReplicaState())
         state.in_flight += 1
         try:
             reply = await self._rollout(address).Generate(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+            if exc.code() in refused:
                 raise GenerateRefused(exc.details()) from None
             # Anything else is the replica's failure (INTERNAL included), never the caller's.
             raise ReplicaLost(f"replica {name} failed mid-session: {exc.code().name}: {exc.details()}") from None

@@ -4,8 +4,11 @@
     Choice (parsed text + tokens) ──openai_reply / anthropic_reply──> JSON body
                                   ──openai_chunks / anthropic_events──> SSE lines
 
-Guarantees: tool-call arguments become dicts (a string that is not a JSON
-object is a BadRequest naming the message); a `tool_choice` naming a tool the
+Guarantees: image parts (OpenAI `image_url` with a data: URL, Anthropic `image` blocks with a
+base64 source) become `Chat.images` (bytes, in order), never silently dropped; an image by http URL,
+or data that is not base64, is a BadRequest naming the part (the endpoint fetches nothing); the
+multimodal gate itself runs in the app, which knows the job's limits. Tool-call arguments become
+dicts (a string that is not a JSON object is a BadRequest naming the message); a `tool_choice` naming a tool the
 request does not define is a BadRequest; the stream carries the same content,
 tool calls and finish reason as the non-streamed reply (generation is not
 token-streamed by the rollout's Generate, so the finished completion is sent
@@ -14,11 +17,13 @@ as chunks).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from services.endpoint.rendering import Message
@@ -43,6 +48,7 @@ class Chat:
     stop: list[str]
     seed: int | None
     ignore_eos: bool = False
+    images: list[bytes] = field(default_factory=list)  # file bytes, for the multimodal gate
 
 
 @dataclass
@@ -59,6 +65,37 @@ def _text(content: str | list | None) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     return "".join(part.text or "" for part in content if part.type in ("text", "input_text"))
+
+
+def _decoded(data: Any, where: str) -> bytes:
+    try:
+        return base64.b64decode(data if isinstance(data, str) else "", validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest(f"{where}: the image data is not valid base64") from None
+
+
+def _openai_images(content: str | list | None, where: str) -> list[bytes]:
+    """The image parts of an OpenAI message's content: data: URLs only."""
+    images = []
+    for j, part in enumerate(content if isinstance(content, list) else ()):
+        if part.type not in ("image_url", "input_image"):
+            continue
+        url = str((part.image_url or {}).get("url", ""))
+        header, _, payload = url.partition(",")
+        if not header.startswith("data:") or not header.endswith(";base64"):
+            raise BadRequest(
+                f"{where}.content[{j}].image_url.url: only base64 data: URLs (data:image/png;base64,...) are "
+                "taken; the endpoint fetches nothing"
+            )
+        images.append(_decoded(payload, f"{where}.content[{j}].image_url.url"))
+    return images
+
+
+def _anthropic_image(block: ContentBlock, where: str) -> bytes:
+    source = block.source or {}
+    if source.get("type") != "base64":
+        raise BadRequest(f"{where}.source: only base64 image sources are taken; the endpoint fetches nothing")
+    return _decoded(source.get("data"), f"{where}.source.data")
 
 
 def _arguments(raw: str, where: str) -> dict:
@@ -85,7 +122,9 @@ def _stops(stop: str | list[str] | None) -> list[str]:
 
 def from_openai(body: ChatCompletionRequest) -> Chat:
     messages: list[Message] = []
+    images: list[bytes] = []
     for i, m in enumerate(body.messages):
+        images += _openai_images(m.content, f"messages[{i}]")
         message: Message = {"role": "system" if m.role == "developer" else m.role, "content": _text(m.content)}
         if m.tool_calls:
             message["tool_calls"] = [
@@ -118,6 +157,7 @@ def from_openai(body: ChatCompletionRequest) -> Chat:
         stop=_stops(body.stop),
         seed=body.seed,
         ignore_eos=body.ignore_eos,
+        images=images,
     )
 
 
@@ -127,6 +167,7 @@ def _blocks(content: str | list[ContentBlock]) -> list[ContentBlock]:
 
 def from_anthropic(body: MessagesRequest) -> Chat:
     messages: list[Message] = []
+    images: list[bytes] = []
     system = body.system if isinstance(body.system, str) else "".join(b.text or "" for b in body.system or ())
     if system:
         messages.append({"role": "system", "content": system})
@@ -135,6 +176,8 @@ def from_anthropic(body: MessagesRequest) -> Chat:
         for j, block in enumerate(_blocks(m.content)):
             if block.type == "text":
                 text.append(block.text or "")
+            elif block.type == "image" and m.role == "user":
+                images.append(_anthropic_image(block, f"messages[{i}].content[{j}]"))
             elif block.type == "tool_use" and m.role == "assistant":
                 calls.append(
                     {
@@ -185,6 +228,7 @@ def from_anthropic(body: MessagesRequest) -> Chat:
         max_tokens=body.max_tokens,
         stop=_stops(body.stop_sequences),
         seed=None,
+        images=images,
     )
 
 

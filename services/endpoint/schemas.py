@@ -47,6 +47,7 @@ class ToolCall(_Body):
 class ContentPart(_Body):
     type: str
     text: str | None = None
+    image_url: dict[str, Any] | None = None  # {"url": "data:image/png;base64,..."}
 
 
 class ChatMessage(_Body):
@@ -87,6 +88,7 @@ class ContentBlock(_Body):
     tool_use_id: str | None = None
     content: str | list[ContentBlock] | None = None
     is_error: bool | None = None
+    source: dict[str, Any] | None = None  # an image block's {"type": "base64", "media_type", "data"}
 
 
 class AnthropicMessage(_Body):

@@ -63,6 +63,8 @@ class Sampled:
     finish_reason: str
     # The assistant message as returned to the client (content and parsed tool calls).
     message: Message
+    # A malformed action: a tool call that did not parse, or an unclosed thinking block.
+    malformed: bool = False
 
 
 @dataclass
@@ -124,6 +126,15 @@ class Session:
         text = renderer.render(messages, tools, generation_prompt=True)
         ids = renderer.encode(text)
         return Plan(ids, text, messages, tools, new_segment=reason)
+
+    def plan_fresh(self, renderer: Renderer, messages: list[Message], tools: list[dict] | None, reason: str) -> Plan:
+        """A new segment rendered afresh (a turn with images: its prompt ids come from the rollout's reply)."""
+        if self.ended:
+            raise SessionEnded(self.ended)
+        if self.turns >= self.max_turns:
+            raise SessionLimit(f"session {self.id!r} has taken its {self.max_turns} turns")
+        text = renderer.render(messages, tools, generation_prompt=True)
+        return Plan(renderer.encode(text), text, messages, tools, new_segment=reason)
 
     def _continue(self, renderer: Renderer, segment: Segment, messages: list[Message], tools) -> Plan | str:
         last = segment.turns[-1]
@@ -201,9 +212,14 @@ class Session:
                         ],
                     }
                 )
+            last = segment.turns[-1] if segment.turns else None
             segments.append(
                 {
                     "reason": segment.reason,
+                    # The conversation as the chat template rendered it: the last call's messages and the
+                    # reply it kept (what a run exports as a demonstration), and the tools it offered.
+                    "messages": [*segment.messages, *([last.completions[last.chosen].message] if last else [])],
+                    "tools": segment.tools,
                     "token_ids": ids,
                     "loss_mask": mask,
                     "logprobs": logprobs,
@@ -213,6 +229,8 @@ class Session:
             )
         return {
             "session_id": self.id,
+            # Turns whose chosen completion was a malformed action (grpo.invalid_action_penalty).
+            "invalid_actions": sum(t.completions[t.chosen].malformed for s in self.segments for t in s.turns),
             "status": "infrastructure_error" if self.ended else "ok",
             "error": self.ended or "",
             "turns": self.turns,

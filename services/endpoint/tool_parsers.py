@@ -12,7 +12,8 @@ Parsers, chosen by DOCKYARD_ENDPOINT_TOOL_PARSER or detected (`pick_parser`):
 Guarantees: a call is returned as structured only when every block parses as
 a JSON object with a string `name` of one of the request's tools and object
 `arguments`; anything else (malformed JSON, an unknown tool, an unclosed block,
-a parser error) returns the whole text as content with no calls, never raises.
+a parser error) returns the whole text as content with no calls and
+`malformed` set (what grpo.invalid_action_penalty penalizes), never raises.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 class Parsed:
     content: str
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    malformed: bool = False  # the text tried a tool call that did not parse
 
 
 def call_id() -> str:
@@ -61,18 +63,18 @@ def parse_hermes(text: str, tools: list[dict] | None) -> Parsed:
     names = _names(tools)
     blocks = list(_HERMES.finditer(text))
     if not blocks or text.count("<tool_call>") != len(blocks):
-        return Parsed(text)
+        return Parsed(text, malformed=True)
     calls = []
     for block in blocks:
         try:
             value = json.loads(block.group(1))
         except ValueError:
-            return Parsed(text)
+            return Parsed(text, malformed=True)
         if not isinstance(value, dict) or value.get("name") not in names:
-            return Parsed(text)
+            return Parsed(text, malformed=True)
         arguments = value.get("arguments", {})
         if not isinstance(arguments, dict):
-            return Parsed(text)
+            return Parsed(text, malformed=True)
         calls.append(_tool_call(value["name"], arguments))
     return Parsed(_HERMES.sub("", text).strip(), calls)
 
@@ -88,10 +90,11 @@ def parse_transformers(tokenizer: PreTrainedTokenizerBase, text: str, prefix: st
             if isinstance(arguments, str):
                 arguments = json.loads(arguments)
             if function.get("name") not in names or not isinstance(arguments, dict):
-                return Parsed(text)
+                return Parsed(text, malformed=True)
             calls.append(_tool_call(function["name"], arguments))
         return Parsed(message.get("content") or "", calls)
     except Exception:  # a response the schema does not describe is text, whatever the parser raised
+        # Not flagged malformed: some schemas raise on plain text, which is no attempted call.
         return Parsed(text)
 
 

@@ -26,6 +26,8 @@ Guarantees of every engine:
   spanned, oldest first (the KV cache of earlier tokens is kept);
 - weights change only through `receive_weights`, never while a forward pass
   runs; `prepare_for_generation()` runs after every completed load;
+- an ImagePrompt reaches only an engine whose `image_refusal` is None;
+  its `prompt_token_ids` are the ids the model saw, image tokens included;
 - a generation whose caller gave up (its `generate` task cancelled) stops
   within a decode step and yields no result.
 
@@ -71,7 +73,15 @@ class GenerationResult:
         return sorted(seen)
 
 
-Prompt = str | list[int]  # text, or token ids used exactly as given
+@dataclass(frozen=True)
+class ImagePrompt:
+    """Prompt text with images (already through dockyard/images.py's gate): only engines that accept images."""
+
+    text: str
+    images: tuple[Any, ...]  # PIL RGB images, in the order their placeholders appear
+
+
+Prompt = str | list[int] | ImagePrompt  # text, token ids used exactly as given, or text with images
 
 
 class GenerationEngine(abc.ABC):
@@ -133,6 +143,16 @@ class GenerationEngine(abc.ABC):
             raise UnsupportedRequest(f"messages: the chat template refused them: {exc}") from None
         return list(ids)
 
+    def render_chat_text(self, messages: list[dict[str, str]]) -> str:
+        """The conversation as text under the chat template (an ImagePrompt's text: the processor tokenizes it)."""
+        tokenizer = self.tokenizer
+        if not getattr(tokenizer, "chat_template", None):
+            raise UnsupportedRequest("messages: the policy's tokenizer has no chat template; send prompt text")
+        try:
+            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as exc:  # as in render_chat
+            raise UnsupportedRequest(f"messages: the chat template refused them: {exc}") from None
+
     async def prepare_for_generation(self) -> None:
         """Called after every completed weight load (caches that depend on weights are dropped here)."""
 
@@ -156,6 +176,11 @@ class GenerationEngine(abc.ABC):
     def context_tokens(self) -> int | None:
         """Most prompt + new tokens the model can attend over; None when the engine checks it itself."""
         return None
+
+    @property
+    def image_refusal(self) -> str | None:
+        """None when this engine generates from ImagePrompt; else why not (the servicer's FAILED_PRECONDITION)."""
+        return f"the {self.name} engine takes no image inputs; use policy.generation.backend=torch"
 
 
 class UnsupportedRequest(ValueError):

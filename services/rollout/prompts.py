@@ -8,16 +8,20 @@ MAX_PROMPT_BYTES, token ids at most MAX_PROMPT_TOKENS and never negative, a
 conversation at most MAX_MESSAGES messages with a role on each. Token ids pass
 through untouched (the engine checks them against its vocabulary); messages
 become ids through the engine's chat template (`render_chat`), so what the
-caller gets back in `prompt_token_ids` is exactly what was generated from.
+caller gets back in `prompt_token_ids` is exactly what was generated from. Images go with text
+or messages, never with token ids; the gate itself (dockyard/images.py) runs in the servicer,
+which knows the job's limits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dockyard.api.rollout.v1 import rollout_pb2
 from dockyard.rpc.errors import InvalidArgument
-from services.rollout.engine import GenerationEngine, Prompt
+from services.rollout.engine import GenerationEngine, ImagePrompt, Prompt
 
 MAX_PROMPT_BYTES = 256 * 1024  # far beyond any model context; bounds the tokenizer's work and memory
 MAX_PROMPT_TOKENS = 256 * 1024  # the same bound for prompts that come as ids
@@ -30,14 +34,24 @@ class PromptInput:
     token_ids: tuple[int, ...] | None = None
     messages: tuple[tuple[str, str], ...] | None = None  # (role, content)
 
-    def resolve(self, engine: GenerationEngine) -> Prompt:
-        """What engine.generate takes; blocking for messages (the chat template runs): call from a thread."""
+    def resolve(self, engine: GenerationEngine, images: Sequence[Any] = ()) -> Prompt:
+        """What engine.generate takes; blocking for messages (the chat template runs): call from a thread.
+
+        With images (already through the gate), the text or the rendered conversation becomes an ImagePrompt.
+        """
+        if images:
+            text = self.text if self.text is not None else engine.render_chat_text(self._message_dicts())
+            return ImagePrompt(text=text, images=tuple(images))
         if self.text is not None:
             return self.text
         if self.token_ids is not None:
             return list(self.token_ids)
         assert self.messages is not None
-        return engine.render_chat([{"role": role, "content": content} for role, content in self.messages])
+        return engine.render_chat(self._message_dicts())
+
+    def _message_dicts(self) -> list[dict[str, str]]:
+        assert self.messages is not None
+        return [{"role": role, "content": content} for role, content in self.messages]
 
 
 def prompt_from_request(request: rollout_pb2.GenerateRequest) -> PromptInput:
@@ -54,6 +68,11 @@ def prompt_from_request(request: rollout_pb2.GenerateRequest) -> PromptInput:
     if len(given) != 1:
         which = ", ".join(given) if given else "none"
         raise InvalidArgument(f"prompt: give exactly one of prompt, prompt_token_ids, messages (got {which})")
+    if request.images and request.prompt_token_ids:
+        raise InvalidArgument(
+            "images: they go with prompt text or messages, not prompt_token_ids (the model's processor "
+            "inserts the image tokens; their ids come back in prompt_token_ids)"
+        )
     if request.prompt:
         if (size := len(request.prompt.encode())) > MAX_PROMPT_BYTES:
             raise InvalidArgument(f"prompt is {size} bytes; at most {MAX_PROMPT_BYTES}")

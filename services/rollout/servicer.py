@@ -1,7 +1,7 @@
 """RolloutService over gRPC: one generation engine per job.
 
     LoadPolicy ──parse config──> engine (torch, or vLLM's AsyncLLM) ──> engines[job_id]  (weight_version 0)
-    Generate   ──validate, prompt (text | ids | chat messages)──> engines[job_id].generate ──> GenerateResponse
+    Generate   ──validate, prompt (text | ids | messages), images ──gate──> engines[job_id].generate ──> response
     ReceiveWeights ──WeightSynchronizer (weight-sync group or checkpoint folder)──> engine.receive_weights
     GetEngineInfo / UnloadPolicy ──> engines[job_id]
 
@@ -21,6 +21,9 @@ loop) and a prompt beyond the bounds of services/rollout/prompts.py are INVALID_
 caller has already gone (cancelled, or past its deadline) starts no generation,
 and one whose caller goes while it runs is stopped at the engine's next decode
 step (the handler is cancelled, or its deadline passes: DEADLINE_EXCEEDED).
+Images pass the job's multimodal gate (dockyard/images.py) here, the rollout boundary: gate off,
+too many, too large or unreadable is INVALID_ARGUMENT; an engine that takes no images (vLLM,
+SGLang, a text-only policy) is FAILED_PRECONDITION; the text path never touches the gate.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import structlog
 from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from dockyard.config import ConfigError, MasterConfig, parse_config_text
+from dockyard.images import ImageLimits, ImageRejected, gate_images
 from dockyard.jobs import job_id_error
 from dockyard.rpc.client import connect
 from dockyard.rpc.completion import run_to_completion
@@ -48,7 +52,7 @@ from services.rollout.decoding import (
     validate_decoding,
     validate_num_samples,
 )
-from services.rollout.engine import GenerationEngine, Prompt, UnsupportedRequest
+from services.rollout.engine import GenerationEngine, ImagePrompt, Prompt, UnsupportedRequest
 from services.rollout.prompts import prompt_from_request
 from services.rollout.settings import RolloutSettings
 
@@ -118,10 +122,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             cfg = await parse_config_text(request.config_yaml, origin="config_yaml")
         except ConfigError as exc:
             raise InvalidArgument(str(exc)) from None
+        if mismatch := cfg.cluster.device_mismatch("rollout", self.settings.device):
+            raise FailedPrecondition(mismatch)
         async with self._load_lock:
             engine = self.engines.get(request.job_id)
             if engine is None:
                 engine = await self._build_engine(cfg)
+                if cfg.data.chat_template and not getattr(engine.tokenizer, "chat_template", None):
+                    await engine.close()
+                    raise FailedPrecondition(
+                        "data.chat_template is true but the policy's tokenizer has no chat_template: use a "
+                        "tokenizer with one (chat_template in tokenizer_config.json), or set data.chat_template=false"
+                    )
                 self.engines[request.job_id] = engine
                 self.configs[request.job_id] = cfg
                 log.info("policy loaded", engine=engine.name, model=engine.model_name, device=self.settings.device)
@@ -145,11 +157,12 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         return await asyncio.to_thread(self._build_torch_engine, cfg)
 
     def _build_torch_engine(self, cfg: MasterConfig) -> GenerationEngine:
-        from dockyard.models.load import load_policy
-        from services.rollout.torch_engine import TorchEngine
+        from dockyard.models.load import load_policy, load_processor
+        from services.rollout.fp8 import Fp8Unavailable
 
         try:
             model, tokenizer = load_policy(cfg.policy, self.settings.device)
+            processor = load_processor(cfg.policy) if cfg.policy.generation.allow_multimodal_inputs else None
         except ConfigError as exc:
             raise InvalidArgument(str(exc)) from None
         except FileNotFoundError as exc:
@@ -157,6 +170,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         kv_cache = cfg.policy.generation.kv_cache
         if kv_cache == "auto":
             kv_cache = "static" if self.settings.device.startswith("cuda") else "dynamic"
+        try:
+            return self._torch_engine(cfg, model, tokenizer, processor, kv_cache)
+        except Fp8Unavailable as exc:
+            raise FailedPrecondition(str(exc)) from None
+
+    def _torch_engine(self, cfg: MasterConfig, model, tokenizer, processor, kv_cache: str):
+        from services.rollout.torch_engine import TorchEngine
+
         return TorchEngine(
             model,
             tokenizer,
@@ -166,6 +187,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             in_flight_weight_updates=cfg.grpo.async_grpo.in_flight_weight_updates,
             max_batch_rows=cfg.policy.generation.max_batch_rows,
             prefix_cache_tokens=cfg.policy.generation.prefix_cache_tokens,
+            precision=cfg.policy.generation.precision,
+            processor=processor,
         )
 
     def _default_decoding(self, job_id: str) -> DecodingParams:
@@ -176,7 +199,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             top_k=gen.top_k,
             max_new_tokens=gen.max_new_tokens,
             stop=gen.stop_strings,
-            ignore_eos=False,
+            ignore_eos=gen.ignore_eos,
             seed=None,
             max_new_tokens_ceiling=self.settings.max_new_tokens_ceiling,
             prefix="policy.generation.",
@@ -197,8 +220,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         engine = self.engine(request.job_id)
         if decoding is None:
             decoding = self._default_decoding(request.job_id)
+        images = await self._gate_images(request, engine)
         try:
-            prompt = await asyncio.to_thread(prompt_input.resolve, engine)
+            prompt = await asyncio.to_thread(prompt_input.resolve, engine, images)
         except UnsupportedRequest as exc:
             raise InvalidArgument(str(exc)) from None
         await _check_context(engine, prompt, decoding.max_new_tokens)
@@ -229,6 +253,19 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             weight_versions=result.weight_versions,
             kv_cache=kv_cache_proto(engine.kv_cache_stats),
         )
+
+    async def _gate_images(self, request: rollout_pb2.GenerateRequest, engine: GenerationEngine) -> list:
+        """The request's images through the job's gate (dockyard/images.py), decoded off the event loop."""
+        if not request.images:
+            return []
+        limits = ImageLimits.from_generation(self.configs[request.job_id].policy.generation)
+        try:
+            images = await asyncio.to_thread(gate_images, list(request.images), limits)
+        except ImageRejected as exc:
+            raise InvalidArgument(str(exc)) from None
+        if (refusal := engine.image_refusal) is not None:
+            raise FailedPrecondition(f"images: {refusal}")
+        return images
 
     async def ReceiveWeights(
         self, request: rollout_pb2.ReceiveWeightsRequest, context: grpc.aio.ServicerContext
@@ -318,6 +355,8 @@ async def _check_context(engine: GenerationEngine, prompt: Prompt, max_new_token
     """INVALID_ARGUMENT when the prompt and its new tokens cannot fit the model's context."""
     if (context := engine.context_tokens) is None:
         return
+    if isinstance(prompt, ImagePrompt):
+        return  # image tokens are counted by the processor; the model's own limit applies
     if isinstance(prompt, str):
         tokens = len(await asyncio.to_thread(lambda: engine.tokenizer(prompt)["input_ids"]))
     else:

@@ -67,7 +67,14 @@ from dockyard.weights.collective import SyncFailed, SyncReport, WeightSyncGroup
 from dockyard.weights.transports import Transport
 from dockyard.weights.whole_tensor import WholeTensorTransport
 from services.rollout.decoding import DecodingParams
-from services.rollout.engine import Completion, GenerationEngine, GenerationResult, Prompt, UnsupportedRequest
+from services.rollout.engine import (
+    Completion,
+    GenerationEngine,
+    GenerationResult,
+    ImagePrompt,
+    Prompt,
+    UnsupportedRequest,
+)
 from services.rollout.sglang_weights import SglangWeights
 
 # Set by the engine itself; an sglang_cfg that sets them would break the guarantees above.
@@ -243,8 +250,17 @@ class SglangEngine(GenerationEngine):
     def exclusive(self) -> Iterator[None]:
         yield  # loads go through receive_weights, which holds generations off itself
 
+    @property
+    def image_refusal(self) -> str:
+        return (
+            "the SGLang engine takes no image inputs (nothing is passed as SGLang's image_data); "
+            "use policy.generation.backend=torch with a vision-language policy"
+        )
+
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """The ids to generate from; UnsupportedRequest for ids outside the vocabulary or any other kind of prompt."""
+        if isinstance(prompt, ImagePrompt):
+            raise UnsupportedRequest(f"images: {self.image_refusal}")
         if isinstance(prompt, str):
             ids = list(self.tokenizer(prompt)["input_ids"])
             if not ids:

@@ -16,7 +16,8 @@ sample that lies on a boundary), an unseeded row draws from the engine's own gen
 load in place into the live parameters, so a captured graph stays valid; were a parameter
 replaced, `prepare_for_generation` has the graph captured anew. With `prefix_cache_tokens` > 0,
 finished rows' KV is kept and a later prompt sharing its prefix prefills only the rest
-(services/rollout/prefix_cache.py; reuse within one weight version only).
+(services/rollout/prefix_cache.py; reuse within one weight version only). Given a processor (a
+vision-language policy), an ImagePrompt runs beside the batch (services/rollout/image_generation.py).
 """
 
 from __future__ import annotations
@@ -31,15 +32,18 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
+from services.rollout import fp8
 from services.rollout.decode_batch import BatchStats, DecodeBatch, Request, Row
 from services.rollout.decoding import DecodingParams
 from services.rollout.engine import (
     Completion,
     GenerationEngine,
     GenerationResult,
+    ImagePrompt,
     Prompt,
     UnsupportedRequest,
 )
+from services.rollout.image_generation import ImageGenerator
 from services.rollout.prefix_cache import PrefixStats
 from services.rollout.sampling import StopStrings, row_generator
 from services.rollout.weight_gate import WeightGate
@@ -64,6 +68,8 @@ class TorchEngine(GenerationEngine):
         max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
         compile_decode: bool | None = None,
         prefix_cache_tokens: int = 0,
+        precision: str = "auto",
+        processor: Any = None,
     ) -> None:
         if kv_cache not in ("static", "dynamic", "auto"):
             raise ValueError(f"kv_cache must be static, dynamic or auto, not {kv_cache!r}")
@@ -72,6 +78,8 @@ class TorchEngine(GenerationEngine):
         self.kv_cache = kv_cache
         self.in_flight_weight_updates = in_flight_weight_updates
         self.model = model.to(device).eval()
+        # precision fp8: the decoder's linear layers run FP8 matmuls, requantized with every load.
+        self._fp8 = fp8.convert(self.model, torch.device(device)) if precision == "fp8" else []
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self._model_name = model_name or getattr(model.config, "name_or_path", "") or model.config.model_type
@@ -110,6 +118,17 @@ class TorchEngine(GenerationEngine):
             prefix_cache_tokens=prefix_cache_tokens,
         )
         self._param_ptrs = self._parameter_pointers()
+        # A vision-language policy's processor: ImagePrompts run on their own path beside the batch.
+        self._images = None
+        if processor is not None:
+            self._images = ImageGenerator(
+                self.model,
+                processor,
+                device=self.device,
+                eos_token_ids=self.eos_token_ids,
+                gate=self._gate,
+                weight_version=lambda: self._weight_version,
+            )
 
     # -- GenerationEngine -------------------------------------------------
 
@@ -118,6 +137,8 @@ class TorchEngine(GenerationEngine):
         return self._weight_version
 
     def set_weight_version(self, version: int) -> None:
+        # Called with the weights held still, right after they loaded: FP8 copies of exactly those.
+        fp8.requantize(self._fp8)
         self._weight_version = int(version)
 
     def named_weights(self) -> dict[str, torch.Tensor]:
@@ -150,6 +171,15 @@ class TorchEngine(GenerationEngine):
     @property
     def context_tokens(self) -> int | None:
         return getattr(self.model.config, "max_position_embeddings", None)
+
+    @property
+    def image_refusal(self) -> str | None:
+        if self._images is None:
+            return (
+                f"the policy {self._model_name!r} has no image processor (a text-only model, or "
+                "policy.generation.allow_multimodal_inputs was off when it loaded): load a vision-language model"
+            )
+        return None
 
     @property
     def batch_stats(self) -> BatchStats:
@@ -189,6 +219,8 @@ class TorchEngine(GenerationEngine):
 
     async def generate(self, prompt: Prompt, num_samples: int, decoding: DecodingParams) -> GenerationResult:
         cancel = threading.Event()
+        if isinstance(prompt, ImagePrompt):
+            return await self._generate_images(prompt, num_samples, decoding, cancel)
         # Tokenizing and preparing stop strings take time on long prompts and large vocabularies: off the loop.
         request = await asyncio.to_thread(self._request, prompt, num_samples, decoding, cancel)
         future = self._batch.submit(request)
@@ -197,6 +229,18 @@ class TorchEngine(GenerationEngine):
         except asyncio.CancelledError:
             cancel.set()  # a queued request never joins; a running one leaves at the next step
             self._batch.wake()
+            raise
+
+    async def _generate_images(
+        self, prompt: ImagePrompt, num_samples: int, decoding: DecodingParams, cancel: threading.Event
+    ) -> GenerationResult:
+        if self._images is None:
+            raise UnsupportedRequest(f"images: {self.image_refusal}")
+        generators = self._generators(decoding, num_samples)
+        try:
+            return await asyncio.to_thread(self._images.generate, prompt, decoding, generators, cancel)
+        except asyncio.CancelledError:
+            cancel.set()  # the worker thread stops at its next decode step
             raise
 
     def generate_blocking(
@@ -211,12 +255,14 @@ class TorchEngine(GenerationEngine):
     def _request(self, prompt: Prompt, num_samples: int, decoding: DecodingParams, cancel: threading.Event) -> Request:
         prompt_ids = self.prompt_ids(prompt)
         stops = StopStrings(self.tokenizer, decoding.stop) if decoding.stop else None
-        if decoding.seed is None:
-            generators = [self._generator] * num_samples
-        else:
-            generators = [row_generator(decoding.seed, i, self.device) for i in range(num_samples)]
-        rows = [Row(params=decoding, generator=g) for g in generators]
+        rows = [Row(params=decoding, generator=g) for g in self._generators(decoding, num_samples)]
         return Request(prompt_ids=prompt_ids, rows=rows, stops=stops, cancel=cancel, resolve=self._result)
+
+    def _generators(self, decoding: DecodingParams, num_samples: int) -> list[torch.Generator]:
+        """Seeded: one generator per row from (seed, row); unseeded: the engine's own for every row."""
+        if decoding.seed is None:
+            return [self._generator] * num_samples
+        return [row_generator(decoding.seed, i, self.device) for i in range(num_samples)]
 
     def _result(self, request: Request) -> GenerationResult:
         """Runs in the scheduler thread once every row finished."""

@@ -53,7 +53,14 @@ from dockyard.config import MasterConfig
 from dockyard.weights.collective import SyncFailed, SyncReport, WeightSyncGroup
 from dockyard.weights.transports import Transport
 from services.rollout.decoding import DecodingParams
-from services.rollout.engine import Completion, GenerationEngine, GenerationResult, Prompt, UnsupportedRequest
+from services.rollout.engine import (
+    Completion,
+    GenerationEngine,
+    GenerationResult,
+    ImagePrompt,
+    Prompt,
+    UnsupportedRequest,
+)
 
 WORKER_EXTENSION = "services.rollout.vllm_worker.WeightLoaderExtension"
 # Set by the engine itself; a vllm_cfg that sets them would break the contract above.
@@ -226,8 +233,17 @@ class VllmEngine(GenerationEngine):
     def exclusive(self) -> Iterator[None]:
         yield  # loads go through receive_weights, which waits for generations itself
 
+    @property
+    def image_refusal(self) -> str:
+        return (
+            "the vLLM engine takes no image inputs yet (multi_modal_data is not passed); "
+            "use policy.generation.backend=torch with a vision-language policy"
+        )
+
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """The ids vLLM gets: a text's tokenization, or the given ids exactly (checked against the vocabulary)."""
+        if isinstance(prompt, ImagePrompt):
+            raise UnsupportedRequest(f"images: {self.image_refusal}")
         if isinstance(prompt, str):
             ids = list(self.tokenizer(prompt)["input_ids"])
             if not ids:

@@ -3,6 +3,7 @@
     coordinator --Execute(files, argv, limits)-------> verdict: PASSED iff exit code 0
                 --RunTests(program, tests, limits)--> verdict: PASSED iff every test passed
                 --ScorePatch(task set, instance, patch) --> verdict: PASSED iff resolved (SWE-bench style)
+                --Reward(source, function, arguments) --> the function's reward, or ERROR naming it
     agent       --OpenSession / SessionExec / ReadFile / WriteFile / ScoreSession / CloseSession-->
                   a work folder kept across calls (sessions.py)
 
@@ -14,12 +15,15 @@
     bwrap.py           the local backend's bubblewrap command line: namespaces, read-only host paths
     staging.py         both backends' file checks, work folder staging and removal, report parsing
     harness.py         the launcher (rlimits, then exec) and the RunTests harness, as source strings
+    reward_runner.py   Reward: a user reward function run through execute, its value checked
     images.py          offline builds of the base, sandbox and per-repository environment images
     admission.py       Admission: bounded running + waiting calls, RESOURCE_EXHAUSTED beyond
     servicer.py        SandboxServicer: limits validation, admission, Outcome -> common.v1.Verdict
     swe.py             task sets, checkouts from local git mirrors, the in-sandbox driver, SWE verdicts
     patches.py         patch checks before anything applies a patch; the integrity rule
-    log_parsing.py     pytest logs -> per-test statuses -> grading, as the swebench package does
+    log_parsing.py     test logs -> per-test statuses -> grading, by the swebench package's parsers and grading
+    swe_specs.py       swebench's spec for a row's (repo, version) -> an offline recipe, or a named refusal
+    swe_images.py      a SWE-bench row's environment image, built offline per (repo, version, spec)
     sessions.py        SessionStore: session ids, the bound on open sessions, idle reaping
     session_api.py     the session RPCs' checks and flow (store, backend, SWE scoring of the work folder)
     session_files.py   ReadFile / WriteFile confined to the work folder, never through a link

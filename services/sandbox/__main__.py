@@ -61,8 +61,12 @@ def make_swe_scorer(settings: SandboxSettings, backend):
 
         client = docker.from_env(timeout=600)
 
-        async def image_for(instance):
-            # Built once per distinct requirement set (content-hashed tag), then reused.
+        async def image_for(instance, mirror):
+            # Built once per (repo, version, spec) or per requirement set (content-hashed tags), then reused.
+            if instance.recipe is not None:
+                from services.sandbox.swe_images import ensure_swe_env_image
+
+                return await asyncio.to_thread(ensure_swe_env_image, client, settings.image, instance, mirror)
             if not instance.requirements:
                 return None
             return await asyncio.to_thread(ensure_env_image, client, settings.image, list(instance.requirements))

@@ -128,3 +128,21 @@ async def _git(*args: str, stdin: str | None = None, env: dict[str, str] | None 
     if proc.returncode != 0:
         raise RuntimeError(f"git {' '.join(args)} failed ({proc.returncode}): {err.decode(errors='replace')[-500:]}")
     return out.decode()
+
+
+def missing_objects(mirror: Path, names: list[str]) -> set[str]:
+    """Which of `names` (`<commit>^{commit}`, `<commit>:<path>`) `mirror` lacks: one `git cat-file
+    --batch-check` for all of them (synchronous: task sets are checked when they load)."""
+    import subprocess
+
+    done = subprocess.run(
+        ["git", "--git-dir", str(mirror), "cat-file", "--batch-check=%(objectname)"],
+        input="".join(f"{name}\n" for name in names),
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **_GIT_ENV},
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"git cat-file in {mirror} failed: {done.stderr.strip()[-500:]}")
+    answers = done.stdout.splitlines()
+    return {name for name, answer in zip(names, answers, strict=True) if answer.endswith(" missing")}

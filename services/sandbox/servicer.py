@@ -4,6 +4,7 @@ Execute / RunTests --> resolve_limits (0 -> default; < 0, NaN, > ceiling -> INVA
                    --> Admission (max_concurrency running, max_queued waiting, else RESOURCE_EXHAUSTED)
                    --> SandboxBackend --> Outcome --> common.v1.Verdict
 ScorePatch         --> task set instance (NOT_FOUND / FAILED_PRECONDITION) --> Admission --> SweScorer --> Verdict
+Reward             --> reward_runner.run_reward (the function through the backend's execute) --> Verdict + reward
 ListInstances      --> the instances of the task sets under the task root (held-out parts omitted)
 OpenSession, SessionExec, ReadFile, WriteFile, CloseSession, ScoreSession
                    --> session_api.SessionService (its checks, the store, the backend's session)
@@ -17,6 +18,7 @@ anything else is INVALID_ARGUMENT naming the field.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Mapping, Sequence
 
@@ -27,6 +29,7 @@ from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.sandbox.admission import Admission
 from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status
+from services.sandbox.reward_runner import run_reward
 from services.sandbox.session_api import SessionService
 from services.sandbox.settings import SandboxSettings
 from services.sandbox.staging import MAX_PATH_CHARS, MAX_PATH_DEPTH
@@ -191,6 +194,25 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         async with self._admission.slot():
             outcome = await self._backend.run_tests(request.program, list(request.tests), limits)
         return sandbox_pb2.RunTestsResponse(verdict=to_verdict(outcome))
+
+    async def Reward(
+        self, request: sandbox_pb2.RewardRequest, context: grpc.aio.ServicerContext
+    ) -> sandbox_pb2.RewardResponse:
+        if not request.function.isidentifier():
+            raise InvalidArgument(f"function: {request.function[:80]!r} is not a Python identifier")
+        try:
+            arguments = json.loads(request.input_json)
+        except ValueError as exc:
+            raise InvalidArgument(f"input_json: not JSON ({exc})") from None
+        if not isinstance(arguments, dict) or not {"task", "completion", "verdict"} <= arguments.keys():
+            raise InvalidArgument('input_json: must be an object with "task", "completion" and "verdict"')
+        limits = resolve_limits(request.limits, self._settings)
+        origin = request.origin or request.function
+        async with self._admission.slot():
+            reward, outcome = await run_reward(
+                self._backend, request.source, request.function, origin, arguments, limits
+            )
+        return sandbox_pb2.RewardResponse(verdict=to_verdict(outcome), reward=reward)
 
     async def ScorePatch(
         self, request: sandbox_pb2.ScorePatchRequest, context: grpc.aio.ServicerContext

@@ -3,6 +3,7 @@
     open(files, task_set + instance_id?, limits, idle, endpoint_address?, packages?)
                                       --> SWE: SweScorer.prepare -> checkout (+ image)
                                       --> terminal task (terminal.py): its image + WORKDIR seed
+                                      --> file-producing task (gdpval.py): its reference/ as the seed
                                       --> packages: backend.packages_image (the instance's requirements too)
                                                           --> SessionStore.open(backend.open_session)
     exec(id, argv, stdin, timeout)    --> store.use(id) --> Admission slot --> handle.exec
@@ -11,7 +12,8 @@
     score(id, limits)                 --> store.use(id) --> handle.export_tree --> checkouts.tree_patch
                                         (git diff against the base commit) --> SweScorer.score, the
                                         very call ScorePatch makes with that patch; a terminal task's
-                                        session: terminal.score (its tests copied in, run-tests.sh run)
+                                        session: terminal.score (its tests copied in, run-tests.sh run);
+                                        a file-producing task's: gdpval.score (deliverables, then checker.py)
 
 Checks (InvalidArgument naming the field): session_id of 1..64 url-safe characters; paths
 relative, without '..' or NUL, at most MAX_PATH_CHARS characters in MAX_PATH_DEPTH parts;
@@ -35,6 +37,8 @@ from services.sandbox.admission import Admission
 from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend
 from services.sandbox.checkouts import tree_patch
 from services.sandbox.endpoint_route import split_address
+from services.sandbox.gdpval import FileTasks
+from services.sandbox.gdpval import score as score_file_task
 from services.sandbox.session_files import FileProblem
 from services.sandbox.sessions import Session, SessionStore
 from services.sandbox.settings import SandboxSettings
@@ -104,6 +108,7 @@ class SessionService:
         self._settings = settings
         self._swe = swe
         self._terminal = terminal or TerminalTasks(settings.task_root, None)
+        self._file_tasks = FileTasks(settings.task_root)
         self._admission = admission
         self.store = SessionStore(settings.max_sessions)
         self._max_file_bytes = settings.max_file_mb * 1024 * 1024
@@ -124,8 +129,11 @@ class SessionService:
         if bool(task_set) != bool(instance_id):
             missing = "instance_id" if task_set else "task_set"
             raise InvalidArgument(f"{missing} is required with {'task_set' if task_set else 'instance_id'}")
-        seed, image, swe, terminal = None, None, None, None
-        if task_set and self._terminal.is_terminal_set(task_set):
+        seed, image, swe, terminal, file_task = None, None, None, None, None
+        if task_set and self._file_tasks.is_task_set(task_set):
+            file_task = self._file_tasks.task(task_set, instance_id)  # TaskSetError: the caller maps it
+            seed = self._file_tasks.seed_dir(file_task)
+        elif task_set and self._terminal.is_terminal_set(task_set):
             task = self._terminal.task(task_set, instance_id)  # TaskSetError: the caller maps it
             try:
                 prepared = await self._terminal.prepare(task)
@@ -149,7 +157,7 @@ class SessionService:
         if packages:
             if any(not p.strip() or p.strip().startswith("-") or "\n" in p for p in packages):
                 raise InvalidArgument(f"packages: {list(packages)[:8]!r}: each must be a pip requirement")
-            required = [*(instance.requirements if task_set else ()), *packages]
+            required = [*(instance.requirements if swe else ()), *packages]
             try:
                 image = await self._backend.packages_image(required)
             except FailedPrecondition:  # the backend's own words (local: use the docker backend)
@@ -162,7 +170,9 @@ class SessionService:
                 files, limits, seed_dir=seed, image=image, endpoint_address=endpoint_address
             )
 
-        return await self.store.open(make, limits=limits, idle_timeout=idle, swe=swe, terminal=terminal)
+        return await self.store.open(
+            make, limits=limits, idle_timeout=idle, swe=swe, terminal=terminal, file_task=file_task
+        )
 
     async def exec(self, session_id: str, command: Sequence[str], shell: str, stdin: bytes, timeout: float) -> Outcome:
         check_session_id(session_id)
@@ -229,9 +239,16 @@ class SessionService:
                         log_cap=s.max_output_bytes,
                     )
                 return result, ""
+            if session.file_task is not None:
+                async with self._admission.slot():
+                    result = await score_file_task(
+                        session.handle, session.file_task, limits, max_timeout=self._settings.max_timeout_seconds
+                    )
+                return result, ""
             if session.swe is None:
                 raise FailedPrecondition(
-                    "ScoreSession needs a SWE session or a terminal task's (opened with task_set and instance_id)"
+                    "ScoreSession needs a SWE session, or a terminal or file-producing task's "
+                    "(opened with task_set and instance_id)"
                 )
             task_set, instance_id = session.swe
             instance = self._swe.task_sets.instance(task_set, instance_id)

@@ -81,6 +81,7 @@ class Session:
     last_used: float
     swe: tuple[str, str] | None = None  # (task_set, instance_id) of a SWE session
     terminal: object | None = None  # a terminal task's session: its (TaskFolder, WORKDIR)
+    file_task: object | None = None  # a file-producing task's session: its gdpval TaskFolder
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     calls: int = 0  # calls in progress or waiting for the lock
 
@@ -104,6 +105,7 @@ class SessionStore:
         idle_timeout: float,
         swe: tuple[str, str] | None = None,
         terminal: object | None = None,
+        file_task: object | None = None,
     ) -> Session:
         """A new session around the handle `make` returns; ResourceExhausted when max_sessions are open."""
         if len(self._sessions) + self._opening >= self._max:
@@ -123,7 +125,9 @@ class SessionStore:
             raise
         finally:
             self._opening -= 1
-        session = Session(secrets.token_urlsafe(32), handle, limits, idle_timeout, self._clock(), swe, terminal)
+        session = Session(
+            secrets.token_urlsafe(32), handle, limits, idle_timeout, self._clock(), swe, terminal, file_task
+        )
         self._sessions[session.id] = session
         log.info("session opened", session=session.id[:8], open=len(self._sessions))
         return session

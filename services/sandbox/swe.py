@@ -14,13 +14,16 @@
                        (stdout / stderr then cut to the request's max_output_bytes)
 
 Task sets live under the service's task root: `<task_root>/<name>/instances.jsonl` (one SWE-bench
-instance per line) and `<task_root>/<name>/repos/<owner>__<repo>.git` (a git mirror of each repo).
-An instance line is a SWE-bench dataset row as it is (`repo` as `owner/name` or a git URL;
-FAIL_TO_PASS / PASS_TO_PASS as lists or JSON text; `log_parser` as swebench names it or as
-log_parsing.PARSERS does, absent: swebench's parser for the repo, else pytest), plus three optional
-fields of its own: `test_cmd` (argv list or shell-style string, run in the repository root; absent:
-`pytest -rA` on the files the test patch touches), `log_parser` and `requirements` (what the
-repository's environment image installs; absent: the sandbox image as it is, Python 3 + pytest).
+instance per line) or `instances.parquet` (one per row), and `<task_root>/<name>/repos/<owner>__<repo>.git`
+(a git mirror of each repo). A row is a SWE-bench dataset row as it is (`repo` as `owner/name` or a
+git URL; FAIL_TO_PASS / PASS_TO_PASS as lists or JSON text). A row with only SWE-bench's fields, of a
+repository swebench's specifications cover, runs as its (repo, version) spec says (swe_specs.py: the
+environment image, `test_cmd` + the test patch's files, swebench's log parser for the repo); it is
+refused at load when that spec cannot be built offline or its commits are not in the mirror. Rows
+made by the task builder carry three optional fields of dockyard's own instead: `test_cmd` (argv
+list or shell-style string, run in the repository root; absent: `pytest -rA` on the files the test
+patch touches), `log_parser` (a name of swebench's PARSER_REGISTRY) and `requirements` (what the
+environment image installs; absent: the sandbox image as it is, Python 3 + pytest).
 
 Verdicts (SweResult.status):
 - PASSED: resolved, every FAIL_TO_PASS test passes and every PASS_TO_PASS test is kept;
@@ -55,10 +58,12 @@ from pathlib import Path
 
 import structlog
 
+from dockyard.tasks.swe import instance_rows, instances_file
 from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status
-from services.sandbox.checkouts import Checkouts
+from services.sandbox.checkouts import Checkouts, missing_objects
 from services.sandbox.log_parsing import grade, parse_log, parser_for
 from services.sandbox.patches import PatchRefused, inspect_patch, protected_paths
+from services.sandbox.swe_specs import EnvRecipe, covered, recipe
 
 log = structlog.get_logger()
 
@@ -115,18 +120,27 @@ class SweInstance:
     fail_to_pass: list[str]
     pass_to_pass: list[str]
     test_cmd: list[str]
-    log_parser: str = "pytest"  # a key of log_parsing.PARSERS
+    log_parser: str = "parse_log_pytest"  # a name of swebench's PARSER_REGISTRY
     requirements: list[str] = field(default_factory=list)
     problem_statement: str = ""
+    version: str = ""
+    environment_setup_commit: str = ""  # the commit the environment image installs; base_commit if absent
+    recipe: EnvRecipe | None = None  # swebench's spec for (repo, version), for a row with only SWE-bench's fields
 
     @classmethod
     def from_dict(cls, raw: dict) -> SweInstance:
         """A SWE-bench row (plus optional test_cmd / log_parser / requirements); ValueError names the field."""
         repo = repo_name(str(raw["repo"]))
         test_patch = str(raw.get("test_patch") or "")
+        version = str(raw.get("version") or "")
+        env = None
+        if not {"test_cmd", "requirements"} & set(raw) and covered(repo):
+            if not version:
+                raise ValueError(f"version is missing: swebench's specifications for {repo} are per version")
+            env = recipe(str(raw["instance_id"]), repo, version)  # SpecRefused (a ValueError) names the step
         cmd = raw.get("test_cmd")
         if cmd is None:
-            test_cmd = TEST_CMD + held_out_paths(test_patch)
+            test_cmd = [*(env.test_cmd if env else TEST_CMD), *held_out_paths(test_patch)]
         else:
             test_cmd = shlex.split(cmd) if isinstance(cmd, str) else _string_list(cmd, "test_cmd")
         instance = cls(
@@ -141,13 +155,17 @@ class SweInstance:
             log_parser=parser_for(raw.get("log_parser"), repo),
             requirements=_string_list(raw.get("requirements", []), "requirements"),
             problem_statement=str(raw.get("problem_statement", "")),
+            version=version,
+            environment_setup_commit=str(raw.get("environment_setup_commit") or raw["base_commit"]),
+            recipe=env,
         )
         if not instance.test_cmd:
             raise ValueError("test_cmd is empty")
         if not instance.fail_to_pass:
             raise ValueError("FAIL_TO_PASS is empty: nothing would tell a fix from no fix")
-        if not re.fullmatch(r"[0-9a-f]{7,40}", instance.base_commit):
-            raise ValueError(f"base_commit {instance.base_commit!r} is not a commit id")
+        for name in ("base_commit", "environment_setup_commit"):
+            if not re.fullmatch(r"[0-9a-f]{7,40}", getattr(instance, name)):
+                raise ValueError(f"{name} {getattr(instance, name)!r} is not a commit id")
         return instance
 
 
@@ -157,14 +175,12 @@ def mirror_name(repo: str) -> str:
 
 
 def load_instances(path: Path) -> dict[str, SweInstance]:
-    """instances.jsonl -> {instance_id: instance}; ValueError names the line."""
+    """instances.jsonl / instances.parquet -> {instance_id: instance}; ValueError names the line or row."""
     instances: dict[str, SweInstance] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
+    for number, row in instance_rows(path):
         raw: object = None
         try:
-            raw = json.loads(line)
+            raw = json.loads(row) if isinstance(row, str) else row
             instance = SweInstance.from_dict(raw)
         except (ValueError, KeyError, TypeError) as exc:
             name = f" instance {raw.get('instance_id')!r}:" if isinstance(raw, dict) and "instance_id" in raw else ""
@@ -173,6 +189,48 @@ def load_instances(path: Path) -> dict[str, SweInstance]:
             raise ValueError(f"{path}:{number}: duplicate instance_id {instance.instance_id!r}")
         instances[instance.instance_id] = instance
     return instances
+
+
+MIRROR_HINT = (
+    "a task set's repos/<owner>__<name>.git must be a git mirror holding every base_commit and "
+    "environment_setup_commit (`git clone --mirror URL repos/<owner>__<name>.git`, then `git fetch` "
+    "what is missing; docs/sandbox.md#repository-mirrors)"
+)
+
+
+def check_mirrors(instances, mirror_of: Callable[[str], Path]) -> None:
+    """ValueError naming the instance and the commit (or requirements file) its mirror lacks.
+
+    A row of dockyard's own whose mirror folder is missing is left to fail when scored (ERROR), as
+    before; a SWE-bench row (one with a spec recipe) needs its mirror at load."""
+    groups: dict[Path, list[SweInstance]] = {}
+    for instance in instances:
+        groups.setdefault(mirror_of(instance.repo), []).append(instance)
+    for mirror, group in groups.items():
+        if not mirror.is_dir():
+            needy = [i for i in group if i.recipe is not None]
+            if needy:
+                raise ValueError(
+                    f"instance {needy[0].instance_id!r} ({needy[0].repo}): the git mirror {mirror} does not exist; "
+                    f"{MIRROR_HINT}"
+                )
+            continue
+        wanted = {f"{c}^{{commit}}" for i in group for c in (i.base_commit, i.environment_setup_commit)}
+        files = {f"{i.environment_setup_commit}:{p}" for i in group if i.recipe for p in i.recipe.requirements_paths}
+        missing = missing_objects(mirror, sorted(wanted | files))
+        for i in group:
+            for name in ("base_commit", "environment_setup_commit"):
+                if f"{getattr(i, name)}^{{commit}}" in missing:
+                    raise ValueError(
+                        f"instance {i.instance_id!r}: {name} {getattr(i, name)} is not in {mirror}; {MIRROR_HINT}"
+                    )
+            paths = i.recipe.requirements_paths if i.recipe else ()
+            if paths and all(f"{i.environment_setup_commit}:{p}" in missing for p in paths):
+                raise ValueError(
+                    f"instance {i.instance_id!r} ({i.repo} version {i.version!r}): step 'packages' needs one of "
+                    f"{list(paths)} (swebench's requirements files for {i.repo}) at environment_setup_commit "
+                    f"{i.environment_setup_commit}, and the mirror has none"
+                )
 
 
 class TaskSets:
@@ -185,7 +243,7 @@ class TaskSets:
     def names(self) -> list[str]:
         if self.root is None or not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if (p / "instances.jsonl").is_file())
+        return sorted(p.name for p in self.root.iterdir() if instances_file(p) is not None)
 
     def instances(self, task_set: str) -> dict[str, SweInstance]:
         if self.root is None:
@@ -193,11 +251,13 @@ class TaskSets:
         if not _TASK_SET_NAME.match(task_set):
             raise TaskSetError(f"task_set {task_set!r} is not a plain folder name", kind="invalid")
         if task_set not in self._loaded:
-            path = self.root / task_set / "instances.jsonl"
-            if not path.is_file():
+            path = instances_file(self.root / task_set)
+            if path is None:
                 raise TaskSetError(f"task set {task_set!r} not found under {self.root}", kind="not_found")
             try:
-                self._loaded[task_set] = load_instances(path)
+                loaded = load_instances(path)
+                check_mirrors(loaded.values(), lambda repo: self.mirror(task_set, repo))
+                self._loaded[task_set] = loaded
             except (OSError, ValueError) as exc:
                 raise TaskSetError(f"task set {task_set!r} cannot be loaded: {exc}") from None
         return self._loaded[task_set]
@@ -240,17 +300,18 @@ class SweResult:
         return bool(self.protected_paths_touched)
 
 
-ImageResolver = Callable[[SweInstance], Awaitable[str | None]]
+ImageResolver = Callable[[SweInstance, Path], Awaitable[str | None]]  # (instance, its mirror)
 
 
 class SweScorer:
     """Scores patches against task-set instances on any SandboxBackend.
 
-    `image_for(instance)` names the image an instance runs in: with a container backend, the
-    per-repository environment image that installs `instance.requirements`; None (the default,
-    and what the local backend ignores anyway) is the backend's default image. A failure there
-    is an ERROR verdict. `log_cap_bytes` (the service's output ceiling) is how much of the run's
-    output is kept for grading; the request's `max_output_bytes` only caps what is returned.
+    `image_for(instance, mirror)` names the image an instance runs in: with a container backend,
+    the environment image of its swebench spec (swe_images.py) or the one that installs
+    `instance.requirements`; None (the default, and what the local backend ignores anyway) is the
+    backend's default image. A failure there is an ERROR verdict. `log_cap_bytes` (the service's
+    output ceiling) is how much of the run's output is kept for grading; the request's
+    `max_output_bytes` only caps what is returned.
     """
 
     def __init__(
@@ -273,8 +334,9 @@ class SweScorer:
 
     async def prepare(self, task_set: str, instance: SweInstance) -> tuple[Path, str | None]:
         """(the base-commit checkout, the image to run in): what a run, or a session, of `instance` starts from."""
-        checkout = await self._checkouts.get(self.task_sets.mirror(task_set, instance.repo), instance.base_commit)
-        image = await self._image_for(instance) if self._image_for else None
+        mirror = self.task_sets.mirror(task_set, instance.repo)
+        checkout = await self._checkouts.get(mirror, instance.base_commit)
+        image = await self._image_for(instance, mirror) if self._image_for else None
         return checkout, image
 
     async def score(self, task_set: str, instance: SweInstance, patch: str, limits: ResourceLimits) -> SweResult:
@@ -350,7 +412,9 @@ def interpret(instance: SweInstance, outcome: Outcome, nonce: str, protected: li
             message = "the test log exceeded the service's output ceiling (DOCKYARD_SANDBOX_MAX_OUTPUT_BYTES)"
             return SweResult("error", error_message=message, **common)
         return SweResult("failed", error_message="the test run did not finish", **common)
-    statuses = parse_log(instance.log_parser, body[: done.start()])
+    statuses = parse_log(
+        instance.log_parser, body[: done.start()], repo=instance.repo, instance_id=instance.instance_id
+    )
     graded = grade(statuses, instance.fail_to_pass, instance.pass_to_pass)
     f2p_ok = set(graded.fail_to_pass_success)
     p2p_ok = set(graded.pass_to_pass_success)

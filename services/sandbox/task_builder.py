@@ -38,7 +38,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.sandbox.log_parsing import parse_pytest
+from services.sandbox.log_parsing import parse_log
 from services.sandbox.swe import mirror_name
 
 # Flipped comparison operators (op text -> mutant text); both sides are single tokens.
@@ -135,9 +135,16 @@ def run_tests(root: Path, test_files: list[str], timeout: float) -> dict[str, st
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **_src_layout(root)},
     )
-    return parse_pytest(done.stdout)
+    return parse_log("parse_log_pytest", done.stdout)
+
+
+def _src_layout(root: Path) -> dict[str, str]:
+    """PYTHONPATH for a project whose packages live under src/ (the tests import them from there)."""
+    if not (root / "src").is_dir():
+        return {}
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(root / "src"), os.environ.get("PYTHONPATH", "")]))}
 
 
 def _apply(root: Path, mutation: Mutation, *, reverse: bool = False) -> None:

@@ -3,8 +3,11 @@
     <checkpoint_dir>/step-<N>/            Hugging Face folder (config.json, model.safetensors, tokenizer)
                        trainer_state.pt   optimizer, scheduler, RNG of every rank, step, weight version,
                                           the coordinator's data position
-                       checkpoint.json    step, weight version, validation metrics (written last)
+                       checkpoint.json    step, weight version, validation metrics, format (written last)
                        adapter/           policy.lora: peft's adapter folder (the HF folder holds the merge)
+    checkpointing.format=sharded: config.json + tokenizer, trainer_state.pt and checkpoint.json as above,
+                       and dcp/ (torch.distributed.checkpoint: every rank's shards of the model and the
+                       optimizer, no HF weights; `dockyard export hf` makes an HF folder of it)
     <checkpoint_dir>/.step-<N>.tmp-<pid>/ a save in progress; never read
     <checkpoint_dir>/.step-<N>.old-<pid>/ a checkpoint being deleted; never read
 
@@ -52,11 +55,24 @@ def folder_for(root: Path, version: int) -> Path:
 
 
 def write_atomically(folder: Path, write: Callable[[Path], None], meta: dict[str, Any]) -> Path:
-    """Run `write(tmp)`, add checkpoint.json, then rename tmp to `folder` (replacing an old one)."""
+    """Run `write(tmp)` into a fresh, empty folder, add checkpoint.json, then rename tmp to `folder` (replacing
+    an old one)."""
+    tmp = staging_folder(folder)
+    write(tmp)
+    return publish(tmp, folder, meta)
+
+
+def staging_folder(folder: Path) -> Path:
+    """A fresh, empty temporary folder beside `folder`, which `publish` renames into place."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    write(tmp)
+    tmp.mkdir()
+    return tmp
+
+
+def publish(tmp: Path, folder: Path, meta: dict[str, Any]) -> Path:
+    """Add checkpoint.json (written last) to the staged `tmp` and rename it to `folder`."""
     (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
     # Same step saved again (a recovered job's final save): the old one goes aside, not away, until
     # the new one is in place.

@@ -1,9 +1,12 @@
 """One job's side of the buffer's lease protocol: lease groups, check them against the ledger, ack them.
 
-    lease:   reclaim due (fresh start, or the last lease failed)? ─yes─> ReclaimGroups (any idle time)
+    lease:   reclaim due (fresh start, or the last lease failed)? ─yes─> ReclaimGroupsStream (any idle time)
                  ─> ledger names the group? ─yes─> ack it (trained already, its ack was lost)
                                             └no──> this step's groups
-             fewer than wanted ─> SampleGroups for the rest
+             fewer than wanted ─> SampleGroupsStream for the rest
+             each group arrives as stored: its metadata, then its packed payload (dockyard/experience/payload.py);
+             with a data plane (asked once, GetDataPlane), its payload key, and every payload of the lease
+             is read from Redis by one MGET (dockyard/experience/data_plane.py)
     trained: ledger.record (fsynced) ─> ack
     ack:     AckGroups(these + every earlier unacked) ─transient failure─> kept in `unacked`,
              sent with the next ack
@@ -17,7 +20,9 @@ after it, so a deferred or lost ack can never cause a second training. An
 ack that fails with a TRANSIENT code is kept and resent with the next ack;
 any other failure is raised. `lease` raises FailedPrecondition when the
 buffer refuses (no such job) or holds nothing fresh, Unavailable when it
-cannot be reached.
+cannot be reached, a stream ends before its last chunk, or a payload cannot
+be read from the data plane (what it leased stays pending and is reclaimed
+next).
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from dataclasses import dataclass
 
 import grpc
 import structlog
+from redis.exceptions import RedisError
 
 from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
 from dockyard.api.common.v1 import common_pb2
+from dockyard.experience.data_plane import DataPlane, PayloadGone
 from dockyard.rpc.errors import FailedPrecondition, Unavailable
 from dockyard.rpc.retry import TRANSIENT
 from services.trainer.ledger import TrainedLedger
@@ -39,8 +46,45 @@ log = structlog.get_logger()
 
 
 @dataclass
+class LeasedGroup:
+    """A sampled group as the buffer stored it: metadata, and the packed token arrays (empty: in the metadata)."""
+
+    group: common_pb2.Group
+    payload: bytes = b""
+    payload_key: str = ""  # sampled by reference: where the payload is in the data plane, until it is read
+
+    @property
+    def group_id(self) -> str:
+        return self.group.group_id
+
+
+class _Truncated(Exception):
+    """A streamed sample ended before its last chunk."""
+
+
+async def read_stream(call) -> tuple[list[LeasedGroup], int]:
+    """The groups of a SampleGroupsStream or ReclaimGroupsStream call, and its dropped_stale count."""
+    groups: list[LeasedGroup] = []
+    pieces: list[bytes] = []
+
+    def finish() -> None:
+        if groups:
+            groups[-1].payload = b"".join(pieces)
+
+    async for chunk in call:
+        if chunk.group or chunk.done:
+            finish()
+            if chunk.done:
+                return groups, chunk.dropped_stale
+            groups.append(LeasedGroup(common_pb2.Group.FromString(chunk.group), payload_key=chunk.payload_key))
+            pieces = []
+        pieces.append(chunk.payload)
+    raise _Truncated(f"the buffer's stream ended after {len(groups)} group(s), before its last chunk")
+
+
+@dataclass
 class Lease:
-    groups: list[common_pb2.Group]
+    groups: list[LeasedGroup]
     dropped_stale: int  # groups the buffer dropped as too old while answering
     reclaimed: int  # of `groups`, those taken over from a predecessor
 
@@ -66,6 +110,8 @@ class BufferConsumer:
         self.ack_timeout = ack_timeout
         self.reclaim_due = True
         self.unacked: list[str] = []  # trained (or refused) groups whose ack has not reached the buffer
+        self.plane: DataPlane | None = None
+        self._plane_asked = False
 
     async def lease(self, trainer_step: int, wanted: int) -> Lease:
         """Up to `wanted` groups for the step after `trainer_step`: reclaimed ones first, then fresh.
@@ -74,18 +120,31 @@ class BufferConsumer:
         """
         await self.ack([], trainer_step)
         try:
+            if not self._plane_asked:
+                self.plane = await DataPlane.discover(self.buffer)
+                self._plane_asked = True
             lease = await self._reclaim(trainer_step, wanted) if self.reclaim_due else Lease([], 0, 0)
             if len(lease.groups) < wanted:
-                reply = await self.buffer.SampleGroups(
-                    buffer_pb2.SampleGroupsRequest(
-                        job_id=self.job_id,
-                        trainer_step=trainer_step,
-                        max_groups=wanted - len(lease.groups),
-                        consumer=self.consumer,
+                groups, dropped = await read_stream(
+                    self.buffer.SampleGroupsStream(
+                        buffer_pb2.SampleGroupsStreamRequest(
+                            job_id=self.job_id,
+                            trainer_step=trainer_step,
+                            max_groups=wanted - len(lease.groups),
+                            consumer=self.consumer,
+                            payload_by_reference=self.plane is not None,
+                        )
                     )
                 )
-                lease.groups += reply.groups
-                lease.dropped_stale += reply.dropped_stale
+                lease.groups += groups
+                lease.dropped_stale += dropped
+            await self._read_payloads(lease.groups)
+        except _Truncated as exc:
+            self.reclaim_due = True
+            raise Unavailable(f"the buffer is unavailable: {exc}") from None
+        except (PayloadGone, RedisError, OSError) as exc:
+            self.reclaim_due = True
+            raise Unavailable(f"the data plane is unavailable: {type(exc).__name__}: {exc}") from None
         except grpc.aio.AioRpcError as exc:
             # What was leased stays pending and is reclaimed by the next call: nothing is lost.
             self.reclaim_due = True
@@ -100,24 +159,41 @@ class BufferConsumer:
         return lease
 
     async def _reclaim(self, trainer_step: int, wanted: int) -> Lease:
-        reply = await self.buffer.ReclaimGroups(
-            buffer_pb2.ReclaimGroupsRequest(
-                job_id=self.job_id,
-                trainer_step=trainer_step,
-                max_groups=wanted,
-                consumer=self.consumer,
-                min_idle_seconds=0.0,
+        reclaimed, dropped = await read_stream(
+            self.buffer.ReclaimGroupsStream(
+                buffer_pb2.ReclaimGroupsStreamRequest(
+                    job_id=self.job_id,
+                    trainer_step=trainer_step,
+                    max_groups=wanted,
+                    consumer=self.consumer,
+                    min_idle_seconds=0.0,
+                    payload_by_reference=self.plane is not None,
+                )
             )
         )
-        done = [g.group_id for g in reply.groups if g.group_id in self.ledger]
-        groups = [g for g in reply.groups if g.group_id not in self.ledger]
+        done = [g.group_id for g in reclaimed if g.group_id in self.ledger]
+        groups = [g for g in reclaimed if g.group_id not in self.ledger]
         if done:
             log.warning("acking reclaimed groups the ledger says were trained", groups=len(done))
             await self.ack(done, trainer_step)
         self.reclaim_due = False
         if groups:
             log.info("reclaimed pending groups", groups=len(groups))
-        return Lease(groups, reply.dropped_stale, len(groups))
+        return Lease(groups, dropped, len(groups))
+
+    async def _read_payloads(self, groups: list[LeasedGroup]) -> None:
+        """Fill in the payloads of groups sampled by reference, from the data plane, by one MGET."""
+        wanted = [g for g in groups if g.payload_key]
+        if wanted:
+            assert self.plane is not None  # only a consumer with a data plane samples by reference
+            for group, data in zip(wanted, await self.plane.read([g.payload_key for g in wanted]), strict=True):
+                group.payload = data
+
+    async def close(self) -> None:
+        """Release the data plane's connection."""
+        if self.plane is not None:
+            await self.plane.close()
+            self.plane = None
 
     async def trained(
         self, step: int, weight_version: int, group_ids: Sequence[str], trajectory_ids: Sequence[str]

@@ -18,15 +18,17 @@ steps.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from dockyard.algorithms import compute_advantages
-from dockyard.config import AdvantageConfig
-from services.trainer.batch import Batch
+from dockyard.config import AdvantageConfig, MasterConfig
+from services.trainer.batch import Batch, build_batch, minibatch_rows, validate_groups
+from services.trainer.experience import TrainingGroup
 from services.trainer.micro_batches import MicroBatch
-from services.trainer.sharding import sum_over_ranks
+from services.trainer.sharding import max_over_ranks, sum_over_ranks
 
 # (π_old logprobs, π_ref logprobs or None) of one micro-batch, taken before the step's first update.
 Frozen = tuple[torch.Tensor, torch.Tensor | None]
@@ -59,6 +61,39 @@ def trajectory_advantages(batch: Batch, advantage: AdvantageConfig) -> torch.Ten
         leave_one_out=advantage.leave_one_out,
         scale=advantage.scale,
     )[batch.sample_index]
+
+
+def prepare_step(
+    groups: Sequence[TrainingGroup],
+    config: MasterConfig,
+    pad_token_id: int,
+    vocab_size: int,
+    max_positions: int | None,
+    minibatch_size: int | None,
+    plan_rows: Callable[[Batch, torch.Tensor], list[MicroBatch]],
+    world: int,
+) -> Step:
+    """Validate and lay out a step, its advantages (over the whole step) and its minibatches (None: one);
+    `plan_rows(rows, advantages)` cuts a minibatch into this rank's micro-batches."""
+    validate_groups(groups, vocab_size, max_positions)
+    batch = build_batch(groups, pad_token_id)
+    advantages = trajectory_advantages(batch, config.grpo.advantage)
+    # Infrastructure failures carry no learning signal: they leave the loss entirely.
+    batch.token_mask = batch.token_mask * batch.valid[:, None].float()
+    bounds = [slice(0, len(batch))] if minibatch_size is None else minibatch_rows(groups, minibatch_size)
+    minibatches = []
+    for rows in bounds:
+        part = batch.slice(rows.start, rows.stop)
+        micro = plan_rows(part, advantages[rows])
+        minibatches.append(
+            Minibatch(
+                micro,
+                max_over_ranks(len(micro), world),
+                float(part.token_mask.sum().clamp(min=1)),
+                float((part.token_mask.sum(-1) > 0).sum().clamp(min=1)),
+            )
+        )
+    return Step(batch, advantages, minibatches)
 
 
 def count(tally: dict[str, float], mb: MicroBatch, old: torch.Tensor, entropy: torch.Tensor | None) -> None:

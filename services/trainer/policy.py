@@ -34,6 +34,11 @@ Guarantees:
 - Logprobs come from logits divided by the sampling temperature, as the rollout
   engine reports them; no reference model is held when kl_penalty is 0; the
   reference is the job's initial policy, also after a resume.
+- With on-policy distillation (teachers.py) the advantage of every token is
+  sg[log π_teacher − log π_old] on the student's own rollout, in place of the
+  group advantage; the teacher is frozen like the reference (no optimizer, no
+  gradient) and its logprobs use the same temperature. This is the token-level
+  estimator on the sampled token, not a full-vocabulary KL.
 - With policy.lora only the adapters train (lora.py); the reference is the
   base with adapters off, the weights pushed and checkpointed are the merged
   ones under the plain model's names, and the checkpoint adds the adapter.
@@ -56,19 +61,23 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dockyard.algorithms import clipped_pg_loss
+from dockyard.algorithms import clipped_pg_loss, opd_advantages
 from dockyard.config import MasterConfig
+from dockyard.export.hf_export import is_sharded
 from dockyard.models.load import DTYPES, load_policy
-from services.trainer import checkpoint, lora
-from services.trainer.batch import Batch, build_batch, build_row_batch, minibatch_rows, validate_groups, validate_rows
+from services.trainer import checkpoint, lora, teachers
+from services.trainer.batch import Batch, build_row_batch, validate_rows
+from services.trainer.compiled_layers import compile_decoder_layers
 from services.trainer.experience import Row, TrainingGroup
 from services.trainer.logprobs import sampled_logprobs
 from services.trainer.micro_batches import MicroBatch, plan
-from services.trainer.minibatches import TALLY, Frozen, Minibatch, Step, count, step_metrics, trajectory_advantages
+from services.trainer.minibatches import TALLY, Frozen, Minibatch, Step, count, prepare_step, step_metrics
+from services.trainer.sharded_checkpoint import ShardedCheckpoints
 from services.trainer.sharding import (
     full_state,
     load_full_optimizer_state,
     max_over_ranks,
+    rng_states,
     shard,
     sum_over_ranks,
     world,
@@ -95,7 +104,8 @@ class PolicyTrainer:
         master = torch.float32 if pcfg.master_weights_fp32 else self.compute_dtype
         self.sync_dtype = self.compute_dtype
         # With LoRA the base is always the job's own (a checkpoint adds only its adapters to it).
-        use_base = resume is None or pcfg.lora.enabled
+        # A sharded checkpoint holds no HF weights: the base is loaded, then every rank reads its shards.
+        use_base = resume is None or pcfg.lora.enabled or is_sharded(resume.path)
         source = pcfg if use_base else pcfg.model_copy(update={"model_name": str(resume.path)})
         self.model, self.tokenizer = load_policy(source, device, dtype=master)
         self.model.train()
@@ -110,15 +120,19 @@ class PolicyTrainer:
             self.peft = lora.add_adapters(self.model, pcfg.lora)
             if resume is not None:
                 lora.load_adapter(self.peft, resume.path / lora.ADAPTER_DIR, pcfg.lora)
+        if pcfg.compile_layers:  # after the adapters and checkpointing wrap the layers, before FSDP shards them
+            compile_decoder_layers(self.model)
         self.reference: torch.nn.Module | None = None
         # With LoRA the reference is the base with its adapters off (_reference_model), no second copy.
         if config.loss_fn.kl_penalty > 0 and self.peft is None:
             # The reference is the job's starting policy, also when resuming from a later checkpoint.
             self.reference, _ = load_policy(pcfg, device, dtype=master)
             self.reference.eval().requires_grad_(False)
+        # On-policy distillation: the teacher of this job's rollouts, frozen like the reference, no optimizer.
+        self.teacher = teachers.load_teacher(config, device, master, self.model.config.vocab_size)
         self.autocast = master != self.compute_dtype
         if self.world > 1:
-            models = [m for m in (self.model, self.reference) if m is not None]
+            models = [m for m in (self.model, self.reference, self.teacher) if m is not None]
             shard(models, self.compute_dtype if self.autocast else None)
             self.autocast = False  # FSDP casts the gathered parameters itself
         opt = pcfg.optimizer
@@ -127,6 +141,8 @@ class PolicyTrainer:
             trainable, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        ck = config.checkpointing
+        self.sharded = ShardedCheckpoints(self.rank, self.world, ck.async_save) if ck.format == "sharded" else None
         self.weight_version = 0
         self.data_state = ""
         self.resumed_from: Path | None = None if resume is None else resume.path
@@ -136,15 +152,7 @@ class PolicyTrainer:
     # -- setup -------------------------------------------------------------------------------
 
     def _lr_factor(self, step: int) -> float:
-        """lr multiplier before optimizer step `step + 1`: linear warmup, then constant or cosine."""
-        opt = self.config.policy.optimizer
-        if step < opt.warmup_steps:
-            return (step + 1) / opt.warmup_steps
-        if opt.schedule == "constant":
-            return 1.0
-        horizon = opt.decay_steps or max(1, self.config.max_num_steps - opt.warmup_steps)
-        progress = min(1.0, (step - opt.warmup_steps) / horizon)
-        return opt.min_lr_ratio + (1 - opt.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        return lr_factor(self.config, step)
 
     def num_parameters(self) -> int:
         """Parameters of the policy as the rollout holds it (LoRA adapters not counted: they are merged)."""
@@ -161,6 +169,10 @@ class PolicyTrainer:
     @property
     def max_positions(self) -> int | None:
         return getattr(self.model.config, "max_position_embeddings", None)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
 
     # -- weights -----------------------------------------------------------------------------
 
@@ -209,7 +221,7 @@ class PolicyTrainer:
         batch (prompt tokens are context only), micro-batched and sharded like GRPO.
         """
         start = time.perf_counter()
-        validate_rows(demonstrations, self.model.config.vocab_size, self.max_positions)
+        validate_rows(demonstrations, self.vocab_size, self.max_positions)
         batch = build_row_batch(demonstrations, self.tokenizer.pad_token_id)
         total_tokens = float(batch.token_mask.sum())
         micro_batches = self._plan(batch, torch.zeros(len(batch)))
@@ -279,25 +291,16 @@ class PolicyTrainer:
 
     def _prepare(self, groups: Sequence[TrainingGroup], minibatch_size: int | None) -> Step:
         """Validate and lay out a step, its advantages (over the whole step) and its minibatches (None: one)."""
-        validate_groups(groups, self.model.config.vocab_size, self.max_positions)
-        batch = build_batch(groups, self.tokenizer.pad_token_id)
-        advantages = trajectory_advantages(batch, self.config.grpo.advantage)
-        # Infrastructure failures carry no learning signal: they leave the loss entirely.
-        batch.token_mask = batch.token_mask * batch.valid[:, None].float()
-        bounds = [slice(0, len(batch))] if minibatch_size is None else minibatch_rows(groups, minibatch_size)
-        minibatches = []
-        for rows in bounds:
-            part = batch.slice(rows.start, rows.stop)
-            micro = self._plan(part, advantages[rows])
-            minibatches.append(
-                Minibatch(
-                    micro,
-                    max_over_ranks(len(micro), self.world),
-                    float(part.token_mask.sum().clamp(min=1)),
-                    float((part.token_mask.sum(-1) > 0).sum().clamp(min=1)),
-                )
-            )
-        return Step(batch, advantages, minibatches)
+        return prepare_step(
+            groups,
+            self.config,
+            self.tokenizer.pad_token_id,
+            self.vocab_size,
+            self.max_positions,
+            minibatch_size,
+            self._plan,
+            self.world,
+        )
 
     @torch.no_grad()
     def _old_logprobs(self, minibatches: list[Minibatch], tally: dict[str, float]) -> list[list[Frozen]]:
@@ -325,11 +328,11 @@ class PolicyTrainer:
         """
         loss_cfg = self.config.loss_fn
         self.optimizer.zero_grad(set_to_none=True)
-        sums = dict.fromkeys(("loss", *_LOSS_STATS), 0.0)
+        sums = dict.fromkeys(("loss", *_LOSS_STATS, *(("teacher_kl",) if self.teacher is not None else ())), 0.0)
         scale = float(self.world)  # FSDP averages gradients over ranks; the step's loss is their sum.
         for i in range(mini.count):
             if i >= len(mini.micro):
-                self._idle_pass(reference=frozen is None)
+                self._idle_pass(reference=frozen is None, teacher=True)
                 continue
             mb = mini.micro[i].to(self.device)
             with self._autocast():
@@ -339,10 +342,18 @@ class PolicyTrainer:
                 else:
                     old, reference = frozen[i]
             mask = mb.token_mask
+            advantages = mb.advantages
+            if self.teacher is not None:
+                # The student's logprobs are π_old's (the previous logprobs), as the IS weight compares them.
+                with torch.no_grad(), self._autocast():
+                    teacher = self._logprobs(self.teacher, mb, entropy=False)[0]
+                advantages = opd_advantages(teacher, old, mask)
+                # k1 estimate of KL(π_student ‖ π_teacher) on the student's own tokens: what OPD drives down.
+                sums["teacher_kl"] += float(torch.where(mask.bool(), old - teacher, 0.0).sum()) / mini.tokens
             loss, stats = clipped_pg_loss(
                 logprobs,
                 old,
-                mb.advantages,
+                advantages,
                 mask,
                 generation_logprobs=mb.generation_logprobs,
                 reference_logprobs=reference,
@@ -387,11 +398,11 @@ class PolicyTrainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=torch.device(self.device).type, dtype=self.compute_dtype)
 
-    def _idle_pass(self, reference: bool = True, grad: bool = True) -> None:
+    def _idle_pass(self, reference: bool = True, grad: bool = True, teacher: bool = False) -> None:
         """A zero-weight forward (and backward), so this rank joins the FSDP collectives of the others.
 
-        `reference`: whether the other ranks' passes also run the reference model; `grad`: whether
-        they run a backward.
+        `reference`: whether the other ranks' passes also run the reference model (`teacher`: the
+        teacher model); `grad`: whether they run a backward.
         """
         ids = torch.full((1, 2), self.tokenizer.pad_token_id, dtype=torch.long, device=self.device)
         with self._autocast(), torch.set_grad_enabled(grad):
@@ -399,6 +410,9 @@ class PolicyTrainer:
             if reference and self.uses_reference:
                 with torch.no_grad(), self._reference_model() as model:
                     model(input_ids=ids, use_cache=False)
+            if teacher and self.teacher is not None:
+                with torch.no_grad():
+                    self.teacher(input_ids=ids, use_cache=False)
         if grad:
             (out.float().sum() * 0.0).backward()
 
@@ -421,7 +435,10 @@ class PolicyTrainer:
         """Write a checkpoint atomically (collective: call on every rank; rank 0 writes)."""
         if data_state:
             self.data_state = data_state
-        model_state, optim_state, rng_states = full_state(self.model, self.optimizer, self.world)
+        meta = {"step": self.weight_version, "weight_version": self.weight_version, "metrics": metrics or {}}
+        if self.sharded is not None:
+            return self._save_sharded(folder, meta)
+        model_state, optim_state, rngs = full_state(self.model, self.optimizer, self.world)
         if self.rank == 0:
 
             def write(tmp: Path) -> None:
@@ -430,28 +447,45 @@ class PolicyTrainer:
                 else:  # the merged model under its plain names, and the adapter in peft's format
                     lora.save(self.model, self.peft, tmp, model_state)
                 self.tokenizer.save_pretrained(tmp)
-                torch.save(
-                    {
-                        "optimizer": optim_state,
-                        "scheduler": self.scheduler.state_dict(),
-                        "rng": rng_states,
-                        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                        "weight_version": self.weight_version,
-                        "data_state": self.data_state,
-                        "world_size": self.world,
-                    },
-                    tmp / checkpoint.STATE_FILE,
-                )
+                torch.save({"optimizer": optim_state, **self._loop_state(rngs)}, tmp / checkpoint.STATE_FILE)
 
-            meta = {"step": self.weight_version, "weight_version": self.weight_version, "metrics": metrics or {}}
             checkpoint.write_atomically(folder, write, meta)
         if self.world > 1:
             dist.barrier()
         return folder
 
+    def _loop_state(self, rngs: list) -> dict:
+        """What a resume needs besides weights and optimizer: schedule, RNG, versions, data position."""
+        return {
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rngs,
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "weight_version": self.weight_version,
+            "data_state": self.data_state,
+            "world_size": self.world,
+        }
+
+    def _save_sharded(self, folder: Path, meta: dict) -> Path:
+        rngs = rng_states(self.world)
+
+        def write_rest(tmp: Path) -> None:  # rank 0: what `dockyard export hf` and a resume read besides shards
+            self.model.config.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            torch.save(self._loop_state(rngs), tmp / checkpoint.STATE_FILE)
+
+        return self.sharded.save(folder, self.model, self.optimizer, write_rest, meta)
+
+    def close(self) -> None:
+        """Finish a checkpoint still being written (sharded, asynchronous)."""
+        if self.sharded is not None:
+            self.sharded.close()
+
     def _restore(self, folder: Path) -> None:
         state = torch.load(folder / checkpoint.STATE_FILE, map_location="cpu", weights_only=False)
-        load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
+        if is_sharded(folder):
+            (self.sharded or ShardedCheckpoints(self.rank, self.world, False)).load(folder, self.model, self.optimizer)
+        else:
+            load_full_optimizer_state(self.model, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.weight_version = int(state["weight_version"])
         self.data_state = state.get("data_state", "")
@@ -460,6 +494,18 @@ class PolicyTrainer:
         torch.set_rng_state(rng[self.rank] if len(rng) == self.world else rng[0])
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+
+def lr_factor(config: MasterConfig, step: int) -> float:
+    """lr multiplier before optimizer step `step + 1`: linear warmup, then constant or cosine."""
+    opt = config.policy.optimizer
+    if step < opt.warmup_steps:
+        return (step + 1) / opt.warmup_steps
+    if opt.schedule == "constant":
+        return 1.0
+    horizon = opt.decay_steps or max(1, config.max_num_steps - opt.warmup_steps)
+    progress = min(1.0, (step - opt.warmup_steps) / horizon)
+    return opt.min_lr_ratio + (1 - opt.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from typing import Any
 import structlog
 import torch.distributed as dist
 
-from dockyard.config import load_config_text
+from dockyard.config import ConfigError, MasterConfig, load_config_text
 from services.trainer.experience import Row, TrainingGroup
 from services.trainer.policy import PolicyTrainer, Weights
 
@@ -46,8 +46,21 @@ class Policies:
 
 def _load(policies: Policies, job_id: str, config_yaml: str, checkpoint_dir: str) -> PolicyTrainer:
     config = load_config_text(config_yaml, origin="config_yaml")
-    policy = policies.jobs[job_id] = PolicyTrainer(config, policies.device, Path(checkpoint_dir))
+    policy = policies.jobs[job_id] = make_policy(config, policies.device, Path(checkpoint_dir))
     return policy
+
+
+def make_policy(config: MasterConfig, device: str, checkpoint_dir: Path | None) -> PolicyTrainer:
+    """The job's policy on the backend it names; JAX is imported only for `policy.backend: jax`."""
+    if config.policy.backend == "jax":
+        try:
+            from services.trainer.jax_policy import JaxPolicyTrainer
+        except ImportError as exc:
+            raise ConfigError(
+                f"policy.backend=jax needs jax, flax and optax on the trainer ({exc}): pip install -e '.[jax]'"
+            ) from None
+        return JaxPolicyTrainer(config, device, checkpoint_dir)  # type: ignore[return-value]
+    return PolicyTrainer(config, device, checkpoint_dir)
 
 
 def _train(policies: Policies, job_id: str, groups: Sequence[TrainingGroup]) -> dict[str, float]:
@@ -74,7 +87,9 @@ def _save(policies: Policies, job_id: str, folder: Path, metrics: dict[str, floa
 
 
 def _unload(policies: Policies, job_id: str) -> None:
-    policies.jobs.pop(job_id, None)
+    policy = policies.jobs.pop(job_id, None)
+    if policy is not None:
+        policy.close()
 
 
 COMMANDS: dict[str, Callable[..., Any]] = {

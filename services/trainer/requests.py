@@ -1,6 +1,7 @@
 """What the trainer service accepts: checks of its requests, and their protos as domain types.
 
-    TrainStep ─lease─> buffer Groups ─training_group─> TrainingGroup (services/trainer/experience.py)
+    TrainStep ─lease─> buffer Groups (metadata + packed payload) ─training_group─> TrainingGroup
+        (services/trainer/experience.py)
     SupervisedStep.demonstrations ─demonstration_pairs─> [(prompt, completion)]
     job ids, step numbers, checkpoint metrics ─check_*─> InvalidArgument / FailedPrecondition
 
@@ -17,6 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.trainer.v1 import trainer_pb2
+from dockyard.experience import payload as packed
 from dockyard.jobs import job_id_error
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument
 from services.trainer.experience import Sample, Segment, TrainingGroup
@@ -39,8 +41,10 @@ def demonstration_pairs(demonstrations: Sequence[trainer_pb2.Demonstration]) -> 
     return [(d.prompt, d.completion) for d in demonstrations]
 
 
-def training_group(group: common_pb2.Group) -> TrainingGroup:
-    """A buffer group as the trainer trains on it."""
+def training_group(group: common_pb2.Group, payload: bytes = b"") -> TrainingGroup:
+    """A buffer group as the trainer trains on it; `payload`, when given, holds its token arrays (packed)."""
+    if payload:
+        return _from_payload(group, payload)
     samples = [
         Sample(
             trajectory_id=t.trajectory_id,
@@ -63,6 +67,44 @@ def training_group(group: common_pb2.Group) -> TrainingGroup:
         )
         for t in group.trajectories
     ]
+    return TrainingGroup(group.group_id, samples)
+
+
+def _from_payload(group: common_pb2.Group, payload: bytes) -> TrainingGroup:
+    try:
+        arrays = packed.unpack(payload)
+    except packed.PayloadError as exc:
+        raise InvalidArgument(f"group {group.group_id!r}: its payload is unreadable: {exc}") from None
+    if len(arrays) != len(group.trajectories):
+        raise InvalidArgument(
+            f"group {group.group_id!r}: its payload holds {len(arrays)} trajectories, its metadata "
+            f"{len(group.trajectories)}"
+        )
+    samples = []
+    for t, segments in zip(group.trajectories, arrays, strict=True):
+        rows = [
+            Segment(
+                s.prompt.tolist(),
+                s.completion.tolist(),
+                s.logprobs.tolist(),
+                s.mask.tolist() if s.mask is not None else None,
+            )
+            for s in segments
+        ] or [Segment([], [], [])]  # a trial that failed before any token: an empty, invalid sample
+        first = rows[0]
+        samples.append(
+            Sample(
+                trajectory_id=t.trajectory_id,
+                prompt_ids=first.prompt_ids,
+                completion_ids=first.completion_ids,
+                generation_logprobs=first.generation_logprobs,
+                reward=t.reward,
+                valid=t.valid,
+                weight_version=t.weight_version,
+                loss_mask=first.loss_mask,
+                later_segments=rows[1:],
+            )
+        )
     return TrainingGroup(group.group_id, samples)
 
 

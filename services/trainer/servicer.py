@@ -116,6 +116,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             config = await parse_config_text(request.config_yaml, origin="config_yaml")
         except ConfigError as exc:
             raise InvalidArgument(str(exc)) from None
+        if mismatch := config.cluster.device_mismatch("trainer", self.settings.device):
+            raise FailedPrecondition(mismatch)
         async with self._loading.setdefault(request.job_id, asyncio.Lock()):
             job = self.jobs.get(request.job_id)
             if job is None:
@@ -153,11 +155,11 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             return job.last_reply
         check_next_step(policy, request.step)
         lease = await consumer.lease(policy.weight_version, policy.config.grpo.num_prompts_per_step)
-        groups = [training_group(g) for g in lease.groups]
+        groups = [training_group(g.group, g.payload) for g in lease.groups]
         group_ids = [g.group_id for g in groups]
         try:
             # Checked here, before any rank sees the batch: a refused batch touches no rank.
-            validate_groups(groups, policy.model.config.vocab_size, policy.max_positions)
+            validate_groups(groups, policy.vocab_size, policy.max_positions)
         except BatchError as exc:
             # Acked so the same poison batch is not sampled again; the policy is unchanged.
             await consumer.ack(group_ids, policy.weight_version)
@@ -187,7 +189,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         pairs = demonstration_pairs(request.demonstrations)
         rows = await asyncio.to_thread(demonstration_rows, policy.tokenizer, pairs)
         try:
-            validate_rows(rows, policy.model.config.vocab_size, policy.max_positions)
+            validate_rows(rows, policy.vocab_size, policy.max_positions)
         except BatchError as exc:
             raise InvalidArgument(f"batch for step {request.step} refused, nothing trained on it: {exc}") from None
         metrics = await self._run("sft", job.job_id, rows)
@@ -222,6 +224,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         job = self._job(request.job_id)
         async with job.lock:
             job.push.close()
+            await job.consumer.close()
             del self.jobs[request.job_id]
             self._loading.pop(request.job_id, None)
             await self._run("unload", request.job_id)

@@ -76,12 +76,19 @@ def full_state(
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     if world_size == 1:
         model_state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        return model_state, get_optimizer_state_dict(model, optimizer, options=options), [torch.get_rng_state()]
+        return model_state, get_optimizer_state_dict(model, optimizer, options=options), rng_states(1)
     model_state = get_model_state_dict(model, options=options)
     optim_state = get_optimizer_state_dict(model, optimizer, options=options)
-    rng_states: list[Any] = [None] * world_size
-    dist.all_gather_object(rng_states, torch.get_rng_state())
-    return model_state, optim_state, rng_states
+    return model_state, optim_state, rng_states(world_size)
+
+
+def rng_states(world_size: int) -> list[Any]:
+    """Every rank's torch RNG state, in rank order (a collective when world_size > 1)."""
+    if world_size == 1:
+        return [torch.get_rng_state()]
+    states: list[Any] = [None] * world_size
+    dist.all_gather_object(states, torch.get_rng_state())
+    return states
 
 
 def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:

@@ -1,8 +1,10 @@
 """The semantics of services/buffer/backend.py, one property per test, for every backend.
 
-Each test runs against the in-memory reference and against the Redis Streams
-backend on a real redis-server (flushed before every test); a few tests at
-the end check what only Redis has: PEL hygiene, deleted entries, key bounds.
+Each test runs against the in-memory reference, against the Redis Streams
+backend on a real redis-server (flushed before every test), and against that
+backend driven through its data plane (every payload staged in Redis by its
+writer and read back by reference, StagedPuts); a few tests at the end check
+what only Redis has: PEL hygiene, deleted entries, key bounds.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import redis.asyncio as aioredis
 from pydantic import ValidationError
 
 from dockyard.api.common.v1 import common_pb2
+from dockyard.experience import payload
+from dockyard.experience.data_plane import staging_base
 from dockyard.rpc.errors import FailedPrecondition, NotFound, ResourceExhausted
-from services.buffer.backend import MAX_VERSION, BufferBackend, BufferStats
+from services.buffer.backend import MAX_VERSION, BufferBackend, BufferStats, StagedPayload, StoredGroup
 from services.buffer.memory import MemoryBuffer
 from services.buffer.redis_backend import RedisBuffer
 from services.buffer.settings import BufferSettings
@@ -36,13 +40,95 @@ async def raw(redis_server: str) -> AsyncIterator[aioredis.Redis]:
     await client.aclose()
 
 
-@pytest.fixture(params=["memory", "redis"])
+class StagedPuts(BufferBackend):
+    """The Redis backend as the data plane's clients drive it: each payload SET under a staging key by
+    its writer and put by put_staged, each sample and reclaim by reference with the payloads read by
+    GET. A group put whole is split on the way in and merged on the way out, so it comes back whole,
+    as the other backends return it; StoredGroup.size is that of metadata and payload."""
+
+    def __init__(self, inner: RedisBuffer, client: aioredis.Redis) -> None:
+        self._inner, self._client = inner, client
+        self._whole: set[str] = set()
+
+    def data_plane_prefix(self) -> str:
+        return self._inner.data_plane_prefix()
+
+    async def open_job(self, job_id, max_groups, max_age, rewind_to=None):
+        await self._inner.open_job(job_id, max_groups, max_age, rewind_to)
+
+    async def close_job(self, job_id):
+        await self._inner.close_job(job_id)
+
+    async def put_group(self, group, payload_bytes=b""):
+        metadata, data = (group, payload_bytes) if payload_bytes else payload.split(group)
+        key = f"{staging_base(self._inner.data_plane_prefix(), group.job_id)}{group.group_id}:{random.random()}"
+        await self._client.set(key, data, ex=600)
+        answer = await self._inner.put_staged(metadata, StagedPayload(key, len(data)))
+        if not payload_bytes and answer == (False, False):
+            self._whole.add(group.group_id)
+        return answer
+
+    async def _read(self, groups: list[StoredGroup]) -> list[StoredGroup]:
+        out = []
+        for g in groups:
+            data = await self._client.get(g.payload_key)
+            assert data is not None, f"{g.group_id}: its payload key {g.payload_key} is gone while leased"
+            if g.group_id in self._whole:
+                whole = payload.merge(g.group(), data).SerializeToString()
+                out.append(StoredGroup(g.group_id, g.weight_version, whole))
+            else:
+                out.append(StoredGroup(g.group_id, g.weight_version, g.metadata, data))
+        return out
+
+    async def sample(self, job_id, consumer, trainer_version, max_groups, max_bytes, *, by_reference=False):
+        groups, dropped = await self._inner.sample(
+            job_id, consumer, trainer_version, max_groups, max_bytes, by_reference=True
+        )
+        return await self._read(groups), dropped
+
+    async def reclaim(self, job_id, consumer, trainer_version, max_groups, max_bytes, min_idle, *, by_reference=False):
+        groups, dropped = await self._inner.reclaim(
+            job_id, consumer, trainer_version, max_groups, max_bytes, min_idle, by_reference=True
+        )
+        return await self._read(groups), dropped
+
+    async def ack(self, job_id, group_ids, weight_version):
+        return await self._inner.ack(job_id, group_ids, weight_version)
+
+    async def stats(self, job_id):
+        return await self._inner.stats(job_id)
+
+    async def close(self):
+        await self._inner.close()
+        await self._client.aclose()
+
+    # What the Redis-only checks of these tests look at.
+    @property
+    def _redis(self) -> aioredis.Redis:
+        return self._inner._redis
+
+    def job_keys_base(self, job_id: str) -> str:
+        return self._inner.job_keys_base(job_id)
+
+
+def stored_size(buffer: BufferBackend, group: common_pb2.Group) -> int:
+    """StoredGroup.size of `group` put whole: split into metadata and payload by the data plane's writer."""
+    if isinstance(buffer, StagedPuts):
+        metadata, data = payload.split(group)
+        return metadata.ByteSize() + len(data)
+    return group.ByteSize()
+
+
+@pytest.fixture(params=["memory", "redis", "redis-data-plane"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[BufferBackend]:
     if request.param == "memory":
         buffer: BufferBackend = MemoryBuffer()
     else:
-        buffer = await RedisBuffer.connect(request.getfixturevalue("redis_server"))
+        url = request.getfixturevalue("redis_server")
+        buffer = await RedisBuffer.connect(url)
         await buffer._redis.flushdb()
+        if request.param == "redis-data-plane":
+            buffer = StagedPuts(buffer, aioredis.Redis.from_url(url))
     yield buffer
     await buffer.close()
 
@@ -129,7 +215,7 @@ async def test_jobs_never_see_each_others_groups_or_counters(backend):
     await backend.put_group(make_group("g", job_id="a"))
     assert await backend.put_group(make_group("g", job_id="b")) == (False, False)
     groups, _ = await backend.sample("a", "t", 0, 10, BIG)
-    assert [(g.job_id, g.group_id) for g in groups] == [("a", "g")]
+    assert [(g.group().job_id, g.group_id) for g in groups] == [("a", "g")]
     assert (await backend.stats("b")).held == 1
     await backend.close_job("a")
     assert (await backend.stats("b")).held == 1
@@ -147,13 +233,29 @@ async def test_job_ids_with_braces_and_percent_signs_stay_apart(backend):
 # --- put ------------------------------------------------------------------------------------
 
 
+async def test_a_payload_comes_back_as_stored_by_sample_and_by_reclaim(backend):
+    await opened(backend)
+    whole = make_group("g", tokens=5)
+    metadata, data = payload.split(whole)
+    await backend.put_group(metadata, data)
+    await backend.put_group(make_group("plain"))  # no payload: the whole Group is the metadata
+    sampled, _ = await sample(backend, 0)
+    assert [(g.group_id, g.metadata, g.payload) for g in sampled] == [
+        ("g", metadata.SerializeToString(), data),
+        ("plain", make_group("plain").SerializeToString(), b""),
+    ]
+    assert sampled[0].size == metadata.ByteSize() + len(data)
+    again, _ = await reclaim(backend, 0, n=1)
+    assert payload.merge(again[0].group(), again[0].payload) == whole
+
+
 async def test_put_is_idempotent_by_group_id_in_every_state(backend):
     await opened(backend)
     assert await backend.put_group(make_group("g")) == (False, False)
     # Same id, different payload: still a duplicate, and the first payload stays.
     assert await backend.put_group(make_group("g", n=4)) == (True, False)
     groups, _ = await sample(backend, 0)
-    assert ids(groups) == ["g"] and len(groups[0].trajectories) == 2
+    assert ids(groups) == ["g"] and len(groups[0].group().trajectories) == 2
     assert await backend.put_group(make_group("g")) == (True, False)  # pending
     await backend.ack(JOB, ["g"], 0)
     assert await backend.put_group(make_group("g")) == (True, False)  # acked
@@ -182,7 +284,7 @@ async def test_stored_group_is_a_copy_of_the_callers_message(backend):
     await backend.put_group(group)
     group.prompt = "mutated after put"
     groups, _ = await sample(backend, 0)
-    assert groups == [make_group("g")]
+    assert [g.group() for g in groups] == [make_group("g")]
 
 
 async def test_a_group_from_the_future_is_refused_and_nothing_stored(backend):
@@ -316,7 +418,7 @@ async def test_sample_stops_at_max_bytes_but_returns_at_least_one_group(backend)
     await backend.put_group(make_group("small2", n=1))
     groups, _ = await sample(backend, 0, max_bytes=1)  # nothing fits: one anyway
     assert ids(groups) == ["large"]
-    budget = small.ByteSize() + make_group("small2", n=1).ByteSize()
+    budget = stored_size(backend, small) + stored_size(backend, make_group("small2", n=1))
     groups, _ = await sample(backend, 0, max_bytes=budget)
     assert ids(groups) == ["small", "small2"]
 
@@ -326,7 +428,7 @@ async def test_sample_stops_at_the_first_group_that_does_not_fit(backend):
     small, large = make_group("s1", n=1), make_group("big", n=8)
     for group in (small, large, make_group("s2", n=1)):
         await backend.put_group(group)
-    groups, _ = await sample(backend, 0, max_bytes=small.ByteSize() * 2)
+    groups, _ = await sample(backend, 0, max_bytes=stored_size(backend, small) * 2)
     assert ids(groups) == ["s1"]  # "s2" would fit, but order comes first
     assert ids((await sample(backend, 0))[0]) == ["big", "s2"]
 
@@ -395,7 +497,7 @@ async def test_age_bound_holds_for_every_returned_group_at_every_step(backend):
             groups += again
             dropped += n_dropped
         assert all(step - g.weight_version <= max_age for g in groups), (step, [g.weight_version for g in groups])
-        assert all(step - t.weight_version <= max_age for g in groups for t in g.trajectories)
+        assert all(step - t.weight_version <= max_age for g in groups for t in g.group().trajectories)
         unacked |= set(ids(groups))
         done = [group_id for group_id in sorted(unacked) if rng.random() < 0.5]
         await backend.ack(JOB, done, step + 1)
@@ -585,7 +687,7 @@ async def test_reclaim_stops_at_max_groups_and_max_bytes_but_returns_at_least_on
     assert ids((await reclaim(backend, 0, n=1))[0]) == ["s1"]
     await asyncio.sleep(0.01)
     # Oldest lease first: s2, then big (which does not fit) ends the reclaim.
-    assert ids((await reclaim(backend, 0, max_bytes=small.ByteSize() * 3))[0]) == ["s2"]
+    assert ids((await reclaim(backend, 0, max_bytes=stored_size(backend, small) * 3))[0]) == ["s2"]
     assert (await backend.stats(JOB)).reclaimed == 3
 
 
@@ -758,6 +860,41 @@ async def test_redis_reclaim_skips_an_entry_deleted_while_pending_and_fixes_book
         await buffer.ack(JOB, ["b"], 0)
     assert await buffer.ack(JOB, ["a", "c"], 0) == 2
     assert await xpending_total(raw, base) == 0
+
+
+async def test_redis_payload_keys_live_exactly_while_their_group_is_held_or_pending(redis_backend, raw):
+    buffer = await opened(redis_backend, max_groups=2, max_age=1)
+    base = buffer.job_keys_base(JOB)
+
+    async def payload_keys() -> list[str]:
+        return sorted([key.decode().removeprefix(base + "d:") async for key in raw.scan_iter(match=base + "d:*")])
+
+    def put(group_id: str, version: int = 0, n: int = 2):
+        return buffer.put_group(*payload.split(make_group(group_id, version, n=n)))
+
+    await put("a")
+    await put("a", n=5)  # a duplicate of a held group: the first payload stays
+    await put("b")
+    with pytest.raises(ResourceExhausted):
+        await put("c")  # refused when full: nothing left behind
+    assert await payload_keys() == ["a", "b"]
+    [a], _ = await sample(buffer, 0, n=1)
+    assert len(payload.unpack(a.payload)) == 2
+    await buffer.ack(JOB, ["a"], 0)
+    await put("a")  # a retry of an acked group: a duplicate, its payload freed again
+    assert await payload_keys() == ["b"]
+    await at_version(buffer, 2)
+    await sample(buffer, 2)  # b ages out
+    await put("old", 0)  # stale on arrival
+    assert await payload_keys() == []
+    await at_version(buffer, 3)
+    await put("p", 3)
+    await sample(buffer, 3)
+    await buffer.open_job(JOB, 2, 1, rewind_to=2)  # the pending group came from lost weights
+    assert await payload_keys() == []
+    await put("q", 2)
+    await buffer.close_job(JOB)
+    assert await payload_keys() == []
 
 
 async def test_redis_close_job_deletes_every_key_of_the_job_only(redis_backend, raw):

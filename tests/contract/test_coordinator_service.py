@@ -66,6 +66,11 @@ async def test_jobs_refusals_and_rendezvous(coordinator, tmp_path: Path) -> None
             grpc.StatusCode.INVALID_ARGUMENT,
             "job_id",
         )
+        await expect_code(  # a reward function the coordinator cannot find: refused before the job exists
+            stub.CreateJob(pb.CreateJobRequest(config_yaml=config + "env: {reward: 'no_such_rewards.py:score'}\n")),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "reward function no_such_rewards.py:score: no file",
+        )
         await expect_code(stub.GetJob(pb.GetJobRequest(job_id="nope")), grpc.StatusCode.NOT_FOUND, "nope")
         await expect_code(stub.GetJob(pb.GetJobRequest()), grpc.StatusCode.INVALID_ARGUMENT)
 
@@ -267,3 +272,25 @@ async def test_a_recovered_job_gets_a_newer_side_group_and_can_be_cancelled(star
         await peers.stop(None)
     stored = json.loads((tmp_path / "state" / "job-r" / "job.json").read_text())
     assert stored["state"] == "CANCELLED" and stored["sync_epoch"] == 4
+
+
+async def test_a_bad_dataset_is_refused_at_submit_naming_file_line_and_field(coordinator, tmp_path: Path) -> None:
+    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    good.write_text(json.dumps({"prompt": "def f(): return 1", "tests": ["assert f() == 1"]}) + "\n")
+    bad.write_text(good.read_text() + json.dumps({"question": "q"}) + "\n")
+    data = "env: {name: program_synthesis}\ndata: {train: {source: humaneval, path: TRAIN}, "
+    data += f"validation: {{source: humaneval, path: {good}}}}}\n"
+    config = CONFIG.replace("LOG_DIR", str(tmp_path / "runs")) + data
+    async with connect(coordinator.address) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+        await expect_code(
+            stub.CreateJob(pb.CreateJobRequest(config_yaml=config.replace("TRAIN", str(bad)))),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{bad}:2: missing field tests (column 'tests'",
+        )
+        await expect_code(
+            stub.CreateJob(pb.CreateJobRequest(config_yaml=config.replace("TRAIN", str(tmp_path / "none.jsonl")))),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "none.jsonl does not exist",
+        )
+        assert not (await stub.ListJobs(pb.ListJobsRequest())).jobs  # nothing was created

@@ -65,6 +65,13 @@ async def _contract(address: str) -> None:
             "policy.generation.temperature",
         )
         await expect_code(
+            stub.LoadPolicy(
+                rollout_pb2.LoadPolicyRequest(job_id=JOB, config_yaml=CONFIG_YAML + "cluster: {device: cuda}\n")
+            ),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "cluster.device is cuda but this rollout is deployed on cpu",
+        )
+        await expect_code(
             stub.LoadPolicy(rollout_pb2.LoadPolicyRequest(job_id="", config_yaml=CONFIG_YAML)),
             grpc.StatusCode.INVALID_ARGUMENT,
             "job_id",

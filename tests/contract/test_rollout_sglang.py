@@ -49,7 +49,7 @@ def _sglang_config(model_dir: str) -> str:
                 "train_micro_batch_size": 2,
                 "generation": {"backend": "sglang", "sglang_cfg": {"mem_fraction_static": 0.5}},
             },
-            "cluster": {"device": "cuda", "weight_sync_backend": "nccl"},
+            "cluster": {"device": "cpu"},  # where this replica runs; SGLang is missing whatever the device
             "grpo": {"num_prompts_per_step": 2, "num_generations_per_prompt": 2},
         }
     )

@@ -73,6 +73,12 @@ async def test_train_step_consumes_and_acks_fresh_groups(start_service, tmp_path
             grpc.StatusCode.FAILED_PRECONDITION,
             "/no/such/model",
         )
+        # A job for a GPU is refused by a trainer deployed on the CPU, naming both settings.
+        await expect_code(
+            stub.LoadPolicy(pb.LoadPolicyRequest(job_id="job", config_yaml=config + "cluster: {device: cuda}\n")),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "cluster.device is cuda but this trainer is deployed on cpu",
+        )
 
         loaded = await stub.LoadPolicy(pb.LoadPolicyRequest(job_id="job", config_yaml=config))
         assert loaded.weight_version == 0 and loaded.num_parameters > 0

@@ -54,6 +54,24 @@ def _submit(stack: LocalStack, runs: Path, steps: int) -> str:
     return asyncio.run(create())
 
 
+def _wait_finished(stack: LocalStack, job_id: str, timeout: float = 300) -> None:
+    async def wait() -> None:
+        async with connect(stack.address("coordinator")) as channel:
+            stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+            deadline = time.monotonic() + timeout
+            while True:
+                job = (await stub.GetJob(coordinator_pb2.GetJobRequest(job_id=job_id))).job
+                if job.state == coordinator_pb2.JOB_STATE_SUCCEEDED:
+                    return
+                assert (
+                    job.state == coordinator_pb2.JOB_STATE_RUNNING or job.state == coordinator_pb2.JOB_STATE_PENDING
+                ), f"the first job ended {job.state}: {job.message}"
+                assert time.monotonic() < deadline, f"the first job did not finish in {timeout} s"
+                await asyncio.sleep(0.5)
+
+    asyncio.run(wait())
+
+
 def _points(page) -> int:
     path = page.locator('path.series[data-name="reward_mean"]')
     return int(path.get_attribute("data-points")) if path.count() else 0
@@ -64,7 +82,13 @@ def test_the_dashboard_shows_a_running_job_and_updates_without_a_reload(tmp_path
     stack = LocalStack(tmp_path / "logs", free_ports=True, dashboard=True)
     stack.start()
     try:
-        job_id = _submit(stack, tmp_path / "runs", steps=12)
+        # A coordinator usually holds finished jobs too (its store survives restarts): the page must
+        # follow the running one, not an older one whose curve never grows.
+        finished = _submit(stack, tmp_path / "old-runs", steps=1)
+        _wait_finished(stack, finished)
+        # Long enough to be still running when the page first draws (a quiet machine trains 12 steps in
+        # well under a minute); the stack stops it once the page has drawn a new step.
+        job_id = _submit(stack, tmp_path / "runs", steps=200)
         url = f"http://{stack.address('dashboard')}/"
         with sync_playwright() as p:
             browser = p.chromium.launch(
@@ -72,7 +96,7 @@ def test_the_dashboard_shows_a_running_job_and_updates_without_a_reload(tmp_path
             )
             page = browser.new_page(viewport={"width": 1400, "height": 1100})
             page.goto(url)
-            page.wait_for_selector(f'tr[data-job="{job_id}"]', timeout=30_000)
+            page.wait_for_selector(f'tr[data-job="{job_id}"].sel', timeout=30_000)  # followed, unclicked
             deadline = time.monotonic() + 300
             while (first := _points(page)) < 1:
                 assert time.monotonic() < deadline, "no reward point drawn"
@@ -104,8 +128,15 @@ def test_with_a_service_token_the_dashboard_needs_it(tmp_path: Path) -> None:
         base = f"http://{stack.address('dashboard')}"
         assert httpx.get(f"{base}/api/state", timeout=10).status_code == 401
         assert httpx.get(f"{base}/health", timeout=10).status_code == 200
-        reply = httpx.get(f"{base}/api/state", headers={"authorization": f"Bearer {token}"}, timeout=10)
-        assert reply.status_code == 200 and {m["kind"] for m in reply.json()["fleet"]} >= {"rollout", "sandbox"}
+        # Members register with the coordinator on their own (retrying until it serves): wait for both.
+        deadline = time.monotonic() + 60
+        while True:
+            reply = httpx.get(f"{base}/api/state", headers={"authorization": f"Bearer {token}"}, timeout=10)
+            assert reply.status_code == 200
+            if {m["kind"] for m in reply.json()["fleet"]} >= {"rollout", "sandbox"}:
+                break
+            assert time.monotonic() < deadline, f"the fleet never showed a rollout and a sandbox: {reply.json()}"
+            time.sleep(0.5)
         with httpx.Client(base_url=base, timeout=10) as browser_like:  # ?token= once, then the cookie
             assert browser_like.get(f"/?token={token}").status_code == 200
             assert browser_like.get("/api/state").status_code == 200

@@ -66,6 +66,36 @@ def _colocated(rank: int, port: int, out) -> None:
         out.put((rank, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
 
 
+def _replayed(rank: int, port: int, out) -> None:
+    """Checksum off, the trainer's tensors stepped in place: versions 2.. are replays (a CUDA graph)."""
+    try:
+        torch.cuda.set_device(0)
+        group = WeightSyncGroup("127.0.0.1", port, 2, rank, epoch=1, secret="s")
+        transport = ColocatedTransport(timedelta(seconds=60), 4096, checksum=False, device="cuda:0")
+        gen = torch.Generator(device="cuda").manual_seed(5)
+        # 3 MiB (a memcpy node) and 64 small tensors (the multi-tensor kernel), as a model's mix
+        shapes = [(1024, 1536), *[(8, 32 + i) for i in range(64)]]
+        seen, graphs = [], []
+        if rank == 0:
+            tensors = [(f"w{i}", torch.randn(s, generator=gen, device="cuda")) for i, s in enumerate(shapes)]
+            for version in range(1, 5):
+                with torch.no_grad():
+                    for _, t in tensors:
+                        t.mul_(-2.0)
+                transport.send(tensors, version, group)
+                seen.append([t.cpu().numpy() for _, t in tensors])
+        else:
+            targets = {f"w{i}": torch.zeros(s, device="cuda") for i, s in enumerate(shapes)}
+            for version in range(1, 5):
+                transport.receive(TensorSink(targets=targets), version, group)
+                seen.append([t.cpu().numpy() for t in targets.values()])
+                graphs.append(transport.peer.replay[2].graph is not None)
+        transport.close()
+        out.put((rank, "ok", seen, graphs))
+    except Exception as exc:
+        out.put((rank, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+
+
 def _nccl(rank: int, port: int, out) -> None:
     try:
         group = WeightSyncGroup("127.0.0.1", port, 2, rank, epoch=1, backend="nccl", secret="s")
@@ -117,3 +147,14 @@ def test_an_nccl_group_of_two_ranks_on_one_gpu_is_refused_with_the_fix() -> None
         status, message = results[rank][0], results[rank][1]
         assert status == "refused", results
         assert "both on GPU" in message and "cluster.weight_sync_transport=colocated" in message
+
+
+def test_repeats_replay_one_captured_graph_and_carry_every_new_version() -> None:
+    _needs_gpu()
+    results = _pair(_replayed)
+    assert results[0][0] == "ok" and results[1][0] == "ok", results
+    sent, got = results[0][1], results[1][1]
+    for version, (a, b) in enumerate(zip(sent, got, strict=True), start=1):
+        assert all((x == y).all() for x, y in zip(a, b, strict=True)), f"version {version} differs"
+    assert not (sent[0][0] == sent[1][0]).all()  # the versions really differ
+    assert results[1][2] == [False, True, True, True]  # captured at the first repeat, launched after

@@ -1,5 +1,9 @@
 """The Redis-backed buffer as real processes: groups and leases survive a SIGKILL of either side.
 
+Groups go in both ways, half staged in Redis by the coordinator's writer (the data plane: the
+payload SET by the writer, PutGroup of the metadata), half streamed through the service
+(PutGroupStream: metadata and packed payload), and come back whole.
+
 redis-server runs with AOF on and appendfsync always, so every write it
 acknowledged is on disk before the buffer service sees the reply.
 """
@@ -13,7 +17,10 @@ import pytest
 
 from dockyard.api.buffer.v1 import buffer_pb2 as pb
 from dockyard.api.buffer.v1 import buffer_pb2_grpc
+from dockyard.experience import payload
 from dockyard.rpc.client import connect
+from services.coordinator.job_buffer import JobBuffer
+from services.trainer.consumer import read_stream
 from tests.conftest import RedisServer, make_group, redis_binary
 
 pytestmark = pytest.mark.slow
@@ -47,14 +54,23 @@ def durable(stats: pb.GetStatsResponse) -> pb.GetStatsResponse:
 
 async def fill(stub) -> tuple[list[str], pb.GetStatsResponse]:
     """PUT groups accepted, SAMPLED of them leased by a trainer that then dies; returns the leased ids."""
-    await stub.OpenJob(pb.OpenJobRequest(job_id=JOB, max_groups=100, max_trajectory_age_steps=4))
+    writer = JobBuffer(stub, JOB, max_groups=100, max_age_steps=4)
+    await writer.open()
+    assert writer.data_plane is not None
     for i in range(PUT):
-        reply = await stub.PutGroup(pb.PutGroupRequest(group=make_group(f"g{i}", job_id=JOB)))
+        if i % 2:  # staged in the data plane
+            reply = await writer.put(make_group(f"g{i}", job_id=JOB))
+        else:  # streamed through the service
+            metadata, data = payload.split(make_group(f"g{i}", job_id=JOB))
+            reply = await stub.PutGroupStream(iter([pb.PutGroupStreamRequest(group=metadata, payload=data)]))
         assert not reply.duplicate and not reply.dropped_stale
-    reply = await stub.SampleGroups(
-        pb.SampleGroupsRequest(job_id=JOB, trainer_step=0, max_groups=SAMPLED, consumer="trainer-dead")
+    await writer.close_plane()
+    groups, _ = await read_stream(
+        stub.SampleGroupsStream(
+            pb.SampleGroupsStreamRequest(job_id=JOB, trainer_step=0, max_groups=SAMPLED, consumer="trainer-dead")
+        )
     )
-    leased = [g.group_id for g in reply.groups]
+    leased = [g.group_id for g in groups]
     assert leased == [f"g{i}" for i in range(SAMPLED)]
     stats = await stub.GetStats(pb.GetStatsRequest(job_id=JOB))
     assert (stats.held, stats.pending, stats.puts) == (PUT - SAMPLED, SAMPLED, PUT)
@@ -67,12 +83,13 @@ async def check_nothing_lost_or_duplicated(stub, leased: list[str], before: pb.G
         pb.ReclaimGroupsRequest(job_id=JOB, trainer_step=0, max_groups=100, consumer="trainer-new", min_idle_seconds=0)
     )
     assert sorted(g.group_id for g in reclaimed.groups) == sorted(leased)
-    assert all(g == make_group(g.group_id, job_id=JOB) for g in reclaimed.groups)  # byte for byte
+    # Byte for byte: the unary reclaim fills each stored payload back into its group.
+    assert all(g == make_group(g.group_id, job_id=JOB) for g in reclaimed.groups)
     sampled = await stub.SampleGroups(
         pb.SampleGroupsRequest(job_id=JOB, trainer_step=0, max_groups=100, consumer="trainer-new")
     )
     assert [g.group_id for g in sampled.groups] == [f"g{i}" for i in range(SAMPLED, PUT)]
-    for i in range(PUT):  # every retry is recognised
+    for i in range(PUT):  # every retry is recognised, whichever way it comes
         reply = await stub.PutGroup(pb.PutGroupRequest(group=make_group(f"g{i}", job_id=JOB)))
         assert reply.duplicate
     acked = await stub.AckGroups(

@@ -4,7 +4,8 @@
         × sync and async GRPO
     ─> the job SUCCEEDS, the books close (nothing lost, nothing trained twice), sync trains at age 0
 
-Real processes (LocalStack), a real redis-server under the buffer, the tiny recipe on a random-init
+Real processes (LocalStack), a real redis-server under the buffer, whose data plane carries every
+payload (staged by the coordinator, read by the trainer; asserted), the tiny recipe on a random-init
 model. The buffer process itself and the coordinator have kill tests of their own
 (tests/integration/test_restarts.py, tests/integration/test_coordinator_restart.py). Each run prints
 how long the job took from the kill to its next trained step (`pytest -s` shows it).
@@ -12,6 +13,7 @@ how long the job took from the kill to its next trained step (`pytest -s` shows 
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -80,3 +82,7 @@ def test_a_job_outlives_one_member_killed_and_restarted(tmp_path: Path, victim: 
     books = assert_accounted(tmp_path / job_id, max_age=0 if mode == "sync" else 1)
     steps = [line["step"] for line in books["ledger"]]
     assert sorted(set(steps)) == list(range(1, STEPS + 1)) and steps[-1] == STEPS
+    # Every payload went around the buffer service, through its Redis (the data plane).
+    records = [json.loads(line) for line in (tmp_path / job_id / "metrics.jsonl").read_text().splitlines()]
+    sent = [r for r in records if "buffer_sent_staged_bytes" in r][-1]
+    assert sent["buffer_sent_staged_bytes"] > 0 and sent["buffer_sent_payload_bytes"] == 0, sent

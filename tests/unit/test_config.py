@@ -156,3 +156,12 @@ def test_the_colocated_transport_is_accepted_except_for_sglang() -> None:
     assert cfg.cluster.weight_sync_transport == "colocated"
     with pytest.raises(ConfigError, match="cluster.weight_sync_transport.*SGLang"):
         load_config(TINY, ["cluster.weight_sync_transport=colocated", "policy.generation.backend=sglang"])
+
+
+def test_a_supervised_agent_job_needs_conversations() -> None:
+    agent = Path(__file__).resolve().parents[2] / "examples" / "configs" / "tiny_agent.yaml"
+    with pytest.raises(ConfigError, match="set sft.dataset"):  # task solutions are not conversations
+        load_config(agent, ["+sft.max_num_steps=2"])
+    # An agent run's exported trials: the job trains on them and validates with agent trials.
+    cfg = load_config(agent, ["+sft.dataset=runs/agent-sft.jsonl", "+sft.max_num_steps=2"])
+    assert cfg.sft is not None and cfg.env.agentic

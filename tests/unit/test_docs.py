@@ -28,6 +28,7 @@ from pydantic import BaseModel
 from pydantic_settings import BaseSettings
 
 from dockyard.config import MasterConfig
+from dockyard.experience.data_plane import DataPlaneSettings
 from dockyard.rpc.auth import AuthSettings
 from dockyard.rpc.settings import DEFAULT_PORTS, ServiceSettings
 
@@ -105,9 +106,10 @@ def settings_variables() -> dict[str, tuple[Any, str]]:
         assert prefix == f"DOCKYARD_{service.upper()}_", f"{cls.__name__} has env_prefix {prefix!r}"
         for name, field in cls.model_fields.items():
             variables[f"{prefix}{name.upper()}"] = (field.get_default(call_default_factory=True), service)
-    shared_prefix = AuthSettings.model_config.get("env_prefix", "")
-    for name, field in AuthSettings.model_fields.items():
-        variables[f"{shared_prefix}{name.upper()}"] = (field.get_default(call_default_factory=True), "shared")
+    for shared in (AuthSettings, DataPlaneSettings):
+        shared_prefix = shared.model_config.get("env_prefix", "")
+        for name, field in shared.model_fields.items():
+            variables[f"{shared_prefix}{name.upper()}"] = (field.get_default(call_default_factory=True), "shared")
     return variables
 
 

@@ -19,6 +19,8 @@ GOOD = dict(
     train_global_batch_size=32,
     opd=False,
     zero_prev_logprobs=False,
+    teachers={"expr": "runs/expr-teacher"},
+    agent_name="expr",
 )
 
 
@@ -64,6 +66,16 @@ def test_good_configs_have_no_errors():
         ({"train_global_batch_size": 2}, "policy.train_global_batch_size", ["whole groups", "set it to 32"]),
         ({"num_generations_per_prompt": 2}, "policy.train_global_batch_size", ["8 × 2 = 16", "set it to 16"]),
         ({"opd": True, "zero_prev_logprobs": True}, "loss_fn.zero_prev_logprobs", ["zero_prev_logprobs=false"]),
+        (
+            {"opd": True, "async_enabled": False, "is_correction": None},
+            "grpo.async_grpo.enabled",
+            ["asynchronous path only", "grpo.async_grpo.enabled=true"],
+        ),
+        (
+            {"opd": True, "agent_name": "program_synthesis"},
+            "on_policy_distillation.teacher_model_by_agent_name",
+            ["'program_synthesis'", "names expr", "teacher_model_by_agent_name.program_synthesis="],
+        ),
     ],
 )
 def test_each_rule_reports_its_field_and_a_fix(changes, field, words):
@@ -113,3 +125,7 @@ def test_every_broken_rule_is_reported_at_once():
         "policy.train_global_batch_size",
         "loss_fn.zero_prev_logprobs",
     ]
+
+
+def test_opd_rules_only_apply_to_opd():
+    assert errors(zero_prev_logprobs=True, teachers={}) == []

@@ -24,19 +24,20 @@ class FullThenFree:
     ) -> None:
         self.calls, self.full, self.then, self.code = 0, full, then, code
 
-    async def PutGroup(self, request, timeout=None):
+    async def PutGroupStream(self, chunks, timeout=None):
+        assert next(iter(chunks)).group.group_id  # the first chunk carries the group
         self.calls += 1
         if self.calls <= self.full:
             raise rpc_error(self.code)
         if self.then is not None:
             raise rpc_error(self.then)
-        return buffer_pb2.PutGroupResponse()
+        return buffer_pb2.PutGroupStreamResponse()
 
 
 async def test_a_full_buffer_is_waited_out_with_backoff() -> None:
     buffer = FullThenFree(full=3)
     reply = await JobBuffer(buffer, "job").put(make_group("g"), max_wait=10)
-    assert reply == buffer_pb2.PutGroupResponse() and buffer.calls == 4
+    assert reply == buffer_pb2.PutGroupStreamResponse() and buffer.calls == 4
 
 
 async def test_a_buffer_full_for_too_long_fails_the_put() -> None:
@@ -49,7 +50,7 @@ async def test_a_buffer_full_for_too_long_fails_the_put() -> None:
 async def test_an_unreachable_buffer_is_waited_out_like_a_full_one() -> None:
     buffer = FullThenFree(full=2, code=grpc.StatusCode.UNAVAILABLE)
     reply = await JobBuffer(buffer, "job").put(make_group("g"), max_wait=10)
-    assert reply == buffer_pb2.PutGroupResponse() and buffer.calls == 3
+    assert reply == buffer_pb2.PutGroupStreamResponse() and buffer.calls == 3
 
 
 async def test_other_errors_are_not_retried_by_the_put() -> None:

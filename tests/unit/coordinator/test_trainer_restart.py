@@ -90,6 +90,9 @@ class Buffer:
     def __init__(self) -> None:
         self.rewinds: list[int] = []
 
+    async def GetDataPlane(self, request, timeout=None):
+        return buffer_pb2.GetDataPlaneResponse()
+
     async def OpenJob(self, request, timeout=None):
         if request.HasField("rewind_to_version"):
             self.rewinds.append(request.rewind_to_version)

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from dockyard.config import load_config
+from dockyard.experience.data_plane import DataPlaneSettings
 from dockyard.rpc.auth import AuthSettings
 from dockyard.rpc.settings import DEFAULT_PORTS
 from services.endpoint.settings import EndpointSettings
@@ -34,7 +35,9 @@ EXAMPLE = K8S.parents[1] / "examples" / "configs" / "tiny_expr.yaml"
 VERSIONS = ("1.30", "1.37")  # grpc probes are GA from 1.27; 1.30 is the oldest the docs promise
 WORKLOADS = {"Deployment", "StatefulSet", "Job"}
 CLUSTER_SCOPED = {"Namespace"}
-SHARED_VARIABLES = {f"DOCKYARD_{name.upper()}" for name in AuthSettings.model_fields}
+SHARED_VARIABLES = {f"DOCKYARD_{name.upper()}" for name in AuthSettings.model_fields} | {
+    f"DOCKYARD_DATA_PLANE_{name.upper()}" for name in DataPlaneSettings.model_fields
+}
 HTTP_PORTS = {"endpoint": EndpointSettings.model_fields["port"].default}  # services serving HTTP, not gRPC
 # component label -> (name of its container port, the service's default port)
 SERVED = {name: ("grpc", port) for name, port in DEFAULT_PORTS.items()} | {
@@ -263,7 +266,11 @@ def test_volumes_configmaps_secrets_and_claims_exist(docs) -> None:
                     assert word in files, f"{where}: {word} is not a mounted file"
 
 
-def test_every_dockyard_pod_authenticates_and_only_the_buffer_reads_the_redis_password(docs) -> None:
+def test_every_dockyard_pod_authenticates_and_only_the_buffer_and_its_data_plane_read_the_redis_password(
+    docs,
+) -> None:
+    # The data plane's clients: the coordinator stages payloads in Redis, the trainer reads them.
+    readers = {"buffer", "coordinator", "trainer"}
     for workload, template in pod_specs(docs):
         if workload["kind"] == "StatefulSet":
             continue
@@ -271,7 +278,7 @@ def test_every_dockyard_pod_authenticates_and_only_the_buffer_reads_the_redis_pa
             env = env_of(container)
             assert "DOCKYARD_AUTH_TOKEN_FILE" in env, f"{workload['metadata']['name']} has no token"
             reads_password = any("REDIS_PASSWORD" in name for name in env)
-            assert reads_password == (workload["metadata"]["name"] == "buffer")
+            assert reads_password == (workload["metadata"]["name"] in readers), workload["metadata"]["name"]
 
 
 def test_only_the_sandbox_gets_the_docker_socket(docs) -> None:

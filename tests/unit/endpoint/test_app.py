@@ -33,6 +33,7 @@ class ScriptedBackend:
         self.model_ = JobModel("job-1", Renderer(build_char_tokenizer()), "hermes", 16)
         self.script: list[str] = []
         self.prompts: list[list[int]] = []
+        self.images: list = []  # what each call carried besides ids (Prompted), or None
         self.lose = False
         self.router = Router()
 
@@ -48,11 +49,14 @@ class ScriptedBackend:
             raise UnknownModel(f"model {job_id!r}: no such job")
         return self.model_
 
-    async def complete(self, job_id, session, prompt_ids, n, sampling) -> Generated:
+    async def complete(self, job_id, session, prompt_ids, n, sampling, images=None) -> Generated:
         self.router.route(session, [Replica("rollout", "127.0.0.1:1")], len(prompt_ids))
         if self.lose:
             raise ReplicaLost("replica rollout failed mid-session: UNAVAILABLE")
         self.prompts.append(list(prompt_ids))
+        self.images.append(images)
+        if images is not None:  # the rollout's processor would insert image tokens: 3 per image here
+            prompt_ids = [9] * (3 * len(images.images)) + list(prompt_ids)
         renderer = self.model_.renderer
         completions = []
         for _ in range(n):
@@ -112,6 +116,12 @@ async def test_openai_tool_call_is_structured_and_the_next_turn_reuses_tokens(ap
     trajectory = (await client.get("/sessions/s1/trajectory", cast_to=httpx.Response)).json()
     assert len(trajectory["segments"]) == 1 and trajectory["turns"] == 2
     assert sum(trajectory["segments"][0]["loss_mask"]) == len(CALL) + 1 + 2
+    # The conversation as rendered (what a run exports for SFT): the last call's messages and its reply.
+    conversation = trajectory["segments"][0]["messages"]
+    assert [m["role"] for m in conversation] == ["user", "assistant", "tool", "assistant"]
+    assert conversation[1]["tool_calls"][0]["function"] == {"name": "add", "arguments": {"a": 1, "b": 2}}
+    assert conversation[-1] == {"role": "assistant", "content": "3"}
+    assert trajectory["segments"][0]["tools"][0]["function"]["name"] == "add"
 
 
 async def test_openai_stream_carries_text_and_tool_calls(app, backend) -> None:

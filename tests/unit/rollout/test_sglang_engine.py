@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 from dockyard.config import load_config_text
 from dockyard.models import build_char_tokenizer
@@ -42,7 +43,7 @@ from dockyard.weights.group_source import transport_for
 from dockyard.weights.transports import CheckpointTransport, CollectiveTransport
 from dockyard.weights.whole_tensor import WholeTensorTransport, buckets, decode_bucket
 from services.rollout.decoding import DecodingParams
-from services.rollout.engine import UnsupportedRequest
+from services.rollout.engine import ImagePrompt, UnsupportedRequest
 from services.rollout.sglang_engine import (
     SglangEngine,
     SglangUnavailable,
@@ -106,7 +107,7 @@ def test_missing_sglang_is_a_failed_precondition_naming_the_package(monkeypatch,
     from services.rollout.settings import RolloutSettings
 
     async def load():
-        servicer = RolloutServicer(RolloutSettings())
+        servicer = RolloutServicer(RolloutSettings(device="cuda"))  # where the job's cluster.device says
         try:
             config = _config(model_dir).resolved_yaml()
             await servicer.LoadPolicy(rollout_pb2.LoadPolicyRequest(job_id="j", config_yaml=config), None)
@@ -201,11 +202,15 @@ def test_prompts_sampling_and_results_translate(monkeypatch, model_dir) -> None:
         refused = {
             "prompt_token_ids": lambda: engine.generate([5, len(engine.tokenizer)], 1, DecodingParams()),
             "image and other multimodal": lambda: engine.generate({"image": b"\x89PNG"}, 1, DecodingParams()),
+            "images: the SGLang engine takes no image inputs": lambda: engine.generate(
+                ImagePrompt(text="x", images=(Image.new("RGB", (4, 4)),)), 1, DecodingParams()
+            ),
             "not bytes": lambda: engine.generate(b"\x89PNG", 1, DecodingParams()),
             "sampling.top_p": lambda: engine.generate("1", 1, DecodingParams(top_p=0.9)),
             "sampling.top_k": lambda: engine.generate("1", 1, DecodingParams(top_k=4)),
             "sampling.seed": lambda: engine.generate("1", 1, DecodingParams(seed=3)),
         }
+        assert "SGLang engine takes no image inputs" in engine.image_refusal  # the servicer's FAILED_PRECONDITION
         before = len(sgl.requests)
         for words, call in refused.items():
             with pytest.raises(UnsupportedRequest, match=words):

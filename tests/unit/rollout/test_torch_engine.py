@@ -258,3 +258,21 @@ def test_a_generation_cancelled_before_its_first_step_gives_no_result(engine: To
     with pytest.raises(GenerationCancelled) as raised:
         engine.generate_blocking(PROMPT, 2, DecodingParams(temperature=1.0, max_new_tokens=50, ignore_eos=True), cancel)
     assert raised.value.steps == 0  # it never joined the batch
+
+
+def test_policy_generation_ignore_eos_reaches_the_engine_through_the_request(engine: TorchEngine) -> None:
+    """policy.generation.ignore_eos, as the collector sends it and the rollout reads it, runs past sampled eos."""
+    from dockyard.config import GenerationConfig
+    from services.coordinator.collector import sampling_params
+    from services.rollout.decoding import decoding_from_proto
+
+    def sample(ignore_eos: bool) -> GenerationResult:
+        gen = GenerationConfig(temperature=5.0, max_new_tokens=48, ignore_eos=ignore_eos)
+        decoding = decoding_from_proto(sampling_params(gen, seed=0), max_new_tokens_ceiling=4096)
+        return engine.generate_blocking(PROMPT, 16, decoding)
+
+    eos = engine.tokenizer.eos_token_id
+    stopped, kept_going = sample(False), sample(True)
+    assert "eos" in {c.finish_reason for c in stopped.completions}
+    assert all(len(c.token_ids) == 48 and c.finish_reason == "length" for c in kept_going.completions)
+    assert any(eos in c.token_ids[:-1] for c in kept_going.completions)

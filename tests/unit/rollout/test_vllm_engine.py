@@ -21,7 +21,14 @@ import torch
 from dockyard.config import load_config_text
 from dockyard.models import build_char_tokenizer
 from dockyard.rpc.errors import FailedPrecondition
-from services.rollout.vllm_engine import VllmUnavailable, completion_from_vllm, engine_arguments, import_vllm
+from services.rollout.engine import ImagePrompt, UnsupportedRequest
+from services.rollout.vllm_engine import (
+    VllmEngine,
+    VllmUnavailable,
+    completion_from_vllm,
+    engine_arguments,
+    import_vllm,
+)
 from services.rollout.vllm_worker import WeightLoaderExtension, untruncated
 
 
@@ -145,3 +152,12 @@ def test_unknown_finish_reason_is_an_error_not_a_guess() -> None:
         ).finish_reason
         == "eos"
     )
+
+
+def test_image_prompts_are_refused_by_name() -> None:
+    from PIL import Image
+
+    engine = object.__new__(VllmEngine)  # no vLLM needed: the refusal comes before any engine call
+    assert "vLLM engine takes no image inputs" in engine.image_refusal
+    with pytest.raises(UnsupportedRequest, match="images: the vLLM engine takes no image inputs"):
+        engine.prompt_ids(ImagePrompt(text="x", images=(Image.new("RGB", (2, 2)),)))

@@ -49,7 +49,7 @@ def test_every_retried_method_exists_in_the_protos(table) -> None:
 def test_the_channel_retries_only_its_own_methods_and_only_on_unavailable() -> None:
     config = json.loads(channel_service_config("dockyard.buffer.v1.BufferService"))
     (method_config,) = config["methodConfig"]
-    assert {n["method"] for n in method_config["name"]} == {"GetStats"}
+    assert {n["method"] for n in method_config["name"]} == {"GetStats", "GetDataPlane"}
     assert method_config["retryPolicy"]["retryableStatusCodes"] == ["UNAVAILABLE"]
     assert json.loads(channel_service_config("dockyard.trainer.v1.TrainerService")) == {}
     assert json.loads(channel_service_config(None)) == {}

@@ -1,9 +1,8 @@
-"""Our pytest log parsers and grading agree with the swebench package's on real pytest logs.
+"""Log parsing and grading are the swebench package's own, called through services/sandbox/log_parsing.py.
 
 The logs come from running pytest for real on a module with every outcome: passes, failures
 (with and without " - " messages), setup and teardown errors, skips, xfails, xpasses, parametrized
-ids with spaces, slashes, brackets and dashes, class methods, printed output. swebench (a dev
-dependency) is imported here only, never by the service.
+ids with spaces, slashes, brackets and dashes, class methods, printed output.
 """
 
 from __future__ import annotations
@@ -15,9 +14,11 @@ import sys
 import pytest
 from swebench.harness import grading as swebench_grading
 from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS
+from swebench.harness.log_parsers import PARSER_REGISTRY
 from swebench.harness.log_parsers import python as swebench_parsers
 
 from services.sandbox import log_parsing
+from tests.conftest import REPO_ROOT
 
 SAMPLE = r"""
 import pytest
@@ -110,24 +111,26 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 @pytest.mark.parametrize(
     "name,reference",
     [
-        ("pytest", swebench_parsers.parse_log_pytest),
+        ("parse_log_pytest", swebench_parsers.parse_log_pytest),
         ("pytest_options", swebench_parsers.parse_log_pytest_options),
-        ("pytest_v2", swebench_parsers.parse_log_pytest_v2),
+        ("parse_log_pytest_v2", swebench_parsers.parse_log_pytest_v2),
     ],
 )
-def test_parsers_agree_with_swebench(logs, name, reference):
+def test_parse_log_is_swebenchs_parser(logs, name, reference, monkeypatch):
     for index, log in enumerate(logs):
         ours = log_parsing.parse_log(name, log)
         assert ours == reference(log, None)
-        if index < 3 or name == "pytest_v2":  # only v2 reads through colour codes
+        if index < 3 or name == "parse_log_pytest_v2":  # only v2 reads through colour codes
             assert len(ours) >= 20  # the log really has the outcomes
-    plain = log_parsing.parse_log(name, logs[0])
-    # -rA reports skips as "SKIPPED [n] file:line: reason": no test id, so no SKIPPED entry.
-    assert set(plain.values()) == {"PASSED", "FAILED", "ERROR", "XFAIL"}
+    # The call goes through swebench's registry, not a copy of it.
+    seen = []
+    key = log_parsing.ALIASES.get(name, name)
+    monkeypatch.setitem(PARSER_REGISTRY, key, lambda log, spec: seen.append((log, spec.log_parser)) or {"t": "PASSED"})
+    assert log_parsing.parse_log(name, "some log") == {"t": "PASSED"} and seen == [("some log", name)]
 
 
 def test_parsed_statuses_are_the_real_outcomes(logs):
-    statuses = log_parsing.parse_pytest(logs[0])
+    statuses = log_parsing.parse_log("parse_log_pytest", logs[0])
     assert statuses["tests/test_sample.py::test_pass"] == "PASSED"
     assert statuses["tests/test_sample.py::test_fail"] == "FAILED"
     assert statuses["tests/test_sample.py::test_setup_error"] == "ERROR"
@@ -137,42 +140,49 @@ def test_parsed_statuses_are_the_real_outcomes(logs):
     assert statuses["tests/test_two.py::test_other"] == "PASSED"
 
 
-def test_grading_agrees_with_swebench(logs):
+def test_grading_is_swebenchs(logs):
+    statuses = {**log_parsing.parse_log("pytest", logs[0]), "tests/test_sample.py::test_skip": "SKIPPED"}
+    ok, bad, skip = (
+        "tests/test_sample.py::test_pass",
+        "tests/test_sample.py::test_fail",
+        "tests/test_sample.py::test_skip",
+    )
+    xfail, gone = "tests/test_sample.py::test_xfail", "tests/test_sample.py::test_gone"
+    assert log_parsing.grade(statuses, [ok, xfail], [skip]).resolved  # XFAIL passes, SKIPPED is kept
+    for f2p, p2p in [([bad], [ok]), ([ok], [bad]), ([gone], []), ([skip], [])]:  # a missing or skipped F2P fails
+        assert not log_parsing.grade(statuses, f2p, p2p).resolved, (f2p, p2p)
     rng = random.Random(0)
-    for log in logs[:3]:
-        # Plus a SKIPPED entry (what `-rA` never names, other parsers do) to cover its grading rule.
-        statuses = {**log_parsing.parse_pytest(log), "tests/test_sample.py::test_skip": "SKIPPED"}
-        ids = sorted(statuses)
-        # Missing tests, and ids cut short inside their parameter brackets, as SWE-bench has them.
-        extra = [
-            "tests/test_sample.py::test_gone",
-            "tests/test_sample.py::test_param[a b",
-            "tests/test_sample.py::test_ids[d",
-        ]
-        for _ in range(200):
-            f2p = rng.sample(ids + extra, rng.randint(0, 4))
-            p2p = rng.sample(ids + extra, rng.randint(0, 6))
-            ours = log_parsing.grade(statuses, f2p, p2p)
-            report = swebench_grading.get_eval_tests_report(statuses, {FAIL_TO_PASS: f2p, PASS_TO_PASS: p2p})
-            assert ours.fail_to_pass_success == report[FAIL_TO_PASS]["success"]
-            assert ours.fail_to_pass_failure == report[FAIL_TO_PASS]["failure"]
-            assert ours.pass_to_pass_success == report[PASS_TO_PASS]["success"]
-            assert ours.pass_to_pass_failure == report[PASS_TO_PASS]["failure"]
-            full = swebench_grading.get_resolution_status(report) == "RESOLVED_FULL"
-            assert ours.resolved == full, (f2p, p2p)
+    ids = sorted(statuses) + [gone, "tests/test_sample.py::test_param[a b"]
+    for _ in range(100):
+        f2p, p2p = rng.sample(ids, rng.randint(0, 4)), rng.sample(ids, rng.randint(0, 6))
+        ours = log_parsing.grade(statuses, f2p, p2p)
+        report = swebench_grading.get_eval_tests_report(statuses, {FAIL_TO_PASS: f2p, PASS_TO_PASS: p2p})
+        assert (ours.fail_to_pass_success, ours.pass_to_pass_failure) == (
+            report[FAIL_TO_PASS]["success"],
+            report[PASS_TO_PASS]["failure"],
+        )
+        assert ours.resolved == (swebench_grading.get_resolution_status(report) == "RESOLVED_FULL")
 
 
 def test_unknown_parser_is_named():
-    with pytest.raises(KeyError, match="pytest_v2"):
+    with pytest.raises(KeyError, match="parse_log_pytest_v2"):
         log_parsing.parse_log("nope", "")
+    with pytest.raises(ValueError, match="parse_log_junit.*PARSER_REGISTRY"):
+        log_parsing.parser_for("parse_log_junit", "o/r")
 
 
-def test_swebench_names_map_to_the_same_parsers():
-    for name, key in log_parsing.SWEBENCH_PARSERS.items():
-        assert getattr(swebench_parsers, name).__name__ == name and key in log_parsing.PARSERS
-        assert log_parsing.parser_for(name, "o/r") == key
-    mapped = {repo: parser.__name__ for repo, parser in swebench_parsers.MAP_REPO_TO_PARSER_PY.items()}
-    assert log_parsing.REPO_PARSERS == mapped
-    assert log_parsing.parser_for(None, "o/r") == "pytest"
-    with pytest.raises(ValueError, match=r"parse_log_sympy.*sympy/sympy"):
-        log_parsing.parser_for(None, "sympy/sympy")
+def test_parser_names_and_repository_defaults_are_swebenchs():
+    for name in ("parse_log_django", "parse_log_sympy", "parse_log_gotest"):  # swebench's, whatever the language
+        assert log_parsing.parser_for(name, "o/r") == name
+    for repo, parser in swebench_parsers.MAP_REPO_TO_PARSER_PY.items():
+        assert PARSER_REGISTRY[log_parsing.parser_for(None, repo)] is parser
+    assert log_parsing.parser_for(None, "o/r") == "parse_log_pytest"
+
+
+def test_a_sandbox_worker_starts_without_importing_swebench() -> None:
+    # swebench pulls in `datasets` (seconds of import): only a worker that grades an instance pays it.
+    names = ("services.sandbox.log_parsing", "swebench", "datasets")
+    code = f"import sys, services.sandbox.servicer; print([m in sys.modules for m in {names}])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT).stdout
+    assert out.strip() == "[True, False, False]"  # the servicer loads this module, not what it wraps
+    assert log_parsing.parser_for(None, "psf/requests") in PARSER_REGISTRY  # and it loads when asked

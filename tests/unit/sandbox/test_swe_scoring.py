@@ -124,7 +124,7 @@ async def test_an_empty_test_patch_skips_that_step(backend, tmp_path):
 async def test_swe_bench_rows_load_and_score_as_they_are(backend, tmp_path):
     row = make_task_set(tmp_path, repo="https://github.com/o/r.git")
     instance = TaskSets(str(tmp_path)).instance("set", row["instance_id"])
-    assert (instance.repo, instance.log_parser, instance.requirements) == ("o/r", "pytest", [])
+    assert (instance.repo, instance.log_parser, instance.requirements) == ("o/r", "parse_log_pytest", [])
     assert instance.fail_to_pass == F2P and instance.pass_to_pass == [*P2P, many(0)[-1]]
     assert instance.test_cmd == ["pytest", "-rA", "--tb=no", "-p", "no:cacheprovider", TEST_FILE]
     scorer = scorer_for(backend, tmp_path)
@@ -137,15 +137,16 @@ async def test_swe_bench_rows_load_and_score_as_they_are(backend, tmp_path):
 @pytest.mark.parametrize(
     "changes,parser",
     [
-        ({"log_parser": "parse_log_pytest"}, "pytest"),
-        ({"log_parser": "parse_log_pytest_v2"}, "pytest_v2"),
-        ({"log_parser": "parse_log_pytest_options"}, "pytest_options"),
-        ({"repo": "git@github.com:psf/requests.git"}, "pytest_options"),
-        ({"repo": "scikit-learn/scikit-learn", "FAIL_TO_PASS": F2P}, "pytest_v2"),
+        ({"log_parser": "parse_log_pytest"}, "parse_log_pytest"),
+        ({"log_parser": "pytest_v2"}, "parse_log_pytest_v2"),
+        ({"log_parser": "parse_log_django"}, "parse_log_django"),
+        ({"repo": "git@github.com:psf/requests.git"}, "parse_log_pytest_options"),
+        ({"repo": "scikit-learn/scikit-learn", "FAIL_TO_PASS": F2P}, "parse_log_pytest_v2"),
     ],
 )
 def test_swe_bench_parser_names_and_repository_defaults(tmp_path, changes, parser):
-    row = {**_row(), **changes}
+    # dockyard's own test_cmd: the row runs as it says, not as swebench's spec for the repo would.
+    row = {**_row(), "test_cmd": "pytest -rA", **changes}
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / "instances.jsonl").write_text(json.dumps(row) + "\n")
     assert TaskSets(str(tmp_path)).instance("s", "x-1").log_parser == parser
@@ -154,8 +155,9 @@ def test_swe_bench_parser_names_and_repository_defaults(tmp_path, changes, parse
 @pytest.mark.parametrize(
     "changes,words",
     [
-        ({"log_parser": "parse_log_django"}, ["'x-1'", "log_parser", "parse_log_django"]),
-        ({"repo": "django/django"}, ["'x-1'", "log_parser", "parse_log_django", "django/django"]),
+        ({"log_parser": "parse_log_junit"}, ["'x-1'", "log_parser", "parse_log_junit", "PARSER_REGISTRY"]),
+        ({"repo": "django/django"}, ["'x-1'", "django/django", "version '1.0'", "its versions"]),
+        ({"repo": "pallets/flask", "version": "3.0"}, ["'x-1'", "pallets/flask", "mirror", "does not exist"]),
         ({"repo": "not a repo"}, ["'x-1'", "repo"]),
         ({"FAIL_TO_PASS": "[not json"}, ["'x-1'", "JSON"]),
     ],

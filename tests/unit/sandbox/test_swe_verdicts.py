@@ -33,7 +33,7 @@ def test_instance_fields():
     with pytest.raises(ValueError, match="FAIL_TO_PASS is empty"):
         SweInstance.from_dict({**_raw(), "FAIL_TO_PASS": []})
     with pytest.raises(ValueError, match="log_parser"):
-        SweInstance.from_dict({**_raw(), "log_parser": "junit"})
+        SweInstance.from_dict({**_raw(), "log_parser": "parse_log_junit"})
     with pytest.raises(ValueError, match="base_commit"):
         SweInstance.from_dict({**_raw(), "base_commit": "HEAD; rm -rf /"})
 

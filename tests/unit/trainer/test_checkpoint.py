@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from dockyard.config import ConfigError, load_config_text
+from dockyard.export.hf_export import ExportError, export_hf
 from services.trainer import checkpoint
 from services.trainer.experience import Sample, TrainingGroup
 from services.trainer.policy import PolicyTrainer
@@ -55,7 +56,12 @@ def trainer(folder: Path, overrides: list[str] | None = None) -> PolicyTrainer:
     return PolicyTrainer(load_config_text(CONFIG.replace("CKPT", str(folder)), overrides), checkpoint_dir=folder)
 
 
-@pytest.mark.parametrize("overrides", [[], LORA], ids=["full", "lora"])
+# torch.distributed.checkpoint shards (one rank here; tests/unit/trainer/test_sharded_ranks.py: two).
+SHARDED = ["checkpointing.format=sharded"]
+SHARDED_ASYNC = [*SHARDED, "checkpointing.async_save=true"]
+
+
+@pytest.mark.parametrize("overrides", [[], LORA, SHARDED, SHARDED_ASYNC], ids=["full", "lora", "sharded", "async"])
 def test_stop_and_resume_gives_the_uninterrupted_next_step(tmp_path: Path, overrides: list[str]) -> None:
     k = 3
     straight = trainer(tmp_path / "a", overrides)
@@ -65,9 +71,20 @@ def test_stop_and_resume_gives_the_uninterrupted_next_step(tmp_path: Path, overr
     first = trainer(tmp_path / "b", overrides)
     for s in range(1, k + 1):
         assert first.train_step(batch(s))["loss"] == losses[s - 1]
+    saved = {name: tensor.clone() for name, tensor in first.named_weights()}
     first.save(tmp_path / "b" / f"step-{k}", {"pass_rate": 0.5}, data_state='{"tasks_drawn": 3}')
-    first.train_step(batch(k + 1))  # work after the checkpoint is lost with the process
+    first.train_step(batch(k + 1))  # work after the checkpoint is lost with the process (async: while it is written)
+    first.close()  # as the trainer does when the job is unloaded: a save in flight finishes
     del first
+    if "checkpointing.format=sharded" in overrides:
+        # Shards only, no HF weights; the export is the model as it was at the save, tensor for tensor.
+        assert not list((tmp_path / "b" / f"step-{k}").glob("*.safetensors"))
+        exported = export_hf(tmp_path / "b" / f"step-{k}", tmp_path / "hf")
+        loaded = AutoModelForCausalLM.from_pretrained(exported)
+        assert not (exported / "trainer_state.pt").exists()
+        assert [name for name, _ in loaded.named_parameters()] == list(saved)
+        for name, tensor in loaded.named_parameters():
+            assert tensor.dtype == saved[name].dtype and torch.equal(tensor, saved[name]), name
 
     resumed = trainer(tmp_path / "b", overrides)
     assert resumed.resumed_from == tmp_path / "b" / f"step-{k}"
@@ -77,7 +94,7 @@ def test_stop_and_resume_gives_the_uninterrupted_next_step(tmp_path: Path, overr
     assert resumed.train_step(batch(k + 2))["loss"] == losses[k + 1]
     for (name, a), (_, b) in zip(straight.named_weights(), resumed.named_weights(), strict=True):
         assert torch.equal(a, b), name
-    if overrides:  # the adapter of the checkpoint must fit the configured one
+    if overrides == LORA:  # the adapter of the checkpoint must fit the configured one
         with pytest.raises(ConfigError, match="policy.lora"):
             trainer(tmp_path / "b", [*overrides, "policy.lora.rank=8"])
 
@@ -121,7 +138,7 @@ def crash_mid_delete(monkeypatch) -> None:
 
 
 def with_weights(tmp: Path) -> None:
-    tmp.mkdir()
+    assert tmp.is_dir() and not any(tmp.iterdir())  # a fresh, empty staging folder
     (tmp / "model.safetensors").write_bytes(b"weights")
 
 
@@ -143,7 +160,7 @@ def test_a_crash_deleting_a_checkpoint_never_leaves_a_partial_one_that_counts(tm
 def test_retention_keeps_the_best_k_and_the_latest(tmp_path: Path) -> None:
     for step, rate in [(1, 0.2), (2, 0.9), (3, None), (4, 0.5), (5, 0.1)]:
         metrics = {} if rate is None else {"pass_rate": rate}
-        checkpoint.write_atomically(tmp_path / f"step-{step}", lambda tmp: tmp.mkdir(), {"metrics": metrics})
+        checkpoint.write_atomically(tmp_path / f"step-{step}", lambda tmp: None, {"metrics": metrics})
     removed = checkpoint.retain(tmp_path, 2, "pass_rate", higher_is_better=True)
     assert sorted(p.name for p in removed) == ["step-1", "step-3"]
     assert [c.step for c in checkpoint.complete_checkpoints(tmp_path)] == [2, 4, 5]
@@ -177,3 +194,46 @@ def test_packing_needs_token_reduction() -> None:
     overrides = ["policy.max_tokens_per_micro_batch=64", "policy.sequence_packing=true", "loss_fn.reduction=sequence"]
     with pytest.raises(ConfigError, match="reduction=token"):
         load_config_text(text, overrides)
+
+
+def test_an_async_save_goes_through_async_save_and_is_published_on_close(tmp_path: Path, monkeypatch) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    policy = trainer(tmp_path, SHARDED_ASYNC)
+    policy.train_step(batch(1))
+    written = []
+    real = dcp.async_save
+
+    def recorded(state, **kwargs):  # the background path, not dcp.save, wrote the shards
+        future = real(state, **kwargs)
+        written.append(future)
+        return future
+
+    monkeypatch.setattr(dcp, "async_save", recorded)
+    policy.save(tmp_path / "step-1")
+    policy.close()
+    assert written and checkpoint.latest(tmp_path).step == 1
+    with pytest.raises(ExportError, match="exists"):
+        export_hf(tmp_path / "step-1", tmp_path)
+    with pytest.raises(ExportError, match="no config.json"):
+        export_hf(tmp_path / "nothing", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_async_write_is_raised_and_never_counts(tmp_path: Path, monkeypatch) -> None:
+    from concurrent.futures import Future
+
+    import torch.distributed.checkpoint as dcp
+
+    def failing(state, **kwargs):
+        future = Future()
+        future.set_exception(OSError("disk full"))
+        return future
+
+    policy = trainer(tmp_path, SHARDED_ASYNC)
+    policy.train_step(batch(1))
+    monkeypatch.setattr(dcp, "async_save", failing)
+    policy.save(tmp_path / "step-1")
+    with pytest.raises(RuntimeError, match="disk full"):
+        policy.close()
+    assert checkpoint.latest(tmp_path) is None  # only the staging folder, which nothing reads

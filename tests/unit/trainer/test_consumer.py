@@ -47,11 +47,21 @@ class FakeBuffer:
             raise reply
         return reply
 
-    async def ReclaimGroups(self, request, timeout=None):
-        return await self._answer("ReclaimGroups", request, buffer_pb2.ReclaimGroupsResponse())
+    async def _stream(self, method: str, request: object, default: object):
+        """The scripted reply as the buffer streams it: each group's bytes, then the closing chunk."""
+        reply = await self._answer(method, request, default)
+        for g in reply.groups:
+            yield buffer_pb2.SampleGroupsStreamResponse(group=g.SerializeToString())
+        yield buffer_pb2.SampleGroupsStreamResponse(dropped_stale=reply.dropped_stale, done=True)
 
-    async def SampleGroups(self, request, timeout=None):
-        return await self._answer("SampleGroups", request, buffer_pb2.SampleGroupsResponse())
+    async def GetDataPlane(self, request, timeout=None):
+        return buffer_pb2.GetDataPlaneResponse()  # none: payloads come in the stream
+
+    def ReclaimGroupsStream(self, request, timeout=None):
+        return self._stream("ReclaimGroups", request, buffer_pb2.ReclaimGroupsResponse())
+
+    def SampleGroupsStream(self, request, timeout=None):
+        return self._stream("SampleGroups", request, buffer_pb2.SampleGroupsResponse())
 
     async def AckGroups(self, request, timeout=None):
         return await self._answer("AckGroups", request, buffer_pb2.AckGroupsResponse(acked=len(request.group_ids)))

@@ -9,7 +9,8 @@ from dockyard.api.common.v1 import common_pb2
 from dockyard.config import load_config_text
 from services.trainer.batch import BatchError, build_batch, validate_groups
 from services.trainer.experience import Sample, Segment, TrainingGroup
-from services.trainer.policy import PolicyTrainer, trajectory_advantages
+from services.trainer.minibatches import trajectory_advantages
+from services.trainer.policy import PolicyTrainer
 from services.trainer.requests import training_group
 from tests.unit.trainer.test_policy import CONFIG
 

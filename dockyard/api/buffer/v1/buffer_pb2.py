@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from dockyard.api.common.v1 import common_pb2 as dockyard_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x64ockyard/buffer/v1/buffer.proto\x12\x12\x64ockyard.buffer.v1\x1a\x1f\x64ockyard/common/v1/common.proto\"\x8c\x01\n\x0eOpenJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nmax_groups\x18\x02 \x01(\x05\x12 \n\x18max_trajectory_age_steps\x18\x03 \x01(\x05\x12\x1e\n\x11rewind_to_version\x18\x04 \x01(\x03H\x00\x88\x01\x01\x42\x14\n\x12_rewind_to_version\"\x11\n\x0fOpenJobResponse\"!\n\x0f\x43loseJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x12\n\x10\x43loseJobResponse\";\n\x0fPutGroupRequest\x12(\n\x05group\x18\x01 \x01(\x0b\x32\x19.dockyard.common.v1.Group\"<\n\x10PutGroupResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12\x15\n\rdropped_stale\x18\x02 \x01(\x08\"a\n\x13SampleGroupsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0ctrainer_step\x18\x02 \x01(\x03\x12\x12\n\nmax_groups\x18\x03 \x01(\x05\x12\x10\n\x08\x63onsumer\x18\x04 \x01(\t\"X\n\x14SampleGroupsResponse\x12)\n\x06groups\x18\x01 \x03(\x0b\x32\x19.dockyard.common.v1.Group\x12\x15\n\rdropped_stale\x18\x02 \x01(\x05\"|\n\x14ReclaimGroupsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0ctrainer_step\x18\x02 \x01(\x03\x12\x12\n\nmax_groups\x18\x03 \x01(\x05\x12\x10\n\x08\x63onsumer\x18\x04 \x01(\t\x12\x18\n\x10min_idle_seconds\x18\x05 \x01(\x01\"Y\n\x15ReclaimGroupsResponse\x12)\n\x06groups\x18\x01 \x03(\x0b\x32\x19.dockyard.common.v1.Group\x12\x15\n\rdropped_stale\x18\x02 \x01(\x05\"M\n\x10\x41\x63kGroupsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tgroup_ids\x18\x02 \x03(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\"\"\n\x11\x41\x63kGroupsResponse\x12\r\n\x05\x61\x63ked\x18\x01 \x01(\x05\"!\n\x0fGetStatsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x89\x03\n\x10GetStatsResponse\x12\x0c\n\x04held\x18\x01 \x01(\x03\x12\x0f\n\x07pending\x18\x02 \x01(\x03\x12\r\n\x05\x61\x63ked\x18\x03 \x01(\x03\x12\x15\n\rdropped_stale\x18\x04 \x01(\x03\x12\x0c\n\x04puts\x18\x05 \x01(\x03\x12\x16\n\x0e\x64uplicate_puts\x18\x06 \x01(\x03\x12\x11\n\treclaimed\x18\x07 \x01(\x03\x12\x16\n\x0elatest_version\x18\x08 \x01(\x03\x12\x12\n\nmax_groups\x18\t \x01(\x05\x12 \n\x18max_trajectory_age_steps\x18\n \x01(\x05\x12\x10\n\x08put_rate\x18\x0b \x01(\x01\x12\x13\n\x0bsample_rate\x18\x0c \x01(\x01\x12M\n\rage_histogram\x18\r \x03(\x0b\x32\x36.dockyard.buffer.v1.GetStatsResponse.AgeHistogramEntry\x1a\x33\n\x11\x41geHistogramEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\x8b\x05\n\rBufferService\x12R\n\x07OpenJob\x12\".dockyard.buffer.v1.OpenJobRequest\x1a#.dockyard.buffer.v1.OpenJobResponse\x12U\n\x08\x43loseJob\x12#.dockyard.buffer.v1.CloseJobRequest\x1a$.dockyard.buffer.v1.CloseJobResponse\x12U\n\x08PutGroup\x12#.dockyard.buffer.v1.PutGroupRequest\x1a$.dockyard.buffer.v1.PutGroupResponse\x12\x61\n\x0cSampleGroups\x12\'.dockyard.buffer.v1.SampleGroupsRequest\x1a(.dockyard.buffer.v1.SampleGroupsResponse\x12\x64\n\rReclaimGroups\x12(.dockyard.buffer.v1.ReclaimGroupsRequest\x1a).dockyard.buffer.v1.ReclaimGroupsResponse\x12X\n\tAckGroups\x12$.dockyard.buffer.v1.AckGroupsRequest\x1a%.dockyard.buffer.v1.AckGroupsResponse\x12U\n\x08GetStats\x12#.dockyard.buffer.v1.GetStatsRequest\x1a$.dockyard.buffer.v1.GetStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x64ockyard/buffer/v1/buffer.proto\x12\x12\x64ockyard.buffer.v1\x1a\x1f\x64ockyard/common/v1/common.proto\"\x8c\x01\n\x0eOpenJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nmax_groups\x18\x02 \x01(\x05\x12 \n\x18max_trajectory_age_steps\x18\x03 \x01(\x05\x12\x1e\n\x11rewind_to_version\x18\x04 \x01(\x03H\x00\x88\x01\x01\x42\x14\n\x12_rewind_to_version\"\x11\n\x0fOpenJobResponse\"!\n\x0f\x43loseJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x12\n\x10\x43loseJobResponse\"g\n\x0fPutGroupRequest\x12(\n\x05group\x18\x01 \x01(\x0b\x32\x19.dockyard.common.v1.Group\x12\x13\n\x0bpayload_key\x18\x02 \x01(\t\x12\x15\n\rpayload_bytes\x18\x03 \x01(\x03\"R\n\x15PutGroupStreamRequest\x12(\n\x05group\x18\x01 \x01(\x0b\x32\x19.dockyard.common.v1.Group\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"<\n\x10PutGroupResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12\x15\n\rdropped_stale\x18\x02 \x01(\x08\"B\n\x16PutGroupStreamResponse\x12\x11\n\tduplicate\x18\x01 \x01(\x08\x12\x15\n\rdropped_stale\x18\x02 \x01(\x08\"a\n\x13SampleGroupsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0ctrainer_step\x18\x02 \x01(\x03\x12\x12\n\nmax_groups\x18\x03 \x01(\x05\x12\x10\n\x08\x63onsumer\x18\x04 \x01(\t\"X\n\x14SampleGroupsResponse\x12)\n\x06groups\x18\x01 \x03(\x0b\x32\x19.dockyard.common.v1.Group\x12\x15\n\rdropped_stale\x18\x02 \x01(\x05\"\x85\x01\n\x19SampleGroupsStreamRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0ctrainer_step\x18\x02 \x01(\x03\x12\x12\n\nmax_groups\x18\x03 \x01(\x05\x12\x10\n\x08\x63onsumer\x18\x04 \x01(\t\x12\x1c\n\x14payload_by_reference\x18\x05 \x01(\x08\"v\n\x1aSampleGroupsStreamResponse\x12\r\n\x05group\x18\x01 \x01(\x0c\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x15\n\rdropped_stale\x18\x03 \x01(\x05\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12\x13\n\x0bpayload_key\x18\x05 \x01(\t\"|\n\x14ReclaimGroupsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0ctrainer_step\x18\x02 \x01(\x03\x12\x12\n\nmax_groups\x18\x03 \x01(\x05\x12\x10\n\x08\x63onsumer\x18\x04 \x01(\t\x12\x18\n\x10min_idle_seconds\x18\x05 \x01(\x01\"Y\n\x15ReclaimGroupsResponse\x12)\n\x06groups\x18\x01 \x03(\x0b\x32\x19.dockyard.common.v1.Group\x12\x15\n\rdropped_stale\x18\x02 \x01(\x05\"M\n\x10\x41\x63kGroupsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tgroup_ids\x18\x02 \x03(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\"\"\n\x11\x41\x63kGroupsResponse\x12\r\n\x05\x61\x63ked\x18\x01 \x01(\x05\"\xa0\x01\n\x1aReclaimGroupsStreamRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x14\n\x0ctrainer_step\x18\x02 \x01(\x03\x12\x12\n\nmax_groups\x18\x03 \x01(\x05\x12\x10\n\x08\x63onsumer\x18\x04 \x01(\t\x12\x18\n\x10min_idle_seconds\x18\x05 \x01(\x01\x12\x1c\n\x14payload_by_reference\x18\x06 \x01(\x08\"w\n\x1bReclaimGroupsStreamResponse\x12\r\n\x05group\x18\x01 \x01(\x0c\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x15\n\rdropped_stale\x18\x03 \x01(\x05\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12\x13\n\x0bpayload_key\x18\x05 \x01(\t\"!\n\x0fGetStatsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x89\x03\n\x10GetStatsResponse\x12\x0c\n\x04held\x18\x01 \x01(\x03\x12\x0f\n\x07pending\x18\x02 \x01(\x03\x12\r\n\x05\x61\x63ked\x18\x03 \x01(\x03\x12\x15\n\rdropped_stale\x18\x04 \x01(\x03\x12\x0c\n\x04puts\x18\x05 \x01(\x03\x12\x16\n\x0e\x64uplicate_puts\x18\x06 \x01(\x03\x12\x11\n\treclaimed\x18\x07 \x01(\x03\x12\x16\n\x0elatest_version\x18\x08 \x01(\x03\x12\x12\n\nmax_groups\x18\t \x01(\x05\x12 \n\x18max_trajectory_age_steps\x18\n \x01(\x05\x12\x10\n\x08put_rate\x18\x0b \x01(\x01\x12\x13\n\x0bsample_rate\x18\x0c \x01(\x01\x12M\n\rage_histogram\x18\r \x03(\x0b\x32\x36.dockyard.buffer.v1.GetStatsResponse.AgeHistogramEntry\x1a\x33\n\x11\x41geHistogramEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x15\n\x13GetDataPlaneRequest\"\x92\x01\n\x14GetDataPlaneResponse\x12\x11\n\tredis_url\x18\x01 \x01(\t\x12\x12\n\nkey_prefix\x18\x02 \x01(\t\x12\x1b\n\x13staging_ttl_seconds\x18\x03 \x01(\x05\x12\x1d\n\x15max_trajectory_tokens\x18\x04 \x01(\x05\x12\x17\n\x0fmax_group_bytes\x18\x05 \x01(\x03\x32\xca\x08\n\rBufferService\x12R\n\x07OpenJob\x12\".dockyard.buffer.v1.OpenJobRequest\x1a#.dockyard.buffer.v1.OpenJobResponse\x12U\n\x08\x43loseJob\x12#.dockyard.buffer.v1.CloseJobRequest\x1a$.dockyard.buffer.v1.CloseJobResponse\x12U\n\x08PutGroup\x12#.dockyard.buffer.v1.PutGroupRequest\x1a$.dockyard.buffer.v1.PutGroupResponse\x12\x61\n\x0cSampleGroups\x12\'.dockyard.buffer.v1.SampleGroupsRequest\x1a(.dockyard.buffer.v1.SampleGroupsResponse\x12\x64\n\rReclaimGroups\x12(.dockyard.buffer.v1.ReclaimGroupsRequest\x1a).dockyard.buffer.v1.ReclaimGroupsResponse\x12X\n\tAckGroups\x12$.dockyard.buffer.v1.AckGroupsRequest\x1a%.dockyard.buffer.v1.AckGroupsResponse\x12U\n\x08GetStats\x12#.dockyard.buffer.v1.GetStatsRequest\x1a$.dockyard.buffer.v1.GetStatsResponse\x12i\n\x0ePutGroupStream\x12).dockyard.buffer.v1.PutGroupStreamRequest\x1a*.dockyard.buffer.v1.PutGroupStreamResponse(\x01\x12u\n\x12SampleGroupsStream\x12-.dockyard.buffer.v1.SampleGroupsStreamRequest\x1a..dockyard.buffer.v1.SampleGroupsStreamResponse0\x01\x12x\n\x13ReclaimGroupsStream\x12..dockyard.buffer.v1.ReclaimGroupsStreamRequest\x1a/.dockyard.buffer.v1.ReclaimGroupsStreamResponse0\x01\x12\x61\n\x0cGetDataPlane\x12\'.dockyard.buffer.v1.GetDataPlaneRequest\x1a(.dockyard.buffer.v1.GetDataPlaneResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,27 +43,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLOSEJOBRESPONSE']._serialized_start=285
   _globals['_CLOSEJOBRESPONSE']._serialized_end=303
   _globals['_PUTGROUPREQUEST']._serialized_start=305
-  _globals['_PUTGROUPREQUEST']._serialized_end=364
-  _globals['_PUTGROUPRESPONSE']._serialized_start=366
-  _globals['_PUTGROUPRESPONSE']._serialized_end=426
-  _globals['_SAMPLEGROUPSREQUEST']._serialized_start=428
-  _globals['_SAMPLEGROUPSREQUEST']._serialized_end=525
-  _globals['_SAMPLEGROUPSRESPONSE']._serialized_start=527
-  _globals['_SAMPLEGROUPSRESPONSE']._serialized_end=615
-  _globals['_RECLAIMGROUPSREQUEST']._serialized_start=617
-  _globals['_RECLAIMGROUPSREQUEST']._serialized_end=741
-  _globals['_RECLAIMGROUPSRESPONSE']._serialized_start=743
-  _globals['_RECLAIMGROUPSRESPONSE']._serialized_end=832
-  _globals['_ACKGROUPSREQUEST']._serialized_start=834
-  _globals['_ACKGROUPSREQUEST']._serialized_end=911
-  _globals['_ACKGROUPSRESPONSE']._serialized_start=913
-  _globals['_ACKGROUPSRESPONSE']._serialized_end=947
-  _globals['_GETSTATSREQUEST']._serialized_start=949
-  _globals['_GETSTATSREQUEST']._serialized_end=982
-  _globals['_GETSTATSRESPONSE']._serialized_start=985
-  _globals['_GETSTATSRESPONSE']._serialized_end=1378
-  _globals['_GETSTATSRESPONSE_AGEHISTOGRAMENTRY']._serialized_start=1327
-  _globals['_GETSTATSRESPONSE_AGEHISTOGRAMENTRY']._serialized_end=1378
-  _globals['_BUFFERSERVICE']._serialized_start=1381
-  _globals['_BUFFERSERVICE']._serialized_end=2032
+  _globals['_PUTGROUPREQUEST']._serialized_end=408
+  _globals['_PUTGROUPSTREAMREQUEST']._serialized_start=410
+  _globals['_PUTGROUPSTREAMREQUEST']._serialized_end=492
+  _globals['_PUTGROUPRESPONSE']._serialized_start=494
+  _globals['_PUTGROUPRESPONSE']._serialized_end=554
+  _globals['_PUTGROUPSTREAMRESPONSE']._serialized_start=556
+  _globals['_PUTGROUPSTREAMRESPONSE']._serialized_end=622
+  _globals['_SAMPLEGROUPSREQUEST']._serialized_start=624
+  _globals['_SAMPLEGROUPSREQUEST']._serialized_end=721
+  _globals['_SAMPLEGROUPSRESPONSE']._serialized_start=723
+  _globals['_SAMPLEGROUPSRESPONSE']._serialized_end=811
+  _globals['_SAMPLEGROUPSSTREAMREQUEST']._serialized_start=814
+  _globals['_SAMPLEGROUPSSTREAMREQUEST']._serialized_end=947
+  _globals['_SAMPLEGROUPSSTREAMRESPONSE']._serialized_start=949
+  _globals['_SAMPLEGROUPSSTREAMRESPONSE']._serialized_end=1067
+  _globals['_RECLAIMGROUPSREQUEST']._serialized_start=1069
+  _globals['_RECLAIMGROUPSREQUEST']._serialized_end=1193
+  _globals['_RECLAIMGROUPSRESPONSE']._serialized_start=1195
+  _globals['_RECLAIMGROUPSRESPONSE']._serialized_end=1284
+  _globals['_ACKGROUPSREQUEST']._serialized_start=1286
+  _globals['_ACKGROUPSREQUEST']._serialized_end=1363
+  _globals['_ACKGROUPSRESPONSE']._serialized_start=1365
+  _globals['_ACKGROUPSRESPONSE']._serialized_end=1399
+  _globals['_RECLAIMGROUPSSTREAMREQUEST']._serialized_start=1402
+  _globals['_RECLAIMGROUPSSTREAMREQUEST']._serialized_end=1562
+  _globals['_RECLAIMGROUPSSTREAMRESPONSE']._serialized_start=1564
+  _globals['_RECLAIMGROUPSSTREAMRESPONSE']._serialized_end=1683
+  _globals['_GETSTATSREQUEST']._serialized_start=1685
+  _globals['_GETSTATSREQUEST']._serialized_end=1718
+  _globals['_GETSTATSRESPONSE']._serialized_start=1721
+  _globals['_GETSTATSRESPONSE']._serialized_end=2114
+  _globals['_GETSTATSRESPONSE_AGEHISTOGRAMENTRY']._serialized_start=2063
+  _globals['_GETSTATSRESPONSE_AGEHISTOGRAMENTRY']._serialized_end=2114
+  _globals['_GETDATAPLANEREQUEST']._serialized_start=2116
+  _globals['_GETDATAPLANEREQUEST']._serialized_end=2137
+  _globals['_GETDATAPLANERESPONSE']._serialized_start=2140
+  _globals['_GETDATAPLANERESPONSE']._serialized_end=2286
+  _globals['_BUFFERSERVICE']._serialized_start=2289
+  _globals['_BUFFERSERVICE']._serialized_end=3387
 # @@protoc_insertion_point(module_scope)

@@ -34,12 +34,32 @@ class CloseJobResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class PutGroupRequest(_message.Message):
-    __slots__ = ("group",)
+    __slots__ = ("group", "payload_key", "payload_bytes")
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_KEY_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     group: _common_pb2.Group
-    def __init__(self, group: _Optional[_Union[_common_pb2.Group, _Mapping]] = ...) -> None: ...
+    payload_key: str
+    payload_bytes: int
+    def __init__(self, group: _Optional[_Union[_common_pb2.Group, _Mapping]] = ..., payload_key: _Optional[str] = ..., payload_bytes: _Optional[int] = ...) -> None: ...
+
+class PutGroupStreamRequest(_message.Message):
+    __slots__ = ("group", "payload")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    group: _common_pb2.Group
+    payload: bytes
+    def __init__(self, group: _Optional[_Union[_common_pb2.Group, _Mapping]] = ..., payload: _Optional[bytes] = ...) -> None: ...
 
 class PutGroupResponse(_message.Message):
+    __slots__ = ("duplicate", "dropped_stale")
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_STALE_FIELD_NUMBER: _ClassVar[int]
+    duplicate: bool
+    dropped_stale: bool
+    def __init__(self, duplicate: _Optional[bool] = ..., dropped_stale: _Optional[bool] = ...) -> None: ...
+
+class PutGroupStreamResponse(_message.Message):
     __slots__ = ("duplicate", "dropped_stale")
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     DROPPED_STALE_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +86,34 @@ class SampleGroupsResponse(_message.Message):
     groups: _containers.RepeatedCompositeFieldContainer[_common_pb2.Group]
     dropped_stale: int
     def __init__(self, groups: _Optional[_Iterable[_Union[_common_pb2.Group, _Mapping]]] = ..., dropped_stale: _Optional[int] = ...) -> None: ...
+
+class SampleGroupsStreamRequest(_message.Message):
+    __slots__ = ("job_id", "trainer_step", "max_groups", "consumer", "payload_by_reference")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_STEP_FIELD_NUMBER: _ClassVar[int]
+    MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BY_REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    trainer_step: int
+    max_groups: int
+    consumer: str
+    payload_by_reference: bool
+    def __init__(self, job_id: _Optional[str] = ..., trainer_step: _Optional[int] = ..., max_groups: _Optional[int] = ..., consumer: _Optional[str] = ..., payload_by_reference: _Optional[bool] = ...) -> None: ...
+
+class SampleGroupsStreamResponse(_message.Message):
+    __slots__ = ("group", "payload", "dropped_stale", "done", "payload_key")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_STALE_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_KEY_FIELD_NUMBER: _ClassVar[int]
+    group: bytes
+    payload: bytes
+    dropped_stale: int
+    done: bool
+    payload_key: str
+    def __init__(self, group: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., dropped_stale: _Optional[int] = ..., done: _Optional[bool] = ..., payload_key: _Optional[str] = ...) -> None: ...
 
 class ReclaimGroupsRequest(_message.Message):
     __slots__ = ("job_id", "trainer_step", "max_groups", "consumer", "min_idle_seconds")
@@ -104,6 +152,36 @@ class AckGroupsResponse(_message.Message):
     ACKED_FIELD_NUMBER: _ClassVar[int]
     acked: int
     def __init__(self, acked: _Optional[int] = ...) -> None: ...
+
+class ReclaimGroupsStreamRequest(_message.Message):
+    __slots__ = ("job_id", "trainer_step", "max_groups", "consumer", "min_idle_seconds", "payload_by_reference")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_STEP_FIELD_NUMBER: _ClassVar[int]
+    MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    MIN_IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BY_REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    trainer_step: int
+    max_groups: int
+    consumer: str
+    min_idle_seconds: float
+    payload_by_reference: bool
+    def __init__(self, job_id: _Optional[str] = ..., trainer_step: _Optional[int] = ..., max_groups: _Optional[int] = ..., consumer: _Optional[str] = ..., min_idle_seconds: _Optional[float] = ..., payload_by_reference: _Optional[bool] = ...) -> None: ...
+
+class ReclaimGroupsStreamResponse(_message.Message):
+    __slots__ = ("group", "payload", "dropped_stale", "done", "payload_key")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_STALE_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_KEY_FIELD_NUMBER: _ClassVar[int]
+    group: bytes
+    payload: bytes
+    dropped_stale: int
+    done: bool
+    payload_key: str
+    def __init__(self, group: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., dropped_stale: _Optional[int] = ..., done: _Optional[bool] = ..., payload_key: _Optional[str] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ("job_id",)
@@ -147,3 +225,21 @@ class GetStatsResponse(_message.Message):
     sample_rate: float
     age_histogram: _containers.ScalarMap[int, int]
     def __init__(self, held: _Optional[int] = ..., pending: _Optional[int] = ..., acked: _Optional[int] = ..., dropped_stale: _Optional[int] = ..., puts: _Optional[int] = ..., duplicate_puts: _Optional[int] = ..., reclaimed: _Optional[int] = ..., latest_version: _Optional[int] = ..., max_groups: _Optional[int] = ..., max_trajectory_age_steps: _Optional[int] = ..., put_rate: _Optional[float] = ..., sample_rate: _Optional[float] = ..., age_histogram: _Optional[_Mapping[int, int]] = ...) -> None: ...
+
+class GetDataPlaneRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetDataPlaneResponse(_message.Message):
+    __slots__ = ("redis_url", "key_prefix", "staging_ttl_seconds", "max_trajectory_tokens", "max_group_bytes")
+    REDIS_URL_FIELD_NUMBER: _ClassVar[int]
+    KEY_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    STAGING_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TRAJECTORY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_GROUP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    redis_url: str
+    key_prefix: str
+    staging_ttl_seconds: int
+    max_trajectory_tokens: int
+    max_group_bytes: int
+    def __init__(self, redis_url: _Optional[str] = ..., key_prefix: _Optional[str] = ..., staging_ttl_seconds: _Optional[int] = ..., max_trajectory_tokens: _Optional[int] = ..., max_group_bytes: _Optional[int] = ...) -> None: ...

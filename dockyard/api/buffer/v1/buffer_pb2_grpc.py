@@ -74,6 +74,26 @@ class BufferServiceStub:
                 request_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.GetStatsResponse.FromString,
                 _registered_method=True)
+        self.PutGroupStream = channel.stream_unary(
+                '/dockyard.buffer.v1.BufferService/PutGroupStream',
+                request_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.PutGroupStreamRequest.SerializeToString,
+                response_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.PutGroupStreamResponse.FromString,
+                _registered_method=True)
+        self.SampleGroupsStream = channel.unary_stream(
+                '/dockyard.buffer.v1.BufferService/SampleGroupsStream',
+                request_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.SampleGroupsStreamRequest.SerializeToString,
+                response_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.SampleGroupsStreamResponse.FromString,
+                _registered_method=True)
+        self.ReclaimGroupsStream = channel.unary_stream(
+                '/dockyard.buffer.v1.BufferService/ReclaimGroupsStream',
+                request_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.ReclaimGroupsStreamRequest.SerializeToString,
+                response_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.ReclaimGroupsStreamResponse.FromString,
+                _registered_method=True)
+        self.GetDataPlane = channel.unary_unary(
+                '/dockyard.buffer.v1.BufferService/GetDataPlane',
+                request_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.GetDataPlaneRequest.SerializeToString,
+                response_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.GetDataPlaneResponse.FromString,
+                _registered_method=True)
 
 
 class BufferServiceServicer:
@@ -134,6 +154,39 @@ class BufferServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutGroupStream(self, request_iterator, context):
+        """The data plane: PutGroup with the token arrays as one packed payload
+        (dockyard/experience/payload.py) streamed in chunks beside the group's
+        metadata; stored as sent, no message cap. Same semantics as PutGroup.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SampleGroupsStream(self, request, context):
+        """SampleGroups whose groups come back as stored: metadata, then the packed
+        payload in chunks, never decoded and encoded again on the way.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReclaimGroupsStream(self, request, context):
+        """ReclaimGroups, answered like SampleGroupsStream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetDataPlane(self, request, context):
+        """Where writers stage payloads and readers read them around this service:
+        the buffer's own Redis (empty when the buffer keeps groups in memory or
+        its data plane is off). See docs/buffer.md, "Data plane".
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BufferServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -171,6 +224,26 @@ def add_BufferServiceServicer_to_server(servicer, server):
                     servicer.GetStats,
                     request_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.GetStatsRequest.FromString,
                     response_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.GetStatsResponse.SerializeToString,
+            ),
+            'PutGroupStream': grpc.stream_unary_rpc_method_handler(
+                    servicer.PutGroupStream,
+                    request_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.PutGroupStreamRequest.FromString,
+                    response_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.PutGroupStreamResponse.SerializeToString,
+            ),
+            'SampleGroupsStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.SampleGroupsStream,
+                    request_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.SampleGroupsStreamRequest.FromString,
+                    response_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.SampleGroupsStreamResponse.SerializeToString,
+            ),
+            'ReclaimGroupsStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReclaimGroupsStream,
+                    request_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.ReclaimGroupsStreamRequest.FromString,
+                    response_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.ReclaimGroupsStreamResponse.SerializeToString,
+            ),
+            'GetDataPlane': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDataPlane,
+                    request_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.GetDataPlaneRequest.FromString,
+                    response_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.GetDataPlaneResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -367,6 +440,114 @@ class BufferService:
             '/dockyard.buffer.v1.BufferService/GetStats',
             dockyard_dot_buffer_dot_v1_dot_buffer__pb2.GetStatsRequest.SerializeToString,
             dockyard_dot_buffer_dot_v1_dot_buffer__pb2.GetStatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutGroupStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/dockyard.buffer.v1.BufferService/PutGroupStream',
+            dockyard_dot_buffer_dot_v1_dot_buffer__pb2.PutGroupStreamRequest.SerializeToString,
+            dockyard_dot_buffer_dot_v1_dot_buffer__pb2.PutGroupStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SampleGroupsStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dockyard.buffer.v1.BufferService/SampleGroupsStream',
+            dockyard_dot_buffer_dot_v1_dot_buffer__pb2.SampleGroupsStreamRequest.SerializeToString,
+            dockyard_dot_buffer_dot_v1_dot_buffer__pb2.SampleGroupsStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReclaimGroupsStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dockyard.buffer.v1.BufferService/ReclaimGroupsStream',
+            dockyard_dot_buffer_dot_v1_dot_buffer__pb2.ReclaimGroupsStreamRequest.SerializeToString,
+            dockyard_dot_buffer_dot_v1_dot_buffer__pb2.ReclaimGroupsStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDataPlane(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.buffer.v1.BufferService/GetDataPlane',
+            dockyard_dot_buffer_dot_v1_dot_buffer__pb2.GetDataPlaneRequest.SerializeToString,
+            dockyard_dot_buffer_dot_v1_dot_buffer__pb2.GetDataPlaneResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -254,3 +254,27 @@ class ScoreSessionResponse(_message.Message):
     score: ScorePatchResponse
     patch: str
     def __init__(self, score: _Optional[_Union[ScorePatchResponse, _Mapping]] = ..., patch: _Optional[str] = ...) -> None: ...
+
+class RewardRequest(_message.Message):
+    __slots__ = ("request_id", "source", "function", "origin", "input_json", "limits")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    INPUT_JSON_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    source: str
+    function: str
+    origin: str
+    input_json: str
+    limits: Limits
+    def __init__(self, request_id: _Optional[str] = ..., source: _Optional[str] = ..., function: _Optional[str] = ..., origin: _Optional[str] = ..., input_json: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ...) -> None: ...
+
+class RewardResponse(_message.Message):
+    __slots__ = ("verdict", "reward")
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    verdict: _common_pb2.Verdict
+    reward: float
+    def __init__(self, verdict: _Optional[_Union[_common_pb2.Verdict, _Mapping]] = ..., reward: _Optional[float] = ...) -> None: ...

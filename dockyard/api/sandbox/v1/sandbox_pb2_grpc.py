@@ -86,6 +86,11 @@ class SandboxServiceStub:
                 request_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ScoreSessionRequest.SerializeToString,
                 response_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ScoreSessionResponse.FromString,
                 _registered_method=True)
+        self.Reward = channel.unary_unary(
+                '/dockyard.sandbox.v1.SandboxService/Reward',
+                request_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.RewardRequest.SerializeToString,
+                response_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.RewardResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -171,6 +176,16 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reward(self, request, context):
+        """Run a reward function on one scored completion, under the isolation and
+        limits of RunTests (docs/rewards.md). A function that raises, runs out of
+        time or memory, or returns anything but a finite number, a bool or
+        {"reward": number} is an ERROR verdict naming the function and why.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -223,6 +238,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.ScoreSession,
                     request_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ScoreSessionRequest.FromString,
                     response_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ScoreSessionResponse.SerializeToString,
+            ),
+            'Reward': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reward,
+                    request_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.RewardRequest.FromString,
+                    response_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.RewardResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -497,6 +517,33 @@ class SandboxService:
             '/dockyard.sandbox.v1.SandboxService/ScoreSession',
             dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ScoreSessionRequest.SerializeToString,
             dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ScoreSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reward(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.sandbox.v1.SandboxService/Reward',
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.RewardRequest.SerializeToString,
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.RewardResponse.FromString,
             options,
             channel_credentials,
             insecure,

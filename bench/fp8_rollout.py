@@ -1,0 +1,129 @@
+"""FP8 rollouts against bf16 on one GPU: tokens/s, the engine's refit time, and the logprob mismatch.
+
+    model: Qwen2.5-0.5B-shaped (bench/generation.py's QWEN25_05B), random init (--init-std, default 0.05,
+           so the next-token distribution is not flat), bf16 on CUDA: the trainer's weights
+    engines: TorchEngine(precision=auto) and TorchEngine(precision=fp8) on copies of those weights
+    tokens/s: one prompt of 128 tokens x --batch rows, 512 new tokens, ignore_eos, temperature 1,
+           one untimed call first (compiles, captures graphs), best of --repeats
+    refit: the engine side of a weight sync, as receive_weights runs it: copy_ of every tensor of the
+           trainer's state into engine.named_weights(), then set_weight_version (FP8: requantize),
+           under the engine's exclusive hold; the transport's part is the same bf16 bytes for both
+    mismatch: the sampled tokens' logprobs as each engine reported them, against the bf16 trainer
+           model's logprobs of the same tokens (one teacher-forced forward): mean |Δ| and the k3
+           estimate of KL(gen || train) per token, as the trainer reports gen_train_kl
+
+Prints
+    fp8_vs_bf16_tokens_per_s: R       fp8 engine tok/s / bf16 engine tok/s (higher is better)
+    fp8_vs_bf16_refit: R              fp8 engine refit seconds / bf16 (lower is better)
+    bf16_gen_train_kl: K, fp8_gen_train_kl: K, and the mean |Δ logprob| of each
+
+    python bench/fp8_rollout.py                 # one CUDA GPU of compute capability 8.9+ (H100, H200)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import os
+import sys
+import time
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--init-std", type=float, default=0.05)
+    parser.add_argument("--device", default="cuda")
+    return parser.parse_args()
+
+
+async def bench(args: argparse.Namespace) -> None:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from bench.generation import QWEN25_05B
+    from dockyard.models import build_char_tokenizer
+    from services.rollout.decoding import DecodingParams
+    from services.rollout.torch_engine import TorchEngine
+    from services.trainer.logprobs import sampled_logprobs
+
+    device = args.device
+    torch.manual_seed(0)
+    config = Qwen2Config(**QWEN25_05B, initializer_range=args.init_std)
+    trainer_model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to(device).eval()
+    tokenizer = build_char_tokenizer()
+    prompt = "".join("abcdefghijklmnopqrstuvwxyz"[i % 26] for i in range(args.prompt_tokens))
+    decoding = DecodingParams(temperature=1.0, max_new_tokens=args.new_tokens, ignore_eos=True)
+    state = {name: t.detach().clone() for name, t in trainer_model.named_parameters()}
+    results = {}
+    for precision in ("auto", "fp8"):
+        name = "bf16" if precision == "auto" else "fp8"
+        engine = TorchEngine(
+            copy.deepcopy(trainer_model), tokenizer, device, kv_cache="static", max_batch_rows=args.batch,
+            precision=precision,
+        )  # fmt: skip
+        say(f"{name}: warm-up (compile, graph capture)")
+        await engine.generate(prompt, args.batch, decoding)
+        best, out = float("inf"), None
+        for _ in range(args.repeats):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            out = await engine.generate(prompt, args.batch, decoding)
+            torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - start)
+        tokens_per_s = args.batch * args.new_tokens / best
+        say(f"{name}: {tokens_per_s:,.0f} tok/s (batch {args.batch}, {args.new_tokens} new tokens, {best:.2f} s)")
+
+        def refit(engine=engine) -> float:
+            targets = engine.named_weights()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            with engine.exclusive(), torch.no_grad():
+                for key, tensor in state.items():
+                    targets[key].copy_(tensor)
+                engine.set_weight_version(engine.weight_version + 1)
+            torch.cuda.synchronize()
+            return time.perf_counter() - start
+
+        refit()
+        refit_s = min(refit() for _ in range(3))
+        say(f"{name}: engine refit {refit_s * 1e3:.1f} ms")
+
+        # Mismatch: the trainer's bf16 logprobs of the tokens this engine sampled.
+        rows = out.completions[:32]
+        ids = torch.tensor([out.prompt_token_ids + c.token_ids for c in rows], device=device)
+        with torch.no_grad():
+            train, _ = sampled_logprobs(trainer_model, ids, torch.ones_like(ids), None, 1.0, entropy=False)
+        train = train[:, len(out.prompt_token_ids) - 1 :].float()
+        gen = torch.tensor([c.logprobs for c in rows], device=device, dtype=torch.float32)
+        log_ratio = (train - gen).clamp(-20, 20)
+        kl = (log_ratio.exp() - 1 - log_ratio).mean().item()
+        results[name] = (tokens_per_s, refit_s, kl, (train - gen).abs().mean().item())
+        say(f"{name}: gen_train_kl {kl:.3e}, mean |Δ logprob| {results[name][3]:.4f}")
+        await engine.close()
+        del engine
+        torch.cuda.empty_cache()
+    (bt, br, bk, bd), (ft, fr, fk, fd) = results["bf16"], results["fp8"]
+    print(f"fp8_vs_bf16_tokens_per_s: {ft / bt:.3f}")
+    print(f"fp8_vs_bf16_refit: {fr / br:.3f}")
+    print(f"bf16_gen_train_kl: {bk:.3e}")
+    print(f"fp8_gen_train_kl: {fk:.3e}")
+    print(f"bf16_mean_abs_logprob_delta: {bd:.4f}")
+    print(f"fp8_mean_abs_logprob_delta: {fd:.4f}")
+
+
+def main() -> None:
+    asyncio.run(bench(parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""The experience data plane: payloads go from their writer to Redis and from Redis to the trainer,
+around every gRPC hop; only metadata crosses the buffer service.
+
+    writer  ─check_payload─> SET <prefix>:{job}:s:<group>:<nonce> payload EX ttl ───────────> redis
+            └─PutGroup(metadata, payload_key, payload_bytes)─> buffer ─Lua: RENAME staged key─┘ to the group's
+    trainer ─SampleGroupsStream(payload_by_reference)─> buffer: metadata + each group's payload key
+            └─MGET keys─> redis: the payloads, byte for byte as the writer packed them
+
+The buffer advertises its data plane (GetDataPlane): its Redis URL, never with a password, and the
+key prefix. A client sends the password it reads from DOCKYARD_DATA_PLANE_REDIS_PASSWORD (or
+DOCKYARD_DATA_PLANE_REDIS_PASSWORD_FILE). A buffer in memory, one with its data plane off, one
+older than GetDataPlane, or a Redis this client cannot reach or log in to gives no data plane:
+`discover` returns None (the last two with a warning) and the caller streams payloads through the
+buffer service instead (PutGroupStream, SampleGroupsStream), with the same semantics.
+
+Guarantees: a payload is checked (dockyard.experience.checks, and the buffer's size limit) before
+it is staged, so the buffer, which never reads staged bytes, holds only payloads the trainer can
+train on; a staged key lives `staging_ttl_seconds` unless the buffer takes it over, so a writer
+that dies between its SET and its put leaves nothing behind for long; staged keys are unique per
+put attempt and lie in the job's Redis Cluster slot; `read` returns every payload asked for or
+raises PayloadGone.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import grpc
+import redis.asyncio as aioredis
+import structlog
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from redis.exceptions import AuthenticationError, RedisError
+
+from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
+from dockyard.api.common.v1 import common_pb2
+from dockyard.experience.checks import check_payload
+from dockyard.redis_url import RedisConfigError, mask_url, read_password
+from dockyard.rpc.errors import InvalidArgument
+
+log = structlog.get_logger()
+
+PASSWORD_VARIABLE = "DOCKYARD_DATA_PLANE_REDIS_PASSWORD"
+SOCKET_TIMEOUT_S = 60.0  # far above a 16 MiB group's transfer, even over a slow link
+
+
+class DataPlaneSettings(BaseSettings):
+    """DOCKYARD_DATA_PLANE_*: how a client (coordinator, trainer) logs in to the data plane's Redis."""
+
+    model_config = SettingsConfigDict(env_prefix="DOCKYARD_DATA_PLANE_", extra="ignore", hide_input_in_errors=True)
+
+    redis_password: str = Field("", repr=False, description="Password of the data plane's Redis.")
+    redis_password_file: str = Field("", description="File holding that password (a mounted secret).")
+
+
+class PayloadGone(RuntimeError):
+    """A leased group's payload is no longer in Redis: its lease ended (acked, reclaimed, dropped, job closed)."""
+
+
+def job_tag(job_id: str) -> str:
+    """The job id as a Redis Cluster hash tag: `}` would end the tag early; `%` is escaped so decoding stays
+    unambiguous."""
+    return job_id.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def job_base(key_prefix: str, job_id: str) -> str:
+    """The prefix of every key of the job, e.g. `dockyard:buffer:{job-1}:`."""
+    return f"{key_prefix}:{{{job_tag(job_id)}}}:"
+
+
+def staging_base(key_prefix: str, job_id: str) -> str:
+    """The prefix of the job's staged payload keys; the buffer takes over only keys under it."""
+    return job_base(key_prefix, job_id) + "s:"
+
+
+class DataPlane:
+    """One client's connection to the buffer's Redis, for staging payloads and reading leased ones."""
+
+    def __init__(self, client: aioredis.Redis, limits: buffer_pb2.GetDataPlaneResponse) -> None:
+        self._redis = client
+        self._prefix = limits.key_prefix
+        self._ttl = limits.staging_ttl_seconds or 600
+        self._max_tokens = limits.max_trajectory_tokens
+        self.max_group_bytes = limits.max_group_bytes
+
+    @classmethod
+    async def discover(cls, stub: buffer_pb2_grpc.BufferServiceStub) -> DataPlane | None:
+        """The buffer's data plane, connected and answering PING; None where there is none to use."""
+        try:
+            reply = await stub.GetDataPlane(buffer_pb2.GetDataPlaneRequest(), timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            return None  # a buffer older than the data plane
+        if not reply.redis_url:
+            return None
+        settings = DataPlaneSettings()
+        try:
+            password = read_password(
+                reply.redis_url, settings.redis_password, settings.redis_password_file, PASSWORD_VARIABLE
+            )
+        except RedisConfigError as exc:
+            log.warning("data plane unused: its password setting is unusable", reason=str(exc))
+            return None
+        # Bounded waits: a Redis that stops answering fails a put or a lease (retried), never hangs it.
+        client = aioredis.Redis.from_url(
+            reply.redis_url, password=password, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=10
+        )
+        try:
+            await client.ping()
+        except (RedisError, OSError) as exc:
+            await client.aclose()
+            hint = f"; set {PASSWORD_VARIABLE}" if isinstance(exc, AuthenticationError) else ""
+            log.warning(
+                "data plane unused: its Redis does not answer this client, payloads go through the buffer service",
+                redis=mask_url(reply.redis_url),
+                error=f"{type(exc).__name__}: {exc}{hint}",
+            )
+            return None
+        return cls(client, reply)
+
+    async def stage(self, metadata: common_pb2.Group, payload: bytes) -> str:
+        """Check `payload` against `metadata` with the buffer's limits (InvalidArgument naming what is wrong),
+        SET it under a fresh staging key of the group's job, with the staging expiry; the key."""
+        size = metadata.ByteSize() + len(payload)
+        if self.max_group_bytes and size > self.max_group_bytes:
+            raise InvalidArgument(
+                f"group {metadata.group_id!r} is {size / 2**20:.1f} MiB; the buffer's limit is "
+                f"{self.max_group_bytes / 2**20:.1f} MiB (DOCKYARD_BUFFER_MAX_GROUP_MB)"
+            )
+        check_payload(metadata, payload, self._max_tokens)
+        key = f"{staging_base(self._prefix, metadata.job_id)}{metadata.group_id}:{uuid.uuid4().hex}"
+        await self._redis.set(key, payload, ex=self._ttl)
+        return key
+
+    async def renew(self, key: str) -> bool:
+        """Restart a staged key's expiry before a put is retried; False if it is gone (expired: stage again)."""
+        return bool(await self._redis.expire(key, self._ttl))
+
+    async def read(self, keys: Sequence[str]) -> list[bytes]:
+        """The payloads under `keys`, in order, by one MGET; PayloadGone if any is missing."""
+        if not keys:
+            return []
+        values = await self._redis.mget(list(keys))
+        for key, value in zip(keys, values, strict=True):
+            if value is None:
+                raise PayloadGone(f"the payload {key!r} is gone: its lease ended before it was read")
+        return values
+
+    async def close(self) -> None:
+        await self._redis.aclose()

@@ -1,0 +1,65 @@
+"""On an FP8-capable GPU (compute capability 8.9+), the torch engine with precision=fp8 samples from
+(nearly) the bf16 policy, and a refit reaches the FP8 weights before the next token.
+
+Run with `make test-gpu` (or `python -m pytest tests/gpu -q`) on an H100/H200-class GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from dockyard.models import build_char_tokenizer
+from dockyard.models.build import build_random_model
+from services.rollout.decoding import DecodingParams
+from services.rollout.fp8 import Fp8Linear
+from services.rollout.torch_engine import TorchEngine
+from services.trainer.logprobs import sampled_logprobs
+from tests.conftest import missing
+
+SHAPE = {"model_type": "qwen2", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "intermediate_size": 512, "initializer_range": 0.1}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def fp8_gpu() -> None:
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+        missing("no CUDA device with FP8 matmuls (compute capability 8.9+)")
+
+
+def test_fp8_engine_samples_the_bf16_policy_and_follows_a_refit() -> None:
+    tok = build_char_tokenizer()
+    model = build_random_model(SHAPE, len(tok), 0).to(torch.bfloat16).cuda().eval()
+    engine = TorchEngine(
+        build_random_model(SHAPE, len(tok), 0).to(torch.bfloat16), tok, "cuda", kv_cache="static", precision="fp8"
+    )
+    layers = [m for m in engine.model.modules() if isinstance(m, Fp8Linear)]
+    assert len(layers) == 2 * 7  # q, k, v, o, gate, up, down of each block; the head stays bf16
+    decoding = DecodingParams(temperature=1.0, max_new_tokens=64, ignore_eos=True, seed=1)
+    result = asyncio.run(engine.generate("12+34=", 8, decoding))
+    ids = torch.tensor([result.prompt_token_ids + c.token_ids for c in result.completions], device="cuda")
+    gen = torch.tensor([c.logprobs for c in result.completions], device="cuda")
+
+    def delta(policy) -> float:  # mean |logprob| gap of the sampled tokens to `policy`'s, teacher-forced
+        with torch.no_grad():
+            lp, _ = sampled_logprobs(policy, ids, torch.ones_like(ids), None, 1.0, entropy=False)
+        return (lp[:, len(result.prompt_token_ids) - 1 :].float() - gen).abs().mean().item()
+
+    other = build_random_model(SHAPE, len(tok), 1).to(torch.bfloat16).cuda().eval()
+    # FP8 rounding (3 mantissa bits) moves the logprobs, but the sampler is this policy, not another one.
+    assert delta(model) < 0.5 * delta(other)
+
+    # A refit: new bf16 weights copied in under the engine's hold, then the version is set.
+    targets = engine.named_weights()
+    before = layers[0].weight_fp8.clone()
+    with engine.exclusive(), torch.no_grad():
+        for name, p in model.named_parameters():
+            targets[name].copy_(-p)
+        engine.set_weight_version(1)
+    assert not torch.equal(layers[0].weight_fp8, before)
+    dequantized = layers[0].weight_fp8.float() * layers[0].weight_scale.reshape(-1, 1)
+    reference = -model.model.layers[0].self_attn.q_proj.weight.float()
+    torch.testing.assert_close(dequantized, reference, rtol=0.07, atol=1e-3)
+    asyncio.run(engine.close())

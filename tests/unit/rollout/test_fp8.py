@@ -1,0 +1,66 @@
+"""FP8 rollouts: the per-row e4m3 quantizer, the FP8 linear layer's numbers (on CPU through torch's
+reference _scaled_mm), requantization after a load, and the refusals on hardware without FP8 matmuls."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from dockyard.config import ConfigError, load_config_text
+from dockyard.models import build_char_tokenizer
+from dockyard.models.build import build_random_model
+from services.rollout import fp8
+from services.rollout.fp8 import E4M3_MAX, Fp8Linear, Fp8Unavailable, quantize_rows
+from services.rollout.torch_engine import TorchEngine
+
+
+def test_rows_are_scaled_to_the_e4m3_range_and_come_back_within_its_precision() -> None:
+    torch.manual_seed(0)
+    t = torch.randn(8, 64) * torch.logspace(-3, 2, 8).unsqueeze(1)  # rows five decades apart
+    t[3] = 0.0
+    values, scale = quantize_rows(t)
+    assert values.dtype == torch.float8_e4m3fn and scale.shape == (8, 1)
+    assert values.float().abs().amax(dim=1)[[0, 1, 2, 4, 5, 6, 7]].eq(E4M3_MAX).all()  # each row uses the range
+    back = values.float() * scale
+    assert back[3].eq(0).all()  # an all-zero row stays zero (clamped scale, no NaN)
+    rel = (back - t).abs() / t.abs().amax(dim=1, keepdim=True).clamp(min=1e-30)
+    assert rel.max() <= 2**-4  # e4m3 keeps 3 mantissa bits: half an ulp at the top is 1/16
+
+
+def test_the_fp8_layer_tracks_the_bf16_layer_and_a_reloaded_weight() -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 32).to(torch.bfloat16)
+    layer = Fp8Linear(linear)
+    x = torch.randn(2, 5, 64, dtype=torch.bfloat16)
+    ref = linear(x).float()
+    out = layer(x)
+    assert out.shape == (2, 5, 32) and out.dtype == torch.bfloat16
+    assert (out.float() - ref).abs().max() <= 0.1 * ref.abs().max()
+    # A refit loads into the bf16 weight; until requantized the FP8 copy is the old one.
+    with torch.no_grad():
+        layer.weight.copy_(-layer.weight)
+    assert (layer(x).float() - ref).abs().max() <= 0.1 * ref.abs().max()
+    layer.requantize()
+    flipped = nn.functional.linear(x, layer.weight, layer.bias).float()
+    assert (layer(x).float() - flipped).abs().max() <= 0.1 * flipped.abs().max()
+
+
+def test_fp8_is_refused_without_fp8_matmuls() -> None:
+    tok = build_char_tokenizer()
+    model = build_random_model({"model_type": "qwen2", "hidden_size": 32, "num_hidden_layers": 1}, len(tok), 0)
+    with pytest.raises(Fp8Unavailable, match="needs FP8 matmuls .* this rollout runs on cpu"):
+        fp8.convert(model, torch.device("cpu"))
+    with pytest.raises(Fp8Unavailable, match="precision=fp8"):
+        TorchEngine(model, tok, "cpu", precision="fp8")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["cluster.device=cpu"], ["cluster.device=cuda", "policy.generation.backend=vllm"]],
+    ids=["cpu", "vllm"],
+)
+def test_the_config_refuses_fp8_where_it_cannot_run(overrides: list[str]) -> None:
+    config = "policy: {model: {model_type: qwen2}, generation: {precision: fp8}}\n"
+    with pytest.raises(ConfigError, match="policy.generation.precision: fp8 runs on the torch engine"):
+        load_config_text(config, overrides)
