@@ -79,6 +79,7 @@ OPEN_COMMAND = f'tar -x -f - && echo {READY.decode()} && exec python3 -I -S -c "
 # After the command: every process but PID 1 (and this shell) ends, so none outlives its command.
 EXEC_WRAPPER = '"$@"; rc=$?; kill -9 -1 2>/dev/null; exit $rc'
 KILL_ALL = ["sh", "-c", "kill -9 -1 2>/dev/null; true"]
+KILLED_GRACE_SECONDS = 1.0  # how long a SIGKILLed command's container may take to show it stopped
 FILES_SOURCE = Path(session_files.__file__).read_text()
 EXPORT_SLACK_BYTES = 16 * 1024 * 1024  # tar headers on top of /work's files
 
@@ -121,7 +122,7 @@ class DockerSession(SessionHandle):
         start = time.monotonic()
         try:
             out, err, code, timed_out = self._run(["sh", "-c", EXEC_WRAPPER, "sh", *argv], stdin, limits)
-            if code != 0 and not self._api.inspect_container(self._id)["State"]["Running"]:
+            if code != 0 and not self._container_running(killed=code in (-1, 137) and not timed_out):
                 raise OSError("the container stopped")  # killed under the command: not the command's failure
             disk_full = not timed_out and self._disk_full(limits)
         except (docker.errors.DockerException, OSError) as exc:
@@ -170,6 +171,16 @@ class DockerSession(SessionHandle):
             sock.close()
         code = self._api.exec_inspect(exec_id).get("ExitCode")
         return out, err, -1 if code is None else code, timed_out.is_set()
+
+    def _container_running(self, *, killed: bool) -> bool:
+        """Whether the container still runs. A command SIGKILLed with its container can end before the
+        engine marks the container stopped, so a killed command's container gets a short grace to show it."""
+        deadline = time.monotonic() + (KILLED_GRACE_SECONDS if killed else 0.0)
+        while self._api.inspect_container(self._id)["State"]["Running"]:
+            if time.monotonic() >= deadline:
+                return True
+            time.sleep(0.1)
+        return False
 
     def _disk_full(self, limits: ResourceLimits) -> bool:
         free = self._run(["stat", "-f", "-c", "%a", WORK], b"", limits)[0]

@@ -61,8 +61,11 @@ def test_compiled_layers_train_as_the_eager_ones() -> None:
     # a gradient's size, so the weights agree to well below lr (0.05) unless a gradient's sign flipped.
     for key in ("loss", "grad_norm", "clip_fraction", "entropy"):
         assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
+    # k_proj's bias is left out: it adds q·b to every score of a query, which softmax cancels, so its true
+    # gradient is zero and what Adam scales up to ±lr is each kernel's rounding noise.
     for (name, a), b in zip(compiled.model.named_parameters(), eager.model.parameters(), strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-4, msg=name)
+        if not name.endswith("k_proj.bias"):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-4, msg=name)
     # The step moved the weights: equality above is not two untouched copies of the init.
     start = PolicyTrainer(load_config_text(CONFIG, []))
     assert not torch.equal(next(start.model.parameters()), next(eager.model.parameters()))
