@@ -13,7 +13,8 @@ Keys of one job, all under one hash tag so that they share a cluster slot
     P:{J}:d:<group_id>  string  the group's packed payload   (held and pending only)
     P:{J}:s:<group_id>:<nonce>
                         string  a payload a writer staged in the data plane, with an expiry,
-                                until its put renames it to P:{J}:d:<group_id>
+                                until its put renames it to P:{J}:d:<group_id> or CloseJob
+                                deletes it
     P:{J}:v:<v>         stream  one entry per held or pending group of version v:
                                 g=group_id s=size p=metadata (serialized Group)
                                 d=1 when the group has a payload, 0 for a whole Group;
@@ -148,6 +149,16 @@ class RedisBuffer(BufferBackend):
         reply = await self._close(keys=keys, args=[base])
         if reply[0] == b"nojob":
             raise self._no_job(job_id)
+        # Payloads staged for puts that never came are known to no index: found by their prefix.
+        pattern = _glob_escape(staging_base(self._prefix, job_id)) + "*"
+        batch: list[bytes] = []
+        async for key in self._redis.scan_iter(match=pattern, count=1000):
+            batch.append(key)
+            if len(batch) >= 1000:
+                await self._redis.unlink(*batch)
+                batch.clear()
+        if batch:
+            await self._redis.unlink(*batch)
 
     @_unavailable_while_redis_is_down
     async def put_group(self, group: common_pb2.Group, payload: bytes = b"") -> tuple[bool, bool]:
@@ -320,3 +331,8 @@ class RedisBuffer(BufferBackend):
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _glob_escape(text: str) -> str:
+    """`text` as a literal in a Redis MATCH pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

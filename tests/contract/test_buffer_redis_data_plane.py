@@ -7,6 +7,7 @@
   refused one, and freed with the group at ack.
 - A staged key that is missing, of another length, or outside the job's staging keys is refused by
   name; a payload the trainer could not train on is refused by its writer before it is staged.
+- CloseJob deletes the job's staged payloads whose puts never came, and no other job's.
 """
 
 from __future__ import annotations
@@ -141,6 +142,25 @@ async def test_bad_staged_puts_are_refused_by_name_and_the_service_keeps_serving
         # And the service still serves: the good staged put goes in.
         assert await put(base + "g:ok") == pb.PutGroupResponse()
         await plane.close()
+    assert buffer.stop() == 0, buffer.logs()[-2000:]
+
+
+async def test_close_job_deletes_the_payloads_staged_for_puts_that_never_came(start_service, redis_url: str) -> None:
+    buffer = start_redis_buffer(start_service, redis_url)
+    client = redis.Redis.from_url(redis_url)
+    data = payload.split(make_group("g"))[1]
+    other = "job-2"
+    async with connect(buffer.address, default_timeout=20) as channel:
+        stub = buffer_pb2_grpc.BufferServiceStub(channel)
+        for job in (other, JOB):
+            await stub.OpenJob(pb.OpenJobRequest(job_id=job, max_groups=4, max_trajectory_age_steps=1))
+            for i in range(3):
+                client.set(staging_base(PREFIX, job) + f"g{i}:n", data, ex=600)
+        await stub.CloseJob(pb.CloseJobRequest(job_id=other))
+        assert keys(client, staging_base(PREFIX, other) + "*") == []
+        assert len(keys(client, staging_base(PREFIX, JOB) + "*")) == 3
+        await stub.CloseJob(pb.CloseJobRequest(job_id=JOB))
+        assert client.keys(f"{PREFIX}:*") == []
     assert buffer.stop() == 0, buffer.logs()[-2000:]
 
 
