@@ -22,13 +22,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dockyard.tasks.task import Task, draw
-from dockyard.tasks.terminal import TaskFormatError  # one error type for every task-folder format
 
-_TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# One error type and one task.yaml reader for every task-folder format.
+from dockyard.tasks.terminal import TaskFormatError, read_task_set, read_task_yaml
+
 _TAP = re.compile(r"^(ok|not ok)\b\s*(\d+)?\s*(?:-\s*)?(.*?)\s*(?:#\s*(.*))?$")
 REFERENCE_DIR = "reference"
 CHECKER = "checker.py"
@@ -92,34 +92,16 @@ def is_task_folder(path: Path) -> bool:
 def read_task(path: str | Path) -> TaskFolder:
     """The task folder at `path`; TaskFormatError naming what is missing or wrong."""
     folder = Path(path)
-    name = folder.name
-    if not _TASK_ID.match(name):
-        raise TaskFormatError(f"task {name!r}: a task id is 1-128 characters of A-Z a-z 0-9 . _ -")
-    config_path = folder / "task.yaml"
-    if not config_path.is_file():
-        raise TaskFormatError(f"task {name!r}: {config_path} does not exist")
-    try:
-        config = TaskConfig.model_validate(yaml.safe_load(config_path.read_text(encoding="utf-8")))
-    except yaml.YAMLError as exc:
-        raise TaskFormatError(f"task {name!r}: task.yaml is not YAML: {exc}") from None
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'task.yaml'}: {e['msg']}" for e in exc.errors())
-        raise TaskFormatError(f"task {name!r}: task.yaml: {problems}") from None
+    config = read_task_yaml(folder, TaskConfig)
     for needed in (CHECKER, SOLUTION):
         if not (folder / needed).is_file():
-            raise TaskFormatError(f"task {name!r}: {needed} is missing")
+            raise TaskFormatError(f"task {folder.name!r}: {needed} is missing")
     return TaskFolder(folder, config)
 
 
 def task_folders(path: str | Path) -> list[TaskFolder]:
     """Every task folder (a folder holding task.yaml) of a task set, sorted by id."""
-    root = Path(path)
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root} is not a folder of file-producing tasks")
-    tasks = [read_task(p) for p in sorted(root.iterdir()) if (p / "task.yaml").is_file()]
-    if not tasks:
-        raise ValueError(f"{root} holds no task folder (a folder with task.yaml)")
-    return tasks
+    return read_task_set(path, read_task, "file-producing tasks")
 
 
 def prompt_of(folder: TaskFolder) -> str:

@@ -21,9 +21,10 @@ xpass fail); no summary at all is None, never an empty pass.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -64,6 +65,39 @@ class TaskFormatError(ValueError):
     """A task folder that does not follow the format; the message names the task and what is wrong."""
 
 
+Config = TypeVar("Config", bound=BaseModel)
+Folder = TypeVar("Folder")
+
+
+def read_task_yaml(folder: Path, schema: type[Config]) -> Config:
+    """The task.yaml of a task folder (of any format) read by `schema`; TaskFormatError naming the task and
+    what is wrong with its id or its task.yaml."""
+    name = folder.name
+    if not _TASK_ID.match(name):
+        raise TaskFormatError(f"task {name!r}: a task id is 1-128 characters of A-Z a-z 0-9 . _ -")
+    config_path = folder / "task.yaml"
+    if not config_path.is_file():
+        raise TaskFormatError(f"task {name!r}: {config_path} does not exist")
+    try:
+        return schema.model_validate(yaml.safe_load(config_path.read_text(encoding="utf-8")))
+    except yaml.YAMLError as exc:
+        raise TaskFormatError(f"task {name!r}: task.yaml is not YAML: {exc}") from None
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'task.yaml'}: {e['msg']}" for e in exc.errors())
+        raise TaskFormatError(f"task {name!r}: task.yaml: {problems}") from None
+
+
+def read_task_set(path: str | Path, read: Callable[[Path], Folder], kind: str) -> list[Folder]:
+    """Every task folder (a folder holding task.yaml) of a task set, read by `read`, sorted by id."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root} is not a folder of {kind}")
+    tasks = [read(p) for p in sorted(root.iterdir()) if (p / "task.yaml").is_file()]
+    if not tasks:
+        raise ValueError(f"{root} holds no task folder (a folder with task.yaml)")
+    return tasks
+
+
 @dataclass(frozen=True)
 class TaskFolder:
     """One task folder: its paths, as terminal-bench's TaskPaths names them, and its task.yaml."""
@@ -102,20 +136,7 @@ def read_task(path: str | Path) -> TaskFolder:
     """The task folder at `path`; TaskFormatError naming what is missing or wrong."""
     folder = Path(path)
     name = folder.name
-    if not _TASK_ID.match(name):
-        raise TaskFormatError(f"task {name!r}: a task id is 1-128 characters of A-Z a-z 0-9 . _ -")
-    config_path = folder / "task.yaml"
-    if not config_path.is_file():
-        raise TaskFormatError(f"task {name!r}: {config_path} does not exist")
-    try:
-        data = yaml.safe_load(config_path.read_text(encoding="utf-8"))
-        config = TaskConfig.model_validate(data)
-    except yaml.YAMLError as exc:
-        raise TaskFormatError(f"task {name!r}: task.yaml is not YAML: {exc}") from None
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'task.yaml'}: {e['msg']}" for e in exc.errors())
-        raise TaskFormatError(f"task {name!r}: task.yaml: {problems}") from None
-    task = TaskFolder(folder, config)
+    task = TaskFolder(folder, read_task_yaml(folder, TaskConfig))
     for needed in (task.run_tests_path, task.dockerfile_path, task.docker_compose_path):
         if not needed.is_file():
             raise TaskFormatError(f"task {name!r}: {needed.name} is missing")
@@ -126,13 +147,7 @@ def read_task(path: str | Path) -> TaskFolder:
 
 def task_folders(path: str | Path) -> list[TaskFolder]:
     """Every task folder (a folder holding task.yaml) of a task set, sorted by id."""
-    root = Path(path)
-    if not root.is_dir():
-        raise FileNotFoundError(f"{root} is not a folder of terminal tasks")
-    tasks = [read_task(p) for p in sorted(root.iterdir()) if (p / "task.yaml").is_file()]
-    if not tasks:
-        raise ValueError(f"{root} holds no task folder (a folder with task.yaml)")
-    return tasks
+    return read_task_set(path, read_task, "terminal tasks")
 
 
 def task_of(task_set: str, folder: TaskFolder) -> Task:
