@@ -29,7 +29,7 @@ recipe() {
 }
 
 tests() {
-  timeout 300 "$PY" -m pytest -q -rs tests/gpu/test_colocated_gpu.py 2>&1 | tee "$OUT/gpu_tests.txt" || status=1
+  CI=1 timeout 300 "$PY" -m pytest -q -rs tests/gpu/test_colocated_gpu.py 2>&1 | tee "$OUT/gpu_tests.txt" || status=1
 }
 
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true

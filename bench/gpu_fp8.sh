@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 status=0
 nvidia-smi --query-gpu=name,memory.total,compute_cap --format=csv,noheader | tee "$OUT/gpu.txt"
-timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_fp8_gpu.py 2>&1 | tee "$OUT/fp8_tests.txt" || status=1
+CI=1 timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_fp8_gpu.py 2>&1 | tee "$OUT/fp8_tests.txt" || status=1
 timeout 420 "$PY" bench/fp8_rollout.py ${FP8_ARGS:-} 2>&1 | tee "$OUT/fp8_rollout.txt" || status=1
 grep -h -E "^[a-z0-9_]+: [0-9.e+-]+$" "$OUT/fp8_rollout.txt"
 exit $status

@@ -116,10 +116,11 @@ def require_tool(path: Path | str, what: str) -> str:
 
 
 def missing(message: str) -> NoReturn:
-    """Skip loudly for what this machine lacks; under CI=1 that is a failure."""
+    """Skip loudly for what this machine lacks; under CI=1 that is a failure. Also at a module's top level,
+    where it skips (or fails) the whole module."""
     if os.environ.get("CI"):
         pytest.fail(f"{message}: CI must run this test")
-    pytest.skip(message)
+    pytest.skip(message, allow_module_level=True)
 
 
 async def expect_code(call, code: grpc.StatusCode, *words: str) -> None:

@@ -45,8 +45,3 @@ def test_each_opd_constraint_is_a_launch_error_naming_its_field(changes, field, 
     # The same change without OPD is fine.
     plain = [c for c in changes if "async" not in c]
     load_config_text(MINIMAL, plain)
-
-
-def test_the_old_not_built_refusal_is_gone() -> None:
-    cfg = load_config_text(MINIMAL, [*OPD[1:], "loss_fn.opd=true"])
-    assert cfg.loss_fn.opd

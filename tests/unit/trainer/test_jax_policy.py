@@ -7,6 +7,7 @@ The JAX loss matches the torch loss option by option; checkpoints resume; bad se
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +22,13 @@ from dockyard.weights.fingerprint import fingerprint
 from services.trainer.experience import Sample, TrainingGroup
 from services.trainer.policy import PolicyTrainer
 from services.trainer.ranks import make_policy
+from tests.conftest import missing
 
-jax = pytest.importorskip("jax", reason="the `jax` extra (pip install -e '.[jax]')")
-jnp = pytest.importorskip("jax.numpy")
+if importlib.util.find_spec("flax") is None:
+    missing("the jax extra is not installed (pip install -e '.[jax]')")
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
 from services.trainer.jax_loss import clipped_pg_loss as jax_loss  # noqa: E402
 from services.trainer.jax_policy import JaxPolicyTrainer  # noqa: E402
 
