@@ -1,6 +1,6 @@
 """Reward functions run in the sandbox: the Reward RPC's domain code.
 
-    source + function + input JSON ──backend.execute(files, ["python", HARNESS_NAME], limits)──>
+    source + function + input JSON ──backend.execute(files, ["python", HARNESS_NAME, INPUT_NAME], limits)──>
         HARNESS (in the sandbox): reads INPUT_NAME, deletes it, exec's the source, calls
             function(task, completion, verdict); its prints go to stderr; one report line on stdout:
             "<nonce> {"value": ...}" or "<nonce> {"error": "raised ValueError: ..."}"
@@ -38,9 +38,9 @@ import json, os, sys, traceback
 
 
 def _main():
-    with open("dockyard_reward_input.json", "rb") as f:
+    with open(sys.argv[1], "rb") as f:
         payload = json.load(f)
-    os.unlink("dockyard_reward_input.json")  # the nonce is in it: gone before user code runs
+    os.unlink(sys.argv[1])  # the nonce is in it: gone before user code runs
     nonce, write, exit_ = payload.pop("nonce"), os.write, os._exit
     out = os.dup(1)
     os.set_inheritable(out, False)
@@ -139,7 +139,7 @@ async def run_reward(
     nonce = secrets.token_hex(16)
     payload = {"nonce": nonce, "source": source, "function": function, "origin": origin, "input": input_json}
     files = {HARNESS_NAME: HARNESS_SOURCE, INPUT_NAME: json.dumps(payload)}
-    outcome = await backend.execute(files, ["python", HARNESS_NAME], limits)
+    outcome = await backend.execute(files, ["python", HARNESS_NAME, INPUT_NAME], limits)
     if outcome.status is Status.ERROR:
         return _error(origin, f"the sandbox could not run it: {outcome.error_message}", outcome)
     if outcome.status is Status.TIMEOUT:

@@ -27,6 +27,7 @@ import tarfile
 from pathlib import Path
 
 from dockyard.rpc.errors import FailedPrecondition
+from dockyard.tasks.gdpval import is_task_folder as is_file_task
 from dockyard.tasks.terminal import (
     CONTAINER_TEST_DIR,
     TaskFolder,
@@ -50,13 +51,14 @@ class Prepared:
 
 
 def is_terminal_set(root: Path | None, task_set: str) -> bool:
-    """True when <root>/<task_set> is a folder of terminal task folders (and not a SWE task set)."""
+    """True when <root>/<task_set> is a folder of terminal task folders (not a SWE task set, and not
+    file-producing tasks, whose folders hold a task.yaml too)."""
     if root is None or not _NAME.match(task_set):
         return False
     folder = root / task_set
     if not folder.is_dir() or (folder / "instances.jsonl").is_file():
         return False
-    return any((p / "task.yaml").is_file() for p in folder.iterdir())
+    return any((p / "task.yaml").is_file() and not is_file_task(p) for p in folder.iterdir())
 
 
 def tests_archive(task: TaskFolder) -> bytes:

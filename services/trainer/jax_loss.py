@@ -20,8 +20,6 @@ import jax.numpy as jnp
 
 from dockyard.config import LossConfig
 
-STATS = ("pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "is_weight_mean", "is_oob_fraction", "ratio_mean")
-
 
 def kl_estimate(logprobs, reference_logprobs, kl_type: str = "k3", input_clamp=20.0, output_clamp=10.0):
     """Per-token estimate of KL(π ‖ π_ref): k1, k2 or k3 of log r = ref − logprobs, clamped as in torch."""

@@ -49,10 +49,9 @@ from services.trainer.batch import Batch, build_row_batch, validate_rows
 from services.trainer.experience import Row, TrainingGroup
 from services.trainer.jax_loss import clipped_pg_loss
 from services.trainer.micro_batches import MicroBatch, plan
-from services.trainer.minibatches import TALLY, Minibatch, count, prepare_step, step_metrics
+from services.trainer.minibatches import LOSS_STATS, TALLY, Minibatch, count, prepare_step, step_metrics
 from services.trainer.policy import Weights, lr_factor
 
-_LOSS_STATS = ("pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "is_weight_mean", "ratio_mean")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -224,7 +223,7 @@ class JaxPolicyTrainer:
     def _gradients(self, mini: Minibatch, frozen, tally):
         """The summed gradients of one minibatch's loss and its loss statistics."""
         loss_cfg = self.config.loss_fn
-        grads, sums = None, dict.fromkeys(("loss", *_LOSS_STATS), 0.0)
+        grads, sums = None, dict.fromkeys(("loss", *LOSS_STATS), 0.0)
         for i, mb in enumerate(mini.micro):
             b = self._arrays(mb)
             old, reference = (None, self._reference(b)) if frozen is None else frozen[i]
@@ -236,7 +235,7 @@ class JaxPolicyTrainer:
             (_, (loss, stats, old_lp, entropy)), g = self._pg_grad(self.params, b, old, reference, share)
             grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
             sums["loss"] += float(loss) * share
-            for key in _LOSS_STATS:
+            for key in LOSS_STATS:
                 sums[key] += float(stats[key]) * share
             if tally is not None:
                 self._count(tally, mb, old_lp, entropy)

@@ -30,6 +30,9 @@ from services.trainer.experience import TrainingGroup
 from services.trainer.micro_batches import MicroBatch
 from services.trainer.sharding import max_over_ranks, sum_over_ranks
 
+# The clipped loss's statistics a step reports, token-weighted over its micro-batches (both backends).
+LOSS_STATS = ("pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "is_weight_mean", "ratio_mean")
+
 # (π_old logprobs, π_ref logprobs or None) of one micro-batch, taken before the step's first update.
 Frozen = tuple[torch.Tensor, torch.Tensor | None]
 TALLY = ("nll", "abs_delta", "kl", "entropy", "sequence_tokens")

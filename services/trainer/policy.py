@@ -71,7 +71,16 @@ from services.trainer.compiled_layers import compile_decoder_layers
 from services.trainer.experience import Row, TrainingGroup
 from services.trainer.logprobs import sampled_logprobs
 from services.trainer.micro_batches import MicroBatch, plan
-from services.trainer.minibatches import TALLY, Frozen, Minibatch, Step, count, prepare_step, step_metrics
+from services.trainer.minibatches import (
+    LOSS_STATS,
+    TALLY,
+    Frozen,
+    Minibatch,
+    Step,
+    count,
+    prepare_step,
+    step_metrics,
+)
 from services.trainer.sharded_checkpoint import ShardedCheckpoints
 from services.trainer.sharding import (
     full_state,
@@ -85,8 +94,6 @@ from services.trainer.sharding import (
 
 # A policy's weights as the rollout receives them: (name, full tensor), one parameter at a time.
 Weights = Iterator[tuple[str, torch.Tensor]]
-
-_LOSS_STATS = ("pg_loss", "kl", "clip_fraction", "dual_clip_fraction", "is_weight_mean", "ratio_mean")
 
 
 class PolicyTrainer:
@@ -328,7 +335,7 @@ class PolicyTrainer:
         """
         loss_cfg = self.config.loss_fn
         self.optimizer.zero_grad(set_to_none=True)
-        sums = dict.fromkeys(("loss", *_LOSS_STATS, *(("teacher_kl",) if self.teacher is not None else ())), 0.0)
+        sums = dict.fromkeys(("loss", *LOSS_STATS, *(("teacher_kl",) if self.teacher is not None else ())), 0.0)
         scale = float(self.world)  # FSDP averages gradients over ranks; the step's loss is their sum.
         for i in range(mini.count):
             if i >= len(mini.micro):
@@ -374,7 +381,7 @@ class PolicyTrainer:
                 share = float((mask.sum(-1) > 0).sum()) / mini.sequences
             (loss * (share * scale)).backward()
             sums["loss"] += float(loss.detach()) * share
-            for key in _LOSS_STATS:
+            for key in LOSS_STATS:
                 sums[key] += stats[key] * share
             if tally is not None:
                 count(tally, mb, old, entropy)
