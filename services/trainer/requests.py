@@ -45,32 +45,37 @@ def training_group(group: common_pb2.Group, payload: bytes = b"") -> TrainingGro
     """A buffer group as the trainer trains on it; `payload`, when given, holds its token arrays (packed)."""
     if payload:
         return _from_payload(group, payload)
-    samples = [
-        Sample(
-            trajectory_id=t.trajectory_id,
-            prompt_ids=list(t.prompt_token_ids),
-            completion_ids=list(t.completion_token_ids),
-            generation_logprobs=list(t.completion_logprobs),
-            reward=t.reward,
-            valid=t.valid,
-            weight_version=t.weight_version,
-            loss_mask=list(t.completion_loss_mask) or None,
-            later_segments=[
-                Segment(
-                    list(seg.prompt_token_ids),
-                    list(seg.completion_token_ids),
-                    list(seg.completion_logprobs),
-                    list(seg.completion_loss_mask) or None,
-                )
-                for seg in t.later_segments
-            ],
-        )
-        for t in group.trajectories
-    ]
+    samples = [_sample(t, [_segment(t), *map(_segment, t.later_segments)]) for t in group.trajectories]
     return TrainingGroup(group.group_id, samples)
 
 
+def _segment(part: common_pb2.Trajectory | common_pb2.Segment) -> Segment:
+    return Segment(
+        list(part.prompt_token_ids),
+        list(part.completion_token_ids),
+        list(part.completion_logprobs),
+        list(part.completion_loss_mask) or None,
+    )
+
+
+def _sample(t: common_pb2.Trajectory, rows: list[Segment]) -> Sample:
+    """The sample of trajectory `t` (its metadata) whose token arrays are `rows`, its segments in order."""
+    first = rows[0]
+    return Sample(
+        trajectory_id=t.trajectory_id,
+        prompt_ids=first.prompt_ids,
+        completion_ids=first.completion_ids,
+        generation_logprobs=first.generation_logprobs,
+        reward=t.reward,
+        valid=t.valid,
+        weight_version=t.weight_version,
+        loss_mask=first.loss_mask,
+        later_segments=rows[1:],
+    )
+
+
 def _from_payload(group: common_pb2.Group, payload: bytes) -> TrainingGroup:
+    """The group straight from its packed arrays (no copy into the proto's repeated fields first)."""
     try:
         arrays = packed.unpack(payload)
     except packed.PayloadError as exc:
@@ -91,20 +96,7 @@ def _from_payload(group: common_pb2.Group, payload: bytes) -> TrainingGroup:
             )
             for s in segments
         ] or [Segment([], [], [])]  # a trial that failed before any token: an empty, invalid sample
-        first = rows[0]
-        samples.append(
-            Sample(
-                trajectory_id=t.trajectory_id,
-                prompt_ids=first.prompt_ids,
-                completion_ids=first.completion_ids,
-                generation_logprobs=first.generation_logprobs,
-                reward=t.reward,
-                valid=t.valid,
-                weight_version=t.weight_version,
-                loss_mask=first.loss_mask,
-                later_segments=rows[1:],
-            )
-        )
+        samples.append(_sample(t, rows))
     return TrainingGroup(group.group_id, samples)
 
 
