@@ -372,10 +372,9 @@ return {'ok', acked}
 CLOSE = (
     _COMMON
     + r"""
-for _, v in ipairs(redis.call('ZRANGE', VERSIONS, 0, -1)) do
-  for _, gid in ipairs(redis.call('HKEYS', ids_key(v))) do redis.call('DEL', payload_key(gid)) end
-  redis.call('DEL', stream_key(v), ids_key(v))
-end
+-- Only held and pending groups have a payload key, and ENTRIES lists exactly those.
+for _, gid in ipairs(redis.call('HVALS', ENTRIES)) do redis.call('DEL', payload_key(gid)) end
+for _, v in ipairs(redis.call('ZRANGE', VERSIONS, 0, -1)) do redis.call('DEL', stream_key(v), ids_key(v)) end
 redis.call('DEL', META, VERSIONS, HELD, INDEX, ENTRIES)
 return {'ok'}
 """

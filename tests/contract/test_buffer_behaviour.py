@@ -893,6 +893,9 @@ async def test_redis_payload_keys_live_exactly_while_their_group_is_held_or_pend
     await buffer.open_job(JOB, 2, 1, rewind_to=2)  # the pending group came from lost weights
     assert await payload_keys() == []
     await put("q", 2)
+    await put("r", 2)
+    await sample(buffer, 2, n=1)  # one pending, one held at the close
+    assert await payload_keys() == ["q", "r"]
     await buffer.close_job(JOB)
     assert await payload_keys() == []
 
