@@ -36,7 +36,7 @@ from redis.exceptions import AuthenticationError, RedisError
 from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
 from dockyard.api.common.v1 import common_pb2
 from dockyard.experience.checks import check_payload
-from dockyard.redis_url import RedisConfigError, mask_url, read_password
+from dockyard.redis_url import RedisConfigError, explain_auth_failure, mask_url, read_password
 from dockyard.rpc.errors import InvalidArgument
 
 log = structlog.get_logger()
@@ -111,11 +111,14 @@ class DataPlane:
             await client.ping()
         except (RedisError, OSError) as exc:
             await client.aclose()
-            hint = f"; set {PASSWORD_VARIABLE}" if isinstance(exc, AuthenticationError) else ""
+            if isinstance(exc, AuthenticationError):
+                error = str(explain_auth_failure(reply.redis_url, password, PASSWORD_VARIABLE, exc))
+            else:
+                error = f"{type(exc).__name__}: {exc}"
             log.warning(
                 "data plane unused: its Redis does not answer this client, payloads go through the buffer service",
                 redis=mask_url(reply.redis_url),
-                error=f"{type(exc).__name__}: {exc}{hint}",
+                error=error,
             )
             return None
         return cls(client, reply)

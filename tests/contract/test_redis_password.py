@@ -14,8 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
+from dockyard.experience.data_plane import PASSWORD_VARIABLE, DataPlane
 from dockyard.redis_url import RedisConfigError, mask_url, read_password
 from dockyard.rpc.client import connect
 from tests.conftest import REPO_ROOT, RedisServer, free_port, make_group, redis_binary
@@ -170,3 +172,21 @@ def test_bad_password_stops_the_coordinator_at_startup(protected: RedisServer, c
         assert word in result.stderr, result.stderr
     assert PASSWORD not in result.stderr + result.stdout
     assert wrong not in result.stderr + result.stdout
+
+
+async def test_a_data_plane_client_without_the_password_streams_through_the_buffer_and_says_what_to_set(
+    start_service, protected: RedisServer, monkeypatch
+) -> None:
+    buffer = start_service("buffer", buffer_env(with_password(protected.url, PASSWORD)))
+    async with connect(buffer.address, default_timeout=10) as channel:
+        stub = buffer_pb2_grpc.BufferServiceStub(channel)
+        monkeypatch.delenv(PASSWORD_VARIABLE, raising=False)
+        with capture_logs() as logs:
+            assert await DataPlane.discover(stub) is None
+        [warning] = [entry for entry in logs if entry["event"].startswith("data plane unused")]
+        assert "requires a password" in warning["error"] and PASSWORD_VARIABLE in warning["error"]
+        assert PASSWORD not in str(logs)
+        monkeypatch.setenv(PASSWORD_VARIABLE, PASSWORD)
+        plane = await DataPlane.discover(stub)
+        assert plane is not None
+        await plane.close()
