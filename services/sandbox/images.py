@@ -125,11 +125,13 @@ def download_wheels(requirements: Sequence[str], wheelhouse_dir: str | os.PathLi
         )
 
 
-def _build(client, context: Path, tag: str, base_image: str, content_hash: str) -> None:
+def _build(
+    client, context: Path, tag: str, base_image: str, content_hash: str, args: dict[str, str] | None = None
+) -> None:
     client.images.build(
         path=str(context),
         tag=tag,
-        buildargs={"BASE_IMAGE": base_image},
+        buildargs={"BASE_IMAGE": base_image, **(args or {})},
         labels={HASH_LABEL: content_hash},
         network_mode="none",
         rm=True,

@@ -33,7 +33,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from services.sandbox.images import DEFAULT_WHEELHOUSE, _label, _lock, download_wheels
+from services.sandbox.images import DEFAULT_WHEELHOUSE, _build, _label, _lock, download_wheels
 
 SWE_ENV_REPOSITORY = "dockyard/swe-env"
 SWE_ENV_DOCKERFILE = """\
@@ -169,16 +169,7 @@ def _build_with_args(client, context: Path, tag: str, base_image: str, args: dic
     import docker.errors
 
     try:
-        client.images.build(
-            path=str(context),
-            tag=tag,
-            buildargs={"BASE_IMAGE": base_image, **args},
-            labels={"dockyard.content-hash": tag.rsplit(":", 1)[1]},
-            network_mode="none",
-            rm=True,
-            forcerm=True,
-            pull=False,
-        )
+        _build(client, context, tag, base_image, tag.rsplit(":", 1)[1], args)
     except docker.errors.BuildError as exc:
         output = "".join(chunk.get("stream", chunk.get("error", "")) for chunk in exc.build_log)
         raise RuntimeError(output[-2000:]) from None
