@@ -134,24 +134,11 @@ class GenerationEngine(abc.ABC):
 
         Blocking (the template and tokenizer run here): call from a worker thread.
         """
-        tokenizer = self.tokenizer
-        if not getattr(tokenizer, "chat_template", None):
-            raise UnsupportedRequest("messages: the policy's tokenizer has no chat template; send prompt text or ids")
-        try:
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        except Exception as exc:  # a template raising on this conversation (jinja's raise_exception, bad roles)
-            raise UnsupportedRequest(f"messages: the chat template refused them: {exc}") from None
-        return list(ids)
+        return list(_apply_chat_template(self.tokenizer, messages, tokenize=True, instead="prompt text or ids"))
 
     def render_chat_text(self, messages: list[dict[str, str]]) -> str:
         """The conversation as text under the chat template (an ImagePrompt's text: the processor tokenizes it)."""
-        tokenizer = self.tokenizer
-        if not getattr(tokenizer, "chat_template", None):
-            raise UnsupportedRequest("messages: the policy's tokenizer has no chat template; send prompt text")
-        try:
-            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        except Exception as exc:  # as in render_chat
-            raise UnsupportedRequest(f"messages: the chat template refused them: {exc}") from None
+        return _apply_chat_template(self.tokenizer, messages, tokenize=False, instead="prompt text")
 
     async def prepare_for_generation(self) -> None:
         """Called after every completed weight load (caches that depend on weights are dropped here)."""
@@ -196,3 +183,14 @@ class GenerationCancelled(Exception):
     def __init__(self, steps: int) -> None:
         super().__init__(f"generation cancelled after {steps} decode steps")
         self.steps = steps
+
+
+def _apply_chat_template(tokenizer, messages: list[dict[str, str]], *, tokenize: bool, instead: str):
+    """The tokenizer's chat template over `messages` with the generation prompt; UnsupportedRequest
+    (naming `instead`, what to send) without a template or when the template refuses them."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise UnsupportedRequest(f"messages: the policy's tokenizer has no chat template; send {instead}")
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=tokenize, return_dict=False)
+    except Exception as exc:  # a template raising on this conversation (jinja's raise_exception, bad roles)
+        raise UnsupportedRequest(f"messages: the chat template refused them: {exc}") from None
