@@ -14,18 +14,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.conftest import REPO_ROOT
+from tests.e2e.conftest import DOCKYARD
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 CONFIG = REPO_ROOT / "examples" / "configs" / "tiny_agent_external.yaml"
-DOCKYARD = Path(sys.executable).parent / "dockyard"
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.e2e.conftest import DOCKYARD
 
 # A warm start (about 5 min on 2 cores) and 20 GRPO steps (about 8 min): past the suite's 600 s default.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -28,7 +28,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 MIN_GAIN = 0.045
 # Single-turn recipes measure the logprob mismatch near 1e-7 on CPU float32; multi-turn must be as close.
 MAX_LOGPROB_MISMATCH = 1e-4
-DOCKYARD = Path(sys.executable).parent / "dockyard"
 
 
 def test_tiny_agent_recipe_raises_the_validation_pass_rate(tmp_path: Path) -> None:

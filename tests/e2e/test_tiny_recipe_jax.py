@@ -11,49 +11,25 @@ validations score the same policy on the same 64 held-out tasks and agree exactl
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, missing
+from tests.conftest import missing
+from tests.e2e.conftest import MIN_GAIN, run_tiny_recipe
 
 pytestmark = pytest.mark.slow
 
 STEPS = 10
-# Measured 0.27 -> 0.56 after 10 steps (0.58 after 15) on the 2-core machine; demand a clear gain.
-MIN_GAIN = 0.15
-DOCKYARD = Path(sys.executable).parent / "dockyard"
+# Measured 0.27 -> 0.56 after 10 steps (0.58 after 15) on the 2-core machine.
 
 
 @pytest.mark.timeout(1200)
 def test_tiny_recipe_on_the_jax_backend_raises_the_validation_pass_rate(tmp_path: Path, tiny_policy_folder) -> None:
     if importlib.util.find_spec("flax") is None:
         missing("the jax extra is not installed (pip install -e '.[jax]')")
-    runs = tmp_path / "runs"
-    result = subprocess.run(
-        [
-            str(DOCKYARD),
-            "run",
-            "--prepare",
-            "examples/configs/tiny_expr.yaml",
-            f"policy.model_name={tiny_policy_folder}",
-            f"logger.log_dir={runs}",
-            "policy.backend=jax",
-            f"grpo.max_num_steps={STEPS}",
-            f"grpo.val_period={STEPS}",
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1100,
-        stdin=subprocess.DEVNULL,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    [run_dir] = [p for p in runs.iterdir() if p.name != "logs"]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    overrides = ["policy.backend=jax", f"grpo.max_num_steps={STEPS}", f"grpo.val_period={STEPS}"]
+    records = run_tiny_recipe(tmp_path, tiny_policy_folder, *overrides, timeout=1100)
     train = [r for r in records if r["kind"] == "train"]
     assert len(train) == STEPS and all(r["grad_norm"] > 0 for r in train)
     val = [r for r in records if r["kind"] == "validation"]

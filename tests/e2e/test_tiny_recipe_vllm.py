@@ -10,21 +10,17 @@ Where vLLM is not installed it skips loudly (fails under CI=1); `make install-vl
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT, missing
+from tests.conftest import missing
+from tests.e2e.conftest import MIN_GAIN, run_tiny_recipe
 
 pytestmark = pytest.mark.slow
 
-# As for the torch engine (0.23 -> 0.56 measured there): a clear gain, not a figure.
-MIN_GAIN = 0.15
-DOCKYARD = Path(sys.executable).parent / "dockyard"
+# As for the torch engine (0.23 -> 0.56 measured there).
 VLLM_ON_CPU = [
     "policy.generation.backend=vllm",
     "+policy.generation.vllm_cfg.enforce_eager=true",
@@ -38,27 +34,8 @@ VLLM_ON_CPU = [
 def test_tiny_recipe_on_vllm_raises_the_validation_pass_rate(tmp_path: Path, tiny_policy_folder: Path) -> None:
     if importlib.util.find_spec("vllm") is None:
         missing("vLLM is not installed (make install-vllm)")
-    runs = tmp_path / "runs"
     start = time.monotonic()
-    result = subprocess.run(
-        [
-            str(DOCKYARD),
-            "run",
-            "--prepare",
-            "examples/configs/tiny_expr.yaml",
-            f"policy.model_name={tiny_policy_folder}",
-            f"logger.log_dir={runs}",
-            *VLLM_ON_CPU,
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1700,
-        stdin=subprocess.DEVNULL,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    [run_dir] = [p for p in runs.iterdir() if p.name != "logs"]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = run_tiny_recipe(tmp_path, tiny_policy_folder, *VLLM_ON_CPU, timeout=1700)
     val = [r for r in records if r["kind"] == "validation"]
     assert [r["step"] for r in val] == [0, 10, 20, 30]
     first, last = val[0]["pass_rate"], val[-1]["pass_rate"]
