@@ -13,10 +13,9 @@ task set's own: each split names its task-set folder (`data.train.path`, `data.v
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
-from dockyard.tasks.jsonl import read_records
+from dockyard.tasks.rows import read_rows
 from dockyard.tasks.task import Task, draw
 
 PROMPT = (
@@ -42,21 +41,6 @@ def instances_file(folder: Path) -> Path | None:
     return next((folder / name for name in INSTANCE_FILES if (folder / name).is_file()), None)
 
 
-def instance_rows(path: Path) -> Iterator[tuple[int, str | dict]]:
-    """(line or row number, the JSON line or the row) of an instances.jsonl or instances.parquet file."""
-    if path.suffix != ".parquet":
-        lines = enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
-        yield from ((number, line) for number, line in lines if line.strip())
-        return
-    try:
-        import pyarrow.parquet as pq  # installed with swebench (datasets)
-    except ImportError:
-        raise ValueError(
-            f"{path}: reading Parquet needs pyarrow (pip install pyarrow), or convert it to JSONL"
-        ) from None
-    yield from enumerate(pq.read_table(path).to_pylist(), start=1)
-
-
 def load_tasks(path: str | Path, n: int, seed: int = 0, *, agentic: bool = False) -> list[Task]:
     """n tasks drawn from a task-set folder (seeded permutations, cycling when n exceeds the set); an
     agentic task's prompt asks for edits in the session rather than a diff."""
@@ -64,14 +48,10 @@ def load_tasks(path: str | Path, n: int, seed: int = 0, *, agentic: bool = False
     file = instances_file(folder)
     if file is None:
         raise FileNotFoundError(f"{folder} holds neither {' nor '.join(INSTANCE_FILES)} (a task-set folder does)")
-    if file.suffix == ".parquet":
-        records = []
-        for number, row in instance_rows(file):
-            if missing := [f for f in ("instance_id", "repo") if f not in row]:
-                raise ValueError(f"{file}: row {number}: missing {', '.join(missing)}")
-            records.append((number, row))
-    else:
-        records = read_records(file.read_bytes(), str(file), ("instance_id", "repo"))
+    records = read_rows(file)
+    for where, item in records:
+        if missing := [f for f in ("instance_id", "repo") if f not in item]:
+            raise ValueError(f"{where}: missing field {missing[0]!r} (an instance needs instance_id, repo)")
     pool = []
     template = AGENT_PROMPT if agentic else PROMPT
     for _, item in records:

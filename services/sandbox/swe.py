@@ -58,7 +58,8 @@ from pathlib import Path
 
 import structlog
 
-from dockyard.tasks.swe import instance_rows, instances_file
+from dockyard.tasks.rows import read_rows
+from dockyard.tasks.swe import instances_file
 from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status
 from services.sandbox.checkouts import Checkouts, missing_objects
 from services.sandbox.log_parsing import grade, parse_log, parser_for
@@ -177,16 +178,14 @@ def mirror_name(repo: str) -> str:
 def load_instances(path: Path) -> dict[str, SweInstance]:
     """instances.jsonl / instances.parquet -> {instance_id: instance}; ValueError names the line or row."""
     instances: dict[str, SweInstance] = {}
-    for number, row in instance_rows(path):
-        raw: object = None
+    for where, raw in read_rows(path):
         try:
-            raw = json.loads(row) if isinstance(row, str) else row
             instance = SweInstance.from_dict(raw)
         except (ValueError, KeyError, TypeError) as exc:
-            name = f" instance {raw.get('instance_id')!r}:" if isinstance(raw, dict) and "instance_id" in raw else ""
-            raise ValueError(f"{path}:{number}:{name} {type(exc).__name__}: {exc}") from None
+            name = f" instance {raw['instance_id']!r}:" if "instance_id" in raw else ""
+            raise ValueError(f"{where}:{name} {type(exc).__name__}: {exc}") from None
         if instance.instance_id in instances:
-            raise ValueError(f"{path}:{number}: duplicate instance_id {instance.instance_id!r}")
+            raise ValueError(f"{where}: duplicate instance_id {instance.instance_id!r}")
         instances[instance.instance_id] = instance
     return instances
 
