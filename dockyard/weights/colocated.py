@@ -10,16 +10,18 @@ formed (NCCL refuses two ranks on one GPU); the epoch's store carries small sign
                 for k in 0..M-1 (rank 0 does not wait for the plans: a receiver copies nothing before its own):
                   rank 0: the contiguous tensors shared as they are (their storage's handle, once), then
                           the strided or off-device pieces staged into two buckets (each shared once);
-                          "colocated/v<v>/message/<k>" = {new handles, pieces}
+                          "colocated/v<v>/message/<k>" = {new handles, pieces, the mailbox's path (once)}
                   rank r: maps new handles (CUDA IPC: torch.multiprocessing.reductions; CPU: shared memory),
-                          copies every piece into its target; a message that used a bucket, once the
-                          copies are done ──> "colocated/v<v>/ack/<k>/<r>"
+                          copies every piece into its target (copies adjacent on both sides merged:
+                          arena.coalesce); a message that used a bucket, once the copies are done
+                          ──> "colocated/v<v>/ack/<k>/<r>"
                 rank r: every copy done ──> "colocated/v<v>/loaded/<r>" = "ok" | "ok+replay" | "failed: <why>"
     repeat v    (checksum off) the same names, layouts and storages as version u, every tensor shared as it
-                is, and every receiver answered "ok+replay" for u: rank 0 writes only
-                "colocated/v<v>/manifest" = {repeat: u}; rank r replays u's copies into the same tensors
-                (on CUDA one launch of a graph of them, captured at the first repeat; or fails, when
-                they changed) ──> "colocated/v<v>/loaded/<r>"
+                is, and every receiver answered "ok+replay" for u: nothing goes through the store; rank 0
+                writes v into the mailbox (mailbox.py, shared memory); rank r, which watches the mailbox
+                and, every STORE_EVERY_S, the store for a manifest, replays u's copies into the same
+                tensors (on CUDA one launch of a graph of them, captured at the first repeat; or fails,
+                when they changed) ──> its mailbox word = v | -v (the reason in "colocated/v<v>/loaded/<r>")
 
 Guarantees:
 - Weights never cross the host: on CUDA a receiver copies device to device out of
@@ -73,13 +75,16 @@ from dockyard.weights.collective import (
     prove_membership,
 )
 from dockyard.weights.fingerprint import Fingerprint
+from dockyard.weights.arena import coalesce
 from dockyard.weights.handles import byte_tensor, open_handle, share, sign, verify
+from dockyard.weights.mailbox import Mailbox
 from dockyard.weights.refit import RefitError, TensorSpec, canonical_name, refit_plan
 from dockyard.weights.transports import Transport
 
 BUCKETS = (0, 1)  # handle ids of the two staging buckets; shared tensors' handles count from 2
 DIRECT_PER_MESSAGE = 4 << 30  # bytes of shared tensors one message lists (messages pipeline the receiver)
 POLL_S = 100e-6
+STORE_EVERY_S = 200e-6  # a receiver waiting on the mailbox looks for a manifest in the store this often
 SPIN_S = 5e-3  # polls back to back this long before sleeping POLL_S between them
 FAILURE_EVERY = 4  # a peer's failure key is checked every this many polls
 
@@ -143,7 +148,8 @@ class Replay:
     """
 
     def __init__(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor], device: torch.device) -> None:
-        self.dsts, self.srcs, self.device = dsts, srcs, device
+        self.dsts, self.srcs = coalesce(dsts, srcs)  # both sides in arenas of one layout: one memcpy
+        self.device = device
         self.graph: torch.cuda.CUDAGraph | None = None
         self.eager = device.type != "cuda"
 
@@ -217,6 +223,27 @@ class _Peer:
         except Exception as exc:  # noqa: BLE001 - the store is gone: its host (rank 0) died or closed it
             raise SyncFailed(f"{self._where()}: {what}: the weight-sync store failed: {exc}") from exc
 
+    def _spin(self, done, what: str) -> None:
+        """Until `done()` (which raises SyncFailed for a failure it sees); SyncFailed when the timeout passes.
+
+        Polls back to back for SPIN_S, then every POLL_S."""
+        now = time.monotonic()
+        deadline, spin_until = now + self.timeout.total_seconds(), now + SPIN_S
+        try:
+            while not done():
+                now = time.monotonic()
+                if now > deadline:
+                    raise SyncFailed(
+                        f"{self._where()}: {what}: no answer within {self.timeout.total_seconds():g}s "
+                        "(a peer died or stalled)"
+                    )
+                if now > spin_until:
+                    time.sleep(POLL_S)
+        except SyncFailed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the store is gone: its host (rank 0) died or closed it
+            raise SyncFailed(f"{self._where()}: {what}: the weight-sync store failed: {exc}") from exc
+
     def _devices(self, device: torch.device) -> list[dict]:
         try:
             idents = devices.exchange(self.store, self.group.rank, self.group.world_size, device, self.timeout)
@@ -255,9 +282,12 @@ class ColocatedSender(_Peer):
         self.shared: dict[int, torch.Tensor] = {}  # handle id -> the storage's bytes (kept alive while shared)
         self.next_id = len(BUCKETS)
         self.sent: set[int] = set()  # handle ids the receivers have mapped
-        self.keys: list[str] = []  # this epoch's keys of the last version, deleted when the next starts
+        self.keys: list[str] = []  # this epoch's keys of the last full version, deleted once no one reads them
         self.last_signature: list | None = None  # of the last version every receiver can replay
         self.last_version = -1
+        self.last_nbytes = 0
+        self.mailbox: Mailbox | None = None  # created with the first full version, mapped by every receiver
+        self.mailbox_mapped = False
 
     def _direct(self, t: torch.Tensor) -> bool:
         if t.numel() == 0 or not t.is_contiguous() or t.device != self.device:
@@ -311,19 +341,19 @@ class ColocatedSender(_Peer):
 
     def send(self, tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> SyncReport:
         start = time.perf_counter()
-        items = [(canonical_name(n), t.detach()) for n, t in tensors]
+        tensors = list(tensors)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # each send may run on another worker thread
             torch.cuda.synchronize(self.device)  # the optimizer's writes are done before anyone reads
-        for key in self.keys:
-            self.store.delete_key(key)
         ranks = range(1, self.group.world_size)
         # The same names, layouts and storages as the last version, all shared as they are: the
-        # receivers replay their copies (no manifest to map, no handle to look up).
-        signature = None if self.checksum else [_signature(n, t) for n, t in items]
+        # receivers replay their copies, asked through the mailbox (no manifest, no store round trip).
+        signature = None if self.checksum else [_signature(n, t) for n, t in tensors]
         if signature is not None and signature == self.last_signature:
-            return self._repeat(version, ranks, sum(t.nbytes for _, t in items), start)
+            return self._repeat(version, ranks, start)
         self.last_signature = None
+        self._forget_keys()
+        items = [(canonical_name(n), t.detach()) for n, t in tensors]
         specs = [TensorSpec.of(n, t) for n, t in items]
         refit_plan(specs, None)  # the same name twice is a RefitError
         messages = self._plan(items)
@@ -331,6 +361,9 @@ class ColocatedSender(_Peer):
         self._release(set(live))
         manifest = {"version": version, "tensors": [s.to_json() for s in specs], "messages": len(messages)}
         manifest["live"] = live
+        announce = self.mailbox is None or not self.mailbox_mapped
+        if self.mailbox is None:
+            self.mailbox = Mailbox.create(self.group.world_size)
         self._set(_key(version, "manifest"), json.dumps(manifest).encode())
         loaded = [_key(version, "loaded", r) for r in ranks]
         self.keys = [_key(version, "manifest"), *loaded, *(_key(version, "plan", r) for r in ranks)]
@@ -349,7 +382,10 @@ class ColocatedSender(_Peer):
                     self._stage(items, pieces, slot)
                     self.keys += [_key(version, "ack", k, r) for r in ranks]
                 new = {p.handle: self._handle(p.handle) for p in pieces if p.handle not in mapped}
-                body = pickle.dumps({"new": new, "pieces": [(p.index, p.handle, p.offset, p.a, p.b) for p in pieces]})
+                body = {"new": new, "pieces": [(p.index, p.handle, p.offset, p.a, p.b) for p in pieces]}
+                if k == 0 and announce:
+                    body["mailbox"] = self.mailbox.path
+                body = pickle.dumps(body)
                 self._set(_key(version, "message", k), body)
                 mapped.update(new)
                 self.keys.append(_key(version, "message", k))
@@ -363,20 +399,40 @@ class ColocatedSender(_Peer):
         self._refused(version, ranks, None)
         replayable = self._check_loaded(version, ranks)
         self.sent = mapped
-        if replayable and all(slot is None for _, slot in messages):
+        if announce and messages:  # every receiver has mapped it: the file can go
+            self.mailbox.unlink()
+            self.mailbox_mapped = True
+        if replayable and self.mailbox_mapped and all(slot is None for _, slot in messages):
             self.last_signature = signature
             self.last_version = version
+            self.last_nbytes = sum(s.nbytes for s in specs)
         checksum = digest.hexdigest() if digest is not None else ""
         return SyncReport(checksum, sum(s.nbytes for s in specs), time.perf_counter() - start)
 
-    def _repeat(self, version: int, ranks: range, nbytes: int, start: float) -> SyncReport:
-        loaded = [_key(version, "loaded", r) for r in ranks]
-        self._set(_key(version, "manifest"), json.dumps({"version": version, "repeat": self.last_version}).encode())
-        self.keys = [_key(version, "manifest"), *loaded]
-        self._poll(loaded, loaded, f"confirming version {version}")
-        self._check_loaded(version, ranks)
+    def _repeat(self, version: int, ranks: range, start: float) -> SyncReport:
+        """Every receiver replays the last version's copies: asked and answered in the mailbox."""
+        box = self.mailbox
+        assert box is not None
+
+        def answered() -> bool:
+            got = box.answers()
+            for r, value in zip(ranks, got, strict=True):
+                if value == -version:
+                    key = _key(version, "loaded", r)
+                    why = self.store.get(key).decode(errors="replace") if self.store.check([key]) else "no reason"
+                    raise SyncFailed(f"{self._where()}: rank {r} could not load version {version}: {why}")
+            return all(value == version for value in got)
+
+        box.ask(version)
+        self._spin(answered, f"confirming version {version}")
         self.last_version = version
-        return SyncReport("", nbytes, time.perf_counter() - start)
+        self._forget_keys()  # off the path of every later repeat
+        return SyncReport("", self.last_nbytes, time.perf_counter() - start)
+
+    def _forget_keys(self) -> None:
+        for key in self.keys:
+            self.store.delete_key(key)
+        self.keys = []
 
     def _refused(self, version: int, ranks: range, cause: SyncFailed | None) -> None:
         """RefitError with the reason of the first receiver whose refit plan refused the manifest, if one did."""
@@ -432,6 +488,8 @@ class ColocatedSender(_Peer):
         self.ids.clear()
         self.shared.clear()
         self.buckets.clear()
+        if self.mailbox is not None:
+            self.mailbox.close()
         self.store = self._root = None  # type: ignore[assignment]  # the store stops listening
 
 
@@ -455,6 +513,7 @@ class ColocatedReceiver(_Peer):
         self.handles: dict[int, torch.Tensor] = {}
         # (version, its targets, its copies (destinations, sources), its specs) when a repeat can replay it
         self.replay: tuple | None = None
+        self.mailbox: Mailbox | None = None
 
     def _get(self, key: str, version: int, what: str) -> bytes:
         self._poll([key], [_key(version, "aborted")], what)
@@ -468,27 +527,35 @@ class ColocatedReceiver(_Peer):
             torch.cuda.synchronize(self.device)  # kernels still reading the weights finish before they change
         digest = Fingerprint() if self.checksum else None
         try:
-            specs = self._receive(sink, version, digest)
+            specs, repeated = self._receive(sink, version, digest)
         except Exception as exc:
             try:  # rank 0 stops waiting for this rank at once, with the reason
                 self.store.set(_key(version, "loaded", rank), f"failed: {exc}")
             except Exception:  # noqa: BLE001 - the store is gone with rank 0
                 pass
+            if self.mailbox is not None:  # after the reason: rank 0 reads it when it sees this
+                self.mailbox.answer(rank, -version)
             if isinstance(exc, SyncFailed | RefitError):
                 raise
             raise SyncFailed(f"{self._where()}: loading version {version} failed: {exc}") from exc
-        replayable = self.replay is not None and self.replay[0] == version
-        self.store.set(_key(version, "loaded", rank), "ok+replay" if replayable else "ok")
+        if repeated:
+            self.mailbox.answer(rank, version)
+        else:
+            replayable = self.replay is not None and self.replay[0] == version
+            self.store.set(_key(version, "loaded", rank), "ok+replay" if replayable else "ok")
         checksum = digest.hexdigest() if digest is not None else ""
         return SyncReport(checksum, sum(s.nbytes for s in specs), time.perf_counter() - start)
 
-    def _receive(self, sink: TensorSink, version: int, digest) -> list[TensorSpec]:
+    def _receive(self, sink: TensorSink, version: int, digest) -> tuple[list[TensorSpec], bool]:
+        """The specs of `version`, and whether it was a repeat (answered in the mailbox, not the store)."""
         rank = self.group.rank
+        if self.replay is not None and self.mailbox is not None:  # rank 0 may ask for a repeat
+            targets = _targets(sink) if sink.targets is not None else None  # while waiting, not after
+            if self._asked_to_repeat(version):
+                return self._replay(sink, version, targets), True
         manifest = json.loads(self._get(_key(version, "manifest"), version, f"the manifest of version {version}"))
         if manifest["version"] != version:
             raise SyncFailed(f"{self._where()}: the manifest is of version {manifest['version']}, not {version}")
-        if "repeat" in manifest:
-            return self._replay(sink, version, int(manifest["repeat"]))
         self.replay = None
         try:
             specs = [TensorSpec.from_json(item) for item in manifest["tensors"]]
@@ -502,6 +569,10 @@ class ColocatedReceiver(_Peer):
         copies: tuple[list, list] | None = ([], []) if digest is None else None
         for k in range(int(manifest["messages"])):
             body = pickle.loads(self._get(_key(version, "message", k), version, f"message {k} of version {version}"))
+            if "mailbox" in body:
+                if self.mailbox is not None:
+                    self.mailbox.close()
+                self.mailbox = Mailbox.open(body["mailbox"], self.group.world_size)
             for hid, handle in body["new"].items():
                 self.handles[hid] = open_handle(handle, self.cuda_index)
             pieces = [Piece(*p) for p in body["pieces"]]
@@ -514,14 +585,39 @@ class ColocatedReceiver(_Peer):
             torch.cuda.current_stream(self.device).synchronize()  # the weights are whole before "loaded"
         if copies is not None and sink.targets is not None:  # every piece a whole-tensor copy: replayable
             self.replay = (version, _targets(sink), Replay(*copies, self.device), specs)
-        return specs
+        return specs, False
 
-    def _replay(self, sink: TensorSink, version: int, previous: int) -> list[TensorSpec]:
-        """Version `previous`'s copies again (same storages on rank 0), into the same tensors on this side."""
-        if self.replay is None or self.replay[0] != previous or sink.targets is None:
-            raise SyncFailed(f"{self._where()}: asked to repeat version {previous}, which this rank cannot replay")
-        _, targets, copies, specs = self.replay
-        if _targets(sink) != targets:
+    def _asked_to_repeat(self, version: int) -> bool:
+        """Whether rank 0 asks to repeat for `version` (the mailbox) rather than sending it (a manifest in the store)."""
+        box = self.mailbox
+        assert box is not None
+        manifest, aborted = _key(version, "manifest"), _key(version, "aborted")
+        found: list[bool] = []
+        next_check = 0.0
+
+        def decided() -> bool:
+            nonlocal next_check
+            if box.asked() == version:
+                found.append(True)
+                return True
+            if (now := time.monotonic()) >= next_check:  # a store round trip: not on every poll
+                next_check = now + STORE_EVERY_S
+                if self.store.check([manifest]):
+                    found.append(False)
+                    return True
+                if self.store.check([aborted]):
+                    why = self.store.get(aborted).decode(errors="replace")
+                    raise SyncFailed(f"{self._where()}: version {version}: rank 0 gave up: {why}")
+            return False
+
+        self._spin(decided, f"version {version}")
+        return found[0]
+
+    def _replay(self, sink: TensorSink, version: int, targets: list[tuple] | None) -> list[TensorSpec]:
+        """The last version's copies again (same storages on rank 0), into the same tensors on this side."""
+        assert self.replay is not None
+        previous, known, copies, specs = self.replay
+        if targets != known:
             raise SyncFailed(f"{self._where()}: the engine's tensors changed since version {previous}: no replay")
         copies.run()
         if self.device.type == "cuda":
@@ -553,7 +649,7 @@ class ColocatedReceiver(_Peer):
             else:
                 _copy_flat(target, p.a, p.b, src, into_flat=False)
         if fast[0]:
-            _copy_all(*fast)
+            _copy_all(*coalesce(*fast))
         if whole:
             assert sink.load is not None
             sink.load(whole)
@@ -573,6 +669,8 @@ class ColocatedReceiver(_Peer):
     def close(self) -> None:
         self.replay = None
         self.handles.clear()
+        if self.mailbox is not None:
+            self.mailbox.close()
         self.store = self._root = None  # type: ignore[assignment]
 
 

@@ -1,0 +1,101 @@
+"""Parameter arenas and merged copies: packing keeps every value, and a sync between two arenas of one
+layout is one copy."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+import torch
+
+from dockyard.weights import arena
+from dockyard.weights.collective import TensorSink, WeightSyncGroup
+from dockyard.weights.colocated import ColocatedTransport
+from tests.conftest import free_port
+
+
+def _model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(11, 8), torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 11, bias=False)
+    )
+    model[3].weight = model[0].weight  # tied, as a language model's head and embeddings are
+    return model
+
+
+def test_pack_keeps_values_names_and_ties_and_puts_every_parameter_in_one_storage() -> None:
+    model = _model(0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    params = list(model.parameters())
+    assert not arena.is_packed(model)
+    buffer = arena.pack(model)
+    assert arena.is_packed(model)
+    assert list(model.parameters()) == params  # the same Parameter objects: an optimizer's keys hold
+    after = dict(model.named_parameters())
+    assert after.keys() == before.keys()
+    for name, value in before.items():
+        assert torch.equal(after[name], value) and after[name].requires_grad, name
+        assert after[name].data_ptr() % arena.ALIGN == 0, name
+    assert model[3].weight is model[0].weight  # still tied, stored once
+    assert buffer.numel() >= sum(p.numel() * p.element_size() for p in params)
+    with torch.no_grad():
+        buffer.zero_()
+    assert all(float(p.detach().abs().sum()) == 0 for p in model.parameters())  # views of the arena, not copies
+
+
+def test_pack_refuses_parameters_on_two_devices() -> None:
+    model = _model(0)
+    model[1].weight = torch.nn.Parameter(torch.empty(8, 8, device="meta"))
+    with pytest.raises(ValueError, match="one device"):
+        arena.pack(model)
+
+
+def test_coalesce_merges_exact_adjacency_on_both_sides_only() -> None:
+    src, dst = torch.arange(40, dtype=torch.float32), torch.zeros(40)
+    pairs = [(dst[0:10], src[0:10]), (dst[20:30], src[20:30]), (dst[10:20], src[10:20]), (dst[31:40], src[30:39])]
+    dsts, srcs = arena.coalesce([d for d, _ in pairs], [s for _, s in pairs])
+    assert len(dsts) == 2  # [0, 30) in one copy; the last pair is shifted on one side: alone
+    for d, s in zip(dsts, srcs, strict=True):
+        d.copy_(s)
+    expected = torch.zeros(40)
+    expected[:30] = src[:30]
+    expected[31:40] = src[30:39]
+    assert torch.equal(dst, expected)
+    other = torch.zeros(10)  # adjacent addresses in another storage never merge
+    dsts, _ = arena.coalesce([dst[0:10], other], [src[0:10], src[10:20]])
+    assert len(dsts) == 2
+
+
+def test_a_sync_between_two_arenas_of_one_layout_is_one_copy() -> None:
+    strategy = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    trainer, engine = _model(1), _model(2)
+    arena.pack(trainer).share_memory_()  # shared as it is, as a GPU's memory is
+    arena.pack(engine)
+    sent = [(n, p.detach()) for n, p in trainer.named_parameters()]
+    targets = {n: p.data for n, p in engine.named_parameters()}
+    sender = ColocatedTransport(timedelta(seconds=10), 1 << 20, checksum=False)
+    receiver = ColocatedTransport(timedelta(seconds=10), 1 << 20, checksum=False)
+    port = free_port()
+
+    def group(rank: int) -> WeightSyncGroup:
+        return WeightSyncGroup("127.0.0.1", port, 2, rank, epoch=1, secret="s")
+
+    try:
+        for version in (1, 2):
+            with torch.no_grad():
+                for _, t in sent:
+                    t.add_(1.0)
+            thread = threading.Thread(target=receiver.receive, args=(TensorSink(targets=targets), version, group(1)))
+            thread.start()
+            sender.send(sent, version, group(0))
+            thread.join(30)
+            for name, t in sent:
+                assert torch.equal(targets[name], t), (version, name)
+        replay = receiver.peer.replay[2]
+        assert len(replay.dsts) == 1 and replay.dsts[0].numel() == sum(t.nbytes for _, t in sent)
+    finally:
+        sender.close()
+        receiver.close()
+        torch.multiprocessing.set_sharing_strategy(strategy)
