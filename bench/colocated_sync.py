@@ -13,11 +13,14 @@
 Shapes: Qwen2.5-0.5B (494M parameters, tied embeddings, ~1 GB) and Qwen2-7B (~15.2 GB). Each round
 starts both processes at a barrier and takes the later end of the two; the best of --repeats after a
 warm-up (the first refit of an epoch maps the trainer's tensors; later ones reuse the mappings, as a
-run's syncs do). Checksum off unless --checksum (the deployed default hashes every byte on the host).
-After the last refit the processes compare per-tensor sums (exact equality). With the checksum
-off and the trainer's tensors unchanged in layout and storage (its own bf16 parameters, stepped in
-place), every refit after the first is a replay of the receiver's copies (colocated.py, "repeat");
-a trainer that sends cast copies (fp32 master weights) takes the whole protocol every time.
+run's syncs do). Checksum off unless --checksum (the device fingerprint on both sides).
+After the last refit the processes compare per-tensor sums (exact equality). Both sides keep their
+parameters in one arena each (weights/arena.py), as the trainer and the rollout do when colocated,
+so the receiver's copies merge into one memcpy (--separate-tensors: one copy per tensor). With the
+checksum off and the trainer's tensors unchanged in layout and storage (its own bf16 parameters,
+stepped in place), every refit after the first is a replay of the receiver's copies, asked and
+answered through the shared-memory mailbox (colocated.py, "repeat"); a trainer that sends cast
+copies (fp32 master weights) takes the whole protocol every time.
 
 Prints `colocated_sync_vs_copy_<shape>: R` per shape and, last, `colocated_sync_vs_copy: R`, the
 smallest of them (raw copy time / refit time; 1.0 = the refit moves weights as fast as a bare copy;
@@ -59,6 +62,7 @@ def member(role: str, group, shape: str, args: argparse.Namespace, barrier, out)
     import torch
 
     from dockyard.models import build_char_tokenizer
+    from dockyard.weights import arena
     from dockyard.weights.colocated import ColocatedTransport
     from services.rollout.torch_engine import TorchEngine
 
@@ -82,12 +86,14 @@ def member(role: str, group, shape: str, args: argparse.Namespace, barrier, out)
         for p in model.parameters():
             p.normal_(0.0, 0.02, generator=gen) if trainer else p.zero_()
     if trainer:
+        if not args.separate_tensors:  # what PolicyTrainer does when colocated (bf16 parameters sent as they are)
+            arena.pack(model)
         if device.type == "cpu":  # CPU tensors are shared as they are only from shared memory (as on a GPU)
             torch.multiprocessing.set_sharing_strategy("file_system")
             model.share_memory()
         tensors = [(name, p.detach()) for name, p in model.named_parameters()]
-    else:
-        engine = TorchEngine(model, build_char_tokenizer(), device)
+    else:  # contiguous_weights: what the rollout service sets when colocated
+        engine = TorchEngine(model, build_char_tokenizer(), device, contiguous_weights=not args.separate_tensors)
         tensors = list(engine.named_weights().items())
     nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
     src = dst = None
@@ -128,6 +134,9 @@ def member(role: str, group, shape: str, args: argparse.Namespace, barrier, out)
     def replayed() -> None:  # the receiver's copies alone (a repeat's graph), for the breakdown
         if not trainer and transport.peer.replay is not None:
             transport.peer.replay[2].run()
+            copies[0] = len(transport.peer.replay[2].dsts)
+
+    copies = [0]
 
     results: dict[str, list[float]] = {"raw": [], "per_tensor": [], "refit": [], "replayed": []}
     for i in range(args.repeats + 1):  # the first round warms both paths up (and maps the handles)
@@ -150,7 +159,7 @@ def member(role: str, group, shape: str, args: argparse.Namespace, barrier, out)
     barrier.wait()  # the trainer's memory stays mapped until the rollout is done reading it
     transport.close()
     loop.close()
-    out.put((role, nbytes, results, sums))
+    out.put((role, nbytes, results, sums, copies[0]))
 
 
 def run_shape(shape: str, args: argparse.Namespace) -> float:
@@ -179,8 +188,8 @@ def run_shape(shape: str, args: argparse.Namespace) -> float:
     try:
         while len(got) < 2:
             try:
-                role, nbytes, results, sums = out.get(timeout=5)
-                got[role] = (nbytes, results, sums)
+                role, nbytes, results, sums, copies = out.get(timeout=5)
+                got[role] = (nbytes, results, sums, copies)
             except queue.Empty:
                 dead = [p for p in procs if not p.is_alive() and p.exitcode != 0]
                 if dead:
@@ -200,7 +209,10 @@ def run_shape(shape: str, args: argparse.Namespace) -> float:
     per_tensor = min(got["rollout"][1]["per_tensor"])
     print(f"  per-tensor copies (one _foreach_copy_):    {per_tensor * 1e3:9.2f} ms  {gb / per_tensor:8.1f} GB/s")
     replayed = min(got["rollout"][1]["replayed"])
-    print(f"  the receiver's replayed copies alone:      {replayed * 1e3:9.2f} ms  {gb / replayed:8.1f} GB/s")
+    print(
+        f"  the receiver's replayed copies alone:      {replayed * 1e3:9.2f} ms  {gb / replayed:8.1f} GB/s"
+        f"  ({got['rollout'][3]} copies after merging adjacent ones)"
+    )
     print(f"  refit (handles, copies into the engine):   {refit * 1e3:9.2f} ms  {gb / refit:8.1f} GB/s")
     equal = got["trainer"][2] == got["rollout"][2]
     print(f"  engine weights equal the trainer's (per-tensor sums): {equal}")
@@ -216,7 +228,10 @@ def main() -> None:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: shared memory, tiny model")
     parser.add_argument("--shapes", default=None, help="comma-separated: 0.5b, 7b, tiny (default 0.5b,7b; cpu: tiny)")
     parser.add_argument("--bucket-mb", type=int, default=256, help="cluster.weight_sync_bucket_mb")
-    parser.add_argument("--checksum", action="store_true", help="SHA-256 on both sides (a host copy of every byte)")
+    parser.add_argument("--checksum", action="store_true", help="the device fingerprint on both sides")
+    parser.add_argument(
+        "--separate-tensors", action="store_true", help="leave both sides' parameters unpacked (no arena): a copy each"
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=120.0, help="weight-sync timeout, seconds")
     args = parser.parse_args()

@@ -64,6 +64,7 @@ import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 
 from dockyard.weights import devices
+from dockyard.weights.arena import coalesce
 from dockyard.weights.collective import (
     SyncFailed,
     SyncReport,
@@ -75,7 +76,6 @@ from dockyard.weights.collective import (
     prove_membership,
 )
 from dockyard.weights.fingerprint import Fingerprint
-from dockyard.weights.arena import coalesce
 from dockyard.weights.handles import byte_tensor, open_handle, share, sign, verify
 from dockyard.weights.mailbox import Mailbox
 from dockyard.weights.refit import RefitError, TensorSpec, canonical_name, refit_plan
@@ -588,7 +588,7 @@ class ColocatedReceiver(_Peer):
         return specs, False
 
     def _asked_to_repeat(self, version: int) -> bool:
-        """Whether rank 0 asks to repeat for `version` (the mailbox) rather than sending it (a manifest in the store)."""
+        """Whether rank 0 asks a repeat for `version` (the mailbox), not sending it (a manifest in the store)."""
         box = self.mailbox
         assert box is not None
         manifest, aborted = _key(version, "manifest"), _key(version, "aborted")

@@ -189,6 +189,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             prefix_cache_tokens=cfg.policy.generation.prefix_cache_tokens,
             precision=cfg.policy.generation.precision,
             processor=processor,
+            contiguous_weights=cfg.cluster.weight_sync_transport == "colocated",
         )
 
     def _default_decoding(self, job_id: str) -> DecodingParams:

@@ -13,8 +13,8 @@ on CUDA with kv_cache "static" (or "auto") the decode step is compiled (torch.co
 samples with its own parameters and generator: a seeded request gives the same tokens whatever
 else is in the batch (up to floating-point differences between batch shapes, which can flip a
 sample that lies on a boundary), an unseeded row draws from the engine's own generator. Weights
-load in place into the live parameters, so a captured graph stays valid; were a parameter
-replaced, `prepare_for_generation` has the graph captured anew. With `prefix_cache_tokens` > 0,
+load in place into the live parameters, the same tensors for the engine's life (`named_weights`;
+with `contiguous_weights`, views of one arena), so a captured graph stays valid. With `prefix_cache_tokens` > 0,
 finished rows' KV is kept and a later prompt sharing its prefix prefills only the rest
 (services/rollout/prefix_cache.py; reuse within one weight version only). Given a processor (a
 vision-language policy), an ImagePrompt runs beside the batch (services/rollout/image_generation.py).
@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
+from dockyard.weights import arena
 from services.rollout import fp8
 from services.rollout.decode_batch import BatchStats, DecodeBatch, Request, Row
 from services.rollout.decoding import DecodingParams
@@ -70,6 +71,7 @@ class TorchEngine(GenerationEngine):
         prefix_cache_tokens: int = 0,
         precision: str = "auto",
         processor: Any = None,
+        contiguous_weights: bool = False,
     ) -> None:
         if kv_cache not in ("static", "dynamic", "auto"):
             raise ValueError(f"kv_cache must be static, dynamic or auto, not {kv_cache!r}")
@@ -78,12 +80,15 @@ class TorchEngine(GenerationEngine):
         self.kv_cache = kv_cache
         self.in_flight_weight_updates = in_flight_weight_updates
         self.model = model.to(device).eval()
+        if contiguous_weights:  # one arena: a colocated refit from a trainer packed alike is one memcpy
+            arena.pack(self.model)
         # precision fp8: the decoder's linear layers run FP8 matmuls, requantized with every load.
         self._fp8 = fp8.convert(self.model, torch.device(device)) if precision == "fp8" else []
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self._model_name = model_name or getattr(model.config, "name_or_path", "") or model.config.model_type
         self._weight_version = 0
+        self._weights: dict[str, torch.Tensor] | None = None
         eos = set()
         for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
             if isinstance(source, int):
@@ -117,7 +122,6 @@ class TorchEngine(GenerationEngine):
             in_flight=in_flight_weight_updates,
             prefix_cache_tokens=prefix_cache_tokens,
         )
-        self._param_ptrs = self._parameter_pointers()
         # A vision-language policy's processor: ImagePrompts run on their own path beside the batch.
         self._images = None
         if processor is not None:
@@ -142,8 +146,13 @@ class TorchEngine(GenerationEngine):
         self._weight_version = int(version)
 
     def named_weights(self) -> dict[str, torch.Tensor]:
-        """Parameters by `named_parameters()` name (tied weights once); copy_ into them under no_grad."""
-        return {name: p.data for name, p in self.model.named_parameters()}
+        """Parameters by `named_parameters()` name (tied weights once); copy_ into them under no_grad.
+
+        The same tensors for the engine's life (refits copy into them), so the walk over the modules,
+        which costs more than a small model's refit, runs once."""
+        if self._weights is None:
+            self._weights = {name: p.data for name, p in self.model.named_parameters()}
+        return self._weights
 
     @property
     def model_name(self) -> str:
@@ -158,12 +167,6 @@ class TorchEngine(GenerationEngine):
         """
         with self._gate.updating():
             yield
-
-    async def prepare_for_generation(self) -> None:
-        pointers = self._parameter_pointers()
-        if pointers != self._param_ptrs:  # a parameter was replaced: the captured graph reads the old one
-            self._param_ptrs = pointers
-            self._batch.drop_graph()
 
     async def close(self) -> None:
         await asyncio.to_thread(self._batch.close)
@@ -275,6 +278,3 @@ class TorchEngine(GenerationEngine):
         return GenerationResult(
             prompt_token_ids=list(request.prompt_ids), completions=completions, weight_version=oldest
         )
-
-    def _parameter_pointers(self) -> list[int]:
-        return [p.data_ptr() for p in self.model.parameters()]

@@ -65,6 +65,7 @@ from dockyard.algorithms import clipped_pg_loss, opd_advantages
 from dockyard.config import MasterConfig
 from dockyard.export.hf_export import is_sharded
 from dockyard.models.load import DTYPES, load_policy
+from dockyard.weights import arena
 from services.trainer import checkpoint, lora, teachers
 from services.trainer.batch import Batch, build_row_batch, validate_rows
 from services.trainer.compiled_layers import compile_decoder_layers
@@ -116,6 +117,9 @@ class PolicyTrainer:
         source = pcfg if use_base else pcfg.model_copy(update={"model_name": str(resume.path)})
         self.model, self.tokenizer = load_policy(source, device, dtype=master)
         self.model.train()
+        if self._sends_parameters_as_they_are(config, master):
+            # One arena, before anything holds the parameters: a replica packed alike refits in one memcpy.
+            arena.pack(self.model)
         if pcfg.activation_checkpointing:
             kwargs = {"use_reentrant": False}
             if hasattr(self.model, "activation_checkpointing_enable"):  # the newer transformers name
@@ -157,6 +161,11 @@ class PolicyTrainer:
             self._restore(resume.path)
 
     # -- setup -------------------------------------------------------------------------------
+
+    def _sends_parameters_as_they_are(self, config: MasterConfig, master: torch.dtype) -> bool:
+        """Colocated with the replicas, one rank, no adapters to merge, no cast: the sync reads the parameters."""
+        colocated = config.cluster.weight_sync_transport == "colocated"
+        return colocated and self.world == 1 and not config.policy.lora.enabled and master == self.sync_dtype
 
     def _lr_factor(self, step: int) -> float:
         return lr_factor(self.config, step)

@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from dockyard.config import ConfigError, load_config_text
 from dockyard.export.hf_export import ExportError, export_hf
+from dockyard.weights import arena
 from services.trainer import checkpoint
 from services.trainer.experience import Sample, TrainingGroup
 from services.trainer.policy import PolicyTrainer
@@ -61,7 +62,13 @@ SHARDED = ["checkpointing.format=sharded"]
 SHARDED_ASYNC = [*SHARDED, "checkpointing.async_save=true"]
 
 
-@pytest.mark.parametrize("overrides", [[], LORA, SHARDED, SHARDED_ASYNC], ids=["full", "lora", "sharded", "async"])
+# Colocated with its replicas, the trainer keeps its parameters in one arena (weights/arena.py).
+COLOCATED = ["cluster.weight_sync_transport=colocated"]
+
+
+@pytest.mark.parametrize(
+    "overrides", [[], LORA, SHARDED, SHARDED_ASYNC, COLOCATED], ids=["full", "lora", "sharded", "async", "colocated"]
+)
 def test_stop_and_resume_gives_the_uninterrupted_next_step(tmp_path: Path, overrides: list[str]) -> None:
     k = 3
     straight = trainer(tmp_path / "a", overrides)
@@ -69,6 +76,7 @@ def test_stop_and_resume_gives_the_uninterrupted_next_step(tmp_path: Path, overr
     losses = [straight.train_step(batch(s))["loss"] for s in range(1, k + 3)]
 
     first = trainer(tmp_path / "b", overrides)
+    assert arena.is_packed(first.model) == (overrides == COLOCATED)
     for s in range(1, k + 1):
         assert first.train_step(batch(s))["loss"] == losses[s - 1]
     saved = {name: tensor.clone() for name, tensor in first.named_weights()}
@@ -237,3 +245,17 @@ def test_a_failed_async_write_is_raised_and_never_counts(tmp_path: Path, monkeyp
     with pytest.raises(RuntimeError, match="disk full"):
         policy.close()
     assert checkpoint.latest(tmp_path) is None  # only the staging folder, which nothing reads
+
+
+def test_a_trainer_in_one_arena_trains_exactly_as_one_with_its_own_tensors(tmp_path: Path) -> None:
+    runs = []
+    for name, overrides in (("plain", []), ("packed", COLOCATED)):  # one after the other: dropout's RNG
+        policy = trainer(tmp_path / name, overrides)
+        assert arena.is_packed(policy.model) == (name == "packed")
+        steps = [policy.train_step(batch(s)) for s in range(1, 4)]
+        runs.append(([(m["loss"], m["grad_norm"], m["entropy"]) for m in steps], dict(policy.named_weights())))
+    (plain, plain_weights), (packed, packed_weights) = runs
+    assert packed == plain
+    assert packed_weights.keys() == plain_weights.keys()
+    for name, tensor in plain_weights.items():
+        assert torch.equal(packed_weights[name], tensor), name
