@@ -6,6 +6,8 @@ refit.py          the trainer's tensor names and shapes mapped onto the engine's
 transports.py     the ways weights travel: the weight-sync group, a checkpoint folder
 colocated.py      trainer and rollout on one device: CUDA IPC / shared-memory handles over the group's store
 handles.py        the memory handles it shares and the signed messages that carry them
+mailbox.py        the shared-memory words through which it asks and answers a repeat
+arena.py          a module's parameters in one buffer, and adjacent copies merged: a colocated refit is one memcpy
 devices.py        where each member's weights live, checked before a group forms (one GPU, two ranks)
 whole_tensor.py   the whole-tensor protocol of engines that take each tensor as one broadcast (SGLang)
 synchronizer.py   the sync state machine around a transport, and recovery after a failure
