@@ -192,41 +192,32 @@ class _Peer:
     def _poll(self, keys: list[str], failures: list[str], what: str) -> None:
         """Until every key of `keys` exists; SyncFailed when a key of `failures` says "failed" or the timeout passes.
 
-        The first SPIN_S poll back to back (each check is a store round trip): a sync's answers
-        come within a millisecond, and a sleep between checks would add its latency to every sync.
         A failure key that is also the one awaited key ends the wait itself; the others are
         checked every FAILURE_EVERY polls."""
-        now = time.monotonic()
-        deadline, spin_until = now + self.timeout.total_seconds(), now + SPIN_S
         watched = failures if len(keys) > 1 else [k for k in failures if k not in keys]
         polls = 0
-        try:
-            while not self.store.check(keys):
-                polls += 1
-                for key in watched if polls % FAILURE_EVERY == 0 else ():
-                    if self.store.check([key]) and not (why := self.store.get(key).decode(errors="replace")).startswith(
-                        "ok"
-                    ):
-                        if self.store.check(keys):  # what it said before it gave up decides (a refit plan)
-                            return
-                        raise SyncFailed(f"{self._where()}: {what}: a peer gave up: {why}")
-                if time.monotonic() > deadline:
-                    missing = [k for k in keys if not self.store.check([k])]
-                    raise SyncFailed(
-                        f"{self._where()}: {what}: no answer within {self.timeout.total_seconds():g}s "
-                        f"(a peer died or stalled); missing {missing[:3]}"
-                    )
-                if time.monotonic() > spin_until:
-                    time.sleep(POLL_S)
-        except SyncFailed:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the store is gone: its host (rank 0) died or closed it
-            raise SyncFailed(f"{self._where()}: {what}: the weight-sync store failed: {exc}") from exc
 
-    def _spin(self, done, what: str) -> None:
+        def arrived() -> bool:
+            nonlocal polls
+            if self.store.check(keys):
+                return True
+            polls += 1
+            for key in watched if polls % FAILURE_EVERY == 0 else ():
+                if self.store.check([key]) and not (why := self.store.get(key).decode(errors="replace")).startswith(
+                    "ok"
+                ):
+                    if self.store.check(keys):  # what it said before it gave up decides (a refit plan)
+                        return True
+                    raise SyncFailed(f"{self._where()}: {what}: a peer gave up: {why}")
+            return False
+
+        self._spin(arrived, what, lambda: f"; missing {[k for k in keys if not self.store.check([k])][:3]}")
+
+    def _spin(self, done, what: str, missing=lambda: "") -> None:
         """Until `done()` (which raises SyncFailed for a failure it sees); SyncFailed when the timeout passes.
 
-        Polls back to back for SPIN_S, then every POLL_S."""
+        The first SPIN_S polls back to back: a sync's answers come within a millisecond, and a
+        sleep between checks would add its latency to every sync. Then every POLL_S."""
         now = time.monotonic()
         deadline, spin_until = now + self.timeout.total_seconds(), now + SPIN_S
         try:
@@ -235,7 +226,7 @@ class _Peer:
                 if now > deadline:
                     raise SyncFailed(
                         f"{self._where()}: {what}: no answer within {self.timeout.total_seconds():g}s "
-                        "(a peer died or stalled)"
+                        f"(a peer died or stalled){missing()}"
                     )
                 if now > spin_until:
                     time.sleep(POLL_S)
