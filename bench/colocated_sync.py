@@ -11,7 +11,8 @@
     (also printed, for information: one torch._foreach_copy_ of a local copy of the tensors into the engine's)
 
 Shapes: Qwen2.5-0.5B (494M parameters, tied embeddings, ~1 GB) and Qwen2-7B (~15.2 GB). Each round
-starts both processes at a barrier and takes the later end of the two; the best of --repeats after a
+starts both processes at a barrier and takes the time from the later start (both ready) to the
+later end, on the one monotonic clock both processes read; the best of --repeats after a
 warm-up (the first refit of an epoch maps the trainer's tensors; later ones reuse the mappings, as a
 run's syncs do). Checksum off unless --checksum (the device fingerprint on both sides).
 After the last refit the processes compare per-tensor sums (exact equality). Both sides keep their
@@ -105,12 +106,12 @@ def member(role: str, group, shape: str, args: argparse.Namespace, barrier, out)
     sync_device()
     say(role, f"{shape}: {len(tensors)} tensors, {nbytes / 1e9:.2f} GB on {device}")
 
-    def timed(run) -> float:
+    def timed(run) -> tuple[float, float]:
         barrier.wait()  # a common start
-        start = time.perf_counter()
+        start = time.perf_counter()  # CLOCK_MONOTONIC: one clock for both processes
         run()
         sync_device()
-        return time.perf_counter() - start
+        return start, time.perf_counter()
 
     def raw() -> None:
         if dst is not None:
@@ -138,13 +139,13 @@ def member(role: str, group, shape: str, args: argparse.Namespace, barrier, out)
 
     copies = [0]
 
-    results: dict[str, list[float]] = {"raw": [], "per_tensor": [], "refit": [], "replayed": []}
+    results: dict[str, list[tuple[float, float]]] = {"raw": [], "per_tensor": [], "refit": [], "replayed": []}
     for i in range(args.repeats + 1):  # the first round warms both paths up (and maps the handles)
         for name, run in (("raw", raw), ("per_tensor", per_tensor), ("refit", refit), ("replayed", replayed)):
-            seconds = timed(run)
+            start, end = timed(run)
             if i > 0:
-                results[name].append(seconds)
-            say(role, f"{'warm-up' if i == 0 else f'round {i}'} {name}: {seconds * 1e3:.2f} ms")
+                results[name].append((start, end))
+            say(role, f"{'warm-up' if i == 0 else f'round {i}'} {name}: {(end - start) * 1e3:.2f} ms")
     if local:
         with torch.no_grad():  # the per-tensor copies wrote the engine's zeros back: one more refit
             for _, t in tensors:
@@ -201,14 +202,19 @@ def run_shape(shape: str, args: argparse.Namespace) -> float:
                 p.kill()
     nbytes = got["trainer"][0]
     pairs = zip(got["trainer"][1]["refit"], got["rollout"][1]["refit"], strict=True)
-    refit = min(max(a, b) for a, b in pairs)
-    raw = min(got["rollout"][1]["raw"])
+    # From the later of the two starts (both ready: the barrier wakes them microseconds apart) to the later end.
+    refit = min(max(a[1], b[1]) - max(a[0], b[0]) for a, b in pairs)
+
+    def alone(name: str) -> float:  # the rollout process on its own
+        return min(end - start for start, end in got["rollout"][1][name])
+
+    raw = alone("raw")
     gb = nbytes / 1e9
     print(f"{shape}: {gb:.2f} GB bf16 in {len(got['trainer'][2])} tensors on {args.device}, checksum {args.checksum}")
     print(f"  raw copy of one buffer:                    {raw * 1e3:9.2f} ms  {gb / raw:8.1f} GB/s")
-    per_tensor = min(got["rollout"][1]["per_tensor"])
+    per_tensor = alone("per_tensor")
     print(f"  per-tensor copies (one _foreach_copy_):    {per_tensor * 1e3:9.2f} ms  {gb / per_tensor:8.1f} GB/s")
-    replayed = min(got["rollout"][1]["replayed"])
+    replayed = alone("replayed")
     print(
         f"  the receiver's replayed copies alone:      {replayed * 1e3:9.2f} ms  {gb / replayed:8.1f} GB/s"
         f"  ({got['rollout'][3]} copies after merging adjacent ones)"

@@ -3,7 +3,8 @@
     rank 0: Mailbox.create(world) ─> a small file (/dev/shm where there is one), mapped; its path
             travels to the receivers in a signed message, and rank 0 unlinks it once all mapped it
     rank r: Mailbox.open(path, world)
-    word 0  the version rank 0 asks every receiver to replay; written by rank 0 only
+    word 0  v: rank 0 asks every receiver to replay its last version as version v; -v: version v is sent
+            in full (its manifest is in the store); written by rank 0 only
     word r  rank r's answer: v (version v loaded), -v (failed; the reason is in the store); written by rank r only
 
 A repeat costs two writes and two spins on these words instead of store round trips (tens of
