@@ -269,10 +269,16 @@ def test_an_unchanged_layout_is_replayed_and_a_changed_engine_refuses_the_replay
         assert sender.peer.keys == [] and not sender.peer.store.check(["colocated/v3/manifest"])
         assert not sender.peer.store.check(["colocated/v1/manifest"])
         assert not os.path.exists(sender.peer.mailbox.path)  # unlinked once the receiver mapped it
+        # A new storage on the trainer's side: sent in full, which the mailbox tells the receiver.
+        sent[1] = ("b", (sent[1][1] + 1.0).share_memory_())
+        assert not any(isinstance(r, Exception) for r in sync(4, port))
+        assert torch.equal(targets["b"], sent[1][1]) and sender.peer.store.check(["colocated/v4/manifest"])
+        assert not any(isinstance(r, Exception) for r in sync(5, port))  # and a repeat again
+        assert sender.peer.keys == [] and receiver.peer.replay[0] == 5
         targets = {"a": torch.zeros(30, 20), "b": torch.zeros(9)}  # the engine reloaded: other tensors
-        failures = sync(4, port)
+        failures = sync(6, port)
         assert any("tensors changed" in str(r) for r in failures) and len(failures) == 2, failures
-        sync_again = sync(4, free_port())  # the next epoch starts over with the whole protocol
+        sync_again = sync(6, free_port())  # the next epoch starts over with the whole protocol
         assert not any(isinstance(r, Exception) for r in sync_again)
         assert torch.equal(targets["a"], sent[0][1]) and torch.equal(targets["b"], sent[1][1])
     finally:
