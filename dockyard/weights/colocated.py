@@ -106,13 +106,17 @@ def _key(version: int, *parts: object) -> str:
 
 
 def _signature(name: str, t: torch.Tensor) -> tuple:
-    """What decides a tensor's piece: a version whose signatures all equal the last one's sends the same pieces."""
-    return name, t.shape, t.dtype, t.stride(), t.storage_offset(), t.device, t.untyped_storage()._cdata
+    """What decides a tensor's piece: a version whose signatures all equal the last one's sends the same pieces.
+
+    The address stands for storage, offset and device: rank 0 keeps every shared storage alive,
+    so no other one can take its address. Kept to a few attributes: it runs per tensor per sync."""
+    return name, t.data_ptr(), t.shape, t.dtype, t.stride()
 
 
-def _targets(sink: TensorSink) -> list[tuple]:
+def _targets(sink: TensorSink) -> tuple[list[str], list[int]]:
+    """The engine's names and addresses, what a replay writes to (its copies keep those tensors alive)."""
     assert sink.targets is not None
-    return [(n, t.data_ptr(), t.dtype, t.shape) for n, t in sink.targets.items()]
+    return list(sink.targets), [t.data_ptr() for t in sink.targets.values()]
 
 
 def _extend(copies: tuple[list, list], more: tuple[list, list]) -> tuple[list, list]:
@@ -508,7 +512,7 @@ class ColocatedReceiver(_Peer):
         home = self._devices(device)[0]
         self.cuda_index = devices.local_cuda_index(home["uuid"]) if home["kind"] == "cuda" else None
         self.handles: dict[int, torch.Tensor] = {}
-        # (version, its targets, its copies (destinations, sources), its specs) when a repeat can replay it
+        # (version, its targets, its copies (destinations, sources), its bytes) when a repeat can replay it
         self.replay: tuple | None = None
         self.mailbox: Mailbox | None = None
 
@@ -524,7 +528,7 @@ class ColocatedReceiver(_Peer):
             torch.cuda.synchronize(self.device)  # kernels still reading the weights finish before they change
         digest = Fingerprint() if self.checksum else None
         try:
-            specs, repeated = self._receive(sink, version, digest)
+            nbytes, repeated = self._receive(sink, version, digest)
         except Exception as exc:
             try:  # rank 0 stops waiting for this rank at once, with the reason
                 self.store.set(_key(version, "loaded", rank), f"failed: {exc}")
@@ -541,10 +545,10 @@ class ColocatedReceiver(_Peer):
             replayable = self.replay is not None and self.replay[0] == version
             self.store.set(_key(version, "loaded", rank), "ok+replay" if replayable else "ok")
         checksum = digest.hexdigest() if digest is not None else ""
-        return SyncReport(checksum, sum(s.nbytes for s in specs), time.perf_counter() - start)
+        return SyncReport(checksum, nbytes, time.perf_counter() - start)
 
-    def _receive(self, sink: TensorSink, version: int, digest) -> tuple[list[TensorSpec], bool]:
-        """The specs of `version`, and whether it was a repeat (answered in the mailbox, not the store)."""
+    def _receive(self, sink: TensorSink, version: int, digest) -> tuple[int, bool]:
+        """The bytes of `version`, and whether it was a repeat (answered in the mailbox, not the store)."""
         rank = self.group.rank
         if self.replay is not None and self.mailbox is not None:  # rank 0 may ask for a repeat
             targets = _targets(sink) if sink.targets is not None else None  # while waiting, not after
@@ -580,9 +584,10 @@ class ColocatedReceiver(_Peer):
                 self.store.set(_key(version, "ack", k, rank), "ok")
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the weights are whole before "loaded"
+        nbytes = sum(s.nbytes for s in specs)
         if copies is not None and sink.targets is not None:  # every piece a whole-tensor copy: replayable
-            self.replay = (version, _targets(sink), Replay(*copies, self.device), specs)
-        return specs, False
+            self.replay = (version, _targets(sink), Replay(*copies, self.device), nbytes)
+        return nbytes, False
 
     def _asked_to_repeat(self, version: int) -> bool:
         """Whether rank 0 asks a repeat for `version` (v in the mailbox), not a full send (-v: a manifest)."""
@@ -607,17 +612,17 @@ class ColocatedReceiver(_Peer):
         self._spin(decided, f"version {version}")
         return found[0]
 
-    def _replay(self, sink: TensorSink, version: int, targets: list[tuple] | None) -> list[TensorSpec]:
+    def _replay(self, sink: TensorSink, version: int, targets: tuple | None) -> int:
         """The last version's copies again (same storages on rank 0), into the same tensors on this side."""
         assert self.replay is not None
-        previous, known, copies, specs = self.replay
+        previous, known, copies, nbytes = self.replay
         if targets != known:
             raise SyncFailed(f"{self._where()}: the engine's tensors changed since version {previous}: no replay")
         copies.run()
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
-        self.replay = (version, targets, copies, specs)
-        return specs
+        self.replay = (version, targets, copies, nbytes)
+        return nbytes
 
     def _load(
         self, pieces: list[Piece], specs: list[TensorSpec], names: list[str], sink: TensorSink, digest, wait: bool
