@@ -17,7 +17,9 @@ warm-up (the first refit of an epoch maps the trainer's tensors; later ones reus
 run's syncs do). Checksum off unless --checksum (the device fingerprint on both sides).
 After the last refit the processes compare per-tensor sums (exact equality). Both sides keep their
 parameters in one arena each (weights/arena.py), as the trainer and the rollout do when colocated,
-so the receiver's copies merge into one memcpy (--separate-tensors: one copy per tensor). With the
+so the receiver's copies merge into one memcpy (--separate-tensors: one copy per tensor). The trainer
+side gathers its tensors on every refit as PolicyTrainer.named_weights does (packed: the same alias
+objects again, arena.Aliases; separate: a detached alias of each parameter). With the
 checksum off and the trainer's tensors unchanged in layout and storage (its own bf16 parameters,
 stepped in place), every refit after the first is a replay of the receiver's copies, asked and
 answered through the shared-memory mailbox (colocated.py, "repeat"); a trainer that sends cast
@@ -87,12 +89,20 @@ def member(role: str, group, shape: str, args: argparse.Namespace, barrier, out)
         for p in model.parameters():
             p.normal_(0.0, 0.02, generator=gen) if trainer else p.zero_()
     if trainer:
+        aliases = None
         if not args.separate_tensors:  # what PolicyTrainer does when colocated (bf16 parameters sent as they are)
             arena.pack(model)
+            aliases = arena.Aliases(model)
         if device.type == "cpu":  # CPU tensors are shared as they are only from shared memory (as on a GPU)
             torch.multiprocessing.set_sharing_strategy("file_system")
             model.share_memory()
-        tensors = [(name, p.detach()) for name, p in model.named_parameters()]
+
+        def weights() -> list:  # what PolicyTrainer.named_weights gives a sync, made on each refit as it does
+            if aliases is not None:
+                return aliases.get()
+            return [(name, p.detach()) for name, p in model.named_parameters()]
+
+        tensors = weights()
     else:  # contiguous_weights: what the rollout service sets when colocated
         engine = TorchEngine(model, build_char_tokenizer(), device, contiguous_weights=not args.separate_tensors)
         tensors = list(engine.named_weights().items())
@@ -128,7 +138,7 @@ def member(role: str, group, shape: str, args: argparse.Namespace, barrier, out)
         nonlocal version
         version += 1
         if trainer:
-            transport.send(tensors, version, group)
+            transport.send(weights(), version, group)
         else:
             loop.run_until_complete(engine.receive_weights(transport, version, group, timeout))
 

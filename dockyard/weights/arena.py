@@ -3,6 +3,8 @@
     pack(module): every distinct parameter, in named_parameters order (tied weights once), moved into
                   one device buffer at offsets rounded up to ALIGN bytes; each parameter's data becomes
                   a view of it (the Parameter objects, their names and values stay the same)
+    Aliases(module).get(): (name, detached alias) of every parameter, the same objects on every call
+                  while no parameter moved, so a sync tells an unchanged layout at once (colocated.py)
     coalesce(dsts, srcs): copy pairs whose sources follow on from each other in one storage, and whose
                   destinations do too, merged into one byte copy
 
@@ -54,6 +56,29 @@ def is_packed(module: torch.nn.Module) -> bool:
     """Whether every parameter of `module` lies in one storage (an arena)."""
     storages = {p.untyped_storage().data_ptr() for p in module.parameters()}
     return len(storages) == 1
+
+
+class Aliases:
+    """A module's parameters as (name, detached alias), made once and given again while none moved.
+
+    A parameter stepped in place keeps its address; one whose data was replaced has another, which
+    makes the aliases again. Per call: one address read per parameter, no new tensor (detaching each
+    parameter on every sync cost more than a small model's whole copy). The module's parameters
+    themselves (not their data) must stay the same objects: the owner does not swap submodules."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        self.params: list[torch.Tensor] = []
+        self.addresses: list[int] = []
+        self.aliases: list[tuple[str, torch.Tensor]] = []
+
+    def get(self) -> list[tuple[str, torch.Tensor]]:
+        if not self.params or list(map(torch.Tensor.data_ptr, self.params)) != self.addresses:
+            named = list(self.module.named_parameters())
+            self.params = [p for _, p in named]
+            self.aliases = [(name, p.detach()) for name, p in named]
+            self.addresses = list(map(torch.Tensor.data_ptr, self.params))
+        return self.aliases
 
 
 def _bytes(t: torch.Tensor) -> tuple[int, int, int]:

@@ -54,6 +54,7 @@ keeps them in step (the handles and signatures live in handles.py, the device ch
 from __future__ import annotations
 
 import json
+import operator
 import pickle
 import time
 from collections.abc import Iterable
@@ -113,10 +114,34 @@ def _signature(name: str, t: torch.Tensor) -> tuple:
     return name, t.data_ptr(), t.shape, t.dtype, t.stride()
 
 
+def _addresses(tensors: Iterable[torch.Tensor]) -> list[int]:
+    return list(map(torch.Tensor.data_ptr, tensors))  # no Python frame per tensor: it runs on every repeat
+
+
 def _targets(sink: TensorSink) -> tuple[list[str], list[int]]:
     """The engine's names and addresses, what a replay writes to (its copies keep those tensors alive)."""
     assert sink.targets is not None
-    return list(sink.targets), [t.data_ptr() for t in sink.targets.values()]
+    return list(sink.targets), _addresses(sink.targets.values())
+
+
+class _Given:
+    """The (name, tensor) pairs of a replayable version, to tell cheaply that a later send gives the same.
+
+    The same tensor objects at the same addresses are the same pieces: a weight is stepped in
+    place, and nothing reshapes it in place (resize_, as_strided_) between syncs. Anything else
+    (new objects, a moved tensor) falls back to the full signature."""
+
+    def __init__(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
+        self.names, self.tensors = zip(*tensors, strict=True) if tensors else ((), ())
+        self.addresses = _addresses(self.tensors)
+
+    def same(self, tensors: list[tuple[str, torch.Tensor]]) -> bool:
+        if len(tensors) != len(self.tensors) or not tensors:
+            return False
+        names, given = zip(*tensors, strict=True)
+        return (
+            names == self.names and all(map(operator.is_, given, self.tensors)) and _addresses(given) == self.addresses
+        )
 
 
 def _extend(copies: tuple[list, list], more: tuple[list, list]) -> tuple[list, list]:
@@ -284,6 +309,7 @@ class ColocatedSender(_Peer):
         self.sent: set[int] = set()  # handle ids the receivers have mapped
         self.keys: list[str] = []  # this epoch's keys of the last full version, deleted once no one reads them
         self.last_signature: list | None = None  # of the last version every receiver can replay
+        self.last_given: _Given | None = None  # its tensors, for the cheap check (the same objects again)
         self.last_version = -1
         self.last_nbytes = 0
         self.mailbox: Mailbox | None = None  # created with the first full version, mapped by every receiver
@@ -348,10 +374,13 @@ class ColocatedSender(_Peer):
         ranks = range(1, self.group.world_size)
         # The same names, layouts and storages as the last version, all shared as they are: the
         # receivers replay their copies, asked through the mailbox (no manifest, no store round trip).
+        if self.last_given is not None and self.last_given.same(tensors):
+            return self._repeat(version, ranks, start)
         signature = None if self.checksum else [_signature(n, t) for n, t in tensors]
         if signature is not None and signature == self.last_signature:
+            self.last_given = _Given(tensors)  # new objects of the same layout: the next check is the cheap one
             return self._repeat(version, ranks, start)
-        self.last_signature = None
+        self.last_signature = self.last_given = None
         self._forget_keys()
         items = [(canonical_name(n), t.detach()) for n, t in tensors]
         specs = [TensorSpec.of(n, t) for n, t in items]
@@ -403,8 +432,9 @@ class ColocatedSender(_Peer):
         if announce and messages:  # every receiver has mapped it: the file can go
             self.mailbox.unlink()
             self.mailbox_mapped = True
-        if replayable and self.mailbox_mapped and all(slot is None for _, slot in messages):
-            self.last_signature = signature
+        repeatable = signature is not None and replayable and self.mailbox_mapped
+        if repeatable and all(slot is None for _, slot in messages):
+            self.last_signature, self.last_given = signature, _Given(tensors)
             self.last_version = version
             self.last_nbytes = sum(s.nbytes for s in specs)
         checksum = digest.hexdigest() if digest is not None else ""
@@ -550,10 +580,8 @@ class ColocatedReceiver(_Peer):
     def _receive(self, sink: TensorSink, version: int, digest) -> tuple[int, bool]:
         """The bytes of `version`, and whether it was a repeat (answered in the mailbox, not the store)."""
         rank = self.group.rank
-        if self.replay is not None and self.mailbox is not None:  # rank 0 may ask for a repeat
-            targets = _targets(sink) if sink.targets is not None else None  # while waiting, not after
-            if self._asked_to_repeat(version):
-                return self._replay(sink, version, targets), True
+        if self.replay is not None and self.mailbox is not None and self._asked_to_repeat(version):
+            return self._replay(sink, version), True
         manifest = json.loads(self._get(_key(version, "manifest"), version, f"the manifest of version {version}"))
         if manifest["version"] != version:
             raise SyncFailed(f"{self._where()}: the manifest is of version {manifest['version']}, not {version}")
@@ -612,15 +640,20 @@ class ColocatedReceiver(_Peer):
         self._spin(decided, f"version {version}")
         return found[0]
 
-    def _replay(self, sink: TensorSink, version: int, targets: tuple | None) -> int:
-        """The last version's copies again (same storages on rank 0), into the same tensors on this side."""
+    def _replay(self, sink: TensorSink, version: int) -> int:
+        """The last version's copies again (same storages on rank 0), into the same tensors on this side.
+
+        The engine's tensors are compared with the replay's while the device copies: when they
+        changed, the copies wrote only to tensors the replay kept alive, and the sync fails."""
         assert self.replay is not None
         previous, known, copies, nbytes = self.replay
-        if targets != known:
-            raise SyncFailed(f"{self._where()}: the engine's tensors changed since version {previous}: no replay")
         copies.run()
+        targets = _targets(sink) if sink.targets is not None else None
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
+        if targets != known:
+            self.replay = None
+            raise SyncFailed(f"{self._where()}: the engine's tensors changed since version {previous}: no replay")
         self.replay = (version, targets, copies, nbytes)
         return nbytes
 

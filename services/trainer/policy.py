@@ -117,9 +117,11 @@ class PolicyTrainer:
         source = pcfg if use_base else pcfg.model_copy(update={"model_name": str(resume.path)})
         self.model, self.tokenizer = load_policy(source, device, dtype=master)
         self.model.train()
+        self.aliases: arena.Aliases | None = None  # what the sync sends, when the parameters go as they are
         if self._sends_parameters_as_they_are(config, master):
             # One arena, before anything holds the parameters: a replica packed alike refits in one memcpy.
             arena.pack(self.model)
+            self.aliases = arena.Aliases(self.model)
         if pcfg.activation_checkpointing:
             kwargs = {"use_reentrant": False}
             if hasattr(self.model, "activation_checkpointing_enable"):  # the newer transformers name
@@ -200,9 +202,13 @@ class PolicyTrainer:
         every rank must drain the iterator. One parameter is gathered at a time, so at most one
         tensor (and one adapter pair) beyond the shards exists.
         """
+        if self.aliases is not None:  # one rank, no adapters, no cast: the same alias objects every sync
+            yield from self.aliases.get()
+            return
         params = self.model.named_parameters() if self.peft is None else lora.merged_parameters(self.model, _full)
         for name, tensor in params:
-            yield name, _full(tensor).to(self.sync_dtype)
+            tensor = _full(tensor)
+            yield name, tensor if tensor.dtype == self.sync_dtype else tensor.to(self.sync_dtype)
 
     # -- training ----------------------------------------------------------------------------
 

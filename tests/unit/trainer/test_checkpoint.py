@@ -252,8 +252,12 @@ def test_a_trainer_in_one_arena_trains_exactly_as_one_with_its_own_tensors(tmp_p
     for name, overrides in (("plain", []), ("packed", COLOCATED)):  # one after the other: dropout's RNG
         policy = trainer(tmp_path / name, overrides)
         assert arena.is_packed(policy.model) == (name == "packed")
+        before = list(policy.named_weights())
         steps = [policy.train_step(batch(s)) for s in range(1, 4)]
-        runs.append(([(m["loss"], m["grad_norm"], m["entropy"]) for m in steps], dict(policy.named_weights())))
+        after = list(policy.named_weights())
+        # Packed, a sync gets the same alias objects every time (stepped in place: compared below).
+        assert all(a is b for (_, a), (_, b) in zip(before, after, strict=True)) == (name == "packed")
+        runs.append(([(m["loss"], m["grad_norm"], m["entropy"]) for m in steps], dict(after)))
     (plain, plain_weights), (packed, packed_weights) = runs
     assert packed == plain
     assert packed_weights.keys() == plain_weights.keys()

@@ -51,6 +51,24 @@ def test_pack_refuses_parameters_on_two_devices() -> None:
         arena.pack(model)
 
 
+def test_aliases_are_the_same_objects_until_a_parameter_moves() -> None:
+    model = _model(2)
+    arena.pack(model)
+    aliases = arena.Aliases(model)
+    first = aliases.get()
+    assert [n for n, _ in first] == [n for n, _ in model.named_parameters()]
+    with torch.no_grad():
+        model[1].weight.add_(1.0)  # an optimizer step, in place
+    again = aliases.get()
+    assert all(a is b for (_, a), (_, b) in zip(first, again, strict=True))
+    assert torch.equal(dict(again)["1.weight"], model[1].weight) and not dict(again)["1.weight"].requires_grad
+    model[1].weight.data = torch.zeros(8, 8)  # moved out of the arena
+    moved = dict(aliases.get())
+    assert moved["1.weight"] is not dict(first)["1.weight"]
+    assert moved["1.weight"].data_ptr() == model[1].weight.data_ptr()
+    assert torch.equal(moved["1.weight"], torch.zeros(8, 8))
+
+
 def test_coalesce_merges_exact_adjacency_on_both_sides_only() -> None:
     src, dst = torch.arange(40, dtype=torch.float32), torch.zeros(40)
     pairs = [(dst[0:10], src[0:10]), (dst[20:30], src[20:30]), (dst[10:20], src[10:20]), (dst[31:40], src[30:39])]

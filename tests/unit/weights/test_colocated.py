@@ -275,10 +275,17 @@ def test_an_unchanged_layout_is_replayed_and_a_changed_engine_refuses_the_replay
         assert torch.equal(targets["b"], sent[1][1]) and sender.peer.store.check(["colocated/v4/manifest"])
         assert not any(isinstance(r, Exception) for r in sync(5, port))  # and a repeat again
         assert sender.peer.keys == [] and receiver.peer.replay[0] == 5
+        sent[:] = [(n, t.view_as(t)) for n, t in sent]  # new objects, the same layout: still a repeat
+        assert not any(isinstance(r, Exception) for r in sync(6, port))
+        assert sender.peer.keys == [] and receiver.peer.replay[0] == 6
+        with torch.no_grad():  # the same object, moved to other memory: the cheap check sees it, sent in full
+            sent[0][1].set_(torch.randn(30, 20, generator=gen).share_memory_())
+        assert not any(isinstance(r, Exception) for r in sync(7, port))
+        assert torch.equal(targets["a"], sent[0][1]) and sender.peer.store.check(["colocated/v7/manifest"])
         targets = {"a": torch.zeros(30, 20), "b": torch.zeros(9)}  # the engine reloaded: other tensors
-        failures = sync(6, port)
+        failures = sync(8, port)
         assert any("tensors changed" in str(r) for r in failures) and len(failures) == 2, failures
-        sync_again = sync(6, free_port())  # the next epoch starts over with the whole protocol
+        sync_again = sync(8, free_port())  # the next epoch starts over with the whole protocol
         assert not any(isinstance(r, Exception) for r in sync_again)
         assert torch.equal(targets["a"], sent[0][1]) and torch.equal(targets["b"], sent[1][1])
     finally:
