@@ -16,12 +16,14 @@ formed (NCCL refuses two ranks on one GPU); the epoch's store carries small sign
                           arena.coalesce); a message that used a bucket, once the copies are done
                           ──> "colocated/v<v>/ack/<k>/<r>"
                 rank r: every copy done ──> "colocated/v<v>/loaded/<r>" = "ok" | "ok+replay" | "failed: <why>"
-    repeat v    (checksum off) the same names, layouts and storages as version u, every tensor shared as it
-                is, and every receiver answered "ok+replay" for u: nothing goes through the store; rank 0
+    repeat v    (checksum off) the same names, layouts and storages as version u (known at once when the
+                caller gives u's tensor objects again at the same addresses: arena.Aliases), every tensor
+                shared as it is, and every receiver answered "ok+replay" for u: nothing goes through the store; rank 0
                 writes v into the mailbox (mailbox.py, shared memory; a version sent in full writes -v
                 there once its manifest is in the store); rank r, which watches the mailbox once it has
                 mapped it, replays u's copies into the same tensors (eagerly, or on CUDA one launch of a
-                graph of many, captured at the first repeat; or fails, when they changed)
+                graph of many, captured at the first repeat; or fails, when they changed, which it checks
+                while the device copies)
                 ──> its mailbox word = v | -v (the reason in "colocated/v<v>/loaded/<r>")
 
 Guarantees:
