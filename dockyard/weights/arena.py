@@ -5,6 +5,7 @@
                   a view of it (the Parameter objects, their names and values stay the same)
     Aliases(module).get(): (name, detached alias) of every parameter, the same objects on every call
                   while no parameter moved, so a sync tells an unchanged layout at once (colocated.py)
+    addresses(tensors): their data addresses, read without a Python frame per tensor
     coalesce(dsts, srcs): copy pairs whose sources follow on from each other in one storage, and whose
                   destinations do too, merged into one byte copy
 
@@ -58,6 +59,11 @@ def is_packed(module: torch.nn.Module) -> bool:
     return len(storages) == 1
 
 
+def addresses(tensors) -> list[int]:
+    """Each tensor's data address, with no Python frame per tensor: it runs on every sync."""
+    return list(map(torch.Tensor.data_ptr, tensors))
+
+
 class Aliases:
     """A module's parameters as (name, detached alias), made once and given again while none moved.
 
@@ -73,11 +79,11 @@ class Aliases:
         self.aliases: list[tuple[str, torch.Tensor]] = []
 
     def get(self) -> list[tuple[str, torch.Tensor]]:
-        if not self.params or list(map(torch.Tensor.data_ptr, self.params)) != self.addresses:
+        if not self.params or addresses(self.params) != self.addresses:
             named = list(self.module.named_parameters())
             self.params = [p for _, p in named]
             self.aliases = [(name, p.detach()) for name, p in named]
-            self.addresses = list(map(torch.Tensor.data_ptr, self.params))
+            self.addresses = addresses(self.params)
         return self.aliases
 
 

@@ -68,7 +68,7 @@ import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 
 from dockyard.weights import devices
-from dockyard.weights.arena import coalesce
+from dockyard.weights.arena import addresses, coalesce
 from dockyard.weights.collective import (
     SyncFailed,
     SyncReport,
@@ -116,14 +116,10 @@ def _signature(name: str, t: torch.Tensor) -> tuple:
     return name, t.data_ptr(), t.shape, t.dtype, t.stride()
 
 
-def _addresses(tensors: Iterable[torch.Tensor]) -> list[int]:
-    return list(map(torch.Tensor.data_ptr, tensors))  # no Python frame per tensor: it runs on every repeat
-
-
 def _targets(sink: TensorSink) -> tuple[list[str], list[int]]:
     """The engine's names and addresses, what a replay writes to (its copies keep those tensors alive)."""
     assert sink.targets is not None
-    return list(sink.targets), _addresses(sink.targets.values())
+    return list(sink.targets), addresses(sink.targets.values())
 
 
 class _Given:
@@ -135,14 +131,14 @@ class _Given:
 
     def __init__(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
         self.names, self.tensors = zip(*tensors, strict=True) if tensors else ((), ())
-        self.addresses = _addresses(self.tensors)
+        self.addresses = addresses(self.tensors)
 
     def same(self, tensors: list[tuple[str, torch.Tensor]]) -> bool:
         if len(tensors) != len(self.tensors) or not tensors:
             return False
         names, given = zip(*tensors, strict=True)
         return (
-            names == self.names and all(map(operator.is_, given, self.tensors)) and _addresses(given) == self.addresses
+            names == self.names and all(map(operator.is_, given, self.tensors)) and addresses(given) == self.addresses
         )
 
 
@@ -646,7 +642,9 @@ class ColocatedReceiver(_Peer):
         """The last version's copies again (same storages on rank 0), into the same tensors on this side.
 
         The engine's tensors are compared with the replay's while the device copies: when they
-        changed, the copies wrote only to tensors the replay kept alive, and the sync fails."""
+        changed, the copies went to the tensors the replay holds (kept alive by it, so no memory is
+        overwritten that was freed) and the sync fails, leaving the engine's weights as unknown as
+        any failed load does until the next version, which comes whole."""
         assert self.replay is not None
         previous, known, copies, nbytes = self.replay
         copies.run()
