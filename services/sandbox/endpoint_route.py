@@ -106,7 +106,7 @@ class EndpointRoute:
         self._live.add(task)
         try:
             up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(self._host, self._port), 10.0)
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             log.warning("the policy endpoint is not reachable from a session's route", error=str(exc))
             writer.close()
             self._live.discard(task)

@@ -465,7 +465,7 @@ class LocalBackend(SandboxBackend):
                     writer.close()  # flushes what is buffered, then closes: the harness sees EOF
                 try:
                     run.exit_code = await asyncio.wait_for(proc.wait(), limits.timeout_seconds)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     run.timed_out = True
             finally:
                 # Always, not only on timeout: whatever the code left running dies with it.

@@ -44,7 +44,7 @@ def _pem_key(key) -> bytes:
 
 def make_ca(folder: Path, name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name(name))
@@ -65,7 +65,7 @@ def issue(folder: Path, name: str, ca: tuple[ec.EllipticCurvePrivateKey, x509.Ce
     """A certificate for `name` valid as server (localhost, 127.0.0.1) and as client."""
     ca_key, ca_cert = ca
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     san = x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
     usage = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH])
     cert = (

@@ -7,9 +7,9 @@ older than the linked gencode version"), so an install that honours a lower floo
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
-import tomllib
 from packaging.requirements import Requirement
 from packaging.version import Version
 
