@@ -139,6 +139,15 @@ def split_tasks(config: MasterConfig, split: str) -> list[Task]:
     return environment(config).load(split, dataset, other)
 
 
+def docker_required(config: MasterConfig) -> str | None:
+    """Why a local stack runs this config's sandbox on the docker backend (sandbox_env sets it), or None."""
+    if config.env.scaffold is not None:
+        return "env.scaffold runs an external scaffold, whose session's only network route is the policy endpoint"
+    if config.env.name == "terminal_bench":
+        return "env terminal_bench runs each task in its own image"
+    return None
+
+
 def sandbox_env(config: MasterConfig) -> dict[str, str]:
     """Sandbox settings a local stack needs for this config: for swe, terminal_bench and gdpval, the task root
     that holds data.train.path (validation's task set lies beside it; the config checks that); the
@@ -154,9 +163,9 @@ def sandbox_env(config: MasterConfig) -> dict[str, str]:
         backend = os.environ.get("DOCKYARD_SANDBOX_BACKEND", "docker")
         if backend != "docker":
             raise ValueError(
-                f"env.scaffold runs an external scaffold, whose session's only network route is the policy "
-                f"endpoint: that needs the docker sandbox backend, not DOCKYARD_SANDBOX_BACKEND={backend}; "
-                "set DOCKYARD_SANDBOX_BACKEND=docker (and build the images: deploy/images/build.sh)"
+                f"{docker_required(config)}: that needs the docker sandbox backend, not "
+                f"DOCKYARD_SANDBOX_BACKEND={backend}; set DOCKYARD_SANDBOX_BACKEND=docker (and build the images: "
+                "deploy/images/build.sh)"
             )
         env["DOCKYARD_SANDBOX_BACKEND"] = "docker"
     task_sets = ("swe", "terminal_bench", "gdpval")
