@@ -303,7 +303,13 @@ def _check_datasets(config: MasterConfig, away: str | None) -> tuple[list[Findin
         except (OSError, ValueError) as exc:
             findings.append(Finding(f"data.{split}", ERROR, f"{exc}"))
             continue
-        findings.append(Finding(f"data.{split}", OK, f"{len(tasks)} tasks from {dataset.path or dataset.source}"))
+        said = f"{len(tasks)} tasks from {dataset.path or dataset.source}"
+        if split == "validation" and len(tasks) < dataset.size:  # validated once each, not repeated to the size
+            said += (
+                f" (fewer than data.validation.size={dataset.size}: each of the {len(tasks)} is validated once; "
+                f"set data.validation.size={len(tasks)} to say so, or add rows)"
+            )
+        findings.append(Finding(f"data.{split}", OK, said))
         prompts += [_chat(config, t) or t.prompt for t in tasks]
     return findings, prompts
 

@@ -133,10 +133,19 @@ def judge_for(config: MasterConfig, job_id: str, endpoint_address: str, endpoint
 
 
 def split_tasks(config: MasterConfig, split: str) -> list[Task]:
-    """The tasks of one split of the job's data (the other split's config says which files serve both)."""
+    """The tasks of one split of the job's data (the other split's config says which files serve both).
+    Training draws `size` tasks, repeating a smaller pool in reshuffled passes; validation takes each
+    task once: a pool smaller than data.validation.size gives fewer tasks (preflight says so), never
+    the same task scored several times over."""
     data = config.data
     dataset, other = (data.train, data.validation) if split == "train" else (data.validation, data.train)
-    return environment(config).load(split, dataset, other)
+    tasks = environment(config).load(split, dataset, other)
+    if split == "validation":
+        once: dict[str, Task] = {}
+        for task in tasks:
+            once.setdefault(task.task_id, task)
+        return list(once.values())
+    return tasks
 
 
 def docker_required(config: MasterConfig) -> str | None:

@@ -248,3 +248,32 @@ def test_preflight_reads_the_sandbox_backend_that_dockyard_run_sets(monkeypatch)
     monkeypatch.setenv("DOCKYARD_SANDBOX_BACKEND", "local")
     refused = by_check(preflight(external, Context(environ={"DOCKYARD_SANDBOX_BACKEND": "local"})))["sandbox"]
     assert refused.status == ERROR and "DOCKYARD_SANDBOX_BACKEND=docker" in refused.message
+
+
+def test_a_validation_file_smaller_than_its_size_is_validated_once_and_said(tmp_path: Path) -> None:
+    from dockyard.tasks.envs import split_tasks
+
+    data, train = tmp_path / "val.jsonl", tmp_path / "train.jsonl"
+    rows = [
+        {"id": f"v{i}", "question": f"def f{i}(): return {i}", "asserts": [f"assert f{i}() == {i}"]} for i in range(4)
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train.write_text("".join(json.dumps({**r, "id": f"t{i}"}) + "\n" for i, r in enumerate(rows)))
+    fields = "{id: id, prompt: question, tests: asserts}"
+    cfg = load_config(
+        TINY,
+        [
+            *RANDOM_INIT,
+            "env.name=program_synthesis",
+            "data.train.source=humaneval",
+            "data.validation.source=humaneval",
+            f"data.train.path={train}",
+            f"data.validation.path={data}",  # a file of its own: taken whole, no hash split
+            f"data.train.fields={fields}",
+            f"data.validation.fields={fields}",
+            "data.validation.size=64",
+        ],
+    )
+    assert sorted(t.task_id for t in split_tasks(cfg, "validation")) == ["v0", "v1", "v2", "v3"]  # not 64
+    line = by_check(check_tokenizer_and_context(cfg, prepare=False))["data.validation"]
+    assert line.status == OK and "4 tasks" in line.message and "fewer than data.validation.size=64" in line.message
