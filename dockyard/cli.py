@@ -12,13 +12,16 @@
     dockyard preflight CONFIG [k=v ...] check what a run needs (model, data, context, Docker, Redis, GPUs,
                                         ports, disk) and say what to fix; exit 2 when something is wrong
     dockyard run CONFIG [k=v ...]       preflight + up + submit + follow, then stop everything
-                                        (--prepare: build a missing policy folder with the config's bootstrap)
+                                        (--prepare: build a missing policy folder with the config's bootstrap);
+                                        Ctrl-C: the job's state, run folder, last checkpoint and the command
+                                        that goes on
     dockyard export hf CHECKPOINT OUT   a Hugging Face folder from a (sharded) checkpoint
     dockyard export gguf FOLDER OUT --type T [--type T ...]
                                         validated GGUF file(s) of an HF folder (dockyard/export/commands.py)
 
 submit, status and cancel talk to the coordinator at --coordinator, else
-DOCKYARD_CLI_COORDINATOR_ADDRESS, else 127.0.0.1:50051.
+DOCKYARD_CLI_COORDINATOR_ADDRESS, else 127.0.0.1:50051 (none answering: a hint how to start one).
+A command's k=v overrides may stand before or after its flags (`dockyard run CONFIG --prepare k=v`).
 
 Heavy modules (torch, transformers, grpc, pydantic, even asyncio) load only in the commands that
 need them, so `dockyard --help` answers at once, and a config is validated without torch.
@@ -105,6 +108,9 @@ def prepare(cfg) -> None:
         return
     out = Path(policy.model_name)
     if (out / "config.json").is_file():
+        print(f"{out} exists: kept as it is (prepare builds a missing policy folder only; delete it to build it again)")
+        if differences := bootstrap_differences(out, policy):
+            print(f"note: {out} was built with other settings than the config's bootstrap: {differences}")
         return
     print(f"{out} does not exist: building it with the config's bootstrap ({policy.bootstrap.recipe} warm start)")
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -135,12 +141,31 @@ def prepare(cfg) -> None:
     print(f"policy written to {out}")
 
 
+def bootstrap_differences(folder: Path, policy) -> str:
+    """The settings a warm-start folder was built with (its warm_start.json) that differ from the
+    config's bootstrap, as `key: built -> config`; "" when they agree or the folder has no record."""
+    meta_path = folder / "warm_start.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError):
+        return ""
+    boot = policy.bootstrap
+    wanted = {name: getattr(boot, name) for name in ("recipe", "steps", "lr", "batch_size", "seed", "shortcut_rate")}
+    wanted |= {f"model.{k}": v for k, v in (policy.model or {}).items()}
+    built = {**meta, **{f"model.{k}": v for k, v in (meta.get("model") or {}).items()}}
+    return ", ".join(
+        f"{key}: {built[key]!r} -> {value!r}" for key, value in wanted.items() if key in built and built[key] != value
+    )
+
+
 def _job_line(job) -> str:
     from dockyard.jobs import state_name
 
     reward = job.metrics.get("reward_mean")
     val = job.validation_metrics.get("pass_rate")
     parts = [f"{job.job_id}", state_name(job.state), f"step {job.step}/{job.max_steps}", job.phase]
+    if state_name(job.state) == "FAILED" and job.message:  # why it failed, in the list too
+        parts.append(f"why: {job.message}")
     if reward is not None:
         parts.append(f"reward {reward:.3f}")
     if val is not None:
@@ -317,7 +342,7 @@ async def _follow(address: str, job_id: str, stack=None) -> int:
     )
 
     from dockyard.api.coordinator.v1 import coordinator_pb2
-    from dockyard.jobs import FINISHED
+    from dockyard.jobs import FINISHED, state_name
 
     channel, stub = _coordinator(address)
     async with channel:
@@ -353,23 +378,47 @@ async def _follow(address: str, job_id: str, stack=None) -> int:
     print(_job_line(job))
     for line in warning_lines(job):
         print(line)
-    if job.message:
+    if job.message and state_name(job.state) != "FAILED":  # a failed job's line says why already
         print(f"message: {job.message}")
     return job.state
 
 
-def _summary(run_dir: Path) -> None:
+# What a run folder may hold, in the order the run's last line names them.
+RUN_FILES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "groups.jsonl",
+    "samples.jsonl",
+    "trials.jsonl",
+    "curves.png",
+    "checkpoints",
+    "tensorboard",
+    "wandb",
+    "mlruns",
+    "swanlog",
+)
+
+
+def _summary(run_dir: Path, cfg) -> None:
     path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    val = [r for r in records if r["kind"] == "validation"]
-    if len(val) >= 2:
-        print(
-            f"validation pass rate: {val[0]['pass_rate']:.3f} at step {val[0]['step']} -> "
-            f"{val[-1]['pass_rate']:.3f} at step {val[-1]['step']}"
-        )
-    print(f"run folder: {run_dir}  (config.yaml, metrics.jsonl, samples.jsonl, curves.png)")
+    if path.exists():
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        val = [r for r in records if r["kind"] == "validation"]
+        if len(val) >= 2:
+            print(
+                f"validation pass rate: {val[0]['pass_rate']:.3f} at step {val[0]['step']} -> "
+                f"{val[-1]['pass_rate']:.3f} at step {val[-1]['step']}"
+            )
+    print(run_folder_line(run_dir, cfg.checkpoint_folder(run_dir.name)))
+
+
+def run_folder_line(run_dir: Path, checkpoints: Path) -> str:
+    """The run's last line: its folder and what it holds (a folder with a slash), checkpoints elsewhere named."""
+    held = [name + "/" * (run_dir / name).is_dir() for name in RUN_FILES if (run_dir / name).exists()]
+    line = f"run folder: {run_dir}  ({', '.join(held) or 'empty'})"
+    if checkpoints.exists() and checkpoints.resolve() != (run_dir / "checkpoints").resolve():
+        line += f"; checkpoints in {checkpoints}"
+    return line
 
 
 def _interrupt_on_signals() -> None:
@@ -423,7 +472,13 @@ def cmd_run(args) -> int:
         endpoint=cfg.env.agentic or cfg.env.judge.enabled,
         dashboard=True,
     )
-    _preflight(cfg, prepare=args.prepare, ports=stack.ports, environ={**os.environ, **extra_env})
+    _preflight(
+        cfg,
+        prepare=args.prepare,
+        ports=stack.ports,
+        free_ports=not args.default_ports,
+        environ={**os.environ, **extra_env},
+    )
     if args.prepare:
         prepare(cfg)
     print(f"starting services (logs in {log_dir})")
@@ -435,6 +490,7 @@ def cmd_run(args) -> int:
         return EXIT_FAILED
     _print_addresses(stack, indent="  ")
     address = stack.address("coordinator")
+    job_id, job = None, None
     try:
         job_id = _arun(_submit(address, cfg.resolved_yaml()))
         print(f"job {job_id} submitted")
@@ -442,15 +498,89 @@ def cmd_run(args) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted: stopping services", file=sys.stderr)
         state = None
+        job = _last_look(address, job_id)
     finally:
         codes = stack.stop()
         bad = {name: code for name, code in codes.items() if code not in (0, -15)}
         if bad:
             print(f"services exited uncleanly: {bad}; logs in {log_dir}", file=sys.stderr)
     if state is None:
+        for line in interrupted_lines(cfg, args, job_id, job):
+            print(line, file=sys.stderr)
         return 130
-    _summary(Path(cfg.logger.log_dir) / job_id)
+    _summary(Path(cfg.logger.log_dir) / job_id, cfg)
     return 0 if state == coordinator_pb2.JOB_STATE_SUCCEEDED else EXIT_FAILED
+
+
+def _last_look(address: str, job_id: str | None):
+    """The job as the coordinator has it now (None when there is none, or no answer within seconds)."""
+    if job_id is None:
+        return None
+    from dockyard.api.coordinator.v1 import coordinator_pb2
+
+    async def get():
+        channel, stub = _coordinator(address)
+        async with channel:
+            return (await stub.GetJob(coordinator_pb2.GetJobRequest(job_id=job_id), timeout=5)).job
+
+    try:
+        return _arun(get())
+    except Exception:  # noqa: BLE001 - an interrupt's report goes on with what is known
+        return None
+
+
+def latest_checkpoint(folder: Path) -> tuple[int, Path] | None:
+    """(step, folder) of the newest complete checkpoint (step-<N> with its checkpoint.json) under `folder`."""
+    found = [
+        (int(child.name.removeprefix("step-")), child)
+        for child in (folder.iterdir() if folder.is_dir() else [])
+        if child.name.removeprefix("step-").isdigit() and (child / "checkpoint.json").is_file()
+    ]
+    return max(found, default=None)
+
+
+def interrupted_lines(cfg, args, job_id: str | None, job) -> list[str]:
+    """What an interrupted `dockyard run` leaves: the job's state and step, its run folder, the last
+    checkpoint (or that there is none, and what is lost) and the command that goes on from it."""
+    import shlex
+
+    from dockyard.jobs import state_name
+
+    if job_id is None:
+        return ["no job was submitted yet: nothing to resume"]
+    lines = []
+    if job is not None:
+        lines.append(f"job {job_id} was {state_name(job.state)} at step {job.step}/{job.max_steps} ({job.phase})")
+    else:
+        lines.append(f"job {job_id}: the coordinator did not say its state")
+    lines.append(f"run folder: {Path(cfg.logger.log_dir) / job_id}")
+    folder = cfg.checkpoint_folder(job_id)
+    kept = [
+        o
+        for o in args.overrides
+        if not o.lstrip("+").startswith(("checkpointing.resume=", "checkpointing.checkpoint_dir="))
+    ]
+    rerun = ["dockyard", "run", args.config, *kept]
+    if (latest := latest_checkpoint(folder)) is None:
+        ckpt = cfg.checkpointing
+        lost = f": the {job.step} step(s) done are lost" if job is not None and job.step else ""
+        if not ckpt.enabled:
+            why = "checkpointing.enabled=false saves none"
+        elif ckpt.save_period == 0:
+            why = "checkpointing.save_period=0 saves only after the last step"
+        else:
+            why = f"the first save comes at step {ckpt.save_period}"
+        lines.append(f"last checkpoint: none in {folder} ({why}){lost}")
+        extra = ([] if ckpt.enabled else ["checkpointing.enabled=true"]) + (
+            ["checkpointing.save_period=10"] if ckpt.save_period == 0 or not ckpt.enabled else []
+        )
+        lines.append(f"start again{' (saving every 10 steps)' if extra else ''}: {shlex.join([*rerun, *extra])}")
+        return lines
+    step, path = latest
+    lines.append(f"last checkpoint: {path} (step {step})")
+    resume = [*rerun, "checkpointing.resume=true", f"checkpointing.checkpoint_dir={folder}"]
+    lines.append(f"resume from it: {shlex.join(resume)}")
+    return lines
 
 
 def _port_flags(args) -> dict[str, int]:
@@ -479,7 +609,7 @@ def cmd_up(args) -> int:
         endpoint=True,
         dashboard=True,
     )
-    if (ports := check_ports(stack.ports)).status == "error":
+    if (ports := check_ports(stack.ports, free_when_unset=False)).status == "error":
         print(f"error: ports {ports.message}", file=sys.stderr)
         return EXIT_USAGE
     _interrupt_on_signals()
@@ -671,8 +801,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("export-sft", help="write a run's passing trials as an SFT dataset (sft.dataset)")
-    p.add_argument("run_dir", help="a run folder, runs/<job-id>: samples.jsonl, or an agent run's trials.jsonl")
-    p.add_argument("out", help="the JSONL to write: {prompt, completion} records, or {messages, tools} for agents")
+    p.add_argument("run_dir", help="a run folder, runs/<job-id>: its trials.jsonl (every passing trial)")
+    p.add_argument("out", help="the new JSONL to write: {prompt, completion} records, or {messages, tools} for agents")
     p.add_argument("--min-reward", type=float, default=1.0, help="keep trials whose reward is at least this")
     p.set_defaults(func=cmd_export_sft)
 
@@ -691,11 +821,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def unreachable_hint(code, address: str | None) -> str:
+    """For submit, status and cancel: what to do when no coordinator answers at `address`."""
+    import grpc
+
+    if address is None or code != grpc.StatusCode.UNAVAILABLE:
+        return ""
+    return (
+        f"hint: no coordinator answers at {address}: start the services with `dockyard up` (`dockyard run CONFIG` "
+        f"starts its own and stops them at the end), or name a running one with --coordinator or "
+        f"{COORDINATOR_ADDRESS_ENV}"
+    )
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The arguments, with a command's k=v overrides taken wherever they stand: after its flags
+    too (`dockyard run CONFIG --prepare k=v`), where argparse would stop the overrides at the flag."""
+    args, extra = parser.parse_known_args(argv)
+    stray = [a for a in extra if a.startswith("-") or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:2] == ["tasks", "build-swe"]:  # every argument, -h included, is the builder's
         return cmd_build_swe(argparse.Namespace(builder_args=argv[2:]))
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     try:
         return args.func(args)
     except KeyboardInterrupt:
@@ -710,6 +865,8 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USAGE
         if isinstance(exc, grpc.aio.AioRpcError):
             print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            if hint := unreachable_hint(exc.code(), getattr(args, "coordinator", None)):
+                print(hint, file=sys.stderr)
             return EXIT_FAILED
         raise
 

@@ -753,8 +753,8 @@ class LoggerConfig(Section):
     )
     save_trials: bool = Field(
         True,
-        description="An agent run writes each passing training trial's conversation to trials.jsonl "
-        "(what `dockyard export-sft` exports as chat demonstrations).",
+        description="Write each passing training trial to trials.jsonl: its prompt and completion, or an agent "
+        "trial's conversation (what `dockyard export-sft` exports as demonstrations).",
     )
     signatures: SignaturesConfig = Field(default_factory=SignaturesConfig)
 

@@ -6,7 +6,7 @@
         ──> SFT demonstrations file (sft.dataset) / OPD teacher folder
         ──> swe task sets as the sandbox loads them (swebench specs, mirror commits)
         ──> GPUs / NCCL layout ─> image processor (multimodal) ─> desktop VM (osworld: a stated skip)
-        ──> sandbox backend (Docker engine, image) ─> buffer backend (Redis)
+        ──> sandbox backend as `dockyard run` sets it (Docker engine, image) ─> buffer backend (Redis)
         ──> ports ─> free disk for checkpoints ─> reward functions (file or module found, function defined: ast)
         ──> [Finding(check, status, message)]     status: ok | error | skip
 
@@ -57,13 +57,24 @@ class Context:
 
     prepare: bool = False  # the bootstrap may build a missing policy folder (dockyard run --prepare / prepare)
     ports: Mapping[str, int] | None = None  # ports the run will bind (explicit ones only)
+    free_ports: bool = True  # a port left unset is a free one (dockyard run without --default-ports)
     local_services: bool = True  # trainer and rollout run on this machine (dockyard run)
     environ: Mapping[str, str] | None = None
 
 
 def preflight(config: MasterConfig, context: Context = Context()) -> list[Finding]:
-    """Every check's finding, in the order of the module docstring."""
+    """Every check's finding, in the order of the module docstring. The environment is read with the
+    sandbox settings `dockyard run` adds for the config (sandbox_env: the docker backend of an external
+    scaffold or terminal_bench), so a check passes here only when it passes under `dockyard run`."""
+    from dockyard.tasks.envs import docker_required, sandbox_env
+
     env = os.environ if context.environ is None else context.environ
+    sandbox: list[Finding] = []
+    if config.env.name != "osworld":  # osworld: its desktop_vm line says that `dockyard run` refuses it
+        try:
+            env = {**env, **sandbox_env(config)}
+        except ValueError as exc:
+            sandbox.append(Finding("sandbox", ERROR, str(exc)))
     away = away_from_target(config)
     checks: list[Callable[[], Finding | list[Finding]]] = [
         lambda: check_model(config, context.prepare, away),
@@ -73,9 +84,9 @@ def preflight(config: MasterConfig, context: Context = Context()) -> list[Findin
         lambda: check_gpus(config, context.local_services, away),
         lambda: check_image_processor(config, context.prepare),
         lambda: check_desktop_vm(config),
-        lambda: check_docker(env),
+        lambda: sandbox or check_docker(env, docker_required(config)),
         lambda: check_redis(env),
-        lambda: check_ports(context.ports or {}),
+        lambda: check_ports(context.ports or {}, free_when_unset=context.free_ports),
         lambda: check_disk(config),
         lambda: check_reward_functions(config),
     ]
@@ -193,29 +204,30 @@ def _ids(rendered) -> list[int]:
 
 
 def check_tokenizer_and_context(config: MasterConfig, prepare: bool, away: str | None = None) -> list[Finding]:
-    if _folder_missing(config) and not (prepare and config.policy.bootstrap is not None):
-        findings = [Finding("tokenizer", SKIP, "no policy folder to read it from (see model)")]
-        # The task files are still read when they are here (their fields and sizes need no tokenizer).
-        return findings + (_check_datasets(config, away)[0] if away else [])
+    """The tokenizer, each split's tasks, the chat template and the context. A missing policy folder
+    hides none of the data lines: a bootstrap's folder is checked as the warm start builds it (its
+    character tokenizer), and without one (or away from the hardware) the tokenizer and context are
+    skips beside the data lines."""
+    data_findings, prompts = _check_datasets(config, away)
+    if _folder_missing(config) and (config.policy.bootstrap is None or away):
+        skipped = Finding("context", SKIP, "no tokenizer to count the prompts with (see model)")
+        return [
+            Finding("tokenizer", SKIP, "no policy folder to read it from (see model)"),
+            *data_findings,
+            *([skipped] if prompts else []),
+        ]
     try:
         tokenizer = _tokenizer(config)
     except Exception as exc:  # any loader failure is the folder's: report it, never crash preflight
-        return [Finding("tokenizer", ERROR, f"cannot load the tokenizer of {config.policy.model_name}: {exc}")]
-    findings = [Finding("tokenizer", OK, f"{type(tokenizer).__name__}, {len(tokenizer)} tokens")]
-
-    data_findings, prompts = _check_datasets(config, away)
-    findings += data_findings
-    if any(isinstance(p, tuple) for p in prompts) and not getattr(tokenizer, "chat_template", None):
-        findings.append(
-            Finding(
-                "chat template",
-                ERROR,
-                f"the tokenizer of {config.policy.model_name or 'the built-in policy'} has no chat_template, and "
-                "data.chat_template is true or data rows carry messages: use a tokenizer with a chat template "
-                "(chat_template in tokenizer_config.json), or set data.chat_template=false and use prompt rows",
-            )
-        )
-        return findings
+        return [
+            Finding("tokenizer", ERROR, f"cannot load the tokenizer of {config.policy.model_name}: {exc}"),
+            *data_findings,
+        ]
+    findings = [Finding("tokenizer", OK, f"{type(tokenizer).__name__}, {len(tokenizer)} tokens"), *data_findings]
+    if chat := _check_chat_template(config, tokenizer, prompts):
+        findings.append(chat)
+        if chat.status == ERROR:
+            return findings
     positions = _max_positions(config)
     if not prompts:
         return findings
@@ -225,15 +237,7 @@ def check_tokenizer_and_context(config: MasterConfig, prepare: bool, away: str |
     longest = max(_prompt_lengths(config, tokenizer, list(set(prompts))))
     new_tokens = config.policy.generation.max_new_tokens
     if longest + new_tokens > positions:
-        findings.append(
-            Finding(
-                "context",
-                ERROR,
-                f"the longest prompt ({longest} tokens) + policy.generation.max_new_tokens ({new_tokens}) exceeds the "
-                f"model's {positions} positions: lower max_new_tokens to {max(positions - longest, 0)} or less, or use "
-                "shorter prompts or a model with a longer context",
-            )
-        )
+        findings.append(Finding("context", ERROR, context_problem(longest, new_tokens, positions)))
     elif config.env.agentic and config.grpo.max_trial_tokens > positions:
         findings.append(
             Finding(
@@ -248,6 +252,37 @@ def check_tokenizer_and_context(config: MasterConfig, prepare: bool, away: str |
             Finding("context", OK, f"longest prompt {longest} + {new_tokens} new tokens within {positions} positions")
         )
     return findings
+
+
+def context_problem(longest: int, new_tokens: int, positions: int) -> str:
+    """What to do when the longest prompt and max_new_tokens do not fit the model's positions; lowering
+    max_new_tokens is proposed only when a value of at least 1 would fit."""
+    said = (
+        f"the longest prompt ({longest} tokens) + policy.generation.max_new_tokens ({new_tokens}) exceeds the "
+        f"model's {positions} positions: "
+    )
+    if positions - longest >= 1:
+        return said + (
+            f"lower max_new_tokens to {positions - longest} or less, or use shorter prompts or a model with a "
+            "longer context"
+        )
+    return said + "the prompt alone fills the context: use shorter prompts or a model with a longer context"
+
+
+def _check_chat_template(config: MasterConfig, tokenizer, prompts: list) -> Finding | None:
+    """ok when the prompts are conversations and the tokenizer can render them; None for text prompts
+    (and agent trials, which the context check renders)."""
+    if not any(isinstance(p, tuple) for p in prompts):
+        return None
+    if getattr(tokenizer, "chat_template", None):
+        return Finding("chat template", OK, f"{type(tokenizer).__name__} renders the conversations")
+    return Finding(
+        "chat template",
+        ERROR,
+        f"the tokenizer of {config.policy.model_name or 'the built-in policy'} has no chat_template, and "
+        "data.chat_template is true or data rows carry messages: use a tokenizer with a chat template "
+        "(chat_template in tokenizer_config.json), or set data.chat_template=false and use prompt rows",
+    )
 
 
 def _check_datasets(config: MasterConfig, away: str | None) -> tuple[list[Finding], list]:
@@ -268,7 +303,13 @@ def _check_datasets(config: MasterConfig, away: str | None) -> tuple[list[Findin
         except (OSError, ValueError) as exc:
             findings.append(Finding(f"data.{split}", ERROR, f"{exc}"))
             continue
-        findings.append(Finding(f"data.{split}", OK, f"{len(tasks)} tasks from {dataset.path or dataset.source}"))
+        said = f"{len(tasks)} tasks from {dataset.path or dataset.source}"
+        if split == "validation" and len(tasks) < dataset.size:  # validated once each, not repeated to the size
+            said += (
+                f" (fewer than data.validation.size={dataset.size}: each of the {len(tasks)} is validated once; "
+                f"set data.validation.size={len(tasks)} to say so, or add rows)"
+            )
+        findings.append(Finding(f"data.{split}", OK, said))
         prompts += [_chat(config, t) or t.prompt for t in tasks]
     return findings, prompts
 
@@ -367,7 +408,9 @@ def check_desktop_vm(config: MasterConfig) -> Finding:
     return Finding("desktop_vm", SKIP, f"{DESKTOP_REQUIREMENTS}; `dockyard run` refuses this job")
 
 
-def check_docker(env: Mapping[str, str]) -> Finding:
+def check_docker(env: Mapping[str, str], required: str | None = None) -> Finding:
+    """The docker engine and sandbox image, when the sandbox runs on the docker backend; `required`:
+    why the config needs that backend (then the local backend is never proposed)."""
     if env.get("DOCKYARD_SANDBOX_BACKEND", "local") != "docker":
         return Finding("docker", SKIP, "the sandbox runs on the local backend")
     import docker
@@ -377,7 +420,7 @@ def check_docker(env: Mapping[str, str]) -> Finding:
         client = docker.from_env(timeout=5, environment=dict(env))
         client.ping()
     except DockerException as exc:
-        return Finding("docker", ERROR, docker_problem(exc, env))
+        return Finding("docker", ERROR, docker_problem(exc, env, required))
     image = env.get("DOCKYARD_SANDBOX_IMAGE") or _default_sandbox_image()
     try:
         client.images.get(image)
@@ -388,13 +431,14 @@ def check_docker(env: Mapping[str, str]) -> Finding:
     return Finding("docker", OK, f"engine answers, image {image} present")
 
 
-def docker_problem(exc: Exception, env: Mapping[str, str] = os.environ) -> str:
-    """One line for a Docker client that cannot reach an engine (instead of the client's traceback)."""
+def docker_problem(exc: Exception, env: Mapping[str, str] = os.environ, required: str | None = None) -> str:
+    """One line for a Docker client that cannot reach an engine (instead of the client's traceback); the
+    local backend is proposed only when the config does not need docker (`required` says why it does)."""
     where = env.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    return (
-        f"the docker sandbox backend needs a Docker engine and none answers at {where} ({type(exc).__name__}): "
-        "start dockerd (or set DOCKER_HOST), or use the local backend (DOCKYARD_SANDBOX_BACKEND=local)"
-    )
+    said = f"the docker sandbox backend needs a Docker engine and none answers at {where} ({type(exc).__name__}): "
+    if required:
+        return said + f"start dockerd (or set DOCKER_HOST); {required}, so the local backend cannot run it"
+    return said + "start dockerd (or set DOCKER_HOST), or use the local backend (DOCKYARD_SANDBOX_BACKEND=local)"
 
 
 def _default_sandbox_image() -> str:
@@ -431,7 +475,9 @@ def _redacted(url: str) -> str:
     return f"{scheme}{sep}***@{rest.split('@', 1)[1]}" if "@" in rest else url
 
 
-def check_ports(ports: Mapping[str, int]) -> Finding:
+def check_ports(ports: Mapping[str, int], free_when_unset: bool = True) -> Finding:
+    """Each port free to bind; the fix proposes free ports only where leaving a port unset gives one
+    (`dockyard run`; `dockyard up` and `run --default-ports` take 50051-50055 when unset)."""
     taken = []
     for name, port in ports.items():
         with socket.socket() as s:
@@ -440,12 +486,10 @@ def check_ports(ports: Mapping[str, int]) -> Finding:
             except OSError:
                 taken.append(f"{port} ({name})")
     if taken:
-        return Finding(
-            "ports",
-            ERROR,
-            f"in use: {', '.join(taken)}; stop what holds them, or pick others (--<service>-port, "
-            "DOCKYARD_<SERVICE>_PORT), or leave them unset for free ports",
-        )
+        fix = "stop what holds them, or pick others (--<service>-port, DOCKYARD_<SERVICE>_PORT)"
+        if free_when_unset:
+            fix += ", or leave them unset for free ports"
+        return Finding("ports", ERROR, f"in use: {', '.join(taken)}; {fix}")
     return Finding("ports", OK, f"{len(ports)} port(s) free" if ports else "free ports are picked at start")
 
 

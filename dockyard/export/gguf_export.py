@@ -8,7 +8,8 @@
 
 Guarantees: an output that fails validation is deleted and the GgufError names the tensor (or the
 key) that failed; nothing half-written is left under the output name (each file is written beside
-it and renamed into place). Direct writing covers the decoder families dockyard trains (llama and
+it and renamed into place), and an existing file is never replaced (GgufError, as `export hf` refuses).
+Direct writing covers the decoder families dockyard trains (llama and
 mistral as `llama`, qwen2) with the llama.cpp tensor names the `gguf` package maps; 2-D weights are
 quantized, 1-D tensors (norms, biases) stay f32, and a matrix whose rows do not fill whole blocks of a
 quantized type falls back to f16, as llama.cpp's converter does. The llama architecture stores q/k
@@ -288,10 +289,13 @@ def validate(path: Path, want: Expected) -> list[str]:
 
 
 def export(folder: str | Path, out: str | Path, type_name: str, llama_cpp: str | Path | None = None) -> list[str]:
-    """Write and validate one GGUF file; returns validation notes. On any failure nothing is left at `out`.
+    """Write and validate one GGUF file at `out`, which must not exist; returns validation notes. On any
+    failure nothing is left at `out`.
     A type the gguf package writes is always written directly; others need llama.cpp (`llama_cpp` or
     DOCKYARD_LLAMA_CPP_DIR), whose output is checked against the architecture it declares."""
     folder, out = Path(folder), Path(out)
+    if out.exists():  # as `export hf`: an export never replaces what is there
+        raise GgufError(f"{out} exists: name a new file")
     type_name = type_name.lower()
     llama_cpp = llama_cpp or os.environ.get(LLAMA_CPP_ENV) or None
     if type_name not in DIRECT_TYPES and llama_cpp is None:
@@ -315,10 +319,10 @@ def export(folder: str | Path, out: str | Path, type_name: str, llama_cpp: str |
 
 
 def export_many(folder: str | Path, out_dir: str | Path, types: list[str], llama_cpp: str | Path | None = None) -> dict:
-    """One validated GGUF per type, named <folder name>.<type>.gguf under out_dir: {type: (path, notes)}."""
+    """One validated GGUF per type, named <folder name>.<type>.gguf under out_dir: {type: (path, notes)};
+    refused before anything is written when one of those files exists."""
     folder, out_dir = Path(folder), Path(out_dir)
-    results = {}
-    for type_name in types:
-        path = out_dir / f"{folder.name}.{type_name.lower()}.gguf"
-        results[type_name] = (path, export(folder, path, type_name, llama_cpp))
-    return results
+    paths = {type_name: out_dir / f"{folder.name}.{type_name.lower()}.gguf" for type_name in types}
+    if there := [str(path) for path in paths.values() if path.exists()]:  # refused before any is written
+        raise GgufError(f"{', '.join(there)} exist(s): name a new folder")
+    return {type_name: (path, export(folder, path, type_name, llama_cpp)) for type_name, path in paths.items()}

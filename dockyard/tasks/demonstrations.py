@@ -35,8 +35,6 @@ Message = dict[str, Any]
 # messages, generation prompt, tool schemas (or None) -> the text the chat template renders
 Render = Callable[[list[Message], bool, list[dict] | None], str]
 Pair = tuple[str, str]
-# The run folder cuts samples.jsonl texts at this many characters (services/coordinator/run_folder.py).
-SAMPLE_CHARS = 4000
 
 
 def read_demonstration_records(path: str | Path) -> list[tuple[int, dict]]:
@@ -129,37 +127,36 @@ def load_demonstrations(path: str | Path, policy: Any) -> list[Pair]:
 
 
 def export_best_trials(run_dir: str | Path, out: str | Path, min_reward: float) -> int:
-    """Write a run's trials with reward >= min_reward as a demonstrations file; the number of records written.
+    """Write a run's passing trials with reward >= min_reward as a new demonstrations file (`out` must not
+    exist); the number of records written. Both kinds read the run's trials.jsonl, where the coordinator
+    writes every passing training trial whole (`logger.save_trials`), never the few samples.jsonl keeps.
 
-    A single-turn run: its samples.jsonl rows, each (prompt, completion) once, as `{prompt, completion}`;
-    only completions kept whole (the run folder cuts longer texts: a cut one would teach the cut).
-    An agent run: its trials.jsonl (the passing training trials' conversations, `logger.save_trials`),
-    each conversation segment once, as `{messages, tools}`: every assistant turn trained, tool output
-    and prompts only as context."""
-    config = Path(run_dir) / "config.yaml"
+    A single-turn run: each (prompt, completion) once, as `{prompt, completion}`.
+    An agent run: each conversation segment once, as `{messages, tools}`: every assistant turn trained,
+    tool output and prompts only as context."""
+    run_dir, out = Path(run_dir), Path(out)
+    if out.exists():  # as `dockyard export hf`: an export never replaces what is there
+        raise ValueError(f"{out} exists: name a new file")
+    config = run_dir / "config.yaml"
     env = (yaml.safe_load(config.read_text()) or {}).get("env", {}) if config.is_file() else {}
-    if env.get("tools") or env.get("scaffold"):
-        return _export_agent_trials(Path(run_dir), Path(out), min_reward)
-    source = Path(run_dir) / "samples.jsonl"
-    if not source.is_file():
-        raise ValueError(f"{source}: no such file; export-sft reads the samples.jsonl of a run folder (runs/<job-id>)")
-    kept: dict[tuple[str, str], None] = {}
-    for _, row in read_records(source.read_bytes(), str(source), fields=("prompt", "completion", "reward")):
-        whole = len(row["prompt"]) < SAMPLE_CHARS and len(row["completion"]) < SAMPLE_CHARS
-        if row["reward"] >= min_reward and whole and row["completion"]:
-            kept[(row["prompt"], row["completion"])] = None
-    lines = [json.dumps({"prompt": prompt, "completion": completion}) for prompt, completion in kept]
-    Path(out).write_text("".join(line + "\n" for line in lines))
-    return len(lines)
-
-
-def _export_agent_trials(run_dir: Path, out: Path, min_reward: float) -> int:
     source = run_dir / "trials.jsonl"
     if not source.is_file():
         raise ValueError(
-            f"{source}: no such file; an agent run writes its passing trials there (logger.save_trials, "
-            "on by default) once a trial has passed"
+            f"{source}: no such file; a run writes its passing trials there (logger.save_trials, on by default) "
+            "once a trial has passed; export-sft reads the trials.jsonl of a run folder (runs/<job-id>)"
         )
+    if env.get("tools") or env.get("scaffold"):
+        return _export_agent_trials(source, out, min_reward)
+    kept: dict[tuple[str, str], None] = {}
+    for _, row in read_records(source.read_bytes(), str(source), fields=("prompt", "completion", "reward")):
+        if row["reward"] >= min_reward and row["completion"]:
+            kept[(row["prompt"], row["completion"])] = None
+    lines = [json.dumps({"prompt": prompt, "completion": completion}) for prompt, completion in kept]
+    out.write_text("".join(line + "\n" for line in lines))
+    return len(lines)
+
+
+def _export_agent_trials(source: Path, out: Path, min_reward: float) -> int:
     kept: dict[str, None] = {}
     for _, row in read_records(source.read_bytes(), str(source), fields=("reward", "segments")):
         if row["reward"] < min_reward:

@@ -133,10 +133,28 @@ def judge_for(config: MasterConfig, job_id: str, endpoint_address: str, endpoint
 
 
 def split_tasks(config: MasterConfig, split: str) -> list[Task]:
-    """The tasks of one split of the job's data (the other split's config says which files serve both)."""
+    """The tasks of one split of the job's data (the other split's config says which files serve both).
+    Training draws `size` tasks, repeating a smaller pool in reshuffled passes; validation takes each
+    task once: a pool smaller than data.validation.size gives fewer tasks (preflight says so), never
+    the same task scored several times over."""
     data = config.data
     dataset, other = (data.train, data.validation) if split == "train" else (data.validation, data.train)
-    return environment(config).load(split, dataset, other)
+    tasks = environment(config).load(split, dataset, other)
+    if split == "validation":
+        once: dict[str, Task] = {}
+        for task in tasks:
+            once.setdefault(task.task_id, task)
+        return list(once.values())
+    return tasks
+
+
+def docker_required(config: MasterConfig) -> str | None:
+    """Why a local stack runs this config's sandbox on the docker backend (sandbox_env sets it), or None."""
+    if config.env.scaffold is not None:
+        return "env.scaffold runs an external scaffold, whose session's only network route is the policy endpoint"
+    if config.env.name == "terminal_bench":
+        return "env terminal_bench runs each task in its own image"
+    return None
 
 
 def sandbox_env(config: MasterConfig) -> dict[str, str]:
@@ -154,9 +172,9 @@ def sandbox_env(config: MasterConfig) -> dict[str, str]:
         backend = os.environ.get("DOCKYARD_SANDBOX_BACKEND", "docker")
         if backend != "docker":
             raise ValueError(
-                f"env.scaffold runs an external scaffold, whose session's only network route is the policy "
-                f"endpoint: that needs the docker sandbox backend, not DOCKYARD_SANDBOX_BACKEND={backend}; "
-                "set DOCKYARD_SANDBOX_BACKEND=docker (and build the images: deploy/images/build.sh)"
+                f"{docker_required(config)}: that needs the docker sandbox backend, not "
+                f"DOCKYARD_SANDBOX_BACKEND={backend}; set DOCKYARD_SANDBOX_BACKEND=docker (and build the images: "
+                "deploy/images/build.sh)"
             )
         env["DOCKYARD_SANDBOX_BACKEND"] = "docker"
     task_sets = ("swe", "terminal_bench", "gdpval")

@@ -115,7 +115,12 @@ class ReplicaLost(Exception):
 
 
 class GroupUnscorable(Exception):
-    """Most of a group's trajectories kept failing in the sandbox: it is not trained on."""
+    """Most of a group's trajectories kept failing in the sandbox: it is not trained on. `first` names
+    the first failed trajectory and its verdict's error (a reward function's: its type and message)."""
+
+    def __init__(self, message: str, first: str = "") -> None:
+        super().__init__(message)
+        self.first = first
 
 
 class Routing(Protocol):
@@ -143,7 +148,7 @@ class Collector:
         max_scoring_attempts: int = 3,
         max_invalid_fraction: float = 0.5,
         wait_timeout: float = 120.0,
-        on_group: Callable[[str, str, int], None] = lambda *_: None,
+        on_group: Callable[..., None] = lambda *_: None,  # (group id, outcome, weight version[, error])
         endpoint_address: str = "",
         endpoint_token: str = "",
     ) -> None:
@@ -197,9 +202,12 @@ class Collector:
         timeline, self.timeline = self.timeline, []
         return timeline
 
-    def record_outcome(self, group_id: str, outcome: str, weight_version: int) -> None:
-        """Report a group's outcome decided outside the collector (a producer's failed group)."""
-        self._on_group(group_id, outcome, weight_version)
+    def record_outcome(self, group_id: str, outcome: str, weight_version: int, error: str = "") -> None:
+        """Report a group's outcome decided outside the collector (a producer's failed group, and why)."""
+        if error:
+            self._on_group(group_id, outcome, weight_version, error)
+        else:
+            self._on_group(group_id, outcome, weight_version)
 
     async def score(self, task: Task, completion_text: str, request_id: str) -> common_pb2.Verdict:
         """The verdict of one completion; ERROR (invalid, masked) when no sandbox worker could score it."""
@@ -346,10 +354,13 @@ class Collector:
                 log.warning(
                     "most of a group failed in the sandbox; generating it again", group=group_id, invalid=invalid
                 )
-        errors = {t.verdict.error_message for t in group.trajectories if not t.valid}
+        failed = [t for t in group.trajectories if not t.valid]
+        errors = {t.verdict.error_message for t in failed}
+        first = f"{failed[0].trajectory_id}: {failed[0].verdict.error_message or 'no error message'}"
         raise GroupUnscorable(
             f"group {group_id}: {invalid} of {len(group.trajectories)} trajectories failed in the sandbox in each of "
-            f"{self._max_regenerations + 1} attempts ({'; '.join(sorted(errors))[:500]})"
+            f"{self._max_regenerations + 1} attempts ({'; '.join(sorted(errors))[:500]})",
+            first=first[:1000],
         )
 
     async def _make_group_once(self, task: Task, group_id: str, seed: int) -> common_pb2.Group:
@@ -377,7 +388,27 @@ class Collector:
             )
             for i, (completion, verdict) in enumerate(zip(reply.completions, verdicts, strict=True))
         ]
-        return await self._group(task, group_id, trajectories)
+        group = await self._group(task, group_id, trajectories)
+        self._keep_passing_completions(group)
+        return group
+
+    def _keep_passing_completions(self, group: common_pb2.Group) -> None:
+        """A single-turn group's passing completions, whole, for trials.jsonl (logger.save_trials)."""
+        if not self.config.logger.save_trials:
+            return
+        for t in group.trajectories:
+            if t.valid and t.verdict.status == common_pb2.VERDICT_STATUS_PASSED:
+                self.trials.append(
+                    {
+                        "group_id": group.group_id,
+                        "trajectory_id": t.trajectory_id,
+                        "task_id": group.task_id,
+                        "reward": t.reward,
+                        "weight_version": t.weight_version,
+                        "prompt": group.prompt,
+                        "completion": t.completion_text,
+                    }
+                )
 
     def _keep_passing(self, group: common_pb2.Group, trials: list) -> None:
         """The passing trials' conversations, for trials.jsonl (logger.save_trials); rewards as shaped."""
@@ -401,7 +432,7 @@ class Collector:
                 )
 
     def take_trials(self) -> list[dict]:
-        """The passing trials kept since the last call (agent runs)."""
+        """The passing trials kept since the last call (agent trials, and single-turn completions)."""
         trials, self.trials = self.trials, []
         return trials
 

@@ -14,8 +14,9 @@ Guarantees: ids are stable (a retried put of the same group is a no-op) and
 never collide across a trainer restart (a new run number); the seeds depend
 only on the config and the id, so a resumed job samples as an uninterrupted
 one would. A group that keeps failing in the sandbox (GroupUnscorable) is
-counted as failed and left out; a sync step fails when no group reached the
-buffer or every trajectory was invalid. The asynchronous producer never generates a group
+counted as failed and left out (its groups.jsonl line says its first failed
+trajectory and why); a sync step fails when no group reached the buffer, with
+the first failure in its message, or every trajectory was invalid. The asynchronous producer never generates a group
 only for it to age out; one group's failure is counted and the production
 goes on, but a request the sandbox refused (RuntimeError) fails the job;
 `wait_for_groups` fails when the buffer's count stops moving for `patience`.
@@ -80,7 +81,7 @@ class SyncProducer:
         grpo = self._grpo
         stats = CollectStats()
         rounds = 1 + (grpo.dynamic_sampling.max_refills if grpo.dynamic_sampling.enabled else 0)
-        index = 0
+        index, first_failure = 0, ""
         for _ in range(rounds):
             missing = grpo.num_prompts_per_step - stats.groups
             if missing <= 0:
@@ -93,7 +94,8 @@ class SyncProducer:
             for (_, group_id, _), group in zip(batch, made, strict=True):
                 if isinstance(group, GroupUnscorable):
                     stats.failed += 1
-                    self._collector.record_outcome(group_id, "failed", -1)
+                    first_failure = first_failure or group.first
+                    self._collector.record_outcome(group_id, "failed", -1, group.first)
                     log.warning("a group failed in the sandbox; the step goes on without it", error=str(group))
                 elif isinstance(group, BaseException):
                     raise group
@@ -102,7 +104,8 @@ class SyncProducer:
         if stats.groups == 0:
             raise RuntimeError(
                 f"step {step}: no group reached the buffer in {rounds} round(s): "
-                f"{stats.dropped_uniform} had uniform rewards, {stats.dropped_stale} were stale on arrival"
+                f"{stats.dropped_uniform} had uniform rewards, {stats.dropped_stale} were stale on arrival, "
+                f"{stats.failed} failed" + (f"; first failure: {first_failure}" if first_failure else "")
             )
         if stats.invalid == stats.trajectories:
             raise RuntimeError(f"step {step}: every trajectory failed in the sandbox (verdicts: {stats.verdicts})")
@@ -194,7 +197,8 @@ class AsyncProducer:
         except Exception as exc:  # noqa: BLE001 - one group's failure is counted, the job goes on
             self._produced.failed += 1
             self._last_error = exc
-            self._collector.record_outcome(group_id, "failed", -1)
+            error = exc.first if isinstance(exc, GroupUnscorable) else f"{type(exc).__name__}: {exc}"[:1000]
+            self._collector.record_outcome(group_id, "failed", -1, error)
             log.warning("a group failed; it is counted and not retried", group=group_id, error=str(exc))
             await asyncio.sleep(1.0)  # keep a failing fleet from spinning
 

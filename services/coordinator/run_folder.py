@@ -6,11 +6,13 @@
                                     replica, group, start/end, weight version, tokens) and the
                                     buffer's final counts ("kind": "buffer")
     runs/<job-id>/groups.jsonl      one line per group the collector finished: id, outcome
-                                    (put, duplicate, dropped_stale, dropped_uniform, failed), weight version
+                                    (put, duplicate, dropped_stale, dropped_uniform, refused, failed), weight
+                                    version; a failed group's `error`: its first failed trajectory and why
     runs/<job-id>/samples.jsonl     a few completions per step (logger.num_samples_per_step): prompt,
                                     completion, reward, verdict
-    runs/<job-id>/trials.jsonl      agent runs (logger.save_trials): every passing training trial whole:
-                                    ids, reward, and per conversation segment its messages and tools
+    runs/<job-id>/trials.jsonl      logger.save_trials: every passing training trial whole: ids, reward, and
+                                    the prompt and completion (single-turn), or per conversation segment its
+                                    messages and tools (agent trials)
     runs/<job-id>/curves.png        one panel per metric family the run reports (reward, validation,
                                     loss, KL, entropy, clip fraction, staleness, tokens/s), rewritten
                                     as the run goes
@@ -102,8 +104,11 @@ class RunFolder:
         if self.trackers is not None:
             self.trackers.log(kind, step, values)
 
-    def record_group(self, group_id: str, outcome: str, weight_version: int) -> None:
+    def record_group(self, group_id: str, outcome: str, weight_version: int, error: str = "") -> None:
+        """One line of groups.jsonl; a failed group's line carries its first failure (`error`)."""
         record = {"group_id": group_id, "outcome": outcome, "weight_version": weight_version, "time": time.time()}
+        if error:
+            record["error"] = error
         with (self.path / "groups.jsonl").open("a") as f:
             f.write(json.dumps(record) + "\n")
 

@@ -20,7 +20,8 @@ socket, sees no other process, runs as a non-root uid without capabilities, and
 no process of it outlives its run (the pid namespace ends with the launcher); it
 never outlives its wall-clock limit; it sees none of the service's environment
 variables; output beyond the cap is drained and dropped, never buffered; at most
-`max_concurrency` runs execute at once. `open` refuses a host where the
+`max_concurrency` runs execute at once; after `close` (the service stopping) no
+run is left alive, one spawning meanwhile included, and none starts. `open` refuses a host where the
 namespaces do not work, unless told to run unisolated (then only the
 environment, rlimits, group kill and output cap hold).
 
@@ -213,6 +214,7 @@ class LocalBackend(SandboxBackend):
         self._isolate = isolate
         self._binds = read_only_binds() if isolate else []
         self._live_groups: set[int] = set()
+        self._closed = False  # close() ran: no run starts, and one spawning meanwhile is killed at once
 
     @classmethod
     async def open(cls, *, allow_unisolated: bool = False, **kwargs) -> LocalBackend:
@@ -321,6 +323,9 @@ class LocalBackend(SandboxBackend):
         return reap_dead_sessions(self._work_root)
 
     async def close(self) -> None:
+        """Kill every run's process group; a run that was spawning meanwhile is killed as soon as it
+        exists, and none starts after this (an unkilled one would outlive the service, orphaned)."""
+        self._closed = True
         for pgid in list(self._live_groups):
             _kill_group(pgid)
 
@@ -423,6 +428,8 @@ class LocalBackend(SandboxBackend):
         start = time.monotonic()
         try:
             try:
+                if self._closed:
+                    raise OSError("the sandbox service is stopping")
                 proc = await asyncio.create_subprocess_exec(
                     *self._spawn_argv(argv, work, pipes["status"][1], stage_fd, limits, keep_fd),
                     stdin=pipes["stdin"][0] if stdin is not None else asyncio.subprocess.DEVNULL,
@@ -446,6 +453,8 @@ class LocalBackend(SandboxBackend):
                     os.close(fd)
                 child_ends = []
             self._live_groups.add(proc.pid)
+            if self._closed:  # close() ran while it was spawning: it missed this group
+                _kill_group(proc.pid)
             if groups is not None:
                 groups.add(proc.pid)
             try:

@@ -1,4 +1,5 @@
-"""Ctrl-C during `dockyard run` stops every service it started: no orphan process."""
+"""Ctrl-C during `dockyard run` stops every service it started (no orphan process) and says what it
+left: the job's state, its run folder, its last checkpoint (none here) and the command that goes on."""
 
 from __future__ import annotations
 
@@ -44,4 +45,9 @@ def test_sigint_during_a_run_leaves_no_service_behind(tmp_path: Path) -> None:
     rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, "".join(output) + rest
     assert "stopping services" in rest
+    # What it leaves and how to go on: the job's state, its run folder, no checkpoint yet, the command.
+    job_id = next(line.split()[1] for line in output if line.startswith("job ") and "submitted" in line)
+    assert f"job {job_id} was RUNNING at step" in rest, rest
+    assert f"run folder: {tmp_path / job_id}" in rest
+    assert "last checkpoint: none" in rest and "start again" in rest and "checkpointing.save_period=10" in rest
     assert alive_services(tmp_path) == []

@@ -66,8 +66,10 @@ def test_grpo_trains_on_a_user_jsonl_and_validates_on_the_user_validation_file(t
         "logger.plot=false",
         "checkpointing.enabled=false",
     ]
-    result = dockyard_run("examples/configs/tiny_expr.yaml", overrides)
+    result = dockyard_run("examples/configs/own_dataset.yaml", overrides)  # the shipped starting point
     assert "SUCCEEDED" in result.stdout
+    last = result.stdout.strip().splitlines()[-1]  # the run folder and what it holds
+    assert last.startswith("run folder: ") and "metrics.jsonl" in last and "groups.jsonl" in last
     [run_dir] = [p for p in runs.iterdir() if p.name != "logs"]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_steps = [r for r in records if r["kind"] == "train"]

@@ -15,6 +15,7 @@ from dockyard.preflight import (
     ERROR,
     OK,
     SKIP,
+    Context,
     check_disk,
     check_docker,
     check_gpus,
@@ -22,6 +23,7 @@ from dockyard.preflight import (
     check_ports,
     check_redis,
     check_tokenizer_and_context,
+    context_problem,
     preflight,
 )
 from tests.conftest import missing
@@ -62,8 +64,9 @@ def test_a_tokenizer_that_does_not_load_is_named(tmp_path: Path) -> None:
     (folder / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 128}))
     (folder / "tokenizer.json").write_text("{not json")
     cfg = load_config(TINY, [f"policy.model_name={folder}"])
-    [finding] = check_tokenizer_and_context(cfg, prepare=False)
+    finding, *data = check_tokenizer_and_context(cfg, prepare=False)
     assert finding.check == "tokenizer" and finding.status == ERROR and str(folder) in finding.message
+    assert [(f.check, f.status) for f in data] == [("data.train", OK), ("data.validation", OK)]  # still checked
 
 
 def test_a_dataset_record_without_a_field_names_the_file_the_line_and_the_field(tmp_path: Path) -> None:
@@ -200,3 +203,77 @@ def test_the_default_sandbox_image_is_the_one_the_sandbox_builds() -> None:
     from services.sandbox.images import SANDBOX_IMAGE
 
     assert _default_sandbox_image() == SANDBOX_IMAGE
+
+
+def test_a_missing_model_folder_hides_no_data_line(tmp_path: Path) -> None:
+    cfg = load_config(TINY, [f"policy.model_name={tmp_path / 'nowhere'}", "policy.bootstrap=null"])
+    found = by_check(check_tokenizer_and_context(cfg, prepare=False))
+    assert found["tokenizer"].status == SKIP and found["context"].status == SKIP
+    assert found["data.train"].status == OK and found["data.validation"].status == OK
+    # With a bootstrap, the folder is checked as the warm start builds it, context included.
+    built = by_check(check_tokenizer_and_context(load_config(TINY, [f"policy.model_name={tmp_path / 'x'}"]), False))
+    assert {built[c].status for c in ("tokenizer", "data.train", "data.validation", "context")} == {OK}
+
+
+def test_the_chat_template_check_says_ok_when_it_passes() -> None:
+    cfg = load_config(TINY, [*RANDOM_INIT, "data.chat_template=true"])
+    assert by_check(check_tokenizer_and_context(cfg, prepare=False))["chat template"].status == OK
+    assert "chat template" not in by_check(check_tokenizer_and_context(load_config(TINY, RANDOM_INIT), False))
+
+
+def test_the_context_fix_never_proposes_max_new_tokens_below_one() -> None:
+    assert "lower max_new_tokens to 8 or less" in context_problem(120, 16, 128)
+    for longest in (128, 300):
+        message = context_problem(longest, 16, 128)
+        assert "lower max_new_tokens" not in message and "shorter prompts" in message
+
+
+def test_ports_propose_free_ones_only_where_unset_ports_are_free() -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert "leave them unset for free ports" in check_ports({"coordinator": port}).message
+        fixed = check_ports({"coordinator": port}, free_when_unset=False)  # dockyard up, run --default-ports
+    assert fixed.status == ERROR and "free ports" not in fixed.message and "--<service>-port" in fixed.message
+
+
+def test_preflight_reads_the_sandbox_backend_that_dockyard_run_sets(monkeypatch) -> None:
+    monkeypatch.delenv("DOCKYARD_SANDBOX_BACKEND", raising=False)
+    external = load_config(REPO / "examples" / "configs" / "tiny_agent_external.yaml", RANDOM_INIT)
+    no_engine = Context(environ={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    docker = by_check(preflight(external, no_engine))["docker"]
+    assert docker.status == ERROR and "env.scaffold" in docker.message
+    assert "DOCKYARD_SANDBOX_BACKEND=local" not in docker.message  # run refuses the local backend for it
+    monkeypatch.setenv("DOCKYARD_SANDBOX_BACKEND", "local")
+    refused = by_check(preflight(external, Context(environ={"DOCKYARD_SANDBOX_BACKEND": "local"})))["sandbox"]
+    assert refused.status == ERROR and "DOCKYARD_SANDBOX_BACKEND=docker" in refused.message
+
+
+def test_a_validation_file_smaller_than_its_size_is_validated_once_and_said(tmp_path: Path) -> None:
+    from dockyard.tasks.envs import split_tasks
+
+    data, train = tmp_path / "val.jsonl", tmp_path / "train.jsonl"
+    rows = [
+        {"id": f"v{i}", "question": f"def f{i}(): return {i}", "asserts": [f"assert f{i}() == {i}"]} for i in range(4)
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train.write_text("".join(json.dumps({**r, "id": f"t{i}"}) + "\n" for i, r in enumerate(rows)))
+    fields = "{id: id, prompt: question, tests: asserts}"
+    cfg = load_config(
+        TINY,
+        [
+            *RANDOM_INIT,
+            "env.name=program_synthesis",
+            "data.train.source=humaneval",
+            "data.validation.source=humaneval",
+            f"data.train.path={train}",
+            f"data.validation.path={data}",  # a file of its own: taken whole, no hash split
+            f"data.train.fields={fields}",
+            f"data.validation.fields={fields}",
+            "data.validation.size=64",
+        ],
+    )
+    assert sorted(t.task_id for t in split_tasks(cfg, "validation")) == ["v0", "v1", "v2", "v3"]  # not 64
+    line = by_check(check_tokenizer_and_context(cfg, prepare=False))["data.validation"]
+    assert line.status == OK and "4 tasks" in line.message and "fewer than data.validation.size=64" in line.message

@@ -146,3 +146,17 @@ def test_the_command_writes_several_types_at_once(folders, tmp_path: Path) -> No
         [*cmd[:-1], str(tmp_path / "x.gguf"), "--type", "q6_k"], cwd=REPO_ROOT, capture_output=True, text=True
     )
     assert refused.returncode == 1 and "DOCKYARD_LLAMA_CPP_DIR" in refused.stderr
+
+
+def test_an_existing_output_is_refused_as_export_hf_refuses(tmp_path: Path) -> None:
+    folder = tmp_path / "qwen2"  # never read: the refusal comes first
+    there = tmp_path / "m.gguf"
+    there.write_bytes(b"kept")
+    with pytest.raises(GgufError, match="m.gguf exists: name a new file"):
+        export(folder, there, "f16")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "qwen2.q8_0.gguf").write_bytes(b"kept")
+    with pytest.raises(GgufError, match=r"qwen2.q8_0.gguf exist\(s\)"):
+        gguf_export.export_many(folder, out, ["f16", "q8_0"])
+    assert there.read_bytes() == b"kept" and sorted(p.name for p in out.iterdir()) == ["qwen2.q8_0.gguf"]

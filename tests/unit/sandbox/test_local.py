@@ -245,3 +245,25 @@ async def test_cancelled_call_kills_its_process_group(backend):
     while live_with(script) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert live_with(script) == []
+
+
+async def test_a_run_spawning_while_the_backend_closes_is_killed_and_none_starts_after(tmp_path, monkeypatch):
+    # A run whose spawn was under way when close() killed the live groups was missed by it, and
+    # outlived the service (an orphaned bwrap); now it dies as soon as it exists, and none starts after.
+    backend = LocalBackend(max_concurrency=2, work_root=str(tmp_path))
+    token = uuid.uuid4().hex
+    real_exec = asyncio.create_subprocess_exec
+
+    async def spawn_while_closing(*argv, **kwargs):
+        proc = await real_exec(*argv, **kwargs)
+        await backend.close()  # the service stops between the spawn and the group's bookkeeping
+        return proc
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", spawn_while_closing)
+    started = time.monotonic()
+    out = await backend.execute({}, ["python", "-c", f"import time; time.sleep(30)  # {token}"], limits())
+    assert time.monotonic() - started < 10 and out.status is not Status.PASSED
+    assert live_with(token) == []
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", real_exec)
+    after = await backend.execute({}, ["python", "-c", "print('late')"], LIMITS)
+    assert after.status is Status.ERROR and "stopping" in after.error_message

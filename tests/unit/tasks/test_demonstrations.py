@@ -9,7 +9,7 @@ import pytest
 
 from dockyard.config import PolicyConfig
 from dockyard.models.tokenizer import build_char_tokenizer
-from dockyard.tasks.demonstrations import SAMPLE_CHARS, batch_at, export_best_trials, load_demonstrations
+from dockyard.tasks.demonstrations import batch_at, export_best_trials, load_demonstrations
 
 POLICY = PolicyConfig(model={"model_type": "llama"})
 
@@ -70,23 +70,25 @@ def test_batches_cover_every_pair_once_per_epoch_and_repeat_for_a_step() -> None
     assert len(batch_at(pairs, 6, 4, seed=3)) == 4  # across the epoch boundary
 
 
-def test_export_keeps_each_passing_whole_trial_once(tmp_path: Path) -> None:
-    from services.coordinator.run_folder import MAX_SAMPLE_CHARS
-
-    assert SAMPLE_CHARS == MAX_SAMPLE_CHARS
+def test_export_reads_every_passing_trial_not_the_samples(tmp_path: Path) -> None:
+    # samples.jsonl keeps a few completions per step (cut at 4000 characters): never the export's source.
+    _write(tmp_path / "samples.jsonl", [{"step": 1, "prompt": "p9", "completion": "sampled", "reward": 1.0}])
+    long = "x" * 5000
     rows = [
-        {"step": 1, "prompt": "p1", "completion": "good", "reward": 1.0},
-        {"step": 2, "prompt": "p1", "completion": "good", "reward": 1.0},
-        {"step": 2, "prompt": "p2", "completion": "bad", "reward": 0.5},
-        {"step": 3, "prompt": "p3", "completion": "x" * MAX_SAMPLE_CHARS, "reward": 1.0},
+        {"step": 1, "trajectory_id": "a/0", "prompt": "p1", "completion": "good", "reward": 1.0},
+        {"step": 2, "trajectory_id": "b/0", "prompt": "p1", "completion": "good", "reward": 1.0},
+        {"step": 2, "trajectory_id": "b/1", "prompt": "p2", "completion": "half", "reward": 0.5},
+        {"step": 3, "trajectory_id": "c/0", "prompt": "p3", "completion": long, "reward": 1.0},
     ]
-    _write(tmp_path / "samples.jsonl", rows)
+    _write(tmp_path / "trials.jsonl", rows)
     out = tmp_path / "best.jsonl"
-    assert export_best_trials(tmp_path, out, 1.0) == 1
-    assert load_demonstrations(out, POLICY) == [("p1", "good")]
-    assert export_best_trials(tmp_path, out, 0.5) == 2
-    with pytest.raises(ValueError, match="samples.jsonl"):
-        export_best_trials(tmp_path / "nowhere", out, 1.0)
+    assert export_best_trials(tmp_path, out, 1.0) == 2
+    assert load_demonstrations(out, POLICY) == [("p1", "good"), ("p3", long)]
+    with pytest.raises(ValueError, match="exists: name a new file"):  # as `export hf`, never overwritten
+        export_best_trials(tmp_path, out, 0.5)
+    assert export_best_trials(tmp_path, tmp_path / "half.jsonl", 0.5) == 3
+    with pytest.raises(ValueError, match="trials.jsonl"):
+        export_best_trials(tmp_path / "nowhere", tmp_path / "none.jsonl", 1.0)
 
 
 def test_an_agent_runs_passing_trials_export_as_chats_with_their_tools(tmp_path: Path) -> None:
@@ -111,6 +113,7 @@ def test_an_agent_runs_passing_trials_export_as_chats_with_their_tools(tmp_path:
     _write(tmp_path / "trials.jsonl", rows)
     assert export_best_trials(tmp_path, out, 1.0) == 1  # one conversation, however many trials had it
     assert [json.loads(line) for line in out.read_text().splitlines()] == [{"messages": first, "tools": tools}]
+    out.unlink()
     assert export_best_trials(tmp_path, out, 0.5) == 2
     # What the export wrote is an sft.dataset: each assistant turn after its context, rendered with the tools.
     pairs = load_demonstrations(out, POLICY)
