@@ -78,6 +78,19 @@ class ServiceProcess:
         return self.log_path.read_text(errors="replace")
 
 
+# The end-to-end recipes each keep both cores busy (five or six service processes training and generating):
+# under pytest-xdist (make test runs two workers) they run one after another on one worker, while the
+# other worker takes the unit, contract and integration tests, which mostly wait on processes and RPCs.
+SERIAL_GROUPS = {"e2e": "recipes"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        layer = item.path.relative_to(REPO_ROOT / "tests").parts[0]
+        if layer in SERIAL_GROUPS:
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUPS[layer]))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def coordinator_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Coordinators started by tests (LocalStack, `dockyard run`) keep job state here, never in the

@@ -1,8 +1,7 @@
 """Build one image per service fleet, offline, skipping those already up to date.
 
-    dockyard/coordinator                 base.txt + torch.txt + agents.txt + endpoint.txt + data_plane.txt
-    dockyard/trainer, dockyard/rollout   base.txt + torch.txt + data_plane.txt
-    dockyard/endpoint                    base.txt + torch.txt + endpoint.txt
+    dockyard/coordinator, trainer,       base.txt + torch.txt + agents.txt + endpoint.txt + data_plane.txt
+      rollout, endpoint                  (one torch requirement set: one wheelhouse, one venv layer)
     dockyard/buffer                      base.txt + data_plane.txt + buffer.txt    (no torch)
     dockyard/sandbox-service             base.txt + sandbox.txt   (no torch)
     dockyard/redis                       Debian's redis-tools .debs (redis-server)
@@ -14,9 +13,10 @@ each requirement set into its own wheelhouse folder (reused across builds) and
 base); builds run with --network none and install with --no-index or dpkg.
 Each image carries a content-hash label of its base image id, Dockerfile,
 requirements and the source it copies (dockyard/, services/, examples/configs/):
-an unchanged image is not rebuilt. The three torch images have identical build
-steps up to their last lines; the trainer and the rollout have the same requirements too,
-so Docker's layer cache builds their torch venv once and they share it.
+an unchanged image is not rebuilt. The four torch images have identical build
+steps up to their last lines and one requirement set (the union of what each of them
+imports: the endpoint's HTTP server and agent client are a few MB beside torch), so
+Docker's layer cache builds their torch venv once and they share it on disk.
 
     python deploy/images/fleet.py [--only trainer,buffer] [--tag-suffix :latest]
 TORCH_SPEC (default torch==2.13.0, a CPU build) picks the torch of the torch images.
@@ -47,13 +47,16 @@ from services.sandbox.images import (  # noqa: E402
 
 IMAGES = Path(__file__).resolve().parent
 # image name -> requirement files under requirements/ (a service image: wheels + source in /app)
+# The torch services' one requirement set. agents.txt: the coordinator's built-in scaffold client; endpoint.txt:
+# the policy endpoint's and the dashboard's HTTP server; data_plane.txt: Redis, where experience payloads go
+# around the buffer (coordinator and trainer). Each image needs only part of it; sharing it means one venv
+# layer for all four (built once: about 2 minutes of a cold build each, otherwise).
+TORCH_FLEET = ("base.txt", "torch.txt", "agents.txt", "endpoint.txt", "data_plane.txt")
 FLEETS = {
-    # endpoint.txt: the dashboard's server; data_plane.txt: Redis, where experience payloads go around the buffer.
-    "coordinator": ("base.txt", "torch.txt", "agents.txt", "endpoint.txt", "data_plane.txt"),
-    "trainer": ("base.txt", "torch.txt", "data_plane.txt"),
-    # data_plane.txt only to share the trainer's wheelhouse and venv layer (the rollout never imports redis).
-    "rollout": ("base.txt", "torch.txt", "data_plane.txt"),
-    "endpoint": ("base.txt", "torch.txt", "endpoint.txt"),
+    "coordinator": TORCH_FLEET,
+    "trainer": TORCH_FLEET,
+    "rollout": TORCH_FLEET,
+    "endpoint": TORCH_FLEET,
     "buffer": ("base.txt", "data_plane.txt", "buffer.txt"),
     "sandbox-service": ("base.txt", "sandbox.txt"),
     "redis": (),

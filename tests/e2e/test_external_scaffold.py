@@ -22,6 +22,7 @@ import yaml
 from tests.conftest import REPO_ROOT
 from tests.e2e.conftest import DOCKYARD
 
+# The scaffold's environment image is built on first use (pip install into the sandbox image) before the job.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 CONFIG = REPO_ROOT / "examples" / "configs" / "tiny_agent_external.yaml"

@@ -24,6 +24,7 @@ STEPS = 10
 # Measured 0.27 -> 0.56 after 10 steps (0.58 after 15) on the 2-core machine.
 
 
+# JAX's compile of the train step and the torch warm start (when this runs first): past 600 s when loaded.
 @pytest.mark.timeout(1200)
 def test_tiny_recipe_on_the_jax_backend_raises_the_validation_pass_rate(tmp_path: Path, tiny_policy_folder) -> None:
     if importlib.util.find_spec("flax") is None:

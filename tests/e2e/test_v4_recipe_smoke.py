@@ -17,6 +17,8 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
+# Eight jobs in a row (SFT, GRPO, export, distillation, each a few steps), each starting its services and
+# loading models: past the default 600 s on 2 cores.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 
