@@ -51,9 +51,9 @@ run: install sandbox-tools
 
 # Tiers (docs/testing.md): `test` is everything CI runs; `test-fast` the unit and contract tests, the
 # inner loop (a few minutes); `test-slow` the integration and e2e tests (real jobs, images, recipes).
-# Tests run on XDIST workers (pytest-xdist); a group that shares a warm start stays on one worker.
+# Tests run on XDIST workers (pytest-xdist; XDIST=0: one process), longest first (tests/conftest.py).
 XDIST ?= 2
-XDIST_ARGS = $(if $(filter-out 0,$(XDIST)),-n $(XDIST) --dist loadgroup)
+XDIST_ARGS = $(if $(filter-out 0,$(XDIST)),-n $(XDIST))
 
 test: install tools sandbox-tools
 	$(BIN)/python -m pytest -rs $(XDIST_ARGS) $(PYTEST_ARGS)

@@ -78,17 +78,25 @@ class ServiceProcess:
         return self.log_path.read_text(errors="replace")
 
 
-# The end-to-end recipes each keep both cores busy (five or six service processes training and generating):
-# under pytest-xdist (make test runs two workers) they run one after another on one worker, while the
-# other worker takes the unit, contract and integration tests, which mostly wait on processes and RPCs.
-SERIAL_GROUPS = {"e2e": "recipes"}
+# Longest first (the classic rule for short makespans): under pytest-xdist (make test runs two workers) the
+# e2e recipes, then the integration tests, start while the quick unit tests are left to fill the gaps at the
+# end, so no 20-minute recipe starts last. The files of the longest tests (the agent recipe; the unit tests
+# that compile with inductor, minutes each) go first of all.
+LAYER_ORDER = ("e2e", "integration", "contract", "unit")
+FIRST = (
+    "tests/e2e/test_tiny_agent_learns.py",
+    "tests/unit/trainer/test_ranks.py",
+    "tests/unit/trainer/test_compiled_layers.py",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        layer = item.path.relative_to(REPO_ROOT / "tests").parts[0]
-        if layer in SERIAL_GROUPS:
-            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUPS[layer]))
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        path = item.path.relative_to(REPO_ROOT)
+        layer = path.parts[1] if len(path.parts) > 2 else ""
+        return (str(path) not in FIRST, LAYER_ORDER.index(layer) if layer in LAYER_ORDER else len(LAYER_ORDER))
+
+    items.sort(key=rank)  # stable: the order within a layer stays the files' own
 
 
 @pytest.fixture(scope="session", autouse=True)

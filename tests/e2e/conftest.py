@@ -1,20 +1,26 @@
-"""What the end-to-end recipe runs share: one policy folder, warm-started by whichever run comes first,
-and `run_tiny_recipe`, which runs the shipped tiny recipe as `make run` does.
+"""What the end-to-end recipe runs share: warm-started policy folders, made once and kept, and
+`run_tiny_recipe`, which runs the shipped tiny recipe as `make run` does.
 
 `dockyard run` warm-starts the recipe's policy only when `policy.model_name` does not exist yet
-and never writes to it afterwards (checkpoints go to the run folder), so the second recipe run of
-the session (the vLLM one after the torch one) trains from the same warm start without paying
-for it again; run alone, each still makes its own.
+and never writes to it afterwards (checkpoints go to the run folder), so every recipe run that
+needs the same warm start trains from one folder: `warm_policy` makes it with `dockyard prepare`
+(the code `dockyard run --prepare` calls) under `.cache/test-models/`, keyed by the recipe file and
+the hash of the code that builds and trains it. The first test to need it builds it while the others
+(on any xdist worker) wait on its lock; a later `make test` in the same clone reuses it until the
+recipe or the code changes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from tests.conftest import REPO_ROOT
 
@@ -24,9 +30,44 @@ DOCKYARD = Path(sys.executable).parent / "dockyard"
 MIN_GAIN = 0.15
 
 
+# What a warm start depends on besides the recipe file: the model, tokenizer and task builders and the SFT step.
+WARM_START_CODE = ("dockyard", "services/trainer")
+WARM_CACHE = REPO_ROOT / ".cache" / "test-models"
+
+
+def _warm_start_key(config: Path) -> str:
+    digest = hashlib.sha256(config.read_bytes())
+    for top in WARM_START_CODE:
+        for path in sorted((REPO_ROOT / top).rglob("*.py")):
+            digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def warm_policy(config: str) -> Path:
+    """The policy folder `config`'s bootstrap makes, built once (`dockyard prepare`) and shared."""
+    path = REPO_ROOT / config
+    folder = WARM_CACHE / f"{path.stem}-{_warm_start_key(path)}"
+    WARM_CACHE.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{folder}.lock"):
+        if not folder.is_dir():
+            building = folder.with_name(folder.name + ".building")
+            shutil.rmtree(building, ignore_errors=True)
+            done = subprocess.run(
+                [str(DOCKYARD), "prepare", config, f"policy.model_name={building}"],
+                cwd=REPO_ROOT,
+                capture_output=True,
+                text=True,
+                timeout=900,
+                stdin=subprocess.DEVNULL,
+            )
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            building.rename(folder)  # whole or absent: a killed build is never taken for a warm start
+    return folder
+
+
 @pytest.fixture(scope="session")
-def tiny_policy_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("tiny-policy") / "model"
+def tiny_policy_folder() -> Path:
+    return warm_policy("examples/configs/tiny_expr.yaml")
 
 
 def run_tiny_recipe(tmp_path: Path, model: Path, *overrides: str, timeout: float) -> list[dict]:

@@ -1,7 +1,8 @@
 """The shipped tiny agent recipe, unchanged, learns: multi-turn trials through the policy endpoint.
 
-This is `dockyard run examples/configs/tiny_agent.yaml` (warm start + GRPO across six real processes:
-the five services and the policy endpoint) with only the output folders redirected. Each trial is the
+This is `dockyard run examples/configs/tiny_agent.yaml` (GRPO across six real processes: the five services
+and the policy endpoint) with only the output folders redirected, from the recipe's own warm start, which
+`dockyard prepare` makes once (tests/e2e/conftest.py, warm_policy). Each trial is the
 built-in scaffold calling the tool `f` in its own sandbox session through the `openai` client, and
 submitting an expression; the trainer learns on the sampled tokens only.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.e2e.conftest import DOCKYARD
+from tests.e2e.conftest import DOCKYARD, warm_policy
 
 # A warm start (about 5 min on 2 cores) and 20 GRPO steps (about 8 min): past the suite's 600 s default.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -31,6 +32,7 @@ MAX_LOGPROB_MISMATCH = 1e-4
 
 
 def test_tiny_agent_recipe_raises_the_validation_pass_rate(tmp_path: Path) -> None:
+    model = warm_policy("examples/configs/tiny_agent.yaml")  # the recipe's own warm start, made once
     runs = tmp_path / "runs"
     result = subprocess.run(
         [
@@ -38,7 +40,7 @@ def test_tiny_agent_recipe_raises_the_validation_pass_rate(tmp_path: Path) -> No
             "run",
             "--prepare",
             "examples/configs/tiny_agent.yaml",
-            f"policy.model_name={tmp_path / 'model'}",
+            f"policy.model_name={model}",
             f"logger.log_dir={runs}",
         ],
         cwd=REPO_ROOT,
@@ -76,5 +78,5 @@ def test_tiny_agent_recipe_raises_the_validation_pass_rate(tmp_path: Path) -> No
     from dockyard.config import PolicyConfig
     from dockyard.tasks.demonstrations import load_demonstrations
 
-    pairs = load_demonstrations(out, PolicyConfig(model_name=str(tmp_path / "model")))
+    pairs = load_demonstrations(out, PolicyConfig(model_name=str(model)))
     assert pairs and all(completion for _, completion in pairs)

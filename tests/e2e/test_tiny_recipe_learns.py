@@ -1,7 +1,8 @@
 """The shipped tiny recipe, unchanged, learns: validation pass rate clearly rises.
 
-This is `make run` (the installed `dockyard` command: warm start + 30 GRPO steps across five real
-processes) with only the output folders redirected; it takes a few minutes on 2 CPU cores.
+This is `make run` (the installed `dockyard` command: 30 GRPO steps across five real processes) with only
+the output folders redirected, from the recipe's warm start, which `dockyard prepare` (the code `run --prepare`
+calls) makes once for every test that needs it (tests/e2e/conftest.py); it takes a few minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.slow
 # The recipe measured 0.23 -> 0.56 on 64 held-out tasks.
 
 
-# The warm start (800 supervised steps, when this runs first) and 30 GRPO steps with four validations, while
+# The shared warm start (800 supervised steps, when this test builds it) and 30 GRPO steps with four validations, while
 # the other test worker takes a core: past the default 600 s on a loaded 2-core machine.
 @pytest.mark.timeout(1200)
 def test_tiny_recipe_raises_the_validation_pass_rate(tmp_path: Path, tiny_policy_folder: Path) -> None:

@@ -70,8 +70,9 @@ def test_batches_cover_every_pair_once_per_epoch_and_repeat_for_a_step() -> None
     assert len(batch_at(pairs, 6, 4, seed=3)) == 4  # across the epoch boundary
 
 
-def test_export_reads_every_passing_trial_not_the_samples(tmp_path: Path) -> None:
-    # samples.jsonl keeps a few completions per step (cut at 4000 characters): never the export's source.
+def test_export_keeps_each_passing_whole_trial_once(tmp_path: Path) -> None:
+    # Every passing trial, whole and once, from trials.jsonl; samples.jsonl keeps a few completions per step
+    # (cut at 4000 characters): never the export's source.
     _write(tmp_path / "samples.jsonl", [{"step": 1, "prompt": "p9", "completion": "sampled", "reward": 1.0}])
     long = "x" * 5000
     rows = [
