@@ -138,9 +138,13 @@ def export_best_trials(run_dir: str | Path, out: str | Path, min_reward: float) 
     if out.exists():  # as `dockyard export hf`: an export never replaces what is there
         raise ValueError(f"{out} exists: name a new file")
     config = run_dir / "config.yaml"
-    env = (yaml.safe_load(config.read_text()) or {}).get("env", {}) if config.is_file() else {}
+    resolved = (yaml.safe_load(config.read_text()) or {}) if config.is_file() else {}
+    env = resolved.get("env", {})
     source = run_dir / "trials.jsonl"
     if not source.is_file():
+        if resolved and resolved.get("logger", {}).get("save_trials", True) and (run_dir / "metrics.jsonl").is_file():
+            out.write_text("")  # a run that keeps its trials and wrote none had no passing trial
+            return 0
         raise ValueError(
             f"{source}: no such file; a run writes its passing trials there (logger.save_trials, on by default) "
             "once a trial has passed; export-sft reads the trials.jsonl of a run folder (runs/<job-id>)"

@@ -135,3 +135,15 @@ def test_tools_that_are_not_a_list_of_schemas_are_refused_with_the_line(tmp_path
     record = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "tools": "run"}
     with pytest.raises(ValueError, match=r"t\.jsonl:1: tools is a list of tool schemas"):
         load_demonstrations(_write(tmp_path / "t.jsonl", [record]), POLICY)
+
+
+def test_a_run_that_keeps_trials_and_passed_none_exports_nothing(tmp_path: Path) -> None:
+    # A run folder with its config and metrics but no trials.jsonl: no trial passed (a teacher scoring 0 in
+    # a smoke run); the export is an empty file, not a refusal. With logger.save_trials off it is refused.
+    (tmp_path / "config.yaml").write_text("logger: {save_trials: true}\nenv: {}\n")
+    _write(tmp_path / "metrics.jsonl", [{"kind": "train", "step": 1}])
+    assert export_best_trials(tmp_path, tmp_path / "none.jsonl", 1.0) == 0
+    assert (tmp_path / "none.jsonl").read_text() == ""
+    (tmp_path / "config.yaml").write_text("logger: {save_trials: false}\nenv: {}\n")
+    with pytest.raises(ValueError, match="save_trials"):
+        export_best_trials(tmp_path, tmp_path / "off.jsonl", 1.0)
