@@ -51,9 +51,11 @@ run: install sandbox-tools
 
 # Tiers (docs/testing.md): `test` is everything CI runs; `test-fast` the unit and contract tests, the
 # inner loop (a few minutes); `test-slow` the integration and e2e tests (real jobs, images, recipes).
-# Tests run on XDIST workers (pytest-xdist; XDIST=0: one process), longest first (tests/conftest.py).
+# Tests run on XDIST workers (pytest-xdist; XDIST=0: one process), longest first (tests/conftest.py); a
+# worker that runs out of tests takes half of what another still has queued (worksteal), so none idles
+# while a long recipe holds the other.
 XDIST ?= 2
-XDIST_ARGS = $(if $(filter-out 0,$(XDIST)),-n $(XDIST))
+XDIST_ARGS = $(if $(filter-out 0,$(XDIST)),-n $(XDIST) --dist worksteal)
 
 test: install tools sandbox-tools
 	$(BIN)/python -m pytest -rs $(XDIST_ARGS) $(PYTEST_ARGS)
