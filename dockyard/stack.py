@@ -101,6 +101,16 @@ async def _http_ready(address: str, timeout: float) -> None:
             await asyncio.sleep(0.2)
 
 
+# How many times start() draws free ports again when one was taken before its service bound it.
+BIND_ATTEMPTS = 3
+# What a service's log says when its port is in use (the gRPC services' BindError; uvicorn's).
+_PORT_TAKEN = ("cannot bind", "address already in use")
+
+
+class _PortTaken(RuntimeError):
+    """A service could not bind the port drawn for it: another process took it after the draw."""
+
+
 class LocalStack:
     def __init__(
         self,
@@ -124,7 +134,8 @@ class LocalStack:
             self.kinds[ENDPOINT] = ENDPOINT
         self.extra_env = extra_env or {}
         self.dashboard = dashboard
-        self.ports = self._ports(ports or {}, free_ports)
+        self._given, self._free_ports = ports or {}, free_ports
+        self.ports = self._ports(self._given, free_ports)
         # Per service (or per process, e.g. "rollout-2"), on top of extra_env: e.g. CUDA_VISIBLE_DEVICES
         # to put trainer and rollout on two GPUs.
         self.service_env = service_env or {}
@@ -153,6 +164,7 @@ class LocalStack:
                 drawn.append(DASHBOARD)
             else:
                 ports[DASHBOARD] = DASHBOARD_DEFAULT_PORT
+        self._drawn = set(drawn)
         for name in drawn:
             # The OS may hand out one free port twice (each probe closes its socket), or one set above.
             while (port := _free_port()) in ports.values():
@@ -205,14 +217,24 @@ class LocalStack:
         (self.log_dir / "pids.json").write_text(json.dumps({n: p.pid for n, p in self.procs.items()}))
 
     def start(self, timeout: float = 120.0) -> None:
+        """Start every process and wait until each serves. A port drawn free can be taken by another
+        process between the draw and the service's bind: then every drawn port is drawn again and the
+        stack starts over (peers learn each other's addresses at spawn), up to BIND_ATTEMPTS times."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        for name in self.kinds:
-            self._spawn(name)
-        try:
-            asyncio.run(self._wait(tuple(self.kinds), timeout))
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            for name in self.kinds:
+                self._spawn(name)
+            try:
+                asyncio.run(self._wait(tuple(self.kinds), timeout))
+                return
+            except _PortTaken as exc:
+                self.stop()
+                if attempt == BIND_ATTEMPTS:
+                    raise RuntimeError(f"{exc}; drawn {BIND_ATTEMPTS} times, taken each time") from None
+                self.ports = self._ports(self._given, self._free_ports)
+            except BaseException:
+                self.stop()
+                raise
 
     def kill(self, name: str) -> None:
         """SIGKILL one service, as a crash would: no drain, no cleanup."""
@@ -235,7 +257,10 @@ class LocalStack:
                 if self.procs[name].poll() is not None:
                     task.cancel()
                     tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"{name} exited with code {self.procs[name].returncode}:\n{tail}")
+                    message = f"{name} exited with code {self.procs[name].returncode}:\n{tail}"
+                    if name in self._drawn and any(sign in tail.lower() for sign in _PORT_TAKEN):
+                        raise _PortTaken(message)
+                    raise RuntimeError(message)
                 await asyncio.sleep(0.1)
             task.result()
 

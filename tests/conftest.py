@@ -118,10 +118,18 @@ def start_service(tmp_path: Path) -> Iterator:
         env = dict(env or {})
         # Each test's coordinator keeps its jobs to itself unless the test shares a store on purpose.
         env.setdefault("DOCKYARD_COORDINATOR_STATE_DIR", str(tmp_path / "coordinator-state"))
-        service = ServiceProcess(name, env, tmp_path / f"{name}-{len(started)}.log")
-        started.append(service)
-        service.wait_serving()
-        return service
+        for attempt in range(1, 4):
+            service = ServiceProcess(name, env, tmp_path / f"{name}-{len(started)}.log")
+            started.append(service)
+            try:
+                service.wait_serving()
+                return service
+            except RuntimeError:
+                # A free port can be taken between the draw and the bind (by another xdist worker's
+                # process, say): draw another, as LocalStack does.
+                if attempt == 3 or "cannot bind" not in service.logs():
+                    raise
+                service.stop()
 
     yield start
     for service in reversed(started):
