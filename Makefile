@@ -51,11 +51,12 @@ run: install sandbox-tools
 
 # Tiers (docs/testing.md): `test` is everything CI runs; `test-fast` the unit and contract tests, the
 # inner loop (a few minutes); `test-slow` the integration and e2e tests (real jobs, images, recipes).
-# Tests run on XDIST workers (pytest-xdist; XDIST=0: one process), longest first (tests/conftest.py) and
-# handed out two at a time, so no test waits in the queue of a worker held by a 20-minute recipe while
-# the other worker idles (greedy list scheduling).
+# Tests run on XDIST workers (pytest-xdist; XDIST=0: one process), longest first (tests/conftest.py); a
+# worker that runs out of tests takes half of what another still has queued (worksteal), so none idles
+# while a long recipe holds the other. (Handing out tests two at a time instead ran the heavy recipes
+# side by side, and the agent recipe's warm start past its limit.)
 XDIST ?= 2
-XDIST_ARGS = $(if $(filter-out 0,$(XDIST)),-n $(XDIST) --dist load --maxschedchunk 2)
+XDIST_ARGS = $(if $(filter-out 0,$(XDIST)),-n $(XDIST) --dist worksteal)
 
 test: install tools sandbox-tools
 	$(BIN)/python -m pytest -rs $(XDIST_ARGS) $(PYTEST_ARGS)

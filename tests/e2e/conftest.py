@@ -57,7 +57,7 @@ def warm_policy(config: str) -> Path:
                 cwd=REPO_ROOT,
                 capture_output=True,
                 text=True,
-                timeout=900,
+                timeout=1500,  # the agent recipe's 800 steps: about 5 min alone; past 900 s once beside heavy tests
                 stdin=subprocess.DEVNULL,
             )
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
