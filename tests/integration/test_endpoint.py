@@ -58,29 +58,41 @@ def served(tmp_path_factory: pytest.TempPathFactory):
             async with connect(stack.address("coordinator"), auth=AuthSettings(auth_token=TOKEN)) as channel:
                 stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
                 job = (await stub.CreateJob(coordinator_pb2.CreateJobRequest(config_yaml=cfg.resolved_yaml()))).job
-                deadline = time.monotonic() + 240
-                while True:  # until both replicas hold the job's policy
-                    members = (await stub.ListMembers(coordinator_pb2.ListMembersRequest())).members
-                    if sum(job.job_id in m.weight_versions for m in members) == 2:
-                        return job.job_id
-                    assert time.monotonic() < deadline, members
-                    await asyncio.sleep(1)
+                return job.job_id
 
         job_id = asyncio.run(create())
-        base = f"http://{stack.address('endpoint')}"
-        headers = {"authorization": f"Bearer {TOKEN}"}
-        body = {"model": job_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-        deadline = time.monotonic() + 180
-        while True:  # until the job runs and a replica holds its policy
-            reply = httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers, timeout=60)
-            if reply.status_code == 200:
-                break
-            assert reply.status_code in (404, 503), reply.text
-            assert time.monotonic() < deadline, reply.text
-            time.sleep(1)
-        yield base, job_id, stack
+        _wait_until_both_replicas_serve(stack, job_id)
+        yield f"http://{stack.address('endpoint')}", job_id, stack
     finally:
         stack.stop()
+
+
+def _wait_until_both_replicas_serve(stack: LocalStack, job_id: str) -> None:
+    """Until both replicas hold the job's policy and the endpoint serves it."""
+
+    async def both_hold() -> None:
+        async with connect(stack.address("coordinator"), auth=AuthSettings(auth_token=TOKEN)) as channel:
+            stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+            deadline = time.monotonic() + 240
+            while True:
+                members = (await stub.ListMembers(coordinator_pb2.ListMembersRequest())).members
+                if sum(job_id in m.weight_versions for m in members) == 2:
+                    return
+                assert time.monotonic() < deadline, members
+                await asyncio.sleep(1)
+
+    asyncio.run(both_hold())
+    base = f"http://{stack.address('endpoint')}"
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    body = {"model": job_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    deadline = time.monotonic() + 180
+    while True:
+        reply = httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers, timeout=60)
+        if reply.status_code == 200:
+            return
+        assert reply.status_code in (404, 503), reply.text
+        assert time.monotonic() < deadline, reply.text
+        time.sleep(1)
 
 
 def test_openai_client_text_and_tools_streaming_and_not(served) -> None:
@@ -149,9 +161,24 @@ def test_bad_input_gets_4xx_and_other_sessions_are_served(served) -> None:
     assert httpx.post(url, json=body, headers=headers, timeout=60).status_code == 200
 
 
-def test_sessions_stick_spread_and_move_when_their_replica_dies(served) -> None:
-    """Kills rollout-1: the sessions it held go on on rollout-2, their trajectories whole and "ok"."""
+def test_sessions_stick_spread_move_when_a_replica_dies_and_end_when_the_last_does(served) -> None:
+    """Kills rollout-1, then rollout-2, and restarts both: the module's other tests may run after it.
+
+    The sessions rollout-1 held go on on rollout-2, their trajectories whole and "ok"; a session whose last
+    replica dies ends as an infrastructure error while the endpoint stays healthy.
+    """
     base, job, stack = served
+    try:
+        _sessions_move_when_their_replica_dies(base, job, stack)
+        _a_session_whose_last_replica_dies_ends_as_an_infrastructure_error(base, job, stack)
+    finally:
+        for name in ("rollout-1", "rollout-2"):
+            if name in stack.dead():
+                stack.restart(name)
+    _wait_until_both_replicas_serve(stack, job)
+
+
+def _sessions_move_when_their_replica_dies(base: str, job: str, stack: LocalStack) -> None:
     headers = {"authorization": f"Bearer {TOKEN}"}
     client = openai.OpenAI(base_url=f"{base}/v1", api_key=TOKEN, max_retries=0, timeout=120)
     histories: dict[str, list] = {}
@@ -195,9 +222,7 @@ def test_sessions_stick_spread_and_move_when_their_replica_dies(served) -> None:
         assert trajectory["status"] == "ok" and trajectory["turns"] == 3, trajectory
 
 
-def test_a_replica_that_dies_mid_session_ends_it_as_an_infrastructure_error(served) -> None:
-    """Last in this module: it kills the last replica (the one before it killed the other)."""
-    base, job, stack = served
+def _a_session_whose_last_replica_dies_ends_as_an_infrastructure_error(base: str, job: str, stack: LocalStack) -> None:
     headers = {"authorization": f"Bearer {TOKEN}", "X-Dockyard-Session": "dies"}
     body = {"model": job, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
     assert httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers, timeout=60).status_code == 200
