@@ -8,8 +8,9 @@ from concurrent import futures
 import grpc
 import pytest
 
-from dockyard import cli
 from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
+from dockyard.cli.common import EXIT_USAGE
+from dockyard.cli.main import main
 from dockyard.stack import LocalStack
 from tests.conftest import free_port
 
@@ -69,8 +70,8 @@ def test_an_unusable_port_setting_is_named(monkeypatch, tmp_path) -> None:
 def test_up_with_an_unusable_port_exits_2_naming_it(monkeypatch, tmp_path, capsys) -> None:
     monkeypatch.setenv("DOCKYARD_TRAINER_PORT", "-3")
     with pytest.raises(SystemExit) as exited:
-        cli.main(["up", "--log-dir", str(tmp_path)])
-    assert exited.value.code == cli.EXIT_USAGE
+        main(["up", "--log-dir", str(tmp_path)])
+    assert exited.value.code == EXIT_USAGE
     assert "DOCKYARD_TRAINER_PORT is '-3'" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # nothing was started
 
@@ -117,18 +118,18 @@ def test_status_and_cancel_dial_the_coordinator_of_the_flag_else_the_environment
     monkeypatch, coordinators, capsys
 ) -> None:
     monkeypatch.setenv(COORDINATOR_ENV, coordinators["env"])
-    assert cli.main(["status"]) == 0
+    assert main(["status"]) == 0
     assert "job-of-env  RUNNING" in capsys.readouterr().out
-    assert cli.main(["status", "--coordinator", coordinators["flag"]]) == 0
+    assert main(["status", "--coordinator", coordinators["flag"]]) == 0
     assert "job-of-flag  RUNNING" in capsys.readouterr().out
-    assert cli.main(["cancel", "j1"]) == 0
+    assert main(["cancel", "j1"]) == 0
     assert "j1-cancelled-by-env" in capsys.readouterr().out
 
 
 def test_help_names_the_settings(capsys) -> None:
     for command in (["up", "--help"], ["status", "--help"]):
         with pytest.raises(SystemExit):
-            cli.main(command)
+            main(command)
     out = capsys.readouterr().out
     assert "$DOCKYARD_TRAINER_PORT" in out and "--trainer-port" in out
     assert f"${COORDINATOR_ENV}" in out

@@ -129,7 +129,7 @@ async def test_a_queued_session_is_admitted_when_a_running_one_ends_or_refused_a
 
 
 def test_queue_sessions_and_pressure_reach_the_step_metrics_and_dockyard_status() -> None:
-    from dockyard.cli import fleet_summary
+    from dockyard.cli.views import fleet_summary
     from services.coordinator.step_metrics import routing_metrics
 
     router = Router(pressure_threshold=0.5, session_tokens=40)
@@ -150,7 +150,7 @@ def test_queue_sessions_and_pressure_reach_the_step_metrics_and_dockyard_status(
 def test_a_replica_reports_its_kv_pressure_in_heartbeats_and_dockyard_status_lists_it() -> None:
     from types import SimpleNamespace
 
-    from dockyard.cli import member_line
+    from dockyard.cli.views import member_line
     from services.coordinator.fleet import ROLLOUT, Fleet
 
     fleet = Fleet(6.0, channel_factory=lambda kind, address, mb: (None, SimpleNamespace()))

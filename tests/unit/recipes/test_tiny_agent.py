@@ -164,7 +164,7 @@ def test_warm_start_agent_refuses_a_model_too_short_for_a_trial_and_bad_rates(tm
 
 
 def test_bootstrap_recipe_tiny_agent_runs_the_agent_warm_start(tmp_path):
-    from dockyard.cli import prepare
+    from dockyard.cli.prepare import prepare
     from dockyard.config import load_config
 
     out = tmp_path / "policy"

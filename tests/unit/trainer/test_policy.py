@@ -262,7 +262,7 @@ def test_supervised_steps_learn_the_demonstrations(policy: PolicyTrainer) -> Non
 
 
 def test_status_summarises_the_step_metrics(policy: PolicyTrainer) -> None:
-    from dockyard.cli import trainer_summary
+    from dockyard.cli.views import trainer_summary
 
     metrics = policy.train_step([_group(policy, ["2*x", "x+1", "x", "7"], [1.0, 0.5, 0.0, 0.0])])
     lines = trainer_summary(metrics)
@@ -274,7 +274,7 @@ def test_status_summarises_the_step_metrics(policy: PolicyTrainer) -> None:
 
 
 def test_status_shows_the_pipeline_staleness_buffer_and_verdicts() -> None:
-    from dockyard.cli import pipeline_summary
+    from dockyard.cli.views import pipeline_summary
 
     lines = pipeline_summary(
         {"staleness_1": 24.0, "staleness_0": 40.0, "staleness_mean": 0.375, "buffer_held": 3.0, "verdict_error": 2.0}
