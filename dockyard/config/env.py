@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from dockyard.config.reward_spec import syntax_error as reward_syntax_error
+from dockyard.config.sampling import MIN_TEMPERATURE, OPENAI_MAX_TEMPERATURE
 from dockyard.config.section import Section
 from dockyard.config.tools import ScaffoldConfig, ToolConfig
 
@@ -76,7 +77,9 @@ class JudgeConfig(Section):
         "null: JUDGE_TEMPLATE (HLE's style).",
     )
     max_new_tokens: int = Field(256, ge=1, le=32768, description="Length cap of the judge's reply.")
-    temperature: float = Field(0.0, ge=0.0, le=2.0, allow_inf_nan=False, description="0 = greedy.")
+    temperature: float = Field(
+        0.0, ge=MIN_TEMPERATURE, le=OPENAI_MAX_TEMPERATURE, allow_inf_nan=False, description="0 = greedy."
+    )
     timeout_seconds: float = Field(
         120.0, gt=0.0, le=3600.0, allow_inf_nan=False, description="Time limit of one judge call."
     )

@@ -30,9 +30,11 @@ MAX_TOP_K = 1_000_000
 
 
 class SamplingConfig(Section):
-    temperature: float = Field(1.0, ge=0.0, le=100.0, allow_inf_nan=False, description="0 = greedy.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False, description="Nucleus mass.")
-    top_k: int = Field(0, ge=0, le=1_000_000, description="0 = off.")
+    temperature: float = Field(
+        1.0, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE, allow_inf_nan=False, description="0 = greedy."
+    )
+    top_p: float = Field(1.0, gt=TOP_P_ABOVE, le=MAX_TOP_P, allow_inf_nan=False, description="Nucleus mass.")
+    top_k: int = Field(0, ge=MIN_TOP_K, le=MAX_TOP_K, description="0 = off.")
     max_new_tokens: int = Field(32, ge=1, le=32768, description="Generation length cap.")
     stop_strings: list[str] = Field(default_factory=list, description="A sample ends after any of these.")
     ignore_eos: bool = Field(False, description="Keep sampling past the end-of-sequence token up to max_new_tokens.")
