@@ -13,7 +13,9 @@ from dockyard.config.section import Section
 class OnPolicyDistillationConfig(Section):
     teacher_model_by_agent_name: dict[str, str] = Field(
         default_factory=dict,
-        description="Teacher policy (a local Hugging Face folder sharing the student's tokenizer) for the rollouts "
-        "of each agent (environment) name, e.g. {expr: runs/expr-grpo/step-30}; the trainer loads each "
-        "one frozen, without an optimizer.",
+        description=(
+            "Teacher folder (a local Hugging Face folder sharing the student's tokenizer) per agent "
+            "(environment) name, e.g. `{expr: runs/expr-grpo/checkpoints/step-30}`; a rollout's agent "
+            "name is its job's `env.name`; the trainer loads each one frozen, without an optimizer."
+        ),
     )

@@ -20,11 +20,22 @@ MAX_REWARD_TERMS = 16
 
 
 class SandboxLimits(Section):
-    timeout_seconds: float = Field(10.0, gt=0.0, description="Wall clock per program.")
-    memory_mb: int = Field(512, ge=16, le=1 << 20, description="Address-space cap.")
-    cpu_seconds: float = Field(10.0, gt=0.0, description="CPU time cap.")
+    timeout_seconds: float = Field(
+        10.0,
+        gt=0.0,
+        description=(
+            "Wall clock per program (for swe: per patch application and test run); the RPC deadline is this + 30 s."
+        ),
+    )
+    memory_mb: int = Field(512, ge=16, le=1 << 20, description="Address-space cap (RLIMIT_AS), at least 16.")
+    cpu_seconds: float = Field(10.0, gt=0.0, description="CPU time cap (RLIMIT_CPU, rounded up to whole seconds).")
     max_output_bytes: Literal[0] | Annotated[int, Field(ge=256, le=1 << 30)] = Field(
-        16384, description="Captured output cap; 0: the sandbox's (its default; for ScorePatch its ceiling)."
+        16384,
+        description=(
+            "Captured output cap per stream, at least 256; 0 leaves it to the sandbox (its default; "
+            "for ScorePatch its ceiling, `DOCKYARD_SANDBOX_MAX_OUTPUT_BYTES`). A SWE test log is "
+            "graded whole whatever this cap."
+        ),
     )
 
 
@@ -66,22 +77,35 @@ class JudgeConfig(Section):
 
     enabled: bool = Field(
         False,
-        description="Ask the judge about every response the sandbox's answer rules reject; its yes passes it, "
-        "a failed call is an ERROR verdict (masked). env hle only.",
+        description=(
+            "Ask the judge about every response the sandbox's answer rules reject: its yes passes it, "
+            "a failed call is an ERROR verdict (masked); `dockyard run` then starts the policy "
+            "endpoint. `env.name=hle` only."
+        ),
     )
     prompt_template: str | None = Field(
         None,
         min_length=1,
         max_length=16384,
-        description="The judge's one user message; {question}, {response} and {correct_answer} are filled in; "
-        "null: JUDGE_TEMPLATE (HLE's style).",
+        description=(
+            "The judge's one user message, with `{question}`, `{response}` and `{correct_answer}` "
+            "(all three required); `null`: `dockyard.config.JUDGE_TEMPLATE`."
+        ),
     )
     max_new_tokens: int = Field(256, ge=1, le=32768, description="Length cap of the judge's reply.")
     temperature: float = Field(
-        0.0, ge=MIN_TEMPERATURE, le=OPENAI_MAX_TEMPERATURE, allow_inf_nan=False, description="0 = greedy."
+        0.0,
+        ge=MIN_TEMPERATURE,
+        le=OPENAI_MAX_TEMPERATURE,
+        allow_inf_nan=False,
+        description="Sampling temperature of the judge (0 = greedy).",
     )
     timeout_seconds: float = Field(
-        120.0, gt=0.0, le=3600.0, allow_inf_nan=False, description="Time limit of one judge call."
+        120.0,
+        gt=0.0,
+        le=3600.0,
+        allow_inf_nan=False,
+        description="Time limit of one judge call (one retry on a connection error or 5xx).",
     )
 
     @model_validator(mode="after")
@@ -95,11 +119,45 @@ class JudgeConfig(Section):
 class EnvConfig(Section):
     name: Literal[
         "expr", "expr_agent", "program_synthesis", "program_bench", "swe", "terminal_bench", "hle", "gdpval", "osworld"
-    ] = Field("expr", description="Environment: how completions are scored (dockyard/tasks/envs.py).")
+    ] = Field(
+        "expr",
+        description=(
+            "Environment, i.e. how a completion is scored ([sandbox.md](sandbox.md#environments)): "
+            "`expr` (the tiny recipe: the first line is `f`'s body, RunTests), `program_synthesis` "
+            "(HumanEval, or your own files of prompt + tests rows, [datasets.md](datasets.md): "
+            "RunTests of the program against the row's tests), `program_bench` (HumanEval plus your "
+            "files, mixed), `swe` (the completion's unified diff, ScorePatch; as an agent, the "
+            "session's work folder, ScoreSession), `expr_agent` (the expression task with no points "
+            "shown: the agent reads f through a tool, and its submitted answer is scored as `expr` "
+            "scores a completion; needs `env.tools`), `terminal_bench` (tasks in terminal-bench's "
+            "folder format: the agent works in the task's container, then the task's tests run there "
+            "and decide the verdict, ScoreSession; needs `env.tools` and the docker sandbox backend, "
+            "[terminal_tasks.md](terminal_tasks.md)), `hle` (questions with one final answer: the "
+            "last `Answer:` line, exact match after normalisation or the chosen letter, RunTests; "
+            "optionally a model judge, `env.judge`), `gdpval` (file-producing tasks: the deliverables "
+            "the agent leaves, checked by the task's checker.py in the session, ScoreSession; needs "
+            "`env.tools` with a file-changing tool), both in [environments.md](environments.md), "
+            "`osworld` (computer use: OSWorld task files, screenshots through the multimodal gate, "
+            "pyautogui-style actions; needs a desktop VM provider, which is not available: refused at "
+            "launch, a stated skip in preflight, [osworld.md](osworld.md). Each takes its own "
+            "`data.*.source`: `expr`, `humaneval`, `program_bench`, `swe`, `expr_agent`, "
+            "`terminal_bench`, `qa`, `gdpval`, `osworld`."
+        ),
+    )
     reward: str | list[RewardTerm] = Field(
         "pass_fraction",
-        description="Verdict → reward: pass_fraction, all_pass, a function (module:function or file.py:function, "
-        "run in the sandbox), or a list of {reward, weight} summed (docs/rewards.md).",
+        description=(
+            "Verdict → reward: `pass_fraction` = tests passed / tests total; `all_pass` = 1 if PASSED "
+            "else 0; `package.module:function` or `path/to/file.py:function` (relative to the working "
+            "directory): a Python function called as `function(task, completion, verdict)` **in the "
+            'sandbox**, returning a finite number, a bool or `{"reward": number}` '
+            "([rewards.md](rewards.md)); or a list of `{reward: <one of those>, weight: <number, "
+            "default 1.0>}` whose weighted sum is the reward (at most 16 terms). An ERROR verdict is "
+            "an invalid trajectory in every case, and so is a function that raises, times out or "
+            "returns NaN, inf or a non-number (never a 0 reward); PATCH_FAILED is a reward of 0; a "
+            "verdict with `integrity_violation` is zeroed (`apply_integrity`) before any penalty. "
+            "`dockyard preflight` checks each function's file and definition without running it."
+        ),
     )
     sandbox: SandboxLimits = Field(default_factory=SandboxLimits)
     tools: list[ToolConfig] = Field(

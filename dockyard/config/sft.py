@@ -20,6 +20,11 @@ class SFTConfig(Section):
     val_at_end: bool = Field(True, description="Validate after the last step.")
     dataset: str | None = Field(
         None,
-        description="JSONL(.gz) of demonstrations ({prompt, completion} or {messages} records, the loss on "
-        "assistant turns only); null = the training tasks' reference solutions.",
+        description=(
+            "A JSONL(.gz) of demonstrations instead of the training tasks' references: `{prompt, "
+            "completion}` records, or `{messages}` records, with optional `tools` schemas (chat "
+            "messages rendered with the policy's chat template and those tools; each assistant turn "
+            "trained once, after everything before it as context). Read in a seeded order "
+            "(`data.train.seed`), reshuffled every pass. `dockyard export-sft` writes one from a run."
+        ),
     )

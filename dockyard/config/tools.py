@@ -28,21 +28,35 @@ BUILTIN_TOOL_PARAMETERS: dict[str, tuple[str, ...]] = {
 class ToolConfig(Section):
     """One tool of the built-in scaffold (dockyard/agents/tools.py): a built-in kind, or a command."""
 
-    name: str = Field(pattern=r"^[a-z_][a-z0-9_]{0,63}$", description="The name the model calls it by.")
+    name: str = Field(
+        pattern=r"^[a-z_][a-z0-9_]{0,63}$",
+        description=(
+            "The name the model calls it by: lowercase letters, digits and `_`, starting with a letter or `_`."
+        ),
+    )
     kind: ToolKind = Field(
         "command",
-        description="command: run `command` in the session; shell: a shell line; read_file / write_file: a "
-        "file of the session; submit: the answer, which ends the trial.",
+        description=(
+            "`command`: run `command` in the session's work folder; `shell`: run the `command` "
+            "argument with `sh -c` in the session; `read_file` (`path`) / `write_file` (`path`, "
+            "`content`): a file of the session's work folder; `submit` (`answer`): ends the trial, "
+            "the answer is scored."
+        ),
     )
     description: str = Field("", max_length=1024, description="What the model is told the tool does.")
     parameters: dict[str, Literal["string", "integer", "number", "boolean"]] = Field(
         default_factory=dict,
-        description="command tools: parameter name -> JSON type (built-in kinds have fixed string parameters).",
+        description=(
+            "`command` tools: parameter name → JSON type (`string`, `integer`, `number`, `boolean`); "
+            "all are required. Built-in kinds have fixed string parameters and take none here."
+        ),
     )
     command: list[str] | None = Field(
         None,
-        description="command tools: argv run in the session's work folder; `{name}` in an item is replaced by "
-        "that argument (never through a shell).",
+        description=(
+            "`command` tools: the argv, run in the session's work folder, in which `{name}` is "
+            "replaced by that argument (never through a shell); every `{name}` must be a parameter."
+        ),
     )
 
     @model_validator(mode="after")
@@ -86,27 +100,40 @@ class ScaffoldConfig(Section):
     command: str = Field(
         min_length=1,
         max_length=16384,
-        description="Shell line run in the session's work folder; it reads the endpoint from OPENAI_BASE_URL / "
-        "ANTHROPIC_BASE_URL and its key from OPENAI_API_KEY / ANTHROPIC_API_KEY, the task from DOCKYARD_TASK.",
+        description=(
+            "Shell line run in the session's work folder (`sh -c`), with the trial's variables set: "
+            "`OPENAI_BASE_URL` / `OPENAI_API_BASE` (`<route>/v1`), `ANTHROPIC_BASE_URL`, "
+            "`OPENAI_API_KEY` = `ANTHROPIC_API_KEY` (the trial's endpoint session key), "
+            "`DOCKYARD_MODEL`, `DOCKYARD_TASK` (the prompt), `DOCKYARD_MAX_TURNS`, "
+            "`DOCKYARD_MAX_SECONDS`, `DOCKYARD_MAX_NEW_TOKENS`."
+        ),
     )
     package: str | None = Field(
         None,
         min_length=1,
         max_length=256,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-\[\],]*\s*(?:[=<>!~]=?[^\s;]+)?$",
-        description="pip requirement the command comes from (e.g. mini-swe-agent==2.4.6), installed into the "
-        "session's image from the sandbox's wheelhouse; None: the image has it already.",
+        description=(
+            "pip requirement the command comes from (`mini-swe-agent==2.4.6`): the sandbox installs "
+            "it into the session's image (an environment image built once from its wheelhouse with "
+            "`--network none`, plus a SWE instance's own requirements); `null`: the sandbox image has "
+            "the command already."
+        ),
     )
     env: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra environment of the command (the scaffold's own settings); names are A-Z 0-9 _, and "
-        "the endpoint's and DOCKYARD_* variables cannot be overridden.",
+        description=(
+            "Extra variables of the command: the scaffold's own settings. Names are `A-Z 0-9 _`; the "
+            "variables above and `HOME` cannot be overridden."
+        ),
     )
     answer_file: str | None = Field(
         None,
         pattern=r"^[A-Za-z0-9._-][A-Za-z0-9._/-]{0,254}$",
-        description="Non-swe envs: the work-folder file whose text is the trial's answer; None: the empty answer "
-        "(swe scores the session's diff).",
+        description=(
+            "Envs that score an answer (not `swe`): the work-folder file whose text is the trial's "
+            "answer; `null`: the empty answer. `swe` scores the session's diff."
+        ),
     )
 
     @model_validator(mode="after")
