@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from dockyard.algorithms.choices import SCALES
+from dockyard.config.choices import SCALES
 
 Scale = Literal["group", "batch", "none"]
 

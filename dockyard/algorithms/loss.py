@@ -22,7 +22,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from dockyard.algorithms.choices import IS_CORRECTIONS, KL_TYPES, REDUCTIONS
+from dockyard.config.choices import IS_CORRECTIONS, KL_TYPES, REDUCTIONS
 
 KlType = Literal["k1", "k2", "k3"]
 IsCorrection = Literal["plain", "tis", "icepop", "seq-mask-tis"]

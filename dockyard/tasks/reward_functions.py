@@ -10,22 +10,21 @@ importlib's PathFinder through the parent packages' folders, not by importing th
 found by parsing the file with `ast`), so the coordinator and `dockyard preflight` can check a
 reward function without executing it; every failure is a RewardFunctionError naming the spec, the
 file and the fix. Only the named file travels to the sandbox: what it imports must be there already
-(the standard library, or packages installed in the sandbox's interpreter or image).
+(the standard library, or packages installed in the sandbox's interpreter or image). How a reward is
+written (`syntax_error`, BUILTIN_REWARDS) is dockyard.config.reward_spec's, which the config checks at load.
 """
 
 from __future__ import annotations
 
 import ast
 import os
-import re
 import sys
 from dataclasses import dataclass
 from importlib.machinery import PathFinder
 from pathlib import Path
 
-BUILTIN_REWARDS = ("pass_fraction", "all_pass")
-_SPEC = re.compile(r"^(?P<target>[^:\s][^:]*):(?P<function>[A-Za-z_][A-Za-z0-9_]*)$")
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+from dockyard.config.reward_spec import BUILTIN_REWARDS, syntax_error
+
 MAX_SOURCE_BYTES = 1 << 20
 
 
@@ -39,22 +38,6 @@ class RewardSource:
     function: str
     source: str
     path: str
-
-
-def syntax_error(spec: str) -> str | None:
-    """Why `spec` is neither a built-in reward nor `module:function` / `file.py:function`; None if it is."""
-    if spec in BUILTIN_REWARDS:
-        return None
-    match = _SPEC.match(spec)
-    if match is None:
-        return (
-            f"{spec!r} is not a reward: use one of {', '.join(BUILTIN_REWARDS)}, "
-            "'package.module:function' or 'path/to/file.py:function'"
-        )
-    target = match["target"]
-    if not target.endswith(".py") and not _MODULE.match(target):
-        return f"{spec!r}: {target!r} is neither a dotted module name nor a path ending in .py"
-    return None
 
 
 def is_function(spec: str) -> bool:

@@ -14,6 +14,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dockyard.config.sampling import (
+    ANTHROPIC_MAX_TEMPERATURE,
+    MAX_TOP_P,
+    MIN_TEMPERATURE,
+    MIN_TOP_K,
+    OPENAI_MAX_TEMPERATURE,
+    TOP_P_ABOVE,
+)
+
 TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 
 
@@ -64,8 +73,8 @@ class ChatCompletionRequest(_Body):
     tools: list[ToolSpec] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     n: int = Field(1, ge=1, le=16)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: float | None = Field(None, ge=MIN_TEMPERATURE, le=OPENAI_MAX_TEMPERATURE)
+    top_p: float | None = Field(None, gt=TOP_P_ABOVE, le=MAX_TOP_P)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
@@ -75,7 +84,7 @@ class ChatCompletionRequest(_Body):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     # Extensions, as vLLM's OpenAI server names them (clients send them in `extra_body`).
-    top_k: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=MIN_TOP_K)
     ignore_eos: bool = False
 
 
@@ -110,7 +119,7 @@ class MessagesRequest(_Body):
     tools: list[AnthropicTool] | None = Field(None, max_length=128)
     tool_choice: dict[str, Any] | None = None
     stop_sequences: list[str] | None = Field(None, max_length=16)
-    temperature: float | None = Field(None, ge=0, le=1)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=MIN_TEMPERATURE, le=ANTHROPIC_MAX_TEMPERATURE)
+    top_p: float | None = Field(None, gt=TOP_P_ABOVE, le=MAX_TOP_P)
+    top_k: int | None = Field(None, ge=MIN_TOP_K)
     stream: bool = False

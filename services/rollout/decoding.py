@@ -19,12 +19,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dockyard.config.sampling import MAX_TEMPERATURE
 from dockyard.rpc.errors import InvalidArgument
 
 if TYPE_CHECKING:  # the engines (and bench/) need no protobuf runtime
     from dockyard.api.common.v1 import common_pb2
 
-MAX_TEMPERATURE = 100.0
 MAX_STOP_STRINGS = 16
 MAX_NUM_SAMPLES = 1024
 

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from dockyard.config import MasterConfig
+from dockyard.config import VLLM_MAX_TEMPERATURE, MasterConfig
 from dockyard.weights.collective import SyncFailed, SyncReport, WeightSyncGroup
 from dockyard.weights.transports import Transport
 from services.rollout.decoding import DecodingParams
@@ -67,7 +67,6 @@ WORKER_EXTENSION = "services.rollout.vllm_worker.WeightLoaderExtension"
 ENGINE_OWNED = ("model", "worker_extension_cls", "logprobs_mode", "tokenizer", "skip_tokenizer_init")
 # The V1 model runner, whose sampler the worker extension adjusts (vllm_worker.py); env_vars may not change it.
 WORKER_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
-VLLM_MAX_TEMPERATURE = 2.0  # vllm.SamplingParams refuses more
 
 
 class VllmUnavailable(RuntimeError):

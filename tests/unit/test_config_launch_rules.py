@@ -2,7 +2,7 @@
 
 import pytest
 
-from dockyard.algorithms import launch_errors
+from dockyard.config.launch_rules import launch_errors
 
 GOOD = dict(
     async_enabled=True,

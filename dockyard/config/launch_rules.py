@@ -1,19 +1,43 @@
-"""Launch-time rules that keep a run's configuration consistent with the math of this package.
+"""Launch rules: every cross-field rule of a job config, in one place, reported all at once.
 
-    config values ─> launch_errors ─> [(field path, message), ...]   (empty: the config is fine)
+    MasterConfig ─> config_errors ─> [(field path, message), ...]   (empty: the config is fine)
+                     ├─ launch_errors: the rules of the GRPO math (async mode, IS correction, minibatches, OPD)
+                     └─ the system's own: what the schema names but the services do not build
 
 Guarantees:
 - Pure: no I/O, no exceptions for bad values; every broken rule yields one entry, in a fixed
-  order, so the config layer can report all of them at once before anything starts.
+  order, so MasterConfig can report all of them at once before anything starts. A rule runs
+  only once every field is valid on its own (it is MasterConfig's last validator).
 - A field path names the config field to change (``grpo.async_grpo.enabled``,
   ``loss_fn.is_correction``, ...); a message says what is wrong and how to fix it.
+- A new cross-field rule goes here and nowhere else (docs/configuration.md and
+  docs/algorithms.md list them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dockyard.algorithms.choices import IS_CORRECTIONS
+from dockyard.config.choices import IS_CORRECTIONS
+from dockyard.config.tools import FILE_CHANGING_TOOLS
+
+if TYPE_CHECKING:  # the rules read a MasterConfig, which runs them: master.py imports this module
+    from dockyard.config.master import MasterConfig
+
+# The task source each environment takes (data.train.source and data.validation.source).
+ENV_SOURCES = {
+    "expr": "expr",
+    "expr_agent": "expr_agent",
+    "program_synthesis": "humaneval",
+    "program_bench": "program_bench",
+    "swe": "swe",
+    "terminal_bench": "terminal_bench",
+    "hle": "qa",
+    "gdpval": "gdpval",
+    "osworld": "osworld",
+}
 
 _ASYNC = "grpo.async_grpo.enabled"
 _OPD = "grpo.adv_estimator.name=opd"
@@ -183,6 +207,110 @@ def _opd_errors(
                 _TEACHERS,
                 f"on-policy distillation ({_OPD}) needs a teacher for the rollouts of agent {agent_name!r} "
                 f"(env.name); the map names {named}: add {_TEACHERS}.{agent_name}=<teacher model folder>",
+            )
+        )
+    return errors
+
+
+def config_errors(config: MasterConfig) -> list[tuple[str, str]]:
+    """Every rule `config` breaks: launch_errors's, then what the system does not build (yet)."""
+    g, loss = config.grpo, config.loss_fn
+    errors = launch_errors(
+        async_enabled=g.async_grpo.enabled,
+        is_correction=loss.is_correction,
+        is_min=loss.is_min,
+        is_max=loss.is_max,
+        dual_clip_c=loss.dual_clip_c,
+        dynamic_sampling=g.dynamic_sampling.enabled,
+        reward_scaling=g.reward_scaling.enabled,
+        reward_shaping=g.reward_shaping.enabled,
+        invalid_action_penalty=g.invalid_action_penalty,
+        num_dataloaders=config.data.num_dataloaders,
+        num_prompts_per_step=g.num_prompts_per_step,
+        num_generations_per_prompt=g.num_generations_per_prompt,
+        train_global_batch_size=config.policy.train_global_batch_size,
+        opd=config.opd,
+        zero_prev_logprobs=loss.zero_prev_logprobs,
+        teachers=config.on_policy_distillation.teacher_model_by_agent_name,
+        agent_name=config.env.name,
+    )
+    if config.data.num_dataloaders > 1:
+        errors.append(("data.num_dataloaders", "one training task source is supported; set it to 1"))
+    if config.sft is None and g.num_generations_per_prompt < 2:
+        errors.append(
+            (
+                "grpo.num_generations_per_prompt",
+                "a group of one sample has no baseline, so every advantage, loss and gradient is 0; use 2 or more",
+            )
+        )
+    wanted = ENV_SOURCES[config.env.name]
+    for split in ("train", "validation"):
+        dataset = getattr(config.data, split)
+        if dataset.source != wanted:
+            errors.append((f"data.{split}.source", f"env.name={config.env.name} takes source {wanted}"))
+        elif dataset.source in ("swe", "terminal_bench", "gdpval", "osworld") and not dataset.path:
+            errors.append((f"data.{split}.path", f"env {dataset.source} needs the task-set folder"))
+        elif dataset.source == "qa" and not dataset.path:
+            errors.append((f"data.{split}.path", "env hle needs a JSONL file of questions"))
+        if dataset.sources and config.env.name not in ("program_synthesis", "program_bench"):
+            errors.append((f"data.{split}.sources", "mixing files is for program_synthesis and program_bench"))
+    if config.env.name == "terminal_bench" and not config.env.agentic:
+        errors.append(("env.tools", "env terminal_bench is a multi-turn task: give the agent its tools (a shell)"))
+    if config.env.name == "gdpval" and (
+        not config.env.agentic or (config.env.tools and not {t.kind for t in config.env.tools} & FILE_CHANGING_TOOLS)
+    ):
+        errors.append(("env.tools", "env gdpval scores the files the agent leaves: give it a shell or write_file"))
+    generation = config.policy.generation
+    if generation.allow_multimodal_inputs and generation.backend != "torch":
+        errors.append(
+            (
+                "policy.generation.allow_multimodal_inputs",
+                f"image inputs run on the torch engine only; backend {generation.backend} refuses them",
+            )
+        )
+    if config.env.name == "osworld" and not config.policy.generation.allow_multimodal_inputs:
+        errors.append(("policy.generation.allow_multimodal_inputs", "env osworld observes screenshots: set it to true"))
+    if config.env.name == "expr_agent" and not config.env.agentic:
+        errors.append(("env.tools", "env expr_agent is a multi-turn task: give it its tool f (or a scaffold)"))
+    if config.env.name == "swe" and config.env.tools and not {t.kind for t in config.env.tools} & FILE_CHANGING_TOOLS:
+        errors.append(("env.tools", "multi-turn swe scores the session's edits: give it a shell or write_file"))
+    if config.env.agentic and config.sft is not None and config.sft.dataset is None:
+        # With sft.dataset (e.g. an agent run's export-sft) the agent env only validates.
+        errors.append(
+            ("env.tools", "a supervised agent job trains on conversations: set sft.dataset (dockyard export-sft)")
+        )
+    train_path, val_path = config.data.train.path, config.data.validation.path
+    if config.env.name in ("swe", "terminal_bench", "gdpval") and train_path and val_path:
+        if Path(train_path).resolve().parent != Path(val_path).resolve().parent:
+            errors.append(("data.validation.path", "must lie in the same folder as data.train.path (one task root)"))
+    if config.policy.sequence_packing and (loss.reduction != "token" or loss.is_correction == "seq-mask-tis"):
+        errors.append(
+            ("policy.sequence_packing", "packed rows need loss_fn.reduction=token and no seq-mask-tis correction")
+        )
+    if config.cluster.device == "cpu" and config.cluster.weight_sync_backend == "nccl":
+        errors.append(("cluster.weight_sync_backend", "nccl needs cluster.device=cuda; use gloo on CPU"))
+    gen = config.policy.generation
+    if gen.precision == "fp8" and (gen.backend != "torch" or config.cluster.device != "cuda"):
+        errors.append(
+            (
+                "policy.generation.precision",
+                "fp8 runs on the torch engine on a GPU with FP8 matmuls: needs generation.backend=torch and "
+                "cluster.device=cuda",
+            )
+        )
+    ckpt = config.checkpointing
+    if ckpt.format == "sharded" and config.policy.lora.enabled:
+        errors.append(("checkpointing.format", "policy.lora saves its adapter and a merged HF folder: use format hf"))
+    if ckpt.format == "sharded" and config.policy.backend == "jax":
+        errors.append(("checkpointing.format", "the JAX backend runs on one device and writes HF folders: use hf"))
+    if ckpt.async_save and ckpt.format != "sharded":
+        errors.append(("checkpointing.async_save", "background writes are for checkpointing.format=sharded"))
+    if config.cluster.weight_sync_transport == "colocated" and config.policy.generation.backend == "sglang":
+        errors.append(
+            (
+                "cluster.weight_sync_transport",
+                "SGLang receives whole tensors over its own process group; colocated needs the torch or "
+                "vllm backend (or use collective)",
             )
         )
     return errors

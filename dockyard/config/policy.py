@@ -1,0 +1,265 @@
+"""The `policy` section: which model, its optimizer, its LoRA adapters and its warm start.
+
+Guarantees: a policy names its weights (`model_name`) or an architecture (`model`, with a
+model_type); what the JAX backend cannot do is refused here, at parse.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from dockyard.config.sampling import GenerationConfig
+from dockyard.config.section import MAX_BATCH, MAX_SEED, MAX_STEPS, MAX_TOKENS, Section
+
+
+class OptimizerConfig(Section):
+    lr: float = Field(1e-5, gt=0.0, allow_inf_nan=False, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon.")
+    warmup_steps: int = Field(
+        0,
+        ge=0,
+        le=MAX_STEPS,
+        description=(
+            "Linear warmup over this many steps (step s uses lr × s / warmup_steps), then `schedule`; 0 = no warmup."
+        ),
+    )
+    schedule: Literal["constant", "cosine"] = Field(
+        "constant",
+        description=(
+            "After the warmup: `constant`, or `cosine` decay from lr to `min_lr_ratio × lr` over `decay_steps`."
+        ),
+    )
+    decay_steps: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_STEPS,
+        description=(
+            "Cosine: steps from the end of the warmup to the floor; null = `grpo.max_num_steps` "
+            "(`sft.max_num_steps` in an SFT job) − `warmup_steps`."
+        ),
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0.0, le=1.0, description="Cosine: the final lr as a fraction of `lr`, in [0, 1]."
+    )
+    max_grad_norm: float | None = Field(
+        1.0,
+        gt=0.0,
+        description="Clip gradients by global norm; null = off (the norm is still reported as `grad_norm`).",
+    )
+
+
+class BootstrapConfig(Section):
+    recipe: Literal["tiny_expr", "tiny_agent"] = Field(
+        description=(
+            "Builder that writes `policy.model_name`: `tiny_expr` (single-turn expressions) or "
+            "`tiny_agent` (the multi-turn agent task: trials that call `f` and `submit`)."
+        )
+    )
+    steps: int = Field(300, ge=1, le=MAX_STEPS, description="Supervised warm-start steps.")
+    lr: float = Field(3e-3, gt=0.0, description="Warm-start learning rate.")
+    batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="Warm-start batch size.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Warm-start seed.")
+    num_threads: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description=(
+            "torch threads of the warm start run by the CLI; null keeps torch's default. The services "
+            "take theirs from `DOCKYARD_<SERVICE>_NUM_THREADS`."
+        ),
+    )
+    shortcut_rate: float = Field(
+        0.6,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "Share of warm-start demonstrations answered by the line through f(0) and f(1) instead of "
+            "the reference: an imperfect demonstrator that GRPO must learn to beat."
+        ),
+    )
+
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class LoraConfig(Section):
+    enabled: bool = Field(
+        False,
+        description=(
+            "Train LoRA adapters on a frozen base instead of every weight. The KL reference is then "
+            "the base with its adapters off (no second copy)."
+        ),
+    )
+    rank: int = Field(8, ge=1, le=4096, description="Rank r of each adapter: A is [r, in], B is [out, r]; 1..4096.")
+    alpha: float = Field(
+        16.0,
+        gt=0.0,
+        le=1e6,
+        allow_inf_nan=False,
+        description="Scale of the update: a layer computes W·x + (alpha / rank)·B·A·x.",
+    )
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on each adapter's input, in [0, 1).")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(LORA_TARGETS),
+        min_length=1,
+        max_length=256,
+        description=(
+            "Names (the last component, e.g. `q_proj`) of the `nn.Linear` layers that get adapters; "
+            "the default covers attention and MLP of Llama and Qwen2. A name that matches no layer, a "
+            "layer that is not `nn.Linear` (e.g. `embed_tokens`) or one whose weight is tied to "
+            "another (`lm_head` with tied embeddings) fails `LoadPolicy` with INVALID_ARGUMENT."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _names(self) -> LoraConfig:
+        for name in self.target_modules:
+            if not re.fullmatch(r"[A-Za-z0-9_.]{1,128}", name):
+                raise ValueError(f"policy.lora.target_modules: {name!r} is not a module name")
+        return self
+
+
+class PolicyConfig(Section):
+    backend: Literal["torch", "jax"] = Field(
+        "torch",
+        description=(
+            "Trainer backend: `torch` (HF model, FSDP2 across ranks) or `jax` (the Flax NNX decoder "
+            "of `services/trainer/jax_model.py`, Llama and Qwen2, on one device; needs the `jax` "
+            "extra). Same loss, optimizer, checkpoints, metrics and weight sync; `jax` refuses "
+            "`lora.enabled`, `activation_checkpointing`, `compile_layers` (at parse) and more than "
+            "one torchrun rank (at `LoadPolicy`). See docs/trainer.md."
+        ),
+    )
+    model_name: str | None = Field(
+        None,
+        description=(
+            "Local Hugging Face folder of the policy (must contain `config.json`); loaded with "
+            "`from_pretrained` on trainer and rollout, never downloaded. A missing folder fails "
+            "`LoadPolicy` with FAILED_PRECONDITION."
+        ),
+    )
+    model: dict[str, Any] | None = Field(
+        None,
+        description=(
+            "Architecture to build with random weights and the built-in character tokenizer when "
+            "`model_name` is null: `model_type` plus config kwargs; `vocab_size` defaults to the "
+            "tokenizer's and may be set larger (a real-shaped model for benchmarks). With "
+            "`bootstrap`, the architecture the warm start builds."
+        ),
+    )
+    bootstrap: BootstrapConfig | None = Field(None, description="Writes model_name before the job when it is missing.")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description=(
+            "Compute dtype: `float32` or `bfloat16`. The rollout holds its weights in it and the "
+            "weight sync sends them in it."
+        ),
+    )
+    master_weights_fp32: bool = Field(
+        True,
+        description=(
+            "With `dtype: bfloat16`, the trainer keeps fp32 parameters and optimizer state and runs "
+            "forward/backward in bf16 (autocast on one rank, FSDP2 mixed precision with fp32 gradient "
+            "reduction on several); false = bf16 parameters and optimizer state. No effect with "
+            "`float32`."
+        ),
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description=(
+            "Recompute each decoder layer's activations in backward (non-reentrant checkpointing): "
+            "less memory, about one more forward of compute."
+        ),
+    )
+    compile_layers: bool = Field(
+        False,
+        description=(
+            "`torch.compile` each decoder layer (fused kernels; cheap intermediates recomputed in "
+            "backward): faster steps and less activation memory on GPUs, after a compile during the "
+            "first step. Refused by `backend: jax`. See docs/trainer.md."
+        ),
+    )
+    train_global_batch_size: int = Field(
+        64,
+        ge=1,
+        le=MAX_BATCH,
+        description=(
+            "Trajectories per optimizer step (a minibatch of whole groups): a trainer step's "
+            "`num_prompts_per_step × num_generations_per_prompt` rollouts are trained in minibatches "
+            "of this size, one optimizer step each, against the logprobs of the policy that started "
+            "the step; must divide the step's rollouts and be a multiple of "
+            "`num_generations_per_prompt`. Equal to the step's rollouts: one optimizer step per "
+            "trainer step (ρ = 1)."
+        ),
+    )
+    num_epochs: int = Field(
+        1,
+        ge=1,
+        le=100,
+        description=(
+            "Passes over a step's minibatches, one optimizer step per minibatch each, in [1, 100]; "
+            "the weight version and the learning-rate schedule still advance once per trainer step."
+        ),
+    )
+    train_micro_batch_size: int = Field(
+        16,
+        ge=1,
+        le=MAX_BATCH,
+        description="Most trajectories per forward/backward; the loss of a step does not depend on it.",
+    )
+    max_tokens_per_micro_batch: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TOKENS,
+        description=(
+            "Token budget of a micro-batch: rows × padded length (longest rows first, each "
+            "micro-batch padded to its own longest row); a row longer than the budget runs alone. "
+            "null = rows only. Accepts `${mul:...}` expressions. The loss of a step does not depend "
+            "on it."
+        ),
+    )
+    sequence_packing: bool = Field(
+        False,
+        description=(
+            "Concatenate several sequences into one row of at most `max_tokens_per_micro_batch` "
+            "tokens (first fit, longest first; position ids restart per sequence and attention stays "
+            "within each sequence), so no padding is computed. Needs `max_tokens_per_micro_batch`, "
+            "`loss_fn.reduction: token` and no `seq-mask-tis` correction."
+        ),
+    )
+    seed: int = Field(
+        0,
+        ge=0,
+        le=MAX_SEED,
+        description=(
+            "Seed of the trainer's torch RNG and of random initialisation (`policy.model`). "
+            "Generation seeds come from `grpo.seed`."
+        ),
+    )
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PolicyConfig:
+        if self.model_name is None and self.model is None:
+            raise ValueError("set policy.model_name (a local model folder) or policy.model (an architecture)")
+        if self.model is not None and "model_type" not in self.model:
+            raise ValueError("policy.model needs a model_type, e.g. qwen2 or llama")
+        if self.sequence_packing and self.max_tokens_per_micro_batch is None:
+            raise ValueError("policy.sequence_packing needs policy.max_tokens_per_micro_batch (the packed row length)")
+        if self.backend == "jax":
+            unsupported = {
+                "lora.enabled": self.lora.enabled,
+                "activation_checkpointing": self.activation_checkpointing,
+                "compile_layers": self.compile_layers,
+            }
+            for key, on in unsupported.items():
+                if on:
+                    raise ValueError(f"policy.{key} is not supported with policy.backend=jax: use backend torch")
+        return self
