@@ -20,7 +20,9 @@ DOCKYARD_BUFFER_BACKEND, ...) is read as the services that `dockyard run` starts
 
 Why one module of this size: it is one check per function, run in the order of the report above;
 each check is a few lines around the library call that decides it (load_config, the task loaders,
-the tokenizer, docker, redis, ast), and splitting them would scatter one report across files."""
+the tokenizer, docker, redis, ast), and splitting them would scatter one report across files. The two
+checks a service also runs (reward functions, the docker engine's message) live in launch_checks.py, so
+no service imports this module of the CLI."""
 
 from __future__ import annotations
 
@@ -36,19 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the sandbox service imports docker_problem, and its image has no config libraries
+from dockyard.launch_checks import ERROR, OK, SKIP, Finding, check_reward_functions, docker_problem
+
+if TYPE_CHECKING:
     from dockyard.config import MasterConfig
 
-OK, ERROR, SKIP = "ok", "error", "skip"
 # Bytes a checkpoint holds per parameter: fp32 weights plus AdamW's two fp32 moments.
 CHECKPOINT_BYTES_PER_PARAM = 12
-
-
-@dataclass(frozen=True)
-class Finding:
-    check: str
-    status: str  # OK, ERROR or SKIP
-    message: str
 
 
 @dataclass(frozen=True)
@@ -431,16 +427,6 @@ def check_docker(env: Mapping[str, str], required: str | None = None) -> Finding
     return Finding("docker", OK, f"engine answers, image {image} present")
 
 
-def docker_problem(exc: Exception, env: Mapping[str, str] = os.environ, required: str | None = None) -> str:
-    """One line for a Docker client that cannot reach an engine (instead of the client's traceback); the
-    local backend is proposed only when the config does not need docker (`required` says why it does)."""
-    where = env.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    said = f"the docker sandbox backend needs a Docker engine and none answers at {where} ({type(exc).__name__}): "
-    if required:
-        return said + f"start dockerd (or set DOCKER_HOST); {required}, so the local backend cannot run it"
-    return said + "start dockerd (or set DOCKER_HOST), or use the local backend (DOCKYARD_SANDBOX_BACKEND=local)"
-
-
 def _default_sandbox_image() -> str:
     # services/sandbox/images.py's SANDBOX_IMAGE, read without importing the sandbox service.
     return "dockyard/sandbox:latest"
@@ -537,24 +523,6 @@ def check_disk(config: MasterConfig) -> Finding:
             "checkpointing.keep_top_k",
         )
     return Finding("disk", OK, f"~{need / gib:.2f} GiB of checkpoints, {free / gib:.0f} GiB free under {existing}")
-
-
-def check_reward_functions(config: MasterConfig) -> Finding:
-    """Each function env.reward names: its file found and parsed (never imported), the function defined."""
-    from dockyard.tasks.reward_functions import RewardFunctionError, is_function, load
-
-    specs = [spec for spec, _ in config.env.reward_terms if is_function(spec)]
-    if not specs:
-        return Finding("reward", SKIP, "built-in rewards only")
-    problems, found = [], []
-    for spec in specs:
-        try:
-            found.append(f"{spec} ({load(spec).path})")
-        except RewardFunctionError as exc:
-            problems.append(str(exc))
-    if problems:
-        return Finding("reward", ERROR, "; ".join(problems))
-    return Finding("reward", OK, f"defined: {', '.join(found)}")
 
 
 def errors(findings: list[Finding]) -> list[Finding]:

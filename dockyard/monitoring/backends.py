@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dockyard.monitoring.trackers import summarise
+from dockyard.monitoring.series import summarise
 
 if TYPE_CHECKING:
     from dockyard.config import LoggerConfig

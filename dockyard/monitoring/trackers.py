@@ -19,13 +19,14 @@ and finishes every backend, and waits for the worker.
 from __future__ import annotations
 
 import importlib.util
-import re
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
+
+from dockyard.monitoring.series import split_series
 
 if TYPE_CHECKING:
     from dockyard.config import LoggerConfig
@@ -40,9 +41,6 @@ LIBRARIES = {
     "mlflow_enabled": "mlflow",
     "swanlab_enabled": "swanlab",
 }
-# Per-member keys of a step (services/coordinator/step_metrics.py): merged into one list per statistic.
-_MEMBER_KEY = re.compile(r"^(replica|sandbox)_(.+)_(busy_seconds|groups|tokens_per_second|tokens|running|queued)$")
-SUMMARIES = ("mean", "p50", "p90", "max")
 
 
 def missing_libraries(logger: LoggerConfig) -> list[str]:
@@ -52,42 +50,6 @@ def missing_libraries(logger: LoggerConfig) -> list[str]:
         for flag, module in LIBRARIES.items()
         if getattr(logger, flag) and importlib.util.find_spec(module) is None
     ]
-
-
-def split_series(
-    metrics: Mapping[str, float], timeline: Sequence[Mapping[str, Any]]
-) -> tuple[dict[str, float], dict[str, list[float]]]:
-    """(scalars, series) of a step: per-replica and per-worker keys become one list per statistic
-    (replica_tokens_per_second: one value per replica), and the Generate calls become
-    generation_{seconds,tokens,tokens_per_second}: one value per call, whichever replica served it."""
-    scalars: dict[str, float] = {}
-    series: dict[str, list[float]] = {}
-    for key, value in metrics.items():
-        member = _MEMBER_KEY.match(key)
-        if member:
-            series.setdefault(f"{member[1]}_{member[3]}", []).append(float(value))
-        else:
-            scalars[key] = float(value)
-    for call in timeline:
-        seconds = float(call["end"]) - float(call["start"])
-        series.setdefault("generation_seconds", []).append(seconds)
-        series.setdefault("generation_tokens", []).append(float(call["tokens"]))
-        series.setdefault("generation_tokens_per_second", []).append(float(call["tokens"]) / max(seconds, 1e-9))
-    return scalars, series
-
-
-def summarise(series: Mapping[str, Sequence[float]]) -> dict[str, float]:
-    """<name>/{mean,p50,p90,max} of each non-empty list: a bounded set of keys however long the list."""
-    import numpy as np
-
-    out = {}
-    for name, values in series.items():
-        if len(values) == 0:
-            continue
-        array = np.asarray(values, dtype=float)
-        stats = (array.mean(), np.percentile(array, 50), np.percentile(array, 90), array.max())
-        out.update({f"{name}/{label}": float(v) for label, v in zip(SUMMARIES, stats, strict=True)})
-    return out
 
 
 class Trackers:

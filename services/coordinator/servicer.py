@@ -32,8 +32,8 @@ from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.api.trainer.v1 import trainer_pb2_grpc
 from dockyard.config import ConfigError, MasterConfig, parse_config_text
 from dockyard.jobs import CANCELLED, PENDING, RUNNING, job_id_error
+from dockyard.launch_checks import ERROR, check_reward_functions
 from dockyard.monitoring.trackers import missing_libraries
-from dockyard.preflight import ERROR, check_reward_functions
 from dockyard.rpc.client import channel_health, connect
 from dockyard.rpc.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from dockyard.tasks.task import Task

@@ -8,7 +8,8 @@
                   a work folder kept across calls (sessions.py)
 
     settings.py        SandboxSettings: DOCKYARD_SANDBOX_*, backend choice, default limits and ceilings
-    backend.py         SandboxBackend, the interface every backend implements; Outcome, ResourceLimits
+    backend.py         SandboxBackend and SessionHandle, what every backend implements; Outcome, ResourceLimits
+    verdicts.py        the verdict rules both backends apply to a finished run (Execute, RunTests)
     docker_backend.py  DockerBackend: one locked-down container per run (production)
     docker_container.py  its container: host config (limits), shell wrapper, work folder tar, owner label
     local.py           LocalBackend: child process groups on this host (development)
@@ -46,5 +47,5 @@ introspects the harness's memory can forge a test report on either backend.
 
 Verdicts: ERROR is reserved for infrastructure failures (masked from
 rewards); whatever the code does to itself, crashes included, is FAILED; the
-wall-clock kill is TIMEOUT. local.py states the rule in full.
+wall-clock kill is TIMEOUT. verdicts.py states the rule in full.
 """

@@ -19,7 +19,7 @@ async def make_backend(settings: SandboxSettings):
     if settings.backend == "docker":
         from docker.errors import DockerException
 
-        from dockyard.preflight import docker_problem
+        from dockyard.launch_checks import docker_problem
         from services.sandbox.docker_backend import DockerBackend
 
         try:

@@ -2,11 +2,16 @@
 
     files + argv   --execute-->    Outcome (PASSED iff exit code 0)
     program+tests  --run_tests-->  Outcome (PASSED iff every test passed)
+    files          --open_session-->  SessionHandle (a work folder kept across commands)
 
 Limits reach a backend already resolved (defaults filled in, ceilings
 checked); a backend raises InvalidArgument for input it refuses (a path
 escaping the work folder) and otherwise always returns an Outcome: an
 infrastructure failure is an ERROR outcome, never an exception.
+
+SessionHandle is declared here, beside the backend that makes it, so that the
+session store (sessions.py) and the backends' sessions depend on this module
+and this module on none of them.
 """
 
 from __future__ import annotations
@@ -15,12 +20,8 @@ import abc
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from dockyard.rpc.errors import FailedPrecondition
-
-if TYPE_CHECKING:
-    from services.sandbox.sessions import SessionHandle
 
 
 class Status(enum.Enum):
@@ -83,6 +84,37 @@ def run_outcome(
         duration_seconds=duration,
         error_message=error_message,
     )
+
+
+class SessionHandle(abc.ABC):
+    """One backend's live session: a work folder that outlives each command."""
+
+    work_dir: str  # the work folder as commands see it (cwd, HOME)
+    endpoint_url: str = ""  # the policy endpoint's URL as commands see it; "" without a route
+
+    @abc.abstractmethod
+    async def exec(self, argv: Sequence[str], stdin: bytes | None, limits: ResourceLimits) -> Outcome:
+        """Run `argv` in the work folder; PASSED iff exit code 0, TIMEOUT past limits.timeout_seconds."""
+
+    @abc.abstractmethod
+    async def read_file(self, path: str, max_bytes: int) -> tuple[bytes, int]:
+        """(first max_bytes bytes, whole size); session_files.FileProblem when it cannot be read."""
+
+    @abc.abstractmethod
+    async def write_file(self, path: str, data: bytes) -> None:
+        """Create or replace `path`; session_files.FileProblem when it cannot be written."""
+
+    @abc.abstractmethod
+    async def export_tree(self, target: str) -> str:
+        """A host folder holding the work folder's files (at `target`, or the folder itself on the host)."""
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """Stop the running command now, if any (it ends as an error or a timeout); never raises."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Remove the work folder or container; never raises."""
 
 
 class SandboxBackend(abc.ABC):

@@ -23,7 +23,7 @@ its main process ends every process of the container ends with it. Every blockin
 docker call runs in a worker thread, never on the event loop. On start the
 backend removes containers that a dead predecessor on this host left behind.
 
-Verdict rule, as in local.py: ERROR only when the infrastructure failed (the
+Verdict rule, as in local.py (both use verdicts.py): ERROR only when the infrastructure failed (the
 work folder, the engine, a missing image, the harness never started); whatever
 the code does to itself is FAILED (an OOM kill included, reported as exit code
 -9); the wall-clock kill is TIMEOUT.
@@ -68,12 +68,9 @@ import structlog
 
 from dockyard.rpc.errors import InvalidArgument
 from services.sandbox.backend import (
-    DISK_FULL_MESSAGE,
     Outcome,
     ResourceLimits,
     SandboxBackend,
-    Status,
-    run_outcome,
 )
 from services.sandbox.docker_container import (
     DISK_FULL_FLAG,
@@ -93,6 +90,7 @@ from services.sandbox.docker_container import (
 )
 from services.sandbox.harness import HARNESS_SOURCE
 from services.sandbox.staging import Capped, Writes, checked_files, parse_report, remove_tree, stage_files
+from services.sandbox.verdicts import command_verdict, tests_verdict
 
 log = structlog.get_logger()
 
@@ -217,13 +215,7 @@ class DockerBackend(SandboxBackend):
         checked = checked_files(files)
         writes = [(str(path), content) for path, content in checked]
         run = await self._run_in_slot(writes, list(command), limits, seed_dir, image or self._image, None)
-        if run.error:
-            status = Status.ERROR
-        elif run.timed_out:
-            status = Status.TIMEOUT
-        else:
-            status = Status.PASSED if run.exit_code == 0 else Status.FAILED
-        return _outcome(run, status, passed=int(status is Status.PASSED), total=1)
+        return command_verdict(run)
 
     async def run_tests(self, program: str, tests: Sequence[str], limits: ResourceLimits) -> Outcome:
         if not tests:
@@ -236,18 +228,10 @@ class DockerBackend(SandboxBackend):
         ready = nonce + b" ready\n"
         started = run.stderr.startswith(ready)
         run.stderr = run.stderr.removeprefix(ready)  # on every path: the nonce is not the code's output
-        if run.error:
-            return _outcome(run, Status.ERROR, passed=0, total=total)
-        if run.timed_out:
-            return _outcome(run, Status.TIMEOUT, passed=0, total=total)
-        if not started:
-            message = f"the test harness did not start (exit code {run.exit_code})"
-            return _outcome(run, Status.ERROR, passed=0, total=total, error_message=message)
+        # started from stderr, not from the report file: the code can delete or rewrite that file, and
+        # what it does to itself must be FAILED (no valid report), never the ERROR of "did not start".
         _, results = parse_report(run.report, nonce, total)
-        if results is None:  # the program ended the harness, or spoiled its report, before it reported
-            return _outcome(run, Status.FAILED, passed=0, total=total)
-        passed = sum(results)
-        return _outcome(run, Status.PASSED if passed == total else Status.FAILED, passed=passed, total=total)
+        return tests_verdict(run, total=total, started=started, results=results)
 
     async def open_session(
         self,
@@ -434,20 +418,3 @@ class DockerBackend(SandboxBackend):
             self._client.api.kill(container_id)
         except Exception:
             pass  # it just ended on its own
-
-
-def _outcome(run: _Run, status: Status, *, passed: int, total: int, error_message: str = "") -> Outcome:
-    if run.disk_full and status in (Status.PASSED, Status.FAILED):
-        status, passed = Status.FAILED, 0
-        error_message = DISK_FULL_MESSAGE
-    return run_outcome(
-        status,
-        passed=passed,
-        total=total,
-        exit_code=run.exit_code,
-        stdout=run.stdout,
-        stderr=run.stderr,
-        truncated=run.truncated,
-        duration=run.duration,
-        error_message=error_message or run.error,
-    )

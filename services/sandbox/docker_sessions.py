@@ -43,7 +43,7 @@ import structlog
 
 from dockyard.rpc.errors import FailedPrecondition
 from services.sandbox import session_files
-from services.sandbox.backend import DISK_FULL_MESSAGE, Outcome, ResourceLimits, Status, run_outcome
+from services.sandbox.backend import DISK_FULL_MESSAGE, Outcome, ResourceLimits, SessionHandle, Status, run_outcome
 from services.sandbox.docker_container import (
     LABEL,
     SESSION_LABEL,
@@ -55,7 +55,6 @@ from services.sandbox.docker_container import (
     send_work_folder,
 )
 from services.sandbox.endpoint_route import ROUTED_PID1_SOURCE, EndpointRoute, endpoint_url
-from services.sandbox.sessions import SessionHandle
 from services.sandbox.staging import Capped, checked_files, remove_tree, stage_files
 
 log = structlog.get_logger()

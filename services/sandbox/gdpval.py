@@ -20,9 +20,8 @@ import re
 from pathlib import Path
 
 from dockyard.tasks.gdpval import TaskFolder, TaskFormatError, is_task_folder, parse_tap, read_task
-from services.sandbox.backend import ResourceLimits, Status
+from services.sandbox.backend import ResourceLimits, SessionHandle, Status
 from services.sandbox.session_files import FileProblem
-from services.sandbox.sessions import SessionHandle
 from services.sandbox.swe import SweResult, TaskSetError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

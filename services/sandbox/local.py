@@ -32,13 +32,13 @@ the RunTests harness in isolated mode (-I); Execute commands with -E -s,
 which is -I minus -P, so a multi-file program can import its own modules
 from the work folder.
 
-Verdict rule: ERROR only when the infrastructure failed: the work folder
-could not be made or written, the sandbox could not be set up, the process
-could not be spawned or exec'd, or the test harness never started. Anything
-the code does to itself -- raising, sys.exit, os._exit, MemoryError under
-RLIMIT_AS, a segfault, SIGXCPU from RLIMIT_CPU, SIGXFSZ, a full work folder,
-killing the harness before it reports -- is the policy's fault: FAILED. The
-wall-clock kill is TIMEOUT.
+Verdict rule (verdicts.py, shared with the docker backend): ERROR only when
+the infrastructure failed: the work folder could not be made or written, the
+sandbox could not be set up, the process could not be spawned or exec'd, or
+the test harness never started. Anything the code does to itself -- raising,
+sys.exit, os._exit, MemoryError under RLIMIT_AS, a segfault, SIGXCPU from
+RLIMIT_CPU, SIGXFSZ, a full work folder, killing the harness before it
+reports -- is the policy's fault: FAILED. The wall-clock kill is TIMEOUT.
 
 The bubblewrap command line is built in bwrap.py, the launcher's status lines
 parsed in harness.py; staging.py stages the files, as for the docker backend.
@@ -73,15 +73,14 @@ import structlog
 
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument
 from services.sandbox.backend import (
-    DISK_FULL_MESSAGE,
     Outcome,
     ResourceLimits,
     SandboxBackend,
     Status,
-    run_outcome,
 )
 from services.sandbox.bwrap import read_only_binds, sandbox_argv
 from services.sandbox.harness import HARNESS_SOURCE, LAUNCHER_SOURCE, parse_kept, parse_status
+from services.sandbox.local_sessions import open_local_session, reap_dead_sessions
 from services.sandbox.staging import (
     REPORT_CAP_BYTES,
     Capped,
@@ -90,6 +89,7 @@ from services.sandbox.staging import (
     remove_tree,
     stage_files_off_loop,
 )
+from services.sandbox.verdicts import command_verdict, tests_verdict
 
 log = structlog.get_logger()
 
@@ -140,7 +140,7 @@ class _Capture(Capped, asyncio.Protocol):
 
 @dataclass
 class _Run:
-    spawn_error: str = ""
+    error: str = ""
     timed_out: bool = False
     exit_code: int = 0
     stdout: bytes = b""
@@ -151,33 +151,6 @@ class _Run:
     disk_full: bool = False
     kept: bool = False  # sessions: the work folder was copied out to the keep folder
     keep_error: str = ""
-
-
-def _outcome(run: _Run, status: Status, *, passed: int, total: int, error_message: str = "") -> Outcome:
-    if run.disk_full and status in (Status.PASSED, Status.FAILED):
-        status, passed, error_message = Status.FAILED, 0, DISK_FULL_MESSAGE
-    return run_outcome(
-        status,
-        passed=passed,
-        total=total,
-        exit_code=run.exit_code,
-        stdout=run.stdout,
-        stderr=run.stderr,
-        truncated=run.truncated,
-        duration=run.duration,
-        error_message=error_message or run.spawn_error,
-    )
-
-
-def _command_outcome(run: _Run) -> Outcome:
-    """A command's verdict: ERROR when it could not run, TIMEOUT when killed, else PASSED iff exit code 0."""
-    if run.spawn_error:
-        status = Status.ERROR
-    elif run.timed_out:
-        status = Status.TIMEOUT
-    else:
-        status = Status.PASSED if run.exit_code == 0 else Status.FAILED
-    return _outcome(run, status, passed=int(status is Status.PASSED), total=1)
 
 
 def _text(data: bytes) -> str:
@@ -264,7 +237,7 @@ class LocalBackend(SandboxBackend):
                 run = await self._run(argv, work, limits, staged=bool(checked) or seed_dir is not None)
             finally:
                 await asyncio.to_thread(remove_tree, work)
-        return _command_outcome(run)
+        return command_verdict(run)
 
     async def run_tests(self, program: str, tests: Sequence[str], limits: ResourceLimits) -> Outcome:
         if not tests:
@@ -283,18 +256,9 @@ class LocalBackend(SandboxBackend):
                 run = await self._run(argv, work, limits, stdin=stdin, report_pipe=(report_read, report_write))
             finally:
                 await asyncio.to_thread(remove_tree, work)
-        if run.spawn_error:
-            return _outcome(run, Status.ERROR, passed=0, total=total)
-        if run.timed_out:
-            return _outcome(run, Status.TIMEOUT, passed=0, total=total)
+        # The harness writes its ready line to the report pipe, which the code cannot unwrite.
         started, results = parse_report(run.report, nonce, total)
-        if not started:
-            message = f"the test harness did not start (exit code {run.exit_code})"
-            return _outcome(run, Status.ERROR, passed=0, total=total, error_message=message)
-        if results is None:  # the program ended the harness before it could report
-            return _outcome(run, Status.FAILED, passed=0, total=total)
-        passed = sum(results)
-        return _outcome(run, Status.PASSED if passed == total else Status.FAILED, passed=passed, total=total)
+        return tests_verdict(run, total=total, started=started, results=results)
 
     async def open_session(
         self,
@@ -305,8 +269,6 @@ class LocalBackend(SandboxBackend):
         image: str | None = None,
         endpoint_address: str = "",
     ):
-        from services.sandbox.local_sessions import open_local_session
-
         if endpoint_address:
             raise FailedPrecondition(
                 "a session with a route to the policy endpoint (an external scaffold's) needs the docker backend: "
@@ -318,8 +280,6 @@ class LocalBackend(SandboxBackend):
         )
 
     def reap_sessions(self) -> int:
-        from services.sandbox.local_sessions import reap_dead_sessions
-
         return reap_dead_sessions(self._work_root)
 
     async def close(self) -> None:
@@ -349,7 +309,7 @@ class LocalBackend(SandboxBackend):
         kill from outside). Isolated backends only (the copy-out runs in the sandbox)."""
         async with self._slots:
             run = await self._run(argv, work, limits, stdin=stdin, staged=True, keep=keep, groups=groups)
-        return _command_outcome(run), run.kept, run.keep_error
+        return command_verdict(run), run.kept, run.keep_error
 
     def kill_group(self, pgid: int) -> None:
         _kill_group(pgid)
@@ -446,7 +406,7 @@ class LocalBackend(SandboxBackend):
                     start_new_session=True,  # its own process group: one killpg reaches everything it starts
                 )
             except OSError as exc:
-                run.spawn_error = f"cannot spawn the sandbox process: {exc}"
+                run.error = f"cannot spawn the sandbox process: {exc}"
                 return run
             finally:
                 for fd in child_ends:
@@ -494,9 +454,9 @@ class LocalBackend(SandboxBackend):
         run.stdout, run.stderr = bytes(captures["stdout"].data), bytes(captures["stderr"].data)
         ready, error, run.disk_full, exit_code = parse_status(bytes(captures["status"].data))
         if error:
-            run.spawn_error = error
+            run.error = error
         elif not ready and not run.timed_out:
-            run.spawn_error = f"the sandbox could not be set up (exit code {run.exit_code}): {_text(run.stderr[-500:])}"
+            run.error = f"the sandbox could not be set up (exit code {run.exit_code}): {_text(run.stderr[-500:])}"
         run.kept, run.keep_error = parse_kept(bytes(captures["status"].data))
         if exit_code is not None:  # the command's own status (bwrap reports a signal as 128 + N)
             run.exit_code = exit_code

@@ -29,15 +29,14 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 
 from dockyard.rpc.errors import FailedPrecondition
 from services.sandbox import session_files
-from services.sandbox.backend import Outcome, ResourceLimits
+from services.sandbox.backend import Outcome, ResourceLimits, SessionHandle
 from services.sandbox.docker_container import folder_bytes, owner_is_dead, owner_label
-from services.sandbox.local import LocalBackend
-from services.sandbox.sessions import SessionHandle
 from services.sandbox.staging import checked_files, remove_tree, stage_files
 
 log = structlog.get_logger()
@@ -47,8 +46,24 @@ MARKER = ".dockyard-session"
 TREE = "tree"
 
 
+class KeptRunner(Protocol):
+    """What a session needs of the local backend (LocalBackend provides it). Declared here so that
+    local.py imports this module and not the other way round."""
+
+    @property
+    def isolated(self) -> bool: ...
+
+    def python_argv(self, command: Sequence[str]) -> list[str]: ...
+
+    async def run_kept(
+        self, argv: list[str], work: str, keep: str, limits: ResourceLimits, stdin: bytes | None, groups: set[int]
+    ) -> tuple[Outcome, bool, str]: ...
+
+    def kill_group(self, pgid: int) -> None: ...
+
+
 class LocalSession(SessionHandle):
-    def __init__(self, backend: LocalBackend, root: Path, max_disk_bytes: int) -> None:
+    def __init__(self, backend: KeptRunner, root: Path, max_disk_bytes: int) -> None:
         self._backend = backend
         self._root = root
         self._tree = root / TREE
@@ -103,7 +118,7 @@ class LocalSession(SessionHandle):
 
 
 async def open_local_session(
-    backend: LocalBackend,
+    backend: KeptRunner,
     files: Mapping[str, str],
     *,
     seed_dir: str | None,

@@ -16,60 +16,28 @@ reaped, and its idle clock starts again when the call ends; a closed session's i
 NotFound, whether CloseSession or the reaper closed it; a session made for a caller that gave
 up meanwhile is closed, never left behind.
 
-Each backend provides SessionHandle (local_sessions.py, docker_sessions.py); the store knows
+Each backend provides SessionHandle (declared in backend.py; local_sessions.py, docker_sessions.py); the store knows
 nothing of processes or containers. Cleanup after a crash is the backends' (they find their
 leftovers on start by marker or label).
 """
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 import structlog
 
 from dockyard.rpc.errors import NotFound, ResourceExhausted
-from services.sandbox.backend import Outcome, ResourceLimits
+from services.sandbox.backend import ResourceLimits, SessionHandle
 
 log = structlog.get_logger()
 
 REAP_INTERVAL_SECONDS = 5.0
-
-
-class SessionHandle(abc.ABC):
-    """One backend's live session: a work folder that outlives each command."""
-
-    work_dir: str  # the work folder as commands see it (cwd, HOME)
-    endpoint_url: str = ""  # the policy endpoint's URL as commands see it; "" without a route
-
-    @abc.abstractmethod
-    async def exec(self, argv: Sequence[str], stdin: bytes | None, limits: ResourceLimits) -> Outcome:
-        """Run `argv` in the work folder; PASSED iff exit code 0, TIMEOUT past limits.timeout_seconds."""
-
-    @abc.abstractmethod
-    async def read_file(self, path: str, max_bytes: int) -> tuple[bytes, int]:
-        """(first max_bytes bytes, whole size); session_files.FileProblem when it cannot be read."""
-
-    @abc.abstractmethod
-    async def write_file(self, path: str, data: bytes) -> None:
-        """Create or replace `path`; session_files.FileProblem when it cannot be written."""
-
-    @abc.abstractmethod
-    async def export_tree(self, target: str) -> str:
-        """A host folder holding the work folder's files (at `target`, or the folder itself on the host)."""
-
-    @abc.abstractmethod
-    def kill(self) -> None:
-        """Stop the running command now, if any (it ends as an error or a timeout); never raises."""
-
-    @abc.abstractmethod
-    async def close(self) -> None:
-        """Remove the work folder or container; never raises."""
 
 
 @dataclass

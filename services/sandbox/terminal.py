@@ -35,8 +35,7 @@ from dockyard.tasks.terminal import (
     parse_pytest_summary,
     read_task,
 )
-from services.sandbox.backend import Outcome, ResourceLimits, Status
-from services.sandbox.sessions import SessionHandle
+from services.sandbox.backend import Outcome, ResourceLimits, SessionHandle, Status
 from services.sandbox.swe import SweResult, TaskSetError
 from services.sandbox.terminal_images import TESTS_TARGET, TerminalImages
 

@@ -189,9 +189,10 @@ def test_dockyard_run_stops_at_preflight_before_any_service_starts(tmp_path: Pat
 
 
 def test_the_docker_message_imports_nothing_the_sandbox_image_lacks() -> None:
-    # The sandbox service's image has no config libraries; it imports docker_problem from here.
+    # The sandbox service's image has no config libraries; it imports docker_problem from dockyard.launch_checks.
     code = (
-        "import sys, dockyard.preflight; print(sorted(m for m in ('omegaconf', 'yaml', 'torch') if m in sys.modules))"
+        "import sys, dockyard.launch_checks, dockyard.preflight; "
+        "print(sorted(m for m in ('omegaconf', 'yaml', 'torch') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO).stdout
     assert out.strip() == "[]"

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from dockyard.config import LoggerConfig
-from dockyard.monitoring.trackers import Trackers, missing_libraries, split_series, summarise
+from dockyard.monitoring.series import split_series, summarise
+from dockyard.monitoring.trackers import Trackers, missing_libraries
 from tests.conftest import missing
 
 STEPS = 3

@@ -13,12 +13,12 @@ import grpc
 import pytest
 
 from dockyard.rpc.errors import NotFound, ResourceExhausted
-from services.sandbox.backend import Outcome, ResourceLimits, Status
+from services.sandbox.backend import Outcome, ResourceLimits, SessionHandle, Status
 from services.sandbox.checkouts import Checkouts, tree_patch
 from services.sandbox.docker_container import owner_label
 from services.sandbox.local_sessions import MARKER, PREFIX, reap_dead_sessions
 from services.sandbox.session_files import FileProblem, read_file, write_file
-from services.sandbox.sessions import SessionHandle, SessionStore
+from services.sandbox.sessions import SessionStore
 from tests.conftest import require_docker, require_tool
 from tests.unit.sandbox.swe_repo import FIXED, git, make_task_set
 
