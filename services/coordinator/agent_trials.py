@@ -36,7 +36,7 @@ import httpx
 import openai
 import structlog
 
-from dockyard.agents.contract import SESSION_HEADER, SessionOpened, SessionStatus, TrajectoryDocument
+from dockyard.agents.contract import SESSION_HEADER, SESSION_ID_CHARS, SessionOpened, SessionStatus, TrajectoryDocument
 from dockyard.agents.external import run_external
 from dockyard.agents.scaffold import Budget, Outcome, TrialLost, TrialRefused, run_scaffold
 from dockyard.agents.session import SandboxSession
@@ -160,7 +160,7 @@ class AgentTrials:
     async def trial(self, task: Task, trajectory_id: str, seed: int | None, sampling: SamplingConfig) -> Trial:
         """One scored trial; TrialLost when the endpoint or its replica failed."""
         async with self._slots:
-            session_id = f"{re.sub(r'[^A-Za-z0-9._:-]', '.', trajectory_id)[-90:]}.{uuid.uuid4().hex[:12]}"
+            session_id = f"{re.sub(f'[^{SESSION_ID_CHARS}]', '.', trajectory_id)[-90:]}.{uuid.uuid4().hex[:12]}"
             api_key = ""
             if self.config.env.scaffold is not None:
                 # An unchanged client sends no session header: the session's own key binds its calls.
