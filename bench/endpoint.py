@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from dockyard.agents.contract import SESSION_HEADER
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
@@ -79,7 +80,7 @@ async def _endpoint_round(http: httpx.AsyncClient, job: str, calls, concurrency:
     async def one(i: int) -> None:
         async with gate:
             reply = await http.post(
-                "/v1/chat/completions", json=_body(job, i, max_tokens), headers={"X-Dockyard-Session": f"{tag}-{i}"}
+                "/v1/chat/completions", json=_body(job, i, max_tokens), headers={SESSION_HEADER: f"{tag}-{i}"}
             )
             reply.raise_for_status()
 

@@ -30,6 +30,7 @@ import httpx
 import openai
 import torch
 
+from dockyard.agents.contract import SESSION_HEADER
 from dockyard.api.rollout.v1 import rollout_pb2
 from dockyard.models import build_char_tokenizer, build_random_model
 from services.endpoint.app import create_app
@@ -109,7 +110,7 @@ class InProcessFleet(Backend):
 async def trial(client: openai.AsyncOpenAI, http: httpx.AsyncClient, index: int, args) -> None:
     rng = random.Random(index)
     session = f"trial-{index}"
-    headers = {"X-Dockyard-Session": session}
+    headers = {SESSION_HEADER: session}
     messages = []
     for turn in range(args.turns):
         words = " ".join(rng.choice(WORDS) for _ in range(args.message_chars // 6))

@@ -3,8 +3,9 @@
     scaffold.run_scaffold ──openai client──> policy endpoint (POST /v1/chat/completions, one session)
           │ tool calls
           └──> tools.Toolbox ──> session.SandboxSession (SessionExec / ReadFile / WriteFile over gRPC)
-    endpoint GET /v1/sessions/{id}/trajectory ──trajectory.trial_trajectory──> Trajectory fields
+    endpoint GET /v1/sessions/{id}/trajectory ──contract.TrajectoryDocument──trial_tokens──> Trajectory fields
 
 These are library code: the coordinator's agent workers use them (services/coordinator/agent_trials.py),
-and a scaffold run anywhere else can too.
+and a scaffold run anywhere else can too. contract.py is the endpoint's side of the agent path too:
+the session header and the session and trajectory models both services import.
 """

@@ -8,13 +8,16 @@ Guarantees: token ids, the loss mask (1 exactly on sampled tokens) and the sampl
 are taken as the endpoint recorded them, never re-tokenized; context tokens get logprob 0.0; the
 whole trajectory is cut to at most `max_tokens` tokens over its segments (a segment that would start
 past the cut is dropped, one left with no sampled token is dropped), so what the trainer gets fits the
-trial's budget; the weight version is the oldest that sampled any kept token.
+trial's budget; the weight version is the oldest that sampled any kept token. A recording is read
+through the contract's models (dockyard/agents/contract.py): one that does not fit is a ContractError.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from dockyard.agents.contract import RecordedTokens, TrajectoryDocument
 
 
 @dataclass
@@ -40,17 +43,19 @@ class TrialTokens:
         return sum(len(s.prompt_ids) + len(s.completion_ids) for s in self.segments)
 
 
-def trial_tokens(recorded: dict[str, Any], max_tokens: int) -> TrialTokens:
-    """The segments of a recorded session, cut to `max_tokens` tokens in all."""
+def trial_tokens(recorded: TrajectoryDocument | RecordedTokens | dict[str, Any], max_tokens: int) -> TrialTokens:
+    """The segments of a recorded session (a document, or its decoded JSON), cut to `max_tokens` tokens in all."""
+    if isinstance(recorded, dict):
+        recorded = RecordedTokens.parse(recorded)
     out = TrialTokens()
     left = max_tokens
     versions: list[int] = []
-    for segment in recorded.get("segments", []):
+    for segment in recorded.segments:
         if left <= 0:
             out.truncated = True
             break
-        ids, mask = list(segment["token_ids"]), list(segment["loss_mask"])
-        logprobs, kept_versions = list(segment["logprobs"]), list(segment["weight_versions"])
+        ids, mask = list(segment.token_ids), list(segment.loss_mask)
+        logprobs, kept_versions = list(segment.logprobs), list(segment.weight_versions)
         if len(ids) > left:
             out.truncated = True
             ids, mask, logprobs, kept_versions = ids[:left], mask[:left], logprobs[:left], kept_versions[:left]

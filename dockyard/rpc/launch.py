@@ -31,7 +31,7 @@ PARENT_POLL_SECONDS = 0.5
 Build = Callable[[], Awaitable[tuple[Sequence[Service], Callable[[], Awaitable[None]] | None]]]
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """SIGTERM this process once the supervising process is gone.
 
     A watch thread rather than PR_SET_PDEATHSIG: the kernel sends that signal when the parent
@@ -52,7 +52,7 @@ def _die_with_parent() -> None:
 
 def run_service(name: str, settings: ServiceSettings, build: Build) -> None:
     """Configure logging, build the servicers inside the event loop, serve until SIGTERM."""
-    _die_with_parent()
+    die_with_parent()
     configure_logging(name, settings.log_level)
     try:
         # Before anything heavy loads: a bad token file or TLS setting stops the service at once.

@@ -36,6 +36,7 @@ import httpx
 import openai
 import structlog
 
+from dockyard.agents.contract import SESSION_HEADER, SESSION_ID_CHARS, SessionOpened, SessionStatus, TrajectoryDocument
 from dockyard.agents.external import run_external
 from dockyard.agents.scaffold import Budget, Outcome, TrialLost, TrialRefused, run_scaffold
 from dockyard.agents.session import SandboxSession
@@ -49,7 +50,6 @@ from dockyard.tasks import swe
 from dockyard.tasks.task import Task
 from services.coordinator.fleet import Fleet, Member
 
-SESSION_HEADER = "X-Dockyard-Session"
 # Environments whose sessions open on a task of a task set and are scored by ScoreSession.
 TASK_SESSION_ENVS = ("swe", "terminal_bench", "gdpval")
 # A full (RESOURCE_EXHAUSTED) or unreachable sandbox worker frees up or comes back: wait for it.
@@ -160,7 +160,7 @@ class AgentTrials:
     async def trial(self, task: Task, trajectory_id: str, seed: int | None, sampling: SamplingConfig) -> Trial:
         """One scored trial; TrialLost when the endpoint or its replica failed."""
         async with self._slots:
-            session_id = f"{re.sub(r'[^A-Za-z0-9._:-]', '.', trajectory_id)[-90:]}.{uuid.uuid4().hex[:12]}"
+            session_id = f"{re.sub(f'[^{SESSION_ID_CHARS}]', '.', trajectory_id)[-90:]}.{uuid.uuid4().hex[:12]}"
             api_key = ""
             if self.config.env.scaffold is not None:
                 # An unchanged client sends no session header: the session's own key binds its calls.
@@ -197,9 +197,9 @@ class AgentTrials:
             return Trial(_invalid(trajectory_id, f"the sandbox session failed: {exc.code().name}: {exc.details()}"))
         recorded = await self._recorded(session_id)
         if self.config.env.scaffold is not None:
-            outcome.turns = int(recorded.get("turns") or 0)  # the endpoint counted the scaffold's calls
-        if recorded.get("status") != "ok":
-            raise TrialLost(f"trial {trajectory_id}: {recorded.get('error') or 'the endpoint session ended'}")
+            outcome.turns = recorded.turns  # the endpoint counted the scaffold's calls
+        if recorded.status != SessionStatus.OK:
+            raise TrialLost(f"trial {trajectory_id}: {recorded.error or 'the endpoint session ended'}")
         tokens = trial_tokens(recorded, grpo.max_trial_tokens)
         if not tokens.segments:
             return Trial(_invalid(trajectory_id, "the trial recorded no sampled token"))
@@ -216,7 +216,7 @@ class AgentTrials:
             }
         )
         first, *later = tokens.segments
-        conversation = [{"messages": g.get("messages") or [], "tools": g.get("tools")} for g in recorded["segments"]]
+        conversation = [{"messages": g.messages, "tools": g.tools} for g in recorded.segments]
         trajectory = common_pb2.Trajectory(
             trajectory_id=trajectory_id,
             prompt_token_ids=first.prompt_ids,
@@ -238,7 +238,7 @@ class AgentTrials:
             finish_reason="tokens" if tokens.truncated else outcome.finish_reason,
             num_turns=outcome.turns,
             # Turns the endpoint found malformed (unparsable tool call, unclosed thinking block).
-            invalid_actions=int(recorded.get("invalid_actions") or 0),
+            invalid_actions=recorded.invalid_actions,
         )
         return Trial(trajectory, conversation)
 
@@ -273,8 +273,8 @@ class AgentTrials:
             raise TrialLost(f"opening an endpoint session: {exc}") from exc
         if reply.status_code != 200:
             raise TrialLost(f"opening an endpoint session: {reply.status_code} {reply.text[:200]}")
-        body = reply.json()
-        return body["session_id"], body["api_key"]
+        opened = SessionOpened.parse(reply.content)
+        return opened.session_id, opened.api_key
 
     def _endpoint_address(self) -> str:
         """host:port the sandbox routes a session's calls to: the address this coordinator calls."""
@@ -333,7 +333,8 @@ class AgentTrials:
             await asyncio.sleep(pause)  # sessions close as trials end
             pause = min(pause * 2, 1.0)
 
-    async def _recorded(self, session_id: str) -> dict:
+    async def _recorded(self, session_id: str) -> TrajectoryDocument:
+        """The session's trajectory document; ContractError when the endpoint's reply is not one."""
         http, _ = self._clients()
         try:
             reply = await http.get(
@@ -343,7 +344,7 @@ class AgentTrials:
             raise TrialLost(f"reading session {session_id}'s trajectory: {exc}") from exc
         if reply.status_code != 200:
             raise TrialLost(f"reading session {session_id}'s trajectory: {reply.status_code} {reply.text[:200]}")
-        return reply.json()
+        return TrajectoryDocument.parse(reply.content)
 
     async def _forget(self, session_id: str) -> None:
         if self._http is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import uvicorn
 
 from dockyard.rpc.auth import AuthConfigError, load_auth_settings
-from dockyard.rpc.launch import _die_with_parent
+from dockyard.rpc.launch import die_with_parent
 from dockyard.rpc.logging import configure_logging
 from services.endpoint.settings import EndpointSettings
 
@@ -19,7 +19,7 @@ KEEP_ALIVE_SECONDS = 75.0
 
 def main() -> None:
     settings = EndpointSettings()
-    _die_with_parent()
+    die_with_parent()
     configure_logging("endpoint", settings.log_level)
     try:
         token = load_auth_settings().token

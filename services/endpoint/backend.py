@@ -40,6 +40,7 @@ from dockyard.models.load import load_tokenizer
 from dockyard.rpc.client import connect
 from services.endpoint.rendering import Renderer
 from services.endpoint.routing import AdmissionRefused, Replica, ReplicaState, Router
+from services.endpoint.settings import EndpointSettings
 from services.endpoint.tool_parsers import pick_parser
 
 LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
@@ -105,6 +106,22 @@ class Backend:
         self._members: tuple[float, list] = (0.0, [])
         self._checked: dict[str, float] = {}  # job id -> when GetJob last said RUNNING
         self.router = router or Router()
+
+    @classmethod
+    def from_settings(cls, settings: EndpointSettings) -> Backend:
+        """The backend the endpoint's settings describe (its gRPC channels belong to the running event loop)."""
+        return cls(
+            settings.coordinator_address,
+            tool_parser=settings.tool_parser,
+            generate_timeout=settings.generate_timeout_seconds,
+            run_root=settings.run_root,
+            router=Router(
+                settings.admission_pressure,
+                settings.admission_queue_size,
+                settings.admission_wait_seconds,
+                settings.admission_session_tokens,
+            ),
+        )
 
     async def close(self) -> None:
         for channel in [self._coordinator, *self._channels.values()]:

@@ -17,9 +17,10 @@ Guarantees:
   one. Otherwise the conversation is rendered afresh as a new segment and the
   reason is counted (`history_changed`, `template`), so tokens of two histories
   are never mixed.
-- The trajectory of a segment lists its ids with loss mask 1 exactly on sampled
-  tokens (0 on prompt, tool and closing tokens), the logprob of each sampled
-  token (0.0 elsewhere) and the weight version that sampled it (-1 elsewhere).
+- The trajectory is the contract's TrajectoryDocument (dockyard/agents/contract.py).
+  A segment lists its ids with loss mask 1 exactly on sampled tokens (0 on
+  prompt, tool and closing tokens), the logprob of each sampled token (0.0
+  elsewhere) and the weight version that sampled it (-1 elsewhere).
 - The store holds at most `max_sessions`; sessions idle longer than
   `idle_seconds` are dropped first; a new session beyond the bound is refused
   (SessionLimit). A session takes at most `max_turns` turns (SessionLimit).
@@ -35,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dockyard.agents import contract
+from dockyard.agents.contract import SessionStatus, TrajectoryDocument
 from services.endpoint.rendering import Message, Renderer, bridge
 
 
@@ -181,62 +184,64 @@ class Session:
         )
         self.turns += 1
 
+    def document(self) -> TrajectoryDocument:
+        """The session's recording as the contract's trajectory document."""
+        return TrajectoryDocument(
+            session_id=self.id,
+            invalid_actions=sum(t.completions[t.chosen].malformed for s in self.segments for t in s.turns),
+            status=SessionStatus.INFRASTRUCTURE_ERROR if self.ended else SessionStatus.OK,
+            error=self.ended or "",
+            turns=self.turns,
+            splits=dict(self.splits),
+            segments=[_segment_document(segment) for segment in self.segments],
+        )
+
     def trajectory(self) -> dict[str, Any]:
-        segments = []
-        for segment in self.segments:
-            ids: list[int] = []
-            mask: list[int] = []
-            logprobs: list[float] = []
-            versions: list[int] = []
-            turns = []
-            for turn in segment.turns:
-                new = turn.prompt_ids[len(ids) :]
-                ids += new
-                mask += [0] * len(new)
-                logprobs += [0.0] * len(new)
-                versions += [-1] * len(new)
-                sampled = turn.completions[turn.chosen]
-                ids += sampled.token_ids
-                mask += [1] * len(sampled.token_ids)
-                logprobs += sampled.logprobs
-                versions += [turn.weight_version] * len(sampled.token_ids)
-                turns.append(
-                    {
-                        "prompt_token_ids": turn.prompt_ids,
-                        "weight_version": turn.weight_version,
-                        "weight_versions": turn.weight_versions,
-                        "chosen": turn.chosen,
-                        "completions": [
-                            {"token_ids": c.token_ids, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
-                            for c in turn.completions
-                        ],
-                    }
-                )
-            last = segment.turns[-1] if segment.turns else None
-            segments.append(
-                {
-                    "reason": segment.reason,
-                    # The conversation as the chat template rendered it: the last call's messages and the
-                    # reply it kept (what a run exports as a demonstration), and the tools it offered.
-                    "messages": [*segment.messages, *([last.completions[last.chosen].message] if last else [])],
-                    "tools": segment.tools,
-                    "token_ids": ids,
-                    "loss_mask": mask,
-                    "logprobs": logprobs,
-                    "weight_versions": versions,
-                    "turns": turns,
-                }
+        """The trajectory document as served (GET /v1/sessions/{id}/trajectory)."""
+        return self.document().to_json()
+
+
+def _segment_document(segment: Segment) -> contract.Segment:
+    ids: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    turns = []
+    for turn in segment.turns:
+        new = turn.prompt_ids[len(ids) :]
+        ids += new
+        mask += [0] * len(new)
+        logprobs += [0.0] * len(new)
+        versions += [-1] * len(new)
+        sampled = turn.completions[turn.chosen]
+        ids += sampled.token_ids
+        mask += [1] * len(sampled.token_ids)
+        logprobs += sampled.logprobs
+        versions += [turn.weight_version] * len(sampled.token_ids)
+        turns.append(
+            contract.Turn(
+                prompt_token_ids=turn.prompt_ids,
+                weight_version=turn.weight_version,
+                weight_versions=turn.weight_versions,
+                chosen=turn.chosen,
+                completions=[
+                    contract.Completion(token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason)
+                    for c in turn.completions
+                ],
             )
-        return {
-            "session_id": self.id,
-            # Turns whose chosen completion was a malformed action (grpo.invalid_action_penalty).
-            "invalid_actions": sum(t.completions[t.chosen].malformed for s in self.segments for t in s.turns),
-            "status": "infrastructure_error" if self.ended else "ok",
-            "error": self.ended or "",
-            "turns": self.turns,
-            "splits": dict(self.splits),
-            "segments": segments,
-        }
+        )
+    last = segment.turns[-1] if segment.turns else None
+    return contract.Segment(
+        reason=segment.reason,
+        # The last call's messages and the reply it kept.
+        messages=[*segment.messages, *([last.completions[last.chosen].message] if last else [])],
+        tools=segment.tools,
+        token_ids=ids,
+        loss_mask=mask,
+        logprobs=logprobs,
+        weight_versions=versions,
+        turns=turns,
+    )
 
 
 class SessionStore:

@@ -14,9 +14,10 @@ import httpx2
 import openai
 import pytest
 
+from dockyard.agents.contract import SESSION_HEADER
 from dockyard.api.rollout.v1 import rollout_pb2
 from dockyard.models.tokenizer import build_char_tokenizer
-from services.endpoint.app import SESSION_HEADER, create_app
+from services.endpoint.app import create_app
 from services.endpoint.backend import Generated, JobModel, ReplicaLost, UnknownModel
 from services.endpoint.rendering import Renderer
 from services.endpoint.routing import Replica, Router

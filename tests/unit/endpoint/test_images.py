@@ -11,8 +11,9 @@ import openai
 import pytest
 from PIL import Image
 
+from dockyard.agents.contract import SESSION_HEADER
 from dockyard.images import ImageLimits
-from services.endpoint.app import SESSION_HEADER, create_app
+from services.endpoint.app import create_app
 from services.endpoint.settings import EndpointSettings
 from tests.unit.endpoint.test_app import TOKEN, ScriptedBackend, an, oa
 
