@@ -18,13 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from dockyard.config.choices import IS_CORRECTIONS
 from dockyard.config.tools import FILE_CHANGING_TOOLS
-
-if TYPE_CHECKING:  # the rules read a MasterConfig, which runs them: master.py imports this module
-    from dockyard.config.master import MasterConfig
 
 # The task source each environment takes (data.train.source and data.validation.source).
 ENV_SOURCES = {
@@ -212,8 +209,9 @@ def _opd_errors(
     return errors
 
 
-def config_errors(config: MasterConfig) -> list[tuple[str, str]]:
-    """Every rule `config` breaks: launch_errors's, then what the system does not build (yet)."""
+def config_errors(config: Any) -> list[tuple[str, str]]:
+    """Every rule `config` (a MasterConfig, whose validator calls this: hence no import of it) breaks:
+    launch_errors's, then what the system does not build (yet)."""
     g, loss = config.grpo, config.loss_fn
     errors = launch_errors(
         async_enabled=g.async_grpo.enabled,
