@@ -60,7 +60,7 @@ from typing import Any
 
 from dockyard.config import MasterConfig
 from dockyard.weights.collective import SyncFailed, SyncReport, WeightSyncGroup
-from dockyard.weights.transports import Transport
+from dockyard.weights.transport import Transport
 from dockyard.weights.whole_tensor import WholeTensorTransport
 from services.rollout.decoding import DecodingParams
 from services.rollout.engine import Completion, GenerationResult, Prompt, UnsupportedRequest
