@@ -3,7 +3,8 @@
 collective.py     the torch.distributed weight-sync group (gloo on CPU, NCCL on GPU)
                   and the bucketed broadcast that runs on it
 refit.py          the trainer's tensor names and shapes mapped onto the engine's
-transports.py     the ways weights travel: the weight-sync group, a checkpoint folder
+transport.py      the interface every transport keeps (send, receive, spec)
+transports.py     the ways weights travel: the weight-sync group, a checkpoint folder; a transport from its spec
 colocated.py      trainer and rollout on one device: CUDA IPC / shared-memory handles over the group's store
 handles.py        the memory handles it shares and the signed messages that carry them
 mailbox.py        the shared-memory words through which it asks and answers a repeat

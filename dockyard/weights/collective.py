@@ -461,6 +461,43 @@ def _bucket_bytes(bucket_bytes: int) -> int:
     return max(ALIGN, bucket_bytes // ALIGN * ALIGN)
 
 
+class _Outbox:
+    """The sender's bytes of each transfer: a tensor's own storage, or one of two bucket buffers it fills."""
+
+    def __init__(self, member: GroupMember, items: list[tuple[str, torch.Tensor]], specs, plan: TransferPlan) -> None:
+        self.member, self.items, self.specs, self.plan = member, items, specs, plan
+        self.longest = max((t.hi - t.lo for t in plan.transfers), default=1)
+        self.buffers: list[torch.Tensor] = []  # the two bucket buffers, made on first use (none if all go direct)
+        self.in_buffer: list[tuple[dist.Work, int]] = []  # the last broadcast out of each buffer, oldest first
+
+    def source(self, transfer: Transfer, k: int) -> tuple[torch.Tensor, int | None]:
+        """The bytes transfer `k` broadcasts, and the bucket slot they are in (None: the tensor's own)."""
+        t = self.items[transfer.index][1] if transfer.index >= 0 else None
+        if t is not None and t.is_contiguous() and t.device == self.member.device:
+            return _byte_view(t)[transfer.lo : transfer.hi], None  # no copy: the tensor's own bytes
+        slot = self._free_slot(k)
+        src = self.buffers[slot][: transfer.hi - transfer.lo]
+        if t is not None:  # a large tensor that is not contiguous here: gathered piece by piece
+            size = t.element_size()
+            _copy_flat(t, transfer.lo // size, transfer.hi // size, src.view(t.dtype), into_flat=True)
+        else:
+            for i, a, b, view in _packed_views(src, self.specs, self.plan, transfer.lo, transfer.hi):
+                _copy_flat(self.items[i][1], a, b, view, into_flat=True)
+        return src, slot
+
+    def _free_slot(self, k: int) -> int:
+        if len(self.buffers) < 2:
+            self.buffers.append(torch.empty(self.longest, dtype=torch.uint8, device=self.member.device))
+            return len(self.buffers) - 1
+        work, slot = self.in_buffer.pop(0)  # this buffer's previous broadcast must have left first
+        self.member._order(work, f"transfer {k}: buffer reuse")
+        return slot
+
+    def sent(self, work: dist.Work, slot: int | None) -> None:
+        if slot is not None:
+            self.in_buffer.append((work, slot))
+
+
 @torch.no_grad()
 def send_weights(
     member: GroupMember,
@@ -484,45 +521,33 @@ def send_weights(
     specs = [TensorSpec.of(n, t) for n, t in items]
     _send_manifest(member, specs, bucket_bytes, direct_bytes)
     _agree(member, None)
-    plan = transfer_plan(specs, bucket_bytes, direct_bytes)
-    longest = max((t.hi - t.lo for t in plan.transfers), default=1)
-    buffers: list[torch.Tensor] = []  # the two bucket buffers, made on first use (none if every tensor goes direct)
-    digest = Fingerprint()
-    pending: list[dist.Work] = []
-    in_buffer: list[tuple[dist.Work, int]] = []  # the last broadcast out of each buffer, oldest first
-    for k, transfer in enumerate(plan.transfers):
-        n = transfer.hi - transfer.lo
-        t = items[transfer.index][1] if transfer.index >= 0 else None
-        slot = None
-        if t is not None and t.is_contiguous() and t.device == member.device:
-            src = _byte_view(t)[transfer.lo : transfer.hi]  # no copy: the tensor's own bytes
-        else:
-            if len(buffers) < 2:
-                buffers.append(torch.empty(longest, dtype=torch.uint8, device=member.device))
-                slot = len(buffers) - 1
-            else:  # this buffer's previous broadcast must have left first
-                work, slot = in_buffer.pop(0)
-                member._order(work, f"transfer {k}: buffer reuse")
-            src = buffers[slot][:n]
-            if t is not None:  # a large tensor that is not contiguous here: gathered piece by piece
-                size = t.element_size()
-                _copy_flat(t, transfer.lo // size, transfer.hi // size, src.view(t.dtype), into_flat=True)
-            else:
-                for i, a, b, view in _packed_views(src, specs, plan, transfer.lo, transfer.hi):
-                    _copy_flat(items[i][1], a, b, view, into_flat=True)
-        work = member.broadcast_async(src)
-        pending.append(work)
-        if slot is not None:
-            in_buffer.append((work, slot))
-        if checksum:
-            digest.update(src)  # queued on this stream after the packing, before the buffer's reuse
-    for k, work in enumerate(pending):  # on NCCL the last completes after all; gloo may run them out of order
-        member._wait(work, f"transfer {k}")
+    outbox = _Outbox(member, items, specs, transfer_plan(specs, bucket_bytes, direct_bytes))
+    digest = _send_transfers(member, outbox, checksum)
     # Sent is not received: only when every replica confirms is the sync done.
     if not member._all_ok(True):
         raise SyncFailed("a rollout replica failed to load the weights it received (see its log)")
     payload = sum(spec.nbytes for spec in specs)
     return SyncReport(digest.hexdigest() if checksum else "", payload, time.perf_counter() - start)
+
+
+def _send_transfers(member: GroupMember, outbox: _Outbox, checksum: bool) -> Fingerprint:
+    """Broadcast every transfer of the plan in order, and wait for all; the fingerprint of the bytes sent."""
+    digest = Fingerprint()
+    pending: list[dist.Work] = []
+    for k, transfer in enumerate(outbox.plan.transfers):
+        src, slot = outbox.source(transfer, k)
+        work = member.broadcast_async(src)
+        pending.append(work)
+        outbox.sent(work, slot)
+        if checksum:
+            digest.update(src)  # queued on this stream after the packing, before the buffer's reuse
+    _wait_all(member, pending)
+    return digest
+
+
+def _wait_all(member: GroupMember, pending: list[dist.Work]) -> None:
+    for k, work in enumerate(pending):  # on NCCL the last completes after all; gloo may run them out of order
+        member._wait(work, f"transfer {k}")
 
 
 class TensorSink:
@@ -546,6 +571,68 @@ class TensorSink:
         return {n: TensorSpec.of(n, t) for n, t in self.targets.items()}
 
 
+class _Landing:
+    """Where one receive's transfers land, and how each is finished: hashed, copied into place, loaded."""
+
+    def __init__(
+        self, member: GroupMember, sink: TensorSink, specs: list[TensorSpec], names: list[str], plan: TransferPlan
+    ) -> None:
+        self.member, self.sink, self.specs, self.names, self.plan = member, sink, specs, names, plan
+        self.longest = max((t.hi - t.lo for t in plan.transfers), default=1)
+        self.buffers: list[torch.Tensor] = []
+        self.partial: dict[int, torch.Tensor] = {}  # whole-tensor loaders: tensors being assembled
+
+    def _buffer(self, slot: int) -> torch.Tensor:
+        while len(self.buffers) <= slot:
+            self.buffers.append(torch.empty(self.longest, dtype=torch.uint8, device=self.member.device))
+        return self.buffers[slot]
+
+    def _assembled(self, i: int) -> torch.Tensor:
+        spec = self.specs[i]
+        return self.partial.setdefault(i, torch.empty(spec.numel, dtype=spec.torch_dtype, device=self.member.device))
+
+    def destination(self, transfer: Transfer, slot: int) -> tuple[torch.Tensor, bool]:
+        """Where transfer's bytes land, and whether they must be copied out of a bucket buffer afterwards."""
+        n = transfer.hi - transfer.lo
+        if transfer.index < 0:
+            return self._buffer(slot)[:n], True
+        spec = self.specs[transfer.index]
+        if self.sink.targets is None:
+            return _byte_view(self._assembled(transfer.index))[transfer.lo : transfer.hi], False
+        t = self.sink.targets[self.names[transfer.index]]
+        if t.dtype == spec.torch_dtype and t.is_contiguous() and t.device == self.member.device:
+            return _byte_view(t)[transfer.lo : transfer.hi], False  # no copy: straight into the live tensor
+        return self._buffer(slot)[:n], True
+
+    def finish(self, transfer: Transfer, view: torch.Tensor, copy_out: bool) -> list[tuple[str, torch.Tensor]]:
+        """Transfer's bytes (arrived) copied into place; the whole tensors it completed, for a loader sink."""
+        if transfer.index < 0:
+            return self._unpack(transfer, view)
+        spec = self.specs[transfer.index]
+        if copy_out:  # a dtype, device or layout mismatch: cast and copy from the bucket buffer
+            size = spec.torch_dtype.itemsize
+            target = self.sink.targets[self.names[transfer.index]]  # type: ignore[index]
+            _copy_flat(target, transfer.lo // size, transfer.hi // size, view.view(spec.torch_dtype), False)
+        elif self.sink.load is not None and transfer.hi == spec.nbytes:
+            return [(self.names[transfer.index], self.partial.pop(transfer.index).view(spec.shape))]
+        return []
+
+    def _unpack(self, transfer: Transfer, view: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        """The packed tensors of a bucket into their targets (or assembled, for a loader)."""
+        whole: list[tuple[str, torch.Tensor]] = []
+        for i, a, b, piece in _packed_views(view, self.specs, self.plan, transfer.lo, transfer.hi):
+            spec = self.specs[i]
+            if self.sink.targets is not None:
+                _copy_flat(self.sink.targets[self.names[i]], a, b, piece, into_flat=False)
+            elif a == 0 and b == spec.numel:
+                whole.append((self.names[i], piece.clone().view(spec.shape)))
+            else:
+                self._assembled(i)[a:b].copy_(piece)
+                if b == spec.numel:
+                    whole.append((self.names[i], self.partial.pop(i).view(spec.shape)))
+        return whole
+
+
 @torch.no_grad()
 def receive_weights(
     member: GroupMember, sink: TensorSink | Iterable[tuple[str, torch.Tensor]], checksum: bool = True
@@ -565,6 +652,19 @@ def receive_weights(
         # Kernels still reading the weights (any stream) finish before a broadcast writes into them.
         torch.cuda.synchronize(member.device)
     specs, bucket_bytes, direct_bytes = _receive_manifest(member)
+    names = _agreed_names(member, specs, sink)
+    landing = _Landing(member, sink, specs, names, transfer_plan(specs, bucket_bytes, direct_bytes))
+    digest = _receive_transfers(member, landing, checksum)
+    if member.device.type == "cuda":
+        # The copies out of the buffers ran on this stream; the weights are whole before anyone reads them.
+        torch.cuda.current_stream(member.device).synchronize()
+    member._all_ok(True)  # confirm receipt to the sender
+    payload = sum(spec.nbytes for spec in specs)
+    return SyncReport(digest.hexdigest() if checksum else "", payload, time.perf_counter() - start)
+
+
+def _agreed_names(member: GroupMember, specs: list[TensorSpec], sink: TensorSink) -> list[str]:
+    """The sink's name of each manifest tensor, once every rank agreed its own plan holds (else RefitError)."""
     error: Exception | None = None
     names: list[str] = []
     try:
@@ -572,82 +672,37 @@ def receive_weights(
     except RefitError as exc:
         error = exc
     _agree(member, error)
-    plan = transfer_plan(specs, bucket_bytes, direct_bytes)
-    longest = max((t.hi - t.lo for t in plan.transfers), default=1)
-    buffers: list[torch.Tensor] = []
+    return names
+
+
+def _receive_transfers(member: GroupMember, landing: _Landing, checksum: bool) -> Fingerprint:
+    """Receive every transfer of the plan, finishing each while the next one is under way."""
     digest = Fingerprint()
-    partial: dict[int, torch.Tensor] = {}  # whole-tensor loaders: tensors being assembled
-
-    def buffer(slot: int) -> torch.Tensor:
-        while len(buffers) <= slot:
-            buffers.append(torch.empty(longest, dtype=torch.uint8, device=member.device))
-        return buffers[slot]
-
-    def assembled(i: int) -> torch.Tensor:
-        return partial.setdefault(i, torch.empty(specs[i].numel, dtype=specs[i].torch_dtype, device=member.device))
-
-    def destination(transfer: Transfer, slot: int) -> tuple[torch.Tensor, bool]:
-        """Where transfer's bytes land, and whether they must be copied out of a bucket buffer afterwards."""
-        n = transfer.hi - transfer.lo
-        if transfer.index < 0:
-            return buffer(slot)[:n], True
-        spec = specs[transfer.index]
-        if sink.targets is None:
-            return _byte_view(assembled(transfer.index))[transfer.lo : transfer.hi], False
-        t = sink.targets[names[transfer.index]]
-        if t.dtype == spec.torch_dtype and t.is_contiguous() and t.device == member.device:
-            return _byte_view(t)[transfer.lo : transfer.hi], False  # no copy: straight into the live tensor
-        return buffer(slot)[:n], True
 
     def finish(transfer: Transfer, dst: tuple[torch.Tensor, bool], work: dist.Work, k: int) -> None:
         """Transfer `k` has arrived (ordered on CUDA, waited on gloo): hash it, copy it into place, load it."""
         view, copy_out = dst
-        if checksum or copy_out or sink.load is not None:
+        if checksum or copy_out or landing.sink.load is not None:
             member._order(work, f"transfer {k}")
         if checksum:
             digest.update(view)
-        whole: list[tuple[str, torch.Tensor]] = []
-        if transfer.index >= 0:
-            spec = specs[transfer.index]
-            if copy_out:  # a dtype, device or layout mismatch: cast and copy from the bucket buffer
-                size = spec.torch_dtype.itemsize
-                flat = view.view(spec.torch_dtype)
-                _copy_flat(sink.targets[names[transfer.index]], transfer.lo // size, transfer.hi // size, flat, False)
-            elif sink.load is not None and transfer.hi == spec.nbytes:
-                whole.append((names[transfer.index], partial.pop(transfer.index).view(spec.shape)))
-        else:
-            for i, a, b, piece in _packed_views(view, specs, plan, transfer.lo, transfer.hi):
-                if sink.targets is not None:
-                    _copy_flat(sink.targets[names[i]], a, b, piece, into_flat=False)
-                    continue
-                if a == 0 and b == specs[i].numel:
-                    whole.append((names[i], piece.clone().view(specs[i].shape)))
-                    continue
-                assembled(i)[a:b].copy_(piece)
-                if b == specs[i].numel:
-                    whole.append((names[i], partial.pop(i).view(specs[i].shape)))
-        if whole and sink.load is not None:
-            sink.load(whole)
+        whole = landing.finish(transfer, view, copy_out)
+        if whole and landing.sink.load is not None:
+            landing.sink.load(whole)
 
     pending: list[dist.Work] = []
     previous: tuple[Transfer, tuple[torch.Tensor, bool], dist.Work, int] | None = None
     uses = 0  # transfers through a bucket buffer so far: they alternate between the two
-    for k, transfer in enumerate(plan.transfers):
+    for k, transfer in enumerate(landing.plan.transfers):
         # The copy out of this buffer's previous transfer (two buffer uses ago) was ordered before this receive.
-        dst = destination(transfer, uses % 2)
+        dst = landing.destination(transfer, uses % 2)
         uses += dst[1]
         work = member.broadcast_async(dst[0])
         pending.append(work)
         if previous is not None:
             finish(*previous)
         previous = (transfer, dst, work, k)
-    for k, work in enumerate(pending):  # on NCCL the last completes after all; gloo may run them out of order
-        member._wait(work, f"transfer {k}")
+    _wait_all(member, pending)
     if previous is not None:
         finish(*previous)
-    if member.device.type == "cuda":
-        # The copies out of the buffers ran on this stream; the weights are whole before anyone reads them.
-        torch.cuda.current_stream(member.device).synchronize()
-    member._all_ok(True)  # confirm receipt to the sender
-    payload = sum(spec.nbytes for spec in specs)
-    return SyncReport(digest.hexdigest() if checksum else "", payload, time.perf_counter() - start)
+    return digest

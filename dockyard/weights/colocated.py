@@ -83,7 +83,7 @@ from dockyard.weights.fingerprint import Fingerprint
 from dockyard.weights.handles import byte_tensor, open_handle, share, sign, verify
 from dockyard.weights.mailbox import Mailbox
 from dockyard.weights.refit import RefitError, TensorSpec, canonical_name, refit_plan
-from dockyard.weights.transports import Transport
+from dockyard.weights.transport import Transport
 
 BUCKETS = (0, 1)  # handle ids of the two staging buckets; shared tensors' handles count from 2
 DIRECT_PER_MESSAGE = 4 << 30  # bytes of shared tensors one message lists (messages pipeline the receiver)
@@ -106,6 +106,10 @@ class Piece:
 
 def _key(version: int, *parts: object) -> str:
     return "/".join(("colocated", f"v{version}", *(str(p) for p in parts)))
+
+
+def _loaded_keys(version: int, ranks: range) -> list[str]:
+    return [_key(version, "loaded", r) for r in ranks]
 
 
 def _signature(name: str, t: torch.Tensor) -> tuple:
@@ -378,12 +382,47 @@ class ColocatedSender(_Peer):
         if signature is not None and signature == self.last_signature:
             self.last_given = _Given(tensors)  # new objects of the same layout: the next check is the cheap one
             return self._repeat(version, ranks, start)
+        return self._send_full(tensors, version, ranks, signature, start)
+
+    def _send_full(
+        self, tensors: list[tuple[str, torch.Tensor]], version: int, ranks: range, signature: list | None, start: float
+    ) -> SyncReport:
+        """A version through the store: its manifest, every message, then every receiver's "loaded"."""
         self.last_signature = self.last_given = None
         self._forget_keys()
         items = [(canonical_name(n), t.detach()) for n, t in tensors]
         specs = [TensorSpec.of(n, t) for n, t in items]
         refit_plan(specs, None)  # the same name twice is a RefitError
         messages = self._plan(items)
+        announce = self._announce(version, ranks, specs, messages)
+        # No wait for the receivers' refit plans here: each one checks its own before it copies a
+        # byte, and a refusal reaches this side as a failed acknowledgement (then _refused names it).
+        digest = Fingerprint() if self.checksum else None
+        loaded = _loaded_keys(version, ranks)
+        try:
+            mapped = self._send_messages(version, ranks, items, specs, messages, announce, digest)
+            self._poll(loaded, loaded, f"confirming version {version}")
+        except SyncFailed as exc:
+            self._refused(version, ranks, exc)
+            raise
+        self._refused(version, ranks, None)
+        replayable = self._check_loaded(version, ranks)
+        self.sent = mapped
+        if announce and messages:  # every receiver has mapped it: the file can go
+            self.mailbox.unlink()  # type: ignore[union-attr]
+            self.mailbox_mapped = True
+        repeatable = signature is not None and replayable and self.mailbox_mapped
+        if repeatable and all(slot is None for _, slot in messages):
+            self.last_signature, self.last_given = signature, _Given(tensors)
+            self.last_version = version
+            self.last_nbytes = sum(s.nbytes for s in specs)
+        checksum = digest.hexdigest() if digest is not None else ""
+        return SyncReport(checksum, sum(s.nbytes for s in specs), time.perf_counter() - start)
+
+    def _announce(
+        self, version: int, ranks: range, specs: list[TensorSpec], messages: list[tuple[list[Piece], int | None]]
+    ) -> bool:
+        """The version's manifest in the store, -version in the mailbox; whether its first message names the mailbox."""
         live = sorted({p.handle for pieces, _ in messages for p in pieces})
         self._release(set(live))
         manifest = {"version": version, "tensors": [s.to_json() for s in specs], "messages": len(messages)}
@@ -393,50 +432,43 @@ class ColocatedSender(_Peer):
             self.mailbox = Mailbox.create(self.group.world_size)
         self._set(_key(version, "manifest"), json.dumps(manifest).encode())
         self.mailbox.ask(-version)  # receivers that watch the mailbox: this version is in the store
-        loaded = [_key(version, "loaded", r) for r in ranks]
-        self.keys = [_key(version, "manifest"), *loaded, *(_key(version, "plan", r) for r in ranks)]
-        # No wait for the receivers' refit plans here: each one checks its own before it copies a
-        # byte, and a refusal reaches this side as a failed acknowledgement (then _refused names it).
-        digest = Fingerprint() if self.checksum else None
+        plans = [_key(version, "plan", r) for r in ranks]
+        self.keys = [_key(version, "manifest"), *_loaded_keys(version, ranks), *plans]
+        return announce
+
+    def _send_messages(
+        self,
+        version: int,
+        ranks: range,
+        items: list[tuple[str, torch.Tensor]],
+        specs: list[TensorSpec],
+        messages: list[tuple[list[Piece], int | None]],
+        announce: bool,
+        digest: Fingerprint | None,
+    ) -> set[int]:
+        """Every message in the store, a bucket staged only once its last user was acknowledged; the handles
+        the receivers hold afterwards."""
         mapped = set(self.sent)  # handles the receivers hold once this version is through
         slot_user: dict[int, int] = {}  # bucket slot -> the message that used it last
-        try:
-            for k, (pieces, slot) in enumerate(messages):
-                if slot is not None:
-                    if slot in slot_user:  # reused only once every receiver is done with it
-                        acks = [_key(version, "ack", slot_user[slot], r) for r in ranks]
-                        self._poll(acks, loaded, f"message {slot_user[slot]} of version {version}")
-                    slot_user[slot] = k
-                    self._stage(items, pieces, slot)
-                    self.keys += [_key(version, "ack", k, r) for r in ranks]
-                new = {p.handle: self._handle(p.handle) for p in pieces if p.handle not in mapped}
-                body = {"new": new, "pieces": [(p.index, p.handle, p.offset, p.a, p.b) for p in pieces]}
-                if k == 0 and announce:
-                    body["mailbox"] = self.mailbox.path
-                body = pickle.dumps(body)
-                self._set(_key(version, "message", k), body)
-                mapped.update(new)
-                self.keys.append(_key(version, "message", k))
-                if digest is not None:
-                    for p in pieces:
-                        _hash(digest, self._view(p, specs[p.index].torch_dtype))
-            self._poll(loaded, loaded, f"confirming version {version}")
-        except SyncFailed as exc:
-            self._refused(version, ranks, exc)
-            raise
-        self._refused(version, ranks, None)
-        replayable = self._check_loaded(version, ranks)
-        self.sent = mapped
-        if announce and messages:  # every receiver has mapped it: the file can go
-            self.mailbox.unlink()
-            self.mailbox_mapped = True
-        repeatable = signature is not None and replayable and self.mailbox_mapped
-        if repeatable and all(slot is None for _, slot in messages):
-            self.last_signature, self.last_given = signature, _Given(tensors)
-            self.last_version = version
-            self.last_nbytes = sum(s.nbytes for s in specs)
-        checksum = digest.hexdigest() if digest is not None else ""
-        return SyncReport(checksum, sum(s.nbytes for s in specs), time.perf_counter() - start)
+        loaded = _loaded_keys(version, ranks)
+        for k, (pieces, slot) in enumerate(messages):
+            if slot is not None:
+                if slot in slot_user:  # reused only once every receiver is done with it
+                    acks = [_key(version, "ack", slot_user[slot], r) for r in ranks]
+                    self._poll(acks, loaded, f"message {slot_user[slot]} of version {version}")
+                slot_user[slot] = k
+                self._stage(items, pieces, slot)
+                self.keys += [_key(version, "ack", k, r) for r in ranks]
+            new = {p.handle: self._handle(p.handle) for p in pieces if p.handle not in mapped}
+            body = {"new": new, "pieces": [(p.index, p.handle, p.offset, p.a, p.b) for p in pieces]}
+            if k == 0 and announce:
+                body["mailbox"] = self.mailbox.path  # type: ignore[union-attr]
+            self._set(_key(version, "message", k), pickle.dumps(body))
+            mapped.update(new)
+            self.keys.append(_key(version, "message", k))
+            for p in pieces if digest is not None else ():
+                _hash(digest, self._view(p, specs[p.index].torch_dtype))
+        return mapped
 
     def _repeat(self, version: int, ranks: range, start: float) -> SyncReport:
         """Every receiver replays the last version's copies: asked and answered in the mailbox."""

@@ -17,7 +17,8 @@ from dockyard.config import MasterConfig
 from dockyard.weights.collective import WeightSyncGroup
 from dockyard.weights.colocated import ColocatedTransport
 from dockyard.weights.synchronizer import GroupSource
-from dockyard.weights.transports import CheckpointTransport, CollectiveTransport, Transport
+from dockyard.weights.transport import Transport
+from dockyard.weights.transports import CheckpointTransport, CollectiveTransport
 from dockyard.weights.whole_tensor import WholeTensorTransport
 
 

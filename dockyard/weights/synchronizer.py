@@ -24,7 +24,7 @@ import structlog
 
 from dockyard.weights.collective import SyncFailed, SyncReport, TensorSink, WeightSyncGroup
 from dockyard.weights.refit import RefitError
-from dockyard.weights.transports import Transport
+from dockyard.weights.transport import Transport
 
 log = structlog.get_logger()
 

@@ -15,12 +15,10 @@ given (the coordinator hands out a new epoch after a failure).
 
 from __future__ import annotations
 
-import abc
 import json
 import os
 import shutil
 import time
-from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
 
@@ -30,40 +28,18 @@ from dockyard.weights.collective import (
     GroupMember,
     SyncFailed,
     SyncReport,
-    TensorSink,
     WeightSyncGroup,
     receive_weights,
     send_weights,
 )
+from dockyard.weights.colocated import ColocatedTransport
 from dockyard.weights.fingerprint import Fingerprint
 from dockyard.weights.refit import TensorSpec, canonical_name, refit_plan
+from dockyard.weights.transport import Transport
+
+__all__ = ["CheckpointTransport", "CollectiveTransport", "ColocatedTransport", "Transport", "transport_from_spec"]
 
 MANIFEST = "manifest.json"
-
-
-class Transport(abc.ABC):
-    name: str = "transport"
-    needs_group: bool = False
-
-    @abc.abstractmethod
-    def send(
-        self, tensors: Iterable[tuple[str, torch.Tensor]], version: int, group: WeightSyncGroup | None = None
-    ) -> SyncReport:
-        """Trainer: make `tensors` (weights of `version`) available to every replica (blocking)."""
-
-    @abc.abstractmethod
-    def receive(self, sink: TensorSink, version: int, group: WeightSyncGroup | None = None) -> SyncReport:
-        """Replica: load the weights of `version` into `sink` (blocking)."""
-
-    def reset(self) -> None:
-        """Forget any state a failure left behind."""
-
-    def close(self) -> None:
-        self.reset()
-
-    @abc.abstractmethod
-    def spec(self) -> dict:
-        """Plain values that rebuild an equal transport elsewhere (an engine's worker process)."""
 
 
 def transport_from_spec(spec: dict, device: str | None = None) -> Transport:
@@ -75,8 +51,6 @@ def transport_from_spec(spec: dict, device: str | None = None) -> Transport:
             timeout, int(spec["bucket_bytes"]), bool(spec["checksum"]), device, None if direct is None else int(direct)
         )
     if spec["kind"] == "colocated":
-        from dockyard.weights.colocated import ColocatedTransport  # it builds on this module
-
         return ColocatedTransport(timeout, int(spec["bucket_bytes"]), bool(spec["checksum"]), device)
     if spec["kind"] == "checkpoint":
         return CheckpointTransport(

@@ -65,7 +65,7 @@ from dockyard.weights.collective import (
     prove_membership,
 )
 from dockyard.weights.refit import RefitError, canonical_name
-from dockyard.weights.transports import Transport
+from dockyard.weights.transport import Transport
 
 Entry = tuple[str, str, list[int]]  # name, torch dtype name, shape
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dockyard.config.sampling import MAX_TEMPERATURE
 from dockyard.rpc.errors import InvalidArgument
@@ -106,6 +106,21 @@ def decoding_from_proto(msg: common_pb2.SamplingParams, *, max_new_tokens_ceilin
         ignore_eos=msg.ignore_eos,
         seed=msg.seed if msg.HasField("seed") else None,
         max_new_tokens_ceiling=max_new_tokens_ceiling,
+    )
+
+
+def default_decoding(generation: Any, *, max_new_tokens_ceiling: int) -> DecodingParams:
+    """A job's `policy.generation` defaults as DecodingParams (a Generate without `sampling` uses them)."""
+    return validate_decoding(
+        temperature=generation.temperature,
+        top_p=generation.top_p,
+        top_k=generation.top_k,
+        max_new_tokens=generation.max_new_tokens,
+        stop=generation.stop_strings,
+        ignore_eos=generation.ignore_eos,
+        seed=None,
+        max_new_tokens_ceiling=max_new_tokens_ceiling,
+        prefix="policy.generation.",
     )
 
 

@@ -48,7 +48,7 @@ from typing import Any, NamedTuple
 import torch
 
 from dockyard.weights.collective import SyncReport, TensorSink, WeightSyncGroup
-from dockyard.weights.transports import Transport
+from dockyard.weights.transport import Transport
 from services.rollout.decoding import DecodingParams
 
 

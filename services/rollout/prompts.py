@@ -8,13 +8,15 @@ MAX_PROMPT_BYTES, token ids at most MAX_PROMPT_TOKENS and never negative, a
 conversation at most MAX_MESSAGES messages with a role on each. Token ids pass
 through untouched (the engine checks them against its vocabulary); messages
 become ids through the engine's chat template (`render_chat`), so what the
-caller gets back in `prompt_token_ids` is exactly what was generated from. Images go with text
+caller gets back in `prompt_token_ids` is exactly what was generated from; `check_context` refuses
+a prompt whose tokens and max_new_tokens exceed the engine's context. Images go with text
 or messages, never with token ids; the gate itself (dockyard/images.py) runs in the servicer,
 which knows the job's limits.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -94,3 +96,20 @@ def prompt_from_request(request: rollout_pb2.GenerateRequest) -> PromptInput:
     if size > MAX_PROMPT_BYTES:
         raise InvalidArgument(f"messages are {size} bytes; at most {MAX_PROMPT_BYTES}")
     return PromptInput(messages=tuple((m.role, m.content) for m in request.messages))
+
+
+async def check_context(engine: GenerationEngine, prompt: Prompt, max_new_tokens: int) -> None:
+    """INVALID_ARGUMENT when the prompt and its new tokens cannot fit the model's context."""
+    if (context := engine.context_tokens) is None:
+        return
+    if isinstance(prompt, ImagePrompt):
+        return  # image tokens are counted by the processor; the model's own limit applies
+    if isinstance(prompt, str):
+        tokens = len(await asyncio.to_thread(lambda: engine.tokenizer(prompt)["input_ids"]))
+    else:
+        tokens = len(prompt)
+    if tokens + max_new_tokens > context:
+        raise InvalidArgument(
+            f"prompt is {tokens} tokens; with max_new_tokens {max_new_tokens} that exceeds the model's "
+            f"context of {context} tokens"
+        )

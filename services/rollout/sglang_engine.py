@@ -53,27 +53,23 @@ later; the running one is unaffected).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import os
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-import torch
-
 from dockyard.config import MasterConfig
 from dockyard.weights.collective import SyncFailed, SyncReport, WeightSyncGroup
-from dockyard.weights.transports import Transport
+from dockyard.weights.transport import Transport
 from dockyard.weights.whole_tensor import WholeTensorTransport
 from services.rollout.decoding import DecodingParams
-from services.rollout.engine import (
-    Completion,
-    GenerationEngine,
-    GenerationResult,
-    ImagePrompt,
-    Prompt,
-    UnsupportedRequest,
+from services.rollout.engine import Completion, GenerationResult, Prompt, UnsupportedRequest
+from services.rollout.out_of_process import (
+    OutOfProcessEngine,
+    checked_arguments,
+    image_refusal,
+    outside_vocabulary,
+    prompt_ids,
 )
 from services.rollout.sglang_weights import SglangWeights
 
@@ -188,7 +184,7 @@ def completion_from_sglang(output: dict[str, Any], tokenizer: Any, versions: tup
     return Completion(token_ids, [float(step[0]) for step in steps], text, finish, versions)
 
 
-class SglangEngine(GenerationEngine):
+class SglangEngine(OutOfProcessEngine):
     name = "sglang"
 
     def __init__(self, engine: Any, io_struct: Any, tokenizer: Any, model_name: str, deterministic: bool) -> None:
@@ -206,12 +202,7 @@ class SglangEngine(GenerationEngine):
 
     @classmethod
     async def create(cls, cfg: MasterConfig, device: str) -> SglangEngine:
-        try:
-            arguments = engine_arguments(cfg)
-        except ValueError as exc:
-            from dockyard.rpc.errors import InvalidArgument
-
-            raise InvalidArgument(str(exc)) from None
+        arguments = checked_arguments(engine_arguments, cfg)
 
         def start() -> tuple[Any, Any, Any]:
             sglang, io_struct = import_sglang()  # heavy: kept off the event loop
@@ -235,9 +226,6 @@ class SglangEngine(GenerationEngine):
     def set_weight_version(self, version: int) -> None:
         self._weight_version = int(version)
 
-    def named_weights(self) -> dict[str, torch.Tensor]:
-        return {}  # the weights live in SGLang's scheduler process
-
     @property
     def num_parameters(self) -> int:
         return 0  # SGLang's API does not report it
@@ -246,30 +234,19 @@ class SglangEngine(GenerationEngine):
     def model_name(self) -> str:
         return self._model_name
 
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        yield  # loads go through receive_weights, which holds generations off itself
-
     @property
     def image_refusal(self) -> str:
-        return (
-            "the SGLang engine takes no image inputs (nothing is passed as SGLang's image_data); "
-            "use policy.generation.backend=torch with a vision-language policy"
-        )
+        return image_refusal("SGLang", "(nothing is passed as SGLang's image_data)")
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """The ids to generate from; UnsupportedRequest for ids outside the vocabulary or any other kind of prompt."""
-        if isinstance(prompt, ImagePrompt):
-            raise UnsupportedRequest(f"images: {self.image_refusal}")
-        if isinstance(prompt, str):
-            ids = list(self.tokenizer(prompt)["input_ids"])
-            if not ids:
-                raise UnsupportedRequest("prompt: tokenizes to no tokens")
-            return ids
+        return prompt_ids(self, prompt, self._token_ids)
+
+    def _token_ids(self, prompt: Any) -> list[int]:
         if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             if not prompt:
                 raise UnsupportedRequest("prompt_token_ids: no tokens")
-            outside = [t for t in prompt if not 0 <= t < self._vocab]
+            outside = outside_vocabulary(prompt, self._vocab)
             if outside:
                 raise UnsupportedRequest(
                     f"prompt_token_ids: {outside[:5]} outside the vocabulary of {self._vocab} tokens"

@@ -42,24 +42,21 @@ import asyncio
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import timedelta
 from typing import Any
-
-import torch
 
 from dockyard.config import VLLM_MAX_TEMPERATURE, MasterConfig
 from dockyard.weights.collective import SyncFailed, SyncReport, WeightSyncGroup
 from dockyard.weights.transports import Transport
 from services.rollout.decoding import DecodingParams
-from services.rollout.engine import (
-    Completion,
-    GenerationEngine,
-    GenerationResult,
-    ImagePrompt,
-    Prompt,
-    UnsupportedRequest,
+from services.rollout.engine import Completion, GenerationResult, Prompt, UnsupportedRequest
+from services.rollout.out_of_process import (
+    OutOfProcessEngine,
+    checked_arguments,
+    image_refusal,
+    outside_vocabulary,
+    prompt_ids,
 )
 
 WORKER_EXTENSION = "services.rollout.vllm_worker.WeightLoaderExtension"
@@ -155,7 +152,7 @@ def completion_from_vllm(output: Any, versions: tuple[int, ...]) -> Completion:
     return Completion(token_ids, logprobs, output.text, reason, versions)
 
 
-class VllmEngine(GenerationEngine):
+class VllmEngine(OutOfProcessEngine):
     name = "vllm"
 
     def __init__(
@@ -176,12 +173,7 @@ class VllmEngine(GenerationEngine):
     @classmethod
     async def create(cls, cfg: MasterConfig, device: str) -> VllmEngine:
         vllm, async_llm = await asyncio.to_thread(import_vllm)  # seconds of imports: off the event loop
-        try:
-            arguments, env = engine_arguments(cfg)
-        except ValueError as exc:
-            from dockyard.rpc.errors import InvalidArgument
-
-            raise InvalidArgument(str(exc)) from None
+        arguments, env = checked_arguments(engine_arguments, cfg)
         os.environ.update(env)  # vLLM's worker processes inherit this environment
         from transformers import AutoConfig, AutoTokenizer
 
@@ -212,9 +204,6 @@ class VllmEngine(GenerationEngine):
         self._weight_version = int(version)
         self._applied.append(int(version))
 
-    def named_weights(self) -> dict[str, torch.Tensor]:
-        return {}  # the weights live in vLLM's worker processes
-
     @property
     def num_parameters(self) -> int:
         return self._num_parameters
@@ -228,30 +217,19 @@ class VllmEngine(GenerationEngine):
         model_config = getattr(self.llm, "model_config", None)
         return getattr(model_config, "max_model_len", None)
 
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        yield  # loads go through receive_weights, which waits for generations itself
-
     @property
     def image_refusal(self) -> str:
-        return (
-            "the vLLM engine takes no image inputs yet (multi_modal_data is not passed); "
-            "use policy.generation.backend=torch with a vision-language policy"
-        )
+        return image_refusal("vLLM", "yet (multi_modal_data is not passed)")
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """The ids vLLM gets: a text's tokenization, or the given ids exactly (checked against the vocabulary)."""
-        if isinstance(prompt, ImagePrompt):
-            raise UnsupportedRequest(f"images: {self.image_refusal}")
-        if isinstance(prompt, str):
-            ids = list(self.tokenizer(prompt)["input_ids"])
-            if not ids:
-                raise UnsupportedRequest("prompt: tokenizes to no tokens")
-            return ids
+        return prompt_ids(self, prompt, self._token_ids)
+
+    def _token_ids(self, prompt: list[int]) -> list[int]:
         ids = [int(t) for t in prompt]
         if not ids:
             raise UnsupportedRequest("prompt_token_ids: no tokens")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        bad = outside_vocabulary(ids, self.vocab_size)
         if bad:
             raise UnsupportedRequest(
                 f"prompt_token_ids: id {bad[0]} is outside the model's vocabulary of {self.vocab_size} tokens"

@@ -43,7 +43,8 @@ from typing import Any
 import torch
 
 from dockyard.weights.collective import TensorSink, WeightSyncGroup
-from dockyard.weights.transports import Transport, transport_from_spec
+from dockyard.weights.transport import Transport
+from dockyard.weights.transports import transport_from_spec
 
 
 def untruncated(stage_forward: Any) -> Any:

@@ -1,0 +1,46 @@
+"""The interface every weight transport keeps; the transports themselves are transports.py and colocated.py.
+
+    trainer: Transport.send(tensors, version, group) ──> every replica
+    replica: Transport.receive(sink, version, group) ──> the engine's tensors (through refit_plan)
+
+Guarantees every implementation keeps: both calls block until the version has moved or
+raise SyncFailed (bounded by the transport's timeout); `spec()` is plain values that
+`transports.transport_from_spec` turns back into an equal transport in another process.
+
+Imports: dockyard.weights.collective (SyncReport, TensorSink, WeightSyncGroup) only, so that
+every transport module can build on this one without importing another transport.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable
+
+import torch
+
+from dockyard.weights.collective import SyncReport, TensorSink, WeightSyncGroup
+
+
+class Transport(abc.ABC):
+    name: str = "transport"
+    needs_group: bool = False
+
+    @abc.abstractmethod
+    def send(
+        self, tensors: Iterable[tuple[str, torch.Tensor]], version: int, group: WeightSyncGroup | None = None
+    ) -> SyncReport:
+        """Trainer: make `tensors` (weights of `version`) available to every replica (blocking)."""
+
+    @abc.abstractmethod
+    def receive(self, sink: TensorSink, version: int, group: WeightSyncGroup | None = None) -> SyncReport:
+        """Replica: load the weights of `version` into `sink` (blocking)."""
+
+    def reset(self) -> None:
+        """Forget any state a failure left behind."""
+
+    def close(self) -> None:
+        self.reset()
+
+    @abc.abstractmethod
+    def spec(self) -> dict:
+        """Plain values that rebuild an equal transport elsewhere (an engine's worker process)."""
