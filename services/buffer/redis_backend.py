@@ -112,7 +112,7 @@ class RedisBuffer(BufferBackend):
         """
         backend = cls(url, key_prefix=key_prefix, password=password)
         try:
-            await backend._redis.ping()
+            await backend.ping()
         except AuthenticationError as exc:
             await backend.close()
             raise explain_auth_failure(url, password, password_variable, exc) from None
@@ -120,6 +120,10 @@ class RedisBuffer(BufferBackend):
             await backend.close()
             raise
         return backend
+
+    async def ping(self) -> None:
+        """PING the Redis; raises what redis-py raises (AuthenticationError for a refused password)."""
+        await self._redis.ping()
 
     def job_keys_base(self, job_id: str) -> str:
         """The prefix of every key of the job, e.g. `dockyard:buffer:{job-1}:`."""

@@ -2,6 +2,7 @@
 
     RegisterMember / Heartbeat ─> fleet.py (rollout replicas, sandbox workers)
     GetWeightSyncGroup ─────────> weight_sync_groups.py (members, ranks, epochs of every job's group)
+    servicer.py (protobuf <-> calls) ─> job_manager.py JobManager: ids, store recovery, preflight, runners
     CreateJob ─> jobs.py record (store.py persists it) ─> runner.py JobRunner, one asyncio task per job:
         wait for the fleet ─> load policy on trainer + every replica ─> weights v0 over the weight-sync group
         repeat: producer.py (tasks ─> collector.py: Generate ─> RunTests ─> reward_functions.py, rewards.py

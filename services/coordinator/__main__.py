@@ -17,7 +17,8 @@ def main() -> None:
 
     async def build():
         from dockyard.api.coordinator.v1 import coordinator_pb2_grpc
-        from services.coordinator.servicer import CoordinatorServicer, StoreUnreadable
+        from services.coordinator.job_manager import StoreUnreadable
+        from services.coordinator.servicer import CoordinatorServicer
 
         servicer = CoordinatorServicer(settings)
         # Stored jobs first: a GetJob answered before this would miss them.

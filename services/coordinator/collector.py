@@ -110,6 +110,15 @@ class CollectStats:
     reward_function_errors: int = 0  # trajectories a reward function failed on (ERROR, masked)
 
 
+@dataclass(frozen=True)
+class CollectionCounters:
+    """What the collector counted since the job started: groups (and agent trials) generated again after
+    a lost replica or too many invalid trajectories, and scoring calls retried on another sandbox worker."""
+
+    regenerated_groups: int
+    sandbox_retries: int
+
+
 class ReplicaLost(Exception):
     """The replica serving a Generate expired (no heartbeat) while the call ran."""
 
@@ -196,6 +205,24 @@ class Collector:
                 max_regenerations=max_regenerations,
                 wait_timeout=wait_timeout,
             )
+
+    def counters(self) -> CollectionCounters:
+        """The job's running totals (agent trials' regenerations included); callers take differences."""
+        agent = self.agent.regenerated_groups if self.agent is not None else 0
+        return CollectionCounters(self.regenerated_groups + agent, self.sandbox_retries)
+
+    async def endpoint_routing(self) -> dict | None:
+        """The policy endpoint's routing snapshot (AgentTrials.routing); None without agent trials or an answer."""
+        return await self.agent.routing() if self.agent is not None else None
+
+    def take_trial_stats(self) -> list[dict[str, float | str]]:
+        """Each agent trial's figures (turns, tokens, finish reason...) since the last call; [] without agents."""
+        return self.agent.take_stats() if self.agent is not None else []
+
+    async def close(self) -> None:
+        """Close the agent trials' endpoint clients, if any; the collector holds nothing else to close."""
+        if self.agent is not None:
+            await self.agent.close()
 
     def take_timeline(self) -> list[dict]:
         """The Generate records since the last call."""

@@ -133,6 +133,13 @@ class Fleet:
         self._notify()
         return member
 
+    def held_elsewhere(self, name: str, address: str) -> Member | None:
+        """The live member that holds `name` at another address (a second process under one name), else None."""
+        held = self._members.get(name)
+        if held is not None and held.address != address and held.status(self._clock(), self.member_timeout) == "ALIVE":
+            return held
+        return None
+
     def heartbeat(
         self, name: str, load: int, running: int = 0, queued: int = 0, kv_pressure: float = 0.0
     ) -> Member | None:

@@ -15,7 +15,7 @@ error is raised at once. A staged payload's expiry is renewed before every retry
 staged again if it expired, so a put waited out for long still finds it; a data plane whose Redis
 is down is waited out as the buffer is (UNAVAILABLE). `stats` never raises for
 a buffer that is restarting: it answers None. `sent_bytes` counts what this side sent the buffer
-service (metadata, payload) and what it staged in the data plane.
+service (metadata, payload) and what it staged in the data plane; `sent()` is a copy for readers.
 """
 
 from __future__ import annotations
@@ -123,6 +123,10 @@ class JobBuffer:
             return await self._stub.PutGroup(request, timeout=30)
 
         return await retry(attempt, what="PutGroup", budget_seconds=max_wait, codes=OVERLOADED | TRANSIENT)
+
+    def sent(self) -> dict[str, int]:
+        """A copy of the bytes sent so far by kind: metadata and payload to the buffer service, staged in the plane."""
+        return dict(self.sent_bytes)
 
     @property
     def data_plane(self) -> DataPlane | None:

@@ -403,8 +403,7 @@ class JobRunner:
         log.info("checkpoint saved", path=reply.path, step=reply.step, removed=len(reply.removed))
 
     async def _cleanup(self) -> None:
-        if self.collector.agent is not None:
-            await self.collector.agent.close()
+        await self.collector.close()
         unloads = await asyncio.gather(self.trainer.unload(), self.weights.unload_replicas(), return_exceptions=True)
         trainer_unload = unloads[0]
         if isinstance(trainer_unload, grpc.aio.AioRpcError) and trainer_unload.code() != grpc.StatusCode.NOT_FOUND:

@@ -11,14 +11,14 @@
         replica_<name>_sessions, replica_<name>_kv_pressure, replica_<name>_prefill_tokens_saved, ...
 
 Guarantees: counters that accumulate over the job (regenerated groups,
-sandbox retries) are reported per step, as differences since the last call;
+sandbox retries: Collector.counters()) are reported per step, as differences since the last call;
 a buffer that is restarting leaves its counters out of that step instead of
 failing it.
 """
 
 from __future__ import annotations
 
-from services.coordinator.collector import Collector, CollectStats
+from services.coordinator.collector import CollectionCounters, Collector, CollectStats
 from services.coordinator.fleet import ROLLOUT, SANDBOX, Fleet
 from services.coordinator.job_buffer import JobBuffer
 from services.coordinator.run_folder import RunFolder
@@ -103,14 +103,13 @@ def routing_metrics(now: dict, last: dict) -> dict[str, float]:
 class StepMetrics:
     def __init__(self, fleet: Fleet, collector: Collector, buffer: JobBuffer, folder: RunFolder) -> None:
         self._fleet, self._collector, self._buffer, self._folder = fleet, collector, buffer, folder
-        # The collector's fleet counters at the last step's end.
-        self._counts = (0, 0)
+        # The collector's running totals at the last step's end.
+        self._counts = CollectionCounters(0, 0)
         self._routing: dict = {}  # the endpoint's routing snapshot at the last step's end
 
     async def endpoint(self) -> dict[str, float]:
         """Admission queue, sessions and KV pressure per replica from the policy endpoint (agent jobs only)."""
-        agent = self._collector.agent
-        now = await agent.routing() if agent is not None else None
+        now = await self._collector.endpoint_routing()
         if now is None:
             return {}
         metrics = routing_metrics(now, self._routing)
@@ -126,7 +125,7 @@ class StepMetrics:
         metrics["buffer_sample_rate"] = stats.sample_rate
         metrics.update({f"buffer_age_{age}": float(count) for age, count in sorted(stats.age_histogram.items())})
         # Bytes this job's writer sent so far: through the buffer service (metadata, payload) and to the data plane.
-        metrics.update({f"buffer_sent_{kind}_bytes": float(n) for kind, n in self._buffer.sent_bytes.items()})
+        metrics.update({f"buffer_sent_{kind}_bytes": float(n) for kind, n in self._buffer.sent().items()})
         return metrics
 
     def fleet(self, step: int) -> dict[str, float]:
@@ -147,13 +146,10 @@ class StepMetrics:
         for worker in self._fleet.members(SANDBOX):
             metrics[f"sandbox_{worker.name}_running"] = float(worker.running)
             metrics[f"sandbox_{worker.name}_queued"] = float(worker.queued)
-        agent = self._collector.agent
-        if agent is not None:
-            metrics.update(trial_metrics(agent.take_stats()))
-        regenerated = self._collector.regenerated_groups + (agent.regenerated_groups if agent else 0)
-        counts = (regenerated, self._collector.sandbox_retries)
-        metrics["regenerated_groups"] = float(counts[0] - self._counts[0])
-        metrics["sandbox_retries"] = float(counts[1] - self._counts[1])
+        metrics.update(trial_metrics(self._collector.take_trial_stats()))
+        counts = self._collector.counters()
+        metrics["regenerated_groups"] = float(counts.regenerated_groups - self._counts.regenerated_groups)
+        metrics["sandbox_retries"] = float(counts.sandbox_retries - self._counts.sandbox_retries)
         self._counts = counts
         metrics["fleet_rollout_alive"] = float(len(self._fleet.alive(ROLLOUT)))
         metrics["fleet_sandbox_alive"] = float(len(self._fleet.alive(SANDBOX)))

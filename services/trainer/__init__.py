@@ -15,7 +15,7 @@
     micro_batches.py  a rank's share of the batch as micro-batches: row/token budgets, packing
     logprobs.py       per-token logprobs and entropy at the sampling temperature
     sharding.py       FSDP2 sharding, full state dicts, the all-reduces of a step
-    batch.py          experience -> padded tensors; validate_groups / validate_rows
+    batch.py          experience -> padded tensors (validate_groups / validate_rows: dockyard.experience.trainable)
     experience.py     TrainingGroup / Sample (what a GRPO step learns from), SFT rows, staleness metrics
     checkpoint.py     checkpoint folders (step-<N>): atomic writes, latest, top-k retention
     settings.py       TrainerSettings: DOCKYARD_TRAINER_*

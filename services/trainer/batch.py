@@ -16,95 +16,23 @@ An invalid sample without tokens (an agent trial that failed before its
 first turn) gets no row: it would be masked out of everything anyway.
 Every row of a sample carries the sample's reward, validity and group, and
 `sample_index` names the sample (in order; `first_segment` marks its first
-row), so statistics over trajectories count each once. `validate_groups`
-rejects, before any tensor is built, every batch the trainer cannot learn
-from (no trajectories, no sampled token, a logprob or loss-mask count that
-differs from the token count, a mask value other than 0/1, a non-finite
-reward or logprob, a token id outside the vocabulary, a segment longer than
-the model's positions), naming the group, trajectory and segment; it raises
-BatchError. `validate_rows` applies the same checks to supervised
-(prompt, completion) rows. `minibatch_rows` cuts a step's rows into
-minibatches of whole groups, in order, each with at least `size` trajectories
-but the last (`size` divides the step in a valid config: exact).
+row), so statistics over trajectories count each once; a batch is built
+only from groups dockyard.experience.trainable's `validate_groups` accepted
+(`validate_rows` for supervised rows): the rule lives there, once.
+`minibatch_rows` cuts a step's rows into minibatches of whole groups, in
+order, each with at least `size` trajectories but the last (`size` divides
+the step in a valid config: exact).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from services.trainer.experience import Row, Sample, Segment, TrainingGroup
-
-
-class BatchError(ValueError):
-    """A batch the trainer refuses; nothing is trained on it."""
-
-
-def validate_groups(groups: Sequence[TrainingGroup], vocab_size: int, max_length: int | None) -> None:
-    # The messages use the wire's field names: the caller put the trajectories under those.
-    if not groups or not any(g.samples for g in groups):
-        raise BatchError("empty batch: no trajectories to train on")
-    sampled_tokens = 0
-    for g in groups:
-        for i, s in enumerate(g.samples):
-            where = f"group {g.group_id!r} trajectories[{i}] ({s.trajectory_id!r})"
-            if not math.isfinite(s.reward):
-                raise BatchError(f"{where}: reward is {s.reward}, not a finite number")
-            if _hollow(s):
-                continue  # a failed agent trial: no tokens, and no row in the batch
-            for k, segment in enumerate(s.segments()):
-                at = where if k == 0 else f"{where} later_segments[{k - 1}]"
-                sampled_tokens += _check_segment(at, segment, vocab_size, max_length)
-    if sampled_tokens == 0:
-        raise BatchError("empty batch: no trajectory has a sampled completion token")
-
-
-def _hollow(sample: Sample) -> bool:
-    """An invalid sample with no tokens at all (an agent trial that failed before any turn)."""
-    return not sample.valid and not sample.prompt_ids and not sample.completion_ids and not sample.later_segments
-
-
-def _check_segment(where: str, segment: Segment, vocab_size: int, max_length: int | None) -> int:
-    """Raise BatchError for a segment the trainer cannot use; else its number of sampled tokens."""
-    if not segment.prompt_ids:
-        raise BatchError(f"{where}: empty prompt_token_ids")
-    count = len(segment.completion_ids)
-    if len(segment.generation_logprobs) != count:
-        got = len(segment.generation_logprobs)
-        raise BatchError(f"{where}: {got} completion_logprobs for {count} completion_token_ids")
-    mask = segment.loss_mask
-    if mask is not None:
-        if len(mask) != count:
-            raise BatchError(f"{where}: {len(mask)} completion_loss_mask values for {count} completion_token_ids")
-        if any(m not in (0, 1) for m in mask):
-            raise BatchError(f"{where}: completion_loss_mask holds {next(m for m in mask if m not in (0, 1))}; 0 or 1")
-    if not all(math.isfinite(x) for x in segment.generation_logprobs):
-        raise BatchError(f"{where}: completion_logprobs hold a non-finite value")
-    _check_ids(where, [*segment.prompt_ids, *segment.completion_ids], vocab_size, max_length)
-    return count if mask is None else sum(mask)
-
-
-def validate_rows(rows: Sequence[Row], vocab_size: int, max_length: int | None) -> None:
-    """validate_groups for supervised (prompt ids, completion ids) rows, named demonstrations[i]."""
-    if not rows:
-        raise BatchError("empty batch: no demonstrations to train on")
-    for i, (prompt, completion) in enumerate(rows):
-        if not prompt:
-            raise BatchError(f"demonstrations[{i}]: empty prompt_token_ids")
-        _check_ids(f"demonstrations[{i}]", [*prompt, *completion], vocab_size, max_length)
-    if not any(completion for _, completion in rows):
-        raise BatchError("empty batch: no demonstration has a completion token")
-
-
-def _check_ids(where: str, ids: list[int], vocab_size: int, max_length: int | None) -> None:
-    bad = [x for x in ids if not 0 <= x < vocab_size]
-    if bad:
-        raise BatchError(f"{where}: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
-    if max_length is not None and len(ids) > max_length:
-        raise BatchError(f"{where}: {len(ids)} tokens exceed the model's {max_length} positions")
+from dockyard.experience.trainable import hollow
+from services.trainer.experience import Row, Segment, TrainingGroup
 
 
 @dataclass
@@ -129,7 +57,7 @@ class Batch:
 def build_batch(groups: Sequence[TrainingGroup], pad_token_id: int) -> Batch:
     """One row per segment of the samples of `groups`, in order; group_ids index the groups."""
     group_index = {g.group_id: i for i, g in enumerate(groups)}
-    samples = [(g, s) for g in groups for s in g.samples if not _hollow(s)]
+    samples = [(g, s) for g in groups for s in g.samples if not hollow(s)]
     rows, rewards, valid, group_ids, sample_index, first = [], [], [], [], [], []
     for number, (g, s) in enumerate(samples):
         for k, segment in enumerate(s.segments()):
@@ -163,7 +91,7 @@ def minibatch_rows(groups: Sequence[TrainingGroup], size: int) -> list[slice]:
     for g in groups:
         for s in g.samples:
             trajectories += 1
-            if not _hollow(s):
+            if not hollow(s):
                 row += 1 + len(s.later_segments)
         if trajectories >= size:
             bounds.append(slice(start, row))

@@ -43,9 +43,10 @@ import torch.distributed as dist
 from flax import nnx
 
 from dockyard.config import ConfigError, LossConfig, MasterConfig, OptimizerConfig
+from dockyard.experience.trainable import CheckedRows, validate_rows
 from dockyard.models.load import load_tokenizer
 from services.trainer import checkpoint, jax_model
-from services.trainer.batch import Batch, build_row_batch, validate_rows
+from services.trainer.batch import Batch, build_row_batch
 from services.trainer.experience import Row, TrainingGroup
 from services.trainer.jax_loss import clipped_pg_loss
 from services.trainer.micro_batches import MicroBatch, plan
@@ -186,7 +187,8 @@ class JaxPolicyTrainer:
     def sft_step(self, demonstrations: Sequence[Row]) -> dict[str, float]:
         """One supervised optimizer step: mean NLL of every completion token of the batch."""
         start = time.perf_counter()
-        validate_rows(demonstrations, self.vocab_size, self.max_positions)
+        if not isinstance(demonstrations, CheckedRows):  # the servicer's are checked already
+            validate_rows(demonstrations, self.vocab_size, self.max_positions)
         batch = build_row_batch(demonstrations, self.tokenizer.pad_token_id)
         total_tokens = float(batch.token_mask.sum())
         micro_batches = self._plan(batch, torch.zeros(len(batch)))

@@ -25,7 +25,8 @@ import torch
 
 from dockyard.algorithms import compute_advantages
 from dockyard.config import AdvantageConfig, MasterConfig
-from services.trainer.batch import Batch, build_batch, minibatch_rows, validate_groups
+from dockyard.experience.trainable import CheckedGroups, validate_groups
+from services.trainer.batch import Batch, build_batch, minibatch_rows
 from services.trainer.experience import TrainingGroup
 from services.trainer.micro_batches import MicroBatch
 from services.trainer.sharding import max_over_ranks, sum_over_ranks
@@ -78,7 +79,8 @@ def prepare_step(
 ) -> Step:
     """Validate and lay out a step, its advantages (over the whole step) and its minibatches (None: one);
     `plan_rows(rows, advantages)` cuts a minibatch into this rank's micro-batches."""
-    validate_groups(groups, vocab_size, max_positions)
+    if not isinstance(groups, CheckedGroups):  # the servicer checked these already, before any rank saw them
+        validate_groups(groups, vocab_size, max_positions)
     batch = build_batch(groups, pad_token_id)
     advantages = trajectory_advantages(batch, config.grpo.advantage)
     # Infrastructure failures carry no learning signal: they leave the loss entirely.

@@ -1,6 +1,6 @@
 """One job's policy on the trainer: GRPO trainer steps and checkpoints, on one rank or many.
 
-    [TrainingGroup] ─validate_groups─> build_batch ─> advantages over the whole step
+    [TrainingGroup] ─validate_groups (unless CheckedGroups)─> build_batch ─> advantages over the whole step
         ─> minibatches of whole groups, train_global_batch_size trajectories each (minibatches.py)
         ─> each minibatch: this rank's micro-batches (micro_batches.plan)
         ─(more than one minibatch or epoch)─> π_old (and π_ref) logprobs of every micro-batch, no grad,
@@ -46,6 +46,7 @@ Guarantees:
   micro-batching, sharding, optimizer, schedule, checkpoints and metrics.
 - A batch that fails `validate_groups` (`validate_rows` for sft_step) raises
   BatchError before any tensor or collective is touched: nothing is trained on it.
+  CheckedGroups (the servicer's, already validated on rank 0) are not checked again.
 - `save` + a new PolicyTrainer with checkpointing.resume continue bit for bit:
   weights, optimizer and scheduler state, every rank's RNG, the step.
 """
@@ -63,11 +64,12 @@ import torch.distributed as dist
 
 from dockyard.algorithms import clipped_pg_loss, opd_advantages
 from dockyard.config import MasterConfig
+from dockyard.experience.trainable import CheckedRows, validate_rows
 from dockyard.export.hf_export import is_sharded
 from dockyard.models.load import DTYPES, load_policy
 from dockyard.weights import arena
 from services.trainer import checkpoint, lora, teachers
-from services.trainer.batch import Batch, build_row_batch, validate_rows
+from services.trainer.batch import Batch, build_row_batch
 from services.trainer.compiled_layers import compile_decoder_layers
 from services.trainer.experience import Row, TrainingGroup
 from services.trainer.logprobs import sampled_logprobs
@@ -243,7 +245,8 @@ class PolicyTrainer:
         batch (prompt tokens are context only), micro-batched and sharded like GRPO.
         """
         start = time.perf_counter()
-        validate_rows(demonstrations, self.vocab_size, self.max_positions)
+        if not isinstance(demonstrations, CheckedRows):  # the servicer's are checked already
+            validate_rows(demonstrations, self.vocab_size, self.max_positions)
         batch = build_row_batch(demonstrations, self.tokenizer.pad_token_id)
         total_tokens = float(batch.token_mask.sum())
         micro_batches = self._plan(batch, torch.zeros(len(batch)))

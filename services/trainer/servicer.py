@@ -30,12 +30,12 @@ from dockyard.api.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.api.trainer.v1 import trainer_pb2 as pb
 from dockyard.api.trainer.v1 import trainer_pb2_grpc
 from dockyard.config import ConfigError, MasterConfig, parse_config_text
+from dockyard.experience.trainable import BatchError, checked_groups, checked_rows
 from dockyard.rpc.client import connect
 from dockyard.rpc.completion import run_to_completion
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from dockyard.weights.synchronizer import WeightSyncFailed
 from services.trainer import checkpoint
-from services.trainer.batch import BatchError, validate_groups, validate_rows
 from services.trainer.consumer import BufferConsumer
 from services.trainer.experience import demonstration_rows, staleness_metrics
 from services.trainer.ledger import TrainedLedger
@@ -155,18 +155,19 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             return job.last_reply
         check_next_step(policy, request.step)
         lease = await consumer.lease(policy.weight_version, policy.config.grpo.num_prompts_per_step)
-        groups = [training_group(g.group, g.payload) for g in lease.groups]
-        group_ids = [g.group_id for g in groups]
+        leased = [training_group(g.group, g.payload) for g in lease.groups]
+        group_ids = [g.group_id for g in leased]
         try:
-            # Checked here, before any rank sees the batch: a refused batch touches no rank.
-            validate_groups(groups, policy.vocab_size, policy.max_positions)
+            # Checked here, once, before any rank sees the batch: a refused batch touches no rank, and the
+            # ranks' prepare_step takes CheckedGroups as they are.
+            groups = checked_groups(leased, policy.vocab_size, policy.max_positions)
         except BatchError as exc:
             # Acked so the same poison batch is not sampled again; the policy is unchanged.
             await consumer.ack(group_ids, policy.weight_version)
             log.warning("batch refused", step=request.step, error=str(exc))
             raise InvalidArgument(
                 f"batch for step {request.step} refused, nothing trained on it "
-                f"(its {len(groups)} group(s) were acked and dropped): {exc}"
+                f"(its {len(leased)} group(s) were acked and dropped): {exc}"
             ) from None
         metrics = await self._run("train", job.job_id, groups)
         trajectory_ids = [s.trajectory_id for g in groups for s in g.samples]
@@ -189,7 +190,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         pairs = demonstration_pairs(request.demonstrations)
         rows = await asyncio.to_thread(demonstration_rows, policy.tokenizer, pairs)
         try:
-            validate_rows(rows, policy.vocab_size, policy.max_positions)
+            rows = checked_rows(rows, policy.vocab_size, policy.max_positions)
         except BatchError as exc:
             raise InvalidArgument(f"batch for step {request.step} refused, nothing trained on it: {exc}") from None
         metrics = await self._run("sft", job.job_id, rows)

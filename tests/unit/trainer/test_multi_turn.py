@@ -7,7 +7,8 @@ import torch
 
 from dockyard.api.common.v1 import common_pb2
 from dockyard.config import load_config_text
-from services.trainer.batch import BatchError, build_batch, validate_groups
+from dockyard.experience.trainable import BatchError, validate_groups
+from services.trainer.batch import build_batch
 from services.trainer.experience import Sample, Segment, TrainingGroup
 from services.trainer.minibatches import trajectory_advantages
 from services.trainer.policy import PolicyTrainer

@@ -192,7 +192,7 @@ def test_packing_puts_several_sequences_in_one_row() -> None:
     ids=["nan-reward", "shape", "vocab", "inf-logprob", "too-long", "no-tokens", "no-trajectories"],
 )
 def test_bad_batches_are_refused_before_training(policy: PolicyTrainer, mutate, words) -> None:
-    from services.trainer.batch import BatchError
+    from dockyard.experience.trainable import BatchError
 
     group = _group(policy, ["2*x", "x+1", "x", "7"], [1.0, 0.5, 0.0, 0.0])
     mutate(group)
@@ -217,7 +217,7 @@ def test_bad_batches_are_refused_before_training(policy: PolicyTrainer, mutate, 
     ids=["empty-prompt", "vocab", "too-long", "no-tokens", "no-rows"],
 )
 def test_bad_demonstrations_are_refused_before_training(policy: PolicyTrainer, rows, words) -> None:
-    from services.trainer.batch import BatchError
+    from dockyard.experience.trainable import BatchError
 
     with pytest.raises(BatchError) as info:
         policy.sft_step(rows)
