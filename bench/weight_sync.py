@@ -119,7 +119,7 @@ def member(role: str, group, args: argparse.Namespace, out: mp.Queue) -> None:
     flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
 
     def timed(run) -> float:
-        member._all_ok(True)  # a common start
+        member.all_ok(True)  # a common start
         sync_device()
         start = time.perf_counter()
         run()
@@ -127,7 +127,7 @@ def member(role: str, group, args: argparse.Namespace, out: mp.Queue) -> None:
         return time.perf_counter() - start
 
     def raw() -> None:
-        member._broadcast(flat, "raw broadcast")
+        member.broadcast(flat, "raw broadcast")
 
     version = 0
     fingerprints: list[str] = []

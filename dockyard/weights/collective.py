@@ -158,7 +158,7 @@ class GroupMember:
             f"after at most {self.timeout.total_seconds():g}s (a peer died or stalled): {cause}"
         )
 
-    def _wait(self, work: dist.Work, what: str) -> None:
+    def wait(self, work: dist.Work, what: str) -> None:
         """Block the CPU until `work` is done, or raise SyncFailed once the timeout has passed."""
         try:
             if self.device.type != "cuda":
@@ -176,12 +176,12 @@ class GroupMember:
         except Exception as exc:  # noqa: BLE001 - every backend error means the same: the group is gone
             raise self._fail(what, exc) from exc
 
-    def _order(self, work: dist.Work, what: str) -> None:
+    def order(self, work: dist.Work, what: str) -> None:
         """Make later work on this device wait for `work`: the CPU runs on (CUDA streams), or waits (gloo)."""
         if self.device.type == "cuda":
             work.wait()  # the current stream waits for the collective; the CPU does not
         else:
-            self._wait(work, what)
+            self.wait(work, what)
 
     def broadcast_async(self, tensor: torch.Tensor) -> dist.Work:
         try:
@@ -189,10 +189,10 @@ class GroupMember:
         except Exception as exc:  # noqa: BLE001
             raise SyncFailed(f"weight-sync group epoch {self.group.epoch}, rank {self.rank}: broadcast: {exc}") from exc
 
-    def _broadcast(self, tensor: torch.Tensor, what: str = "broadcast") -> None:
-        self._wait(self.broadcast_async(tensor), what)
+    def broadcast(self, tensor: torch.Tensor, what: str = "broadcast") -> None:
+        self.wait(self.broadcast_async(tensor), what)
 
-    def _all_ok(self, ok: bool) -> bool:
+    def all_ok(self, ok: bool) -> bool:
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.device)
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MIN
@@ -200,7 +200,7 @@ class GroupMember:
             work = self.pg.allreduce([flag], opts)
         except Exception as exc:  # noqa: BLE001
             raise SyncFailed(f"weight-sync group epoch {self.group.epoch}: all-reduce: {exc}") from exc
-        self._wait(work, "agreement all-reduce")
+        self.wait(work, "agreement all-reduce")
         return bool(flag.item())
 
     def close(self) -> None:
@@ -373,22 +373,22 @@ def _copy_flat(t: torch.Tensor, a: int, b: int, flat: torch.Tensor, into_flat: b
 def _send_manifest(member: GroupMember, specs: list[TensorSpec], bucket_bytes: int, direct_bytes: int) -> None:
     body = json.dumps([s.to_json() for s in specs]).encode()
     header = torch.tensor([len(body), bucket_bytes, direct_bytes], dtype=torch.int64, device=member.device)
-    member._broadcast(header, "manifest header")
-    member._broadcast(torch.frombuffer(bytearray(body), dtype=torch.uint8).to(member.device), "manifest")
+    member.broadcast(header, "manifest header")
+    member.broadcast(torch.frombuffer(bytearray(body), dtype=torch.uint8).to(member.device), "manifest")
 
 
 def _receive_manifest(member: GroupMember) -> tuple[list[TensorSpec], int, int]:
     header = torch.zeros(3, dtype=torch.int64, device=member.device)
-    member._broadcast(header, "manifest header")
+    member.broadcast(header, "manifest header")
     length, bucket_bytes, direct_bytes = (int(v) for v in header.tolist())
     body = torch.empty(length, dtype=torch.uint8, device=member.device)
-    member._broadcast(body, "manifest")
+    member.broadcast(body, "manifest")
     specs = [TensorSpec.from_json(item) for item in json.loads(bytes(body.cpu().numpy()))]
     return specs, bucket_bytes, direct_bytes
 
 
 def _agree(member: GroupMember, error: Exception | None) -> None:
-    if not member._all_ok(error is None):
+    if not member.all_ok(error is None):
         if error is not None:
             raise error
         raise RefitError(
@@ -490,7 +490,7 @@ class _Outbox:
             self.buffers.append(torch.empty(self.longest, dtype=torch.uint8, device=self.member.device))
             return len(self.buffers) - 1
         work, slot = self.in_buffer.pop(0)  # this buffer's previous broadcast must have left first
-        self.member._order(work, f"transfer {k}: buffer reuse")
+        self.member.order(work, f"transfer {k}: buffer reuse")
         return slot
 
     def sent(self, work: dist.Work, slot: int | None) -> None:
@@ -524,7 +524,7 @@ def send_weights(
     outbox = _Outbox(member, items, specs, transfer_plan(specs, bucket_bytes, direct_bytes))
     digest = _send_transfers(member, outbox, checksum)
     # Sent is not received: only when every replica confirms is the sync done.
-    if not member._all_ok(True):
+    if not member.all_ok(True):
         raise SyncFailed("a rollout replica failed to load the weights it received (see its log)")
     payload = sum(spec.nbytes for spec in specs)
     return SyncReport(digest.hexdigest() if checksum else "", payload, time.perf_counter() - start)
@@ -547,7 +547,7 @@ def _send_transfers(member: GroupMember, outbox: _Outbox, checksum: bool) -> Fin
 
 def _wait_all(member: GroupMember, pending: list[dist.Work]) -> None:
     for k, work in enumerate(pending):  # on NCCL the last completes after all; gloo may run them out of order
-        member._wait(work, f"transfer {k}")
+        member.wait(work, f"transfer {k}")
 
 
 class TensorSink:
@@ -658,7 +658,7 @@ def receive_weights(
     if member.device.type == "cuda":
         # The copies out of the buffers ran on this stream; the weights are whole before anyone reads them.
         torch.cuda.current_stream(member.device).synchronize()
-    member._all_ok(True)  # confirm receipt to the sender
+    member.all_ok(True)  # confirm receipt to the sender
     payload = sum(spec.nbytes for spec in specs)
     return SyncReport(digest.hexdigest() if checksum else "", payload, time.perf_counter() - start)
 
@@ -683,7 +683,7 @@ def _receive_transfers(member: GroupMember, landing: _Landing, checksum: bool) -
         """Transfer `k` has arrived (ordered on CUDA, waited on gloo): hash it, copy it into place, load it."""
         view, copy_out = dst
         if checksum or copy_out or landing.sink.load is not None:
-            member._order(work, f"transfer {k}")
+            member.order(work, f"transfer {k}")
         if checksum:
             digest.update(view)
         whole = landing.finish(transfer, view, copy_out)

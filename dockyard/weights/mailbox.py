@@ -31,14 +31,14 @@ def _folder() -> str:
 
 
 class Mailbox:
-    def __init__(self, path: str, world: int, fd: int) -> None:
+    def __init__(self, path: str, world: int, fd: int, linked: bool = True) -> None:
         self.path, self.world = path, world
         try:
             self._map = mmap.mmap(fd, world * WORD)
         finally:
             os.close(fd)
         self._words = np.frombuffer(self._map, dtype=np.int64, count=world)
-        self._linked = True
+        self._linked = linked  # rank 0's box: its own to unlink
 
     @classmethod
     def create(cls, world: int) -> Mailbox:
@@ -48,9 +48,7 @@ class Mailbox:
 
     @classmethod
     def open(cls, path: str, world: int) -> Mailbox:
-        box = cls(path, world, os.open(path, os.O_RDWR))
-        box._linked = False  # rank 0's to unlink
-        return box
+        return cls(path, world, os.open(path, os.O_RDWR), linked=False)  # rank 0's to unlink
 
     def ask(self, version: int) -> None:
         self._words[0] = version

@@ -89,6 +89,11 @@ class JobManager:
     def newest_first(self) -> list[JobRecord]:
         return sorted(self._records.values(), key=lambda r: r.created, reverse=True)
 
+    def hold(self, record: JobRecord) -> None:
+        """Keep `record` in the registry, persisted on every later change, without starting it."""
+        self._records[record.job_id] = record
+        self._persister.track(record, write=False)
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def recover(self) -> None:
@@ -106,8 +111,7 @@ class JobManager:
             except ValueError as exc:
                 log.error("stored job left out", job_id=document.get("job_id"), error=str(exc))
                 continue
-            self._records[record.job_id] = record
-            self._persister.track(record, write=False)
+            self.hold(record)
             if record.state in (PENDING, RUNNING):
                 # Past every epoch the job used: no replica mixes an old rendezvous with the new one.
                 self._start(record, epoch=record.sync_epoch + 1, recovering=True)

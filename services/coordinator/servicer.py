@@ -39,13 +39,13 @@ MAX_ADDRESS_CHARS = 256  # a host name is at most 253 characters, then :port
 
 class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServiceServicer):
     def __init__(self, settings: CoordinatorSettings) -> None:
-        groups = WeightSyncGroups(settings.weight_sync_address, settings.weight_sync_port)
+        self.weight_sync_groups = WeightSyncGroups(settings.weight_sync_address, settings.weight_sync_port)
         self.fleet = Fleet(settings.member_timeout_seconds, max_message_mb=settings.max_message_mb)
         persister = JobPersister(
             open_store(settings.state_dir, settings.state_redis_url, settings.state_redis_password_value)
         )
         self.peers = Peers(settings)
-        self.jobs = JobManager(settings, self.peers.stubs(self.fleet), groups, persister)
+        self.jobs = JobManager(settings, self.peers.stubs(self.fleet), self.weight_sync_groups, persister)
 
     async def recover(self) -> None:
         """Load every stored job, continue the unfinished ones; StoreUnreadable (job_manager) if it cannot."""

@@ -156,7 +156,14 @@ class VllmEngine(OutOfProcessEngine):
     name = "vllm"
 
     def __init__(
-        self, llm: Any, vllm: Any, tokenizer: Any, model_name: str, in_flight: bool, vocab_size: int | None = None
+        self,
+        llm: Any,
+        vllm: Any,
+        tokenizer: Any,
+        model_name: str,
+        in_flight: bool,
+        vocab_size: int | None = None,
+        num_parameters: int = 0,
     ) -> None:
         self.llm = llm
         self.vllm = vllm
@@ -168,7 +175,7 @@ class VllmEngine(OutOfProcessEngine):
         self._applied: list[int] = []  # every version loaded, in order
         self._active = 0
         self._idle = asyncio.Condition()
-        self._num_parameters = 0
+        self._num_parameters = num_parameters
 
     @classmethod
     async def create(cls, cfg: MasterConfig, device: str) -> VllmEngine:
@@ -184,15 +191,14 @@ class VllmEngine(OutOfProcessEngine):
         # while the service must keep answering health checks and heartbeats.
         llm = await asyncio.to_thread(async_llm.from_engine_args, vllm.AsyncEngineArgs(**arguments))
         in_flight = cfg.grpo.async_grpo.in_flight_weight_updates
-        engine = cls(llm, vllm, tokenizer, cfg.policy.model_name or "", in_flight, vocab_size)
         try:
             await llm.collective_rpc("dockyard_untruncated_logprobs")
             counts = await llm.collective_rpc("dockyard_num_parameters")
         except BaseException:
             llm.shutdown()
             raise
-        engine._num_parameters = int(counts[0]) if counts else 0
-        return engine
+        num_parameters = int(counts[0]) if counts else 0
+        return cls(llm, vllm, tokenizer, cfg.policy.model_name or "", in_flight, vocab_size, num_parameters)
 
     # -- GenerationEngine -------------------------------------------------
 

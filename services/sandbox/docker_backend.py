@@ -147,11 +147,15 @@ class DockerBackend(SandboxBackend):
     async def open(cls, **kwargs) -> DockerBackend:
         """A backend whose engine answers and whose default image exists; predecessors' leftovers reaped."""
         backend = cls(**kwargs)
-        await backend._call(backend._check_ready)
-        reaped = await backend._call(backend.reap)
+        await backend.start()
+        return backend
+
+    async def start(self) -> None:
+        """Check that the engine answers and the default image exists; reap predecessors' leftovers."""
+        await self._call(self._check_ready)
+        reaped = await self._call(self.reap)
         if reaped:
             log.info("reaped containers of a dead sandbox service", count=reaped)
-        return backend
 
     async def _call(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)

@@ -13,11 +13,6 @@ from collections.abc import Mapping, Set
 
 from tests.unit.project_imports import import_graph
 
-# Circles being removed on another branch; each entry goes once that work is merged.
-KNOWN_CIRCLES = {
-    frozenset({"dockyard.weights.colocated", "dockyard.weights.transports"}): "removed by the weights split",
-}
-
 
 def circles(graph: Mapping[str, Set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one node, each sorted, in sorted order
@@ -81,7 +76,7 @@ def test_the_detector_finds_each_circle_and_nothing_else() -> None:
 
 
 def test_no_module_is_in_a_circle_of_imports() -> None:
-    found = [c for c in circles(import_graph()) if frozenset(c) not in KNOWN_CIRCLES]
+    found = circles(import_graph())
     assert not found, "circles of imports (make the shared piece a module both import, or invert one):\n" + "\n".join(
         " <-> ".join(c) for c in found
     )

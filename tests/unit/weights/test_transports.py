@@ -151,7 +151,7 @@ def test_coordinator_rpcs_hand_out_epochs_and_refuse_bad_members(tmp_path) -> No
         servicer = CoordinatorServicer(CoordinatorSettings())
         config = load_config_text("policy: {model: {model_type: qwen2}}")
         record = JobRecord(job_id="j", config=config, config_yaml="", run_dir=str(tmp_path))
-        servicer.jobs["j"] = record
+        servicer.jobs.hold(record)
         servicer.weight_sync_groups.open("j", "gloo")
         try:
             get = lambda member, **kw: servicer.GetWeightSyncGroup(  # noqa: E731
