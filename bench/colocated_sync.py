@@ -177,7 +177,7 @@ def run_shape(shape: str, args: argparse.Namespace) -> float:
     import secrets
     import socket
 
-    from dockyard.weights.collective import WeightSyncGroup
+    from dockyard.weights.group import WeightSyncGroup
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -194,7 +194,7 @@ def main() -> None:
     import secrets
     import socket
 
-    from dockyard.weights.collective import WeightSyncGroup
+    from dockyard.weights.group import WeightSyncGroup
 
     if args.backend == "nccl":
         import torch

@@ -69,17 +69,9 @@ import torch.multiprocessing as torch_mp
 
 from dockyard.weights import devices
 from dockyard.weights.arena import addresses, coalesce
-from dockyard.weights.collective import (
-    SyncFailed,
-    SyncReport,
-    TensorSink,
-    WeightSyncGroup,
-    _copy_flat,
-    host_store,
-    join_store,
-    prove_membership,
-)
+from dockyard.weights.collective import TensorSink, copy_flat
 from dockyard.weights.fingerprint import Fingerprint
+from dockyard.weights.group import SyncFailed, SyncReport, WeightSyncGroup, host_store, join_store, prove_membership
 from dockyard.weights.handles import byte_tensor, open_handle, share, sign, verify
 from dockyard.weights.mailbox import Mailbox
 from dockyard.weights.refit import RefitError, TensorSpec, canonical_name, refit_plan
@@ -535,7 +527,7 @@ class ColocatedSender(_Peer):
             self.buckets.append(torch.empty(self.bucket_bytes, dtype=torch.uint8, device=self.device))
         for p in pieces:
             t = items[p.index][1]
-            _copy_flat(t, p.a, p.b, self._view(p, t.dtype), into_flat=True)
+            copy_flat(t, p.a, p.b, self._view(p, t.dtype), into_flat=True)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the bucket is whole before a receiver reads
 
@@ -711,7 +703,7 @@ class ColocatedReceiver(_Peer):
                 fast[0].append(target.view(-1))
                 fast[1].append(src)
             else:
-                _copy_flat(target, p.a, p.b, src, into_flat=False)
+                copy_flat(target, p.a, p.b, src, into_flat=False)
         if fast[0]:
             _copy_all(*coalesce(*fast))
         if whole:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.config import MasterConfig
-from dockyard.weights.collective import WeightSyncGroup
 from dockyard.weights.colocated import ColocatedTransport
+from dockyard.weights.group import WeightSyncGroup
 from dockyard.weights.synchronizer import GroupSource
 from dockyard.weights.transport import Transport
 from dockyard.weights.transports import CheckpointTransport, CollectiveTransport

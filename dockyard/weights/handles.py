@@ -23,7 +23,7 @@ import torch
 import torch.multiprocessing  # noqa: F401 - registers torch's reductions with ForkingPickler
 from torch.multiprocessing import reductions
 
-from dockyard.weights.collective import SyncFailed
+from dockyard.weights.group import SyncFailed
 
 _MAC_LEN = 64
 

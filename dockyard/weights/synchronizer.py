@@ -22,7 +22,8 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from dockyard.weights.collective import SyncFailed, SyncReport, TensorSink, WeightSyncGroup
+from dockyard.weights.collective import TensorSink
+from dockyard.weights.group import SyncFailed, SyncReport, WeightSyncGroup
 from dockyard.weights.refit import RefitError
 from dockyard.weights.transport import Transport
 

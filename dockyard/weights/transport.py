@@ -7,7 +7,7 @@ Guarantees every implementation keeps: both calls block until the version has mo
 raise SyncFailed (bounded by the transport's timeout); `spec()` is plain values that
 `transports.transport_from_spec` turns back into an equal transport in another process.
 
-Imports: dockyard.weights.collective (SyncReport, TensorSink, WeightSyncGroup) only, so that
+Imports: dockyard.weights.collective (TensorSink) and group (SyncReport, WeightSyncGroup) only, so that
 every transport module can build on this one without importing another transport.
 """
 
@@ -18,7 +18,8 @@ from collections.abc import Iterable
 
 import torch
 
-from dockyard.weights.collective import SyncReport, TensorSink, WeightSyncGroup
+from dockyard.weights.collective import TensorSink
+from dockyard.weights.group import SyncReport, WeightSyncGroup
 
 
 class Transport(abc.ABC):

@@ -24,16 +24,10 @@ from pathlib import Path
 
 import torch
 
-from dockyard.weights.collective import (
-    GroupMember,
-    SyncFailed,
-    SyncReport,
-    WeightSyncGroup,
-    receive_weights,
-    send_weights,
-)
+from dockyard.weights.collective import receive_weights, send_weights
 from dockyard.weights.colocated import ColocatedTransport
 from dockyard.weights.fingerprint import Fingerprint
+from dockyard.weights.group import GroupMember, SyncFailed, SyncReport, WeightSyncGroup
 from dockyard.weights.refit import TensorSpec, canonical_name, refit_plan
 from dockyard.weights.transport import Transport
 

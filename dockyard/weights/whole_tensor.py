@@ -55,15 +55,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from dockyard.weights.collective import (
-    SyncFailed,
-    SyncReport,
-    TensorSink,
-    WeightSyncGroup,
-    host_store,
-    join_store,
-    prove_membership,
-)
+from dockyard.weights.collective import TensorSink
+from dockyard.weights.group import SyncFailed, SyncReport, WeightSyncGroup, host_store, join_store, prove_membership
 from dockyard.weights.refit import RefitError, canonical_name
 from dockyard.weights.transport import Transport
 

@@ -47,7 +47,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from dockyard.weights.collective import SyncReport, TensorSink, WeightSyncGroup
+from dockyard.weights.collective import TensorSink
+from dockyard.weights.group import SyncReport, WeightSyncGroup
 from dockyard.weights.transport import Transport
 from services.rollout.decoding import DecodingParams
 

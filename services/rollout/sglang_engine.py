@@ -59,7 +59,7 @@ from datetime import timedelta
 from typing import Any
 
 from dockyard.config import MasterConfig
-from dockyard.weights.collective import SyncFailed, SyncReport, WeightSyncGroup
+from dockyard.weights.group import SyncFailed, SyncReport, WeightSyncGroup
 from dockyard.weights.transport import Transport
 from dockyard.weights.whole_tensor import WholeTensorTransport
 from services.rollout.decoding import DecodingParams

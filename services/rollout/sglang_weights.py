@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from dockyard.weights.collective import SyncFailed, SyncReport, WeightSyncGroup
+from dockyard.weights.group import SyncFailed, SyncReport, WeightSyncGroup
 from dockyard.weights.whole_tensor import Entry, bucket_key, decode_bucket, group_name, join, loaded_key
 
 

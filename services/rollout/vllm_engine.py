@@ -47,7 +47,7 @@ from datetime import timedelta
 from typing import Any
 
 from dockyard.config import VLLM_MAX_TEMPERATURE, MasterConfig
-from dockyard.weights.collective import SyncFailed, SyncReport, WeightSyncGroup
+from dockyard.weights.group import SyncFailed, SyncReport, WeightSyncGroup
 from dockyard.weights.transports import Transport
 from services.rollout.decoding import DecodingParams
 from services.rollout.engine import Completion, GenerationResult, Prompt, UnsupportedRequest

@@ -42,7 +42,8 @@ from typing import Any
 
 import torch
 
-from dockyard.weights.collective import TensorSink, WeightSyncGroup
+from dockyard.weights.collective import TensorSink
+from dockyard.weights.group import WeightSyncGroup
 from dockyard.weights.transport import Transport
 from dockyard.weights.transports import transport_from_spec
 

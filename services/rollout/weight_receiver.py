@@ -27,7 +27,7 @@ from datetime import timedelta
 from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.config import MasterConfig
 from dockyard.rpc.client import connect
-from dockyard.weights.collective import SyncReport
+from dockyard.weights.group import SyncReport
 from dockyard.weights.group_source import coordinator_group_source, transport_for
 from dockyard.weights.synchronizer import WeightSynchronizer
 from services.rollout.engine import GenerationEngine

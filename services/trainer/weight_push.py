@@ -20,7 +20,7 @@ from datetime import timedelta
 
 from dockyard.api.coordinator.v1 import coordinator_pb2_grpc
 from dockyard.config import MasterConfig
-from dockyard.weights.collective import SyncReport
+from dockyard.weights.group import SyncReport
 from dockyard.weights.group_source import coordinator_group_source, transport_for
 from dockyard.weights.synchronizer import WeightSynchronizer
 from services.trainer.policy import Weights

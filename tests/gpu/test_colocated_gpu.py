@@ -10,8 +10,9 @@ from datetime import timedelta
 
 import torch
 
-from dockyard.weights.collective import GroupMember, SyncFailed, TensorSink, WeightSyncGroup
+from dockyard.weights.collective import TensorSink
 from dockyard.weights.colocated import ColocatedTransport
+from dockyard.weights.group import GroupMember, SyncFailed, WeightSyncGroup
 from tests.conftest import free_port, missing
 
 

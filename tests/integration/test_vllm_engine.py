@@ -30,7 +30,7 @@ import yaml
 
 from dockyard.config import load_config_text
 from dockyard.models import build_char_tokenizer, build_random_model
-from dockyard.weights.collective import WeightSyncGroup
+from dockyard.weights.group import WeightSyncGroup
 from dockyard.weights.transports import CollectiveTransport
 from services.rollout.decoding import DecodingParams
 from services.rollout.engine import GenerationResult, UnsupportedRequest

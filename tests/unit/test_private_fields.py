@@ -28,7 +28,7 @@ ALLOWED = {
     # torch's handle of a storage: the one identity that survives sharing a CPU storage.
     ("dockyard/weights/colocated.py", "_cdata"): "torch storage identity",
     # torch's ProcessGroupNCCL.Options has no public field for the watchdog timeout.
-    ("dockyard/weights/collective.py", "_timeout"): "torch NCCL options",
+    ("dockyard/weights/group.py", "_timeout"): "torch NCCL options",
 }
 
 

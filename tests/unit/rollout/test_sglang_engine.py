@@ -38,7 +38,7 @@ from PIL import Image
 from dockyard.config import load_config_text
 from dockyard.models import build_char_tokenizer
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument
-from dockyard.weights.collective import SyncFailed, WeightSyncGroup
+from dockyard.weights.group import SyncFailed, WeightSyncGroup
 from dockyard.weights.group_source import transport_for
 from dockyard.weights.transports import CheckpointTransport, CollectiveTransport
 from dockyard.weights.whole_tensor import WholeTensorTransport, buckets, decode_bucket

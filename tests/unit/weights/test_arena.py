@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from dockyard.weights import arena
-from dockyard.weights.collective import TensorSink, WeightSyncGroup
+from dockyard.weights.collective import TensorSink
 from dockyard.weights.colocated import ColocatedTransport
+from dockyard.weights.group import WeightSyncGroup
 from tests.conftest import free_port
 
 

@@ -8,7 +8,8 @@ import traceback
 
 import torch
 
-from dockyard.weights.collective import GroupMember, WeightSyncGroup, receive_weights, send_weights
+from dockyard.weights.collective import receive_weights, send_weights
+from dockyard.weights.group import GroupMember, WeightSyncGroup
 from tests.conftest import free_port
 
 

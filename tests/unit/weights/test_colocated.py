@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from dockyard.weights import colocated, devices
-from dockyard.weights.collective import SyncFailed, TensorSink, WeightSyncGroup
+from dockyard.weights.collective import TensorSink
 from dockyard.weights.colocated import ColocatedTransport
+from dockyard.weights.group import SyncFailed, WeightSyncGroup
 from tests.conftest import free_port
 
 BUCKET = 2048  # bytes: the large tensor spans several buckets, so both staging buckets are reused

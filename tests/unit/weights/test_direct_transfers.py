@@ -9,7 +9,8 @@ import traceback
 import torch
 
 from dockyard.weights import collective
-from dockyard.weights.collective import GroupMember, TensorSink, WeightSyncGroup, receive_weights, send_weights
+from dockyard.weights.collective import TensorSink, receive_weights, send_weights
+from dockyard.weights.group import GroupMember, WeightSyncGroup
 from dockyard.weights.refit import TensorSpec
 from tests.unit.weights.test_collective import run_pair
 
@@ -23,10 +24,10 @@ def test_copy_flat_reads_and_writes_any_element_range_of_a_strided_tensor() -> N
     reference = strided.reshape(-1)
     for a, b in [(0, reference.numel()), (3, 4), (7, 61), (29, 150), (30, 60), (179, 180)]:
         out = torch.empty(b - a, dtype=torch.float64)
-        collective._copy_flat(strided, a, b, out, into_flat=True)
+        collective.copy_flat(strided, a, b, out, into_flat=True)
         assert torch.equal(out, reference[a:b].double())
         target = torch.zeros(6, 5, 6, dtype=torch.bfloat16).transpose(1, 2)  # strided target, shape (6, 6, 5)
-        collective._copy_flat(target, a, b, reference[a:b], into_flat=False)
+        collective.copy_flat(target, a, b, reference[a:b], into_flat=False)
         written = target.reshape(-1)
         assert torch.equal(written[a:b], reference[a:b].to(torch.bfloat16))
         assert not written[:a].any() and not written[b:].any()
@@ -77,14 +78,14 @@ def _member(rank: int, port: int, out: mp.Queue) -> None:
             out.put((rank, "ok", (first.checksum, second.checksum), None, None))
             return
         copied: set[int] = set()  # storages the receiver copied into (not written by the broadcast itself)
-        copy_flat = collective._copy_flat
+        copy_flat = collective.copy_flat
 
         def recording(t, a, b, flat, into_flat):
             if not into_flat:
                 copied.add(t.untyped_storage().data_ptr())
             copy_flat(t, a, b, flat, into_flat)
 
-        collective._copy_flat = recording
+        collective.copy_flat = recording
         targets = _targets()
         pointers = {name: t.untyped_storage().data_ptr() for name, t in targets.items()}
         first = receive_weights(member, TensorSink(targets=targets))

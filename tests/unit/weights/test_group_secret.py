@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.coordinator.v1 import coordinator_pb2
-from dockyard.weights.collective import GroupMember, SyncFailed, WeightSyncGroup, receive_weights, send_weights
+from dockyard.weights.collective import receive_weights, send_weights
+from dockyard.weights.group import GroupMember, SyncFailed, WeightSyncGroup
 from dockyard.weights.group_source import coordinator_group_source
 from tests.conftest import free_port
 from tests.unit.weights.test_collective import run_pair

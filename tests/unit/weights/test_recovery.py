@@ -16,7 +16,8 @@ from datetime import timedelta
 import pytest
 import torch
 
-from dockyard.weights.collective import TensorSink, WeightSyncGroup
+from dockyard.weights.collective import TensorSink
+from dockyard.weights.group import WeightSyncGroup
 from dockyard.weights.synchronizer import WeightSyncFailed, WeightSynchronizer
 from dockyard.weights.transports import CollectiveTransport
 from services.coordinator.weight_sync_groups import WeightSyncGroups

@@ -8,7 +8,8 @@ from datetime import timedelta
 import pytest
 import torch
 
-from dockyard.weights.collective import SyncFailed, TensorSink, _layout, _pieces
+from dockyard.weights.collective import TensorSink, _layout, _pieces
+from dockyard.weights.group import SyncFailed
 from dockyard.weights.refit import RefitError, TensorSpec, canonical_name, refit_plan
 from dockyard.weights.synchronizer import WeightSyncFailed, WeightSynchronizer
 from dockyard.weights.transports import CheckpointTransport
