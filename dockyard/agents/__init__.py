@@ -3,6 +3,7 @@
     scaffold.run_scaffold ──openai client──> policy endpoint (POST /v1/chat/completions, one session)
           │ tool calls
           └──> tools.Toolbox ──> session.SandboxSession (SessionExec / ReadFile / WriteFile over gRPC)
+    tool_calls.ToolRules: is a call valid for the offered tools (the endpoint's parsers and the Toolbox)
     endpoint GET /v1/sessions/{id}/trajectory ──contract.TrajectoryDocument──trial_tokens──> Trajectory fields
 
 These are library code: the coordinator's agent workers use them (services/coordinator/agent_trials.py),

@@ -2,8 +2,10 @@
 
     messages = [user: task prompt]
     repeat ≤ max_turns:  chat.completions.create(model, messages, tools)  ──> assistant message
-        no tool call        → the trial ends; its text is the answer
-        tool calls          → each runs through the Toolbox; `submit` ends the trial with its answer
+        no tool call        → the trial ends; its text is the answer (an invalid call is such a reply:
+                              the endpoint returns it as text and counts it, dockyard/agents/tool_calls.py)
+        tool calls          → each runs through the Toolbox (judged again by the same rule);
+                              `submit` ends the trial with its answer
         else                → tool results appended, next turn
 
 Guarantees: it uses only the public `openai` client (AsyncOpenAI, chat.completions.create), so what

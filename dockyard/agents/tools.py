@@ -3,9 +3,11 @@
     ToolConfig(kind, name, parameters, command) ──schemas──> [{"type": "function", "function": {...}}]
     (name, arguments JSON) ──Toolbox.call──> ToolResult(text for the model, or the submitted answer)
 
-Guarantees: a call the model got wrong (an unknown tool, arguments that are not a JSON object, a
-missing, unknown or ill-typed parameter) is answered with an error text the model reads as the tool's
-result, and the trial goes on; a command tool's arguments only ever replace `{name}` in its argv
+Guarantees: a call is judged by the same rule the endpoint's parsers apply
+(`dockyard.agents.tool_calls.ToolRules` over `schemas(tools)`, whose parameters refuse unknown keys):
+a call the model got wrong (an unknown tool, arguments that are not a JSON object, a missing, unknown
+or ill-typed parameter) reaches no sandbox and is answered with an error text the model reads as the
+tool's result, and the trial goes on; a command tool's arguments only ever replace `{name}` in its argv
 items, never pass through a shell (a `shell` tool is a shell by design, inside the session); a tool's
 text is clipped to `max_output_chars`. Sandbox failures (gRPC errors) propagate: they are the
 infrastructure's, not the policy's.
@@ -18,14 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dockyard.agents.session import CommandResult, SandboxSession
+from dockyard.agents.tool_calls import ToolRules
 from dockyard.config import ToolConfig
-
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-}
 
 
 def schemas(tools: list[ToolConfig]) -> list[dict[str, Any]]:
@@ -40,6 +36,7 @@ def schemas(tools: list[ToolConfig]) -> list[dict[str, Any]]:
             "type": "object",
             "properties": {name: {"type": kind} for name, kind in params.items()},
             "required": list(params),
+            "additionalProperties": False,  # a parameter the tool does not take is a mistake, not ignored
         }
         out.append({"type": "function", "function": function})
     return out
@@ -54,16 +51,19 @@ class ToolResult:
 class Toolbox:
     def __init__(self, tools: list[ToolConfig], session: SandboxSession, max_output_chars: int = 4096) -> None:
         self._tools = {t.name: t for t in tools}
+        self._rules = ToolRules(schemas(tools))
         self._session = session
         self._max_chars = max_output_chars
 
     async def call(self, name: str, arguments: str | dict[str, Any]) -> ToolResult:
-        tool = self._tools.get(name)
-        if tool is None:
-            return ToolResult(f"error: no tool {name!r}; the tools are {', '.join(self._tools)}")
-        args, error = _arguments(tool, arguments)
-        if error:
+        if isinstance(arguments, str):  # the OpenAI wire format carries them as JSON text
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError as exc:
+                return ToolResult(f"error: the arguments of {name} are not JSON: {exc.msg}")
+        if error := self._rules.arguments_error(name, arguments):
             return ToolResult(f"error: {error}")
+        tool, args = self._tools[name], arguments
         if tool.kind == "submit":
             return ToolResult("submitted", submitted=str(args["answer"]))
         if tool.kind == "read_file":
@@ -79,27 +79,6 @@ class Toolbox:
 
     def _clip(self, text: str) -> str:
         return text if len(text) <= self._max_chars else text[: self._max_chars] + "\n[truncated]"
-
-
-def _arguments(tool: ToolConfig, arguments: str | dict[str, Any]) -> tuple[dict[str, Any], str]:
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            return {}, f"the arguments of {tool.name} are not JSON: {exc.msg}"
-    if not isinstance(arguments, dict):
-        return {}, f"the arguments of {tool.name} must be a JSON object"
-    types = tool.parameter_types
-    if unknown := sorted(set(arguments) - set(types)):
-        return {}, f"{tool.name} has no parameter {', '.join(unknown)}; it takes {', '.join(types) or 'none'}"
-    for name, kind in types.items():
-        if name not in arguments:
-            return {}, f"{tool.name} needs the parameter {name} ({kind})"
-        value = arguments[name]
-        ok = isinstance(value, _JSON_TYPES[kind]) and not (kind in ("integer", "number") and isinstance(value, bool))
-        if not ok:
-            return {}, f"{tool.name}: {name} must be {'an' if kind[0] in 'ai' else 'a'} {kind}, not {value!r}"
-    return arguments, ""
 
 
 def _substitute(item: str, args: dict[str, Any]) -> str:

@@ -1,7 +1,9 @@
 """Malformed actions visible in a model's text: what grpo.invalid_action_penalty penalizes.
 
     model output text ─> unclosed_thinking ─> bool      (tool calls: services/endpoint/tool_parsers.py
-                                                           marks a call it could not parse as malformed)
+                                                           marks a call that is not a valid call of the
+                                                           request's tools, by dockyard/agents/tool_calls.py,
+                                                           as malformed)
 
 Guarantees: pure functions of the text; no I/O, no state. A chat template that opens the thinking
 block in the prompt (Qwen3's `<think>\\n` generation prompt) leaves a completion with a `</think>` and

@@ -9,7 +9,8 @@ base64 source) become `Chat.images` (bytes, in order), never silently dropped; a
 or data that is not base64, is a BadRequest naming the part (the endpoint fetches nothing); the
 multimodal gate itself runs in the app, which knows the job's limits. Tool-call arguments become
 dicts (a string that is not a JSON object is a BadRequest naming the message); a `tool_choice` naming a tool the
-request does not define is a BadRequest; the stream carries the same content,
+request does not define is a BadRequest, and so is a tool whose parameters are not a JSON schema the
+endpoint can judge calls by (`dockyard.agents.tool_calls.check_tools`); the stream carries the same content,
 tool calls and finish reason as the non-streamed reply (generation is not
 token-streamed by the rollout's Generate, so the finished completion is sent
 as chunks).
@@ -26,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from dockyard.agents.tool_calls import check_tools
 from services.endpoint.rendering import Message
 from services.endpoint.schemas import ChatCompletionRequest, ContentBlock, MessagesRequest
 
@@ -108,6 +110,13 @@ def _arguments(raw: str, where: str) -> dict:
     return value
 
 
+def _check_tools(tools: list[dict] | None) -> None:
+    try:
+        check_tools(tools)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+
+
 def _check_choice(choice_name: str | None, tools: list[dict] | None, field: str) -> None:
     if choice_name is not None and choice_name not in {t["function"]["name"] for t in tools or ()}:
         raise BadRequest(f"{field} names tool {choice_name!r}, which `tools` does not define")
@@ -142,6 +151,7 @@ def from_openai(body: ChatCompletionRequest) -> Chat:
             message["tool_call_id"] = m.tool_call_id or ""
         messages.append(message)
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    _check_tools(tools)
     if isinstance(body.tool_choice, dict):
         _check_choice((body.tool_choice.get("function") or {}).get("name"), tools, "tool_choice")
     if body.tool_choice == "none":
@@ -213,6 +223,7 @@ def from_anthropic(body: MessagesRequest) -> Chat:
         if body.tools
         else None
     )
+    _check_tools(tools)
     choice = body.tool_choice or {}
     if choice.get("type") == "tool":
         _check_choice(choice.get("name"), tools, "tool_choice.name")

@@ -10,10 +10,12 @@ Parsers, chosen by DOCKYARD_ENDPOINT_TOOL_PARSER or detected (`pick_parser`):
 - `none`: text only.
 
 Guarantees: a call is returned as structured only when every block parses as
-a JSON object with a string `name` of one of the request's tools and object
-`arguments`; anything else (malformed JSON, an unknown tool, an unclosed block,
-a parser error) returns the whole text as content with no calls and
-`malformed` set (what grpo.invalid_action_penalty penalizes), never raises.
+JSON and is a valid call of the request's tools by `dockyard.agents.tool_calls.ToolRules` (the keys
+`name` and `arguments` only, a tool's name, arguments a JSON object valid for its schema); anything
+else (malformed JSON, an unknown tool, a misnamed or missing key, arguments that are not an object or
+break the schema, an unclosed block) returns the whole text as content with no calls, `malformed` set
+(an invalid action: what grpo.invalid_action_penalty penalizes) and `error` saying why; a call is
+never repaired. Never raises; a `transformers` parser error on text is plain text (no attempted call).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
+from dockyard.agents.tool_calls import ToolRules
+
 PARSERS = ("auto", "transformers", "hermes", "none")
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -34,7 +38,12 @@ _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 class Parsed:
     content: str
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    malformed: bool = False  # the text tried a tool call that did not parse
+    malformed: bool = False  # the text tried a tool call that is not a valid call (an invalid action)
+    error: str = ""  # why, when malformed
+
+
+def _invalid(text: str, error: str) -> Parsed:
+    return Parsed(text, malformed=True, error=error)
 
 
 def call_id() -> str:
@@ -53,49 +62,44 @@ def pick_parser(setting: str, tokenizer: PreTrainedTokenizerBase) -> str:
     return "hermes"
 
 
-def _names(tools: list[dict] | None) -> set[str]:
-    return {t["function"]["name"] for t in tools or () if "function" in t}
-
-
 def parse_hermes(text: str, tools: list[dict] | None) -> Parsed:
     if "<tool_call>" not in text:
         return Parsed(text)
-    names = _names(tools)
+    rules = ToolRules(tools)
     blocks = list(_HERMES.finditer(text))
     if not blocks or text.count("<tool_call>") != len(blocks):
-        return Parsed(text, malformed=True)
+        return _invalid(text, "a <tool_call> block is not closed")
     calls = []
     for block in blocks:
         try:
             value = json.loads(block.group(1))
-        except ValueError:
-            return Parsed(text, malformed=True)
-        if not isinstance(value, dict) or value.get("name") not in names:
-            return Parsed(text, malformed=True)
-        arguments = value.get("arguments", {})
-        if not isinstance(arguments, dict):
-            return Parsed(text, malformed=True)
-        calls.append(_tool_call(value["name"], arguments))
+        except ValueError as exc:
+            return _invalid(text, f"a tool call is not JSON: {exc}")
+        if error := rules.call_error(value):
+            return _invalid(text, error)
+        calls.append(_tool_call(value["name"], value["arguments"]))
     return Parsed(_HERMES.sub("", text).strip(), calls)
 
 
 def parse_transformers(tokenizer: PreTrainedTokenizerBase, text: str, prefix: str, tools: list[dict] | None) -> Parsed:
     try:
         message = tokenizer.parse_response(text, prefix=prefix, tools=tools)
-        names = _names(tools)
-        calls = []
-        for call in message.get("tool_calls") or ():
-            function = call.get("function", call)
-            arguments = function.get("arguments", {})
-            if isinstance(arguments, str):
-                arguments = json.loads(arguments)
-            if function.get("name") not in names or not isinstance(arguments, dict):
-                return Parsed(text, malformed=True)
-            calls.append(_tool_call(function["name"], arguments))
-        return Parsed(message.get("content") or "", calls)
     except Exception:  # a response the schema does not describe is text, whatever the parser raised
         # Not flagged malformed: some schemas raise on plain text, which is no attempted call.
         return Parsed(text)
+    rules = ToolRules(tools)
+    calls = []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function", call) if isinstance(call, dict) else call
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            try:  # a template whose response schema leaves the arguments as JSON text
+                function = {**function, "arguments": json.loads(function["arguments"])}
+            except ValueError as exc:
+                return _invalid(text, f"the arguments of a tool call are not JSON: {exc}")
+        if error := rules.call_error(function):
+            return _invalid(text, error)
+        calls.append(_tool_call(function["name"], function["arguments"]))
+    return Parsed(message.get("content") or "", calls)
 
 
 def parse(

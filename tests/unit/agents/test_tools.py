@@ -41,7 +41,12 @@ def test_schemas_are_openai_function_tools() -> None:
         "type": "function",
         "function": {
             "name": "f",
-            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+            "parameters": {
+                "type": "object",
+                "properties": {"x": {"type": "integer"}},
+                "required": ["x"],
+                "additionalProperties": False,
+            },
         },
     }
     assert sh["function"]["parameters"]["required"] == ["command"]
@@ -66,10 +71,12 @@ async def test_calls_run_in_the_session_and_mistakes_come_back_as_text() -> None
         ("g", {}, "no tool 'g'"),
         ("f", "{x: 3", "not JSON"),
         ("f", "[3]", "must be a JSON object"),
-        ("f", {}, "needs the parameter x"),
-        ("f", {"x": "3"}, "x must be an integer"),
-        ("f", {"x": True}, "x must be an integer"),
-        ("f", {"x": 1, "y": 2}, "has no parameter y"),
+        ("f", "", "not JSON"),
+        ("f", {}, "'x' is a required property"),
+        ("f", {"x": "3"}, "arguments.x of f: '3' is not of type 'integer'"),
+        ("f", {"x": True}, "arguments.x of f: True is not of type 'integer'"),
+        ("f", {"x": 1, "y": 2}, "('y' was unexpected)"),
+        ("write", {"path": "a.txt"}, "'content' is a required property"),
     ]:
         result = await box.call(name, args)
         assert result.text.startswith("error: ") and says in result.text and result.submitted is None
