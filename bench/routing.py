@@ -32,6 +32,7 @@ import torch
 
 from dockyard.agents.contract import SESSION_HEADER
 from dockyard.api.rollout.v1 import rollout_pb2
+from dockyard.config import SamplingConfig
 from dockyard.models import build_char_tokenizer, build_random_model
 from services.endpoint.app import create_app
 from services.endpoint.backend import Backend, Generated, JobModel
@@ -77,7 +78,7 @@ class InProcessFleet(Backend):
     def __init__(self, replicas: list[TorchEngine], router: Router, random_routing: bool = False) -> None:
         self.router, self.engines = router, {f"rollout-{i}": e for i, e in enumerate(replicas)}
         self._members = (0.0, [])
-        self._model = JobModel(JOB, Renderer(replicas[0].tokenizer), "none", 16)
+        self._model = JobModel(JOB, Renderer(replicas[0].tokenizer), "none", 16, sampling=SamplingConfig())
         self._random = random.Random(0) if random_routing else None
 
     async def close(self) -> None: ...

@@ -27,6 +27,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 # The HTTP header that names a call's session (requests and replies).
 SESSION_HEADER = "X-Dockyard-Session"
+# The HTTP header of a completion's sampling law: every reply states what it was sampled with (the
+# job's settings, `temperature=0.8 top_p=1 top_k=0`); a request from the service token may send
+# SAMPLING_GREEDY in it (validation, never trained). Any other client value is ignored or refused.
+SAMPLING_HEADER = "X-Dockyard-Sampling"
+SAMPLING_GREEDY = "greedy"
 # What a session id may be made of, and its longest length: the endpoint refuses any other id (400),
 # and a worker that derives an id from a trajectory id replaces other characters.
 SESSION_ID_CHARS = "A-Za-z0-9._:-"

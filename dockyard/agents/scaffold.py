@@ -9,8 +9,10 @@
         else                → tool results appended, next turn
 
 Guarantees: it uses only the public `openai` client (AsyncOpenAI, chat.completions.create), so what
-it does an external scaffold can do; every turn is sampled with the trial's sampling settings and a
-seed derived from the trial's seed and the turn number (a resumed job samples alike); the trial ends
+it does an external scaffold can do, except that a validation trial (temperature 0) asks for greedy
+decoding (SAMPLING_HEADER, the service token's only); every other turn is sampled with the job's
+settings, which the endpoint enforces whatever a client sends, and a seed derived from the trial's
+seed and the turn number (a resumed job samples alike); the trial ends
 with finish_reason "submit" or "answer", or, when a budget runs out, "turns", "tokens" (the
 endpoint's usage says the sequence reached `max_tokens`, or a 400 says the prompt outgrew the model's
 context) or "time" (checked before each turn and
@@ -27,6 +29,7 @@ from typing import Any
 
 import openai
 
+from dockyard.agents.contract import SAMPLING_GREEDY, SAMPLING_HEADER
 from dockyard.agents.tools import Toolbox, schemas
 from dockyard.config import SamplingConfig, ToolConfig
 
@@ -74,6 +77,8 @@ async def run_scaffold(
         return Outcome(answer, reason, turns, messages, clock["model"], clock["tool"])
 
     tool_schemas = schemas(tools)
+    # The endpoint samples with the job's temperature/top_p/top_k; only greedy validation is asked for.
+    headers = {SAMPLING_HEADER: SAMPLING_GREEDY} if sampling.temperature == 0 else None
     used = 0  # tokens of the sequence after the last turn (the endpoint's usage)
     for turn in range(budget.max_turns):
         left = deadline - time.monotonic()
@@ -89,12 +94,11 @@ async def run_scaffold(
                     model=model,
                     messages=messages,
                     tools=tool_schemas,
-                    temperature=sampling.temperature,
-                    top_p=sampling.top_p,
                     max_tokens=min(sampling.max_new_tokens, room),
                     stop=sampling.stop_strings or None,
                     seed=None if seed is None else seed * 1009 + turn,
                     extra_body={"ignore_eos": True} if sampling.ignore_eos else None,  # the endpoint's vLLM extension
+                    extra_headers=headers,
                 ),
                 timeout=left,
             )

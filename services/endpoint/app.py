@@ -19,7 +19,10 @@ session key (`Authorization: Bearer` or `x-api-key`), else 401. A call's
 session is its `X-Dockyard-Session` header, else its session key's; the reply
 names it in `X-Dockyard-Session`. A call with neither is served but not
 recorded (nothing could continue it). Calls of one session run
-one at a time. Image parts pass the job's multimodal gate (dockyard/images.py) before any replica
+one at a time. Every completion samples under the job's `policy.generation` temperature, top_p and
+top_k, whatever the client sent, and its reply's `X-Dockyard-Sampling` header says which; only the
+service token may ask for greedy decoding (`X-Dockyard-Sampling: greedy`, validation), a session
+key that asks is a 401. Image parts pass the job's multimodal gate (dockyard/images.py) before any replica
 is asked: off, over its limits or unreadable is a 400 naming the key or the numbers; a turn with
 images is rendered afresh as its own segment, and the ids the rollout reports (image tokens
 included) are what the trajectory records. Errors are JSON `{"type": "error", "error": {"type", "message"}}`
@@ -41,7 +44,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from dockyard.agents.contract import SESSION_HEADER, SessionDeleted, SessionOpened
+from dockyard.agents.contract import (
+    SAMPLING_GREEDY,
+    SAMPLING_HEADER,
+    SESSION_HEADER,
+    SessionDeleted,
+    SessionOpened,
+)
 from services.endpoint.auth import Gate, Unauthorized
 from services.endpoint.backend import Backend, GenerateRefused, ReplicaLost, UnknownModel
 from services.endpoint.convert import (
@@ -58,7 +67,7 @@ from services.endpoint.routing import AdmissionRefused
 from services.endpoint.schemas import ChatCompletionRequest, MessagesRequest
 from services.endpoint.sessions import SessionEnded, SessionLimit, SessionStore
 from services.endpoint.settings import EndpointSettings
-from services.endpoint.turns import take_turn
+from services.endpoint.turns import Served, take_turn
 
 # Each refusal the endpoint raises, as its status code and error type.
 ERRORS: tuple[tuple[type[Exception], int, str], ...] = (
@@ -127,11 +136,31 @@ def create_app(settings: EndpointSettings, token: str | None, backend: Backend |
         ]
         return {"object": "list", "data": data}
 
+    def greedy(request: Request) -> bool:
+        """Whether the call asks for greedy decoding (a validation trial's): the service token's only."""
+        asked = request.headers.get(SAMPLING_HEADER)
+        if asked is None:
+            return False
+        if asked != SAMPLING_GREEDY:
+            raise BadRequest(
+                f"{SAMPLING_HEADER}: the only value a request may send is {SAMPLING_GREEDY!r}; the job's "
+                "sampling settings are authoritative"
+            )
+        if gate.authorize(request) is not None:
+            raise Unauthorized(
+                f"{SAMPLING_HEADER}: {SAMPLING_GREEDY} is for validation calls with the service token; a session "
+                "samples with the job's settings"
+            )
+        return True
+
+    def reply_headers(session_id: str | None, served: Served) -> dict[str, str]:
+        return {SAMPLING_HEADER: served.sampling.header(), **({SESSION_HEADER: session_id} if session_id else {})}
+
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         session_id = gate.session_of(request)
-        served = await take_turn(app.state.backend, store, body.model, from_openai(body), session_id)
-        headers = {SESSION_HEADER: session_id} if session_id else {}
+        served = await take_turn(app.state.backend, store, body.model, from_openai(body), session_id, greedy(request))
+        headers = reply_headers(session_id, served)
         if body.stream:
             with_usage = bool((body.stream_options or {}).get("include_usage"))
             stream = openai_chunks(body.model, served.choices, served.usage, body.logprobs, with_usage)
@@ -141,8 +170,10 @@ def create_app(settings: EndpointSettings, token: str | None, backend: Backend |
     @app.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request):
         session_id = gate.session_of(request)
-        served = await take_turn(app.state.backend, store, body.model, from_anthropic(body), session_id)
-        headers = {SESSION_HEADER: session_id} if session_id else {}
+        served = await take_turn(
+            app.state.backend, store, body.model, from_anthropic(body), session_id, greedy(request)
+        )
+        headers = reply_headers(session_id, served)
         if body.stream:
             stream = anthropic_events(body.model, served.choices[0], served.usage)
             return StreamingResponse(stream, media_type="text/event-stream", headers=headers)

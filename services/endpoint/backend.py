@@ -1,6 +1,7 @@
 """The endpoint's view of the fleet, over gRPC only: running jobs, their tokenizers, replicas, Generate.
 
     model (= job id) ──Jobs.renderer──> GetJob ─> <run_dir>/config.yaml ─> load_tokenizer ─> Renderer (cached)
+                                                                       └─> policy.generation (the sampling law)
     session ──pick──> ListMembers: ALIVE rollout replicas holding the job ──Router.route──> sticky, else least
         loaded (services/endpoint/routing.py; a new session may wait for admission)
     prompt ids ──complete──> RolloutService.Generate(prompt_token_ids) on that replica
@@ -34,7 +35,7 @@ import grpc
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
-from dockyard.config import load_config_text
+from dockyard.config import SamplingConfig, load_config_text
 from dockyard.images import ImageLimits
 from dockyard.models.load import load_tokenizer
 from dockyard.rpc.client import connect
@@ -66,6 +67,8 @@ class JobModel:
     parser: str
     max_new_tokens: int
     images: ImageLimits = field(default_factory=ImageLimits)  # the job's multimodal gate
+    # The job's policy.generation: every turn samples with its temperature/top_p/top_k (turns.turn_sampling).
+    sampling: SamplingConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +170,7 @@ class Backend:
             pick_parser(self._tool_parser, tokenizer),
             cfg.policy.generation.max_new_tokens,
             ImageLimits.from_generation(cfg.policy.generation),
+            sampling=cfg.policy.generation,
         )
 
     async def _replicas(self, job_id: str) -> list[Replica]:

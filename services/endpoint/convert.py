@@ -1,13 +1,16 @@
 """OpenAI and Anthropic bodies <-> the chat-template messages and tools the recorder works on; replies.
 
-    ChatCompletionRequest | MessagesRequest ──to_chat──> Chat(messages, tools, sampling)
+    ChatCompletionRequest | MessagesRequest ──to_chat──> Chat(messages, tools, n, max_tokens, stop, seed)
     Choice (parsed text + tokens) ──openai_reply / anthropic_reply──> JSON body
                                   ──openai_chunks / anthropic_events──> SSE lines
 
 Guarantees: image parts (OpenAI `image_url` with a data: URL, Anthropic `image` blocks with a
 base64 source) become `Chat.images` (bytes, in order), never silently dropped; an image by http URL,
 or data that is not base64, is a BadRequest naming the part (the endpoint fetches nothing); the
-multimodal gate itself runs in the app, which knows the job's limits. Tool-call arguments become
+multimodal gate itself runs in the app, which knows the job's limits. A client's temperature, top_p
+and top_k (top level or in `extra_body`) are not carried: the job's settings are authoritative
+(turns.turn_sampling); what a Chat keeps (n, max_tokens, stop, seed, ignore_eos) shapes the reply,
+never the sampling law the trainer assumes. Tool-call arguments become
 dicts (a string that is not a JSON object is a BadRequest naming the message); a `tool_choice` naming a tool the
 request does not define is a BadRequest, and so is a tool whose parameters are not a JSON schema the
 endpoint can judge calls by (`dockyard.agents.tool_calls.check_tools`); the stream carries the same content,
@@ -43,9 +46,6 @@ class Chat:
     messages: list[Message]
     tools: list[dict] | None
     n: int
-    temperature: float
-    top_p: float
-    top_k: int
     max_tokens: int | None
     stop: list[str]
     seed: int | None
@@ -160,9 +160,6 @@ def from_openai(body: ChatCompletionRequest) -> Chat:
         messages=messages,
         tools=tools,
         n=body.n,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=body.top_p or 1.0,
-        top_k=body.top_k or 0,
         max_tokens=body.max_completion_tokens or body.max_tokens,
         stop=_stops(body.stop),
         seed=body.seed,
@@ -233,9 +230,6 @@ def from_anthropic(body: MessagesRequest) -> Chat:
         messages=messages,
         tools=tools,
         n=1,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=body.top_p or 1.0,
-        top_k=body.top_k or 0,
         max_tokens=body.max_tokens,
         stop=_stops(body.stop_sequences),
         seed=None,

@@ -5,7 +5,9 @@ validation); unknown top-level fields that clients commonly send (`user`,
 `presence_penalty`, `metadata`, ...) are ignored rather than refused; sampling
 values are bounded here (n 1..16, temperature 0..2, top_p (0, 1], at most 16
 stop strings), so nothing out of range reaches a replica. Chat completions also
-take vLLM's extensions `top_k` and `ignore_eos`.
+take vLLM's extensions `top_k` and `ignore_eos`. A client's temperature, top_p and
+top_k are checked against the API's bounds (a client learns it sent nonsense) and
+then ignored: the job's sampling settings are authoritative (services/endpoint/turns.py).
 """
 
 from __future__ import annotations

@@ -2,13 +2,15 @@
 
     Chat ──images? gate_images──> Session.plan | plan_fresh ──> prompt ids ──Backend.complete──> completions
         ──choices_of──> the reply's choices (content, tool calls) + what the session records (Sampled)
+    job's policy.generation ──turn_sampling──> the turn's temperature/top_p/top_k (the reply's SAMPLING_HEADER)
 
 Guarantees: calls of one session run one at a time (the session's lock), from planning to recording;
 images pass the job's multimodal gate before any replica is asked (a BadRequest, a 400, otherwise);
 a turn is recorded only from a finished reply, so a failed call leaves the session as it was; a
 session that already took a turn and loses its replica with none left ends (later calls are
 SessionEnded) and leaves the router; a call without a session is served by a one-off session the
-store never holds, so it is not recorded anywhere.
+store never holds, so it is not recorded anywhere. Every turn samples under the job's law
+(turn_sampling, the one home of that rule), whatever the client asked, and the reply says which.
 """
 
 from __future__ import annotations
@@ -19,23 +21,59 @@ from dataclasses import dataclass
 from dockyard.algorithms.malformed import unclosed_thinking
 from dockyard.api.common.v1 import common_pb2
 from dockyard.images import ImageRejected, gate_images
-from services.endpoint.backend import Backend, JobModel, Prompted, ReplicaLost
+from services.endpoint.backend import Backend, GenerateRefused, JobModel, Prompted, ReplicaLost
 from services.endpoint.convert import BadRequest, Chat, Choice, reply_message
 from services.endpoint.sessions import Sampled, Session, SessionStore
 from services.endpoint.tool_parsers import parse
 
 
+@dataclass(frozen=True)
+class TurnSampling:
+    """The sampling law a turn is drawn under (top_k 0 = off), as the reply's SAMPLING_HEADER states it."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+
+    def header(self) -> str:
+        return f"temperature={self.temperature:g} top_p={self.top_p:g} top_k={self.top_k}"
+
+
+def turn_sampling(job: JobModel, greedy: bool = False) -> TurnSampling:
+    """Which sampling settings a turn uses: the job's policy.generation temperature, top_p and top_k.
+
+    The client's values (OpenAI temperature/top_p, vLLM's top_k in `extra_body`, Anthropic
+    temperature/top_p/top_k) never count: the trainer recomputes logprobs at the job's temperature,
+    so a turn sampled under any other law would train with wrong importance ratios, silently.
+    `greedy` is a validation call's (the service token's SAMPLING_HEADER: greedy): temperature 0,
+    and its tokens are never trained. A job served without generation settings is refused rather
+    than sampled under a law the trainer does not know.
+    """
+    law = job.sampling
+    if law is None:
+        raise GenerateRefused(
+            f"model {job.job_id!r} has no policy.generation settings: the endpoint cannot sample under the "
+            "law the trainer assumes"
+        )
+    return TurnSampling(0.0 if greedy else law.temperature, law.top_p, law.top_k)
+
+
 @dataclass
 class Served:
-    """A call's reply: its choices, and the OpenAI-style token usage."""
+    """A call's reply: its choices, the OpenAI-style token usage, and the sampling law it was drawn under."""
 
     choices: list[Choice]
     usage: dict[str, int]
+    sampling: TurnSampling
 
 
-async def take_turn(backend: Backend, store: SessionStore, model_id: str, chat: Chat, session_id: str | None) -> Served:
-    """Serve one call of `session_id` (None: not recorded) with the job `model_id`'s current policy."""
+async def take_turn(
+    backend: Backend, store: SessionStore, model_id: str, chat: Chat, session_id: str | None, greedy: bool = False
+) -> Served:
+    """Serve one call of `session_id` (None: not recorded) with the job `model_id`'s current policy, under
+    the job's sampling law (greedy: a validation call's)."""
     job = await backend.model(model_id)
+    law = turn_sampling(job, greedy)
     session = store.open(session_id) if session_id else Session("", store.max_turns, 0.0)
     images = None
     if chat.images:  # the job's multimodal gate, before any replica is asked
@@ -51,7 +89,7 @@ async def take_turn(backend: Backend, store: SessionStore, model_id: str, chat: 
             plan = await asyncio.to_thread(session.plan, job.renderer, chat.messages, chat.tools)
         try:
             generated = await backend.complete(
-                model_id, session_id, plan.prompt_ids, chat.n, sampling_params(chat, job), images
+                model_id, session_id, plan.prompt_ids, chat.n, sampling_params(chat, job, law), images
             )
         except ReplicaLost as exc:
             if session.turns:  # mid-session and no replica to go on with: the trial ends
@@ -71,15 +109,16 @@ async def take_turn(backend: Backend, store: SessionStore, model_id: str, chat: 
         "completion_tokens": sum(len(c.token_ids) for c in generated.completions),
     }
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-    return Served(choices, usage)
+    return Served(choices, usage, law)
 
 
-def sampling_params(chat: Chat, job: JobModel) -> common_pb2.SamplingParams:
-    """The call's sampling as Generate takes it; no max_tokens is the job's max_new_tokens."""
+def sampling_params(chat: Chat, job: JobModel, law: TurnSampling) -> common_pb2.SamplingParams:
+    """The call's sampling as Generate takes it: the turn's law, and the client's length, stops and seed
+    (no max_tokens is the job's max_new_tokens)."""
     return common_pb2.SamplingParams(
-        temperature=chat.temperature,
-        top_p=chat.top_p,
-        top_k=chat.top_k,
+        temperature=law.temperature,
+        top_p=law.top_p,
+        top_k=law.top_k,
         max_new_tokens=chat.max_tokens or job.max_new_tokens,
         stop=chat.stop,
         seed=chat.seed,

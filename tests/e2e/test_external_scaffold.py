@@ -7,6 +7,11 @@ trial's session container, whose only route is the endpoint; litellm's calls car
 session's key, so the endpoint records them in the trial's session; the trial is scored, and its
 tokens (sampled ones with loss mask 1) reach the buffer and the trainer. The tiny warm start (one
 step) writes nonsense, which is fine: the test is that the loop runs, scores and trains.
+
+The job samples at temperature 0.8 while mini asks litellm for 0.3 (`model.model_kwargs.temperature`):
+the job's sampling settings are authoritative, so the endpoint samples at 0.8 and the trainer's
+recomputed logprobs (at 0.8) match the recorded ones as closely as the built-in scaffold's do. With
+the client's temperature honoured, the mismatch is orders of magnitude larger.
 """
 
 from __future__ import annotations
@@ -26,6 +31,21 @@ from tests.e2e.conftest import DOCKYARD
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 CONFIG = REPO_ROOT / "examples" / "configs" / "tiny_agent_external.yaml"
+JOB_TEMPERATURE = 0.8
+CLIENT_TEMPERATURE = 0.3
+# The built-in scaffold's bound (tests/e2e/test_tiny_agent_learns.py): CPU float32 measures about 1e-7.
+MAX_LOGPROB_MISMATCH = 1e-4
+
+
+def client_temperature_config(folder: Path) -> Path:
+    """The recipe with the job at JOB_TEMPERATURE and mini sending CLIENT_TEMPERATURE with every call."""
+    config = yaml.safe_load(CONFIG.read_text())
+    config["policy"]["generation"]["temperature"] = JOB_TEMPERATURE
+    scaffold = config["env"]["scaffold"]
+    scaffold["command"] += f' -c "model.model_kwargs.temperature={CLIENT_TEMPERATURE}"'
+    path = folder / CONFIG.name
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +68,7 @@ def test_an_unchanged_pypi_scaffold_runs_trials_that_are_scored_and_trained(tmp_
             str(DOCKYARD),
             "run",
             "--prepare",
-            str(CONFIG),
+            str(client_temperature_config(tmp_path)),
             f"policy.model_name={tmp_path / 'model'}",
             "policy.bootstrap.steps=1",
             f"logger.log_dir={runs}",
@@ -75,7 +95,9 @@ def test_an_unchanged_pypi_scaffold_runs_trials_that_are_scored_and_trained(tmp_
     [run_dir] = [p for p in runs.iterdir() if p.name != "logs"]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     [train] = [r for r in records if r["kind"] == "train"]
-    print(json.dumps({k: v for k, v in train.items() if k.startswith(("agent_", "num_", "invalid", "loss"))}))
+    print(
+        json.dumps({k: v for k, v in train.items() if k.startswith(("agent_", "num_", "invalid", "loss", "gen_train"))})
+    )
     # Both trials ran mini-swe-agent to an end of its own (or the time limit), and were scored.
     assert train["agent_trials"] == 2, train
     assert sum(v for k, v in train.items() if k.startswith("agent_finish_")) == 2, train
@@ -85,3 +107,5 @@ def test_an_unchanged_pypi_scaffold_runs_trials_that_are_scored_and_trained(tmp_
     assert 0.0 < train["agent_masked_fraction"] < 1.0, train
     assert train["num_trajectories"] - train["invalid_trajectories"] >= 1, train
     assert train["num_segments"] >= 1, train
+    # The client's temperature did not change the sampling law the trainer assumes.
+    assert train["gen_train_logprob_abs_diff"] < MAX_LOGPROB_MISMATCH, train

@@ -16,6 +16,7 @@ import pytest
 
 from dockyard.agents.contract import SESSION_HEADER
 from dockyard.api.rollout.v1 import rollout_pb2
+from dockyard.config import SamplingConfig
 from dockyard.models.tokenizer import build_char_tokenizer
 from services.endpoint.app import create_app
 from services.endpoint.backend import Generated, JobModel, ReplicaLost, UnknownModel
@@ -31,7 +32,7 @@ AN_TOOLS = [{"name": "add", "input_schema": {"type": "object"}}]
 
 class ScriptedBackend:
     def __init__(self) -> None:
-        self.model_ = JobModel("job-1", Renderer(build_char_tokenizer()), "hermes", 16)
+        self.model_ = JobModel("job-1", Renderer(build_char_tokenizer()), "hermes", 16, sampling=SamplingConfig())
         self.script: list[str] = []
         self.prompts: list[list[int]] = []
         self.images: list = []  # what each call carried besides ids (Prompted), or None
