@@ -99,6 +99,7 @@ def fleet_summary(metrics: dict[str, float]) -> list[str]:
         lines.append(
             f"{'fleet:':<14}regenerated groups {metrics['regenerated_groups']:.0f}  "
             f"sandbox retries {metrics.get('sandbox_retries', 0):.0f}"
+            + (f"  scaffold errors {metrics['scaffold_errors']:.0f}" if "scaffold_errors" in metrics else "")
         )
     for key in sorted(metrics):
         if key.startswith("replica_") and key.endswith("_groups"):

@@ -136,6 +136,19 @@ class ScaffoldConfig(Section):
         ),
     )
 
+    max_error_fraction: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description=(
+            "The job fails when more than this fraction of a step's worth of training trials "
+            "(`num_prompts_per_step` × `num_generations_per_prompt`) are scaffold errors (a non-zero "
+            "exit, the time limit, unreadable output, no model call), naming the scaffold and its last "
+            "error; below it each is a masked trial, counted in `scaffold_errors`. `1.0`: never."
+        ),
+    )
+
     @model_validator(mode="after")
     def _env_names(self) -> ScaffoldConfig:
         for name in self.env:

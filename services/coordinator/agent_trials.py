@@ -19,7 +19,11 @@ the whole group be generated again (at most max_regenerations times, counted; th
 propagates), never trained on half a trajectory; a trial the sandbox could not serve, or the endpoint
 refused, becomes an invalid trajectory (ERROR verdict, masked); a trial that ran out of turns, tokens or
 time is scored as it stands, and its finish_reason says which budget; both sessions are closed
-whatever happens, and a trial's recorded tokens are cut to grpo.max_trial_tokens.
+whatever happens, and a trial's recorded tokens are cut to grpo.max_trial_tokens. An external
+scaffold's failure (a non-zero exit, the time limit, garbage output, or no model call: its session
+has nothing recorded, which the endpoint may answer with a 404) is a masked trial of no tokens, its
+verdict ERROR with SCAFFOLD_ERROR_PREFIX and Trial.scaffold_error / output_tail saying why; it is
+counted (scaffold_errors.py), and only too many of them in a step fail the job (ScaffoldFailing).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import openai
 import structlog
 
 from dockyard.agents.contract import SESSION_HEADER, SESSION_ID_CHARS, SessionOpened, SessionStatus, TrajectoryDocument
-from dockyard.agents.external import run_external
+from dockyard.agents.external import SCAFFOLD_ERROR_PREFIX, ScaffoldRun, run_external, scaffold_name
 from dockyard.agents.scaffold import Budget, Outcome, TrialLost, TrialRefused, run_scaffold
 from dockyard.agents.session import SandboxSession
 from dockyard.agents.tools import Toolbox
@@ -49,6 +53,7 @@ from dockyard.rpc.retry import OVERLOADED, PEER_LOST
 from dockyard.tasks import swe
 from dockyard.tasks.task import Task
 from services.coordinator.fleet import Fleet, Member
+from services.coordinator.scaffold_errors import ScaffoldErrors
 
 # Environments whose sessions open on a task of a task set and are scored by ScoreSession.
 TASK_SESSION_ENVS = ("swe", "terminal_bench", "gdpval")
@@ -79,6 +84,7 @@ class AgentTrials:
         token: str,
         max_regenerations: int,
         wait_timeout: float,
+        transport: httpx.AsyncBaseTransport | None = None,  # the endpoint's session reads; None: the network
     ) -> None:
         self.job_id, self.config, self.fleet = job_id, config, fleet
         self._score, self._limits = score, limits
@@ -86,10 +92,22 @@ class AgentTrials:
         self._token = token or "none"
         self._max_regenerations = max_regenerations
         self._wait_timeout = wait_timeout
+        self._transport = transport
         self._slots = asyncio.Semaphore(config.grpo.max_concurrent_trials)
         self._http: httpx.AsyncClient | None = None
         self._client: openai.AsyncOpenAI | None = None
         self.regenerated_groups = 0
+        scaffold, grpo = config.env.scaffold, config.grpo
+        # The external scaffold's failures: counted, and the job's end when too many (None: built-in scaffold).
+        self.scaffold_errors = (
+            ScaffoldErrors(
+                scaffold_name(scaffold),
+                scaffold.max_error_fraction,
+                grpo.num_prompts_per_step * grpo.num_generations_per_prompt,
+            )
+            if scaffold is not None
+            else None
+        )
         # Figures of finished trials since the last take_stats: turns, tokens, masked fraction, budgets hit.
         self._stats: list[dict[str, float | str]] = []
 
@@ -97,7 +115,7 @@ class AgentTrials:
         if self._client is None:
             grpo = self.config.grpo
             # Model calls through the openai client (as any scaffold makes them); session reads through httpx.
-            self._http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0))
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0), transport=self._transport)
             self._client = openai.AsyncOpenAI(
                 base_url=f"{self._base}/v1", api_key=self._token, max_retries=0, timeout=grpo.max_trial_seconds + 60.0
             )
@@ -132,7 +150,7 @@ class AgentTrials:
                 asyncio.create_task(self.trial(task, f"{group_id}/{i}", seed * 1_000 + i, sampling)) for i in range(n)
             ]
             try:
-                return list(await asyncio.gather(*trials))
+                finished = list(await asyncio.gather(*trials))
             except TrialLost as exc:
                 for t in trials:
                     t.cancel()
@@ -143,6 +161,10 @@ class AgentTrials:
                 log.warning(
                     "a trial lost its endpoint or replica; generating the group again", group=group_id, error=str(exc)
                 )
+                continue
+            if self.scaffold_errors is not None:  # ScaffoldFailing when a step's worth holds too many
+                self.scaffold_errors.count([t.error_line() for t in finished])
+            return finished
         raise AssertionError("unreachable")
 
     async def validation_trial(self, task: Task, request_id: str, sampling: SamplingConfig) -> common_pb2.Trajectory:
@@ -183,9 +205,11 @@ class AgentTrials:
         grpo, tools = self.config.grpo, self.config.env.tools
         seconds = min(grpo.max_trial_seconds, task.max_seconds or grpo.max_trial_seconds)  # the task's own limit
         budget = Budget(grpo.max_rollout_turns, grpo.max_trial_tokens, seconds)
+        run: ScaffoldRun | None = None
         try:
             if self.config.env.scaffold is not None:
-                outcome = await self._external(task, sandbox, api_key, budget, sampling, trajectory_id)
+                run = await self._external(task, sandbox, api_key, budget, sampling)
+                outcome = run.outcome
             else:
                 _, base = self._clients()
                 client = base.with_options(default_headers={SESSION_HEADER: session_id})
@@ -195,11 +219,18 @@ class AgentTrials:
             return Trial(_invalid(trajectory_id, str(exc)))
         except grpc.aio.AioRpcError as exc:
             return Trial(_invalid(trajectory_id, f"the sandbox session failed: {exc.code().name}: {exc.details()}"))
-        recorded = await self._recorded(session_id)
-        if self.config.env.scaffold is not None:
-            outcome.turns = recorded.turns  # the endpoint counted the scaffold's calls
-        if recorded.status != SessionStatus.OK:
+        # An external scaffold's session that nothing was recorded in may be unknown to the endpoint (None).
+        recorded = await self._recorded(session_id, missing_ok=run is not None)
+        if recorded is not None and recorded.status != SessionStatus.OK:
             raise TrialLost(f"trial {trajectory_id}: {recorded.error or 'the endpoint session ended'}")
+        if run is not None:
+            sampled = recorded is not None and any(1 in s.loss_mask for s in recorded.segments)
+            error = run.error or ("" if sampled else "made no model call (the endpoint recorded no sampled token)")
+            if error:
+                return _scaffold_error(trajectory_id, run, error, scaffold_name(self.config.env.scaffold))
+            assert recorded is not None
+            outcome.turns = recorded.turns  # the endpoint counted the scaffold's calls
+        assert recorded is not None
         tokens = trial_tokens(recorded, grpo.max_trial_tokens)
         if not tokens.segments:
             return Trial(_invalid(trajectory_id, "the trial recorded no sampled token"))
@@ -243,14 +274,14 @@ class AgentTrials:
         return Trial(trajectory, conversation)
 
     async def _external(
-        self, task: Task, sandbox: SandboxSession, api_key: str, budget: Budget, sampling: SamplingConfig, trial: str
-    ) -> Outcome:
+        self, task: Task, sandbox: SandboxSession, api_key: str, budget: Budget, sampling: SamplingConfig
+    ) -> ScaffoldRun:
         """The configured scaffold, unchanged, in the session; a container that died is TrialRefused (masked)."""
         scaffold = self.config.env.scaffold
         assert scaffold is not None
         if not sandbox.endpoint_url:
             raise TrialRefused("the sandbox session has no route to the policy endpoint")
-        outcome, tail = await run_external(
+        run = await run_external(
             sandbox,
             scaffold,
             endpoint_url=sandbox.endpoint_url,
@@ -260,9 +291,7 @@ class AgentTrials:
             budget=budget,
             max_new=sampling.max_new_tokens,
         )
-        if outcome.finish_reason != "exit":
-            log.info("an external scaffold ended", trial=trial, finish=outcome.finish_reason, output=tail[-500:])
-        return outcome
+        return run
 
     async def _new_endpoint_session(self) -> tuple[str, str]:
         """(session id, its key) from POST /v1/sessions; TrialLost when the endpoint cannot open one."""
@@ -333,8 +362,9 @@ class AgentTrials:
             await asyncio.sleep(pause)  # sessions close as trials end
             pause = min(pause * 2, 1.0)
 
-    async def _recorded(self, session_id: str) -> TrajectoryDocument:
-        """The session's trajectory document; ContractError when the endpoint's reply is not one."""
+    async def _recorded(self, session_id: str, missing_ok: bool = False) -> TrajectoryDocument | None:
+        """The session's trajectory document (None for a 404 when `missing_ok`: a session that recorded
+        no call); ContractError when the endpoint's reply is not one."""
         http, _ = self._clients()
         try:
             reply = await http.get(
@@ -342,6 +372,8 @@ class AgentTrials:
             )
         except httpx.HTTPError as exc:
             raise TrialLost(f"reading session {session_id}'s trajectory: {exc}") from exc
+        if reply.status_code == 404 and missing_ok:
+            return None
         if reply.status_code != 200:
             raise TrialLost(f"reading session {session_id}'s trajectory: {reply.status_code} {reply.text[:200]}")
         return TrajectoryDocument.parse(reply.content)
@@ -363,6 +395,14 @@ class Trial:
 
     trajectory: common_pb2.Trajectory
     conversation: list[dict] = field(default_factory=list)
+    scaffold_error: str = ""  # why the external scaffold failed ("": it did not), its output's tail below
+    output_tail: str = ""
+
+    def error_line(self) -> str:
+        """The scaffold error with the end of its output, as the job's message would give it ("" if none)."""
+        if not self.scaffold_error:
+            return ""
+        return f"{self.scaffold_error}; its output ends: {self.output_tail[-500:]!r}"
 
 
 def _invalid(trajectory_id: str, error: str) -> common_pb2.Trajectory:
@@ -374,3 +414,18 @@ def _invalid(trajectory_id: str, error: str) -> common_pb2.Trajectory:
         verdict=common_pb2.Verdict(status=common_pb2.VERDICT_STATUS_ERROR, error_message=error),
         finish_reason="error",
     )
+
+
+def _scaffold_error(trajectory_id: str, run: ScaffoldRun, error: str, scaffold: str) -> Trial:
+    """The scaffold's own failure: masked like an infrastructure error (no tokens, out of every statistic),
+    marked so that it is counted as the scaffold's, with the tail of its output."""
+    log.warning("an external scaffold failed", trajectory=trajectory_id, error=error, output=run.output_tail[-500:])
+    trajectory = common_pb2.Trajectory(
+        trajectory_id=trajectory_id,
+        valid=False,
+        verdict=common_pb2.Verdict(
+            status=common_pb2.VERDICT_STATUS_ERROR, error_message=f"{SCAFFOLD_ERROR_PREFIX}{scaffold}: {error}"
+        ),
+        finish_reason=run.outcome.finish_reason,
+    )
+    return Trial(trajectory, scaffold_error=error, output_tail=run.output_tail)

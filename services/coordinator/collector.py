@@ -25,6 +25,10 @@ wait timeout), and when none can score it, its verdict is ERROR. A group with
 more than `max_invalid_fraction` of its trajectories invalid is generated
 again (at most `max_regenerations` times, counted in regenerated_groups), and
 after that raises GroupUnscorable: it is never trained on the few that scored.
+An external scaffold's failures (scaffold errors, services/coordinator/scaffold_errors.py) are masked
+trials that do not count as invalid here: a group is not generated again for them (the scaffold would
+most likely fail again); a group with no valid trial left raises GroupUnscorable at once (counted as
+failed, left out, its first error in groups.jsonl). Every scaffold error's output tail goes to samples.
 
 Guarantees: an infrastructure failure (sandbox ERROR, an unreachable or
 overloaded sandbox) becomes an invalid trajectory, masked out of every group
@@ -53,6 +57,7 @@ from typing import Protocol, TypeVar
 import grpc
 import structlog
 
+from dockyard.agents.external import is_scaffold_error
 from dockyard.algorithms.malformed import unclosed_thinking
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.rollout.v1 import rollout_pb2
@@ -113,10 +118,12 @@ class CollectStats:
 @dataclass(frozen=True)
 class CollectionCounters:
     """What the collector counted since the job started: groups (and agent trials) generated again after
-    a lost replica or too many invalid trajectories, and scoring calls retried on another sandbox worker."""
+    a lost replica or too many invalid trajectories, scoring calls retried on another sandbox worker, and
+    an external scaffold's failed training trials (None without one)."""
 
     regenerated_groups: int
     sandbox_retries: int
+    scaffold_errors: int | None = None
 
 
 class ReplicaLost(Exception):
@@ -209,7 +216,10 @@ class Collector:
     def counters(self) -> CollectionCounters:
         """The job's running totals (agent trials' regenerations included); callers take differences."""
         agent = self.agent.regenerated_groups if self.agent is not None else 0
-        return CollectionCounters(self.regenerated_groups + agent, self.sandbox_retries)
+        errors = self.agent.scaffold_errors if self.agent is not None else None
+        return CollectionCounters(
+            self.regenerated_groups + agent, self.sandbox_retries, errors.total if errors is not None else None
+        )
 
     async def endpoint_routing(self) -> dict | None:
         """The policy endpoint's routing snapshot (AgentTrials.routing); None without agent trials or an answer."""
@@ -373,8 +383,16 @@ class Collector:
         max_invalid_fraction of its trajectories failed in the sandbox, then GroupUnscorable."""
         for attempt in range(self._max_regenerations + 1):
             group = await self._make_group_once(task, group_id, seed)
-            invalid = sum(not t.valid for t in group.trajectories)
+            scaffold_errors = [t for t in group.trajectories if is_scaffold_error(t)]
+            invalid = sum(not t.valid for t in group.trajectories) - len(scaffold_errors)
             if invalid <= self._max_invalid_fraction * len(group.trajectories):
+                if scaffold_errors and not any(t.valid for t in group.trajectories):
+                    first = scaffold_errors[0]
+                    raise GroupUnscorable(
+                        f"group {group_id}: no trial is left to learn from: {len(scaffold_errors)} of "
+                        f"{len(group.trajectories)} were scaffold errors ({first.verdict.error_message[:300]})",
+                        first=f"{first.trajectory_id}: {first.verdict.error_message}"[:1000],
+                    )
                 return group
             if attempt < self._max_regenerations:
                 self.regenerated_groups += 1
@@ -394,6 +412,13 @@ class Collector:
         n = self.config.grpo.num_generations_per_prompt
         if self.agent is not None:
             trials = await self.agent.group(task, group_id, seed, n, self.config.policy.generation)
+            for trial in trials:
+                if trial.scaffold_error:
+                    trajectory = trial.trajectory
+                    error = trajectory.verdict.error_message
+                    self.samples.scaffold_error(
+                        group_id, task.prompt, trajectory.trajectory_id, error, trial.output_tail
+                    )
             group = await self._group(task, group_id, [t.trajectory for t in trials])
             self._keep_passing(group, trials)
             return group

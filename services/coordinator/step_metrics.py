@@ -4,14 +4,16 @@
                                 integrity_violations, invalid_action_trajectories, reward_function_errors,
                                 verdict_<status>
     JobBuffer.stats ─buffer()─> buffer_held, buffer_pending, ..., buffer_age_<a>
-    collector timeline + fleet ─fleet(step)─> replica_<name>_*, sandbox_<name>_*, regenerated_groups, ...
+    collector timeline + fleet ─fleet(step)─> replica_<name>_*, sandbox_<name>_*, regenerated_groups,
+                                              scaffold_errors (an external scaffold's failed trials), ...
     agent trials ─trial_metrics─> agent_turns_mean, agent_tokens_mean, agent_masked_fraction, agent_finish_<why>
                                               (each Generate also written as a "generation" record)
     endpoint GET /v1/routing ─routing_metrics─> endpoint_queue_depth, endpoint_sessions, endpoint_moved_sessions,
         replica_<name>_sessions, replica_<name>_kv_pressure, replica_<name>_prefill_tokens_saved, ...
 
-Guarantees: counters that accumulate over the job (regenerated groups,
-sandbox retries: Collector.counters()) are reported per step, as differences since the last call;
+Guarantees: counters that accumulate over the job (regenerated groups, sandbox retries, scaffold
+errors: Collector.counters()) are reported per step, as differences since the last call (scaffold_errors
+only with an external scaffold);
 a buffer that is restarting leaves its counters out of that step instead of
 failing it.
 """
@@ -150,6 +152,8 @@ class StepMetrics:
         counts = self._collector.counters()
         metrics["regenerated_groups"] = float(counts.regenerated_groups - self._counts.regenerated_groups)
         metrics["sandbox_retries"] = float(counts.sandbox_retries - self._counts.sandbox_retries)
+        if counts.scaffold_errors is not None:
+            metrics["scaffold_errors"] = float(counts.scaffold_errors - (self._counts.scaffold_errors or 0))
         self._counts = counts
         metrics["fleet_rollout_alive"] = float(len(self._fleet.alive(ROLLOUT)))
         metrics["fleet_sandbox_alive"] = float(len(self._fleet.alive(SANDBOX)))
