@@ -12,7 +12,8 @@ Guarantees:
   declared here, nothing renamed. Within schema version 1 (`TRAJECTORY_SCHEMA_VERSION`) fields may
   be added, never removed, renamed or given another meaning; a reader ignores fields it does not know.
 - `TrajectoryDocument.parse` and `SessionOpened.parse` accept a document only when every field is
-  present with its type and a segment's token lists are the same length; anything else (another
+  present with its type (a field added within the version takes its default when absent: the value
+  that states what a document before it meant) and a segment's token lists are the same length; anything else (another
   schema version, an error body, garbled JSON) is a ContractError naming the version or the field.
   A document without `schema_version` (written before the field existed) reads as version 1.
 """
