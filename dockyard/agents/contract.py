@@ -12,7 +12,8 @@ Guarantees:
   declared here, nothing renamed. Within schema version 1 (`TRAJECTORY_SCHEMA_VERSION`) fields may
   be added, never removed, renamed or given another meaning; a reader ignores fields it does not know.
 - `TrajectoryDocument.parse` and `SessionOpened.parse` accept a document only when every field is
-  present with its type and a segment's token lists are the same length; anything else (another
+  present with its type (a field added within the version takes its default when absent: the value
+  that states what a document before it meant) and a segment's token lists are the same length; anything else (another
   schema version, an error body, garbled JSON) is a ContractError naming the version or the field.
   A document without `schema_version` (written before the field existed) reads as version 1.
 """
@@ -39,6 +40,10 @@ SESSION_ID_MAX_LENGTH = 128
 SESSION_ID_PATTERN = rf"^[{SESSION_ID_CHARS}]{{1,{SESSION_ID_MAX_LENGTH}}}$"
 # The version of the trajectory document's shape (see the module docstring for what it promises).
 TRAJECTORY_SCHEMA_VERSION = 1
+# Why a recorded completion is not trained: its prompt was sent again (retry), the next prompt went on
+# from its context without it (dropped), another choice of its turn was taken (unchosen), or the
+# scaffold went back to an earlier point of the history (branch).
+ABANDONED_REASONS = ("retry", "dropped", "unchosen", "branch")
 
 
 class ContractError(ValueError):
@@ -102,10 +107,20 @@ class Turn(BaseModel):
     weight_versions: list[int]
     chosen: int
     completions: list[Completion]
+    # The turn of the segment whose recorded ids this prompt extends (-1: none, the segment's first), and
+    # how: "start", "reply" (after its chosen reply), "context" (its reply dropped: its prompt up to the
+    # generation prompt) or "retry" (its prompt exactly).
+    parent: int = -1
+    extends: str = "start"
+    # Whether the chosen completion is in the segment's tokens (the kept path), and if not why every
+    # completion was left: "retry", "dropped" or "branch" (see ABANDONED_REASONS).
+    trained: bool = True
+    abandoned: str = ""
 
 
 class Segment(BaseModel):
-    """Turns whose tokens chain (each prompt starts with the previous prompt and its chosen completion)."""
+    """Turns whose tokens chain (each prompt extends an earlier turn's recorded ids); its tokens are the
+    kept path: the history the latest turn was sampled in and its reply, abandoned replies left out."""
 
     # Why the segment started: "start", or why the last one could not go on ("history_changed",
     # "template", "images").
@@ -114,8 +129,8 @@ class Segment(BaseModel):
     # kept (what a run exports as a demonstration), and the tools it offered.
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
-    # Per token: the id, 1 exactly on sampled tokens, the sampled token's logprob (0.0 elsewhere)
-    # and the weight version that sampled it (-1 elsewhere).
+    # Per token of the kept path: the id, 1 exactly on the sampled tokens the scaffold built on, the
+    # sampled token's logprob (0.0 elsewhere) and the weight version that sampled it (-1 elsewhere).
     token_ids: list[int]
     loss_mask: list[int]
     logprobs: list[float]
@@ -135,7 +150,8 @@ class TrajectoryDocument(_Document):
 
     schema_version: int = TRAJECTORY_SCHEMA_VERSION
     session_id: str
-    # Turns whose chosen completion was a malformed action (grpo.invalid_action_penalty).
+    # Trained completions that were malformed actions, plus replies the scaffold dropped
+    # (grpo.invalid_action_penalty).
     invalid_actions: int
     status: SessionStatus
     error: str  # why the session ended ("" while it is ok)
@@ -143,6 +159,8 @@ class TrajectoryDocument(_Document):
     # How many times each reason started a new segment after the first.
     splits: dict[str, int]
     segments: list[Segment]
+    # Completions in no segment's tokens (not trained), per reason (ABANDONED_REASONS).
+    abandoned: dict[str, int] = {}
 
     @field_validator("schema_version")
     @classmethod

@@ -4,16 +4,19 @@
         ──trial_tokens──> first segment: prompt = tokens before the first sampled one, completion = the rest
                           later segments: the same, each on its own
 
-Guarantees: token ids, the loss mask (1 exactly on sampled tokens) and the sampled tokens' logprobs
-are taken as the endpoint recorded them, never re-tokenized; context tokens get logprob 0.0; the
-whole trajectory is cut to at most `max_tokens` tokens over its segments (a segment that would start
-past the cut is dropped, one left with no sampled token is dropped), so what the trainer gets fits the
-trial's budget; the weight version is the oldest that sampled any kept token. A recording is read
-through the contract's models (dockyard/agents/contract.py): one that does not fit is a ContractError.
+Guarantees: token ids, the loss mask (1 exactly on the sampled tokens of each segment's kept path) and
+the sampled tokens' logprobs are taken as the endpoint recorded them, never re-tokenized; context tokens
+get logprob 0.0; the whole trajectory is cut to at most `max_tokens` unique tokens: a segment's tokens
+count from where it stops sharing a prefix with an earlier segment (so a history the scaffold edited
+counts its repeated context once, and each row still fits `max_tokens` positions); the cut keeps time
+order (after a cut segment nothing later is kept; one left with no sampled token is dropped); the weight
+version is the oldest that sampled any kept token. A recording is read through the contract's models
+(dockyard/agents/contract.py): one that does not fit is a ContractError.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +36,7 @@ class TrialTokens:
     segments: list[TrialSegment] = field(default_factory=list)
     weight_version: int = 0
     truncated: bool = False
+    unique_tokens: int = 0  # what the budget counts: each token of the rows' common prefixes once
 
     @property
     def sampled_tokens(self) -> int:
@@ -44,33 +48,47 @@ class TrialTokens:
 
 
 def trial_tokens(recorded: TrajectoryDocument | RecordedTokens | dict[str, Any], max_tokens: int) -> TrialTokens:
-    """The segments of a recorded session (a document, or its decoded JSON), cut to `max_tokens` tokens in all."""
+    """The segments of a recorded session (a document, or its decoded JSON), cut to `max_tokens` unique tokens."""
     if isinstance(recorded, dict):
         recorded = RecordedTokens.parse(recorded)
     out = TrialTokens()
-    left = max_tokens
     versions: list[int] = []
+    rows: list[list[int]] = []  # every segment's kept ids, sorted: the longest shared prefix is a neighbour's
     for segment in recorded.segments:
-        if left <= 0:
-            out.truncated = True
-            break
         ids, mask = list(segment.token_ids), list(segment.loss_mask)
         logprobs, kept_versions = list(segment.logprobs), list(segment.weight_versions)
-        if len(ids) > left:
+        at = bisect.bisect(rows, ids)
+        shared = max((_common_prefix(ids, row) for row in rows[max(at - 1, 0) : at + 1]), default=0)
+        room = shared + max_tokens - out.unique_tokens
+        if len(ids) > room:
             out.truncated = True
-            ids, mask, logprobs, kept_versions = ids[:left], mask[:left], logprobs[:left], kept_versions[:left]
-        left -= len(ids)
+            ids, mask, logprobs, kept_versions = ids[:room], mask[:room], logprobs[:room], kept_versions[:room]
+        out.unique_tokens += max(len(ids) - shared, 0)
+        bisect.insort(rows, ids)
         start = next((i for i, m in enumerate(mask) if m), None)
-        if not start:  # no sampled token left, or nothing to condition on
-            continue
-        out.segments.append(
-            TrialSegment(
-                prompt_ids=ids[:start],
-                completion_ids=ids[start:],
-                logprobs=[lp if m else 0.0 for lp, m in zip(logprobs[start:], mask[start:], strict=True)],
-                loss_mask=mask[start:],
+        if start:  # else no sampled token left, or nothing to condition on: no row
+            out.segments.append(
+                TrialSegment(
+                    prompt_ids=ids[:start],
+                    completion_ids=ids[start:],
+                    logprobs=[lp if m else 0.0 for lp, m in zip(logprobs[start:], mask[start:], strict=True)],
+                    loss_mask=mask[start:],
+                )
             )
-        )
-        versions += [v for v, m in zip(kept_versions, mask, strict=True) if m and v >= 0]
+            versions += [v for v, m in zip(kept_versions, mask, strict=True) if m and v >= 0]
+        if out.truncated:
+            break  # the budget ran out here: what the trial did after is not kept
     out.weight_version = min(versions, default=0)
     return out
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """The length of the longest common prefix (a binary search of slice comparisons, which run in C)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low

@@ -142,9 +142,10 @@ class GRPOConfig(Section):
         le=MAX_TOKENS,
         description=(
             "Agent trials: tokens of a trial's whole sequence (prompt, every turn, tool output) at "
-            "most; each turn asks for no more than what is left, the trial ends (`tokens`) when the "
-            "endpoint's usage reaches it, and the recorded tokens are cut to it. Keep it within the "
-            "model's positions."
+            "most, each counted once (context a later segment repeats counts once; replies the "
+            "scaffold abandoned, not at all); each turn asks for no more than what is left, the trial "
+            "ends (`tokens`) when the endpoint's usage reaches it, and the recorded tokens are cut to "
+            "it. Keep it within the model's positions."
         ),
     )
     max_trial_seconds: float = Field(
@@ -177,10 +178,10 @@ class GRPOConfig(Section):
         allow_inf_nan=False,
         description=(
             "Subtracted (once) from the reward of a valid trajectory with a malformed action: a tool "
-            "call the policy endpoint's parser could not parse (agent trials), or a `<think>` block "
-            "never closed by `</think>` (any completion); 0 = off. Reward shaping: refused with "
-            "`grpo.async_grpo.enabled=true`. Counted per step as `invalid_action_trajectories` "
-            "([rewards.md](rewards.md#the-invalid-action-penalty))."
+            "call that is not a valid call of the offered tools or a reply the scaffold dropped (agent "
+            "trials), or a `<think>` block never closed by `</think>` (any completion); 0 = off. "
+            "Reward shaping: refused with `grpo.async_grpo.enabled=true`. Counted per step as "
+            "`invalid_action_trajectories` ([rewards.md](rewards.md#the-invalid-action-penalty))."
         ),
     )
 

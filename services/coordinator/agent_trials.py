@@ -268,7 +268,8 @@ class AgentTrials:
             verdict=verdict,
             finish_reason="tokens" if tokens.truncated else outcome.finish_reason,
             num_turns=outcome.turns,
-            # Turns the endpoint found malformed (unparsable tool call, unclosed thinking block).
+            # Trained turns the endpoint found malformed (unparsable tool call, unclosed thinking block),
+            # plus replies the scaffold dropped (docs/agents.md, "Trained tokens").
             invalid_actions=recorded.invalid_actions,
         )
         return Trial(trajectory, conversation)

@@ -5,9 +5,9 @@
     has_signal: any spread among valid rewards?
 
 The invalid-action penalty (grpo.invalid_action_penalty) is subtracted once from a trajectory with
-any malformed action (Trajectory.invalid_actions > 0: an unparsable tool call, an unclosed thinking
-block). The overlong penalty counts sampled tokens (loss mask 1) over all segments, and gives an agent
-trial that ran out of turns, tokens or time the full penalty.
+any malformed action (Trajectory.invalid_actions > 0: an unparsable tool call, a reply the scaffold
+dropped, an unclosed thinking block). The overlong penalty counts sampled tokens (loss mask 1) over all
+segments, and gives an agent trial that ran out of turns, tokens or time the full penalty.
 
 Guarantees: an ERROR verdict is an infrastructure failure, invalid (masked), never a zero reward;
 a trajectory flagged integrity_violation earns nothing for passing, before any penalty; shaping

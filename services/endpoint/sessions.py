@@ -2,25 +2,31 @@
 
     request messages ──Session.plan(renderer)──> Plan(prompt ids) ──Generate──> Session.record(plan, completions)
 
-A session is a list of segments; a segment is a list of turns whose token ids
-chain: turn k+1's prompt starts with turn k's prompt + its chosen sampled ids,
-byte for byte, followed by the template's closing of that assistant turn and
-the tokenized rendering of the new messages only. Earlier model output is never
-re-tokenized.
+A session is a list of segments; a segment is a tree of turns whose token ids
+chain. A new turn's prompt extends a recorded turn of the segment (its anchor:
+the turn whose messages are the longest prefix of the request's history), in one
+of three ways, byte for byte, and earlier model output is never re-tokenized:
+- `reply`: the history goes on after one of the anchor's replies: the anchor's
+  prompt + that reply's sampled ids, then the template's closing of the
+  assistant turn and the tokenized rendering of the new messages only;
+- `context`: the scaffold dropped the anchor's reply (its next message is not an
+  assistant one): the anchor's prompt up to its generation prompt, then the new
+  messages (the dropped reply is an invalid action);
+- `retry`: the same history again: the anchor's prompt ids exactly.
+Which of these tokens are trained (the kept path) is kept_path.py's rule.
 
 Guarantees:
-- A request continues the current segment only when its history equals what
-  was recorded (the segment's messages plus one of the last turn's replies,
-  compared as role, content and tool calls (name, arguments); tool-call ids and
-  whitespace-free JSON formatting do not matter), the tools are the same, and
-  the template renders the recorded conversation as a text prefix of the new
-  one. Otherwise the conversation is rendered afresh as a new segment and the
-  reason is counted (`history_changed`, `template`), so tokens of two histories
-  are never mixed.
-- The trajectory is the contract's TrajectoryDocument (dockyard/agents/contract.py).
-  A segment lists its ids with loss mask 1 exactly on sampled tokens (0 on
-  prompt, tool and closing tokens), the logprob of each sampled token (0.0
-  elsewhere) and the weight version that sampled it (-1 elsewhere).
+- A request extends the segment only when the tools are the same, its history
+  starts with a recorded turn's history (compared as role, content and tool calls
+  (name, arguments); tool-call ids and whitespace-free JSON formatting do not
+  matter), a reply it sends back is one the anchor sampled, and the template
+  renders the recorded conversation as a text prefix of the new one. Otherwise
+  (an edited or truncated earlier message, a reply sent back changed, other tools)
+  the conversation is rendered afresh as a new segment and the reason is counted
+  (`history_changed`, `template`), so tokens of two histories are never mixed.
+- The trajectory is the contract's TrajectoryDocument (dockyard/agents/contract.py),
+  built by kept_path.py: a segment's ids are its kept path, loss mask 1 exactly on
+  the sampled tokens the scaffold built on.
 - The store holds at most `max_sessions`; sessions idle longer than
   `idle_seconds` are dropped first; a new session beyond the bound is refused
   (SessionLimit). A session takes at most `max_turns` turns (SessionLimit).
@@ -29,6 +35,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections import Counter
@@ -36,8 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dockyard.agents import contract
 from dockyard.agents.contract import SessionStatus, TrajectoryDocument
+from services.endpoint import kept_path
 from services.endpoint.rendering import Message, Renderer, bridge
 
 
@@ -58,6 +65,17 @@ def message_key(message: Message) -> tuple:
     return (message["role"], message.get("content") or "", calls)
 
 
+def history_digests(messages: list[Message]) -> list[bytes]:
+    """digests[k]: a digest of messages[:k] by message_key, so a turn's history is found in O(1) per turn."""
+    digest = hashlib.blake2b(digest_size=16).digest()
+    out = [digest]
+    for message in messages:
+        key = json.dumps(message_key(message)).encode()
+        digest = hashlib.blake2b(digest + key, digest_size=16).digest()
+        out.append(digest)
+    return out
+
+
 @dataclass
 class Sampled:
     token_ids: list[int]
@@ -73,19 +91,27 @@ class Sampled:
 @dataclass
 class Turn:
     prompt_ids: list[int]
-    # Where this turn's own prompt tokens start (after the segment's earlier tokens).
-    new_from: int
+    # prompt_ids[tail_from:] are the ids of `tail`, the text this turn rendered and tokenized itself.
+    tail_from: int
+    tail: str
     completions: list[Sampled]
     weight_version: int
     weight_versions: list[int]
-    chosen: int = 0
+    # The request's history: its length and digest (history_digests), to find this turn as an anchor.
+    history: int = 0
+    digest: bytes = b""
+    # The turn of the segment this one's prompt extends (-1: none), how ("start", "reply", "context",
+    # "retry"), and for "reply" which of its completions.
+    parent: int = -1
+    extends: str = "start"
+    parent_choice: int = 0
 
 
 @dataclass
 class Segment:
     reason: str
     tools: list[dict] | None
-    messages: list[Message] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)  # the last call's
     turns: list[Turn] = field(default_factory=list)
 
 
@@ -95,10 +121,13 @@ class Plan:
     prompt_text_tail: str
     messages: list[Message]
     tools: list[dict] | None
-    # None: a new segment with this reason; else continue the last segment after choice `chosen`.
+    # None: the turn extends the last segment's turn `parent` (how: `extends`); else a new segment with this reason.
     new_segment: str | None
-    chosen: int = 0
-    new_from: int = 0
+    chosen: int = 0  # for extends == "reply": the parent's completion the history went on with
+    tail_from: int = 0
+    parent: int = -1
+    extends: str = "start"
+    digest: bytes = b""
 
 
 class Session:
@@ -113,87 +142,128 @@ class Session:
         self.ended: str | None = None
         self.lock = asyncio.Lock()
 
-    def plan(self, renderer: Renderer, messages: list[Message], tools: list[dict] | None) -> Plan:
-        """The prompt ids of the next turn: the recorded prefix plus the new messages, or a fresh render."""
+    def _check(self) -> None:
         if self.ended:
             raise SessionEnded(self.ended)
         if self.turns >= self.max_turns:
             raise SessionLimit(f"session {self.id!r} has taken its {self.max_turns} turns")
+
+    def plan(self, renderer: Renderer, messages: list[Message], tools: list[dict] | None) -> Plan:
+        """The prompt ids of the next turn: recorded ids plus the new messages, or a fresh render."""
+        self._check()
+        digests = history_digests(messages)
         reason = "start"
         if self.segments and self.segments[-1].turns:
-            segment = self.segments[-1]
-            continued = self._continue(renderer, segment, messages, tools)
-            if isinstance(continued, Plan):
-                return continued
-            reason = continued
+            extended = self._extend(renderer, self.segments[-1], messages, tools, digests)
+            if isinstance(extended, Plan):
+                return extended
+            reason = extended
         text = renderer.render(messages, tools, generation_prompt=True)
-        ids = renderer.encode(text)
-        return Plan(ids, text, messages, tools, new_segment=reason)
+        return Plan(renderer.encode(text), text, messages, tools, new_segment=reason, digest=digests[-1])
 
     def plan_fresh(self, renderer: Renderer, messages: list[Message], tools: list[dict] | None, reason: str) -> Plan:
         """A new segment rendered afresh (a turn with images: its prompt ids come from the rollout's reply)."""
-        if self.ended:
-            raise SessionEnded(self.ended)
-        if self.turns >= self.max_turns:
-            raise SessionLimit(f"session {self.id!r} has taken its {self.max_turns} turns")
+        self._check()
         text = renderer.render(messages, tools, generation_prompt=True)
-        return Plan(renderer.encode(text), text, messages, tools, new_segment=reason)
+        digest = history_digests(messages)[-1]
+        return Plan(renderer.encode(text), text, messages, tools, new_segment=reason, digest=digest)
 
-    def _continue(self, renderer: Renderer, segment: Segment, messages: list[Message], tools) -> Plan | str:
-        last = segment.turns[-1]
-        recorded = [message_key(m) for m in segment.messages]
-        if tools != segment.tools or [message_key(m) for m in messages[: len(recorded)]] != recorded:
+    def _extend(
+        self, renderer: Renderer, segment: Segment, messages: list[Message], tools, digests: list[bytes]
+    ) -> Plan | str:
+        """A plan that extends a recorded turn of `segment`, or why the history cannot (a new segment)."""
+        if tools != segment.tools:
             return "history_changed"
-        if len(messages) <= len(recorded) + 1:
+        found = [
+            (turn.history, i)
+            for i, turn in enumerate(segment.turns)
+            if turn.history <= len(messages) and digests[turn.history] == turn.digest
+        ]
+        if not found:
             return "history_changed"
-        reply = message_key(messages[len(recorded)])
-        chosen = next((i for i, c in enumerate(last.completions) if message_key(c.message) == reply), None)
-        if chosen is None:
-            return "history_changed"
-        before = segment.messages
-        history = [*before, last.completions[chosen].message]
+        longest = max(found)[0]
+        anchors = [i for n, i in reversed(found) if n == longest]  # the latest first
+        digest = digests[-1]
+        if len(messages) == longest:  # the same history again: a retry of the latest such turn
+            i = anchors[0]
+            turn = segment.turns[i]
+            return Plan(list(turn.prompt_ids), turn.tail, messages, tools, None, 0, turn.tail_from, i, "retry", digest)
+        after = messages[longest]
+        if after["role"] != "assistant":  # the anchor's reply was dropped: go on from its context
+            return self._from_context(renderer, segment, anchors[0], messages, tools, digest)
+        reply = message_key(after)
+        for i in anchors:
+            turn = segment.turns[i]
+            chosen = next((k for k, c in enumerate(turn.completions) if message_key(c.message) == reply), None)
+            if chosen is not None and len(messages) > longest + 1:
+                return self._after_reply(renderer, segment, i, chosen, messages, tools, digest)
+        return "history_changed"  # a reply sent back changed (or with nothing after it)
+
+    def _after_reply(
+        self, renderer: Renderer, segment: Segment, i: int, chosen: int, messages, tools, digest: bytes
+    ) -> Plan | str:
+        turn = segment.turns[i]
+        sampled = turn.completions[chosen]
+        before = messages[: turn.history]
+        history = [*before, sampled.message]
         closing = renderer.closing(before, tools)
         old = renderer.render(history, tools, generation_prompt=False)
         new = renderer.render([*history, *messages[len(history) :]], tools, generation_prompt=True)
         if closing is None or not new.startswith(old):
             return "template"
-        sampled = last.completions[chosen]
         tail = bridge(sampled.text, closing) + new[len(old) :]
-        prefix = [*last.prompt_ids, *sampled.token_ids]
-        return Plan(
-            [*prefix, *renderer.encode(tail)],
-            tail,
-            messages,
-            tools,
-            new_segment=None,
-            chosen=chosen,
-            new_from=len(prefix),
-        )
+        prefix = [*turn.prompt_ids, *sampled.token_ids]
+        ids = [*prefix, *renderer.encode(tail)]
+        return Plan(ids, tail, messages, tools, None, chosen, len(prefix), i, "reply", digest)
+
+    def _from_context(self, renderer: Renderer, segment: Segment, i: int, messages, tools, digest: bytes) -> Plan | str:
+        turn = segment.turns[i]
+        before = messages[: turn.history]
+        context = renderer.render(before, tools, generation_prompt=False)
+        end = _context_end(renderer, turn, context, renderer.render(before, tools, generation_prompt=True))
+        new = renderer.render(messages, tools, generation_prompt=True)
+        if end is None or not new.startswith(context):
+            return "template"
+        tail = new[len(context) :]
+        ids = [*turn.prompt_ids[:end], *renderer.encode(tail)]
+        return Plan(ids, tail, messages, tools, None, 0, end, i, "context", digest)
 
     def record(self, plan: Plan, completions: list[Sampled], weight_version: int, weight_versions: list[int]) -> None:
         if plan.new_segment is not None:
             if self.segments:
                 self.splits[plan.new_segment] += 1
             self.segments.append(Segment(reason=plan.new_segment, tools=plan.tools))
-        else:
-            self.segments[-1].turns[-1].chosen = plan.chosen
         segment = self.segments[-1]
         segment.messages = list(plan.messages)
         segment.turns.append(
-            Turn(plan.prompt_ids, plan.new_from, completions, weight_version, list(weight_versions) or [weight_version])
+            Turn(
+                plan.prompt_ids,
+                plan.tail_from,
+                plan.prompt_text_tail,
+                completions,
+                weight_version,
+                list(weight_versions) or [weight_version],
+                history=len(plan.messages),
+                digest=plan.digest,
+                parent=plan.parent,
+                extends=plan.extends,
+                parent_choice=plan.chosen,
+            )
         )
         self.turns += 1
 
     def document(self) -> TrajectoryDocument:
-        """The session's recording as the contract's trajectory document."""
+        """The session's recording as the contract's trajectory document (kept_path.py: what is trained)."""
+        segments, abandoned, invalid = kept_path.segments(self.segments)
         return TrajectoryDocument(
             session_id=self.id,
-            invalid_actions=sum(t.completions[t.chosen].malformed for s in self.segments for t in s.turns),
+            invalid_actions=invalid,
             status=SessionStatus.INFRASTRUCTURE_ERROR if self.ended else SessionStatus.OK,
             error=self.ended or "",
             turns=self.turns,
             splits=dict(self.splits),
-            segments=[_segment_document(segment) for segment in self.segments],
+            segments=segments,
+            abandoned=abandoned,
         )
 
     def trajectory(self) -> dict[str, Any]:
@@ -201,47 +271,16 @@ class Session:
         return self.document().to_json()
 
 
-def _segment_document(segment: Segment) -> contract.Segment:
-    ids: list[int] = []
-    mask: list[int] = []
-    logprobs: list[float] = []
-    versions: list[int] = []
-    turns = []
-    for turn in segment.turns:
-        new = turn.prompt_ids[len(ids) :]
-        ids += new
-        mask += [0] * len(new)
-        logprobs += [0.0] * len(new)
-        versions += [-1] * len(new)
-        sampled = turn.completions[turn.chosen]
-        ids += sampled.token_ids
-        mask += [1] * len(sampled.token_ids)
-        logprobs += sampled.logprobs
-        versions += [turn.weight_version] * len(sampled.token_ids)
-        turns.append(
-            contract.Turn(
-                prompt_token_ids=turn.prompt_ids,
-                weight_version=turn.weight_version,
-                weight_versions=turn.weight_versions,
-                chosen=turn.chosen,
-                completions=[
-                    contract.Completion(token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason)
-                    for c in turn.completions
-                ],
-            )
-        )
-    last = segment.turns[-1] if segment.turns else None
-    return contract.Segment(
-        reason=segment.reason,
-        # The last call's messages and the reply it kept.
-        messages=[*segment.messages, *([last.completions[last.chosen].message] if last else [])],
-        tools=segment.tools,
-        token_ids=ids,
-        loss_mask=mask,
-        logprobs=logprobs,
-        weight_versions=versions,
-        turns=turns,
-    )
+def _context_end(renderer: Renderer, turn: Turn, context: str, prompt: str) -> int | None:
+    """Where `turn`'s generation prompt starts in its ids: its history's tokens end there. None when that
+    is not a token boundary of what the turn tokenized (or its ids are not its tail's: an image turn)."""
+    if not prompt.startswith(context) or not turn.tail.endswith(prompt[len(context) :]):
+        return None
+    own = turn.prompt_ids[turn.tail_from :]
+    body = renderer.encode(turn.tail[: len(turn.tail) - (len(prompt) - len(context))])
+    if own[: len(body)] != body or renderer.encode(turn.tail) != own:
+        return None
+    return turn.tail_from + len(body)
 
 
 class SessionStore:

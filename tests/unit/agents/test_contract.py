@@ -72,3 +72,19 @@ def test_a_new_session_reply_needs_its_key() -> None:
     assert SessionOpened.parse(b'{"session_id": "s-1", "api_key": "dys-s-1-x"}').api_key == "dys-s-1-x"
     with pytest.raises(ContractError, match="api_key"):
         SessionOpened.parse(b'{"session_id": "s-1"}')
+
+
+def test_a_document_written_before_the_kept_path_fields_reads_as_all_trained_and_nothing_abandoned() -> None:
+    served = _served()
+    del served["abandoned"]
+    for turn in served["segments"][0]["turns"]:
+        for name in ("parent", "extends", "trained", "abandoned"):
+            del turn[name]
+    document = TrajectoryDocument.parse(served)
+    [turn] = document.segments[0].turns
+    assert document.abandoned == {} and (turn.parent, turn.extends, turn.trained, turn.abandoned) == (
+        -1,
+        "start",
+        True,
+        "",
+    )

@@ -41,3 +41,27 @@ def test_the_budget_cuts_the_trajectory_and_drops_what_lies_past_it() -> None:
     assert seg.loss_mask == [1, 1, 0] and tokens.truncated and tokens.total_tokens == 5
     # A cut inside the prompt leaves nothing sampled: no segment at all.
     assert trial_tokens(recorded, max_tokens=2).segments == []
+
+
+def test_the_budget_counts_a_prefix_later_segments_repeat_once() -> None:
+    """A segment the scaffold's history edit opened repeats the earlier context: those tokens count once."""
+    context = list(range(10, 60))
+    first = _segment(context, [([1, 2], [3, 4])])
+    second = _segment(context + [7], [([8, 9], [])])
+    recorded = {"segments": [first, second]}
+    unique = len(first["token_ids"]) + 3  # the second row adds 7, 8, 9 past the shared context
+    tokens = trial_tokens(recorded, max_tokens=unique)
+    assert not tokens.truncated and len(tokens.segments) == 2 and tokens.unique_tokens == unique
+    assert tokens.total_tokens == len(first["token_ids"]) + len(second["token_ids"]) > unique
+    # One token less: the second row is cut after its first sampled token, and nothing later is kept.
+    third = _segment([99], [([5], [])])
+    cut = trial_tokens({"segments": [first, second, third]}, max_tokens=unique - 1)
+    assert cut.truncated and len(cut.segments) == 2 and cut.unique_tokens == unique - 1
+    assert cut.segments[1].completion_ids == [8] and cut.segments[1].loss_mask == [1]
+
+
+def test_a_row_never_outgrows_the_budget_whatever_the_sharing() -> None:
+    recorded = {"segments": [_segment([1, 2, 3], [([4], [])]), _segment([1, 2, 3, 4, 5, 6], [([7], [])])]}
+    tokens = trial_tokens(recorded, max_tokens=5)
+    assert all(len(s.prompt_ids) + len(s.completion_ids) <= 5 for s in tokens.segments)
+    assert tokens.truncated and tokens.unique_tokens == 5
