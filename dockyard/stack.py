@@ -15,6 +15,12 @@ Rollout replicas and sandbox workers register with the coordinator themselves
                       > the default (50051-50055)
     a port set for a service run N > 1 times is the first of N consecutive ports (rollout-<i>: port + i - 1)
 
+The service token: `dockyard run` and `dockyard up` call `ensure_service_token` before starting the
+stack, so a stack never runs without one (the policy endpoint signs session keys with it and refuses
+to start without it): unless DOCKYARD_AUTH_TOKEN(_FILE) is set, a new random one is written to
+`<folder>/service-token` (mode 0600, never printed) and DOCKYARD_AUTH_TOKEN_FILE names it for every
+child and for the command's own clients.
+
 Guarantees: every child is in the parent's care: it gets SIGTERM when the
 parent process dies (PARENT_PID_ENV asks the service to watch for that itself,
 whichever thread of the parent started it), `stop()` SIGTERMs all children and
@@ -30,12 +36,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
+from collections.abc import MutableMapping
 from pathlib import Path
 
 from dockyard.rpc.client import wait_until_serving
@@ -50,6 +59,33 @@ ENDPOINT_DEFAULT_PORT = 8000  # services.endpoint.settings.DEFAULT_PORT (the lib
 DASHBOARD = "dashboard"
 DASHBOARD_DEFAULT_PORT = 8080
 DASHBOARD_PORT_ENV = "DOCKYARD_COORDINATOR_DASHBOARD_PORT"
+
+
+# Where `dockyard run` / `dockyard up` keep the token they create (in the stack's log folder).
+SERVICE_TOKEN_FILE = "service-token"
+TOKEN_VARIABLES = ("DOCKYARD_AUTH_TOKEN", "DOCKYARD_AUTH_TOKEN_FILE")
+
+
+def create_service_token(folder: Path) -> Path:
+    """A new random service token (256 bits, URL-safe) in `folder`/service-token, readable by its owner
+    only: written to a 0600 file made beside it, then moved over any older one (a new stack, a new token)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / SERVICE_TOKEN_FILE
+    fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{SERVICE_TOKEN_FILE}-")  # mode 0600
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(secrets.token_urlsafe(32) + "\n")
+    os.replace(temporary, path)
+    return path
+
+
+def ensure_service_token(folder: Path, environ: MutableMapping[str, str] = os.environ) -> Path | None:
+    """The token file created for a stack in `folder` when `environ` sets no token (DOCKYARD_AUTH_TOKEN_FILE
+    then names it there, so children and this process's clients use it); None when one is set already."""
+    if any(environ.get(name) for name in TOKEN_VARIABLES):
+        return None
+    path = create_service_token(folder)
+    environ["DOCKYARD_AUTH_TOKEN_FILE"] = str(path.resolve())
+    return path
 
 
 def _free_port() -> int:

@@ -54,6 +54,19 @@ def run_preflight(cfg, **context) -> None:
         raise SystemExit(EXIT_USAGE)
 
 
+def stack_token(folder: Path) -> None:
+    """A service token for the stack about to start, unless DOCKYARD_AUTH_TOKEN(_FILE) sets one: created in
+    `folder` (dockyard/stack.py: ensure_service_token), its path and use shown, the token itself never."""
+    from dockyard.stack import ensure_service_token
+
+    path = ensure_service_token(folder)
+    if path is None:
+        return
+    print(f"service token: {path} (new, random, mode 0600; every service requires it)")
+    print(f"  dockyard status/submit/cancel: export DOCKYARD_AUTH_TOKEN_FILE={path}")
+    print(f'  HTTP (endpoint, dashboard): -H "Authorization: Bearer $(cat {path})", or the dashboard\'s ?token= once')
+
+
 def local_stack(log_dir: Path, **options):
     """A LocalStack, or exit status 2 naming the port setting that is unusable."""
     from dockyard.stack import LocalStack

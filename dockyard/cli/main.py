@@ -22,6 +22,7 @@ from dockyard.cli.common import (
     port_flags,
     print_addresses,
     run_preflight,
+    stack_token,
     submit,
 )
 from dockyard.cli.prepare import prepare
@@ -51,6 +52,7 @@ def cmd_up(args) -> int:
     if (ports := check_ports(stack.ports, free_when_unset=False)).status == "error":
         print(f"error: ports {ports.message}", file=sys.stderr)
         return EXIT_USAGE
+    stack_token(Path(args.log_dir))  # no stack runs without a service token
     interrupt_on_signals()
     try:
         stack.start()

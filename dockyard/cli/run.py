@@ -24,6 +24,7 @@ from dockyard.cli.common import (
     port_flags,
     print_addresses,
     run_preflight,
+    stack_token,
     submit,
 )
 from dockyard.cli.prepare import prepare
@@ -68,6 +69,7 @@ def cmd_run(args) -> int:
     )
     if args.prepare:
         prepare(cfg)
+    stack_token(log_dir)  # no stack runs without a service token
     print(f"starting services (logs in {log_dir})")
     interrupt_on_signals()
     try:

@@ -21,7 +21,7 @@ refused, becomes an invalid trajectory (ERROR verdict, masked); a trial that ran
 time is scored as it stands, and its finish_reason says which budget; both sessions are closed
 whatever happens, and a trial's recorded tokens are cut to grpo.max_trial_tokens. An external
 scaffold's failure (a non-zero exit, the time limit, garbage output, or no model call: its session
-has nothing recorded, which the endpoint may answer with a 404) is a masked trial of no tokens, its
+has nothing recorded) is a masked trial of no tokens, its
 verdict ERROR with SCAFFOLD_ERROR_PREFIX and Trial.scaffold_error / output_tail saying why; it is
 counted (scaffold_errors.py), and only too many of them in a step fail the job (ScaffoldFailing).
 """
@@ -219,18 +219,16 @@ class AgentTrials:
             return Trial(_invalid(trajectory_id, str(exc)))
         except grpc.aio.AioRpcError as exc:
             return Trial(_invalid(trajectory_id, f"the sandbox session failed: {exc.code().name}: {exc.details()}"))
-        # An external scaffold's session that nothing was recorded in may be unknown to the endpoint (None).
-        recorded = await self._recorded(session_id, missing_ok=run is not None)
-        if recorded is not None and recorded.status != SessionStatus.OK:
+        # The session was opened before the scaffold ran: a 404 here means the endpoint lost it (TrialLost).
+        recorded = await self._recorded(session_id)
+        if recorded.status != SessionStatus.OK:
             raise TrialLost(f"trial {trajectory_id}: {recorded.error or 'the endpoint session ended'}")
         if run is not None:
-            sampled = recorded is not None and any(1 in s.loss_mask for s in recorded.segments)
+            sampled = any(1 in s.loss_mask for s in recorded.segments)
             error = run.error or ("" if sampled else "made no model call (the endpoint recorded no sampled token)")
             if error:
                 return _scaffold_error(trajectory_id, run, error, scaffold_name(self.config.env.scaffold))
-            assert recorded is not None
             outcome.turns = recorded.turns  # the endpoint counted the scaffold's calls
-        assert recorded is not None
         tokens = trial_tokens(recorded, grpo.max_trial_tokens)
         if not tokens.segments:
             return Trial(_invalid(trajectory_id, "the trial recorded no sampled token"))
@@ -363,9 +361,9 @@ class AgentTrials:
             await asyncio.sleep(pause)  # sessions close as trials end
             pause = min(pause * 2, 1.0)
 
-    async def _recorded(self, session_id: str, missing_ok: bool = False) -> TrajectoryDocument | None:
-        """The session's trajectory document (None for a 404 when `missing_ok`: a session that recorded
-        no call); ContractError when the endpoint's reply is not one."""
+    async def _recorded(self, session_id: str) -> TrajectoryDocument:
+        """The session's trajectory document (an opened session that recorded no call has one too);
+        TrialLost when the endpoint cannot give it, ContractError when its reply is not one."""
         http, _ = self._clients()
         try:
             reply = await http.get(
@@ -373,8 +371,6 @@ class AgentTrials:
             )
         except httpx.HTTPError as exc:
             raise TrialLost(f"reading session {session_id}'s trajectory: {exc}") from exc
-        if reply.status_code == 404 and missing_ok:
-            return None
         if reply.status_code != 200:
             raise TrialLost(f"reading session {session_id}'s trajectory: {reply.status_code} {reply.text[:200]}")
         return TrajectoryDocument.parse(reply.content)

@@ -1,7 +1,9 @@
 """Entry point of the policy endpoint: `python -m services.endpoint`.
 
 Settings come from DOCKYARD_ENDPOINT_* variables, the shared token from
-DOCKYARD_AUTH_TOKEN(_FILE); a bad setting fails at startup naming it. Serves
+DOCKYARD_AUTH_TOKEN(_FILE); a bad setting fails at startup naming it, and so does
+a missing token: the endpoint signs session keys with it and never runs without
+one (`dockyard run` and `dockyard up` create one when none is set). Serves
 HTTP with uvicorn until SIGTERM (or until a supervising `dockyard up` dies).
 """
 
@@ -25,10 +27,15 @@ def main() -> None:
         token = load_auth_settings().token
     except AuthConfigError as exc:
         raise SystemExit(f"endpoint: {exc}") from None
+    if not token:
+        raise SystemExit(
+            "endpoint: no service token: set DOCKYARD_AUTH_TOKEN or DOCKYARD_AUTH_TOKEN_FILE (the endpoint signs "
+            "session keys with it and refuses to run without one; `dockyard run` and `dockyard up` create one)"
+        )
 
     from services.endpoint.app import create_app
 
-    app = create_app(settings, token or None)
+    app = create_app(settings, token)
     # Keep idle connections well past a client pool's expiry (httpx: 5 s), so a client never sends on a
     # connection the server is closing at that moment (a failed call it cannot tell from a lost server).
     uvicorn.run(

@@ -3,9 +3,10 @@
     POST /v1/chat/completions   OpenAI Chat Completions (tools, n, logprobs, stream)
     POST /v1/messages           Anthropic Messages (system, tool_use / tool_result, stream)
     GET  /v1/models             running jobs (a model id is a job id)
-    POST /v1/sessions           a new session id and its session-scoped API key
-    GET  /v1/sessions/{id}/trajectory, DELETE /v1/sessions/{id}
-    GET  /v1/routing            sessions, admission queue and KV pressure per replica
+    POST /v1/sessions           a new session id and its session-scoped API key (the service token)
+    GET  /v1/sessions/{id}/trajectory (the token, or that session's key), DELETE /v1/sessions/{id} (the token)
+    GET  /v1/routing            sessions, admission queue and KV pressure per replica (the token)
+    GET  /openapi.json          the generated schema (the token)
     GET  /health                liveness, no auth
 
 docs/endpoint-api.md documents each route (auth, shapes, status codes, what v1 promises); the
@@ -14,15 +15,17 @@ module declares the routes and maps errors to status codes; what a route does li
 turns.py (a model call), auth.py (credentials, sessions), sessions.py (the recorder) and
 convert.py (the OpenAI and Anthropic shapes).
 
-Guarantees: with DOCKYARD_AUTH_TOKEN set, every /v1 route needs the token or a
-session key (`Authorization: Bearer` or `x-api-key`), else 401. A call's
-session is its `X-Dockyard-Session` header, else its session key's; the reply
-names it in `X-Dockyard-Session`. A call with neither is served but not
-recorded (nothing could continue it). Calls of one session run
+Guarantees: the app needs a service token (create_app refuses none). Every route but /health needs
+the token or a session key (`Authorization: Bearer` or `x-api-key`), else 401; what a session key
+may not do is a 403 saying why (auth.py: a key is bound to its own session, and a header naming
+another is refused, never followed). A call's session is its key's, or for the service token its
+`X-Dockyard-Session` header (opened when new); the reply names it in `X-Dockyard-Session`. A
+service-token call without the header is served but not recorded (nothing could continue it); a
+key whose session is not open is a 404. Calls of one session run
 one at a time. Every completion samples under the job's `policy.generation` temperature, top_p and
 top_k, whatever the client sent, and its reply's `X-Dockyard-Sampling` header says which; only the
 service token may ask for greedy decoding (`X-Dockyard-Sampling: greedy`, validation), a session
-key that asks is a 401. Image parts pass the job's multimodal gate (dockyard/images.py) before any replica
+key that asks is a 403. Image parts pass the job's multimodal gate (dockyard/images.py) before any replica
 is asked: off, over its limits or unreadable is a 400 naming the key or the numbers; a turn with
 images is rendered afresh as its own segment, and the ids the rollout reports (image tokens
 included) are what the trajectory records. Errors are JSON `{"type": "error", "error": {"type", "message"}}`
@@ -51,7 +54,7 @@ from dockyard.agents.contract import (
     SessionDeleted,
     SessionOpened,
 )
-from services.endpoint.auth import Gate, Unauthorized
+from services.endpoint.auth import Forbidden, Gate, Unauthorized
 from services.endpoint.backend import Backend, GenerateRefused, ReplicaLost, UnknownModel
 from services.endpoint.convert import (
     BadRequest,
@@ -65,13 +68,15 @@ from services.endpoint.convert import (
 from services.endpoint.errors import BodyLimit, error_response, invalid_body
 from services.endpoint.routing import AdmissionRefused
 from services.endpoint.schemas import ChatCompletionRequest, MessagesRequest
-from services.endpoint.sessions import SessionEnded, SessionLimit, SessionStore
+from services.endpoint.sessions import SessionEnded, SessionLimit, SessionStore, UnknownSession
 from services.endpoint.settings import EndpointSettings
 from services.endpoint.turns import Served, take_turn
 
 # Each refusal the endpoint raises, as its status code and error type.
 ERRORS: tuple[tuple[type[Exception], int, str], ...] = (
     (Unauthorized, 401, "authentication_error"),
+    (Forbidden, 403, "permission_error"),
+    (UnknownSession, 404, "not_found_error"),
     (BadRequest, 400, "invalid_request_error"),
     (GenerateRefused, 400, "invalid_request_error"),
     (UnknownModel, 404, "not_found_error"),
@@ -82,14 +87,14 @@ ERRORS: tuple[tuple[type[Exception], int, str], ...] = (
 )
 
 
-def create_app(settings: EndpointSettings, token: str | None, backend: Backend | None = None) -> FastAPI:
+def create_app(settings: EndpointSettings, token: str, backend: Backend | None = None) -> FastAPI:
+    gate = Gate(token)  # first: no app exists without a service token
     store = SessionStore(
         settings.max_sessions,
         settings.session_idle_seconds,
         settings.max_turns_per_session,
         on_drop=lambda session_id: app.state.backend.router.release(session_id),
     )
-    gate = Gate(token)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -99,7 +104,8 @@ def create_app(settings: EndpointSettings, token: str | None, backend: Backend |
         yield
         await app.state.backend.close()
 
-    app = FastAPI(title="dockyard policy endpoint", docs_url=None, redoc_url=None, lifespan=lifespan)
+    # The schema is served below, behind the service token; no interactive docs pages.
+    app = FastAPI(title="dockyard policy endpoint", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.store, app.state.backend = store, backend
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
 
@@ -127,9 +133,14 @@ def create_app(settings: EndpointSettings, token: str | None, backend: Backend |
     async def health():
         return {"status": "ok", "sessions": len(store)}
 
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request):
+        gate.admin(request, "the OpenAPI schema")
+        return app.openapi()
+
     @app.get("/v1/models")
     async def models(request: Request):
-        gate.authorize(request)
+        gate.caller(request)
         jobs = await app.state.backend.running_jobs()
         data = [
             {"id": j.job_id, "object": "model", "created": j.create_time.seconds, "owned_by": "dockyard"} for j in jobs
@@ -146,11 +157,7 @@ def create_app(settings: EndpointSettings, token: str | None, backend: Backend |
                 f"{SAMPLING_HEADER}: the only value a request may send is {SAMPLING_GREEDY!r}; the job's "
                 "sampling settings are authoritative"
             )
-        if gate.authorize(request) is not None:
-            raise Unauthorized(
-                f"{SAMPLING_HEADER}: {SAMPLING_GREEDY} is for validation calls with the service token; a session "
-                "samples with the job's settings"
-            )
+        gate.admin(request, f"{SAMPLING_HEADER}: {SAMPLING_GREEDY} (a validation call's greedy decoding)")
         return True
 
     def reply_headers(session_id: str | None, served: Served) -> dict[str, str]:
@@ -158,8 +165,10 @@ def create_app(settings: EndpointSettings, token: str | None, backend: Backend |
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        session_id = gate.session_of(request)
-        served = await take_turn(app.state.backend, store, body.model, from_openai(body), session_id, greedy(request))
+        session_id, create = gate.session_of(request)
+        served = await take_turn(
+            app.state.backend, store, body.model, from_openai(body), session_id, create, greedy(request)
+        )
         headers = reply_headers(session_id, served)
         if body.stream:
             with_usage = bool((body.stream_options or {}).get("include_usage"))
@@ -169,9 +178,9 @@ def create_app(settings: EndpointSettings, token: str | None, backend: Backend |
 
     @app.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request):
-        session_id = gate.session_of(request)
+        session_id, create = gate.session_of(request)
         served = await take_turn(
-            app.state.backend, store, body.model, from_anthropic(body), session_id, greedy(request)
+            app.state.backend, store, body.model, from_anthropic(body), session_id, create, greedy(request)
         )
         headers = reply_headers(session_id, served)
         if body.stream:
@@ -181,24 +190,26 @@ def create_app(settings: EndpointSettings, token: str | None, backend: Backend |
 
     @app.get("/v1/routing")
     async def routing(request: Request):
-        gate.authorize(request)
+        gate.admin(request, "the routing state")
         return app.state.backend.router.snapshot()
 
     @app.post("/v1/sessions")
     async def new_session(request: Request):
         session_id, api_key = gate.open_session(request)
+        store.open(session_id)  # held from now on: its key's calls find it (SessionLimit when full)
         return SessionOpened(session_id=session_id, api_key=api_key).to_json()
 
     @app.get("/v1/sessions/{session_id}/trajectory")
     async def trajectory(session_id: str, request: Request):
-        session = store.get(session_id) if gate.may_read(request, session_id) else None
-        if session is None:
+        gate.may_read(request, session_id)
+        if (session := store.get(session_id)) is None:
             raise HTTPException(404, f"no session {session_id!r}")
         return session.trajectory()
 
     @app.delete("/v1/sessions/{session_id}")
     async def delete(session_id: str, request: Request):
-        if not gate.may_read(request, session_id) or not store.delete(session_id):
+        gate.admin(request, "ending a session")
+        if not store.delete(session_id):
             raise HTTPException(404, f"no session {session_id!r}")
         app.state.backend.router.release(session_id)
         return SessionDeleted(deleted=session_id).to_json()

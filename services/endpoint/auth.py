@@ -1,12 +1,26 @@
 """Who may call the endpoint, and which session a call belongs to.
 
-    Authorization: Bearer <t> | x-api-key: <t> ──Gate.authorize──> None (the service token) | the key's session id
-    X-Dockyard-Session header, else the key's session ──Gate.session_of──> the call's session (or None)
+    Authorization: Bearer <t> | x-api-key: <t> ──Gate.caller──> Caller(admin: the service token | session: the key's)
+    Caller + X-Dockyard-Session header ──Gate.session_of──> the call's session (or None: not recorded)
 
-Guarantees: with a service token set, a call needs that token or a session key (`dys-<id>-<HMAC-SHA256
-of the id under the token>`, compared in constant time), else Unauthorized (a 401); without one,
-any credential is accepted. A session key binds its calls to its own session; only the service
-token opens new sessions. A session header must match the contract's SESSION_ID_PATTERN (a 400).
+Two credentials exist. The service token (DOCKYARD_AUTH_TOKEN) is the admin's: the coordinator and
+operators hold it. A session key, `dys-<id>-<HMAC-SHA256 of the id under the service token>`, is what a
+scaffold holds: it is minted only by POST /v1/sessions (the service token's), and the key alone names
+its session, so nothing else in a request can point it at another.
+
+Guarantees:
+- There is no endpoint without a service token: Gate refuses an empty one (a ValueError at startup),
+  so session keys are never signed under an empty or guessable secret.
+- Every credential is compared in constant time. No credential, a wrong token, a forged or malformed
+  key is Unauthorized (401).
+- A session key may: make model calls in its own session, list the models, read its own session's
+  trajectory. Anything else it tries is Forbidden (403), with the reason: a session header naming
+  another session (never redirected), reading another session, opening or ending a session, the
+  routing state, the OpenAPI schema.
+- A session header must match the contract's SESSION_ID_PATTERN (a 400).
+- Only the service token opens sessions: explicitly (POST /v1/sessions) or, as the admin, by naming
+  a new id in the session header; a key's session that is not open (ended, dropped after idling) is
+  refused by the store (services/endpoint/sessions.py: UnknownSession), never made anew.
 """
 
 from __future__ import annotations
@@ -15,6 +29,7 @@ import hashlib
 import hmac
 import re
 import uuid
+from dataclasses import dataclass
 
 from starlette.requests import Request
 
@@ -23,10 +38,16 @@ from services.endpoint.convert import BadRequest
 
 _SESSION_ID = re.compile(SESSION_ID_PATTERN)
 _KEY = re.compile(rf"^dys-([{SESSION_ID_CHARS}]{{1,{SESSION_ID_MAX_LENGTH}}})-([0-9a-f]{{32}})$")
+# What a session key may do, for the 403 that refuses anything else.
+KEY_MAY = "a session key may only call /v1/chat/completions, /v1/messages and /v1/models in its own session"
 
 
 class Unauthorized(Exception):
-    pass
+    """No credential, or one that is neither the service token nor a valid session key (401)."""
+
+
+class Forbidden(Exception):
+    """A valid session key asking for what only the service token, or another session's key, may do (403)."""
 
 
 def session_key(token: str, session_id: str) -> str:
@@ -44,37 +65,69 @@ def credentials(request: Request) -> str | None:
     return given
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who made a call: the admin (the service token), or the holder of one session's key."""
+
+    admin: bool
+    session: str | None = None  # the key's session (None for the admin)
+
+
 class Gate:
-    """The endpoint's checks of a call's credentials and session, under one service token (or none)."""
+    """The endpoint's checks of a call's credentials and session, under one service token."""
 
     def __init__(self, token: str | None) -> None:
+        if not token:
+            raise ValueError(
+                "the endpoint needs a service token (DOCKYARD_AUTH_TOKEN or DOCKYARD_AUTH_TOKEN_FILE): it signs "
+                "session keys with it; `dockyard run` and `dockyard up` create one when none is set"
+            )
         self.token = token
 
-    def authorize(self, request: Request) -> str | None:
-        """The session id the credentials carry (None for the service token); Unauthorized if they fail."""
+    def caller(self, request: Request) -> Caller:
+        """The caller the credentials prove; Unauthorized when they prove none."""
         given = credentials(request)
-        if given and (match := _KEY.match(given)):
-            if hmac.compare_digest(given, session_key(self.token or "", match.group(1))):
-                return match.group(1)
-        if self.token and not (given and hmac.compare_digest(given.encode(), self.token.encode())):
-            raise Unauthorized("missing or wrong token: send Authorization: Bearer <token> or x-api-key")
-        return None
+        if not given:
+            raise Unauthorized(
+                "no credentials: send the service token or a session key as Authorization: Bearer or x-api-key"
+            )
+        if hmac.compare_digest(given.encode(), self.token.encode()):
+            return Caller(admin=True)
+        if (match := _KEY.match(given)) and hmac.compare_digest(given, session_key(self.token, match.group(1))):
+            return Caller(admin=False, session=match.group(1))
+        raise Unauthorized("wrong credentials: neither the service token nor a valid session key")
 
-    def session_of(self, request: Request) -> str | None:
-        """The call's session: its session header, else its key's; None when it has neither."""
-        from_key = self.authorize(request)
+    def admin(self, request: Request, what: str) -> None:
+        """Only the service token may do `what`; a session key is Forbidden."""
+        if not self.caller(request).admin:
+            raise Forbidden(f"{what} needs the service token; {KEY_MAY}")
+
+    def session_of(self, request: Request) -> tuple[str | None, bool]:
+        """(the call's session, whether the call may open it when it is new).
+
+        The admin's session is its session header (None: served, not recorded), opened when new; a key's
+        is the key's own, and a header naming any other session is Forbidden."""
+        caller = self.caller(request)
         header = request.headers.get(SESSION_HEADER)
         if header is not None and not _SESSION_ID.match(header):
             raise BadRequest(f"{SESSION_HEADER} must match {_SESSION_ID.pattern}")
-        return header or from_key
+        if caller.admin:
+            return header, True
+        if header is not None and header != caller.session:
+            raise Forbidden(
+                f"this session key belongs to session {caller.session!r}; {SESSION_HEADER} names {header!r}: "
+                "a key writes only to its own session"
+            )
+        return caller.session, False
 
-    def may_read(self, request: Request, session_id: str) -> bool:
-        """Whether the call may read or end `session_id`: the service token, or that session's own key."""
-        return self.authorize(request) in (None, session_id)
+    def may_read(self, request: Request, session_id: str) -> None:
+        """The service token reads any session; a key only its own (else Forbidden)."""
+        caller = self.caller(request)
+        if not caller.admin and caller.session != session_id:
+            raise Forbidden(f"this session key belongs to session {caller.session!r}, not {session_id!r}")
 
     def open_session(self, request: Request) -> tuple[str, str]:
         """A new session id and its key; only the service token may open one."""
-        if self.authorize(request) is not None:
-            raise Unauthorized("a session key cannot open other sessions; use the service token")
+        self.admin(request, "opening a session")
         session_id = f"s-{uuid.uuid4().hex}"
-        return session_id, session_key(self.token or "", session_id)
+        return session_id, session_key(self.token, session_id)

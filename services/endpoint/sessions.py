@@ -29,7 +29,9 @@ Guarantees:
   the sampled tokens the scaffold built on.
 - The store holds at most `max_sessions`; sessions idle longer than
   `idle_seconds` are dropped first; a new session beyond the bound is refused
-  (SessionLimit). A session takes at most `max_turns` turns (SessionLimit).
+  (SessionLimit). A session takes at most `max_turns` turns (SessionLimit). A session that is not
+  held is created only when the caller may open one (`open(create=True)`: the service token's
+  calls); otherwise it is UnknownSession, so a deleted or idle-dropped session's key revives nothing.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ from services.endpoint.rendering import Message, Renderer, bridge
 
 class SessionLimit(Exception):
     """Too many sessions, or too many turns in one."""
+
+
+class UnknownSession(Exception):
+    """A session key's session is not open (never opened, ended, or dropped after idling)."""
 
 
 class SessionEnded(Exception):
@@ -314,9 +320,14 @@ class SessionStore:
     def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
 
-    def open(self, session_id: str) -> Session:
-        """The session (created when new), its idle clock reset; SessionLimit when the store is full."""
+    def open(self, session_id: str, create: bool = True) -> Session:
+        """The session, its idle clock reset; when new, created (SessionLimit when the store is full), or
+        with create=False refused (UnknownSession): a key's session is never made anew."""
         session = self._sessions.get(session_id)
+        if session is None and not create:
+            raise UnknownSession(
+                f"session {session_id!r} is not open (ended, or dropped after idling): its key opens no new one"
+            )
         if session is None:
             if len(self._sessions) >= self.max_sessions:
                 self.expire()

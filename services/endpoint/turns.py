@@ -68,13 +68,20 @@ class Served:
 
 
 async def take_turn(
-    backend: Backend, store: SessionStore, model_id: str, chat: Chat, session_id: str | None, greedy: bool = False
+    backend: Backend,
+    store: SessionStore,
+    model_id: str,
+    chat: Chat,
+    session_id: str | None,
+    create: bool = True,
+    greedy: bool = False,
 ) -> Served:
     """Serve one call of `session_id` (None: not recorded) with the job `model_id`'s current policy, under
-    the job's sampling law (greedy: a validation call's)."""
+    the job's sampling law (greedy: a validation call's); a session not held is opened only with `create`
+    (else UnknownSession)."""
     job = await backend.model(model_id)
     law = turn_sampling(job, greedy)
-    session = store.open(session_id) if session_id else Session("", store.max_turns, 0.0)
+    session = store.open(session_id, create) if session_id else Session("", store.max_turns, 0.0)
     images = None
     if chat.images:  # the job's multimodal gate, before any replica is asked
         try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -78,6 +79,7 @@ class Project:
             "DOCKYARD_SANDBOX_WORK_ROOT": str(self.work_root),
             "DOCKYARD_SANDBOX_MAX_CONCURRENCY": "2",
             "DOCKYARD_OVERRIDES": OVERRIDES,
+            "DOCKYARD_AUTH_TOKEN": secrets.token_urlsafe(32),  # compose requires one (the endpoint signs keys with it)
         }
 
     def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -98,9 +100,10 @@ class Project:
         return found
 
 
-def grpcurl(address: str, method: str, payload: str = "{}") -> dict:
+def grpcurl(address: str, token: str, method: str, payload: str = "{}") -> dict:
     binary = require_tool(GRPCURL, "grpcurl")
-    result = sh(binary, "-plaintext", "-d", payload, address, method, timeout=30)
+    auth = f"authorization: Bearer {token}"
+    result = sh(binary, "-plaintext", "-H", auth, "-d", payload, address, method, timeout=30)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -117,14 +120,14 @@ def test_compose_runs_the_tiny_recipe_and_leaves_nothing_behind(images, tmp_path
 
         # From the host, through the published port: the one job, which `submit` printed, SUCCEEDED.
         address = f"127.0.0.1:{project.port}"
-        listed = grpcurl(address, "dockyard.coordinator.v1.CoordinatorService/ListJobs")["jobs"]
+        token = project.env["DOCKYARD_AUTH_TOKEN"]
+        listed = grpcurl(address, token, "dockyard.coordinator.v1.CoordinatorService/ListJobs")["jobs"]
         assert len(listed) == 1, listed
         job_id = listed[0]["job_id"]
         submit_log = project.compose("logs", "--no-color", "--no-log-prefix", "submit").stdout
         assert job_id in submit_log.split(), submit_log
-        job = grpcurl(address, "dockyard.coordinator.v1.CoordinatorService/GetJob", json.dumps({"job_id": job_id}))[
-            "job"
-        ]
+        method = "dockyard.coordinator.v1.CoordinatorService/GetJob"
+        job = grpcurl(address, token, method, json.dumps({"job_id": job_id}))["job"]
         assert job["state"] == "JOB_STATE_SUCCEEDED", job
         assert int(job["step"]) == STEPS and int(job["max_steps"]) == STEPS, job
 
@@ -132,7 +135,10 @@ def test_compose_runs_the_tiny_recipe_and_leaves_nothing_behind(images, tmp_path
         with urllib.request.urlopen(f"http://127.0.0.1:{project.endpoint_port}/health", timeout=10) as health:
             assert health.status == 200
         # So does the coordinator's dashboard, which lists the job.
-        with urllib.request.urlopen(f"http://127.0.0.1:{project.dashboard_port}/api/state", timeout=10) as state:
+        dashboard = urllib.request.Request(
+            f"http://127.0.0.1:{project.dashboard_port}/api/state", headers={"authorization": f"Bearer {token}"}
+        )
+        with urllib.request.urlopen(dashboard, timeout=10) as state:
             assert job_id in {j["job_id"] for j in json.loads(state.read())["jobs"]}
 
         # The run folder lies on the shared volume, written by the coordinator.

@@ -1,5 +1,5 @@
 """`dockyard up` serves on the ports its flags and DOCKYARD_<SVC>_PORT name, and `dockyard status`
-finds that coordinator through DOCKYARD_CLI_COORDINATOR_ADDRESS."""
+finds that coordinator through DOCKYARD_CLI_COORDINATOR_ADDRESS, with the service token `up` created."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ pytestmark = pytest.mark.slow
 
 def test_up_binds_the_ports_of_its_flags_and_environment_and_status_follows(tmp_path: Path) -> None:
     ports = {service: free_port() for service in ("coordinator", "trainer", "rollout", "buffer", "sandbox", "endpoint")}
-    env = {**os.environ, "DOCKYARD_TRAINER_PORT": str(ports["trainer"]), "DOCKYARD_BUFFER_PORT": str(ports["buffer"])}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKYARD_AUTH_TOKEN")}
+    env = {**env, "DOCKYARD_TRAINER_PORT": str(ports["trainer"]), "DOCKYARD_BUFFER_PORT": str(ports["buffer"])}
     env["DOCKYARD_ENDPOINT_PORT"] = str(ports["endpoint"])  # the policy endpoint (HTTP) too
     env["DOCKYARD_COORDINATOR_STATE_DIR"] = str(tmp_path / "state")  # its own job store: no other test's jobs
     flags = [a for s in ("coordinator", "rollout", "sandbox") for a in (f"--{s}-port", str(ports[s]))]
@@ -38,17 +39,21 @@ def test_up_binds_the_ports_of_its_flags_and_environment_and_status_follows(tmp_
         for service, port in ports.items():
             assert listed.get(service) == f"127.0.0.1:{port}", "".join(output)
 
+        # `up` made the stack's service token (none was set) and showed where it is, not what it is.
+        token_file = tmp_path / "service-token"
+        shown = "".join(output)
+        assert f"service token: {token_file}" in shown and token_file.read_text().strip() not in shown
         status_env = {**os.environ, "DOCKYARD_CLI_COORDINATOR_ADDRESS": f"127.0.0.1:{ports['coordinator']}"}
-        status = subprocess.run(
-            [sys.executable, "-m", "dockyard.cli", "status"],
-            cwd=REPO_ROOT,
-            env=status_env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert status.returncode == 0, status.stderr
-        assert "no jobs" in status.stdout and "fleet:" in status.stdout
+
+        def status(env: dict[str, str]) -> subprocess.CompletedProcess:
+            command = [sys.executable, "-m", "dockyard.cli", "status"]
+            return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+        refused = status(status_env)
+        assert refused.returncode != 0 and "UNAUTHENTICATED" in refused.stderr, refused.stderr
+        served = status({**status_env, "DOCKYARD_AUTH_TOKEN_FILE": str(token_file)})
+        assert served.returncode == 0, served.stderr
+        assert "no jobs" in served.stdout and "fleet:" in served.stdout
     finally:
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)

@@ -1,6 +1,6 @@
 """An external scaffold's failure is its trial's, not the job's.
 
-A non-zero exit (before any model call: the endpoint has no record of the session, a 404), the time
+A non-zero exit (before any model call: the session the coordinator opened holds no call), the time
 limit, garbage output and a scaffold that never called the model each become a masked trial (no tokens,
 ERROR, marked as a scaffold error) with the scaffold's stderr tail; they are counted per step
 (`scaffold_errors`), written to samples.jsonl, never make a group be generated again, and only more than
@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from dockyard.agents.external import SCAFFOLD_ERROR_PREFIX, TAIL_CHARS, is_scaffold_error
+from dockyard.agents.scaffold import TrialLost
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2
 from dockyard.cli.views import fleet_summary
@@ -102,13 +103,13 @@ class FakeSandbox:
 
 
 class FakeEndpoint:
-    """POST /v1/sessions, the trajectory read (404 for a session nothing was recorded in, as today, or an
-    empty document when `empty_documents`), DELETE."""
+    """POST /v1/sessions, the trajectory read (an opened session nothing was recorded in has an empty
+    document, as the endpoint's; every read a 404 when the endpoint `lost` its sessions), DELETE."""
 
-    def __init__(self, empty_documents: bool = False) -> None:
+    def __init__(self, lost: bool = False) -> None:
         self.called: set[str] = set()
         self.opened = 0
-        self.empty_documents = empty_documents
+        self.lost = lost
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -119,7 +120,7 @@ class FakeEndpoint:
         if request.method == "DELETE":
             return httpx.Response(200, json={"deleted": path.rsplit("/", 1)[-1]})
         session = path.split("/")[3]
-        if session not in self.called and not self.empty_documents:
+        if self.lost:
             return httpx.Response(404, json={"type": "error", "error": {"message": f"no session {session!r}"}})
         segments = []
         if session in self.called:
@@ -152,10 +153,10 @@ async def passed(task, answer, request_id):
     return common_pb2.Verdict(status=common_pb2.VERDICT_STATUS_PASSED, tests_passed=1, tests_total=1)
 
 
-def setup(ends, *overrides: str, empty_documents: bool = False):
+def setup(ends, *overrides: str, lost: bool = False):
     base = ["grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=4", "logger.num_samples_per_step=0"]
     config = load_config(CONFIG, base + list(overrides))
-    endpoint = FakeEndpoint(empty_documents)
+    endpoint = FakeEndpoint(lost)
     sandbox = FakeSandbox(endpoint, ends)
     fleet = Fleet(60.0, channel_factory=lambda kind, address, mb: (None, sandbox))
     fleet.register("sandbox", "sandbox", "127.0.0.1:1")
@@ -194,7 +195,7 @@ async def put(group):
 
 
 FAILURES = {
-    "exit 3 before its first call (the endpoint answers 404)": (CRASH, "exited with status 3", "ImportError"),
+    "exit 3 before its first call": (CRASH, "exited with status 3", "ImportError"),
     "killed at the time limit": (
         Ends(timed_out=True, exit_code=-9, stderr="still thinking"),
         "killed at the trial's time limit",
@@ -214,10 +215,9 @@ FAILURES = {
 
 
 @pytest.mark.parametrize("case", list(FAILURES))
-@pytest.mark.parametrize("empty_documents", [False, True], ids=["404", "empty document"])
-async def test_each_kind_of_scaffold_failure_is_a_masked_trial_with_its_stderr_tail(case, empty_documents) -> None:
+async def test_each_kind_of_scaffold_failure_is_a_masked_trial_with_its_stderr_tail(case) -> None:
     ends, error, stderr = FAILURES[case]
-    config, trials, _ = setup([ends], "env.scaffold.answer_file=answer.txt", empty_documents=empty_documents)
+    config, trials, _ = setup([ends], "env.scaffold.answer_file=answer.txt")
     task = load_tasks(config, "train")[0]
     try:
         [trial] = await trials.group(task, "job/g0", 0, 1, config.policy.generation)
@@ -230,6 +230,18 @@ async def test_each_kind_of_scaffold_failure_is_a_masked_trial_with_its_stderr_t
     assert t.verdict.error_message.startswith(f"{SCAFFOLD_ERROR_PREFIX}{PACKAGE}: {error}"), t.verdict.error_message
     assert trial.scaffold_error.startswith(error) and stderr in trial.output_tail
     assert trials.scaffold_errors.total == 1 and trials.regenerated_groups == 0
+
+
+async def test_a_session_the_endpoint_lost_is_a_lost_trial_not_a_scaffold_error() -> None:
+    config, trials, _ = setup([CRASH], "env.scaffold.answer_file=answer.txt", lost=True)
+    task = load_tasks(config, "train")[0]
+    try:
+        with pytest.raises(TrialLost, match="404"):
+            await trials.group(task, "job/g0", 0, 1, config.policy.generation)
+    finally:
+        await trials.close()
+    # Generated again (and lost again) as a replica's failure would be; never counted against the scaffold.
+    assert trials.regenerated_groups > 0 and trials.scaffold_errors.total == 0
 
 
 async def test_a_scaffold_that_ran_and_called_the_model_is_a_scored_trial() -> None:

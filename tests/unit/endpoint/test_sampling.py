@@ -112,11 +112,11 @@ async def test_greedy_is_the_service_tokens_only(app, backend) -> None:
     assert backend.law() == (0.0, 0.9, 5) and raw.headers[SAMPLING_HEADER] == "temperature=0 top_p=0.9 top_k=5"
     opened = await oa(app).post("/sessions", cast_to=object, body={})
     key = opened["api_key"]
-    with pytest.raises(openai.AuthenticationError, match="service token"):
+    with pytest.raises(openai.PermissionDeniedError, match="service token"):
         await oa(app, key).chat.completions.create(
             model="job-1", messages=MESSAGES, extra_headers={SAMPLING_HEADER: "greedy"}
         )
-    with pytest.raises(anthropic.AuthenticationError, match="service token"):
+    with pytest.raises(anthropic.PermissionDeniedError, match="service token"):
         await an(app, key).messages.create(
             model="job-1", max_tokens=4, messages=MESSAGES, extra_headers={SAMPLING_HEADER: "greedy"}
         )
