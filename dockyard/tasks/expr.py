@@ -44,7 +44,9 @@ expression. ``python3 f.py <x>`` reads f at any integer ``x``, keeps the points
 read so far in ``points.txt`` of the session's work folder and prints them all,
 sorted (``f(0)=1 f(2)=5``); any other argument prints a one-line error to
 stderr and exits 1. The answer may be written ``f(x)=<expression>``
-(``agent_answer`` takes the expression).
+(``agent_answer`` takes the expression). An external scaffold has no tool
+``f``: its prompt is ``external_agent_prompt`` (run ``python f.py <x>``, write
+the expression to the answer file), chosen by dockyard/tasks/instructions.py.
 The tests, the reference solution and the split of each function are those of
 ``make_tasks`` with the same ``(split, n, seed)``, in the same order, so the
 answer is scored exactly like a single-turn completion (``program_for``).
