@@ -35,7 +35,7 @@ from dockyard.config.grpo import (
     RewardShapingConfig,
     ToggleConfig,
 )
-from dockyard.config.launch_rules import ENV_SOURCES, config_errors, launch_errors
+from dockyard.config.launch_rules import ENV_SOURCES, STATE_SCORED_ENVS, config_errors, launch_errors
 from dockyard.config.loading import (
     CONFIG_PARSE_SECONDS,
     MAX_CONFIG_BYTES,
@@ -123,6 +123,7 @@ __all__ = [
     "REDUCTIONS",
     "SCAFFOLD_ENV_NAMES",
     "SCALES",
+    "STATE_SCORED_ENVS",
     "TOP_P_ABOVE",
     "VLLM_MAX_TEMPERATURE",
     "AdvantageConfig",

@@ -35,6 +35,9 @@ ENV_SOURCES = {
     "gdpval": "gdpval",
     "osworld": "osworld",
 }
+# Environments whose agent trials are scored from the state the agent leaves in its session (the
+# repository's diff, the task's tests, the deliverables), not from an answer it hands in.
+STATE_SCORED_ENVS = ("swe", "terminal_bench", "gdpval")
 
 _ASYNC = "grpo.async_grpo.enabled"
 _OPD = "grpo.adv_estimator.name=opd"
@@ -268,6 +271,16 @@ def config_errors(config: Any) -> list[tuple[str, str]]:
         )
     if config.env.name == "osworld" and not config.policy.generation.allow_multimodal_inputs:
         errors.append(("policy.generation.allow_multimodal_inputs", "env osworld observes screenshots: set it to true"))
+    scaffold = config.env.scaffold
+    if scaffold is not None and not scaffold.answer_file and config.env.name not in (*STATE_SCORED_ENVS, "osworld"):
+        # Without it every trial scores the empty answer: reward 0 whatever the scaffold did.
+        errors.append(
+            (
+                "env.scaffold.answer_file",
+                f"env {config.env.name} scores the answer an external scaffold hands in: name the work-folder "
+                "file it writes it to (the prompt tells the scaffold so), e.g. answer.txt",
+            )
+        )
     if config.env.name == "expr_agent" and not config.env.agentic:
         errors.append(("env.tools", "env expr_agent is a multi-turn task: give it its tool f (or a scaffold)"))
     if config.env.name == "swe" and config.env.tools and not {t.kind for t in config.env.tools} & FILE_CHANGING_TOOLS:

@@ -131,8 +131,11 @@ class ScaffoldConfig(Section):
         None,
         pattern=r"^[A-Za-z0-9._-][A-Za-z0-9._/-]{0,254}$",
         description=(
-            "Envs that score an answer (not `swe`): the work-folder file whose text is the trial's "
-            "answer; `null`: the empty answer. `swe` scores the session's diff."
+            "Envs that score an answer (all but `swe`, `terminal_bench` and `gdpval`, which score the "
+            "state the scaffold leaves): the work-folder file whose text is the trial's answer, read "
+            "once the scaffold has exited; the prompt tells the scaffold to write its answer there "
+            "([agents.md](agents.md#what-an-external-scaffold-is-told)). Required for those envs; "
+            "a file that is missing then is the empty answer."
         ),
     )
 

@@ -19,8 +19,10 @@
     osworld             osworld (OSWorld task      desktop trials in a VM: no provider here, refused at launch
                         JSON files)                (dockyard/tasks/osworld.py; docs/osworld.md)
 
-An agent environment's trials (env.tools set) end with an answer that is scored like a completion
-(swe's trials are scored from their session's work folder instead: services/coordinator/agent_trials.py).
+An agent environment's trials (env.tools or env.scaffold set) end with an answer that is scored like a
+completion (swe, terminal_bench and gdpval trials are scored from their session instead:
+services/coordinator/agent_trials.py); each trial's prompt says how its scaffold, built-in or external,
+hands the work in (dockyard/tasks/instructions.py, the one home of those words).
 Every environment is scored through the sandbox service; gRPC errors propagate to the caller (the
 collector turns them into ERROR verdicts or a failed job). The verdict carries the integrity flag
 (`integrity_violation`), which the collector turns into a zero reward.
@@ -29,13 +31,14 @@ collector turns them into ERROR verdicts or a failed job). The verdict carries t
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.config import JUDGE_TEMPLATE, DatasetConfig, MasterConfig
 from dockyard.tasks import expr, gdpval, osworld, programs, qa, swe, terminal
+from dockyard.tasks.instructions import HandIn, agent_prompt, hand_in
 from dockyard.tasks.qa_judge import Judge
 from dockyard.tasks.task import Task
 
@@ -50,9 +53,19 @@ class Environment:
     name: str
     agentic: bool = False  # env.tools set: each sample is a multi-turn trial (SWE: prompts ask for edits)
     judge: Judge | None = None  # hle with env.judge.enabled: asked about what the answer rules reject
+    # Agent trials: how the trial's scaffold hands its work in, which every prompt says (instructions.py).
+    hand_in: HandIn | None = None
 
     def load(self, split: str, dataset: DatasetConfig, other: DatasetConfig | None = None) -> list[Task]:
-        """The tasks of `split`; `other` is the other split's config (program tasks: which files serve both)."""
+        """The tasks of `split`; `other` is the other split's config (program tasks: which files serve both).
+        With `hand_in`, each prompt is the one the trial's scaffold gets (instructions.agent_prompt)."""
+        tasks = self._tasks(split, dataset, other)
+        if self.hand_in is None:
+            return tasks
+        how = self.hand_in
+        return [replace(task, prompt=agent_prompt(self.name, task.prompt, how)) for task in tasks]
+
+    def _tasks(self, split: str, dataset: DatasetConfig, other: DatasetConfig | None) -> list[Task]:
         if self.name == "expr":
             return expr.make_tasks(split, dataset.size, dataset.seed)
         if self.name == "expr_agent":
@@ -112,7 +125,7 @@ class Environment:
 
 
 def environment(config: MasterConfig, judge: Judge | None = None) -> Environment:
-    return Environment(config.env.name, config.env.agentic, judge)
+    return Environment(config.env.name, config.env.agentic, judge, hand_in(config.env))
 
 
 def judge_for(config: MasterConfig, job_id: str, endpoint_address: str, endpoint_token: str) -> Judge | None:

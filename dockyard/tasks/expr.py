@@ -44,7 +44,9 @@ expression. ``python3 f.py <x>`` reads f at any integer ``x``, keeps the points
 read so far in ``points.txt`` of the session's work folder and prints them all,
 sorted (``f(0)=1 f(2)=5``); any other argument prints a one-line error to
 stderr and exits 1. The answer may be written ``f(x)=<expression>``
-(``agent_answer`` takes the expression).
+(``agent_answer`` takes the expression). An external scaffold has no tool
+``f``: its prompt is ``external_agent_prompt`` (run ``python f.py <x>``, write
+the expression to the answer file), chosen by dockyard/tasks/instructions.py.
 The tests, the reference solution and the split of each function are those of
 ``make_tasks`` with the same ``(split, n, seed)``, in the same order, so the
 answer is scored exactly like a single-turn completion (``program_for``).
@@ -158,6 +160,16 @@ def program_for(completion: str) -> str:
 
 # Every character is a token of the tiny model's character tokenizer: keep it short, within its CHARSET.
 AGENT_PROMPT = "find f(x)."
+
+
+def external_agent_prompt(answer_file: str) -> str:
+    """An external scaffold's prompt (dockyard/tasks/instructions.py): it has no tool `f`, but a shell in
+    the session that holds f.py, and hands its answer in as the text of `answer_file`. Lowercase, no
+    digit: every character a token of the tiny model, and no point shown. The bare expression (which
+    agent_answer takes as it takes `f(x)=...`) is written without quotes, `echo 2*x+1 > answer.txt`,
+    so the tool call needs no backslash, which the tiny model cannot write."""
+    return f"find f(x). run python f.py <x> to read f(<x>). write f as an expression in x to {answer_file}."
+
 
 # The agent's tool in OpenAI format, as a scaffold sends it with each request.
 AGENT_TOOLS: list[dict] = [

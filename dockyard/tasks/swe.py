@@ -24,11 +24,12 @@ PROMPT = (
     "Answer with a single unified diff (git format, paths prefixed a/ and b/) that fixes the issue.\n"
 )
 # Multi-turn trials: the agent edits the checkout in its sandbox session; the session's diff is scored.
+# How the agent hands its work in is its scaffold's (dockyard/tasks/instructions.py adds it).
 AGENT_PROMPT = (
     "You are working in the repository {repo}, checked out at its current commit in your working "
     "directory.\nIssue:\n{problem}\n\n"
-    "Fix the issue by editing the repository's files with the tools, then call submit. Do not add or "
-    "change test files: held-out tests judge the fix, and a change to a test file earns nothing.\n"
+    "Fix the issue by editing the repository's files. Do not add or change test files: held-out "
+    "tests judge the fix, and a change to a test file earns nothing.\n"
 )
 _FENCE = re.compile(r"```(?:diff|patch)?\n(.*?)```", re.DOTALL)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dockyard.tasks.expr import external_agent_prompt
 from tests.conftest import REPO_ROOT
 from tests.e2e.conftest import DOCKYARD
 
@@ -107,5 +108,9 @@ def test_an_unchanged_pypi_scaffold_runs_trials_that_are_scored_and_trained(tmp_
     assert 0.0 < train["agent_masked_fraction"] < 1.0, train
     assert train["num_trajectories"] - train["invalid_trajectories"] >= 1, train
     assert train["num_segments"] >= 1, train
+    # What mini was told (DOCKYARD_TASK) names what it has (f.py, its shell) and where its answer goes,
+    # never a built-in tool.
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert samples and {s["prompt"] for s in samples} == {external_agent_prompt("answer.txt")}, samples
     # The client's temperature did not change the sampling law the trainer assumes.
     assert train["gen_train_logprob_abs_diff"] < MAX_LOGPROB_MISMATCH, train

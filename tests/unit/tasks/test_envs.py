@@ -162,6 +162,8 @@ def test_multi_turn_swe_asks_for_edits_and_needs_a_tool_that_makes_them(tmp_path
     agent = load_tasks(load_config(TINY, [*base, f"env.tools={tools}"]), "train")[0]
     assert single.task_id == agent.task_id and "f is wrong" in single.prompt and "f is wrong" in agent.prompt
     assert "unified diff" in single.prompt and "unified diff" not in agent.prompt
-    assert "call submit" in agent.prompt and "test files" in agent.prompt
+    # The config's own submit tool, by its name (not a name the config never gave it).
+    assert agent.prompt.endswith("When you are done, call done.\n") and "test files" in agent.prompt
+    assert "submit" not in agent.prompt
     with pytest.raises(ConfigError, match="env.tools: multi-turn swe"):
         load_config(TINY, [*base, "env.tools=[{name: look, kind: read_file}, {name: done, kind: submit}]"])
