@@ -36,7 +36,8 @@ ENV_SOURCES = {
     "osworld": "osworld",
 }
 # Environments whose agent trials are scored from the state the agent leaves in its session (the
-# repository's diff, the task's tests, the deliverables), not from an answer it hands in.
+# repository's diff, the task's tests, the deliverables), not from an answer it hands in: their
+# sessions open on a task of a task set and are scored by the sandbox's ScoreSession.
 STATE_SCORED_ENVS = ("swe", "terminal_bench", "gdpval")
 
 _ASYNC = "grpo.async_grpo.enabled"

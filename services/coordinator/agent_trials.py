@@ -48,15 +48,13 @@ from dockyard.agents.tools import Toolbox
 from dockyard.agents.trajectory import trial_tokens
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2
-from dockyard.config import MasterConfig, SamplingConfig
+from dockyard.config import STATE_SCORED_ENVS, MasterConfig, SamplingConfig
 from dockyard.rpc.retry import OVERLOADED, PEER_LOST
 from dockyard.tasks import swe
 from dockyard.tasks.task import Task
 from services.coordinator.fleet import Fleet, Member
 from services.coordinator.scaffold_errors import ScaffoldErrors
 
-# Environments whose sessions open on a task of a task set and are scored by ScoreSession.
-TASK_SESSION_ENVS = ("swe", "terminal_bench", "gdpval")
 # A full (RESOURCE_EXHAUSTED) or unreachable sandbox worker frees up or comes back: wait for it.
 OPEN_RETRIABLE = OVERLOADED | PEER_LOST
 
@@ -314,7 +312,7 @@ class AgentTrials:
         """(the verdict, the text it scored): the answer, or for a task session the sandbox's own scoring
         of it (swe: the session's diff against the base commit, with the held-out tests applied after it,
         whatever the answer said; terminal_bench: the task's tests run in the session)."""
-        if self.config.env.name in TASK_SESSION_ENVS:
+        if self.config.env.name in STATE_SCORED_ENVS:
             try:
                 scored = await sandbox.score(self._limits)
             except grpc.aio.AioRpcError as exc:
@@ -328,7 +326,7 @@ class AgentTrials:
     async def _open(self, task: Task, session_id: str) -> tuple[Member, SandboxSession] | str:
         """A session on the least loaded worker; a full or unreachable worker is waited out (other
         workers tried first) up to the fleet wait timeout. The error, as text, when none opened one."""
-        in_task_set = self.config.env.name in TASK_SESSION_ENVS
+        in_task_set = self.config.env.name in STATE_SCORED_ENVS
         task_set, instance_id = swe.split_task_id(task.task_id) if in_task_set else ("", "")
         scaffold = self.config.env.scaffold
         loop = asyncio.get_running_loop()
