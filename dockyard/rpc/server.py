@@ -1,6 +1,6 @@
 """A grpc.aio server with what every dockyard service needs.
 
-    request --> TokenAuthInterceptor --> RpcContextInterceptor --> servicer (unary, or streaming one way)
+    request --> TokenAuthInterceptor --> RpcContextInterceptor --> servicer (unary or streaming, either way)
                  (when a token is set:    bytes that do not parse: INVALID_ARGUMENT naming the method;
                   UNAUTHENTICATED         binds rpc / request_id / job_id into every log line,
                   without it; see auth.py) turns ServiceError into its status code, INTERNAL otherwise
@@ -14,12 +14,14 @@ NOT_SERVING first and keeps serving for `drain_seconds` (so health checkers
 and load balancers see it go), then the server stops with a grace period for
 in-flight calls, then the service's own shutdown hook runs. A request that does not
 parse (invalid UTF-8 in a string, nesting past protobuf's recursion limit, truncated
-bytes) is INVALID_ARGUMENT naming the method, never UNKNOWN.
+bytes) is INVALID_ARGUMENT naming the method, never UNKNOWN. Every handler kind passes the
+interceptors in its own shape, so health Watch (a coroutine writing its stream) streams.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import signal
 import time
 import uuid
@@ -97,65 +99,81 @@ async def _answered(context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
         log.debug("rpc done", seconds=round(time.perf_counter() - start, 4))
 
 
+@dataclass(frozen=True)
+class _CallContext:
+    """What one call's wrapper needs: its method (for messages and logs) and its metadata."""
+
+    method: str
+    metadata: dict[str, Any]
+
+    async def refuse_undecodable(self, request, context: grpc.aio.ServicerContext) -> None:
+        if isinstance(request, _Undecodable):
+            log.info("rpc refused", rpc=self.method, code="INVALID_ARGUMENT", error=request.error)
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, clip(f"{self.method}: the request does not parse ({request.error})")
+            )
+
+    def ids(self, request) -> dict[str, str]:
+        bound = {"rpc": self.method, "request_id": self.metadata.get("x-request-id") or uuid.uuid4().hex[:16]}
+        if job_id := getattr(request, "job_id", ""):
+            bound["job_id"] = job_id
+        return bound
+
+    async def checked(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async for request in requests:
+            await self.refuse_undecodable(request, context)
+            yield request
+
+    @asynccontextmanager
+    async def around(self, first, context: grpc.aio.ServicerContext, streamed: bool) -> AsyncIterator[Any]:
+        """Yields what the servicer gets first: the request, or the checked request stream."""
+        if not streamed:
+            await self.refuse_undecodable(first, context)
+        with structlog.contextvars.bound_contextvars(**self.ids(None if streamed else first)):
+            async with _answered(context):
+                yield self.checked(first, context) if streamed else first
+
+    def wrap(self, inner: Callable[..., Any], streamed: bool) -> Callable[..., Any]:
+        """A handler function of inner's own shape. grpc.aio takes an async generator (it iterates the
+        replies) or a coroutine (it returns the reply, or writes a stream with context.write, as grpc's
+        health Watch does): iterating a coroutine, or awaiting a generator, would be INTERNAL."""
+        if inspect.isasyncgenfunction(inner):
+
+            async def stream(first, context: grpc.aio.ServicerContext):
+                async with self.around(first, context, streamed) as given:
+                    async for reply in inner(given, context):
+                        yield reply
+
+            return stream
+
+        async def call(first, context: grpc.aio.ServicerContext):
+            async with self.around(first, context, streamed) as given:
+                result = inner(given, context)
+                return await result if inspect.isawaitable(result) else result
+
+        return call
+
+
 class RpcContextInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps each handler, of any of the four kinds, in one of the same kind and shape."""
+
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
-        if handler is None or handler.stream_stream is not None:
-            return handler
-        method = handler_call_details.method
-        metadata = dict(handler_call_details.invocation_metadata or ())
-
-        async def refuse_undecodable(request, context: grpc.aio.ServicerContext) -> None:
-            if isinstance(request, _Undecodable):
-                log.info("rpc refused", rpc=method, code="INVALID_ARGUMENT", error=request.error)
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT, clip(f"{method}: the request does not parse ({request.error})")
-                )
-
-        def ids(request) -> dict[str, str]:
-            bound = {"rpc": method, "request_id": metadata.get("x-request-id") or uuid.uuid4().hex[:16]}
-            if job_id := getattr(request, "job_id", ""):
-                bound["job_id"] = job_id
-            return bound
-
-        serde = {
-            "request_deserializer": _tolerant(handler.request_deserializer),
-            "response_serializer": handler.response_serializer,
-        }
-        if handler.unary_unary is not None:
-            inner = handler.unary_unary
-
-            async def call(request, context: grpc.aio.ServicerContext):
-                await refuse_undecodable(request, context)
-                with structlog.contextvars.bound_contextvars(**ids(request)):
-                    async with _answered(context):
-                        return await inner(request, context)
-
-            return grpc.unary_unary_rpc_method_handler(call, **serde)
-        if handler.unary_stream is not None:
-            inner_stream = handler.unary_stream
-
-            async def call_stream(request, context: grpc.aio.ServicerContext):
-                await refuse_undecodable(request, context)
-                with structlog.contextvars.bound_contextvars(**ids(request)):
-                    async with _answered(context):
-                        async for reply in inner_stream(request, context):
-                            yield reply
-
-            return grpc.unary_stream_rpc_method_handler(call_stream, **serde)
-        inner_unary = handler.stream_unary
-
-        async def call_streamed(request_iterator, context: grpc.aio.ServicerContext):
-            async def checked():
-                async for request in request_iterator:
-                    await refuse_undecodable(request, context)
-                    yield request
-
-            with structlog.contextvars.bound_contextvars(**ids(None)):
-                async with _answered(context):
-                    return await inner_unary(checked(), context)
-
-        return grpc.stream_unary_rpc_method_handler(call_streamed, **serde)
+        if handler is None:
+            return None
+        call = _CallContext(handler_call_details.method, dict(handler_call_details.invocation_metadata or ()))
+        kinds = (
+            (handler.unary_unary, grpc.unary_unary_rpc_method_handler),
+            (handler.unary_stream, grpc.unary_stream_rpc_method_handler),
+            (handler.stream_unary, grpc.stream_unary_rpc_method_handler),
+            (handler.stream_stream, grpc.stream_stream_rpc_method_handler),
+        )
+        inner, make = next((inner, make) for inner, make in kinds if inner is not None)
+        return make(
+            call.wrap(inner, streamed=handler.request_streaming),
+            request_deserializer=_tolerant(handler.request_deserializer),
+            response_serializer=handler.response_serializer,
+        )
 
 
 async def serve(

@@ -21,7 +21,11 @@ Guarantees:
   member with another secret, or a stranger on the store, makes forming the
   group raise SyncFailed on every rank that takes part. The store itself has
   no access control (a client that reaches it can read and disturb its keys),
-  so the bind address is what keeps strangers off it.
+  so the bind address is what keeps strangers off it; a stranger that writes the
+  proof's keys anyway (challenge, proofs, verdict, seen marks) can make forming
+  the group fail, with SyncFailed on every honest rank within the bounded waits
+  (a rank that passed the proof while its peer gave up fails forming the process
+  group), but never makes an honest rank accept it (tests/unit/weights/test_store_tampering.py).
 - Every wait of a member's collectives has the group's timeout: a peer that dies or stalls makes it
   raise SyncFailed within the timeout, never hang; a group that failed is closed (communicator
   aborted) and must be formed again (a new epoch).
@@ -92,10 +96,26 @@ class GroupMember:
         except SyncFailed:
             self._store = None  # type: ignore[assignment]  # rank 0: the store stops listening
             raise
+        try:
+            self.pg = self._form(store, device)
+        except (SyncFailed, ValueError):
+            self._store = None  # type: ignore[assignment]
+            raise
+        except Exception as exc:  # noqa: BLE001 - the store's timeout or a backend error: no group
+            self._store = None  # type: ignore[assignment]
+            # A peer that gave up on the proof (a stranger's verdict on the store, say) never comes.
+            raise SyncFailed(
+                f"weight-sync group epoch {group.epoch}, rank {group.rank}: forming the process group failed or "
+                f"timed out after at most {timeout.total_seconds():g}s (a peer gave up, died or stalled): {exc}"
+            ) from exc
+
+    def _form(self, store: dist.Store, device: str | None):
+        """The process group on the proven store; sets self.device."""
+        group, timeout = self.group, self.timeout
         if group.backend == "gloo":
-            self.pg = dist.ProcessGroupGloo(store, group.rank, group.world_size, timeout)
             self.device = torch.device("cpu")
-        elif group.backend == "nccl":
+            return dist.ProcessGroupGloo(store, group.rank, group.world_size, timeout)
+        if group.backend == "nccl":
             chosen = torch.device(device) if device and device.startswith("cuda") else torch.device("cuda")
             self.device = chosen if chosen.index is not None else torch.device("cuda", torch.cuda.current_device())
             _distinct_gpus(store, group, self.device, timeout)
@@ -103,9 +123,8 @@ class GroupMember:
             # Our own waits time out first and abort the communicator; the
             # watchdog's later timeout is only a backstop.
             options._timeout = timeout * 2 + timedelta(seconds=30)
-            self.pg = dist.ProcessGroupNCCL(store, group.rank, group.world_size, options)
-        else:
-            raise ValueError(f"unknown weight-sync group backend {group.backend!r}: use gloo or nccl")
+            return dist.ProcessGroupNCCL(store, group.rank, group.world_size, options)
+        raise ValueError(f"unknown weight-sync group backend {group.backend!r}: use gloo or nccl")
 
     @property
     def rank(self) -> int:

@@ -29,6 +29,7 @@
     session_api.py     the session RPCs' checks and flow (store, backend, SWE scoring of the work folder)
     session_files.py   ReadFile / WriteFile confined to the work folder, never through a link
     local_sessions.py  local sessions: a host folder, each command a fresh bubblewrap run over it
+    work_folders.py    per-call work folders naming their owner; a start removes a killed service's
     docker_sessions.py docker sessions: one long-lived container, `docker exec` per command
     task_builder.py    SWE task sets from a PyPI sdist with injected bugs; a command of its own, run by
                        `dockyard tasks build-swe`

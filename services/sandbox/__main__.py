@@ -10,6 +10,7 @@ import structlog
 from dockyard.rpc.launch import run_service
 from dockyard.rpc.server import Service
 from services.sandbox.settings import SandboxSettings
+from services.sandbox.work_folders import reap_dead_work_folders
 
 log = structlog.get_logger()
 
@@ -109,6 +110,8 @@ def main() -> None:
         backend = await make_backend(settings)
         reaped = await asyncio.to_thread(backend.reap_sessions)
         log.info("removed the sessions of a previous run", count=reaped, backend=settings.backend)
+        folders = await asyncio.to_thread(reap_dead_work_folders, settings.work_root)
+        log.info("removed the work folders of a previous run", count=folders, backend=settings.backend)
         servicer = SandboxServicer(
             backend, settings, swe=make_swe_scorer(settings, backend), terminal=make_terminal_tasks(settings)
         )

@@ -3,6 +3,7 @@
     sandbox_argv(bwrap, user, binds, work, disk bytes)
         --> bwrap: net, pid, ipc, uts, cgroup and mount namespaces (+ a user namespace when not root)
             + read_only_binds(): SYSTEM_PATHS and the interpreter's prefixes, read-only, at their paths
+              (a prefix reached through a symlink also at that path, as a link to the real one)
             + the work folder: a tmpfs of the disk limit at the host folder's path, mode 0700
             + "--"  (the launcher and the command follow)
 
@@ -42,10 +43,14 @@ def read_only_binds() -> list[str]:
             args += ["--symlink", os.readlink(path), path]
         elif os.path.exists(path):
             args += [*searchable_parents(path), "--ro-bind", path, path]
-    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
-    for prefix in sorted(prefixes):
+    given = {os.path.abspath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)}
+    for prefix in sorted({os.path.realpath(p) for p in given}):
         if prefix != "/usr" and not prefix.startswith("/usr/"):
             args += [*searchable_parents(prefix), "--ro-bind", prefix, prefix]
+    # A prefix reached through a symlink (a virtualenv linked from elsewhere): the interpreter runs
+    # by that path (sys.executable), so the sandbox shows it too, as a link to the bound real folder.
+    for prefix in sorted(p for p in given if os.path.realpath(p) != p):
+        args += [*searchable_parents(prefix), "--symlink", os.path.realpath(prefix), prefix]
     return args
 
 

@@ -56,7 +56,6 @@ import asyncio
 import json
 import os
 import secrets
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -91,6 +90,7 @@ from services.sandbox.docker_container import (
 from services.sandbox.harness import HARNESS_SOURCE
 from services.sandbox.staging import Capped, Writes, checked_files, parse_report, remove_tree, stage_files
 from services.sandbox.verdicts import command_verdict, tests_verdict
+from services.sandbox.work_folders import WorkFolders
 
 log = structlog.get_logger()
 
@@ -137,6 +137,7 @@ class DockerBackend(SandboxBackend):
         self._tmp_mb = tmp_mb
         self._uid, self._gid = (int(part) for part in user.split(":"))
         self._work_root = work_root
+        self._folders = WorkFolders(work_root)
         self._slots = asyncio.Semaphore(max_concurrency)
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency + 1, thread_name_prefix="sandbox-docker")
         self._owner = owner_label()
@@ -286,12 +287,13 @@ class DockerBackend(SandboxBackend):
                     pass  # gone already
 
         await asyncio.to_thread(remove_live)
+        await asyncio.to_thread(self._folders.close)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- the blocking part, run in a worker thread -------------------------------------------------
 
     def _prepare(self, writes: Writes, seed_dir: str | None) -> str:
-        work = tempfile.mkdtemp(prefix="dockyard-sandbox-", dir=self._work_root)
+        work = self._folders.make()
         stage_files(work, writes, seed_dir)
         Path(work, REPORT_NAME).touch()  # bind-mounted into /work: the run's one file on the host's disk
         if os.geteuid() == 0:

@@ -53,10 +53,18 @@ work_fd = os.open(".", os.O_RDONLY)  # before the chown: root here has no CAP_DA
 if user == "-":  # the code keeps this uid: make this process one it can neither ptrace nor read fds of
     import ctypes
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+import shutil, stat
+
+def copy_entry(src, dst):  # a fifo is copied as a fifo (as a session's on docker stays one); never read
+    mode = os.lstat(src).st_mode
+    if stat.S_ISFIFO(mode):
+        os.mkfifo(dst, stat.S_IMODE(mode))
+    else:
+        shutil.copy2(src, dst)
+
 try:
     if stage != "-":  # the service's staged files, by fd: no host path is mounted in here
-        import shutil
-        shutil.copytree(f"/proc/self/fd/{stage}", ".", symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(f"/proc/self/fd/{stage}", ".", symlinks=True, dirs_exist_ok=True, copy_function=copy_entry)
         os.close(int(stage))
     if user != "-":
         uid, gid = (int(v) for v in user.split(":"))
@@ -100,10 +108,8 @@ if keep != "-":
     except OSError:
         pass
     try:
-        import shutil, stat
-
-        def special(folder, names):  # fifos, sockets, devices: nothing to keep once the run is gone
-            kinds = (stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK)
+        def special(folder, names):  # sockets, devices: nothing to keep once the run is gone
+            kinds = (stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK)
             return [n for n in names if stat.S_IFMT(os.lstat(os.path.join(folder, n)).st_mode) in kinds]
 
         # Sparse files would come out whole on the host's disk: their sizes must fit the tmpfs.
@@ -111,7 +117,9 @@ if keep != "-":
         room = os.fstatvfs(work_fd).f_blocks * os.fstatvfs(work_fd).f_frsize
         if sizes > room:
             raise OSError(f"its files add up to {sizes} bytes, more than the disk limit (sparse files count whole)")
-        shutil.copytree(".", f"/proc/self/fd/{keep}", symlinks=True, dirs_exist_ok=True, ignore=special)
+        shutil.copytree(
+            ".", f"/proc/self/fd/{keep}", symlinks=True, dirs_exist_ok=True, ignore=special, copy_function=copy_entry
+        )
         status("kept")
     except BaseException as exc:
         status(f"keep-error {type(exc).__name__}: {str(exc)[:500]}")

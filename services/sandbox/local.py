@@ -64,7 +64,6 @@ import secrets
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -90,6 +89,7 @@ from services.sandbox.staging import (
     stage_files_off_loop,
 )
 from services.sandbox.verdicts import command_verdict, tests_verdict
+from services.sandbox.work_folders import WorkFolders
 
 log = structlog.get_logger()
 
@@ -181,6 +181,7 @@ class LocalBackend(SandboxBackend):
         self._max_disk_bytes = max_disk_mb * 1024 * 1024
         self._max_processes = max_processes
         self._work_root = work_root
+        self._folders = WorkFolders(work_root)
         # As root the code runs as `user`; otherwise as the service's own (unprivileged) uid.
         self._user = user if os.geteuid() == 0 else "-"
         self._bwrap = shutil.which("bwrap") if isolate else None
@@ -226,7 +227,7 @@ class LocalBackend(SandboxBackend):
         argv = self.python_argv(command)
         async with self._slots:
             try:
-                work = tempfile.mkdtemp(prefix="dockyard-sandbox-", dir=self._work_root)
+                work = await self._folders.make_off_loop()
             except OSError as exc:
                 return Outcome(Status.ERROR, tests_total=1, error_message=f"cannot create the work folder: {exc}")
             try:
@@ -247,7 +248,7 @@ class LocalBackend(SandboxBackend):
         total = len(tests)
         async with self._slots:
             try:
-                work = tempfile.mkdtemp(prefix="dockyard-sandbox-", dir=self._work_root)
+                work = await self._folders.make_off_loop()
             except OSError as exc:
                 return Outcome(Status.ERROR, tests_total=total, error_message=f"cannot create the work folder: {exc}")
             try:
@@ -288,6 +289,7 @@ class LocalBackend(SandboxBackend):
         self._closed = True
         for pgid in list(self._live_groups):
             _kill_group(pgid)
+        await asyncio.to_thread(self._folders.close)
 
     @property
     def isolated(self) -> bool:

@@ -16,8 +16,9 @@ more than max_disk_mb (it comes out of a tmpfs of that size; WriteFile is refuse
 it); a command killed by its wall-clock limit, or whose folder could not be copied out (its
 files' sizes add up to more than max_disk_mb, sparse files counted whole; a non-root service
 cannot read a file the code made unreadable), leaves the folder as the
-previous command left it, and says so in the verdict's error_message; fifos, sockets and
-devices are never kept.
+previous command left it, and says so in the verdict's error_message; a fifo is kept as a
+fifo (as it stays one on docker: ReadFile says it is not a regular file), sockets and devices
+are never kept.
 A session needs isolation: an unisolated backend refuses to open one.
 """
 

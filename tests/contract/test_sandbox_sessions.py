@@ -114,6 +114,10 @@ async def session_lifecycle(address: str, backend: str) -> None:
         )
         await expect_code(stub.ReadFile(sandbox_pb2.ReadFileRequest(session_id=sid, path="absent.txt")),
                           grpc.StatusCode.NOT_FOUND, "absent.txt")  # fmt: skip
+        # A fifo the code left is there, on both backends, and is not read: the same refusal on each.
+        await exec_shell(stub, sid, "mkfifo pipe")
+        await expect_code(stub.ReadFile(sandbox_pb2.ReadFileRequest(session_id=sid, path="pipe")),
+                          grpc.StatusCode.INVALID_ARGUMENT, "'pipe' is not a regular file")  # fmt: skip
 
         await stub.CloseSession(sandbox_pb2.CloseSessionRequest(session_id=sid))
         for call in (

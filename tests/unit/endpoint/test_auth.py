@@ -7,8 +7,10 @@ tests/integration/test_endpoint_forgery.py makes the same attacks from inside a 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import anthropic
 import httpx
@@ -19,7 +21,7 @@ from dockyard.agents.contract import SESSION_HEADER
 from services.endpoint.app import create_app
 from services.endpoint.auth import session_key
 from services.endpoint.settings import EndpointSettings
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, free_port
 from tests.unit.endpoint.test_app import TOKEN, ScriptedBackend, an, oa
 
 ONE = [{"role": "user", "content": "x"}]
@@ -155,3 +157,27 @@ def test_there_is_no_endpoint_without_a_service_token() -> None:
         timeout=120,
     )
     assert started.returncode != 0 and "no service token" in started.stderr, started.stderr[-2000:]
+
+
+def test_sigterm_shuts_the_endpoint_down_with_exit_code_zero(tmp_path) -> None:
+    port = free_port()
+    env = {**os.environ, "DOCKYARD_AUTH_TOKEN": TOKEN, "DOCKYARD_ENDPOINT_PORT": str(port)}
+    with open(tmp_path / "endpoint.log", "wb") as log:
+        argv = [sys.executable, "-m", "services.endpoint"]
+        proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=log, stderr=log)
+        try:
+            deadline = time.monotonic() + 60
+            while True:  # serving: /health answers
+                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "endpoint.log").read_text()
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0, (tmp_path / "endpoint.log").read_text()[-2000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -17,6 +17,7 @@ from services.sandbox.backend import ResourceLimits, Status
 from services.sandbox.local import LocalBackend, sandbox_environment
 from services.sandbox.servicer import MAX_FILES
 from services.sandbox.staging import parse_report
+from services.sandbox.work_folders import OWNER_SUFFIX
 
 LIMITS = ResourceLimits(timeout_seconds=10.0, memory_mb=256, cpu_seconds=10.0, max_output_bytes=4096)
 
@@ -200,6 +201,9 @@ async def test_work_folder_is_removed_afterwards(backend, tmp_path):
     work = Path(out.stdout.strip())
     assert work.parent == tmp_path
     assert not work.exists()
+    # Only the service's .owner file stays (work_folders.py), until the backend closes.
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(OWNER_SUFFIX)] == []
+    await backend.close()
     assert list(tmp_path.iterdir()) == []
 
 

@@ -1,9 +1,13 @@
-"""The local backend as the service builds it: the total disk bound, and refusing to run unisolated."""
+"""The local backend as the service builds it: the total disk bound, refusing to run unisolated, and
+isolating under an interpreter reached through a symlinked virtualenv."""
 
 from __future__ import annotations
 
 import io
+import os
 import shutil
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -12,7 +16,7 @@ import pytest
 from services.sandbox.__main__ import make_backend
 from services.sandbox.backend import DISK_FULL_MESSAGE, ResourceLimits, Status
 from services.sandbox.settings import SandboxSettings
-from tests.conftest import require_tool
+from tests.conftest import REPO_ROOT, require_tool
 
 LIMITS = ResourceLimits(timeout_seconds=20.0, memory_mb=256, cpu_seconds=10.0, max_output_bytes=4096)
 DISK_MB = 4  # small on purpose: no test writes more than a few MB
@@ -86,3 +90,21 @@ async def test_allow_unisolated_runs_without_namespaces(tmp_path, monkeypatch):
     backend = await make_backend(settings)
     out = await backend.execute({"main.py": "print(open('/etc/hostname').read() != '')"}, ["python", "main.py"], LIMITS)
     assert (out.status, out.stdout) == (Status.PASSED, "True\n")  # the host's files: no mount namespace
+
+
+def test_a_virtualenv_reached_through_a_symlink_isolates(tmp_path: Path) -> None:
+    """The interpreter runs by its linked path (sys.executable): the sandbox shows that path too."""
+    require_tool(shutil.which("bwrap") or "/usr/bin/bwrap", "bubblewrap (bwrap)")
+    linked = tmp_path / "linked-venv"
+    linked.symlink_to(Path(sys.prefix).resolve(), target_is_directory=True)
+    python = linked / Path(sys.executable).relative_to(sys.prefix)
+    probe = (
+        "import asyncio, sys\n"
+        "from services.sandbox.local import LocalBackend\n"
+        f"assert sys.prefix == {str(linked)!r}, sys.prefix\n"
+        "print('problem:', asyncio.run(LocalBackend(max_concurrency=1).isolation_problem()) or 'none')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "problem: none", done.stdout

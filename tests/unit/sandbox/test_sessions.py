@@ -7,6 +7,7 @@ import asyncio
 import os
 import shutil
 import socket
+import stat
 from pathlib import Path
 
 import grpc
@@ -230,11 +231,11 @@ async def test_local_session_keeps_a_commands_files_but_not_a_timed_out_ones(tmp
         done = await session.exec(["sh", "-c", "mkfifo pipe; echo kept > a.txt; chmod 000 a.txt"], None, LIMITS)
         assert done.status is Status.PASSED, done
         assert (Path(session.work_dir) / "a.txt").read_text() == "kept\n"
-        assert not (Path(session.work_dir) / "pipe").exists()
+        assert stat.S_ISFIFO((Path(session.work_dir) / "pipe").lstat().st_mode)  # kept as a fifo, as on docker
         short = ResourceLimits(timeout_seconds=1, memory_mb=256, cpu_seconds=5, max_output_bytes=1024)
         killed = await session.exec(["sh", "-c", "echo lost > b.txt; rm seed.txt; sleep 30"], None, short)
         assert killed.status is Status.TIMEOUT and "as before this command" in killed.error_message
-        assert sorted(p.name for p in Path(session.work_dir).iterdir()) == ["a.txt", "seed.txt"]
+        assert sorted(p.name for p in Path(session.work_dir).iterdir()) == ["a.txt", "pipe", "seed.txt"]
         sparse = "for i in 1 2; do truncate -s 15M s$i; done; echo lost > c.txt"  # 30 MB whole, 16 MB disk
         refused = await session.exec(["sh", "-c", sparse], None, LIMITS)
         assert "sparse" in refused.error_message and not (Path(session.work_dir) / "c.txt").exists()
