@@ -93,7 +93,9 @@ class MemoryBuffer(BufferBackend):
         async with self._lock:
             job = self._jobs.setdefault(job_id, _Job(max_groups=max_groups, max_age=max_age))
             job.max_groups, job.max_age = max_groups, max_age
-            if rewind_to is not None:
+            if rewind_to is not None and rewind_to > job.latest_version:
+                job.advance(rewind_to)  # forward: as an ack moves it
+            elif rewind_to is not None:
                 job.latest_version = rewind_to
                 job.dropped += self._drop_after(job, rewind_to)
 

@@ -6,7 +6,7 @@
     SAMPLE     lease held groups, oldest version first, dropping what aged out
     RECLAIM    take over pending groups idle long enough (XAUTOCLAIM), deleted ones counted
     ACK        acknowledge leased groups and move the job's clock
-    REWIND     set the job's clock back, dropping every group generated after it
+    REWIND     set the job's clock: forward as an ack moves it, back dropping every group generated after it
     CLOSE      delete every key of a job
 
 Guarantees: each script runs atomically on the Redis server (EVALSHA), so every
@@ -384,6 +384,10 @@ REWIND = (
     _COMMON
     + r"""
 local to = tonumber(ARGV[2])
+if to > meta_num('latest_version') then  -- forward: the clock moves as an ack's would
+  advance(to)
+  return {'ok', 0}
+end
 redis.call('HSET', META, 'latest_version', fmt(to))
 local dropped = 0
 for _, v in ipairs(redis.call('ZRANGEBYSCORE', VERSIONS, '(' .. fmt(to), '+inf')) do
