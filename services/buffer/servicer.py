@@ -40,6 +40,8 @@ from dockyard.rpc.errors import FailedPrecondition, InvalidArgument
 from services.buffer.backend import BufferBackend, StagedPayload, StoredGroup
 from services.buffer.validation import (
     DEFAULT_MAX_TRAJECTORY_TOKENS,
+    require_consumer,
+    require_job_bounds,
     require_job_id,
     require_version,
     validate_group,
@@ -126,10 +128,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         self, request: buffer_pb2.OpenJobRequest, context: grpc.aio.ServicerContext
     ) -> buffer_pb2.OpenJobResponse:
         require_job_id(request.job_id)
-        if request.max_groups < 1:
-            raise InvalidArgument(f"max_groups must be >= 1, got {request.max_groups}")
-        if request.max_trajectory_age_steps < 0:
-            raise InvalidArgument(f"max_trajectory_age_steps must be >= 0, got {request.max_trajectory_age_steps}")
+        require_job_bounds(request.max_groups, request.max_trajectory_age_steps)
         rewind_to = request.rewind_to_version if request.HasField("rewind_to_version") else None
         if rewind_to is not None:
             require_version("rewind_to_version", rewind_to)
@@ -378,5 +377,4 @@ def _check_lease_request(request: LeaseRequest) -> None:
     if request.max_groups < 1:
         raise InvalidArgument(f"max_groups must be >= 1, got {request.max_groups}")
     require_version("trainer_step", request.trainer_step)
-    if not request.consumer:
-        raise InvalidArgument("consumer is empty: name the trainer that leases the groups")
+    require_consumer(request.consumer)

@@ -8,8 +8,8 @@
 Guarantees: a job id outside dockyard.jobs.JOB_ID (it names folders), an empty or oversized
 demonstration batch (more than MAX_DEMONSTRATIONS, or a demonstration longer than MAX_CHARS_PER_TOKEN
 characters per context position: refused by its length, before any tokenizing) and more than
-MAX_CHECKPOINT_METRICS, nameless or non-finite checkpoint metrics are INVALID_ARGUMENT naming the field; a step that is not the
-policy's next is FAILED_PRECONDITION. Nothing here touches the policy.
+MAX_CHECKPOINT_METRICS, nameless or non-finite checkpoint metrics are INVALID_ARGUMENT naming the
+field; a step that is not the policy's next is FAILED_PRECONDITION. Nothing here touches the policy.
 """
 
 from __future__ import annotations
