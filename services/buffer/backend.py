@@ -98,6 +98,14 @@ def check_clock(job_id: str, version: int, latest: int, *, setting: bool = False
         )
 
 
+def unearned_advance(job_id: str, version: int, latest: int) -> FailedPrecondition:
+    """The refusal of an ack that would move the clock without acking any leased group."""
+    return FailedPrecondition(
+        f"AckGroups at weight_version {version} acks no leased group of job {job_id!r} (every id is acked "
+        f"already), so it cannot move the clock from {latest}: the clock moves with acked work only"
+    )
+
+
 def is_fresh(trainer_version: int, weight_version: int, max_age: int) -> bool:
     """The age bound: a group generated at `weight_version` may train at `trainer_version`."""
     return trainer_version - weight_version <= max_age
@@ -167,7 +175,8 @@ class BufferBackend(abc.ABC):
     refused above latest_version (check_clock).
 
     ack(job_id, group_ids, weight_version) -> acked
-        Advances latest_version to weight_version if larger. Moves pending groups
+        Advances latest_version to weight_version if larger, only when it acks at least one
+        leased group (else FailedPrecondition, nothing changes: the clock moves with acked work). Moves pending groups
         to *acked* and frees their payload. All-or-nothing: an id the job never
         accepted (or has forgotten) raises NotFound; an id held (never leased)
         or dropped raises FailedPrecondition; then nothing changes. Acking an

@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 
 from dockyard.api.common.v1 import common_pb2
 from dockyard.rpc.errors import FailedPrecondition, NotFound, ResourceExhausted
-from services.buffer.backend import BufferBackend, BufferStats, StoredGroup, check_clock, is_fresh
+from services.buffer.backend import (
+    BufferBackend,
+    BufferStats,
+    StoredGroup,
+    check_clock,
+    is_fresh,
+    unearned_advance,
+)
 
 HELD, PENDING, ACKED, DROPPED = "held", "pending", "acked", "dropped"
 
@@ -232,6 +239,8 @@ class MemoryBuffer(BufferBackend):
                     )
                 if state == DROPPED:
                     raise FailedPrecondition(f"group {group_id!r} of job {job_id!r} aged out; it cannot be acked")
+            if weight_version > job.latest_version and not any(g in job.pending for g in group_ids):
+                raise unearned_advance(job_id, weight_version, job.latest_version)
             acked = 0
             for group_id in group_ids:
                 lease = job.pending.pop(group_id, None)

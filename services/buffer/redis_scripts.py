@@ -340,13 +340,18 @@ local function state_of(gid)
 end
 
 -- Check every id before changing anything, so a refused ack leaves no trace.
+local leased = 0
 for i = 3, #ARGV do
   local v, state = state_of(ARGV[i])
   if not state then return {'notfound', ARGV[i]} end
   local kind = string.sub(state, 1, 1)
   if kind == 'h' then return {'held', ARGV[i]} end
   if kind == 'd' then return {'dropped', ARGV[i]} end
+  if kind == 'p' then leased = leased + 1 end
 end
+-- The clock moves with acked work only: an ack that acks nothing new cannot move it.
+local clock = meta_num('latest_version')
+if leased == 0 and tonumber(ARGV[2]) > clock then return {'unearned', fmt(clock)} end
 local acked = 0
 for i = 3, #ARGV do
   local gid = ARGV[i]

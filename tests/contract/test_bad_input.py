@@ -329,6 +329,9 @@ async def test_buffer_refuses_bad_input_and_keeps_what_it_accepted(start_service
             buffer_pb2.AckGroupsRequest(job_id=job, group_ids=["good-0", "good-1"], weight_version=1)
         )
         assert acked.acked == 2
+        again = buffer_pb2.AckGroupsRequest(job_id=job, group_ids=["good-0"], weight_version=2)
+        await probe.expect(ack(again), PRECONDITION, "acks no leased group")
+        assert (await stub.GetStats(buffer_pb2.GetStatsRequest(job_id=job))).latest_version == 1
 
 
 async def _buffer_stream_cases(stub, probe: Prober, job: str, lease: dict) -> None:

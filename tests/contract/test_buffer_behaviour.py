@@ -415,6 +415,18 @@ async def test_an_ack_of_no_groups_never_moves_the_clock(backend):
     assert (await backend.stats(JOB)).latest_version == 1
 
 
+async def test_an_ack_of_only_acked_groups_never_moves_the_clock(backend):
+    await opened(backend)
+    await backend.put_group(make_group("g", 0))
+    await sample(backend, 0)
+    assert await backend.ack(JOB, ["g"], 0) == 1
+    before = await backend.stats(JOB)
+    with pytest.raises(FailedPrecondition, match="acks no leased group"):
+        await backend.ack(JOB, ["g"], 1)
+    assert await backend.stats(JOB) == before
+    assert await backend.ack(JOB, ["g"], 0) == 0  # a retry at the clock: a no-op, as before
+
+
 async def test_open_job_sets_the_clock_up_to_max_version(backend):
     await opened(backend)
     await at_version(backend, MAX_VERSION)
