@@ -79,16 +79,31 @@ def check_clock(job_id: str, version: int, latest: int, *, setting: bool = False
     """Refuse a version the job cannot have reached, the same way on every backend.
 
     A sample, reclaim or ack of groups comes from a trainer at most one step past
-    the clock; only an ack of no groups (the coordinator setting the clock on a
-    resume) may move it further, up to MAX_VERSION.
+    the clock. An ack of no groups (`setting`) moves nothing: one at or below the
+    clock is a no-op, one above it is refused, so no call without acked work can
+    move a running job's clock (the coordinator sets it with OpenJob's rewind_to_version).
     """
     if version > MAX_VERSION:
         raise FailedPrecondition(f"version {version} of job {job_id!r} is beyond any job's {MAX_VERSION} steps")
-    if not setting and version > latest + 1:
+    if setting and version > latest:
+        raise FailedPrecondition(
+            f"AckGroups with no group_ids cannot move the clock of job {job_id!r} from {latest} to {version}: "
+            "the clock advances only with acked groups (weight_version at most one past it); "
+            "OpenJob's rewind_to_version sets it"
+        )
+    if version > latest + 1:
         raise FailedPrecondition(
             f"version {version} of job {job_id!r} is beyond its clock: the trainer has reached {latest}, "
             f"so a sample or ack is at most version {latest + 1}"
         )
+
+
+def unearned_advance(job_id: str, version: int, latest: int) -> FailedPrecondition:
+    """The refusal of an ack that would move the clock without acking any leased group."""
+    return FailedPrecondition(
+        f"AckGroups at weight_version {version} acks no leased group of job {job_id!r} (every id is acked "
+        f"already), so it cannot move the clock from {latest}: the clock moves with acked work only"
+    )
 
 
 def is_fresh(trainer_version: int, weight_version: int, max_age: int) -> bool:
@@ -105,7 +120,8 @@ class BufferBackend(abc.ABC):
 
     open_job(job_id, max_groups, max_age, rewind_to=None)
         Creates the job, or updates its capacity and age bound; rewind_to sets
-        latest_version (the only way the clock moves back) and drops every held
+        latest_version: forward as an ack moves it (the coordinator setting the clock
+        on a resume), or back (the only way the clock moves back), dropping every held
         and pending group generated after it (counted in dropped_stale): they
         came from weights the rewound trainer never had. Every other
         method raises NotFound for a job never opened (or closed).
@@ -155,11 +171,12 @@ class BufferBackend(abc.ABC):
     (StoredGroup.payload_key) instead of its bytes; only with a data plane.
 
     sample, reclaim and ack refuse with FailedPrecondition (changing nothing) a
-    version above latest_version + 1, except an ack of no groups, which sets the
-    clock and may jump up to MAX_VERSION (check_clock).
+    version above latest_version + 1; an ack of no groups moves nothing and is
+    refused above latest_version (check_clock).
 
     ack(job_id, group_ids, weight_version) -> acked
-        Advances latest_version to weight_version if larger. Moves pending groups
+        Advances latest_version to weight_version if larger, only when it acks at least one
+        leased group (else FailedPrecondition, nothing changes: the clock moves with acked work). Moves pending groups
         to *acked* and frees their payload. All-or-nothing: an id the job never
         accepted (or has forgotten) raises NotFound; an id held (never leased)
         or dropped raises FailedPrecondition; then nothing changes. Acking an

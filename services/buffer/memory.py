@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 
 from dockyard.api.common.v1 import common_pb2
 from dockyard.rpc.errors import FailedPrecondition, NotFound, ResourceExhausted
-from services.buffer.backend import BufferBackend, BufferStats, StoredGroup, check_clock, is_fresh
+from services.buffer.backend import (
+    BufferBackend,
+    BufferStats,
+    StoredGroup,
+    check_clock,
+    is_fresh,
+    unearned_advance,
+)
 
 HELD, PENDING, ACKED, DROPPED = "held", "pending", "acked", "dropped"
 
@@ -93,7 +100,9 @@ class MemoryBuffer(BufferBackend):
         async with self._lock:
             job = self._jobs.setdefault(job_id, _Job(max_groups=max_groups, max_age=max_age))
             job.max_groups, job.max_age = max_groups, max_age
-            if rewind_to is not None:
+            if rewind_to is not None and rewind_to > job.latest_version:
+                job.advance(rewind_to)  # forward: as an ack moves it
+            elif rewind_to is not None:
                 job.latest_version = rewind_to
                 job.dropped += self._drop_after(job, rewind_to)
 
@@ -230,6 +239,8 @@ class MemoryBuffer(BufferBackend):
                     )
                 if state == DROPPED:
                     raise FailedPrecondition(f"group {group_id!r} of job {job_id!r} aged out; it cannot be acked")
+            if weight_version > job.latest_version and not any(g in job.pending for g in group_ids):
+                raise unearned_advance(job_id, weight_version, job.latest_version)
             acked = 0
             for group_id in group_ids:
                 lease = job.pending.pop(group_id, None)

@@ -59,7 +59,14 @@ from dockyard.api.common.v1 import common_pb2
 from dockyard.experience.data_plane import job_base, staging_base
 from dockyard.redis_url import explain_auth_failure
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
-from services.buffer.backend import BufferBackend, BufferStats, StagedPayload, StoredGroup, check_clock
+from services.buffer.backend import (
+    BufferBackend,
+    BufferStats,
+    StagedPayload,
+    StoredGroup,
+    check_clock,
+    unearned_advance,
+)
 from services.buffer.redis_scripts import ACK, CLOSE, PUT, RECLAIM, REWIND, SAMPLE
 
 _COUNTERS = ("held", "pending", "acked", "dropped_stale", "puts", "duplicate_puts", "reclaimed")
@@ -313,6 +320,8 @@ class RedisBuffer(BufferBackend):
             )
         if status == "dropped":
             raise FailedPrecondition(f"group {reply[1].decode()!r} of job {job_id!r} aged out; it cannot be acked")
+        if status == "unearned":
+            raise unearned_advance(job_id, weight_version, int(reply[1]))
         return int(reply[1])
 
     @_unavailable_while_redis_is_down

@@ -6,7 +6,7 @@
     SAMPLE     lease held groups, oldest version first, dropping what aged out
     RECLAIM    take over pending groups idle long enough (XAUTOCLAIM), deleted ones counted
     ACK        acknowledge leased groups and move the job's clock
-    REWIND     set the job's clock back, dropping every group generated after it
+    REWIND     set the job's clock: forward as an ack moves it, back dropping every group generated after it
     CLOSE      delete every key of a job
 
 Guarantees: each script runs atomically on the Redis server (EVALSHA), so every
@@ -340,13 +340,18 @@ local function state_of(gid)
 end
 
 -- Check every id before changing anything, so a refused ack leaves no trace.
+local leased = 0
 for i = 3, #ARGV do
   local v, state = state_of(ARGV[i])
   if not state then return {'notfound', ARGV[i]} end
   local kind = string.sub(state, 1, 1)
   if kind == 'h' then return {'held', ARGV[i]} end
   if kind == 'd' then return {'dropped', ARGV[i]} end
+  if kind == 'p' then leased = leased + 1 end
 end
+-- The clock moves with acked work only: an ack that acks nothing new cannot move it.
+local clock = meta_num('latest_version')
+if leased == 0 and tonumber(ARGV[2]) > clock then return {'unearned', fmt(clock)} end
 local acked = 0
 for i = 3, #ARGV do
   local gid = ARGV[i]
@@ -384,6 +389,10 @@ REWIND = (
     _COMMON
     + r"""
 local to = tonumber(ARGV[2])
+if to > meta_num('latest_version') then  -- forward: the clock moves as an ack's would
+  advance(to)
+  return {'ok', 0}
+end
 redis.call('HSET', META, 'latest_version', fmt(to))
 local dropped = 0
 for _, v in ipairs(redis.call('ZRANGEBYSCORE', VERSIONS, '(' .. fmt(to), '+inf')) do

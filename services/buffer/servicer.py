@@ -40,6 +40,8 @@ from dockyard.rpc.errors import FailedPrecondition, InvalidArgument
 from services.buffer.backend import BufferBackend, StagedPayload, StoredGroup
 from services.buffer.validation import (
     DEFAULT_MAX_TRAJECTORY_TOKENS,
+    require_consumer,
+    require_job_bounds,
     require_job_id,
     require_version,
     validate_group,
@@ -47,6 +49,8 @@ from services.buffer.validation import (
 
 # A streamed sample has no message cap: max_groups bounds it, and no group exceeds DOCKYARD_BUFFER_MAX_GROUP_MB.
 STREAM_MAX_BYTES = 1 << 50
+# How much of a refused PutGroupStream is read (and dropped) so its client sees the status, not a broken write.
+DRAIN_MAX_BYTES = 1 << 30
 # The requests that lease groups: the unary and streamed samples and reclaims share their fields.
 LeaseRequest = (
     buffer_pb2.SampleGroupsRequest
@@ -124,10 +128,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         self, request: buffer_pb2.OpenJobRequest, context: grpc.aio.ServicerContext
     ) -> buffer_pb2.OpenJobResponse:
         require_job_id(request.job_id)
-        if request.max_groups < 1:
-            raise InvalidArgument(f"max_groups must be >= 1, got {request.max_groups}")
-        if request.max_trajectory_age_steps < 0:
-            raise InvalidArgument(f"max_trajectory_age_steps must be >= 0, got {request.max_trajectory_age_steps}")
+        require_job_bounds(request.max_groups, request.max_trajectory_age_steps)
         rewind_to = request.rewind_to_version if request.HasField("rewind_to_version") else None
         if rewind_to is not None:
             require_version("rewind_to_version", rewind_to)
@@ -183,17 +184,22 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         group: common_pb2.Group | None = None
         pieces: list[bytes] = []
         size = 0
-        async for chunk in request_iterator:
+        chunks = aiter(request_iterator)
+        async for chunk in chunks:
             if chunk.HasField("group"):
                 if group is not None:
+                    await _drain(chunks)
                     raise InvalidArgument("a PutGroupStream carries one group: `group` is set on a later chunk too")
                 group = chunk.group
                 structlog.contextvars.bind_contextvars(job_id=group.job_id)
             elif group is None:
+                await _drain(chunks)
                 raise InvalidArgument("the first chunk of a PutGroupStream must carry the group")
             size += len(chunk.payload)
             if size > self._max_group_bytes:  # refused while streaming: never held in memory whole
-                self._refuse_size(group.group_id, size)
+                pieces.clear()
+                size += await _drain(chunks)
+                self._refuse_size(group.group_id, size, streamed=True)
             pieces.append(chunk.payload)
         if group is None:
             raise InvalidArgument("group is missing: the PutGroupStream was empty")
@@ -210,9 +216,9 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         self._puts.add(group.job_id, 0 if duplicate else 1)
         return duplicate, dropped
 
-    def _refuse_size(self, group_id: str, size: int) -> None:
+    def _refuse_size(self, group_id: str, size: int, *, streamed: bool = False) -> None:
         raise InvalidArgument(
-            f"group {group_id!r} is {size / 2**20:.1f} MiB; "
+            f"group {group_id!r} is {'at least ' if streamed else ''}{size / 2**20:.1f} MiB; "
             f"the limit is {self._max_group_bytes / 2**20:.1f} MiB (DOCKYARD_BUFFER_MAX_GROUP_MB)"
         )
 
@@ -351,10 +357,24 @@ def _stream(groups: list[StoredGroup], dropped: int, piece_type):
     yield piece_type(dropped_stale=dropped, done=True)
 
 
+async def _drain(chunks) -> int:
+    """Read and drop what is left of a refused stream (up to DRAIN_MAX_BYTES); the bytes read.
+
+    A server that answers while the client still writes races the client's writes: the aio client
+    then sees INTERNAL ("Internal error from Core") instead of the status. Reading the rest first,
+    keeping none of it, lets the status arrive after the client's last write.
+    """
+    drained = 0
+    async for chunk in chunks:
+        drained += len(chunk.payload)
+        if drained > DRAIN_MAX_BYTES:
+            break
+    return drained
+
+
 def _check_lease_request(request: LeaseRequest) -> None:
     require_job_id(request.job_id)
     if request.max_groups < 1:
         raise InvalidArgument(f"max_groups must be >= 1, got {request.max_groups}")
     require_version("trainer_step", request.trainer_step)
-    if not request.consumer:
-        raise InvalidArgument("consumer is empty: name the trainer that leases the groups")
+    require_consumer(request.consumer)

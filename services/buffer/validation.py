@@ -5,7 +5,8 @@
     validate_group(group, staged=True)  metadata whose payload a writer staged in the data plane:
                                         checked by that writer (dockyard.experience.data_plane) before it staged it
 
-Guarantees: every refusal is InvalidArgument naming the group, trajectory and field; the rules
+Guarantees: every refusal is InvalidArgument naming the group, trajectory and field (or the request's
+field: OpenJob's bounds, a consumer's name); the rules
 are the trainer's own (services/trainer/batch.py) minus the vocabulary, which the buffer does not
 know, so a group accepted here never fails a batch.
 """
@@ -23,6 +24,10 @@ from dockyard.rpc.errors import InvalidArgument
 from services.buffer.backend import MAX_VERSION
 
 DEFAULT_MAX_TRAJECTORY_TOKENS = 65536
+# OpenJob's bounds: far above any real job (the config caps the age at 1000), far below what overflows.
+MAX_JOB_GROUPS = 10_000_000
+MAX_AGE_STEPS = 1000
+MAX_CONSUMER_CHARS = 256  # a trainer's name, echoed in logs and stored with every lease
 
 
 def validate_group(
@@ -121,6 +126,21 @@ def _bad_logprob(logprobs: Sequence[float]) -> str | None:
     if logprobs and min(logprobs) == -math.inf:
         return "-inf"
     return None
+
+
+def require_job_bounds(max_groups: int, max_age_steps: int) -> None:
+    """OpenJob's capacity and age bound, each within its limit."""
+    if not 1 <= max_groups <= MAX_JOB_GROUPS:
+        raise InvalidArgument(f"max_groups must be in [1, {MAX_JOB_GROUPS}], got {max_groups}")
+    if not 0 <= max_age_steps <= MAX_AGE_STEPS:
+        raise InvalidArgument(f"max_trajectory_age_steps must be in [0, {MAX_AGE_STEPS}], got {max_age_steps}")
+
+
+def require_consumer(consumer: str) -> None:
+    if not consumer:
+        raise InvalidArgument("consumer is empty: name the trainer that leases the groups")
+    if len(consumer) > MAX_CONSUMER_CHARS:
+        raise InvalidArgument(f"consumer is {len(consumer)} characters; at most {MAX_CONSUMER_CHARS}")
 
 
 def require_job_id(job_id: str, field: str = "job_id") -> None:

@@ -4,7 +4,7 @@
         (the first open also asks GetDataPlane)       with a data plane: payload SET in Redis, PutGroup(metadata, key)
                                                        without: PutGroupStream(metadata + packed payload)
                                                        (dockyard/experience/payload.py, data_plane.py)
-    recovery ─set_clock(v)─> AckGroups(no ids)      producer, metrics ─stats()─> GetStats (None while restarting)
+    recovery ─set_clock(v)─> OpenJob(rewind_to v)    producer, metrics ─stats()─> GetStats (None while restarting)
 
 Guarantees: `open` and `set_clock` wait out a buffer that is down (UNAVAILABLE, DEADLINE_EXCEEDED)
 for up to `recovery_timeout` seconds. `put` is the one place a put is retried
@@ -67,11 +67,14 @@ class JobBuffer:
             self._plane_asked = True
 
     async def set_clock(self, version: int) -> None:
-        """The buffer's clock (age bound, puts from the future) at `version`: an ack of nothing."""
-        request = buffer_pb2.AckGroupsRequest(job_id=self.job_id, weight_version=version)
-        await retry(
-            lambda: self._stub.AckGroups(request, timeout=10), what="AckGroups", budget_seconds=self._recovery_timeout
+        """The buffer's clock (age bound, puts from the future) at least at `version`: OpenJob's
+        rewind_to_version when the clock is behind (an ack of no groups moves nothing), else nothing."""
+        asked = buffer_pb2.GetStatsRequest(job_id=self.job_id)
+        stats = await retry(
+            lambda: self._stub.GetStats(asked, timeout=10), what="GetStats", budget_seconds=self._recovery_timeout
         )
+        if stats.latest_version < version:
+            await self.open(rewind_to=version)
 
     async def put(self, group: common_pb2.Group, max_wait: float = PUT_MAX_WAIT_SECONDS) -> buffer_pb2.PutGroupResponse:
         """The group's payload into the data plane (or PutGroupStream without one), its metadata to the buffer,

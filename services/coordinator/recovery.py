@@ -79,10 +79,11 @@ class Recovery:
         else:
             drawn = _checkpoint_tasks_drawn(loaded)
         self.tasks.skip(drawn)
+        # The buffer's clock (age bound, puts from the future) starts at the resumed version.
         if self.rewind:
             await self.buffer.open(rewind_to=loaded.weight_version)
-        # The buffer's clock (age bound, puts from the future) starts at the resumed version.
-        await self.buffer.set_clock(loaded.weight_version)
+        else:
+            await self.buffer.set_clock(loaded.weight_version)
         kind = "recover" if self.recovering else "resume"
         self.folder.append(kind, loaded.weight_version, {"tasks_drawn": float(drawn)})
         log.info(

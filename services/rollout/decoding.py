@@ -6,8 +6,8 @@
 
 Guarantees: every DecodingParams an engine receives from the service is
 valid — finite numbers, temperature in [0, 100], top_p in (0, 1], top_k >= 0,
-1 <= max_new_tokens <= the replica's ceiling, 1..16 non-empty stop strings or
-none — and every refusal is an InvalidArgument whose message starts with the
+1 <= max_new_tokens <= the replica's ceiling, 1..16 non-empty stop strings of at
+most 256 characters or none — and every refusal is an InvalidArgument whose message starts with the
 offending field's name (``sampling.<field>`` for the proto message,
 ``policy.generation.<field>`` for the job's defaults). A proto top_p of 0 (the
 proto3 default) means "off" and is read as 1.
@@ -26,6 +26,9 @@ if TYPE_CHECKING:  # the engines (and bench/) need no protobuf runtime
     from dockyard.api.common.v1 import common_pb2
 
 MAX_STOP_STRINGS = 16
+# Stop-string matching builds tables sized by each string's length (StopStringCriteria): a 1 MB one once
+# asked for 8.8 TB, so each is capped here, before any engine sees it.
+MAX_STOP_CHARS = 256
 MAX_NUM_SAMPLES = 1024
 
 
@@ -84,6 +87,10 @@ def validate_decoding(
         raise InvalidArgument(f"{prefix}stop: at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}")
     if any(s == "" for s in stop):
         raise InvalidArgument(f"{prefix}stop: stop strings must be non-empty")
+    if (longest := max((len(s) for s in stop), default=0)) > MAX_STOP_CHARS:
+        raise InvalidArgument(
+            f"{prefix}stop: a stop string is at most {MAX_STOP_CHARS} characters, got one of {longest}"
+        )
     return DecodingParams(
         temperature=temperature,
         top_p=top_p,

@@ -10,7 +10,9 @@ The contract (docs/rewards.md): the function returns a finite number, a bool (a 
 1.0 or 0.0), or a dict with a finite number under "reward" (other keys are ignored). Anything else --
 raising, NaN or inf, a string, None, no return before the time limit, dying to a limit -- is an
 ERROR outcome (masked out of the group statistics, never a zero reward) whose message starts with
-"reward function <origin>" and says why.
+"reward function <origin>" and says why; an integer beyond any float (10**400) is such an ERROR too.
+A request is sized before anything runs (reward_arguments): source, function name and input_json by
+their lengths, the input's nesting by its depth (MAX_INPUT_DEPTH); over a limit is INVALID_ARGUMENT.
 
 Guarantees: the function runs only through the backend's execute, so under the same isolation and
 limits as RunTests on both backends (no network, no host files, bounded time, memory and output);
@@ -26,12 +28,18 @@ import json
 import math
 import secrets
 
+from dockyard.rpc.errors import InvalidArgument
 from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status
 
 HARNESS_NAME = "dockyard_reward_harness.py"
 INPUT_NAME = "dockyard_reward_input.json"
 # The reported value (and an error text) are kept to this many characters in messages.
 MESSAGE_CHARS = 500
+# A Reward request's bounds, checked before anything runs (docs/limits.md).
+MAX_SOURCE_CHARS = 1 << 20
+MAX_FUNCTION_CHARS = 256
+MAX_INPUT_CHARS = 8 << 20
+MAX_INPUT_DEPTH = 64
 
 HARNESS_SOURCE = r"""
 import json, os, sys, traceback
@@ -101,10 +109,47 @@ def interpret(value: object) -> tuple[float | None, str]:
 def interpret_number(value: object, shape: str) -> tuple[float | None, str]:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None, (shape % f"a {type(value).__name__}") + ", not a number"
-    reward = float(value)
+    try:
+        reward = float(value)
+    except OverflowError:  # an int beyond any float (10**400)
+        return None, (shape % "an integer beyond any float") + ", not a finite number"
     if not math.isfinite(reward):
         return None, (shape % reward) + ", not a finite number"
     return reward, ""
+
+
+def reward_arguments(source: str, function: str, input_json: str) -> dict:
+    """The function's three arguments from `input_json`, every part of the request sized first;
+    InvalidArgument naming the field and its limit."""
+    if len(source) > MAX_SOURCE_CHARS:
+        raise InvalidArgument(f"source: {len(source)} characters; at most {MAX_SOURCE_CHARS}")
+    if len(function) > MAX_FUNCTION_CHARS or not function.isidentifier():
+        raise InvalidArgument(f"function: {function[:80]!r} is not a Python identifier of at most {MAX_FUNCTION_CHARS}")
+    if len(input_json) > MAX_INPUT_CHARS:
+        raise InvalidArgument(f"input_json: {len(input_json)} characters; at most {MAX_INPUT_CHARS}")
+    try:
+        arguments = json.loads(input_json)
+    except RecursionError:
+        raise InvalidArgument(f"input_json: nested deeper than {MAX_INPUT_DEPTH} levels") from None
+    except ValueError as exc:
+        raise InvalidArgument(f"input_json: not JSON ({exc})") from None
+    if _depth(arguments) > MAX_INPUT_DEPTH:
+        raise InvalidArgument(f"input_json: nested deeper than {MAX_INPUT_DEPTH} levels")
+    if not isinstance(arguments, dict) or not {"task", "completion", "verdict"} <= arguments.keys():
+        raise InvalidArgument('input_json: must be an object with "task", "completion" and "verdict"')
+    return arguments
+
+
+def _depth(value: object) -> int:
+    """How deep `value` nests (a scalar is 0), without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, depth)
+            todo.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def parse_report(stdout: str, nonce: str) -> dict | None:

@@ -11,14 +11,15 @@ OpenSession, SessionExec, ReadFile, WriteFile, CloseSession, ScoreSession
 
 Requests are bounded before any work: at most MAX_FILES files under paths of at most
 MAX_PATH_CHARS characters and MAX_PATH_DEPTH parts, at most MAX_ARGS command arguments
-and MAX_TESTS tests, no NUL byte in a path or an argument (the OS cannot take one);
+and MAX_TESTS tests, no NUL byte in a path or an argument (the OS cannot take one), an
+endpoint_address of host:port in at most MAX_ADDRESS_CHARS characters, a Reward's source, input
+size and nesting within reward_runner's limits;
 anything else is INVALID_ARGUMENT naming the field.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Mapping, Sequence
 
@@ -29,7 +30,8 @@ from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.sandbox.admission import Admission
 from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status
-from services.sandbox.reward_runner import run_reward
+from services.sandbox.endpoint_route import split_address
+from services.sandbox.reward_runner import reward_arguments, run_reward
 from services.sandbox.session_api import SessionService
 from services.sandbox.settings import SandboxSettings
 from services.sandbox.staging import MAX_PATH_CHARS, MAX_PATH_DEPTH
@@ -39,6 +41,7 @@ from services.sandbox.terminal import TerminalTasks
 MAX_FILES = 1000
 MAX_ARGS = 1024
 MAX_TESTS = 1000
+MAX_ADDRESS_CHARS = 256  # a host name is at most 253 characters, then :port
 
 _STATUS = {
     Status.PASSED: common_pb2.VERDICT_STATUS_PASSED,
@@ -66,6 +69,16 @@ def resolve_limits(limits: sandbox_pb2.Limits, settings: SandboxSettings) -> Res
         cpu_seconds=float(pick("cpu_seconds", s.default_cpu_seconds, s.max_cpu_seconds)),
         max_output_bytes=int(pick("max_output_bytes", s.default_max_output_bytes, s.max_output_bytes)),
     )
+
+
+def check_endpoint_address(address: str) -> None:
+    """A session's endpoint_address: host:port, at most MAX_ADDRESS_CHARS characters."""
+    if len(address) > MAX_ADDRESS_CHARS:
+        raise InvalidArgument(f"endpoint_address: {len(address)} characters; at most {MAX_ADDRESS_CHARS}")
+    try:
+        split_address(address)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
 
 
 def check_files(files: Mapping[str, str]) -> None:
@@ -198,14 +211,7 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     async def Reward(
         self, request: sandbox_pb2.RewardRequest, context: grpc.aio.ServicerContext
     ) -> sandbox_pb2.RewardResponse:
-        if not request.function.isidentifier():
-            raise InvalidArgument(f"function: {request.function[:80]!r} is not a Python identifier")
-        try:
-            arguments = json.loads(request.input_json)
-        except ValueError as exc:
-            raise InvalidArgument(f"input_json: not JSON ({exc})") from None
-        if not isinstance(arguments, dict) or not {"task", "completion", "verdict"} <= arguments.keys():
-            raise InvalidArgument('input_json: must be an object with "task", "completion" and "verdict"')
+        arguments = reward_arguments(request.source, request.function, request.input_json)
         limits = resolve_limits(request.limits, self._settings)
         origin = request.origin or request.function
         async with self._admission.slot():
@@ -254,6 +260,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
         self, request: sandbox_pb2.OpenSessionRequest, context: grpc.aio.ServicerContext
     ) -> sandbox_pb2.OpenSessionResponse:
         check_files(request.files)
+        if request.endpoint_address:
+            check_endpoint_address(request.endpoint_address)
         limits = resolve_limits(request.limits, self._settings)
         try:
             session = await self._sessions.open(

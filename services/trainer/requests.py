@@ -6,9 +6,10 @@
     job ids, step numbers, checkpoint metrics ─check_*─> InvalidArgument / FailedPrecondition
 
 Guarantees: a job id outside dockyard.jobs.JOB_ID (it names folders), an empty or oversized
-demonstration batch (more than MAX_DEMONSTRATIONS) and more than MAX_CHECKPOINT_METRICS, nameless
-or non-finite checkpoint metrics are INVALID_ARGUMENT naming the field; a step that is not the
-policy's next is FAILED_PRECONDITION. Nothing here touches the policy.
+demonstration batch (more than MAX_DEMONSTRATIONS, or a demonstration longer than MAX_CHARS_PER_TOKEN
+characters per context position: refused by its length, before any tokenizing) and more than
+MAX_CHECKPOINT_METRICS, nameless or non-finite checkpoint metrics are INVALID_ARGUMENT naming the
+field; a step that is not the policy's next is FAILED_PRECONDITION. Nothing here touches the policy.
 """
 
 from __future__ import annotations
@@ -27,17 +28,34 @@ from services.trainer.policy import PolicyTrainer
 MAX_DEMONSTRATIONS = 65536
 MAX_CHECKPOINT_METRICS = 1024
 MAX_METRIC_NAME_CHARS = 256
+# No token of any tokenizer covers more characters than this: a demonstration longer than this many
+# characters per position cannot fit the context, so its length refuses it before the tokenizer runs.
+MAX_CHARS_PER_TOKEN = 64
+DEFAULT_POSITIONS = 131072  # the context assumed for a model that names none
 
 
-def demonstration_pairs(demonstrations: Sequence[trainer_pb2.Demonstration]) -> list[tuple[str, str]]:
-    """(prompt, completion) of each demonstration; InvalidArgument for an empty, oversized or hollow batch."""
+def demonstration_pairs(
+    demonstrations: Sequence[trainer_pb2.Demonstration], max_positions: int | None
+) -> list[tuple[str, str]]:
+    """(prompt, completion) of each demonstration; InvalidArgument for an empty, oversized or hollow batch.
+
+    Sized before any tokenizing: a demonstration longer than MAX_CHARS_PER_TOKEN characters per position
+    of the model's context cannot fit it whatever the tokenizer does, so it is refused by its length.
+    """
     if not demonstrations:
         raise InvalidArgument("empty batch: no demonstrations to train on")
     if len(demonstrations) > MAX_DEMONSTRATIONS:
         raise InvalidArgument(f"demonstrations: {len(demonstrations)} in one step; at most {MAX_DEMONSTRATIONS}")
+    max_chars = (max_positions or DEFAULT_POSITIONS) * MAX_CHARS_PER_TOKEN
     for i, demo in enumerate(demonstrations):
         if not demo.prompt or not demo.completion:
             raise InvalidArgument(f"demonstrations[{i}]: prompt and completion must both be non-empty")
+        if (chars := len(demo.prompt) + len(demo.completion)) > max_chars:
+            raise InvalidArgument(
+                f"demonstrations[{i}]: prompt + completion is {chars} characters; at most {max_chars} "
+                f"({MAX_CHARS_PER_TOKEN} per position of the model's {max_positions or DEFAULT_POSITIONS}), "
+                "refused before tokenizing"
+            )
     return [(d.prompt, d.completion) for d in demonstrations]
 
 

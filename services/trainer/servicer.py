@@ -12,7 +12,8 @@ TrainStep asked for again after it succeeded gets the same reply, never a
 second step. Steps, pushes and saves run to their end even if the caller goes.
 A job id outside dockyard.jobs.JOB_ID (it names folders), a config beyond the
 config bounds, more than MAX_DEMONSTRATIONS demonstrations and more than
-MAX_CHECKPOINT_METRICS or non-finite checkpoint metrics are INVALID_ARGUMENT;
+MAX_CHECKPOINT_METRICS or non-finite checkpoint metrics are INVALID_ARGUMENT (demonstrations sized
+before waiting on the lock or tokenizing);
 configs are parsed and demonstrations tokenised off the event loop.
 """
 
@@ -69,12 +70,12 @@ def _locked(handler):
     """`handler(self, job, request)` under the job's lock, to its end even if the caller goes away."""
 
     @functools.wraps(handler)
-    async def rpc(self: TrainerServicer, request, context):
+    async def rpc(self: TrainerServicer, request, context, **checked):
         job = self._job(request.job_id)
 
         async def locked():
             async with job.lock:
-                return await handler(self, job, request)
+                return await handler(self, job, request, **checked)
 
         return await run_to_completion(locked())
 
@@ -183,11 +184,17 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         )
         return job.last_reply
 
+    async def SupervisedStep(self, request: pb.SupervisedStepRequest, context) -> pb.SupervisedStepResponse:
+        # Sized before waiting on the job's lock or tokenizing: a bad batch is refused at once.
+        pairs = demonstration_pairs(request.demonstrations, self._job(request.job_id).policy.max_positions)
+        return await self._supervised_step(request, context, pairs=pairs)
+
     @_locked
-    async def SupervisedStep(self, job: TrainerJob, request: pb.SupervisedStepRequest) -> pb.SupervisedStepResponse:
+    async def _supervised_step(
+        self, job: TrainerJob, request: pb.SupervisedStepRequest, *, pairs: list[tuple[str, str]]
+    ) -> pb.SupervisedStepResponse:
         policy = job.policy
         check_next_step(policy, request.step)
-        pairs = demonstration_pairs(request.demonstrations)
         rows = await asyncio.to_thread(demonstration_rows, policy.tokenizer, pairs)
         try:
             rows = checked_rows(rows, policy.vocab_size, policy.max_positions)

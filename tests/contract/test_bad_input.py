@@ -14,6 +14,7 @@ tried and their outcomes are printed at the end of the module (`pytest -s`).
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Awaitable, Iterator
 from pathlib import Path
@@ -259,6 +260,10 @@ async def test_buffer_refuses_bad_input_and_keeps_what_it_accepted(start_service
         await probe.expect(open_job(buffer_pb2.OpenJobRequest(job_id=job)), INVALID, "max_groups")
         rewind = buffer_pb2.OpenJobRequest(job_id=job, max_groups=4, rewind_to_version=HUGE)
         await probe.expect(open_job(rewind), INVALID, "rewind_to_version")
+        age = "max_trajectory_age_steps"
+        for fields, word in [({"max_groups": 2**31 - 1}, "max_groups"), ({age: 2**31 - 1}, age), ({age: -1}, age)]:
+            request = buffer_pb2.OpenJobRequest(**{"job_id": job, "max_groups": 4, **fields})
+            await probe.expect(open_job(request), INVALID, word, "[")
         await stub.OpenJob(buffer_pb2.OpenJobRequest(job_id=job, max_groups=16, max_trajectory_age_steps=1))
         await stub.PutGroup(buffer_pb2.PutGroupRequest(group=make_group("good-0")))
 
@@ -299,8 +304,13 @@ async def test_buffer_refuses_bad_input_and_keeps_what_it_accepted(start_service
         await probe.expect(sample(buffer_pb2.SampleGroupsRequest(**{**lease, "max_groups": 0})), INVALID, "max_groups")
         idle = buffer_pb2.ReclaimGroupsRequest(**lease, min_idle_seconds=float("nan"))
         await probe.expect(stub.ReclaimGroups(idle), INVALID, "min_idle_seconds")
+        await _buffer_stream_cases(stub, probe, buffer.address, job, lease)
         ack = stub.AckGroups
         await probe.expect(ack(buffer_pb2.AckGroupsRequest(job_id=job, weight_version=HUGE)), INVALID, "weight_version")
+        for ahead in (1, 3, 995):  # a clock move without groups: refused, the running job undisturbed
+            request = buffer_pb2.AckGroupsRequest(job_id=job, group_ids=[], weight_version=ahead)
+            await probe.expect(ack(request), PRECONDITION, "no group_ids", "clock")
+        await probe.expect(ack(buffer_pb2.AckGroupsRequest(job_id=job, weight_version=0)), grpc.StatusCode.OK)
         await probe.expect(ack(buffer_pb2.AckGroupsRequest(job_id=job, group_ids=["good-0"], weight_version=7)),
                            PRECONDITION, "beyond its clock")  # fmt: skip
         await probe.expect(ack(buffer_pb2.AckGroupsRequest(job_id=job, group_ids=[""])), INVALID, "group_ids[0]")
@@ -319,6 +329,41 @@ async def test_buffer_refuses_bad_input_and_keeps_what_it_accepted(start_service
             buffer_pb2.AckGroupsRequest(job_id=job, group_ids=["good-0", "good-1"], weight_version=1)
         )
         assert acked.acked == 2
+        again = buffer_pb2.AckGroupsRequest(job_id=job, group_ids=["good-0"], weight_version=2)
+        await probe.expect(ack(again), PRECONDITION, "acks no leased group")
+        assert (await stub.GetStats(buffer_pb2.GetStatsRequest(job_id=job))).latest_version == 1
+
+
+async def _buffer_stream_cases(stub, probe: Prober, address: str, job: str, lease: dict) -> None:
+    """The streamed RPCs: a put far over the group limit (refused while streaming, the status reaching the
+    client, not a broken write), lease requests with bad fields, GetDataPlane."""
+
+    async def drained(call) -> None:
+        async for _ in call:
+            pass
+
+    def oversized():
+        yield buffer_pb2.PutGroupStreamRequest(group=make_group("g-100mb"), payload=b"x" * (1 << 20))
+        for _ in range(99):
+            yield buffer_pb2.PutGroupStreamRequest(payload=b"x" * (1 << 20))
+
+    # A plain channel, as an outside client has: on it a status sent while the client still writes came
+    # back as INTERNAL ("Internal error from Core") from the second try on; the buffer now reads the rest first.
+    async with grpc.aio.insecure_channel(address) as plain:
+        raw, plain_probe = buffer_pb2_grpc.BufferServiceStub(plain), Prober("buffer", plain)
+        for _ in range(4):
+            await plain_probe.expect(raw.PutGroupStream(oversized()), INVALID, "g-100mb", "MAX_GROUP_MB")
+    no_group = iter([buffer_pb2.PutGroupStreamRequest(payload=b"x")])
+    await probe.expect(stub.PutGroupStream(no_group), INVALID, "first chunk")
+    await probe.expect(stub.PutGroupStream(iter([])), INVALID, "group is missing")
+    for name in ("SampleGroupsStream", "ReclaimGroupsStream"):
+        request_type, call = getattr(buffer_pb2, f"{name}Request"), getattr(stub, name)
+        for fields, word in [({"consumer": MEGABYTE_ID}, "consumer"), ({"consumer": ""}, "consumer"),
+                             ({"max_groups": 0}, "max_groups"), ({"trainer_step": HUGE}, "trainer_step"),
+                             ({"job_id": "../x"}, "job_id")]:  # fmt: skip
+            await probe.expect(drained(call(request_type(**{**lease, **fields}))), INVALID, word)
+        await probe.expect(drained(call(request_type(**lease, payload_by_reference=True))), PRECONDITION, "data plane")
+    await probe.expect(stub.GetDataPlane(buffer_pb2.GetDataPlaneRequest()), grpc.StatusCode.OK)
 
 
 # -- sandbox -------------------------------------------------------------------
@@ -363,9 +408,36 @@ async def test_sandbox_refuses_bad_input(start_service) -> None:
         await probe.expect(stub.ListInstances(sandbox_pb2.ListInstancesRequest(task_set="../t")),
                            (PRECONDITION, NOT_FOUND, INVALID))  # fmt: skip
         await _sandbox_session_cases(stub, probe, deep)
+        await _sandbox_reward_cases(stub, probe)
         # Still answers real work.
         reply = await stub.Execute(sandbox_pb2.ExecuteRequest(files=main, command=["python", "main.py"]))
         assert reply.verdict.stdout == "1\n"
+
+
+async def _sandbox_reward_cases(stub, probe: Prober) -> None:
+    """Reward: every part sized before anything runs; a reward beyond any float is an ERROR verdict."""
+    arguments = {"task": {}, "completion": {"text": "x"}, "verdict": {}}
+
+    def reward(source: str = "def f(t, c, v):\n    return 1.0\n", function: str = "f", input_json: str = ""):
+        input_json = input_json or json.dumps(arguments)
+        return stub.Reward(sandbox_pb2.RewardRequest(source=source, function=function, input_json=input_json))
+
+    deep = '{"task": {}, "completion": ' + "[" * 100_000 + "]" * 100_000 + ', "verdict": {}}'
+    await probe.expect(reward(input_json=deep), INVALID, "input_json", "nested")
+    shallow_deep = '{"task": {}, "completion": ' + "[" * 500 + "]" * 500 + ', "verdict": {}}'
+    await probe.expect(reward(input_json=shallow_deep), INVALID, "input_json", "nested")
+    huge = json.dumps({**arguments, "completion": {"text": "x" * (9 << 20)}})
+    await probe.expect(reward(input_json=huge), INVALID, "input_json", "characters")
+    await probe.expect(reward(source="#" * (2 << 20)), INVALID, "source")
+    await probe.expect(reward(function="f" * 5000), INVALID, "function")
+    await probe.expect(reward(function="not a name"), INVALID, "function")
+    await probe.expect(reward(input_json="[1]"), INVALID, "input_json")
+    await probe.expect(reward(input_json="{"), INVALID, "input_json")
+    for value in ("10**400", "float('nan')", "'a string'"):
+        await probe.expect(reward(source=f"def f(t, c, v):\n    return {value}\n"), grpc.StatusCode.OK)
+        reply = await reward(source=f"def f(t, c, v):\n    return {value}\n")
+        assert reply.verdict.status == common_pb2.VERDICT_STATUS_ERROR, reply.verdict
+        assert "reward function f" in reply.verdict.error_message
 
 
 async def _sandbox_session_cases(stub, probe: Prober, deep: str) -> None:
@@ -382,6 +454,8 @@ async def _sandbox_session_cases(stub, probe: Prober, deep: str) -> None:
     await probe.expect(open_(task_set="t", instance_id="i"), PRECONDITION, "DOCKYARD_SANDBOX_TASK_ROOT")
     await probe.expect(open_(files={"../up.txt": "x"}), INVALID, "files")
     await probe.expect(open_(limits=sandbox.Limits(memory_mb=-1)), INVALID, "limits.memory_mb")
+    for address in ("h:" + "1" * (1 << 20), "x" * (1 << 20), "not an address", "host:99999"):
+        await probe.expect(open_(endpoint_address=address), INVALID, "endpoint_address")
     session_id = (await stub.OpenSession(sandbox.OpenSessionRequest())).session_id
 
     def exec_(sid: str = session_id, **fields):
@@ -466,7 +540,15 @@ async def test_trainer_refuses_bad_input(start_service, tmp_path: Path) -> None:
         await probe.expect(supervised(many), INVALID, "demonstrations")
         empty = trainer_pb2.SupervisedStepRequest(job_id="job", step=1, demonstrations=[trainer_pb2.Demonstration()])
         await probe.expect(supervised(empty), INVALID, "demonstrations[0]")
-        await probe.expect(supervised(trainer_pb2.SupervisedStepRequest(job_id="job", step=HUGE)), PRECONDITION, "step")
+        late = trainer_pb2.SupervisedStepRequest(job_id="job", step=HUGE, demonstrations=[demo])
+        await probe.expect(supervised(late), PRECONDITION, "step")
+        # Sized by length before any tokenizing: 256 positions take at most 256 * 64 characters.
+        for chars in (16_385, 30 << 20):
+            long = trainer_pb2.Demonstration(prompt="f(1)=", completion="2" * chars)
+            request = trainer_pb2.SupervisedStepRequest(job_id="job", step=1, demonstrations=[demo, long])
+            started = time.monotonic()
+            await probe.expect(supervised(request), INVALID, "demonstrations[1]", "16384", "before tokenizing")
+            assert time.monotonic() - started < 10, "refused by its length, not after tokenizing"
         await probe.expect(stub.TrainStep(trainer_pb2.TrainStepRequest(job_id="job", step=-5)), PRECONDITION, "step")
         assert not list(tmp_path.glob("job/checkpoints/*")), "a refused save wrote nothing"
 
@@ -513,6 +595,8 @@ async def test_rollout_refuses_bad_input(start_service, tmp_path: Path) -> None:
             "temperature": sampling(temperature=float("nan"), top_p=1, max_new_tokens=2),
             "top_p": sampling(temperature=1, top_p=float("inf"), max_new_tokens=2),
             "max_new_tokens": sampling(temperature=1, top_p=1, max_new_tokens=2**31 - 1),
+            "a stop string is at most 256": sampling(temperature=1, top_p=1, max_new_tokens=2, stop=["x" * (1 << 20)]),
+            "stop strings": sampling(temperature=1, top_p=1, max_new_tokens=2, stop=["x"] * 17),
         }
         for word, params in bad_sampling.items():
             await probe.expect(generate(sampling=params), INVALID, word)

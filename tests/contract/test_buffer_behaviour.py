@@ -150,8 +150,9 @@ async def opened(buffer: BufferBackend, max_groups: int = 100, max_age: int = 10
 
 
 async def at_version(buffer: BufferBackend, version: int, job_id: str = JOB) -> None:
-    """Moves the job's clock to `version` (an ack of nothing still advances it)."""
-    await buffer.ack(job_id, [], version)
+    """Moves the job's clock to `version`, as the coordinator does on a resume (OpenJob's rewind_to_version)."""
+    stats = await buffer.stats(job_id)
+    await buffer.open_job(job_id, stats.max_groups, stats.max_age, version)
 
 
 async def sample(buffer: BufferBackend, version: int, n: int = 100, max_bytes: int = BIG, consumer: str = "t0"):
@@ -399,12 +400,36 @@ async def test_a_version_beyond_the_clock_is_refused_and_changes_nothing(backend
     assert await backend.ack(JOB, ["g", "h"], 1) == 2
 
 
-async def test_an_ack_of_no_groups_sets_the_clock_up_to_max_version(backend):
+async def test_an_ack_of_no_groups_never_moves_the_clock(backend):
+    await opened(backend)
+    await backend.put_group(make_group("g", 0))
+    await sample(backend, 0)
+    before = await backend.stats(JOB)
+    for version in (1, 3, 995, MAX_VERSION, MAX_VERSION + 1, 2**63 - 1):
+        with pytest.raises(FailedPrecondition, match=f"(no group_ids.* to {version}|version {version} )"):
+            await backend.ack(JOB, [], version)
+    assert await backend.ack(JOB, [], 0) == 0  # at the clock: a no-op
+    assert await backend.stats(JOB) == before
+    # The job is undisturbed: its group is still fresh and acks at the next version.
+    assert await backend.ack(JOB, ["g"], 1) == 1
+    assert (await backend.stats(JOB)).latest_version == 1
+
+
+async def test_an_ack_of_only_acked_groups_never_moves_the_clock(backend):
+    await opened(backend)
+    await backend.put_group(make_group("g", 0))
+    await sample(backend, 0)
+    assert await backend.ack(JOB, ["g"], 0) == 1
+    before = await backend.stats(JOB)
+    with pytest.raises(FailedPrecondition, match="acks no leased group"):
+        await backend.ack(JOB, ["g"], 1)
+    assert await backend.stats(JOB) == before
+    assert await backend.ack(JOB, ["g"], 0) == 0  # a retry at the clock: a no-op, as before
+
+
+async def test_open_job_sets_the_clock_up_to_max_version(backend):
     await opened(backend)
     await at_version(backend, MAX_VERSION)
-    for version in (MAX_VERSION + 1, 2**63 - 1):
-        with pytest.raises(FailedPrecondition, match=f"version {version} "):
-            await at_version(backend, version)
     assert (await backend.stats(JOB)).latest_version == MAX_VERSION
     assert await backend.put_group(make_group("g", MAX_VERSION)) == (False, False)
     assert await backend.put_group(make_group("old", MAX_VERSION - 11)) == (False, True)
@@ -500,7 +525,10 @@ async def test_age_bound_holds_for_every_returned_group_at_every_step(backend):
         assert all(step - t.weight_version <= max_age for g in groups for t in g.group().trajectories)
         unacked |= set(ids(groups))
         done = [group_id for group_id in sorted(unacked) if rng.random() < 0.5]
-        await backend.ack(JOB, done, step + 1)
+        if done:
+            await backend.ack(JOB, done, step + 1)
+        else:  # an ack of nothing cannot move the clock
+            await at_version(backend, step + 1)
         unacked -= set(done)
         await assert_balanced(backend)
     s = await backend.stats(JOB)

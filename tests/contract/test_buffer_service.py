@@ -29,7 +29,8 @@ async def test_every_rpc_round_trips_and_sigterm_exits_cleanly(buffer) -> None:
         await stub.OpenJob(pb.OpenJobRequest(job_id=JOB, max_groups=CAPACITY, max_trajectory_age_steps=1))
         await stub.OpenJob(pb.OpenJobRequest(job_id=JOB, max_groups=CAPACITY, max_trajectory_age_steps=1))
         # The trainer reaches version 3 (the coordinator sets the clock); a group of version 1 is stale on arrival.
-        await stub.AckGroups(pb.AckGroupsRequest(job_id=JOB, weight_version=3))
+        opened = pb.OpenJobRequest(job_id=JOB, max_groups=CAPACITY, max_trajectory_age_steps=1, rewind_to_version=3)
+        await stub.OpenJob(opened)
         await stub.SampleGroups(pb.SampleGroupsRequest(job_id=JOB, trainer_step=3, max_groups=1, consumer="t0"))
         sent = make_group("g-old", version=2)
         # A multi-turn trajectory: context tokens masked out, a later segment after an edited history.
@@ -133,7 +134,7 @@ async def test_bad_input_is_refused_with_a_clear_error_and_nothing_is_stored(buf
         lease = dict(job_id=JOB, trainer_step=0, max_groups=1, consumer="t0")
         invalid = [
             ("group is missing", stub.PutGroup(pb.PutGroupRequest())),
-            ("max_groups must be >= 1", stub.OpenJob(pb.OpenJobRequest(job_id=JOB))),
+            ("max_groups must be in [1, ", stub.OpenJob(pb.OpenJobRequest(job_id=JOB))),
             ("job_id is empty", stub.SampleGroups(pb.SampleGroupsRequest(**{**lease, "job_id": ""}))),
             ("max_groups must be >= 1", stub.SampleGroups(pb.SampleGroupsRequest(**{**lease, "max_groups": 0}))),
             ("trainer_step must be >= 0", stub.SampleGroups(pb.SampleGroupsRequest(**{**lease, "trainer_step": -1}))),
