@@ -143,7 +143,7 @@ def test_every_forgery_from_inside_a_scaffold_container_is_refused(sandbox, endp
             )
             try:
                 await session.write_file("attack.py", ATTACKS.encode())
-                outcome, tail = await run_external(
+                run = await run_external(
                     session,
                     ScaffoldConfig(command="python3 attack.py", env={"VICTIM": victim}),
                     endpoint_url=session.endpoint_url,
@@ -153,7 +153,7 @@ def test_every_forgery_from_inside_a_scaffold_container_is_refused(sandbox, endp
                     budget=Budget(max_turns=3, max_tokens=512, seconds=120.0),
                     max_new=16,
                 )
-                return outcome.finish_reason, tail
+                return run.outcome.finish_reason, run.output_tail
             finally:
                 await session.close()
 

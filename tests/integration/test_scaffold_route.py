@@ -118,7 +118,9 @@ def test_a_hostile_scaffold_is_contained(sandbox, endpoint):
             "sleep 600 & sleep 600",
             "python3 -c 'import sys; sys.stdout.write(\"x\" * (100 << 20))'",
             "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 443), timeout=2)'",
-            'curl -s "$OPENAI_BASE_URL" || python3 -c "import os, urllib.request; '
+            # No stderr on success (the run's tail is its stderr, else its stdout): an image without curl
+            # must not put "curl: not found" where the answer is looked for.
+            'curl -s "$OPENAI_BASE_URL" 2>/dev/null || python3 -c "import os, urllib.request; '
             "print(urllib.request.urlopen(os.environ['OPENAI_BASE_URL'] + '/x').read().decode())\"",
         ):
             scaffold = ScaffoldConfig(command=command, env={"MY_SETTING": "1"})
@@ -140,7 +142,10 @@ def test_a_hostile_scaffold_is_contained(sandbox, endpoint):
         return outcomes, seen, left
 
     outcomes, seen, left = asyncio.run(_with_session(sandbox.address, endpoint, body, timeout=30.0))
-    (hang, _), (huge, huge_tail), (network, network_tail), (allowed, allowed_tail) = outcomes
+    hang, huge, network, allowed = (run.outcome for run in outcomes)
+    huge_tail, network_tail, allowed_tail = (run.output_tail for run in outcomes[1:])
+    # Each is a failure of the scaffold's own (the time limit, a non-zero exit), except the allowed call.
+    assert [bool(run.error) for run in outcomes] == [True, huge.finish_reason != "exit", True, False], outcomes
     assert hang.finish_reason == "time" and hang.model_seconds < 20.0
     # 100 MB through the sandbox may outlast the 3 s: either way it ends, clipped to the session's cap.
     assert huge.finish_reason in {"exit", "time"} and 0 < len(huge_tail) <= 2000

@@ -38,8 +38,12 @@ def test_a_token_that_is_set_is_kept(tmp_path: Path) -> None:
 def test_the_stack_and_the_command_use_the_token_they_show_the_path_of(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    monkeypatch.delenv("DOCKYARD_AUTH_TOKEN", raising=False)
-    monkeypatch.delenv("DOCKYARD_AUTH_TOKEN_FILE", raising=False)
+    for name in ("DOCKYARD_AUTH_TOKEN", "DOCKYARD_AUTH_TOKEN_FILE"):
+        # Set, then deleted: monkeypatch then restores the variable's absence after the test, where a
+        # plain delenv of an unset one records nothing and the token file stack_token names would leak
+        # into every later test of this worker.
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     stack_token(tmp_path)
     path = tmp_path / SERVICE_TOKEN_FILE
     token = path.read_text().strip()
