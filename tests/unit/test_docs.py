@@ -18,7 +18,6 @@ Conventions the page follows, and these tests check:
 from __future__ import annotations
 
 import importlib
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from pydantic import BaseModel
 from pydantic_settings import BaseSettings
 
 from dockyard.config import MasterConfig
+from dockyard.config.reference import render, section_type
 from dockyard.experience.data_plane import DataPlaneSettings
 from dockyard.rpc.auth import AuthSettings
 from dockyard.rpc.settings import DEFAULT_PORTS, ServiceSettings
@@ -37,27 +37,6 @@ ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|\s*([^|]*?)\s*\|", re.MULTILINE)
 HEADING = re.compile(r"^#{2,4}\s+`([^`]+)`\s*$", re.MULTILINE)
 MACHINE_DEPENDENT = {"DOCKYARD_SANDBOX_MAX_CONCURRENCY"}
 REQUIRED = object()
-
-
-def render(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return value or '""'
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, tuple):
-        value = list(value)
-    return json.dumps(value)
-
-
-def _section_type(annotation: Any) -> type[BaseModel] | None:
-    for candidate in getattr(annotation, "__args__", (annotation,)):
-        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-            return candidate
-    return None
 
 
 def config_fields(
@@ -74,7 +53,7 @@ def config_fields(
             value = REQUIRED
         else:
             value = field.get_default(call_default_factory=True)
-        section = _section_type(field.annotation)
+        section = section_type(field.annotation)
         if section is None:
             leaves[path] = value
             continue
