@@ -27,7 +27,8 @@ Guarantees (rank 0, `WholeTensorTransport.send`):
   send raise SyncFailed within it, never hang;
 - the send returns only once every replica acknowledged the version; a replica
   that reports "failed: <why>" makes it raise SyncFailed with that reason,
-  also when the failure cut a broadcast short;
+  also when the failure cut a broadcast short, and at once when the replica
+  could not join the process group (rank 0 does not wait out its rendezvous);
 - names are checkpoint names (`canonical_name`: Hugging Face names, which
   SGLang's model `load_weights` maps onto its own fused layout), dtypes and
   shapes the sender's own; each tensor moves contiguous, whole, in the order given;
@@ -46,6 +47,7 @@ takes the keys and the manifest format from here.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
@@ -153,22 +155,44 @@ class WholeTensorSender:
             raise
 
     def _form(self, version: int) -> None:
-        """The process group, formed with the receivers (gloo: a rendezvous bounded by the timeout)."""
+        """The process group, formed with the receivers (gloo: a rendezvous bounded by the timeout).
+
+        The rendezvous runs on a thread while this one watches the replicas'
+        acknowledgements on a store connection of its own: a replica that
+        cannot join says why at once, and its reason is read before a timed-out
+        rendezvous could leave the shared connection out of step.
+        """
         if self.name in c10d._world.pg_names.values():
             raise SyncFailed(f"a process group named {self.name!r} is still open in this trainer")
-        try:
-            pg, _ = c10d._new_process_group_helper(
-                self.group.world_size,
-                0,
-                [],
-                dist.Backend(self.group.backend),
-                dist.PrefixStore(self.name, self._root),
-                group_name=self.name,
-                timeout=self.timeout,
-            )
-        except Exception as exc:  # noqa: BLE001 - the rendezvous timed out, or the backend refused
-            self._raise_if_failed(version)  # a replica that could not join says why
-            raise SyncFailed(self._why(f"forming the process group {self.name!r}", exc)) from exc
+        formed: dict[str, Any] = {}
+
+        def rendezvous() -> None:
+            try:
+                formed["pg"], _ = c10d._new_process_group_helper(
+                    self.group.world_size,
+                    0,
+                    [],
+                    dist.Backend(self.group.backend),
+                    dist.PrefixStore(self.name, self._root),
+                    group_name=self.name,
+                    timeout=self.timeout,
+                )
+            except Exception as exc:  # noqa: BLE001 - the rendezvous timed out, or the backend refused
+                formed["error"] = exc
+
+        thread = threading.Thread(target=rendezvous, name=f"{self.name}-rendezvous", daemon=True)
+        thread.start()
+        watch = scoped(
+            dist.TCPStore(self.group.master_address, self.group.master_port, is_master=False, timeout=self.timeout),
+            self.group.epoch,
+        )
+        while thread.is_alive():
+            thread.join(0.05)
+            self._raise_if_failed(version, watch)  # the rendezvous ends at its own timeout, unused
+        if "error" in formed:
+            self._raise_if_failed(version, watch)
+            raise SyncFailed(self._why(f"forming the process group {self.name!r}", formed["error"]))
+        pg = formed["pg"]
         c10d._world.pg_group_ranks[pg] = {i: i for i in range(self.group.world_size)}  # as SGLang registers its own
         self.pg = pg
 
@@ -219,16 +243,18 @@ class WholeTensorSender:
             time.sleep(50e-6)
         work.wait()
 
-    def _replies(self, version: int, ranks: Iterable[int]) -> dict[int, str]:
+    def _replies(self, version: int, ranks: Iterable[int], store: dist.Store | None = None) -> dict[int, str]:
         """The acknowledgements of `version` given so far, by rank (none where the store cannot tell)."""
+        store = store or self.store
         keys = {r: loaded_key(version, r) for r in ranks}
         try:
-            return {r: self.store.get(k).decode(errors="replace") for r, k in keys.items() if self.store.check([k])}
+            return {r: store.get(k).decode(errors="replace") for r, k in keys.items() if store.check([k])}
         except Exception:  # noqa: BLE001 - the store is gone: the caller reports its own cause
             return {}
 
-    def _raise_if_failed(self, version: int) -> None:
-        failed = {r: why for r, why in self._replies(version, range(1, self.group.world_size)).items() if why != "ok"}
+    def _raise_if_failed(self, version: int, store: dist.Store | None = None) -> None:
+        replies = self._replies(version, range(1, self.group.world_size), store)
+        failed = {r: why for r, why in replies.items() if why != "ok"}
         if failed:
             reasons = "; ".join(f"rank {r}: {why}" for r, why in sorted(failed.items()))
             raise SyncFailed(

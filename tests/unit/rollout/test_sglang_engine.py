@@ -27,6 +27,7 @@ import asyncio
 import json
 import multiprocessing
 import sys
+import time
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -409,13 +410,15 @@ def test_a_replica_that_cannot_join_fails_the_send_with_its_reason(monkeypatch, 
 
     async def scenario():
         engine = await SglangEngine.create(_config(model_dir, stand_in_fail_init="no NCCL here"), "cuda")
-        # Its rendezvous waits this long for the replica: long enough for a loaded machine.
+        # Its rendezvous would wait this long for the replica; the replica's reason ends it sooner.
         trainer = _Trainer(timeout=timedelta(seconds=30))
         trainer.send(1, [("lm_head.weight", torch.ones(6, 4))], group)
         with pytest.raises(SyncFailed, match="no NCCL here"):
             await engine.receive_weights(WholeTensorTransport(TIMEOUT, 100), 1, group, TIMEOUT)
+        refused = time.monotonic()
         kind, message, kept = await trainer.outcome()
         assert (kind, kept) == ("SyncFailed", False) and "rank 1: failed:" in message and "no NCCL here" in message
+        assert time.monotonic() - refused < 25, "rank 0 waited out its rendezvous instead of reading the reason"
         assert engine.weights.group is None
         trainer.close()
 
