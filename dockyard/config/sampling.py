@@ -1,13 +1,14 @@
 """Sampling of the policy (`policy.generation`) and the sampling bounds every layer shares.
 
 Guarantees: the bounds below are the only definition of what a temperature, top_p and top_k may
-be: the config's fields, the rollout's Generate check, the endpoint's OpenAI and Anthropic
-request schemas and the vLLM engine all read them from here, so they cannot drift apart.
+be, and of how many stop strings of what length: the config's fields, the rollout's Generate check,
+the endpoint's OpenAI and Anthropic requests and the vLLM engine all read them from here, so they
+cannot drift apart.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -27,6 +28,10 @@ MAX_TOP_P = 1.0
 # top_k counts tokens; 0 = off.
 MIN_TOP_K = 0
 MAX_TOP_K = 1_000_000
+# Stop strings: stop-string matching builds tables sized by each string's length (StopStringCriteria);
+# a 1 MB one once asked for 8.8 TB, so each is capped before any engine sees it.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
 
 
 class SamplingConfig(Section):
@@ -47,9 +52,13 @@ class SamplingConfig(Section):
     max_new_tokens: int = Field(
         32, ge=1, le=32768, description="Generation length cap, 1..32768 (and at most the rollout's ceiling)."
     )
-    stop_strings: list[str] = Field(
+    stop_strings: list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]] = Field(
         default_factory=list,
-        description=("A completion ends right after the token that completes any of these; the stop string is kept."),
+        max_length=MAX_STOP_STRINGS,
+        description=(
+            f"A completion ends right after the token that completes any of these; the stop string is kept. "
+            f"At most {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_CHARS} characters each."
+        ),
     )
     ignore_eos: bool = Field(
         False,

@@ -31,10 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dockyard.agents.tool_calls import check_tools
+from dockyard.config.sampling import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from services.endpoint.rendering import Message
 from services.endpoint.schemas import ChatCompletionRequest, ContentBlock, MessagesRequest
-
-MAX_STOP = 16
 
 
 class BadRequest(ValueError):
@@ -124,8 +123,8 @@ def _check_choice(choice_name: str | None, tools: list[dict] | None, field: str)
 
 def _stops(stop: str | list[str] | None) -> list[str]:
     stops = [stop] if isinstance(stop, str) else list(stop or ())
-    if len(stops) > MAX_STOP or any(not s for s in stops):
-        raise BadRequest(f"stop: at most {MAX_STOP} non-empty strings")
+    if len(stops) > MAX_STOP_STRINGS or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+        raise BadRequest(f"stop: at most {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_CHARS} characters")
     return stops
 
 

@@ -19,16 +19,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dockyard.config.sampling import MAX_TEMPERATURE
+from dockyard.config.sampling import MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_TEMPERATURE
 from dockyard.rpc.errors import InvalidArgument
 
 if TYPE_CHECKING:  # the engines (and bench/) need no protobuf runtime
     from dockyard.api.common.v1 import common_pb2
 
-MAX_STOP_STRINGS = 16
-# Stop-string matching builds tables sized by each string's length (StopStringCriteria): a 1 MB one once
-# asked for 8.8 TB, so each is capped here, before any engine sees it.
-MAX_STOP_CHARS = 256
 MAX_NUM_SAMPLES = 1024
 
 

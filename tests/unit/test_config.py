@@ -65,6 +65,9 @@ def test_override_without_equals_is_refused() -> None:
         ("loss_fn.dual_clip_c=0.5", "loss_fn.dual_clip_c"),
         ("policy.train_global_batch_size=5", "policy.train_global_batch_size"),
         ("grpo.async_grpo.enabled=true", "loss_fn.is_correction"),
+        (f"policy.generation.stop_strings=[{'x' * 257}]", "policy.generation.stop_strings"),
+        (f"policy.generation.stop_strings=[{','.join(['x'] * 17)}]", "policy.generation.stop_strings"),
+        ("policy.generation.stop_strings=['']", "policy.generation.stop_strings"),
     ],
 )
 def test_bad_value_fails_naming_the_field(override: str, field: str) -> None:

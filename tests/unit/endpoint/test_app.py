@@ -17,6 +17,7 @@ import pytest
 from dockyard.agents.contract import SESSION_HEADER
 from dockyard.api.rollout.v1 import rollout_pb2
 from dockyard.config import SamplingConfig
+from dockyard.config.sampling import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from dockyard.models.tokenizer import build_char_tokenizer
 from services.endpoint.app import create_app
 from services.endpoint.backend import Generated, JobModel, ReplicaLost, UnknownModel
@@ -197,6 +198,10 @@ async def test_errors(app, backend) -> None:
             tools=OA_TOOLS,
             tool_choice={"type": "function", "function": {"name": "rm"}},
         )
+    # Stop strings are bounded before the rollout sees them (docs/limits.md): count and length.
+    for stop in (["s"] * (MAX_STOP_STRINGS + 1), ["s" * (MAX_STOP_CHARS + 1)], [""]):
+        with pytest.raises(openai.BadRequestError, match=f"at most {MAX_STOP_STRINGS} non-empty strings"):
+            await client.chat.completions.create(model="job-1", messages=[{"role": "user", "content": "x"}], stop=stop)
     with pytest.raises(openai.APIStatusError) as info:
         await client.chat.completions.create(model="job-1", messages=[{"role": "user", "content": "x" * 100_000}])
     assert info.value.status_code == 413
