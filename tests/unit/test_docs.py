@@ -23,11 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
 from pydantic_settings import BaseSettings
 
-from dockyard.config import MasterConfig
-from dockyard.config.reference import render, section_type
+from dockyard.config.reference import REQUIRED, render, sections
 from dockyard.experience.data_plane import DataPlaneSettings
 from dockyard.rpc.auth import AuthSettings
 from dockyard.rpc.settings import DEFAULT_PORTS, ServiceSettings
@@ -36,32 +34,12 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|\s*([^|]*?)\s*\|", re.MULTILINE)
 HEADING = re.compile(r"^#{2,4}\s+`([^`]+)`\s*$", re.MULTILINE)
 MACHINE_DEPENDENT = {"DOCKYARD_SANDBOX_MAX_CONCURRENCY"}
-REQUIRED = object()
 
 
-def config_fields(
-    model: type[BaseModel] = MasterConfig, instance: BaseModel | None = None, prefix: str = ""
-) -> tuple[set[str], dict[str, Any]]:
-    """(section paths, {leaf path: effective default or REQUIRED}) of a config model, recursively."""
-    sections: set[str] = set()
-    leaves: dict[str, Any] = {}
-    for name, field in model.model_fields.items():
-        path = f"{prefix}{name}"
-        if instance is not None:
-            value = getattr(instance, name)
-        elif field.is_required():
-            value = REQUIRED
-        else:
-            value = field.get_default(call_default_factory=True)
-        section = section_type(field.annotation)
-        if section is None:
-            leaves[path] = value
-            continue
-        sections.add(path)
-        sub_sections, sub_leaves = config_fields(section, value if isinstance(value, BaseModel) else None, f"{path}.")
-        sections |= sub_sections
-        leaves |= sub_leaves
-    return sections, leaves
+def config_fields() -> tuple[set[str], dict[str, Any]]:
+    """(section paths, {leaf path: effective default or REQUIRED}) of MasterConfig, as the reference reads it."""
+    found = sections()
+    return set(found) - {""}, {leaf.path: leaf.default for leaves in found.values() for leaf in leaves}
 
 
 def settings_variables() -> dict[str, tuple[Any, str]]:
