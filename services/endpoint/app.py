@@ -41,6 +41,7 @@ one when there is one). No request error stops the endpoint serving other sessio
 from __future__ import annotations
 
 import contextlib
+from datetime import UTC, datetime
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -67,24 +68,45 @@ from services.endpoint.convert import (
 )
 from services.endpoint.errors import BodyLimit, error_response, invalid_body
 from services.endpoint.routing import AdmissionRefused
-from services.endpoint.schemas import ChatCompletionRequest, MessagesRequest
+from services.endpoint.schemas import ChatCompletionRequest, CountTokensRequest, MessagesRequest
 from services.endpoint.sessions import SessionEnded, SessionLimit, SessionStore, UnknownSession
 from services.endpoint.settings import EndpointSettings
-from services.endpoint.turns import Served, take_turn
+from services.endpoint.turns import Served, prompt_tokens, take_turn
 
-# Each refusal the endpoint raises, as its status code and error type.
-ERRORS: tuple[tuple[type[Exception], int, str], ...] = (
-    (Unauthorized, 401, "authentication_error"),
-    (Forbidden, 403, "permission_error"),
-    (UnknownSession, 404, "not_found_error"),
-    (BadRequest, 400, "invalid_request_error"),
-    (GenerateRefused, 400, "invalid_request_error"),
-    (UnknownModel, 404, "not_found_error"),
-    (SessionLimit, 429, "rate_limit_error"),
-    (AdmissionRefused, 503, "overloaded_error"),
-    (SessionEnded, 409, "infrastructure_error"),
-    (ReplicaLost, 503, "infrastructure_error"),
+# Each refusal the endpoint raises, as its status code, error type and code.
+ERRORS: tuple[tuple[type[Exception], int, str, str], ...] = (
+    (Unauthorized, 401, "authentication_error", "invalid_api_key"),
+    (Forbidden, 403, "permission_error", "forbidden"),
+    (UnknownSession, 404, "not_found_error", "session_not_found"),
+    (BadRequest, 400, "invalid_request_error", "invalid_request"),
+    (GenerateRefused, 400, "invalid_request_error", "generate_refused"),
+    (UnknownModel, 404, "not_found_error", "model_not_found"),
+    (SessionLimit, 429, "rate_limit_error", "session_limit"),
+    (AdmissionRefused, 503, "overloaded_error", "overloaded"),
+    (SessionEnded, 409, "infrastructure_error", "session_ended"),
+    (ReplicaLost, 503, "infrastructure_error", "replica_lost"),
 )
+# What the router says of a path it has no route for (404) or a method a route does not take (405).
+NO_ROUTE = {404: "Not Found", 405: "Method Not Allowed"}
+
+
+def anthropic_client(request: Request) -> bool:
+    """Whether the caller speaks the Anthropic API (its clients send `anthropic-version` on every call)."""
+    return "anthropic-version" in request.headers
+
+
+def describe_model(job, request: Request) -> dict:
+    """A running job as its caller's API describes a model: Anthropic's ModelInfo or OpenAI's Model."""
+    if anthropic_client(request):
+        created = datetime.fromtimestamp(job.create_time.seconds, UTC).isoformat().replace("+00:00", "Z")
+        return {
+            "type": "model",
+            "id": job.job_id,
+            "display_name": job.job_id,
+            "created_at": created,
+            "lifecycle": "active",
+        }
+    return {"id": job.job_id, "object": "model", "created": job.create_time.seconds, "owned_by": "dockyard"}
 
 
 def create_app(settings: EndpointSettings, token: str, backend: Backend | None = None) -> FastAPI:
@@ -114,14 +136,21 @@ def create_app(settings: EndpointSettings, token: str, backend: Backend | None =
         return invalid_body(exc)
 
     @app.exception_handler(HTTPException)
-    async def _http(_, exc: HTTPException):
-        kind = "request_too_large" if exc.status_code == 413 else "invalid_request_error"
-        return error_response(exc.status_code, kind, str(exc.detail))
+    async def _http(request: Request, exc: HTTPException):
+        if NO_ROUTE.get(exc.status_code) == exc.detail:
+            message = (
+                f"{request.method} {request.url.path} is not a route of the dockyard policy endpoint "
+                "(docs/endpoint-api.md lists them)"
+            )
+            return error_response(exc.status_code, "not_found_error", message, code="unsupported_route")
+        if exc.status_code == 413:
+            return error_response(413, "request_too_large", str(exc.detail), code="request_too_large")
+        return error_response(exc.status_code, "invalid_request_error", str(exc.detail))
 
-    for kind, status, name in ERRORS:
+    for kind, status, name, code in ERRORS:
 
-        async def handler(_, exc, status=status, name=name):
-            return error_response(status, name, str(exc))
+        async def handler(_, exc, status=status, name=name, code=code):
+            return error_response(status, name, str(exc), code=code)
 
         app.add_exception_handler(kind, handler)
 
@@ -141,11 +170,30 @@ def create_app(settings: EndpointSettings, token: str, backend: Backend | None =
     @app.get("/v1/models")
     async def models(request: Request):
         gate.caller(request)
-        jobs = await app.state.backend.running_jobs()
-        data = [
-            {"id": j.job_id, "object": "model", "created": j.create_time.seconds, "owned_by": "dockyard"} for j in jobs
-        ]
-        return {"object": "list", "data": data}
+        described = [describe_model(j, request) for j in await app.state.backend.running_jobs()]
+        if not anthropic_client(request):
+            return {"object": "list", "data": described}
+        ids = [m["id"] for m in described]
+        return {
+            "data": described,
+            "has_more": False,
+            "first_id": ids[0] if ids else None,
+            "last_id": ids[-1] if ids else None,
+        }
+
+    @app.get("/v1/models/{model_id}")
+    async def model(model_id: str, request: Request):
+        gate.caller(request)
+        for job in await app.state.backend.running_jobs():
+            if job.job_id == model_id:
+                return describe_model(job, request)
+        raise UnknownModel(f"model {model_id!r}: no running job has this id (GET /v1/models lists them)")
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(body: CountTokensRequest, request: Request):
+        gate.caller(request)
+        chat = from_anthropic(MessagesRequest(**dict(body), max_tokens=1))  # the same conversion as a call's
+        return {"input_tokens": await prompt_tokens(app.state.backend, body.model, chat)}
 
     def greedy(request: Request) -> bool:
         """Whether the call asks for greedy decoding (a validation trial's): the service token's only."""

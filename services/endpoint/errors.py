@@ -1,8 +1,10 @@
 """The endpoint's error replies and its request-size limit.
 
-Guarantees: every error the endpoint sends is JSON `{"type": "error", "error": {"type", "message"}}`,
-which both the official OpenAI and Anthropic clients read; a body over the limit is a 413 before
-any of it is parsed (by its Content-Length, or while it streams in without one).
+Guarantees: every error the endpoint sends is JSON
+`{"type": "error", "error": {"type", "message", "param", "code"}}`: Anthropic's shape, with OpenAI's
+`param` (the request field at fault, or null) and `code` (a stable machine-readable name, or null),
+so both official clients read it whole; a body over the limit is a 413 before any of it is parsed
+(by its Content-Length, or while it streams in without one).
 """
 
 from __future__ import annotations
@@ -12,18 +14,24 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 
-def error_response(status: int, kind: str, message: str) -> JSONResponse:
-    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}}, status_code=status)
+def error_response(
+    status: int, kind: str, message: str, *, param: str | None = None, code: str | None = None
+) -> JSONResponse:
+    error = {"type": kind, "message": message, "param": param, "code": code}
+    return JSONResponse({"type": "error", "error": error}, status_code=status)
 
 
 def invalid_body(exc: RequestValidationError) -> JSONResponse:
     """Malformed JSON is a 400; a body that does not fit the schema a 422 naming the first field."""
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
-        return error_response(400, "invalid_request_error", f"the body is not valid JSON: {errors[0].get('msg')}")
+        return error_response(
+            400, "invalid_request_error", f"the body is not valid JSON: {errors[0].get('msg')}", code="invalid_json"
+        )
     first = errors[0] if errors else {}
     where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-    return error_response(422, "invalid_request_error", f"{where or 'body'}: {first.get('msg', 'invalid')}")
+    message = f"{where or 'body'}: {first.get('msg', 'invalid')}"
+    return error_response(422, "invalid_request_error", message, param=where or None, code="invalid_value")
 
 
 class BodyLimit:
@@ -37,7 +45,9 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
-            reply = error_response(413, "request_too_large", f"the body is over {self.limit} bytes")
+            reply = error_response(
+                413, "request_too_large", f"the body is over {self.limit} bytes", code="request_too_large"
+            )
             return await reply(scope, receive, send)
         seen = 0
 

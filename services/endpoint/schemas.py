@@ -113,13 +113,18 @@ class AnthropicTool(_Body):
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
 
 
-class MessagesRequest(_Body):
+class CountTokensRequest(_Body):
+    """Anthropic's `messages.count_tokens` body: a Messages request without its generation settings."""
+
     model: str = Field(min_length=1)
-    max_tokens: int = Field(ge=1)
     messages: list[AnthropicMessage] = Field(min_length=1, max_length=4096)
     system: str | list[ContentBlock] | None = None
     tools: list[AnthropicTool] | None = Field(None, max_length=128)
     tool_choice: dict[str, Any] | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
     stop_sequences: list[str] | None = Field(None, max_length=16)
     temperature: float | None = Field(None, ge=MIN_TEMPERATURE, le=ANTHROPIC_MAX_TEMPERATURE)
     top_p: float | None = Field(None, gt=TOP_P_ABOVE, le=MAX_TOP_P)

@@ -119,6 +119,15 @@ async def take_turn(
     return Served(choices, usage, law)
 
 
+async def prompt_tokens(backend: Backend, model_id: str, chat: Chat) -> int:
+    """How many tokens `chat` is as a prompt of the job `model_id`: its template's rendering with the
+    generation prompt, as a session's first call would send it."""
+    if chat.images:
+        raise BadRequest("counting tokens of images is not supported: the replica's processor expands them")
+    renderer = (await backend.model(model_id)).renderer
+    return await asyncio.to_thread(lambda: len(renderer.encode(renderer.render(chat.messages, chat.tools, True))))
+
+
 def sampling_params(chat: Chat, job: JobModel, law: TurnSampling) -> common_pb2.SamplingParams:
     """The call's sampling as Generate takes it: the turn's law, and the client's length, stops and seed
     (no max_tokens is the job's max_new_tokens)."""

@@ -282,3 +282,52 @@ async def test_routing_state_is_served(app, backend) -> None:
     assert state["replicas"]["rollout"]["sessions"] == 1
     assert (await http.delete("/v1/sessions/s", headers=headers)).status_code == 200
     assert (await http.get("/v1/routing", headers=headers)).json()["replicas"]["rollout"]["sessions"] == 0
+
+
+async def test_models_retrieve_count_tokens_and_model_lists_in_each_clients_shape(app, backend) -> None:
+    # Strict response validation: each client checks every field of its own API's model shapes.
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://endpoint")
+    openai_client = openai.AsyncOpenAI(
+        base_url="http://endpoint/v1", api_key=TOKEN, http_client=http, max_retries=0, _strict_response_validation=True
+    )
+    assert (await openai_client.models.retrieve("job-1")).owned_by == "dockyard"
+    with pytest.raises(openai.NotFoundError) as missing:
+        await openai_client.models.retrieve("job-2")
+    assert missing.value.code == "model_not_found"
+    http2 = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://endpoint")
+    claude = anthropic.AsyncAnthropic(
+        base_url="http://endpoint", api_key=TOKEN, http_client=http2, max_retries=0, _strict_response_validation=True
+    )
+    listed = await claude.models.list()
+    assert [(m.id, m.type) for m in listed.data] == [("job-1", "model")] and listed.has_more is False
+    assert (await claude.models.retrieve("job-1")).display_name == "job-1"
+    # count_tokens is the prompt a call with the same conversation sends: its usage's input tokens.
+    conversation = {"system": "be brief", "messages": [{"role": "user", "content": "add 1 and 2"}], "tools": AN_TOOLS}
+    counted = await claude.messages.count_tokens(model="job-1", **conversation)
+    served = await claude.messages.create(model="job-1", max_tokens=8, **conversation)
+    assert counted.input_tokens == served.usage.input_tokens == len(backend.prompts[-1]) > 0
+    with pytest.raises(anthropic.NotFoundError):
+        await claude.messages.count_tokens(model="job-2", messages=[{"role": "user", "content": "x"}])
+
+
+async def test_errors_carry_param_and_code_and_unknown_routes_name_themselves(app) -> None:
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://endpoint")
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    unknown = await http.post("/v1/responses", json={"model": "job-1", "input": "x"}, headers=headers)
+    error = unknown.json()["error"]
+    assert unknown.status_code == 404 and error["code"] == "unsupported_route"
+    assert "POST /v1/responses is not a route" in error["message"] and "endpoint-api.md" in error["message"]
+    wrong_method = await http.get("/v1/chat/completions", headers=headers)
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"] == "unsupported_route"
+    # A session the service token names that does not exist keeps its own message.
+    gone = await http.get("/v1/sessions/nope/trajectory", headers=headers)
+    assert gone.status_code == 404 and "no session" in gone.json()["error"]["message"]
+    invalid = await http.post("/v1/chat/completions", json={"model": "job-1", "messages": [], "n": 0}, headers=headers)
+    assert invalid.status_code == 422 and invalid.json()["error"] | {"message": None} == {
+        "type": "invalid_request_error",
+        "message": None,
+        "param": "messages",
+        "code": "invalid_value",
+    }
+    refused = await http.get("/v1/models", headers={"authorization": "Bearer wrong"})
+    assert refused.json()["error"]["code"] == "invalid_api_key" and refused.json()["error"]["param"] is None
