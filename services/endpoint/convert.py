@@ -50,6 +50,8 @@ class Chat:
     seed: int | None
     ignore_eos: bool = False
     images: list[bytes] = field(default_factory=list)  # file bytes, for the multimodal gate
+    # A call the reply must make: None (none required), "" (any of the tools), or that tool's name.
+    required_call: str | None = None
 
 
 @dataclass
@@ -116,9 +118,52 @@ def _check_tools(tools: list[dict] | None) -> None:
         raise BadRequest(str(exc)) from None
 
 
-def _check_choice(choice_name: str | None, tools: list[dict] | None, field: str) -> None:
+def _check_choice(choice_name: str | None, tools: list[dict] | None, field: str) -> str | None:
     if choice_name is not None and choice_name not in {t["function"]["name"] for t in tools or ()}:
         raise BadRequest(f"{field} names tool {choice_name!r}, which `tools` does not define")
+    return choice_name
+
+
+def _any_tool(tools: list[dict] | None, field: str) -> str:
+    if not tools:
+        raise BadRequest(f"{field} asks for a tool call, but the request defines no `tools`")
+    return ""
+
+
+# Request fields the endpoint does not implement, with the values that ask for nothing (the API's
+# defaults): any other value is a 400 naming the field, never a silent no-op.
+OPENAI_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "repetition_penalty": (1,),  # vLLM's extension
+    "min_p": (0,),  # vLLM's extension
+    "logit_bias": ({},),
+    "response_format": ({"type": "text"},),
+    "parallel_tool_calls": (True,),  # a reply may hold several calls; one cannot be enforced
+    "top_logprobs": (0,),
+    "modalities": (["text"],),
+    "reasoning_effort": (),
+    "functions": (),
+    "function_call": (),
+    "audio": (),
+    "prediction": (),
+    "web_search_options": (),
+}
+ANTHROPIC_NEUTRAL: dict[str, tuple[Any, ...]] = {"thinking": ({"type": "disabled"},)}
+# Fields that change nothing the model is asked or how it samples: accepted (and unused).
+NO_EFFECT = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})
+
+
+def check_supported(body: Any, neutral: dict[str, tuple[Any, ...]]) -> None:
+    """BadRequest naming the first field the body sets that the endpoint does not implement."""
+    given = {**(body.model_extra or {}), **{k: getattr(body, k) for k in neutral if k in type(body).model_fields}}
+    for name, value in given.items():
+        if value is None or name in NO_EFFECT or (name in neutral and value in neutral[name]):
+            continue
+        if name in neutral:
+            allowed = " or ".join(repr(v) for v in (None, *neutral[name]))
+            raise BadRequest(f"{name}: not supported by the dockyard policy endpoint (send {allowed}, or leave it out)")
+        raise BadRequest(f"{name}: not a field the dockyard policy endpoint supports (docs/endpoint-api.md lists them)")
 
 
 def _stops(stop: str | list[str] | None) -> list[str]:
@@ -149,10 +194,14 @@ def from_openai(body: ChatCompletionRequest) -> Chat:
         if m.role == "tool":
             message["tool_call_id"] = m.tool_call_id or ""
         messages.append(message)
+    check_supported(body, OPENAI_NEUTRAL)
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     _check_tools(tools)
+    required = None
     if isinstance(body.tool_choice, dict):
-        _check_choice((body.tool_choice.get("function") or {}).get("name"), tools, "tool_choice")
+        required = _check_choice((body.tool_choice.get("function") or {}).get("name"), tools, "tool_choice")
+    elif body.tool_choice == "required":
+        required = _any_tool(tools, "tool_choice: 'required'")
     if body.tool_choice == "none":
         tools = None
     return Chat(
@@ -164,6 +213,7 @@ def from_openai(body: ChatCompletionRequest) -> Chat:
         seed=body.seed,
         ignore_eos=body.ignore_eos,
         images=images,
+        required_call=required,
     )
 
 
@@ -172,6 +222,7 @@ def _blocks(content: str | list[ContentBlock]) -> list[ContentBlock]:
 
 
 def from_anthropic(body: MessagesRequest) -> Chat:
+    check_supported(body, ANTHROPIC_NEUTRAL)
     messages: list[Message] = []
     images: list[bytes] = []
     system = body.system if isinstance(body.system, str) else "".join(b.text or "" for b in body.system or ())
@@ -221,8 +272,11 @@ def from_anthropic(body: MessagesRequest) -> Chat:
     )
     _check_tools(tools)
     choice = body.tool_choice or {}
+    required = None
     if choice.get("type") == "tool":
-        _check_choice(choice.get("name"), tools, "tool_choice.name")
+        required = _check_choice(choice.get("name"), tools, "tool_choice.name")
+    elif choice.get("type") == "any":
+        required = _any_tool(tools, "tool_choice: {'type': 'any'}")
     if choice.get("type") == "none":
         tools = None
     return Chat(
@@ -233,6 +287,7 @@ def from_anthropic(body: MessagesRequest) -> Chat:
         stop=_stops(body.stop_sequences),
         seed=None,
         images=images,
+        required_call=required,
     )
 
 

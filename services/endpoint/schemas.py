@@ -1,8 +1,9 @@
 """Request bodies of the OpenAI Chat Completions and Anthropic Messages APIs, as pydantic models.
 
 Guarantees: a body that does not fit is a 422 naming the field (FastAPI's
-validation); unknown top-level fields that clients commonly send (`user`,
-`presence_penalty`, `metadata`, ...) are ignored rather than refused; sampling
+validation); top-level fields not declared here are kept, and the endpoint refuses
+each one that would change the reply (convert.check_supported: a 400 naming it)
+and accepts those that change nothing (`user`, `metadata`, ...); sampling
 values are bounded here (n 1..16, temperature 0..2, top_p (0, 1], at most 16
 stop strings), so nothing out of range reaches a replica. Chat completions also
 take vLLM's extensions `top_k` and `ignore_eos`. A client's temperature, top_p and
@@ -30,6 +31,12 @@ TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+class _Request(BaseModel):
+    """A top-level body: its unknown fields are kept, for the endpoint to refuse by name (convert.check_supported)."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 class FunctionSpec(_Body):
@@ -69,7 +76,7 @@ class ChatMessage(_Body):
     tool_call_id: str | None = None
 
 
-class ChatCompletionRequest(_Body):
+class ChatCompletionRequest(_Request):
     model: str = Field(min_length=1)
     messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
     tools: list[ToolSpec] | None = Field(None, max_length=128)
@@ -113,7 +120,7 @@ class AnthropicTool(_Body):
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
 
 
-class CountTokensRequest(_Body):
+class CountTokensRequest(_Request):
     """Anthropic's `messages.count_tokens` body: a Messages request without its generation settings."""
 
     model: str = Field(min_length=1)

@@ -142,6 +142,16 @@ def sampling_params(chat: Chat, job: JobModel, law: TurnSampling) -> common_pb2.
     )
 
 
+def made_required_call(chat: Chat, calls: list[dict]) -> bool:
+    """Whether the reply made the call `tool_choice` required (`required`/`any`: some call; a named tool: a
+    call of it); a reply that did not is returned as it is and recorded as an invalid action."""
+    if chat.required_call is None:
+        return True
+    if not calls:
+        return False
+    return not chat.required_call or all(c["function"]["name"] == chat.required_call for c in calls)
+
+
 def choices_of(job: JobModel, chat: Chat, prompt_tail: str, completions) -> tuple[list[Choice], list[Sampled]]:
     """Each completion as returned (content, parsed tool calls, stop string removed) and as recorded."""
     tokenizer = job.renderer.tokenizer
@@ -163,6 +173,6 @@ def choices_of(job: JobModel, chat: Chat, prompt_tail: str, completions) -> tupl
         )
         choices.append(choice)
         decoded = job.renderer.decode(ids)
-        malformed = parsed.malformed or unclosed_thinking(decoded)
+        malformed = parsed.malformed or unclosed_thinking(decoded) or not made_required_call(chat, parsed.tool_calls)
         sampled.append(Sampled(ids, list(c.logprobs), decoded, c.finish_reason, reply_message(choice), malformed))
     return choices, sampled

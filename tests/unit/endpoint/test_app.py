@@ -331,3 +331,82 @@ async def test_errors_carry_param_and_code_and_unknown_routes_name_themselves(ap
     }
     refused = await http.get("/v1/models", headers={"authorization": "Bearer wrong"})
     assert refused.json()["error"]["code"] == "invalid_api_key" and refused.json()["error"]["param"] is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"frequency_penalty": -1.0}, "frequency_penalty"),
+        ({"logit_bias": {"7": 100}}, "logit_bias"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+        ({"logprobs": True, "top_logprobs": 3}, "top_logprobs"),
+        ({"extra_body": {"repetition_penalty": 1.3}}, "repetition_penalty"),
+        ({"extra_body": {"guided_json": {}}}, "guided_json"),
+    ],
+)
+async def test_a_field_the_endpoint_does_not_implement_is_refused_by_name(app, fields, named) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        await oa(app).chat.completions.create(model="job-1", messages=[{"role": "user", "content": "x"}], **fields)
+    assert info.value.body["message"].startswith(f"{named}: not")
+
+
+async def test_neutral_values_and_fields_that_change_nothing_are_served(app) -> None:
+    neutral = {
+        "presence_penalty": 0,
+        "logit_bias": {},
+        "response_format": {"type": "text"},
+        "user": "u",
+        "store": False,
+    }
+    reply = await oa(app).chat.completions.create(
+        model="job-1", messages=[{"role": "user", "content": "x"}], parallel_tool_calls=True, **neutral
+    )
+    assert reply.choices[0].message.content == "ok"
+    claude = an(app)
+    with pytest.raises(anthropic.BadRequestError, match="thinking: not supported"):
+        await claude.messages.create(
+            model="job-1",
+            max_tokens=8,
+            messages=[{"role": "user", "content": "x"}],
+            thinking={"type": "enabled", "budget_tokens": 1024},
+        )
+    served = await claude.messages.create(
+        model="job-1", max_tokens=8, messages=[{"role": "user", "content": "x"}], metadata={"user_id": "u"}
+    )
+    assert served.content[0].text == "ok"
+
+
+async def test_a_required_tool_call_the_reply_does_not_make_is_an_invalid_action(app, backend) -> None:
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://endpoint")
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    client = oa(app)
+    ask = [{"role": "user", "content": "add"}]
+    cases = [
+        ("required", "no call here", 1),
+        ("required", CALL, 0),
+        ({"type": "function", "function": {"name": "add"}}, "no call here", 1),
+        ({"type": "function", "function": {"name": "add"}}, CALL, 0),
+        ("auto", "no call here", 0),
+    ]
+    for i, (choice, text, invalid) in enumerate(cases):
+        backend.script = [text]
+        reply = await client.chat.completions.create(
+            model="job-1", messages=ask, tools=OA_TOOLS, tool_choice=choice, extra_headers={SESSION_HEADER: f"r{i}"}
+        )
+        assert bool(reply.choices[0].message.tool_calls) == (text == CALL)  # returned as it came
+        record = (await http.get(f"/v1/sessions/r{i}/trajectory", headers=headers)).json()
+        assert record["invalid_actions"] == invalid, (choice, text)
+    backend.script = ["no call here"]
+    await an(app).messages.create(
+        model="job-1",
+        max_tokens=8,
+        messages=ask,
+        tools=AN_TOOLS,
+        tool_choice={"type": "any"},
+        extra_headers={SESSION_HEADER: "any"},
+    )
+    assert (await http.get("/v1/sessions/any/trajectory", headers=headers)).json()["invalid_actions"] == 1
+    with pytest.raises(openai.BadRequestError, match="defines no `tools`"):
+        await client.chat.completions.create(model="job-1", messages=ask, tool_choice="required")
