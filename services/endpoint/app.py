@@ -41,6 +41,7 @@ one when there is one). No request error stops the endpoint serving other sessio
 from __future__ import annotations
 
 import contextlib
+import uuid
 from datetime import UTC, datetime
 
 from fastapi import FastAPI, Request
@@ -58,7 +59,6 @@ from dockyard.agents.contract import (
 from services.endpoint.auth import Forbidden, Gate, Unauthorized
 from services.endpoint.backend import Backend, GenerateRefused, ReplicaLost, UnknownModel
 from services.endpoint.convert import (
-    BadRequest,
     anthropic_events,
     anthropic_reply,
     from_anthropic,
@@ -66,9 +66,11 @@ from services.endpoint.convert import (
     openai_chunks,
     openai_reply,
 )
-from services.endpoint.errors import BodyLimit, error_response, invalid_body
+from services.endpoint.errors import BadRequest, BodyLimit, error_response, invalid_body
+from services.endpoint.responses import output_items, response_body, response_events
+from services.endpoint.responses import to_chat as responses_chat
 from services.endpoint.routing import AdmissionRefused
-from services.endpoint.schemas import ChatCompletionRequest, CountTokensRequest, MessagesRequest
+from services.endpoint.schemas import ChatCompletionRequest, CountTokensRequest, MessagesRequest, ResponsesRequest
 from services.endpoint.sessions import SessionEnded, SessionLimit, SessionStore, UnknownSession
 from services.endpoint.settings import EndpointSettings
 from services.endpoint.turns import Served, prompt_tokens, take_turn
@@ -235,6 +237,21 @@ def create_app(settings: EndpointSettings, token: str, backend: Backend | None =
             stream = anthropic_events(body.model, served.choices[0], served.usage)
             return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
         return JSONResponse(anthropic_reply(body.model, served.choices[0], served.usage), headers=headers)
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request):
+        session_id, create = gate.session_of(request)
+        served = await take_turn(
+            app.state.backend, store, body.model, responses_chat(body), session_id, create, greedy(request)
+        )
+        headers = reply_headers(session_id, served)
+        choice, law = served.choices[0], served.sampling
+        if body.stream:
+            stream = response_events(body, choice, served.usage, law)
+            return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+        items = output_items(choice)
+        reply = response_body(body, choice, served.usage, law, f"resp_{uuid.uuid4().hex}", items)
+        return JSONResponse(reply, headers=headers)
 
     @app.get("/v1/routing")
     async def routing(request: Request):

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from dockyard.agents.contract import SESSION_HEADER, SESSION_ID_CHARS, SESSION_ID_MAX_LENGTH, SESSION_ID_PATTERN
-from services.endpoint.convert import BadRequest
+from services.endpoint.errors import BadRequest
 
 _SESSION_ID = re.compile(SESSION_ID_PATTERN)
 _KEY = re.compile(rf"^dys-([{SESSION_ID_CHARS}]{{1,{SESSION_ID_MAX_LENGTH}}})-([0-9a-f]{{32}})$")

@@ -32,12 +32,10 @@ from typing import Any
 
 from dockyard.agents.tool_calls import check_tools
 from dockyard.config.sampling import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from services.endpoint.errors import BadRequest
 from services.endpoint.rendering import Message
+from services.endpoint.request_fields import ANTHROPIC_NEUTRAL, OPENAI_NEUTRAL, check_supported
 from services.endpoint.schemas import ChatCompletionRequest, ContentBlock, MessagesRequest
-
-
-class BadRequest(ValueError):
-    """The request is well formed JSON but asks for something the endpoint refuses (a 400)."""
 
 
 @dataclass
@@ -101,69 +99,34 @@ def _anthropic_image(block: ContentBlock, where: str) -> bytes:
     return _decoded(source.get("data"), f"{where}.source.data")
 
 
-def _arguments(raw: str, where: str) -> dict:
+def call_arguments(raw: str | None, field: str) -> dict:
+    """A call's arguments as the client sends them back (JSON text) -> the dict the template renders."""
     try:
         value = json.loads(raw or "{}")
     except ValueError:
-        raise BadRequest(f"{where}.function.arguments is not JSON") from None
+        raise BadRequest(f"{field} is not JSON") from None
     if not isinstance(value, dict):
-        raise BadRequest(f"{where}.function.arguments is not a JSON object")
+        raise BadRequest(f"{field} is not a JSON object")
     return value
 
 
-def _check_tools(tools: list[dict] | None) -> None:
+def check_request_tools(tools: list[dict] | None) -> None:
     try:
         check_tools(tools)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
 
 
-def _check_choice(choice_name: str | None, tools: list[dict] | None, field: str) -> str | None:
+def check_choice(choice_name: str | None, tools: list[dict] | None, field: str) -> str | None:
     if choice_name is not None and choice_name not in {t["function"]["name"] for t in tools or ()}:
         raise BadRequest(f"{field} names tool {choice_name!r}, which `tools` does not define")
     return choice_name
 
 
-def _any_tool(tools: list[dict] | None, field: str) -> str:
+def any_tool(tools: list[dict] | None, field: str) -> str:
     if not tools:
         raise BadRequest(f"{field} asks for a tool call, but the request defines no `tools`")
     return ""
-
-
-# Request fields the endpoint does not implement, with the values that ask for nothing (the API's
-# defaults): any other value is a 400 naming the field, never a silent no-op.
-OPENAI_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (0,),
-    "frequency_penalty": (0,),
-    "repetition_penalty": (1,),  # vLLM's extension
-    "min_p": (0,),  # vLLM's extension
-    "logit_bias": ({},),
-    "response_format": ({"type": "text"},),
-    "parallel_tool_calls": (True,),  # a reply may hold several calls; one cannot be enforced
-    "top_logprobs": (0,),
-    "modalities": (["text"],),
-    "reasoning_effort": (),
-    "functions": (),
-    "function_call": (),
-    "audio": (),
-    "prediction": (),
-    "web_search_options": (),
-}
-ANTHROPIC_NEUTRAL: dict[str, tuple[Any, ...]] = {"thinking": ({"type": "disabled"},)}
-# Fields that change nothing the model is asked or how it samples: accepted (and unused).
-NO_EFFECT = frozenset({"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"})
-
-
-def check_supported(body: Any, neutral: dict[str, tuple[Any, ...]]) -> None:
-    """BadRequest naming the first field the body sets that the endpoint does not implement."""
-    given = {**(body.model_extra or {}), **{k: getattr(body, k) for k in neutral if k in type(body).model_fields}}
-    for name, value in given.items():
-        if value is None or name in NO_EFFECT or (name in neutral and value in neutral[name]):
-            continue
-        if name in neutral:
-            allowed = " or ".join(repr(v) for v in (None, *neutral[name]))
-            raise BadRequest(f"{name}: not supported by the dockyard policy endpoint (send {allowed}, or leave it out)")
-        raise BadRequest(f"{name}: not a field the dockyard policy endpoint supports (docs/endpoint-api.md lists them)")
 
 
 def _stops(stop: str | list[str] | None) -> list[str]:
@@ -186,7 +149,9 @@ def from_openai(body: ChatCompletionRequest) -> Chat:
                     "type": "function",
                     "function": {
                         "name": c.function.name,
-                        "arguments": _arguments(c.function.arguments, f"messages[{i}].tool_calls[{j}]"),
+                        "arguments": call_arguments(
+                            c.function.arguments, f"messages[{i}].tool_calls[{j}].function.arguments"
+                        ),
                     },
                 }
                 for j, c in enumerate(m.tool_calls)
@@ -196,12 +161,12 @@ def from_openai(body: ChatCompletionRequest) -> Chat:
         messages.append(message)
     check_supported(body, OPENAI_NEUTRAL)
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-    _check_tools(tools)
+    check_request_tools(tools)
     required = None
     if isinstance(body.tool_choice, dict):
-        required = _check_choice((body.tool_choice.get("function") or {}).get("name"), tools, "tool_choice")
+        required = check_choice((body.tool_choice.get("function") or {}).get("name"), tools, "tool_choice")
     elif body.tool_choice == "required":
-        required = _any_tool(tools, "tool_choice: 'required'")
+        required = any_tool(tools, "tool_choice: 'required'")
     if body.tool_choice == "none":
         tools = None
     return Chat(
@@ -270,13 +235,13 @@ def from_anthropic(body: MessagesRequest) -> Chat:
         if body.tools
         else None
     )
-    _check_tools(tools)
+    check_request_tools(tools)
     choice = body.tool_choice or {}
     required = None
     if choice.get("type") == "tool":
-        required = _check_choice(choice.get("name"), tools, "tool_choice.name")
+        required = check_choice(choice.get("name"), tools, "tool_choice.name")
     elif choice.get("type") == "any":
-        required = _any_tool(tools, "tool_choice: {'type': 'any'}")
+        required = any_tool(tools, "tool_choice: {'type': 'any'}")
     if choice.get("type") == "none":
         tools = None
     return Chat(
@@ -346,7 +311,7 @@ def openai_reply(model: str, choices: list[Choice], usage: dict, logprobs: bool)
     }
 
 
-def _sse(data: dict | str, event: str | None = None) -> str:
+def sse(data: dict | str, event: str | None = None) -> str:
     payload = data if isinstance(data, str) else json.dumps(data)
     return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
 
@@ -359,25 +324,25 @@ def openai_chunks(model: str, choices: list[Choice], usage: dict, logprobs: bool
         "model": model,
     }
     for i, c in enumerate(choices):
-        yield _sse(
+        yield sse(
             {**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
         )
         if c.content:
             chunk = {"index": i, "delta": {"content": c.content}, "finish_reason": None}
             if logprobs:
                 chunk["logprobs"] = _openai_logprobs(c)
-            yield _sse({**base, "choices": [chunk]})
+            yield sse({**base, "choices": [chunk]})
         for k, call in enumerate(_openai_calls(c.tool_calls)):
-            yield _sse(
+            yield sse(
                 {
                     **base,
                     "choices": [{"index": i, "delta": {"tool_calls": [{"index": k, **call}]}, "finish_reason": None}],
                 }
             )
-        yield _sse({**base, "choices": [{"index": i, "delta": {}, "finish_reason": _openai_finish(c)}]})
+        yield sse({**base, "choices": [{"index": i, "delta": {}, "finish_reason": _openai_finish(c)}]})
     if with_usage:
-        yield _sse({**base, "choices": [], "usage": usage})
-    yield _sse("[DONE]")
+        yield sse({**base, "choices": [], "usage": usage})
+    yield sse("[DONE]")
 
 
 def _anthropic_stop(choice: Choice) -> tuple[str, str | None]:
@@ -422,19 +387,19 @@ def anthropic_events(model: str, choice: Choice, usage: dict) -> Iterator[str]:
     message = anthropic_reply(model, choice, usage)
     start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
     start["usage"] = {"input_tokens": usage["prompt_tokens"], "output_tokens": 0}
-    yield _sse({"type": "message_start", "message": start}, "message_start")
+    yield sse({"type": "message_start", "message": start}, "message_start")
     for i, block in enumerate(message["content"]):
         if block["type"] == "text":
             opened, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
         else:
             opened = {**block, "input": {}}
             delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
-        yield _sse({"type": "content_block_start", "index": i, "content_block": opened}, "content_block_start")
-        yield _sse({"type": "content_block_delta", "index": i, "delta": delta}, "content_block_delta")
-        yield _sse({"type": "content_block_stop", "index": i}, "content_block_stop")
+        yield sse({"type": "content_block_start", "index": i, "content_block": opened}, "content_block_start")
+        yield sse({"type": "content_block_delta", "index": i, "delta": delta}, "content_block_delta")
+        yield sse({"type": "content_block_stop", "index": i}, "content_block_stop")
     delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
-    yield _sse(
+    yield sse(
         {"type": "message_delta", "delta": delta, "usage": {"output_tokens": usage["completion_tokens"]}},
         "message_delta",
     )
-    yield _sse({"type": "message_stop"}, "message_stop")
+    yield sse({"type": "message_stop"}, "message_stop")

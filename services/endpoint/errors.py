@@ -14,6 +14,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 
+class BadRequest(ValueError):
+    """The request is well formed JSON but asks for something the endpoint refuses (a 400)."""
+
+
 def error_response(
     status: int, kind: str, message: str, *, param: str | None = None, code: str | None = None
 ) -> JSONResponse:

@@ -137,3 +137,19 @@ class MessagesRequest(CountTokensRequest):
     top_p: float | None = Field(None, gt=TOP_P_ABOVE, le=MAX_TOP_P)
     top_k: int | None = Field(None, ge=MIN_TOP_K)
     stream: bool = False
+
+
+class ResponsesRequest(_Request):
+    """The OpenAI Responses API's body; `input` items are checked one by one (responses.to_chat)."""
+
+    model: str = Field(min_length=1)
+    input: str | list[dict[str, Any]] = Field(max_length=4096)
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=MIN_TEMPERATURE, le=OPENAI_MAX_TEMPERATURE)
+    top_p: float | None = Field(None, gt=TOP_P_ABOVE, le=MAX_TOP_P)
+    previous_response_id: str | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None

@@ -22,7 +22,8 @@ from dockyard.algorithms.malformed import unclosed_thinking
 from dockyard.api.common.v1 import common_pb2
 from dockyard.images import ImageRejected, gate_images
 from services.endpoint.backend import Backend, GenerateRefused, JobModel, Prompted, ReplicaLost
-from services.endpoint.convert import BadRequest, Chat, Choice, reply_message
+from services.endpoint.convert import Chat, Choice, reply_message
+from services.endpoint.errors import BadRequest
 from services.endpoint.sessions import Sampled, Session, SessionStore
 from services.endpoint.tool_parsers import parse
 

@@ -313,10 +313,10 @@ async def test_models_retrieve_count_tokens_and_model_lists_in_each_clients_shap
 async def test_errors_carry_param_and_code_and_unknown_routes_name_themselves(app) -> None:
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://endpoint")
     headers = {"authorization": f"Bearer {TOKEN}"}
-    unknown = await http.post("/v1/responses", json={"model": "job-1", "input": "x"}, headers=headers)
+    unknown = await http.post("/v1/completions", json={"model": "job-1", "prompt": "x"}, headers=headers)
     error = unknown.json()["error"]
     assert unknown.status_code == 404 and error["code"] == "unsupported_route"
-    assert "POST /v1/responses is not a route" in error["message"] and "endpoint-api.md" in error["message"]
+    assert "POST /v1/completions is not a route" in error["message"] and "endpoint-api.md" in error["message"]
     wrong_method = await http.get("/v1/chat/completions", headers=headers)
     assert wrong_method.status_code == 405 and wrong_method.json()["error"]["code"] == "unsupported_route"
     # A session the service token names that does not exist keeps its own message.
