@@ -213,13 +213,16 @@ def create_app(settings: EndpointSettings, token: str, backend: Backend | None =
     def reply_headers(session_id: str | None, served: Served) -> dict[str, str]:
         return {SAMPLING_HEADER: served.sampling.header(), **({SESSION_HEADER: session_id} if session_id else {})}
 
+    async def serve(request: Request, body, to_chat) -> tuple[Served, dict[str, str]]:
+        """One turn of the caller's session (credentials first, then the body as a Chat) and the reply's headers."""
+        session_id, create = gate.session_of(request)
+        chat = to_chat(body)
+        served = await take_turn(app.state.backend, store, body.model, chat, session_id, create, greedy(request))
+        return served, reply_headers(session_id, served)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        session_id, create = gate.session_of(request)
-        served = await take_turn(
-            app.state.backend, store, body.model, from_openai(body), session_id, create, greedy(request)
-        )
-        headers = reply_headers(session_id, served)
+        served, headers = await serve(request, body, from_openai)
         if body.stream:
             with_usage = bool((body.stream_options or {}).get("include_usage"))
             stream = openai_chunks(body.model, served.choices, served.usage, body.logprobs, with_usage)
@@ -228,11 +231,7 @@ def create_app(settings: EndpointSettings, token: str, backend: Backend | None =
 
     @app.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request):
-        session_id, create = gate.session_of(request)
-        served = await take_turn(
-            app.state.backend, store, body.model, from_anthropic(body), session_id, create, greedy(request)
-        )
-        headers = reply_headers(session_id, served)
+        served, headers = await serve(request, body, from_anthropic)
         if body.stream:
             stream = anthropic_events(body.model, served.choices[0], served.usage)
             return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
@@ -240,11 +239,7 @@ def create_app(settings: EndpointSettings, token: str, backend: Backend | None =
 
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: Request):
-        session_id, create = gate.session_of(request)
-        served = await take_turn(
-            app.state.backend, store, body.model, responses_chat(body), session_id, create, greedy(request)
-        )
-        headers = reply_headers(session_id, served)
+        served, headers = await serve(request, body, responses_chat)
         choice, law = served.choices[0], served.sampling
         if body.stream:
             stream = response_events(body, choice, served.usage, law)
