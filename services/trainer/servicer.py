@@ -170,6 +170,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 f"batch for step {request.step} refused, nothing trained on it "
                 f"(its {len(leased)} group(s) were acked and dropped): {exc}"
             ) from None
+        log.info("training step", step=request.step, groups=len(groups))
         metrics = await self._run("train", job.job_id, groups)
         trajectory_ids = [s.trajectory_id for g in groups for s in g.samples]
         await consumer.trained(request.step, policy.weight_version, group_ids, trajectory_ids)
@@ -230,6 +231,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
     async def UnloadPolicy(self, request: pb.UnloadPolicyRequest, context) -> pb.UnloadPolicyResponse:
         job = self._job(request.job_id)
+        job.consumer.stop()  # an ack waiting out a buffer outage holds the lock: it gives up now
         async with job.lock:
             job.push.close()
             await job.consumer.close()
