@@ -1,5 +1,6 @@
 """One job's side of the buffer's lease protocol: lease groups, check them against the ledger, ack them.
 
+    first:   TakeTrainerLease ─> this trainer's lease id, carried by every AckGroups (a predecessor's is void)
     lease:   reclaim due (fresh start, or the last lease failed)? ─yes─> ReclaimGroupsStream (any idle time)
                  ─> ledger names the group? ─yes─> ack it (trained already, its ack was lost)
                                             └no──> this step's groups
@@ -121,6 +122,7 @@ class BufferConsumer:
         self.plane: DataPlane | None = None
         self._plane_asked = False
         self._stopped = asyncio.Event()  # set when the job goes: an ack waiting out an outage gives up
+        self.lease_id = ""  # the job's trainer lease (TakeTrainerLease), taken by the first lease()
 
     async def lease(self, trainer_step: int, wanted: int) -> Lease:
         """Up to `wanted` groups for the step after `trainer_step`: reclaimed ones first, then fresh.
@@ -129,6 +131,7 @@ class BufferConsumer:
         """
         await self.ack([], trainer_step)
         try:
+            await self._take_lease()
             if not self._plane_asked:
                 self.plane = await DataPlane.discover(self.buffer)
                 self._plane_asked = True
@@ -166,6 +169,16 @@ class BufferConsumer:
                 f"({lease.dropped_stale} dropped as stale); put experience first"
             )
         return lease
+
+    async def _take_lease(self) -> None:
+        """Become the job's trainer once: every ack carries the lease id the buffer issues."""
+        if not self.lease_id:
+            reply = await self.buffer.TakeTrainerLease(
+                buffer_pb2.TakeTrainerLeaseRequest(job_id=self.job_id, consumer=self.consumer),
+                timeout=self.ack_timeout,
+            )
+            self.lease_id = reply.lease_id
+            log.info("trainer lease taken", consumer=self.consumer)
 
     async def _reclaim(self, trainer_step: int, wanted: int) -> Lease:
         reclaimed, dropped = await read_stream(
@@ -224,9 +237,13 @@ class BufferConsumer:
         attempt = 0
         while self.unacked:
             try:
+                await self._take_lease()
                 await self.buffer.AckGroups(
                     buffer_pb2.AckGroupsRequest(
-                        job_id=self.job_id, group_ids=self.unacked, weight_version=weight_version
+                        job_id=self.job_id,
+                        group_ids=self.unacked,
+                        weight_version=weight_version,
+                        lease_id=self.lease_id,
                     ),
                     timeout=self.ack_timeout,
                 )

@@ -92,8 +92,11 @@ class StagedPuts(BufferBackend):
         )
         return await self._read(groups), dropped
 
-    async def ack(self, job_id, group_ids, weight_version):
-        return await self._inner.ack(job_id, group_ids, weight_version)
+    async def take_lease(self, job_id, consumer):
+        return await self._inner.take_lease(job_id, consumer)
+
+    async def ack(self, job_id, group_ids, weight_version, lease=None):
+        return await self._inner.ack(job_id, group_ids, weight_version, lease)
 
     async def stats(self, job_id):
         return await self._inner.stats(job_id)
@@ -181,6 +184,7 @@ async def test_every_method_of_an_unknown_job_is_not_found(backend):
         backend.sample("nope", "t", 0, 1, BIG),
         backend.reclaim("nope", "t", 0, 1, BIG, 0.0),
         backend.ack("nope", [], 0),
+        backend.take_lease("nope", "t"),
         backend.stats("nope"),
         backend.close_job("nope"),
     ]
@@ -425,6 +429,27 @@ async def test_an_ack_of_only_acked_groups_never_moves_the_clock(backend):
         await backend.ack(JOB, ["g"], 1)
     assert await backend.stats(JOB) == before
     assert await backend.ack(JOB, ["g"], 0) == 0  # a retry at the clock: a no-op, as before
+
+
+async def test_only_the_holder_of_the_trainer_lease_acks_and_moves_the_clock(backend):
+    await opened(backend)
+    await backend.put_group(make_group("g", 0))
+    await sample(backend, 0)
+    before = await backend.stats(JOB)
+    with pytest.raises(FailedPrecondition, match=f"lease \\(none\\) does not hold the trainer lease of job {JOB!r}"):
+        await backend.ack(JOB, ["g"], 1, "")  # no lease taken yet: nobody holds it
+    dead = await backend.take_lease(JOB, "trainer-0")
+    owner = await backend.take_lease(JOB, "trainer-0")  # a restarted trainer takes it over
+    assert dead != owner and owner.startswith("trainer-0/")
+    for stranger in (dead, "", "trainer-0/" + "0" * 32, owner + "x"):
+        with pytest.raises(FailedPrecondition, match=f"trainer lease of job {JOB!r}"):
+            await backend.ack(JOB, ["g"], 1, stranger)
+        with pytest.raises(FailedPrecondition, match="trainer lease"):
+            await backend.ack(JOB, [], 0, stranger)
+    assert await backend.stats(JOB) == before  # refused: nothing acked, the clock where it was
+    assert await backend.ack(JOB, ["g"], 1, owner) == 1
+    assert await backend.ack(JOB, ["g"], 1, owner) == 0  # the same ack again: a no-op that succeeds
+    assert (await backend.stats(JOB)).latest_version == 1
 
 
 async def test_open_job_sets_the_clock_up_to_max_version(backend):

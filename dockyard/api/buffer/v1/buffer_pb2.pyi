@@ -138,14 +138,30 @@ class ReclaimGroupsResponse(_message.Message):
     def __init__(self, groups: _Optional[_Iterable[_Union[_common_pb2.Group, _Mapping]]] = ..., dropped_stale: _Optional[int] = ...) -> None: ...
 
 class AckGroupsRequest(_message.Message):
-    __slots__ = ("job_id", "group_ids", "weight_version")
+    __slots__ = ("job_id", "group_ids", "weight_version", "lease_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_IDS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     group_ids: _containers.RepeatedScalarFieldContainer[str]
     weight_version: int
-    def __init__(self, job_id: _Optional[str] = ..., group_ids: _Optional[_Iterable[str]] = ..., weight_version: _Optional[int] = ...) -> None: ...
+    lease_id: str
+    def __init__(self, job_id: _Optional[str] = ..., group_ids: _Optional[_Iterable[str]] = ..., weight_version: _Optional[int] = ..., lease_id: _Optional[str] = ...) -> None: ...
+
+class TakeTrainerLeaseRequest(_message.Message):
+    __slots__ = ("job_id", "consumer")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    consumer: str
+    def __init__(self, job_id: _Optional[str] = ..., consumer: _Optional[str] = ...) -> None: ...
+
+class TakeTrainerLeaseResponse(_message.Message):
+    __slots__ = ("lease_id",)
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    def __init__(self, lease_id: _Optional[str] = ...) -> None: ...
 
 class AckGroupsResponse(_message.Message):
     __slots__ = ("acked",)
