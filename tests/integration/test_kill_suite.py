@@ -12,7 +12,7 @@ buffer's clock caught up (no put "from the future", no async lock-up).
 
 Real processes (LocalStack), a real redis-server under the buffer, whose data plane carries every
 payload (staged by the coordinator, read by the trainer; asserted), the tiny recipe on a random-init
-model. The buffer process itself and the coordinator have kill tests of their own
+model. The buffer process between steps and the coordinator have kill tests of their own
 (tests/integration/test_restarts.py, tests/integration/test_coordinator_restart.py). Each run prints
 how long the job took from the kill to its next trained step (`pytest -s` shows it).
 """
