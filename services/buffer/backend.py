@@ -197,7 +197,8 @@ class BufferBackend(abc.ABC):
     ack(job_id, group_ids, weight_version, lease=None) -> acked
         With `lease` (the service always passes the request's), refused with
         FailedPrecondition (not_lease_holder, nothing changes) unless it is the job's
-        current trainer lease; None is an in-process caller (tests, tools). Advances latest_version to weight_version if larger, only when it acks at least one
+        current trainer lease; None is an in-process caller (tests, tools). Advances
+        latest_version to weight_version if larger, only when it acks at least one
         leased group (else FailedPrecondition, nothing changes: the clock moves with acked work). Moves pending groups
         to *acked* and frees their payload. All-or-nothing: an id the job never
         accepted (or has forgotten) raises NotFound; an id held (never leased)

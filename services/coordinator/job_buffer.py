@@ -17,8 +17,9 @@ LoadPolicy reply) already covers the group's version is re-checked, not failed: 
 is behind the trainer only if the store lost the ack that moved it (a Redis with appendfsync everysec
 that died within the second), so `set_clock` brings it up to the group's version (never past what the
 trainer published) and the put is sent again. The trainer's acks land before it publishes a version
-(services/trainer/consumer.py), so with a durable store this never happens. A staged payload's expiry is renewed before every retry and the payload
-staged again if it expired, so a put waited out for long still finds it; a data plane whose Redis
+(services/trainer/consumer.py), so with a durable store this never happens. A staged payload's
+expiry is renewed before every retry and the payload staged again if it expired, so a put waited
+out for long still finds it; a data plane whose Redis
 is down is waited out as the buffer is (UNAVAILABLE). `stats` never raises for
 a buffer that is restarting: it answers None. `sent_bytes` counts what this side sent the buffer
 service (metadata, payload) and what it staged in the data plane; `sent()` is a copy for readers.

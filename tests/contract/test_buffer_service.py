@@ -60,7 +60,8 @@ async def test_every_rpc_round_trips_and_sigterm_exits_cleanly(buffer) -> None:
         assert first.startswith("t0/") and owner.startswith("t1/") and first != owner
         for stranger in (first, "", "t1/" + "0" * 32):
             refused = pb.AckGroupsRequest(job_id=JOB, group_ids=["g-old"], weight_version=4, lease_id=stranger)
-            await expect_code(stub.AckGroups(refused), grpc.StatusCode.FAILED_PRECONDITION, f"trainer lease of job {JOB!r}")
+            words = f"trainer lease of job {JOB!r}"
+            await expect_code(stub.AckGroups(refused), grpc.StatusCode.FAILED_PRECONDITION, words)
         assert (await stub.GetStats(pb.GetStatsRequest(job_id=JOB))).latest_version == 3  # refused: nothing moved
         acked = pb.AckGroupsRequest(job_id=JOB, group_ids=["g-old"], weight_version=4, lease_id=owner)
         assert (await stub.AckGroups(acked)).acked == 1

@@ -128,7 +128,7 @@ def test_a_job_outlives_one_member_killed_and_restarted(tmp_path: Path, victim: 
         recovered = time.monotonic() - killed_at
         job = wait_for(stack, job_id, succeeded)
         assert succeeded(job), job.message
-        print(f"\n{victim} killed {timing} in {mode} mode after step {killed_step}: next step trained {recovered:.1f} s later")
+        print(f"\n{victim} killed {timing} in {mode} mode after step {killed_step}: next step {recovered:.1f} s later")
     finally:
         stack.stop()
         redis.kill()

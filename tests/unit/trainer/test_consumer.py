@@ -123,7 +123,7 @@ async def test_reclaimed_groups_the_ledger_names_are_acked_not_returned(buffer: 
     assert buffer.methods() == ["ReclaimGroups", "AckGroups", "SampleGroups"]
 
 
-async def test_a_trained_step_is_acked_until_it_lands_with_the_trainer_lease(buffer: FakeBuffer, tmp_path: Path) -> None:
+async def test_a_trained_step_is_acked_until_it_lands_with_its_lease(buffer: FakeBuffer, tmp_path: Path) -> None:
     c = consumer(buffer, tmp_path)
     buffer.script("AckGroups", rpc_error(grpc.StatusCode.UNAVAILABLE), rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED))
     await c.trained(1, 1, ["a"], ["a/0"])  # returns only once the buffer's clock has the version
