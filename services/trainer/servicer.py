@@ -10,6 +10,9 @@ is refused with INVALID_ARGUMENT before any rank trains on it; its groups are
 acked (so the poison batch does not come back) and nothing else changes. A
 TrainStep asked for again after it succeeded gets the same reply, never a
 second step. Steps, pushes and saves run to their end even if the caller goes.
+TrainStep answers only once the buffer has the step's ack (and with it the new
+version on its clock), waiting out a buffer or Redis outage; UnloadPolicy ends
+that wait.
 A job id outside dockyard.jobs.JOB_ID (it names folders), a config beyond the
 config bounds, more than MAX_DEMONSTRATIONS demonstrations and more than
 MAX_CHECKPOINT_METRICS or non-finite checkpoint metrics are INVALID_ARGUMENT (demonstrations sized
