@@ -104,13 +104,22 @@ def new_lease_id(consumer: str) -> str:
     return f"{consumer}/{secrets.token_hex(16)}"
 
 
-def not_lease_holder(job_id: str, lease_id: str) -> FailedPrecondition:
+def not_lease_holder(job_id: str, lease_id: str, what: str = "AckGroups") -> FailedPrecondition:
     """The refusal of a clock-moving call from a caller that does not hold the job's trainer lease."""
     shown = lease_id.split("/", 1)[0] + "/…" if lease_id else "(none)"
     return FailedPrecondition(
-        f"AckGroups with lease {shown} does not hold the trainer lease of job {job_id!r}: only the job's "
+        f"{what} with lease {shown} does not hold the trainer lease of job {job_id!r}: only the job's "
         "trainer (the last caller of TakeTrainerLease) can ack and move its clock"
     )
+
+
+def check_advance_lease(job_id: str, version: int, latest: int, lease: str | None, holder: str) -> None:
+    """A sample or reclaim above the clock (which it advances) must carry the job's trainer lease;
+    at or below the clock it moves nothing and needs none. `lease` None: an in-process caller."""
+    if lease is not None and version > latest and (not lease or lease != holder):
+        raise not_lease_holder(
+            job_id, lease, f"a sample or reclaim at trainer_step {version} (above the clock {latest})"
+        )
 
 
 def unearned_advance(job_id: str, version: int, latest: int) -> FailedPrecondition:
@@ -186,7 +195,9 @@ class BufferBackend(abc.ABC):
     (StoredGroup.payload_key) instead of its bytes; only with a data plane.
 
     sample, reclaim and ack refuse with FailedPrecondition (changing nothing) a
-    version above latest_version + 1; an ack of no groups moves nothing and is
+    version above latest_version + 1; a sample or reclaim above latest_version
+    (which it advances) with `lease` given must carry the job's trainer lease
+    (check_advance_lease); an ack of no groups moves nothing and is
     refused above latest_version (check_clock).
 
     take_lease(job_id, consumer) -> lease_id
@@ -238,6 +249,7 @@ class BufferBackend(abc.ABC):
         max_bytes: int,
         *,
         by_reference: bool = False,
+        lease: str | None = None,
     ) -> tuple[list[StoredGroup], int]: ...
 
     @abc.abstractmethod
@@ -251,6 +263,7 @@ class BufferBackend(abc.ABC):
         min_idle: float,
         *,
         by_reference: bool = False,
+        lease: str | None = None,
     ) -> tuple[list[StoredGroup], int]: ...
 
     @abc.abstractmethod

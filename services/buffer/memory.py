@@ -23,6 +23,7 @@ from services.buffer.backend import (
     BufferBackend,
     BufferStats,
     StoredGroup,
+    check_advance_lease,
     check_clock,
     is_fresh,
     new_lease_id,
@@ -167,11 +168,13 @@ class MemoryBuffer(BufferBackend):
         max_bytes: int,
         *,
         by_reference: bool = False,
+        lease: str | None = None,
     ) -> tuple[list[StoredGroup], int]:
         _no_references(by_reference)
         async with self._lock:
             job = self._job(job_id)
             check_clock(job_id, trainer_version, job.latest_version)
+            check_advance_lease(job_id, trainer_version, job.latest_version, lease, job.trainer_lease)
             job.advance(trainer_version)
             dropped = 0
             while job.held and not is_fresh(job.latest_version, job.held[0][0], job.max_age):
@@ -198,11 +201,13 @@ class MemoryBuffer(BufferBackend):
         min_idle: float,
         *,
         by_reference: bool = False,
+        lease: str | None = None,
     ) -> tuple[list[StoredGroup], int]:
         _no_references(by_reference)
         async with self._lock:
             job = self._job(job_id)
             check_clock(job_id, trainer_version, job.latest_version)
+            check_advance_lease(job_id, trainer_version, job.latest_version, lease, job.trainer_lease)
             job.advance(trainer_version)
             now = time.monotonic()
             idle = sorted(

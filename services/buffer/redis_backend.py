@@ -65,6 +65,7 @@ from services.buffer.backend import (
     BufferStats,
     StagedPayload,
     StoredGroup,
+    check_advance_lease,
     check_clock,
     new_lease_id,
     not_lease_holder,
@@ -237,7 +238,14 @@ class RedisBuffer(BufferBackend):
         return False, False
 
     async def _check_clock(
-        self, job_id: str, keys: list[str], version: int, *, setting: bool = False, lease: str | None = None
+        self,
+        job_id: str,
+        keys: list[str],
+        version: int,
+        *,
+        setting: bool = False,
+        lease: str | None = None,
+        advancing: str | None = None,
     ) -> None:
         """The trainer lease (when given), then check_clock against the stored clock; the clock only moves
         forward between here and the script, so a version allowed here is still allowed there (the ack
@@ -248,6 +256,9 @@ class RedisBuffer(BufferBackend):
         if lease is not None and (not lease or (holder or b"").decode() != lease):
             raise not_lease_holder(job_id, lease)
         check_clock(job_id, version, int(latest or 0), setting=setting)
+        # A sample or reclaim above the clock: checked here only (a lease taken over between here and
+        # the script lets the old holder's call through once; its acks are refused all the same).
+        check_advance_lease(job_id, version, int(latest or 0), advancing, (holder or b"").decode())
 
     @_unavailable_while_redis_is_down
     async def sample(
@@ -259,9 +270,10 @@ class RedisBuffer(BufferBackend):
         max_bytes: int,
         *,
         by_reference: bool = False,
+        lease: str | None = None,
     ) -> tuple[list[StoredGroup], int]:
         keys, base = self._keys(job_id)
-        await self._check_clock(job_id, keys, trainer_version)
+        await self._check_clock(job_id, keys, trainer_version, advancing=lease)
         reply = await self._sample(keys=keys, args=[base, consumer, trainer_version, max_groups, max_bytes])
         return await self._groups(job_id, reply, by_reference)
 
@@ -276,9 +288,10 @@ class RedisBuffer(BufferBackend):
         min_idle: float,
         *,
         by_reference: bool = False,
+        lease: str | None = None,
     ) -> tuple[list[StoredGroup], int]:
         keys, base = self._keys(job_id)
-        await self._check_clock(job_id, keys, trainer_version)
+        await self._check_clock(job_id, keys, trainer_version, advancing=lease)
         # Rounded up, so a lease is never taken over before min_idle has passed.
         min_idle_ms = max(0, math.ceil(min_idle * 1000))
         reply = await self._reclaim(

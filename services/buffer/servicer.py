@@ -258,6 +258,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             request.max_groups,
             max_bytes,
             by_reference=by_reference,
+            lease=request.lease_id,
         )
         if dropped:
             log.info("dropped stale groups", dropped=dropped, trainer_step=request.trainer_step)
@@ -294,6 +295,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             max_bytes,
             request.min_idle_seconds,
             by_reference=by_reference,
+            lease=request.lease_id,
         )
         log.info("reclaimed groups", reclaimed=len(groups), dropped=dropped, consumer=request.consumer)
         self._samples.add(request.job_id, len(groups))
@@ -392,3 +394,4 @@ def _check_lease_request(request: LeaseRequest) -> None:
         raise InvalidArgument(f"max_groups must be >= 1, got {request.max_groups}")
     require_version("trainer_step", request.trainer_step)
     require_consumer(request.consumer)
+    require_lease_id(request.lease_id)

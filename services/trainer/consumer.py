@@ -145,6 +145,7 @@ class BufferConsumer:
                             max_groups=wanted - len(lease.groups),
                             consumer=self.consumer,
                             payload_by_reference=self.plane is not None,
+                            lease_id=self.lease_id,
                         )
                     )
                 )
@@ -190,6 +191,7 @@ class BufferConsumer:
                     consumer=self.consumer,
                     min_idle_seconds=0.0,
                     payload_by_reference=self.plane is not None,
+                    lease_id=self.lease_id,
                 )
             )
         )

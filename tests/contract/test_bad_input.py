@@ -301,6 +301,16 @@ async def test_buffer_refuses_bad_input_and_keeps_what_it_accepted(start_service
             reclaim = buffer_pb2.ReclaimGroupsRequest(**lease, trainer_step=step)
             await probe.expect(stub.ReclaimGroups(reclaim), code, word)
         await probe.expect(sample(buffer_pb2.SampleGroupsRequest(**{**lease, "consumer": ""})), INVALID, "consumer")
+        long_lease = buffer_pb2.SampleGroupsRequest(**lease, trainer_step=0, lease_id="x" * 2**20)
+        await probe.expect(sample(long_lease), INVALID, "lease_id", "320")
+        for stranger in ("", "t0/" + "0" * 32):  # a sample that would move the clock, without the trainer lease
+            ahead = buffer_pb2.SampleGroupsRequest(**lease, trainer_step=1, lease_id=stranger)
+            await probe.expect(sample(ahead), PRECONDITION, "trainer lease", job)
+            await probe.expect(
+                stub.ReclaimGroups(buffer_pb2.ReclaimGroupsRequest(**lease, trainer_step=1, lease_id=stranger)),
+                PRECONDITION,
+                "trainer lease",
+            )
         await probe.expect(sample(buffer_pb2.SampleGroupsRequest(**{**lease, "max_groups": 0})), INVALID, "max_groups")
         idle = buffer_pb2.ReclaimGroupsRequest(**lease, min_idle_seconds=float("nan"))
         await probe.expect(stub.ReclaimGroups(idle), INVALID, "min_idle_seconds")

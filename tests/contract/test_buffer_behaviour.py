@@ -80,15 +80,17 @@ class StagedPuts(BufferBackend):
                 out.append(StoredGroup(g.group_id, g.weight_version, g.metadata, data))
         return out
 
-    async def sample(self, job_id, consumer, trainer_version, max_groups, max_bytes, *, by_reference=False):
+    async def sample(self, job_id, consumer, trainer_version, max_groups, max_bytes, *, by_reference=False, lease=None):
         groups, dropped = await self._inner.sample(
-            job_id, consumer, trainer_version, max_groups, max_bytes, by_reference=True
+            job_id, consumer, trainer_version, max_groups, max_bytes, by_reference=True, lease=lease
         )
         return await self._read(groups), dropped
 
-    async def reclaim(self, job_id, consumer, trainer_version, max_groups, max_bytes, min_idle, *, by_reference=False):
+    async def reclaim(
+        self, job_id, consumer, trainer_version, max_groups, max_bytes, min_idle, *, by_reference=False, lease=None
+    ):
         groups, dropped = await self._inner.reclaim(
-            job_id, consumer, trainer_version, max_groups, max_bytes, min_idle, by_reference=True
+            job_id, consumer, trainer_version, max_groups, max_bytes, min_idle, by_reference=True, lease=lease
         )
         return await self._read(groups), dropped
 
@@ -449,6 +451,27 @@ async def test_only_the_holder_of_the_trainer_lease_acks_and_moves_the_clock(bac
     assert await backend.stats(JOB) == before  # refused: nothing acked, the clock where it was
     assert await backend.ack(JOB, ["g"], 1, owner) == 1
     assert await backend.ack(JOB, ["g"], 1, owner) == 0  # the same ack again: a no-op that succeeds
+    assert (await backend.stats(JOB)).latest_version == 1
+
+
+@pytest.mark.parametrize("call", ["sample", "reclaim"])
+async def test_a_sample_or_reclaim_that_moves_the_clock_needs_the_trainer_lease(backend, call):
+    await opened(backend)
+    await backend.put_group(make_group("g", 0))
+    owner = await backend.take_lease(JOB, "trainer-0")
+
+    def lease_at(version: int, lease: str):
+        if call == "sample":
+            return backend.sample(JOB, "trainer-0", version, 8, BIG, lease=lease)
+        return backend.reclaim(JOB, "trainer-0", version, 8, BIG, 0.0, lease=lease)
+
+    before = await backend.stats(JOB)
+    for stranger in ("", "trainer-0/" + "0" * 32):
+        with pytest.raises(FailedPrecondition, match=f"trainer_step 1 .*trainer lease of job {JOB!r}"):
+            await lease_at(1, stranger)
+    assert await backend.stats(JOB) == before  # refused: the clock where it was, nothing leased
+    await lease_at(0, "")  # at the clock it moves nothing: no lease needed
+    await lease_at(1, owner)
     assert (await backend.stats(JOB)).latest_version == 1
 
 
