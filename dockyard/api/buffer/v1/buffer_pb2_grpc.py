@@ -147,9 +147,9 @@ class BufferServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AckGroups(self, request, context):
-        """Acknowledge leased groups after the optimizer step consumed them. The only
-        call that moves the job's clock forward with the trainer's work: it must
-        carry the job's trainer lease (TakeTrainerLease).
+        """Acknowledge leased groups after the optimizer step consumed them. It moves
+        the job's clock forward with the trainer's work, so it must carry the job's
+        trainer lease (TakeTrainerLease).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -157,8 +157,8 @@ class BufferServiceServicer:
 
     def TakeTrainerLease(self, request, context):
         """Become the job's trainer: a new lease id, which every later AckGroups of
-        the job must carry; any earlier lease (a dead or replaced trainer's) is
-        void from then on.
+        the job (and a sample or reclaim above its clock) must carry; any earlier
+        lease (a dead or replaced trainer's) is void from then on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
