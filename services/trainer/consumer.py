@@ -1,6 +1,6 @@
 """One job's side of the buffer's lease protocol: lease groups, check them against the ledger, ack them.
 
-    first:   TakeTrainerLease ─> this trainer's lease id, carried by every ack, sample and reclaim (a predecessor's is void)
+    first:   TakeTrainerLease ─> this trainer's lease id, on every ack, sample and reclaim (a predecessor's is void)
     lease:   reclaim due (fresh start, or the last lease failed)? ─yes─> ReclaimGroupsStream (any idle time)
                  ─> ledger names the group? ─yes─> ack it (trained already, its ack was lost)
                                             └no──> this step's groups
