@@ -66,7 +66,7 @@ CHANNEL_RETRIED: dict[str, tuple[str, ...]] = {
 }
 # Idempotent methods whose callers retry them with `retry()`, because an outage of a whole restart
 # must be waited out (or a full buffer backed off from): PutGroup(Stream) is idempotent by group id, OpenJob
-# and AckGroups by their nature (the trainer defers a failed ack to its next step); the trainer
+# and AckGroups by their nature (the trainer retries a trained step's ack until it lands); the trainer
 # answers a repeated TrainStep with the reply of the step it took, reloads nothing on a repeated
 # LoadPolicy, and a repeated SaveCheckpoint rewrites the same step atomically.
 CALLER_RETRIED: dict[str, tuple[str, ...]] = {

@@ -15,6 +15,7 @@ so backends check state, never shape.
 from __future__ import annotations
 
 import abc
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -98,6 +99,29 @@ def check_clock(job_id: str, version: int, latest: int, *, setting: bool = False
         )
 
 
+def new_lease_id(consumer: str) -> str:
+    """A fresh trainer lease: the consumer's name (for messages) and 128 random bits (the proof)."""
+    return f"{consumer}/{secrets.token_hex(16)}"
+
+
+def not_lease_holder(job_id: str, lease_id: str, what: str = "AckGroups") -> FailedPrecondition:
+    """The refusal of a clock-moving call from a caller that does not hold the job's trainer lease."""
+    shown = lease_id.split("/", 1)[0] + "/…" if lease_id else "(none)"
+    return FailedPrecondition(
+        f"{what} with lease {shown} does not hold the trainer lease of job {job_id!r}: only the job's "
+        "trainer (the last caller of TakeTrainerLease) can ack and move its clock"
+    )
+
+
+def check_advance_lease(job_id: str, version: int, latest: int, lease: str | None, holder: str) -> None:
+    """A sample or reclaim above the clock (which it advances) must carry the job's trainer lease;
+    at or below the clock it moves nothing and needs none. `lease` None: an in-process caller."""
+    if lease is not None and version > latest and (not lease or lease != holder):
+        raise not_lease_holder(
+            job_id, lease, f"a sample or reclaim at trainer_step {version} (above the clock {latest})"
+        )
+
+
 def unearned_advance(job_id: str, version: int, latest: int) -> FailedPrecondition:
     """The refusal of an ack that would move the clock without acking any leased group."""
     return FailedPrecondition(
@@ -171,11 +195,21 @@ class BufferBackend(abc.ABC):
     (StoredGroup.payload_key) instead of its bytes; only with a data plane.
 
     sample, reclaim and ack refuse with FailedPrecondition (changing nothing) a
-    version above latest_version + 1; an ack of no groups moves nothing and is
+    version above latest_version + 1; a sample or reclaim above latest_version
+    (which it advances) with `lease` given must carry the job's trainer lease
+    (check_advance_lease); an ack of no groups moves nothing and is
     refused above latest_version (check_clock).
 
-    ack(job_id, group_ids, weight_version) -> acked
-        Advances latest_version to weight_version if larger, only when it acks at least one
+    take_lease(job_id, consumer) -> lease_id
+        Makes the caller the job's trainer: a new lease id (new_lease_id), stored with
+        the job; every earlier one is void from then on (a dead or replaced trainer's
+        acks are refused). NotFound for an unknown job.
+
+    ack(job_id, group_ids, weight_version, lease=None) -> acked
+        With `lease` (the service always passes the request's), refused with
+        FailedPrecondition (not_lease_holder, nothing changes) unless it is the job's
+        current trainer lease; None is an in-process caller (tests, tools). Advances
+        latest_version to weight_version if larger, only when it acks at least one
         leased group (else FailedPrecondition, nothing changes: the clock moves with acked work). Moves pending groups
         to *acked* and frees their payload. All-or-nothing: an id the job never
         accepted (or has forgotten) raises NotFound; an id held (never leased)
@@ -215,6 +249,7 @@ class BufferBackend(abc.ABC):
         max_bytes: int,
         *,
         by_reference: bool = False,
+        lease: str | None = None,
     ) -> tuple[list[StoredGroup], int]: ...
 
     @abc.abstractmethod
@@ -228,10 +263,16 @@ class BufferBackend(abc.ABC):
         min_idle: float,
         *,
         by_reference: bool = False,
+        lease: str | None = None,
     ) -> tuple[list[StoredGroup], int]: ...
 
     @abc.abstractmethod
-    async def ack(self, job_id: str, group_ids: Sequence[str], weight_version: int) -> int: ...
+    async def take_lease(self, job_id: str, consumer: str) -> str: ...
+
+    @abc.abstractmethod
+    async def ack(
+        self, job_id: str, group_ids: Sequence[str], weight_version: int, lease: str | None = None
+    ) -> int: ...
 
     @abc.abstractmethod
     async def stats(self, job_id: str) -> BufferStats: ...

@@ -23,8 +23,11 @@ from services.buffer.backend import (
     BufferBackend,
     BufferStats,
     StoredGroup,
+    check_advance_lease,
     check_clock,
     is_fresh,
+    new_lease_id,
+    not_lease_holder,
     unearned_advance,
 )
 
@@ -43,6 +46,7 @@ class _Job:
     max_groups: int
     max_age: int
     latest_version: int = 0
+    trainer_lease: str = ""  # the job's trainer lease (take_lease); "" until a trainer takes it
     # (weight_version, put sequence, group_id, group): the heap top is both the
     # oldest group and the first to age out, so dropping and leasing are pops.
     held: list[tuple[int, int, str, StoredGroup]] = field(default_factory=list)
@@ -164,11 +168,13 @@ class MemoryBuffer(BufferBackend):
         max_bytes: int,
         *,
         by_reference: bool = False,
+        lease: str | None = None,
     ) -> tuple[list[StoredGroup], int]:
         _no_references(by_reference)
         async with self._lock:
             job = self._job(job_id)
             check_clock(job_id, trainer_version, job.latest_version)
+            check_advance_lease(job_id, trainer_version, job.latest_version, lease, job.trainer_lease)
             job.advance(trainer_version)
             dropped = 0
             while job.held and not is_fresh(job.latest_version, job.held[0][0], job.max_age):
@@ -195,11 +201,13 @@ class MemoryBuffer(BufferBackend):
         min_idle: float,
         *,
         by_reference: bool = False,
+        lease: str | None = None,
     ) -> tuple[list[StoredGroup], int]:
         _no_references(by_reference)
         async with self._lock:
             job = self._job(job_id)
             check_clock(job_id, trainer_version, job.latest_version)
+            check_advance_lease(job_id, trainer_version, job.latest_version, lease, job.trainer_lease)
             job.advance(trainer_version)
             now = time.monotonic()
             idle = sorted(
@@ -222,9 +230,17 @@ class MemoryBuffer(BufferBackend):
             job.reclaimed += len(taken)
             return [lease.group for lease in taken], dropped
 
-    async def ack(self, job_id: str, group_ids: Sequence[str], weight_version: int) -> int:
+    async def take_lease(self, job_id: str, consumer: str) -> str:
         async with self._lock:
             job = self._job(job_id)
+            job.trainer_lease = new_lease_id(consumer)
+            return job.trainer_lease
+
+    async def ack(self, job_id: str, group_ids: Sequence[str], weight_version: int, lease: str | None = None) -> int:
+        async with self._lock:
+            job = self._job(job_id)
+            if lease is not None and (not lease or lease != job.trainer_lease):
+                raise not_lease_holder(job_id, lease)
             check_clock(job_id, weight_version, job.latest_version, setting=not group_ids)
             # Check every id before changing anything, so a refused ack leaves no trace.
             for group_id in group_ids:

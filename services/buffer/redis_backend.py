@@ -4,7 +4,8 @@ Keys of one job, all under one hash tag so that they share a cluster slot
 (`P` is the key prefix, `J` the job id with `%`, `{`, `}` percent-encoded):
 
     P:{J}:meta          hash    max_groups, max_age, latest_version, held, pending,
-                                puts, duplicate_puts, acked, dropped_stale, reclaimed
+                                puts, duplicate_puts, acked, dropped_stale, reclaimed,
+                                trainer_lease (the job's trainer lease, once taken)
     P:{J}:versions      zset    weight versions that have a stream or remembered ids
     P:{J}:held          hash    weight_version -> held groups (no field when 0)
     P:{J}:index         hash    group_id -> weight_version   (every remembered id)
@@ -64,10 +65,13 @@ from services.buffer.backend import (
     BufferStats,
     StagedPayload,
     StoredGroup,
+    check_advance_lease,
     check_clock,
+    new_lease_id,
+    not_lease_holder,
     unearned_advance,
 )
-from services.buffer.redis_scripts import ACK, CLOSE, PUT, RECLAIM, REWIND, SAMPLE
+from services.buffer.redis_scripts import ACK, CLOSE, PUT, RECLAIM, REWIND, SAMPLE, TAKE_LEASE
 
 _COUNTERS = ("held", "pending", "acked", "dropped_stale", "puts", "duplicate_puts", "reclaimed")
 
@@ -103,6 +107,7 @@ class RedisBuffer(BufferBackend):
         self._ack = self._redis.register_script(ACK)
         self._close = self._redis.register_script(CLOSE)
         self._rewind = self._redis.register_script(REWIND)
+        self._take_lease = self._redis.register_script(TAKE_LEASE)
 
     @classmethod
     async def connect(
@@ -232,13 +237,28 @@ class RedisBuffer(BufferBackend):
             )
         return False, False
 
-    async def _check_clock(self, job_id: str, keys: list[str], version: int, *, setting: bool = False) -> None:
-        """check_clock against the stored clock; it only moves forward between here and the script,
-        so a version allowed here is still allowed there."""
-        max_groups, latest = await self._redis.hmget(keys[0], ["max_groups", "latest_version"])
+    async def _check_clock(
+        self,
+        job_id: str,
+        keys: list[str],
+        version: int,
+        *,
+        setting: bool = False,
+        lease: str | None = None,
+        advancing: str | None = None,
+    ) -> None:
+        """The trainer lease (when given), then check_clock against the stored clock; the clock only moves
+        forward between here and the script, so a version allowed here is still allowed there (the ack
+        script checks the lease again, atomically with the ack)."""
+        max_groups, latest, holder = await self._redis.hmget(keys[0], ["max_groups", "latest_version", "trainer_lease"])
         if max_groups is None:
             raise self._no_job(job_id)
+        if lease is not None and (not lease or (holder or b"").decode() != lease):
+            raise not_lease_holder(job_id, lease)
         check_clock(job_id, version, int(latest or 0), setting=setting)
+        # A sample or reclaim above the clock: checked here only (a lease taken over between here and
+        # the script lets the old holder's call through once; its acks are refused all the same).
+        check_advance_lease(job_id, version, int(latest or 0), advancing, (holder or b"").decode())
 
     @_unavailable_while_redis_is_down
     async def sample(
@@ -250,9 +270,10 @@ class RedisBuffer(BufferBackend):
         max_bytes: int,
         *,
         by_reference: bool = False,
+        lease: str | None = None,
     ) -> tuple[list[StoredGroup], int]:
         keys, base = self._keys(job_id)
-        await self._check_clock(job_id, keys, trainer_version)
+        await self._check_clock(job_id, keys, trainer_version, advancing=lease)
         reply = await self._sample(keys=keys, args=[base, consumer, trainer_version, max_groups, max_bytes])
         return await self._groups(job_id, reply, by_reference)
 
@@ -267,9 +288,10 @@ class RedisBuffer(BufferBackend):
         min_idle: float,
         *,
         by_reference: bool = False,
+        lease: str | None = None,
     ) -> tuple[list[StoredGroup], int]:
         keys, base = self._keys(job_id)
-        await self._check_clock(job_id, keys, trainer_version)
+        await self._check_clock(job_id, keys, trainer_version, advancing=lease)
         # Rounded up, so a lease is never taken over before min_idle has passed.
         min_idle_ms = max(0, math.ceil(min_idle * 1000))
         reply = await self._reclaim(
@@ -304,13 +326,25 @@ class RedisBuffer(BufferBackend):
         return groups, int(reply[1])
 
     @_unavailable_while_redis_is_down
-    async def ack(self, job_id: str, group_ids: Sequence[str], weight_version: int) -> int:
+    async def take_lease(self, job_id: str, consumer: str) -> str:
+        keys, _ = self._keys(job_id)
+        lease = new_lease_id(consumer)
+        # One script: the job is known and the lease set atomically (never a lease of a closed job).
+        if not await self._take_lease(keys=keys[:1], args=[lease]):
+            raise self._no_job(job_id)
+        return lease
+
+    @_unavailable_while_redis_is_down
+    async def ack(self, job_id: str, group_ids: Sequence[str], weight_version: int, lease: str | None = None) -> int:
         keys, base = self._keys(job_id)
-        await self._check_clock(job_id, keys, weight_version, setting=not group_ids)
-        reply = await self._ack(keys=keys, args=[base, weight_version, *group_ids])
+        await self._check_clock(job_id, keys, weight_version, setting=not group_ids, lease=lease)
+        checked = ["0", ""] if lease is None else ["1", lease]
+        reply = await self._ack(keys=keys, args=[base, weight_version, *checked, *group_ids])
         status = reply[0].decode()
         if status == "nojob":
             raise self._no_job(job_id)
+        if status == "lease":
+            raise not_lease_holder(job_id, lease or "")
         if status == "notfound":
             raise NotFound(f"group {reply[1].decode()!r} was never put for job {job_id!r} (or is long forgotten)")
         if status == "held":
@@ -333,7 +367,7 @@ class RedisBuffer(BufferBackend):
             meta, held = await pipe.execute()
         if not meta:
             raise self._no_job(job_id)
-        meta = {k.decode(): int(v) for k, v in meta.items()}
+        meta = {k.decode(): int(v) for k, v in meta.items() if k != b"trainer_lease"}  # the rest are numbers
         return BufferStats(
             **{name: meta.get(name, 0) for name in _COUNTERS},
             latest_version=meta.get("latest_version", 0),

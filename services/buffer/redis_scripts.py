@@ -343,9 +343,14 @@ local function state_of(gid)
   return v, redis.call('HGET', ids_key(v), gid)
 end
 
+-- ARGV: base, weight_version, '1' to check the lease (else '0'), the lease, group ids...
+-- Only the job's trainer (its lease, set by take_lease) acks; checked first, so a refused ack leaves no trace.
+if ARGV[3] == '1' and (ARGV[4] == '' or redis.call('HGET', META, 'trainer_lease') ~= ARGV[4]) then
+  return {'lease', ''}
+end
 -- Check every id before changing anything, so a refused ack leaves no trace.
 local leased = 0
-for i = 3, #ARGV do
+for i = 5, #ARGV do
   local v, state = state_of(ARGV[i])
   if not state then return {'notfound', ARGV[i]} end
   local kind = string.sub(state, 1, 1)
@@ -357,7 +362,7 @@ end
 local clock = meta_num('latest_version')
 if leased == 0 and tonumber(ARGV[2]) > clock then return {'unearned', fmt(clock)} end
 local acked = 0
-for i = 3, #ARGV do
+for i = 5, #ARGV do
   local gid = ARGV[i]
   local v, state = state_of(gid)
   local entry = string.match(state, '^p|([^|]+)|')
@@ -419,3 +424,10 @@ end
 return {'ok', dropped}
 """
 )
+
+# KEYS: meta; ARGV: the new lease. 1 when set, 0 when the job is unknown (no max_groups).
+TAKE_LEASE = r"""
+if redis.call('HEXISTS', KEYS[1], 'max_groups') == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'trainer_lease', ARGV[1])
+return 1
+"""

@@ -1,6 +1,6 @@
 """BufferService over gRPC: validates every request, then delegates to a BufferBackend.
 
-    OpenJob / CloseJob / PutGroup / SampleGroups / ReclaimGroups / AckGroups / GetStats
+    OpenJob / CloseJob / PutGroup / SampleGroups / ReclaimGroups / AckGroups / GetStats / TakeTrainerLease
         --> validate --> backend
     PutGroupStream (metadata + packed payload in chunks) --> validate --> backend stores both as sent
     PutGroup (metadata + payload_key: staged in the data plane) --> validate --> backend takes the key over
@@ -20,7 +20,8 @@ token ids, an empty prompt, a loss mask that is not one 0/1 per completion
 token, in any segment (an invalid trajectory may have no tokens at all); more than DOCKYARD_BUFFER_MAX_TRAJECTORY_TOKENS
 tokens in a trajectory over its segments, a job id outside dockyard.jobs.JOB_ID, a version above
 MAX_VERSION); state errors come from the backend
-(NOT_FOUND, FAILED_PRECONDITION, RESOURCE_EXHAUSTED). Either way nothing
+(NOT_FOUND, FAILED_PRECONDITION, RESOURCE_EXHAUSTED; an AckGroups whose lease_id is not the job's
+trainer lease is FAILED_PRECONDITION naming the job and the lease's consumer). Either way nothing
 already accepted changes and the server keeps serving.
 """
 
@@ -43,6 +44,7 @@ from services.buffer.validation import (
     require_consumer,
     require_job_bounds,
     require_job_id,
+    require_lease_id,
     require_version,
     validate_group,
 )
@@ -256,6 +258,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             request.max_groups,
             max_bytes,
             by_reference=by_reference,
+            lease=request.lease_id,
         )
         if dropped:
             log.info("dropped stale groups", dropped=dropped, trainer_step=request.trainer_step)
@@ -292,6 +295,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             max_bytes,
             request.min_idle_seconds,
             by_reference=by_reference,
+            lease=request.lease_id,
         )
         log.info("reclaimed groups", reclaimed=len(groups), dropped=dropped, consumer=request.consumer)
         self._samples.add(request.job_id, len(groups))
@@ -302,11 +306,23 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     ) -> buffer_pb2.AckGroupsResponse:
         require_job_id(request.job_id)
         require_version("weight_version", request.weight_version)
+        require_lease_id(request.lease_id)
         for i, group_id in enumerate(request.group_ids):
             if not group_id:
                 raise InvalidArgument(f"group_ids[{i}] is empty")
-        acked = await self._backend.ack(request.job_id, list(request.group_ids), request.weight_version)
+        acked = await self._backend.ack(
+            request.job_id, list(request.group_ids), request.weight_version, lease=request.lease_id
+        )
         return buffer_pb2.AckGroupsResponse(acked=acked)
+
+    async def TakeTrainerLease(
+        self, request: buffer_pb2.TakeTrainerLeaseRequest, context: grpc.aio.ServicerContext
+    ) -> buffer_pb2.TakeTrainerLeaseResponse:
+        require_job_id(request.job_id)
+        require_consumer(request.consumer)
+        lease_id = await self._backend.take_lease(request.job_id, request.consumer)
+        log.info("trainer lease taken", consumer=request.consumer)
+        return buffer_pb2.TakeTrainerLeaseResponse(lease_id=lease_id)
 
     async def GetDataPlane(
         self, request: buffer_pb2.GetDataPlaneRequest, context: grpc.aio.ServicerContext
@@ -378,3 +394,4 @@ def _check_lease_request(request: LeaseRequest) -> None:
         raise InvalidArgument(f"max_groups must be >= 1, got {request.max_groups}")
     require_version("trainer_step", request.trainer_step)
     require_consumer(request.consumer)
+    require_lease_id(request.lease_id)

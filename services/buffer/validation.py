@@ -6,7 +6,7 @@
                                         checked by that writer (dockyard.experience.data_plane) before it staged it
 
 Guarantees: every refusal is InvalidArgument naming the group, trajectory and field (or the request's
-field: OpenJob's bounds, a consumer's name); the rules
+field: OpenJob's bounds, a consumer's name, a lease id's length); the rules
 are the trainer's own (services/trainer/batch.py) minus the vocabulary, which the buffer does not
 know, so a group accepted here never fails a batch.
 """
@@ -28,6 +28,7 @@ DEFAULT_MAX_TRAJECTORY_TOKENS = 65536
 MAX_JOB_GROUPS = 10_000_000
 MAX_AGE_STEPS = 1000
 MAX_CONSUMER_CHARS = 256  # a trainer's name, echoed in logs and stored with every lease
+MAX_LEASE_ID_CHARS = 320  # a trainer lease: the consumer's name, "/", 32 hex digits (backend.new_lease_id)
 
 
 def validate_group(
@@ -141,6 +142,12 @@ def require_consumer(consumer: str) -> None:
         raise InvalidArgument("consumer is empty: name the trainer that leases the groups")
     if len(consumer) > MAX_CONSUMER_CHARS:
         raise InvalidArgument(f"consumer is {len(consumer)} characters; at most {MAX_CONSUMER_CHARS}")
+
+
+def require_lease_id(lease_id: str) -> None:
+    """An AckGroups lease id within its length (whether it is the job's lease is the backend's check)."""
+    if len(lease_id) > MAX_LEASE_ID_CHARS:
+        raise InvalidArgument(f"lease_id is {len(lease_id)} characters; at most {MAX_LEASE_ID_CHARS}")
 
 
 def require_job_id(job_id: str, field: str = "job_id") -> None:

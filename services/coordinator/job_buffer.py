@@ -11,8 +11,15 @@ for up to `recovery_timeout` seconds. `put` is the one place a put is retried
 (dockyard.rpc.retry lists it as CALLER_RETRIED, so the channel does not retry it too): a full buffer
 (RESOURCE_EXHAUSTED) and an unreachable one (UNAVAILABLE, DEADLINE_EXCEEDED) are waited out with
 backoff up to `max_wait` seconds, which is safe because a put is idempotent by group id; any other
-error is raised at once. A staged payload's expiry is renewed before every retry and the payload
-staged again if it expired, so a put waited out for long still finds it; a data plane whose Redis
+error is raised at once, but one: a put refused as "from the future" while the trainer's published
+version (`published`, the version the coordinator recorded from the trainer's own TrainStep or
+LoadPolicy reply) already covers the group's version is re-checked, not failed: the buffer's clock
+is behind the trainer only if the store lost the ack that moved it (a Redis with appendfsync everysec
+that died within the second), so `set_clock` brings it up to the group's version (never past what the
+trainer published) and the put is sent again. The trainer's acks land before it publishes a version
+(services/trainer/consumer.py), so with a durable store this never happens. A staged payload's
+expiry is renewed before every retry and the payload staged again if it expired, so a put waited
+out for long still finds it; a data plane whose Redis
 is down is waited out as the buffer is (UNAVAILABLE). `stats` never raises for
 a buffer that is restarting: it answers None. `sent_bytes` counts what this side sent the buffer
 service (metadata, payload) and what it staged in the data plane; `sent()` is a copy for readers.
@@ -20,7 +27,10 @@ service (metadata, payload) and what it staged in the data plane; `sent()` is a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import grpc
+import structlog
 from redis.exceptions import RedisError
 
 from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
@@ -31,6 +41,11 @@ from dockyard.rpc.retry import OVERLOADED, TRANSIENT, retry
 
 # How long a put waits for a full or unreachable buffer before the error fails the job.
 PUT_MAX_WAIT_SECONDS = 600.0
+# The words of the buffer's refusal of a put whose version is above its clock (services/buffer: memory.py,
+# redis_backend.py; tests/contract/test_buffer_service.py holds the buffer to them).
+FROM_THE_FUTURE = "from the future"
+
+log = structlog.get_logger()
 
 
 class JobBuffer:
@@ -42,8 +57,10 @@ class JobBuffer:
         max_groups: int = 0,
         max_age_steps: int = 0,
         recovery_timeout: float = 300.0,
+        published: Callable[[], int] = lambda: 0,
     ) -> None:
         self._stub = stub
+        self._published = published  # the trainer's published weight version, as the coordinator recorded it
         self.job_id = job_id
         self._max_groups, self._max_age_steps = max_groups, max_age_steps
         self._recovery_timeout = recovery_timeout  # how long open and set_clock wait out a buffer that is down
@@ -82,6 +99,28 @@ class JobBuffer:
         refuse is INVALID_ARGUMENT: from the buffer (AioRpcError), or from the data plane's check before
         staging (dockyard.rpc.errors.InvalidArgument)."""
         metadata, payload = packed.split(group)
+        try:
+            return await self._put_once(metadata, payload, max_wait)
+        except grpc.aio.AioRpcError as exc:
+            if not self._clock_behind_trainer(exc, metadata.weight_version):
+                raise
+            log.warning(
+                "the buffer's clock is behind the trainer's published version; setting it and putting again",
+                group_id=metadata.group_id,
+                weight_version=metadata.weight_version,
+                published=self._published(),
+            )
+            await self.set_clock(metadata.weight_version)
+            return await self._put_once(metadata, payload, max_wait)
+
+    def _clock_behind_trainer(self, exc: grpc.aio.AioRpcError, version: int) -> bool:
+        """Whether `exc` refused a put as from the future that the trainer's published version proves is not."""
+        future = exc.code() == grpc.StatusCode.FAILED_PRECONDITION and FROM_THE_FUTURE in (exc.details() or "")
+        return future and version <= self._published()
+
+    async def _put_once(
+        self, metadata: common_pb2.Group, payload: bytes, max_wait: float
+    ) -> buffer_pb2.PutGroupResponse | buffer_pb2.PutGroupStreamResponse:
         if self._plane is None:
             reply = await self._put_streamed(metadata, payload, max_wait)
             self.sent_bytes["payload"] += len(payload)

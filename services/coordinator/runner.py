@@ -126,6 +126,7 @@ class JobRunner:
             max_groups=grpo.buffer_capacity,
             max_age_steps=max_age,
             recovery_timeout=settings.recovery_timeout_seconds,
+            published=lambda: record.weight_version,
         )
         self.trainer = TrainerClient(
             stubs.trainer,

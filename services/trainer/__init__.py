@@ -7,7 +7,7 @@
     servicer.py       TrainerServicer (rank 0): calls the domain with checked requests, errors -> status
     requests.py       request checks (job ids, steps, demonstrations, metrics), protos -> domain types
     consumer.py       BufferConsumer: one job's lease (reclaim, then sample; payloads from the data plane
-                      by reference), ledger check, deferred acks
+                      by reference), ledger check, acks retried until they land
     ledger.py         TrainedLedger: the fsynced record of trained groups that survives a crash
     ranks.py          COMMANDS, the one table every rank dispatches from; rank 0 publishes, the others follow
     weight_push.py    WeightPush: rank 0's synchronizer of a job, fed by the thread that gathers the weights

@@ -10,6 +10,9 @@ is refused with INVALID_ARGUMENT before any rank trains on it; its groups are
 acked (so the poison batch does not come back) and nothing else changes. A
 TrainStep asked for again after it succeeded gets the same reply, never a
 second step. Steps, pushes and saves run to their end even if the caller goes.
+TrainStep answers only once the buffer has the step's ack (and with it the new
+version on its clock), waiting out a buffer or Redis outage; UnloadPolicy ends
+that wait.
 A job id outside dockyard.jobs.JOB_ID (it names folders), a config beyond the
 config bounds, more than MAX_DEMONSTRATIONS demonstrations and more than
 MAX_CHECKPOINT_METRICS or non-finite checkpoint metrics are INVALID_ARGUMENT (demonstrations sized
@@ -170,6 +173,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
                 f"batch for step {request.step} refused, nothing trained on it "
                 f"(its {len(leased)} group(s) were acked and dropped): {exc}"
             ) from None
+        log.info("training step", step=request.step, groups=len(groups))
         metrics = await self._run("train", job.job_id, groups)
         trajectory_ids = [s.trajectory_id for g in groups for s in g.samples]
         await consumer.trained(request.step, policy.weight_version, group_ids, trajectory_ids)
@@ -230,6 +234,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
 
     async def UnloadPolicy(self, request: pb.UnloadPolicyRequest, context) -> pb.UnloadPolicyResponse:
         job = self._job(request.job_id)
+        job.consumer.stop()  # an ack waiting out a buffer outage holds the lock: it gives up now
         async with job.lock:
             job.push.close()
             await job.consumer.close()

@@ -301,20 +301,45 @@ async def test_buffer_refuses_bad_input_and_keeps_what_it_accepted(start_service
             reclaim = buffer_pb2.ReclaimGroupsRequest(**lease, trainer_step=step)
             await probe.expect(stub.ReclaimGroups(reclaim), code, word)
         await probe.expect(sample(buffer_pb2.SampleGroupsRequest(**{**lease, "consumer": ""})), INVALID, "consumer")
+        long_lease = buffer_pb2.SampleGroupsRequest(**lease, trainer_step=0, lease_id="x" * 2**20)
+        await probe.expect(sample(long_lease), INVALID, "lease_id", "320")
+        for stranger in ("", "t0/" + "0" * 32):  # a sample that would move the clock, without the trainer lease
+            ahead = buffer_pb2.SampleGroupsRequest(**lease, trainer_step=1, lease_id=stranger)
+            await probe.expect(sample(ahead), PRECONDITION, "trainer lease", job)
+            await probe.expect(
+                stub.ReclaimGroups(buffer_pb2.ReclaimGroupsRequest(**lease, trainer_step=1, lease_id=stranger)),
+                PRECONDITION,
+                "trainer lease",
+            )
         await probe.expect(sample(buffer_pb2.SampleGroupsRequest(**{**lease, "max_groups": 0})), INVALID, "max_groups")
         idle = buffer_pb2.ReclaimGroupsRequest(**lease, min_idle_seconds=float("nan"))
         await probe.expect(stub.ReclaimGroups(idle), INVALID, "min_idle_seconds")
         await _buffer_stream_cases(stub, probe, buffer.address, job, lease)
+        take = stub.TakeTrainerLease
+        await probe.expect(take(buffer_pb2.TakeTrainerLeaseRequest(job_id="../x", consumer="t0")), INVALID, "job_id")
+        await probe.expect(take(buffer_pb2.TakeTrainerLeaseRequest(job_id=job)), INVALID, "consumer")
+        huge_name = buffer_pb2.TakeTrainerLeaseRequest(job_id=job, consumer="t" * 2**20)
+        await probe.expect(take(huge_name), INVALID, "consumer", "256")
+        await probe.expect(take(buffer_pb2.TakeTrainerLeaseRequest(job_id="other", consumer="t0")), NOT_FOUND, "other")
+        owner = (await take(buffer_pb2.TakeTrainerLeaseRequest(job_id=job, consumer="t0"))).lease_id
         ack = stub.AckGroups
-        await probe.expect(ack(buffer_pb2.AckGroupsRequest(job_id=job, weight_version=HUGE)), INVALID, "weight_version")
+
+        def acking(**fields) -> buffer_pb2.AckGroupsRequest:
+            return buffer_pb2.AckGroupsRequest(**{"job_id": job, "lease_id": owner, **fields})
+
+        # The lease: too long, none, a guess, a predecessor's; the clock move the issue found, without the lease.
+        await probe.expect(ack(acking(lease_id="x" * 2**20)), INVALID, "lease_id", "320")
+        for stranger in ("", "t0/" + "0" * 32, owner + "0", owner.upper()):
+            await probe.expect(ack(acking(lease_id=stranger, group_ids=["good-0"])), PRECONDITION, "trainer lease", job)
+        for ahead in (3, 995):
+            await probe.expect(ack(acking(lease_id="", weight_version=ahead)), PRECONDITION, "trainer lease", job)
+        await probe.expect(ack(acking(weight_version=HUGE)), INVALID, "weight_version")
         for ahead in (1, 3, 995):  # a clock move without groups: refused, the running job undisturbed
-            request = buffer_pb2.AckGroupsRequest(job_id=job, group_ids=[], weight_version=ahead)
-            await probe.expect(ack(request), PRECONDITION, "no group_ids", "clock")
-        await probe.expect(ack(buffer_pb2.AckGroupsRequest(job_id=job, weight_version=0)), grpc.StatusCode.OK)
-        await probe.expect(ack(buffer_pb2.AckGroupsRequest(job_id=job, group_ids=["good-0"], weight_version=7)),
-                           PRECONDITION, "beyond its clock")  # fmt: skip
-        await probe.expect(ack(buffer_pb2.AckGroupsRequest(job_id=job, group_ids=[""])), INVALID, "group_ids[0]")
-        await probe.expect(ack(buffer_pb2.AckGroupsRequest(job_id=job, group_ids=["ghost"])), NOT_FOUND, "ghost")
+            await probe.expect(ack(acking(group_ids=[], weight_version=ahead)), PRECONDITION, "no group_ids", "clock")
+        await probe.expect(ack(acking(weight_version=0)), grpc.StatusCode.OK)
+        await probe.expect(ack(acking(group_ids=["good-0"], weight_version=7)), PRECONDITION, "beyond its clock")
+        await probe.expect(ack(acking(group_ids=[""])), INVALID, "group_ids[0]")
+        await probe.expect(ack(acking(group_ids=["ghost"])), NOT_FOUND, "ghost")
         for bad in ("", "../x"):
             await probe.expect(stub.GetStats(buffer_pb2.GetStatsRequest(job_id=bad)), INVALID, "job_id")
             await probe.expect(stub.CloseJob(buffer_pb2.CloseJobRequest(job_id=bad)), INVALID, "job_id")
@@ -325,12 +350,10 @@ async def test_buffer_refuses_bad_input_and_keeps_what_it_accepted(start_service
         assert (stats.held, stats.puts, stats.latest_version) == (2, 2, 0)
         reply = await stub.SampleGroups(buffer_pb2.SampleGroupsRequest(**lease, trainer_step=0))
         assert sorted(g.group_id for g in reply.groups) == ["good-0", "good-1"]
-        acked = await stub.AckGroups(
-            buffer_pb2.AckGroupsRequest(job_id=job, group_ids=["good-0", "good-1"], weight_version=1)
-        )
+        acked = await stub.AckGroups(acking(group_ids=["good-0", "good-1"], weight_version=1))
         assert acked.acked == 2
-        again = buffer_pb2.AckGroupsRequest(job_id=job, group_ids=["good-0"], weight_version=2)
-        await probe.expect(ack(again), PRECONDITION, "acks no leased group")
+        assert (await stub.AckGroups(acking(group_ids=["good-0", "good-1"], weight_version=1))).acked == 0  # no-op
+        await probe.expect(ack(acking(group_ids=["good-0"], weight_version=2)), PRECONDITION, "acks no leased group")
         assert (await stub.GetStats(buffer_pb2.GetStatsRequest(job_id=job))).latest_version == 1
 
 

@@ -80,20 +80,25 @@ class StagedPuts(BufferBackend):
                 out.append(StoredGroup(g.group_id, g.weight_version, g.metadata, data))
         return out
 
-    async def sample(self, job_id, consumer, trainer_version, max_groups, max_bytes, *, by_reference=False):
+    async def sample(self, job_id, consumer, trainer_version, max_groups, max_bytes, *, by_reference=False, lease=None):
         groups, dropped = await self._inner.sample(
-            job_id, consumer, trainer_version, max_groups, max_bytes, by_reference=True
+            job_id, consumer, trainer_version, max_groups, max_bytes, by_reference=True, lease=lease
         )
         return await self._read(groups), dropped
 
-    async def reclaim(self, job_id, consumer, trainer_version, max_groups, max_bytes, min_idle, *, by_reference=False):
+    async def reclaim(
+        self, job_id, consumer, trainer_version, max_groups, max_bytes, min_idle, *, by_reference=False, lease=None
+    ):
         groups, dropped = await self._inner.reclaim(
-            job_id, consumer, trainer_version, max_groups, max_bytes, min_idle, by_reference=True
+            job_id, consumer, trainer_version, max_groups, max_bytes, min_idle, by_reference=True, lease=lease
         )
         return await self._read(groups), dropped
 
-    async def ack(self, job_id, group_ids, weight_version):
-        return await self._inner.ack(job_id, group_ids, weight_version)
+    async def take_lease(self, job_id, consumer):
+        return await self._inner.take_lease(job_id, consumer)
+
+    async def ack(self, job_id, group_ids, weight_version, lease=None):
+        return await self._inner.ack(job_id, group_ids, weight_version, lease)
 
     async def stats(self, job_id):
         return await self._inner.stats(job_id)
@@ -181,6 +186,7 @@ async def test_every_method_of_an_unknown_job_is_not_found(backend):
         backend.sample("nope", "t", 0, 1, BIG),
         backend.reclaim("nope", "t", 0, 1, BIG, 0.0),
         backend.ack("nope", [], 0),
+        backend.take_lease("nope", "t"),
         backend.stats("nope"),
         backend.close_job("nope"),
     ]
@@ -425,6 +431,48 @@ async def test_an_ack_of_only_acked_groups_never_moves_the_clock(backend):
         await backend.ack(JOB, ["g"], 1)
     assert await backend.stats(JOB) == before
     assert await backend.ack(JOB, ["g"], 0) == 0  # a retry at the clock: a no-op, as before
+
+
+async def test_only_the_holder_of_the_trainer_lease_acks_and_moves_the_clock(backend):
+    await opened(backend)
+    await backend.put_group(make_group("g", 0))
+    await sample(backend, 0)
+    before = await backend.stats(JOB)
+    with pytest.raises(FailedPrecondition, match=f"lease \\(none\\) does not hold the trainer lease of job {JOB!r}"):
+        await backend.ack(JOB, ["g"], 1, "")  # no lease taken yet: nobody holds it
+    dead = await backend.take_lease(JOB, "trainer-0")
+    owner = await backend.take_lease(JOB, "trainer-0")  # a restarted trainer takes it over
+    assert dead != owner and owner.startswith("trainer-0/")
+    for stranger in (dead, "", "trainer-0/" + "0" * 32, owner + "x"):
+        with pytest.raises(FailedPrecondition, match=f"trainer lease of job {JOB!r}"):
+            await backend.ack(JOB, ["g"], 1, stranger)
+        with pytest.raises(FailedPrecondition, match="trainer lease"):
+            await backend.ack(JOB, [], 0, stranger)
+    assert await backend.stats(JOB) == before  # refused: nothing acked, the clock where it was
+    assert await backend.ack(JOB, ["g"], 1, owner) == 1
+    assert await backend.ack(JOB, ["g"], 1, owner) == 0  # the same ack again: a no-op that succeeds
+    assert (await backend.stats(JOB)).latest_version == 1
+
+
+@pytest.mark.parametrize("call", ["sample", "reclaim"])
+async def test_a_sample_or_reclaim_that_moves_the_clock_needs_the_trainer_lease(backend, call):
+    await opened(backend)
+    await backend.put_group(make_group("g", 0))
+    owner = await backend.take_lease(JOB, "trainer-0")
+
+    def lease_at(version: int, lease: str):
+        if call == "sample":
+            return backend.sample(JOB, "trainer-0", version, 8, BIG, lease=lease)
+        return backend.reclaim(JOB, "trainer-0", version, 8, BIG, 0.0, lease=lease)
+
+    before = await backend.stats(JOB)
+    for stranger in ("", "trainer-0/" + "0" * 32):
+        with pytest.raises(FailedPrecondition, match=f"trainer_step 1 .*trainer lease of job {JOB!r}"):
+            await lease_at(1, stranger)
+    assert await backend.stats(JOB) == before  # refused: the clock where it was, nothing leased
+    await lease_at(0, "")  # at the clock it moves nothing: no lease needed
+    await lease_at(1, owner)
+    assert (await backend.stats(JOB)).latest_version == 1
 
 
 async def test_open_job_sets_the_clock_up_to_max_version(backend):

@@ -81,7 +81,8 @@ async def test_a_staged_payload_is_taken_over_by_its_put_and_freed_at_ack(start_
         assert [(p.group, p.payload, p.payload_key) for p in pieces[:-1]] == [
             (metadata.SerializeToString(), b"", stored)
         ]
-        await stub.AckGroups(pb.AckGroupsRequest(job_id=JOB, group_ids=["g0"], weight_version=1))
+        owner = (await stub.TakeTrainerLease(pb.TakeTrainerLeaseRequest(job_id=JOB, consumer="t0"))).lease_id
+        await stub.AckGroups(pb.AckGroupsRequest(job_id=JOB, group_ids=["g0"], weight_version=1, lease_id=owner))
         assert not client.exists(stored)
 
         # A put of an already stale group deletes its staged payload.

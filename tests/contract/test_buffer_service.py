@@ -54,8 +54,18 @@ async def test_every_rpc_round_trips_and_sigterm_exits_cleanly(buffer) -> None:
             pb.ReclaimGroupsRequest(job_id=JOB, trainer_step=3, max_groups=8, consumer="t1", min_idle_seconds=0)
         )
         assert [g.group_id for g in reclaimed.groups] == ["g-old"]
-        ack = await stub.AckGroups(pb.AckGroupsRequest(job_id=JOB, group_ids=["g-old"], weight_version=4))
-        assert ack.acked == 1
+        # Only the job's trainer acks: the lease it took, never a predecessor's or none.
+        first = (await stub.TakeTrainerLease(pb.TakeTrainerLeaseRequest(job_id=JOB, consumer="t0"))).lease_id
+        owner = (await stub.TakeTrainerLease(pb.TakeTrainerLeaseRequest(job_id=JOB, consumer="t1"))).lease_id
+        assert first.startswith("t0/") and owner.startswith("t1/") and first != owner
+        for stranger in (first, "", "t1/" + "0" * 32):
+            refused = pb.AckGroupsRequest(job_id=JOB, group_ids=["g-old"], weight_version=4, lease_id=stranger)
+            words = f"trainer lease of job {JOB!r}"
+            await expect_code(stub.AckGroups(refused), grpc.StatusCode.FAILED_PRECONDITION, words)
+        assert (await stub.GetStats(pb.GetStatsRequest(job_id=JOB))).latest_version == 3  # refused: nothing moved
+        acked = pb.AckGroupsRequest(job_id=JOB, group_ids=["g-old"], weight_version=4, lease_id=owner)
+        assert (await stub.AckGroups(acked)).acked == 1
+        assert (await stub.AckGroups(acked)).acked == 0  # the same ack again: a no-op that succeeds
 
         stats = await stub.GetStats(pb.GetStatsRequest(job_id=JOB))
         assert (stats.held, stats.pending, stats.acked, stats.dropped_stale) == (1, 0, 1, 1)
@@ -152,11 +162,14 @@ async def test_bad_input_is_refused_with_a_clear_error_and_nothing_is_stored(buf
 
         # State errors on ack, then capacity.
         await stub.PutGroup(pb.PutGroupRequest(group=make_group("held")))
+        owner = (await stub.TakeTrainerLease(pb.TakeTrainerLeaseRequest(job_id=JOB, consumer="t0"))).lease_id
         await expect_code(
-            stub.AckGroups(pb.AckGroupsRequest(job_id=JOB, group_ids=["ghost"])), grpc.StatusCode.NOT_FOUND
+            stub.AckGroups(pb.AckGroupsRequest(job_id=JOB, group_ids=["ghost"], lease_id=owner)),
+            grpc.StatusCode.NOT_FOUND,
         )
         await expect_code(
-            stub.AckGroups(pb.AckGroupsRequest(job_id=JOB, group_ids=["held"])), grpc.StatusCode.FAILED_PRECONDITION
+            stub.AckGroups(pb.AckGroupsRequest(job_id=JOB, group_ids=["held"], lease_id=owner)),
+            grpc.StatusCode.FAILED_PRECONDITION,
         )
         for i in range(CAPACITY - 1):
             await stub.PutGroup(pb.PutGroupRequest(group=make_group(f"fill-{i}")))

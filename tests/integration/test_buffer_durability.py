@@ -92,8 +92,9 @@ async def check_nothing_lost_or_duplicated(stub, leased: list[str], before: pb.G
     for i in range(PUT):  # every retry is recognised, whichever way it comes
         reply = await stub.PutGroup(pb.PutGroupRequest(group=make_group(f"g{i}", job_id=JOB)))
         assert reply.duplicate
+    owner = (await stub.TakeTrainerLease(pb.TakeTrainerLeaseRequest(job_id=JOB, consumer="t0"))).lease_id
     acked = await stub.AckGroups(
-        pb.AckGroupsRequest(job_id=JOB, group_ids=[f"g{i}" for i in range(PUT)], weight_version=1)
+        pb.AckGroupsRequest(job_id=JOB, group_ids=[f"g{i}" for i in range(PUT)], weight_version=1, lease_id=owner)
     )
     assert acked.acked == PUT
     stats = await stub.GetStats(pb.GetStatsRequest(job_id=JOB))

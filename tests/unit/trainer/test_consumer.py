@@ -1,7 +1,9 @@
-"""The buffer-consumer protocol against a scripted buffer stub: reclaim first, the ledger, deferred acks."""
+"""The buffer-consumer protocol against a scripted buffer stub: reclaim first, the ledger, acks retried until
+they land, the trainer lease."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import grpc
@@ -30,6 +32,7 @@ class FakeBuffer:
     def __init__(self) -> None:
         self.calls: list[tuple[str, object]] = []
         self.replies: dict[str, list[object]] = {"ReclaimGroups": [], "SampleGroups": [], "AckGroups": []}
+        self.leases = 0  # TakeTrainerLease calls (not in `calls`: the protocol's order is asserted without it)
 
     def script(self, method: str, *replies: object) -> None:
         self.replies[method] += replies
@@ -65,6 +68,10 @@ class FakeBuffer:
 
     async def AckGroups(self, request, timeout=None):
         return await self._answer("AckGroups", request, buffer_pb2.AckGroupsResponse(acked=len(request.group_ids)))
+
+    async def TakeTrainerLease(self, request, timeout=None):
+        self.leases += 1
+        return buffer_pb2.TakeTrainerLeaseResponse(lease_id=f"{request.consumer}/lease{self.leases}")
 
 
 @pytest.fixture
@@ -116,22 +123,39 @@ async def test_reclaimed_groups_the_ledger_names_are_acked_not_returned(buffer: 
     assert buffer.methods() == ["ReclaimGroups", "AckGroups", "SampleGroups"]
 
 
-async def test_acks_deferred_while_the_buffer_is_down_go_with_the_next_ack(buffer: FakeBuffer, tmp_path: Path) -> None:
+async def test_a_trained_step_is_acked_until_it_lands_with_its_lease(buffer: FakeBuffer, tmp_path: Path) -> None:
     c = consumer(buffer, tmp_path)
     buffer.script("AckGroups", rpc_error(grpc.StatusCode.UNAVAILABLE), rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED))
-    await c.trained(1, 1, ["a"], ["a/0"])
-    await c.ack(["b"], 1)
-    assert c.unacked == ["a", "b"]
-    assert [line["group_ids"] for line in read_ledger(tmp_path)] == [["a"]]  # on disk whatever the ack did
-    await c.trained(2, 2, ["c"], ["c/0"])
-    assert buffer.acks()[-1] == (["a", "b", "c"], 2) and c.unacked == []
+    await c.trained(1, 1, ["a"], ["a/0"])  # returns only once the buffer's clock has the version
+    assert buffer.acks() == [(["a"], 1)] * 3 and c.unacked == []
+    assert [line["group_ids"] for line in read_ledger(tmp_path)] == [["a"]]
+    # One lease for the consumer's life, carried by every ack.
+    assert buffer.leases == 1
+    assert {r.lease_id for m, r in buffer.calls if m == "AckGroups"} == {"trainer-0/lease1"}
 
+
+async def test_a_refused_batchs_deferred_ack_goes_before_the_next_lease(buffer: FakeBuffer, tmp_path: Path) -> None:
+    c = consumer(buffer, tmp_path)
     buffer.script("AckGroups", rpc_error(grpc.StatusCode.UNAVAILABLE))
     await c.ack(["d"], 2)
+    assert c.unacked == ["d"]
     buffer.calls.clear()
     buffer.script("SampleGroups", buffer_pb2.SampleGroupsResponse(groups=[group("e")]))
     await c.lease(2, 1)  # the deferred ack goes first, before the buffer is asked for more
     assert buffer.methods()[0] == "AckGroups" and buffer.acks() == [(["d"], 2)] and c.unacked == []
+
+
+async def test_an_ack_waiting_out_an_outage_gives_up_when_the_job_stops(buffer: FakeBuffer, tmp_path: Path) -> None:
+    c = consumer(buffer, tmp_path)
+    buffer.script("AckGroups", *[rpc_error(grpc.StatusCode.UNAVAILABLE)] * 1000)
+    waiting = asyncio.create_task(c.trained(1, 1, ["a"], ["a/0"]))
+    while len(buffer.acks()) < 2:  # retried, not given up after one failure
+        await asyncio.sleep(0.01)
+    assert not waiting.done()
+    c.stop()
+    with pytest.raises(Unavailable, match="stopped while the ack of 1 group"):
+        await waiting
+    assert c.unacked == ["a"]
 
 
 async def test_an_ack_refused_for_good_is_raised(buffer: FakeBuffer, tmp_path: Path) -> None:

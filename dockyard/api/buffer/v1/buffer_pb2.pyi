@@ -68,16 +68,18 @@ class PutGroupStreamResponse(_message.Message):
     def __init__(self, duplicate: _Optional[bool] = ..., dropped_stale: _Optional[bool] = ...) -> None: ...
 
 class SampleGroupsRequest(_message.Message):
-    __slots__ = ("job_id", "trainer_step", "max_groups", "consumer")
+    __slots__ = ("job_id", "trainer_step", "max_groups", "consumer", "lease_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TRAINER_STEP_FIELD_NUMBER: _ClassVar[int]
     MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     trainer_step: int
     max_groups: int
     consumer: str
-    def __init__(self, job_id: _Optional[str] = ..., trainer_step: _Optional[int] = ..., max_groups: _Optional[int] = ..., consumer: _Optional[str] = ...) -> None: ...
+    lease_id: str
+    def __init__(self, job_id: _Optional[str] = ..., trainer_step: _Optional[int] = ..., max_groups: _Optional[int] = ..., consumer: _Optional[str] = ..., lease_id: _Optional[str] = ...) -> None: ...
 
 class SampleGroupsResponse(_message.Message):
     __slots__ = ("groups", "dropped_stale")
@@ -88,18 +90,20 @@ class SampleGroupsResponse(_message.Message):
     def __init__(self, groups: _Optional[_Iterable[_Union[_common_pb2.Group, _Mapping]]] = ..., dropped_stale: _Optional[int] = ...) -> None: ...
 
 class SampleGroupsStreamRequest(_message.Message):
-    __slots__ = ("job_id", "trainer_step", "max_groups", "consumer", "payload_by_reference")
+    __slots__ = ("job_id", "trainer_step", "max_groups", "consumer", "payload_by_reference", "lease_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TRAINER_STEP_FIELD_NUMBER: _ClassVar[int]
     MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BY_REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     trainer_step: int
     max_groups: int
     consumer: str
     payload_by_reference: bool
-    def __init__(self, job_id: _Optional[str] = ..., trainer_step: _Optional[int] = ..., max_groups: _Optional[int] = ..., consumer: _Optional[str] = ..., payload_by_reference: _Optional[bool] = ...) -> None: ...
+    lease_id: str
+    def __init__(self, job_id: _Optional[str] = ..., trainer_step: _Optional[int] = ..., max_groups: _Optional[int] = ..., consumer: _Optional[str] = ..., payload_by_reference: _Optional[bool] = ..., lease_id: _Optional[str] = ...) -> None: ...
 
 class SampleGroupsStreamResponse(_message.Message):
     __slots__ = ("group", "payload", "dropped_stale", "done", "payload_key")
@@ -116,18 +120,20 @@ class SampleGroupsStreamResponse(_message.Message):
     def __init__(self, group: _Optional[bytes] = ..., payload: _Optional[bytes] = ..., dropped_stale: _Optional[int] = ..., done: _Optional[bool] = ..., payload_key: _Optional[str] = ...) -> None: ...
 
 class ReclaimGroupsRequest(_message.Message):
-    __slots__ = ("job_id", "trainer_step", "max_groups", "consumer", "min_idle_seconds")
+    __slots__ = ("job_id", "trainer_step", "max_groups", "consumer", "min_idle_seconds", "lease_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TRAINER_STEP_FIELD_NUMBER: _ClassVar[int]
     MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     MIN_IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     trainer_step: int
     max_groups: int
     consumer: str
     min_idle_seconds: float
-    def __init__(self, job_id: _Optional[str] = ..., trainer_step: _Optional[int] = ..., max_groups: _Optional[int] = ..., consumer: _Optional[str] = ..., min_idle_seconds: _Optional[float] = ...) -> None: ...
+    lease_id: str
+    def __init__(self, job_id: _Optional[str] = ..., trainer_step: _Optional[int] = ..., max_groups: _Optional[int] = ..., consumer: _Optional[str] = ..., min_idle_seconds: _Optional[float] = ..., lease_id: _Optional[str] = ...) -> None: ...
 
 class ReclaimGroupsResponse(_message.Message):
     __slots__ = ("groups", "dropped_stale")
@@ -138,14 +144,30 @@ class ReclaimGroupsResponse(_message.Message):
     def __init__(self, groups: _Optional[_Iterable[_Union[_common_pb2.Group, _Mapping]]] = ..., dropped_stale: _Optional[int] = ...) -> None: ...
 
 class AckGroupsRequest(_message.Message):
-    __slots__ = ("job_id", "group_ids", "weight_version")
+    __slots__ = ("job_id", "group_ids", "weight_version", "lease_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_IDS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     group_ids: _containers.RepeatedScalarFieldContainer[str]
     weight_version: int
-    def __init__(self, job_id: _Optional[str] = ..., group_ids: _Optional[_Iterable[str]] = ..., weight_version: _Optional[int] = ...) -> None: ...
+    lease_id: str
+    def __init__(self, job_id: _Optional[str] = ..., group_ids: _Optional[_Iterable[str]] = ..., weight_version: _Optional[int] = ..., lease_id: _Optional[str] = ...) -> None: ...
+
+class TakeTrainerLeaseRequest(_message.Message):
+    __slots__ = ("job_id", "consumer")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    consumer: str
+    def __init__(self, job_id: _Optional[str] = ..., consumer: _Optional[str] = ...) -> None: ...
+
+class TakeTrainerLeaseResponse(_message.Message):
+    __slots__ = ("lease_id",)
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    def __init__(self, lease_id: _Optional[str] = ...) -> None: ...
 
 class AckGroupsResponse(_message.Message):
     __slots__ = ("acked",)
@@ -154,20 +176,22 @@ class AckGroupsResponse(_message.Message):
     def __init__(self, acked: _Optional[int] = ...) -> None: ...
 
 class ReclaimGroupsStreamRequest(_message.Message):
-    __slots__ = ("job_id", "trainer_step", "max_groups", "consumer", "min_idle_seconds", "payload_by_reference")
+    __slots__ = ("job_id", "trainer_step", "max_groups", "consumer", "min_idle_seconds", "payload_by_reference", "lease_id")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TRAINER_STEP_FIELD_NUMBER: _ClassVar[int]
     MAX_GROUPS_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     MIN_IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BY_REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     trainer_step: int
     max_groups: int
     consumer: str
     min_idle_seconds: float
     payload_by_reference: bool
-    def __init__(self, job_id: _Optional[str] = ..., trainer_step: _Optional[int] = ..., max_groups: _Optional[int] = ..., consumer: _Optional[str] = ..., min_idle_seconds: _Optional[float] = ..., payload_by_reference: _Optional[bool] = ...) -> None: ...
+    lease_id: str
+    def __init__(self, job_id: _Optional[str] = ..., trainer_step: _Optional[int] = ..., max_groups: _Optional[int] = ..., consumer: _Optional[str] = ..., min_idle_seconds: _Optional[float] = ..., payload_by_reference: _Optional[bool] = ..., lease_id: _Optional[str] = ...) -> None: ...
 
 class ReclaimGroupsStreamResponse(_message.Message):
     __slots__ = ("group", "payload", "dropped_stale", "done", "payload_key")

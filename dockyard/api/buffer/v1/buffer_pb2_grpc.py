@@ -69,6 +69,11 @@ class BufferServiceStub:
                 request_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.AckGroupsRequest.SerializeToString,
                 response_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.AckGroupsResponse.FromString,
                 _registered_method=True)
+        self.TakeTrainerLease = channel.unary_unary(
+                '/dockyard.buffer.v1.BufferService/TakeTrainerLease',
+                request_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.TakeTrainerLeaseRequest.SerializeToString,
+                response_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.TakeTrainerLeaseResponse.FromString,
+                _registered_method=True)
         self.GetStats = channel.unary_unary(
                 '/dockyard.buffer.v1.BufferService/GetStats',
                 request_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.GetStatsRequest.SerializeToString,
@@ -142,7 +147,18 @@ class BufferServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AckGroups(self, request, context):
-        """Acknowledge leased groups after the optimizer step consumed them.
+        """Acknowledge leased groups after the optimizer step consumed them. It moves
+        the job's clock forward with the trainer's work, so it must carry the job's
+        trainer lease (TakeTrainerLease).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TakeTrainerLease(self, request, context):
+        """Become the job's trainer: a new lease id, which every later AckGroups of
+        the job (and a sample or reclaim above its clock) must carry; any earlier
+        lease (a dead or replaced trainer's) is void from then on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -219,6 +235,11 @@ def add_BufferServiceServicer_to_server(servicer, server):
                     servicer.AckGroups,
                     request_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.AckGroupsRequest.FromString,
                     response_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.AckGroupsResponse.SerializeToString,
+            ),
+            'TakeTrainerLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.TakeTrainerLease,
+                    request_deserializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.TakeTrainerLeaseRequest.FromString,
+                    response_serializer=dockyard_dot_buffer_dot_v1_dot_buffer__pb2.TakeTrainerLeaseResponse.SerializeToString,
             ),
             'GetStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStats,
@@ -413,6 +434,33 @@ class BufferService:
             '/dockyard.buffer.v1.BufferService/AckGroups',
             dockyard_dot_buffer_dot_v1_dot_buffer__pb2.AckGroupsRequest.SerializeToString,
             dockyard_dot_buffer_dot_v1_dot_buffer__pb2.AckGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TakeTrainerLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.buffer.v1.BufferService/TakeTrainerLease',
+            dockyard_dot_buffer_dot_v1_dot_buffer__pb2.TakeTrainerLeaseRequest.SerializeToString,
+            dockyard_dot_buffer_dot_v1_dot_buffer__pb2.TakeTrainerLeaseResponse.FromString,
             options,
             channel_credentials,
             insecure,
