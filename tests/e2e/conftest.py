@@ -66,6 +66,21 @@ def warm_policy(config: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def scaffold_image(docker_sandbox_image: str) -> str:
+    """The external recipe's session image (the sandbox image plus its scaffold package), built from the
+    wheelhouse (--network none) as the sandbox would build it on the first trial; built here so a job's
+    first trial does not wait."""
+    import docker
+    import yaml
+
+    from services.sandbox.images import ensure_env_image
+
+    config = REPO_ROOT / "examples" / "configs" / "tiny_agent_external.yaml"
+    package = yaml.safe_load(config.read_text())["env"]["scaffold"]["package"]
+    return ensure_env_image(docker.from_env(timeout=900), docker_sandbox_image, [package])
+
+
+@pytest.fixture(scope="session")
 def tiny_policy_folder() -> Path:
     return warm_policy("examples/configs/tiny_expr.yaml")
 
