@@ -62,7 +62,10 @@ def bootstrap_differences(folder: Path, policy) -> str:
     except (OSError, ValueError):
         return ""
     boot = policy.bootstrap
-    wanted = {name: getattr(boot, name) for name in ("recipe", "steps", "lr", "batch_size", "seed", "shortcut_rate", "scaffold")}
+    wanted = {
+        name: getattr(boot, name)
+        for name in ("recipe", "steps", "lr", "batch_size", "seed", "shortcut_rate", "scaffold")
+    }
     wanted |= {f"model.{k}": v for k, v in (policy.model or {}).items()}
     built = {**meta, **{f"model.{k}": v for k, v in (meta.get("model") or {}).items()}}
     return ", ".join(

@@ -108,7 +108,8 @@ def demonstration(task: Task, shortcut: bool, scaffold: str = "built_in") -> lis
     messages: list[Message] = [{"role": "user", "content": task.prompt}]
     for i, x in enumerate(points):
         messages.append(call_message(i, "f", {"x": x}))
-        messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": f_output(task.solution, points[: i + 1])})
+        content = f_output(task.solution, points[: i + 1])
+        messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": content})
     messages.append({"role": "assistant", "content": f"{ANSWER_PREFIX}{answer}"})
     return messages
 

@@ -15,16 +15,12 @@ validation tasks at step 0 and at the end; wall time of the whole test, warm sta
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO_ROOT
-from tests.e2e.conftest import DOCKYARD, MIN_GAIN, warm_policy
+from tests.e2e.conftest import MIN_GAIN, run_recipe, warm_policy
 
 # The warm start and the run: the suite's 600 s default is too short on a busy machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -37,19 +33,7 @@ PER_STEP = ("agent_turns_mean", "agent_masked_fraction", "invalid_action_traject
 def test_the_external_recipe_raises_the_greedy_validation_pass_rate(tmp_path: Path, scaffold_image: str) -> None:
     started = time.monotonic()
     model = warm_policy(CONFIG)  # the recipe's own warm start, made once
-    runs = tmp_path / "runs"
-    result = subprocess.run(
-        [str(DOCKYARD), "run", "--prepare", CONFIG, f"policy.model_name={model}", f"logger.log_dir={runs}"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "DOCKYARD_SANDBOX_BACKEND": "docker"},
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    [run_dir] = [p for p in runs.iterdir() if p.name != "logs"]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = run_recipe(CONFIG, tmp_path, model, timeout=1500, env={"DOCKYARD_SANDBOX_BACKEND": "docker"})
     val = [r for r in records if r["kind"] == "validation"]
     train = [r for r in records if r["kind"] == "train"]
     rates = [r["pass_rate"] for r in val]

@@ -169,7 +169,9 @@ async def test_a_validation_session_is_greedy_for_its_key_and_a_training_session
         )
         assert backend.law() == (0.8, 0.9, 5) and raw.headers[SAMPLING_HEADER] == HEADER
     # The greedy session's Anthropic calls too; and a key may neither open a session nor ask for greedy.
-    await an(app, greedy["api_key"]).messages.create(model="job-1", max_tokens=4, messages=MESSAGES, extra_body={"temperature": 1.0})
+    await an(app, greedy["api_key"]).messages.create(
+        model="job-1", max_tokens=4, messages=MESSAGES, extra_body={"temperature": 1.0}
+    )
     assert backend.law() == (0.0, 0.9, 5)
     for headers in ({SAMPLING_HEADER: "greedy"}, {}):
         with pytest.raises(openai.PermissionDeniedError):

@@ -11,7 +11,6 @@ chat template or the recorder:
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from dockyard.models.tokenizer import build_char_tokenizer
 from dockyard.recipes import mini_format
