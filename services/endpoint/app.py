@@ -28,8 +28,9 @@ service token may ask for greedy decoding (`X-Dockyard-Sampling: greedy`, valida
 key that asks is a 403; a session the token opens with that header (POST /v1/sessions) is greedy
 for all its turns, so an external scaffold holding only its key validates greedily. Image parts
 pass the job's multimodal gate (dockyard/images.py) before any replica is asked: off, over its
-limits or unreadable is a 400 naming the key or the numbers; a turn with images is rendered afresh as its own segment, and the ids the rollout reports (image tokens
-included) are what the trajectory records. Errors are JSON `{"type": "error", "error": {"type", "message"}}`
+limits or unreadable is a 400 naming the key or the numbers; a turn with images is rendered afresh
+as its own segment, and the ids the rollout reports (image tokens included) are what the trajectory
+records. Errors are JSON `{"type": "error", "error": {"type", "message"}}`
 (readable by both official clients): malformed JSON 400, a body that does not
 fit the schema 422 naming the field, a body over max_body_bytes 413, unknown
 model 404, too many sessions or turns 429, a new session refused admission 503
