@@ -7,15 +7,15 @@ writes the demonstrator's actions:
     system      SYSTEM_TEMPLATE                       (the config's ``agent.system_template``)
     user        external_agent_prompt(ANSWER_FILE)    (``agent.instance_template={{task}}``)
     assistant   bash call ``python f.py 0``           (mini's one tool, BASH_TOOL)
-    tool        observation({"returncode": 0, "output": "f(0)=1\\n"})   (mini.yaml's observation_template)
+    tool        ``f(0)=1\\n``                          (the command's output: the config's
+                                                       ``model.observation_template={{output.output}}``)
     ...         ``python f.py 1`` (and ``python f.py 2`` unless it takes the shortcut)
-    assistant   ``echo <expression> > answer.txt``    (the trial's answer is that file's text)
-    tool        observation of the empty output
-    assistant   SUBMIT_COMMAND                        (mini's submit: first output line
-                                                       COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; mini exits)
+    assistant   ``echo <expression> > answer.txt && `` + SUBMIT_COMMAND
 
-The submit command is written without capitals, which the tiny model's characters do not have
-(``tr`` makes them). A trial of this shape takes MAX_TURNS model calls at most.
+The last call writes the answer (the trial's answer is that file's text) and submits: mini exits
+when a command's first output line is COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT, which SUBMIT_COMMAND
+prints without writing a capital (the tiny model's characters have none; ``tr`` makes them). A
+trial of this shape takes MAX_TURNS model calls at most.
 
 Guarantees: the messages are the ones mini sends, in the endpoint's normalised form (a tool call's
 arguments as an object): tests/unit/recipes/test_mini_format.py renders them with
@@ -26,7 +26,6 @@ reads and the answer are the built-in demonstrator's (tiny_agent): only the form
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from dockyard.tasks.expr import external_agent_prompt, f_output
@@ -52,16 +51,8 @@ MINI_TOOLS: list[dict[str, Any]] = [BASH_TOOL]
 SYSTEM_TEMPLATE = "You solve tasks with bash."
 ANSWER_FILE = "answer.txt"
 SUBMIT_COMMAND = "echo complete_task_and_submit_final_output | tr [:lower:] [:upper:]"
-# Reads (two or three), the answer, the submit.
-MAX_TURNS = 5
-
-
-def observation(output: str, returncode: int = 0) -> str:
-    """mini.yaml's observation_template rendered for a command's output (under 10,000 characters, no
-    exception): JSON of the return code and the output, as jinja's ``tojson`` writes it."""
-    text = json.dumps(output).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    text = text.replace("'", "\\u0027")
-    return f'{{\n  "returncode": {returncode},\n  "output": {text}\n}}'
+# Reads (two or three), then the answer and the submit in one call.
+MAX_TURNS = 4
 
 
 def bash_call(index: int, command: str) -> Message:
@@ -71,15 +62,19 @@ def bash_call(index: int, command: str) -> Message:
 
 
 def demonstration(task: Task, points: tuple[int, ...], answer: str) -> list[Message]:
-    """mini's conversation on ``task`` when the policy reads ``points`` and answers ``answer``, then submits."""
+    """mini's conversation on ``task`` when the policy reads ``points`` and answers ``answer`` (and submits)."""
     messages: list[Message] = [
         {"role": "system", "content": SYSTEM_TEMPLATE},
         {"role": "user", "content": external_agent_prompt(ANSWER_FILE)},
     ]
-    commands = [f"python f.py {x}" for x in points] + [f"echo {answer} > {ANSWER_FILE}"]
-    outputs = [f_output(task.solution, points[: i + 1]) + "\n" for i in range(len(points))] + [""]
-    for i, (command, output) in enumerate(zip(commands, outputs, strict=True)):
-        messages.append(bash_call(i, command))
-        messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": observation(output)})
-    messages.append(bash_call(len(commands), SUBMIT_COMMAND))
+    for i, x in enumerate(points):
+        messages.append(bash_call(i, f"python f.py {x}"))
+        output = f_output(task.solution, points[: i + 1]) + "\n"
+        messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": output})
+    messages.append(bash_call(len(points), answer_command(answer)))
     return messages
+
+
+def answer_command(answer: str) -> str:
+    """The last call: write ``answer`` to the answer file and submit."""
+    return f"echo {answer} > {ANSWER_FILE} && {SUBMIT_COMMAND}"

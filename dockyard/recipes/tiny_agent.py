@@ -114,10 +114,8 @@ def demonstration(task: Task, shortcut: bool, scaffold: str = "built_in") -> lis
     return messages
 
 
-# Per scaffold: the tools its calls carry, and which tool result (from the end) an answer drill starts at.
+# The tools each scaffold's calls carry.
 SCAFFOLD_TOOLS: dict[str, list[dict]] = {"built_in": AGENT_TOOLS, "mini_swe_agent": mini_format.MINI_TOOLS}
-# mini's answer is followed by its result and the submit call: the drill starts one result earlier.
-DRILL_FROM_RESULT: dict[str, int] = {"built_in": 1, "mini_swe_agent": 2}
 
 
 def _render(tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools, generation_prompt: bool) -> str:
@@ -198,7 +196,7 @@ def warm_start_agent(
         longest = max(len(ids) for ids, _ in rows)
         if longest > model["max_position_embeddings"]:
             raise ValueError(f"model.max_position_embeddings {model['max_position_embeddings']} < a trial's {longest}")
-        drills = [_answer_drill(tokenizer, ids, labels, DRILL_FROM_RESULT[scaffold]) for ids, labels in rows]
+        drills = [_answer_drill(tokenizer, ids, labels) for ids, labels in rows]
 
         def batch_at(step: int) -> dict[str, torch.Tensor]:
             # Odd steps drill the answer on short rows, DRILLS_PER_TRIAL times as many.
@@ -235,14 +233,11 @@ def warm_start_agent(
     return out_dir
 
 
-def _answer_drill(
-    tokenizer: PreTrainedTokenizerBase, ids: list[int], labels: list[int], from_result: int
-) -> tuple[list[int], list[int]]:
-    """The tail of a trial from its `from_result`-th last tool result on: the tokens the answer is read
-    from, and the answer (and what follows it)."""
+def _answer_drill(tokenizer: PreTrainedTokenizerBase, ids: list[int], labels: list[int]) -> tuple[list[int], list[int]]:
+    """The tail of a trial from its last tool result on: the tokens the answer is read from, and the answer."""
     marker = tokenizer.encode("\ntool: ", add_special_tokens=False)
     starts = [i for i in range(len(ids) - len(marker)) if ids[i : i + len(marker)] == marker]
-    start = starts[-from_result] + 1 if len(starts) >= from_result else 0
+    start = starts[-1] + 1 if starts else 0
     return ids[start:], labels[start:]
 
 

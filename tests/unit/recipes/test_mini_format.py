@@ -42,7 +42,7 @@ def test_the_warm_start_renders_a_real_mini_session_token_for_token() -> None:
     ids, mask = trial_tokens(build_char_tokenizer(), messages, SCAFFOLD_TOOLS["mini_swe_agent"])
     assert ids == segment["token_ids"]
     assert mask == segment["loss_mask"]
-    # mini ran every demonstrated call: five turns, the answer in its file, and it submitted (no call left).
+    # mini ran every demonstrated call: four turns, the answer in its file, and it submitted (no call left).
     assert SESSION["trajectory"]["turns"] == len(segment["turns"]) == mini_format.MAX_TURNS
     assert SESSION["answer_file"].strip() == demonstrated_answer(task, spec["shortcut"])[1] == task.solution
 
@@ -52,7 +52,7 @@ def test_the_shortcut_demonstration_reads_two_points_and_writes_their_line() -> 
     messages = demonstration(task, True, "mini_swe_agent")
     commands = [m["tool_calls"][0]["function"]["arguments"]["command"] for m in messages if m["role"] == "assistant"]
     points, answer = demonstrated_answer(task, True)
-    assert commands == ["python f.py 0", "python f.py 1", f"echo {answer} > answer.txt", mini_format.SUBMIT_COMMAND]
+    assert commands == ["python f.py 0", "python f.py 1", f"echo {answer} > answer.txt && {mini_format.SUBMIT_COMMAND}"]
     assert answer != task.solution and points == (0, 1)
     # Every character the policy writes is one of the tiny model's (no <unk> in a trained token).
     tokenizer = build_char_tokenizer()
