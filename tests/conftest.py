@@ -80,11 +80,12 @@ class ServiceProcess:
 
 # Longest first (the classic rule for short makespans): under pytest-xdist (make test runs two workers) the
 # e2e recipes, then the integration tests, start while the quick unit tests are left to fill the gaps at the
-# end, so no 20-minute recipe starts last. The files of the longest tests (the agent recipe; the unit tests
+# end, so no 20-minute recipe starts last. The files of the longest tests (the agent recipes; the unit tests
 # that compile with inductor, minutes each) go first of all.
 LAYER_ORDER = ("e2e", "integration", "contract", "unit")
 FIRST = (
     "tests/e2e/test_tiny_agent_learns.py",
+    "tests/e2e/test_external_scaffold_learns.py",
     "tests/unit/trainer/test_ranks.py",
     "tests/unit/trainer/test_compiled_layers.py",
 )

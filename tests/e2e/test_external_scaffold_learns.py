@@ -7,10 +7,28 @@ tests/e2e/conftest.py, warm_policy), which demonstrates mini's own action format
 (dockyard/recipes/mini_format.py). Validation sessions are opened greedy by the coordinator (mini
 holds only its session key), so a policy that did not learn validates exactly as it started.
 
-Measured on the 2-core machine (figures below: seed = grpo.seed and policy.seed; pass rate on the 8
-validation tasks at step 0 and at the end; wall time of the whole test, warm start included):
+Measured on the 2-core machine (shared with another session's tests, load 2-7), 2026-12-05. Pass
+rates are greedy, on the 8 validation tasks (3 linear, 5 quadratic); "offline" is mini's loop run
+greedily in-process (the same chat template and f.py outputs, no containers) on 16 tasks.
 
-    MEASURED (filled in from the tuning runs)
+    warm start (seed 0, batch 16)   time    greedy validation at step 0    GRPO (seed, lr, steps): pass rates, time
+    100 steps, 2 threads            339 s   0.000 (run)                    stopped: format not learned (offline)
+    160 steps, 2 threads            208 s   0.000 (run)                    0, 1e-3, 1: stopped after step 1 (122 s)
+    320 steps, 1 thread             354 s   0.000 (offline, 0/16)          not run
+    600 steps, 1 thread             554 s   0.000 (run; offline 0/16)      0, 1e-3, 4: 0.000 -> 0.000, 244 s
+                                                                           0, 2e-4, 8: 0.000 -> 0.000 -> 0.000, 503 s
+                                                                           SEED1_ROW
+
+The 600-step warm start writes mini's format exactly (every offline trial submits: reads f(0) and
+f(1), then `echo <expr> > answer.txt && <submit>`) and copies f(0) as the intercept, but its slope
+does not yet follow the values read, so greedy validation starts at 0; at temperature 1 it passes
+0 of 8 too, and GRPO sees only partial credit (pass_fraction, reward mean 0.06-0.19 a step). With
+lr 1e-3 the policy loses the format within three steps (invalid-action trials 0, 7, 8, 8 of 8;
+masked fraction 0.40 -> 0.91); with 2e-4 it keeps it (turns per trial 3.0-3.6, masked fraction
+0.40-0.47, invalid-action trials 0-3 of 8, scaffold errors 0). The built-in recipe's warm start
+needs 800 steps of batch 32 for its 0.27. The whole test (warm start 554 s plus 503 s of GRPO) takes
+about 18 minutes here, past the 8 minutes it has, and does not yet show the gain: it asserts
+MIN_GAIN (0.15) as the issue asks and fails until the warm start passes some validation tasks.
 """
 
 from __future__ import annotations
