@@ -17,7 +17,7 @@ greedily in-process (the same chat template and f.py outputs, no containers) on 
     320 steps, 1 thread             354 s   0.000 (offline, 0/16)          not run
     600 steps, 1 thread             554 s   0.000 (run; offline 0/16)      0, 1e-3, 4: 0.000 -> 0.000, 244 s
                                                                            0, 2e-4, 8: 0.000 -> 0.000 -> 0.000, 503 s
-                                                                           SEED1_ROW
+                                                                           1, 2e-4, 4: 0.000 -> 0.000, 378 s
 
 The 600-step warm start writes mini's format exactly (every offline trial submits: reads f(0) and
 f(1), then `echo <expr> > answer.txt && <submit>`) and copies f(0) as the intercept, but its slope
