@@ -29,6 +29,8 @@ def prepare(cfg) -> None:
 
     boot = policy.bootstrap
     build = warm_start_agent if boot.recipe == "tiny_agent" else warm_start
+    # Only the agent warm start has a scaffold's format to demonstrate.
+    extra = {"scaffold": boot.scaffold} if boot.recipe == "tiny_agent" else {}
     with Progress(
         TextColumn("warm start"),
         BarColumn(),
@@ -45,6 +47,7 @@ def prepare(cfg) -> None:
             seed=boot.seed,
             num_threads=boot.num_threads,
             shortcut_rate=boot.shortcut_rate,
+            **extra,
             progress=lambda step, loss: bar.update(task, completed=step, loss=f"{loss:.3f}"),
         )
     print(f"policy written to {out}")
@@ -59,7 +62,10 @@ def bootstrap_differences(folder: Path, policy) -> str:
     except (OSError, ValueError):
         return ""
     boot = policy.bootstrap
-    wanted = {name: getattr(boot, name) for name in ("recipe", "steps", "lr", "batch_size", "seed", "shortcut_rate")}
+    wanted = {
+        name: getattr(boot, name)
+        for name in ("recipe", "steps", "lr", "batch_size", "seed", "shortcut_rate", "scaffold")
+    }
     wanted |= {f"model.{k}": v for k, v in (policy.model or {}).items()}
     built = {**meta, **{f"model.{k}": v for k, v in (meta.get("model") or {}).items()}}
     return ", ".join(

@@ -82,6 +82,15 @@ class BootstrapConfig(Section):
             "the reference: an imperfect demonstrator that GRPO must learn to beat."
         ),
     )
+    scaffold: Literal["built_in", "mini_swe_agent"] = Field(
+        "built_in",
+        description=(
+            "Whose action format the `tiny_agent` warm start demonstrates: `built_in` (the built-in "
+            "scaffold's tool `f` and its answer) or `mini_swe_agent` (mini-swe-agent 2.4.6's bash calls, "
+            "the answer written to answer.txt, its submit command), token for token as the endpoint "
+            "records that scaffold's sessions."
+        ),
+    )
 
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

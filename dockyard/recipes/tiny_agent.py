@@ -54,6 +54,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from dockyard.models.build import DEFAULT_MODEL
+from dockyard.recipes import mini_format
 from dockyard.recipes.tiny_expr import (
     check_settings,
     fit,
@@ -89,21 +90,32 @@ def call_message(index: int, name: str, arguments: dict[str, Any]) -> Message:
     return {"role": "assistant", "content": "", "tool_calls": [call]}
 
 
-def demonstration(task: Task, shortcut: bool) -> list[Message]:
-    """The demonstrator's trial on ``task``: reads of ``f`` and their results, then the answer as text."""
-    points = SHORTCUT_POINTS if shortcut else FULL_POINTS
+def demonstrated_answer(task: Task, shortcut: bool) -> tuple[tuple[int, ...], str]:
+    """The demonstrator's reads of ``f`` on ``task`` and its answer: the line through f(0) and f(1)
+    with ``shortcut``, else the reference after a third read."""
+    if not shortcut:
+        return FULL_POINTS, task.solution
+    y0, y1 = (int(v) for v in _VALUE.findall(f_output(task.solution, SHORTCUT_POINTS)))
+    return SHORTCUT_POINTS, line_expression(y1 - y0, y0)
+
+
+def demonstration(task: Task, shortcut: bool, scaffold: str = "built_in") -> list[Message]:
+    """The demonstrator's trial on ``task`` in ``scaffold``'s format: the built-in loop's (reads of the
+    tool ``f`` and their results, then the answer as text) or mini-swe-agent's (mini_format)."""
+    points, answer = demonstrated_answer(task, shortcut)
+    if scaffold == "mini_swe_agent":
+        return mini_format.demonstration(task, points, answer)
     messages: list[Message] = [{"role": "user", "content": task.prompt}]
     for i, x in enumerate(points):
         messages.append(call_message(i, "f", {"x": x}))
         content = f_output(task.solution, points[: i + 1])
         messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": content})
-    if shortcut:
-        y0, y1 = (int(_VALUE.findall(messages[-1]["content"])[k]) for k in (0, 1))
-        answer = line_expression(y1 - y0, y0)
-    else:
-        answer = task.solution
     messages.append({"role": "assistant", "content": f"{ANSWER_PREFIX}{answer}"})
     return messages
+
+
+# The tools each scaffold's calls carry.
+SCAFFOLD_TOOLS: dict[str, list[dict]] = {"built_in": AGENT_TOOLS, "mini_swe_agent": mini_format.MINI_TOOLS}
 
 
 def _render(tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools, generation_prompt: bool) -> str:
@@ -168,15 +180,19 @@ def warm_start_agent(
     num_threads: int | None = None,
     progress: Callable[[int, float], None] | None = None,
     shortcut_rate: float = SHORTCUT_RATE,
+    scaffold: str = "built_in",
 ) -> Path:
-    """Train the agent warm start on demonstrated trials and write it to ``out_dir``; returns ``out_dir``."""
+    """Train the agent warm start on demonstrated trials in ``scaffold``'s format (``built_in`` or
+    ``mini_swe_agent``) and write it to ``out_dir``; returns ``out_dir``."""
     check_settings(steps, batch_size, shortcut_rate)
+    if scaffold not in SCAFFOLD_TOOLS:
+        raise ValueError(f"scaffold must be one of {sorted(SCAFFOLD_TOOLS)}, got {scaffold!r}")
     out_dir = Path(out_dir)
     model = {**AGENT_MODEL, **model}
     with torch_threads(num_threads):
         started = time.monotonic()
         policy, tokenizer = new_policy(model, seed)
-        rows = _demonstrated_rows(tokenizer, (steps + 1) // 2 * batch_size, seed, shortcut_rate)
+        rows = _demonstrated_rows(tokenizer, (steps + 1) // 2 * batch_size, seed, shortcut_rate, scaffold)
         longest = max(len(ids) for ids, _ in rows)
         if longest > model["max_position_embeddings"]:
             raise ValueError(f"model.max_position_embeddings {model['max_position_embeddings']} < a trial's {longest}")
@@ -206,6 +222,7 @@ def warm_start_agent(
         "batch_size": batch_size,
         "seed": seed,
         "shortcut_rate": shortcut_rate,
+        "scaffold": scaffold,
         "num_threads": num_threads,
         "longest_trial_tokens": longest,
         "first_loss": losses[0],
@@ -225,7 +242,7 @@ def _answer_drill(tokenizer: PreTrainedTokenizerBase, ids: list[int], labels: li
 
 
 def _demonstrated_rows(
-    tokenizer: PreTrainedTokenizerBase, n: int, seed: int, shortcut_rate: float
+    tokenizer: PreTrainedTokenizerBase, n: int, seed: int, shortcut_rate: float, scaffold: str
 ) -> list[tuple[list[int], list[int]]]:
     """``(ids, labels)`` of ``n`` demonstrated training trials, in a seeded order."""
     tasks = make_agent_tasks("train", n, seed=seed)
@@ -237,7 +254,7 @@ def _demonstrated_rows(
     for task in tasks:
         key = (task.solution, rng.random() < shortcut_rate)
         if key not in cache:
-            ids, mask = trial_tokens(tokenizer, demonstration(task, key[1]), AGENT_TOOLS)
+            ids, mask = trial_tokens(tokenizer, demonstration(task, key[1], scaffold), SCAFFOLD_TOOLS[scaffold])
             cache[key] = (ids, [i if m else -100 for i, m in zip(ids, mask, strict=True)])
         rows.append(cache[key])
     return rows

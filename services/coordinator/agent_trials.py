@@ -44,7 +44,15 @@ import httpx
 import openai
 import structlog
 
-from dockyard.agents.contract import SESSION_HEADER, SESSION_ID_CHARS, SessionOpened, SessionStatus, TrajectoryDocument
+from dockyard.agents.contract import (
+    SAMPLING_GREEDY,
+    SAMPLING_HEADER,
+    SESSION_HEADER,
+    SESSION_ID_CHARS,
+    SessionOpened,
+    SessionStatus,
+    TrajectoryDocument,
+)
 from dockyard.agents.external import SCAFFOLD_ERROR_PREFIX, ScaffoldRun, run_external, scaffold_name
 from dockyard.agents.scaffold import Budget, Outcome, TrialLost, TrialRefused, run_scaffold
 from dockyard.agents.session import SandboxSession
@@ -188,7 +196,9 @@ class AgentTrials:
             api_key = ""
             if self.config.env.scaffold is not None:
                 # An unchanged client sends no session header: the session's own key binds its calls.
-                session_id, api_key = await self._new_endpoint_session()
+                # A validation trial's session is opened greedy: the scaffold holds only the key and
+                # cannot ask for (or undo) greedy decoding itself; training sessions keep the job's law.
+                session_id, api_key = await self._new_endpoint_session(greedy=sampling.temperature == 0)
             opened = await self._open(task, session_id)
             if isinstance(opened, str):
                 await self._forget(session_id)
@@ -294,11 +304,13 @@ class AgentTrials:
         )
         return run
 
-    async def _new_endpoint_session(self) -> tuple[str, str]:
-        """(session id, its key) from POST /v1/sessions; TrialLost when the endpoint cannot open one."""
+    async def _new_endpoint_session(self, greedy: bool) -> tuple[str, str]:
+        """(session id, its key) from POST /v1/sessions, greedy for all its turns when `greedy`; TrialLost
+        when the endpoint cannot open one."""
         http, _ = self._clients()
+        headers = {"authorization": f"Bearer {self._token}", **({SAMPLING_HEADER: SAMPLING_GREEDY} if greedy else {})}
         try:
-            reply = await http.post(f"{self._base}/v1/sessions", headers={"authorization": f"Bearer {self._token}"})
+            reply = await http.post(f"{self._base}/v1/sessions", headers=headers)
         except httpx.HTTPError as exc:
             raise TrialLost(f"opening an endpoint session: {exc}") from exc
         if reply.status_code != 200:

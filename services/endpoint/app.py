@@ -25,10 +25,12 @@ key whose session is not open is a 404. Calls of one session run
 one at a time. Every completion samples under the job's `policy.generation` temperature, top_p and
 top_k, whatever the client sent, and its reply's `X-Dockyard-Sampling` header says which; only the
 service token may ask for greedy decoding (`X-Dockyard-Sampling: greedy`, validation), a session
-key that asks is a 403. Image parts pass the job's multimodal gate (dockyard/images.py) before any replica
-is asked: off, over its limits or unreadable is a 400 naming the key or the numbers; a turn with
-images is rendered afresh as its own segment, and the ids the rollout reports (image tokens
-included) are what the trajectory records. Errors are JSON `{"type": "error", "error": {"type", "message"}}`
+key that asks is a 403; a session the token opens with that header (POST /v1/sessions) is greedy
+for all its turns, so an external scaffold holding only its key validates greedily. Image parts
+pass the job's multimodal gate (dockyard/images.py) before any replica is asked: off, over its
+limits or unreadable is a 400 naming the key or the numbers; a turn with images is rendered afresh
+as its own segment, and the ids the rollout reports (image tokens included) are what the trajectory
+records. Errors are JSON `{"type": "error", "error": {"type", "message", "param", "code"}}`
 (readable by both official clients): malformed JSON 400, a body that does not
 fit the schema 422 naming the field, a body over max_body_bytes 413, unknown
 model 404, too many sessions or turns 429, a new session refused admission 503
@@ -256,7 +258,9 @@ def create_app(settings: EndpointSettings, token: str, backend: Backend | None =
     @app.post("/v1/sessions")
     async def new_session(request: Request):
         session_id, api_key = gate.open_session(request)
-        store.open(session_id)  # held from now on: its key's calls find it (SessionLimit when full)
+        # Held from now on: its key's calls find it (SessionLimit when full). Opened greedy (a validation
+        # trial's), every turn of it is greedy, whatever its key's calls send.
+        store.open(session_id, greedy=greedy(request))
         return SessionOpened(session_id=session_id, api_key=api_key).to_json()
 
     @app.get("/v1/sessions/{session_id}/trajectory")

@@ -32,6 +32,9 @@ Guarantees:
   (SessionLimit). A session takes at most `max_turns` turns (SessionLimit). A session that is not
   held is created only when the caller may open one (`open(create=True)`: the service token's
   calls); otherwise it is UnknownSession, so a deleted or idle-dropped session's key revives nothing.
+- A session's sampling law is fixed when it opens: a greedy session (opened greedy by the service
+  token, for validation) decodes every turn greedily; any other samples under the job's law. Nothing
+  a later request sends changes it.
 """
 
 from __future__ import annotations
@@ -137,9 +140,11 @@ class Plan:
 
 
 class Session:
-    def __init__(self, session_id: str, max_turns: int, now: float) -> None:
+    def __init__(self, session_id: str, max_turns: int, now: float, greedy: bool = False) -> None:
         self.id = session_id
         self.max_turns = max_turns
+        # Fixed when the session opens (a validation trial's, by the service token): every turn is greedy.
+        self.greedy = greedy
         self.segments: list[Segment] = []
         self.splits: Counter[str] = Counter()
         self.turns = 0
@@ -320,9 +325,10 @@ class SessionStore:
     def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
 
-    def open(self, session_id: str, create: bool = True) -> Session:
-        """The session, its idle clock reset; when new, created (SessionLimit when the store is full), or
-        with create=False refused (UnknownSession): a key's session is never made anew."""
+    def open(self, session_id: str, create: bool = True, greedy: bool = False) -> Session:
+        """The session, its idle clock reset; when new, created (SessionLimit when the store is full;
+        `greedy`: all its turns decode greedily, for good), or with create=False refused
+        (UnknownSession): a key's session is never made anew."""
         session = self._sessions.get(session_id)
         if session is None and not create:
             raise UnknownSession(
@@ -333,7 +339,7 @@ class SessionStore:
                 self.expire()
             if len(self._sessions) >= self.max_sessions:
                 raise SessionLimit(f"{self.max_sessions} sessions are open; end one (DELETE /v1/sessions/{{id}})")
-            session = self._sessions[session_id] = Session(session_id, self.max_turns, self._clock())
+            session = self._sessions[session_id] = Session(session_id, self.max_turns, self._clock(), greedy)
         session.last_used = self._clock()
         return session
 

@@ -10,7 +10,9 @@ a turn is recorded only from a finished reply, so a failed call leaves the sessi
 session that already took a turn and loses its replica with none left ends (later calls are
 SessionEnded) and leaves the router; a call without a session is served by a one-off session the
 store never holds, so it is not recorded anywhere. Every turn samples under the job's law
-(turn_sampling, the one home of that rule), whatever the client asked, and the reply says which.
+(turn_sampling, the one home of that rule), whatever the client asked, and the reply says which;
+a session opened greedy (POST /v1/sessions with the service token's greedy header: a validation
+trial's) has every turn greedy, whoever makes the call.
 """
 
 from __future__ import annotations
@@ -78,11 +80,12 @@ async def take_turn(
     greedy: bool = False,
 ) -> Served:
     """Serve one call of `session_id` (None: not recorded) with the job `model_id`'s current policy, under
-    the job's sampling law (greedy: a validation call's); a session not held is opened only with `create`
-    (else UnknownSession)."""
+    the job's sampling law (greedy: a validation call's, or the session was opened greedy); a session not
+    held is opened only with `create` (else UnknownSession)."""
     job = await backend.model(model_id)
-    law = turn_sampling(job, greedy)
-    session = store.open(session_id, create) if session_id else Session("", store.max_turns, 0.0)
+    session = store.open(session_id, create, greedy) if session_id else Session("", store.max_turns, 0.0)
+    # A session opened greedy (validation) stays greedy whoever calls: a scaffold's key cannot undo it.
+    law = turn_sampling(job, greedy or session.greedy)
     images = None
     if chat.images:  # the job's multimodal gate, before any replica is asked
         try:

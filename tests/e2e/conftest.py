@@ -1,5 +1,5 @@
 """What the end-to-end recipe runs share: warm-started policy folders, made once and kept, and
-`run_tiny_recipe`, which runs the shipped tiny recipe as `make run` does.
+`run_recipe`, which runs a shipped recipe as `make run` does.
 
 `dockyard run` warm-starts the recipe's policy only when `policy.model_name` does not exist yet
 and never writes to it afterwards (checkpoints go to the run folder), so every recipe run that
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -66,30 +67,45 @@ def warm_policy(config: str) -> Path:
 
 
 @pytest.fixture(scope="session")
+def scaffold_image(docker_sandbox_image: str) -> str:
+    """The external recipe's session image (the sandbox image plus its scaffold package), built from the
+    wheelhouse (--network none) as the sandbox would build it on the first trial; built here so a job's
+    first trial does not wait."""
+    import docker
+    import yaml
+
+    from services.sandbox.images import ensure_env_image
+
+    config = REPO_ROOT / "examples" / "configs" / "tiny_agent_external.yaml"
+    package = yaml.safe_load(config.read_text())["env"]["scaffold"]["package"]
+    return ensure_env_image(docker.from_env(timeout=900), docker_sandbox_image, [package])
+
+
+@pytest.fixture(scope="session")
 def tiny_policy_folder() -> Path:
     return warm_policy("examples/configs/tiny_expr.yaml")
 
 
-def run_tiny_recipe(tmp_path: Path, model: Path, *overrides: str, timeout: float) -> list[dict]:
-    """`dockyard run --prepare` of examples/configs/tiny_expr.yaml with `overrides`, its outputs under
-    `tmp_path`; asserts it SUCCEEDED and gives its metrics.jsonl records."""
+def run_recipe(
+    config: str, tmp_path: Path, model: Path, *overrides: str, timeout: float, env: dict[str, str] | None = None
+) -> list[dict]:
+    """`dockyard run --prepare config` with `overrides` (and `env` added to the environment), its outputs
+    under `tmp_path`; asserts it SUCCEEDED and gives its metrics.jsonl records."""
     runs = tmp_path / "runs"
     result = subprocess.run(
-        [
-            str(DOCKYARD),
-            "run",
-            "--prepare",
-            "examples/configs/tiny_expr.yaml",
-            f"policy.model_name={model}",
-            f"logger.log_dir={runs}",
-            *overrides,
-        ],
+        [str(DOCKYARD), "run", "--prepare", config, f"policy.model_name={model}", f"logger.log_dir={runs}", *overrides],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
         stdin=subprocess.DEVNULL,
+        env={**os.environ, **env} if env else None,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     [run_dir] = [p for p in runs.iterdir() if p.name != "logs"]
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_tiny_recipe(tmp_path: Path, model: Path, *overrides: str, timeout: float) -> list[dict]:
+    """examples/configs/tiny_expr.yaml through run_recipe."""
+    return run_recipe("examples/configs/tiny_expr.yaml", tmp_path, model, *overrides, timeout=timeout)

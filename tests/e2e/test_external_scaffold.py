@@ -49,18 +49,6 @@ def client_temperature_config(folder: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def scaffold_image(docker_sandbox_image: str) -> str:
-    """The session image with the config's package, built from the wheelhouse (--network none) as the
-    sandbox would build it on the first trial; built here so the job's first trial does not wait."""
-    import docker
-
-    from services.sandbox.images import ensure_env_image
-
-    package = yaml.safe_load(CONFIG.read_text())["env"]["scaffold"]["package"]
-    return ensure_env_image(docker.from_env(timeout=900), docker_sandbox_image, [package])
-
-
 def test_an_unchanged_pypi_scaffold_runs_trials_that_are_scored_and_trained(tmp_path: Path, scaffold_image) -> None:
     runs = tmp_path / "runs"
     seconds = 300  # a Python agent starting on a busy 2-core machine (litellm's import alone takes seconds)

@@ -20,6 +20,7 @@ import grpc
 import httpx
 import pytest
 
+from dockyard.agents.contract import SAMPLING_GREEDY, SAMPLING_HEADER
 from dockyard.agents.external import SCAFFOLD_ERROR_PREFIX, TAIL_CHARS, is_scaffold_error
 from dockyard.agents.scaffold import TrialLost
 from dockyard.api.common.v1 import common_pb2
@@ -110,10 +111,12 @@ class FakeEndpoint:
         self.called: set[str] = set()
         self.opened = 0
         self.lost = lost
+        self.sampling: list[str | None] = []  # each POST /v1/sessions' X-Dockyard-Sampling header
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         if request.method == "POST" and path == "/v1/sessions":
+            self.sampling.append(request.headers.get(SAMPLING_HEADER))
             self.opened += 1
             session = f"s{self.opened}"
             return httpx.Response(200, json={"session_id": session, "api_key": f"dys-{session}-sig"})
@@ -255,6 +258,20 @@ async def test_a_scaffold_that_ran_and_called_the_model_is_a_scored_trial() -> N
     assert not is_scaffold_error(t) and t.verdict.status == common_pb2.VERDICT_STATUS_PASSED
     assert list(t.completion_loss_mask) == [1, 1] and t.completion_text == "f(x)=x+1"
     assert trials.scaffold_errors.total == 0 and trial.scaffold_error == ""
+
+
+async def test_a_validation_trial_opens_a_greedy_session_and_a_training_trial_does_not() -> None:
+    """The scaffold holds only its key: the coordinator fixes the session's law when it opens it."""
+    config, trials, fleet = setup([Ends(answer=b"x+1")], "env.scaffold.answer_file=answer.txt")
+    endpoint = fleet.members("sandbox")[0].stub.endpoint
+    task = load_tasks(config, "train")[0]
+    greedy = config.policy.generation.model_copy(update={"temperature": 0.0})
+    try:
+        await trials.group(task, "job/g0", 0, 1, config.policy.generation)
+        await trials.validation_trial(task, "job/val/0", greedy)
+    finally:
+        await trials.close()
+    assert endpoint.sampling == [None, SAMPLING_GREEDY]
 
 
 async def test_the_output_tail_is_the_end_of_stderr_and_stdout_stands_in_when_stderr_is_empty() -> None:

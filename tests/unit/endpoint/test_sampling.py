@@ -6,6 +6,7 @@ clients against the endpoint app (with the scripted backend of test_app.py, whic
 SamplingParams each Generate got): a job at temperature 0.8, top_p 0.9, top_k 5 and a client that
 sends 0.3 / 0.5 / 2 (top level, in `extra_body`, streamed) samples at the job's values, and each reply
 says so in its X-Dockyard-Sampling header. Greedy decoding is the service token's (validation) only.
+A session the token opens greedy (an external scaffold's validation trial) is greedy for all its turns.
 """
 
 from __future__ import annotations
@@ -150,3 +151,28 @@ async def test_the_built_in_scaffold_samples_under_the_same_law(app, backend, tr
     )
     assert outcome.finish_reason == "answer"
     assert backend.law() == (expected, 0.9, 5)
+
+
+async def test_a_validation_session_is_greedy_for_its_key_and_a_training_session_is_not(app, backend) -> None:
+    """An external scaffold holds only its session key, so the coordinator opens a validation trial's
+    session greedy (the service token's header on POST /v1/sessions): every call the key makes is greedy,
+    whatever it sends; a training session's calls sample at the job's law; a key cannot open either."""
+    greedy = await oa(app).post("/sessions", cast_to=object, body={}, options={"headers": {SAMPLING_HEADER: "greedy"}})
+    training = await oa(app).post("/sessions", cast_to=object, body={})
+    for sent in ({}, {"temperature": 1.0}, {"extra_body": {"temperature": 0.7, "top_k": 0}}):
+        raw = await oa(app, greedy["api_key"]).chat.completions.with_raw_response.create(
+            model="job-1", messages=MESSAGES, **sent
+        )
+        assert backend.law() == (0.0, 0.9, 5) and raw.headers[SAMPLING_HEADER] == "temperature=0 top_p=0.9 top_k=5"
+        raw = await oa(app, training["api_key"]).chat.completions.with_raw_response.create(
+            model="job-1", messages=MESSAGES, temperature=0.0, **{k: v for k, v in sent.items() if k != "temperature"}
+        )
+        assert backend.law() == (0.8, 0.9, 5) and raw.headers[SAMPLING_HEADER] == HEADER
+    # The greedy session's Anthropic calls too; and a key may neither open a session nor ask for greedy.
+    await an(app, greedy["api_key"]).messages.create(
+        model="job-1", max_tokens=4, messages=MESSAGES, extra_body={"temperature": 1.0}
+    )
+    assert backend.law() == (0.0, 0.9, 5)
+    for headers in ({SAMPLING_HEADER: "greedy"}, {}):
+        with pytest.raises(openai.PermissionDeniedError):
+            await oa(app, training["api_key"]).post("/sessions", cast_to=object, body={}, options={"headers": headers})
