@@ -54,17 +54,18 @@ from services.sandbox.docker_container import (
     owner_is_dead,
     send_work_folder,
 )
-from services.sandbox.endpoint_route import ROUTED_PID1_SOURCE, EndpointRoute, endpoint_url
+from services.sandbox.endpoint_route import READY, ROUTED_PID1_SOURCE, EndpointRoute, endpoint_url
 from services.sandbox.staging import Capped, checked_files, remove_tree, stage_files
 
 log = structlog.get_logger()
 
-READY = b"dockyard-session-ready"
-# PID 1 of the container: reap orphans, nothing else; SIGTERM (docker stop) ends it.
-REAPER_SOURCE = r"""
+# PID 1 of the container: reap orphans, nothing else; SIGTERM (docker stop) ends it. It says READY
+# once its signals are set up (a routed session's PID 1 once its route listens: endpoint_route.py).
+REAPER_SOURCE = rf"""
 import os, signal
-signals = {signal.SIGCHLD, signal.SIGTERM}
+signals = {{signal.SIGCHLD, signal.SIGTERM}}
 signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+os.write(1, b"{READY.decode()}\n")
 while True:
     if signal.sigwait(signals) == signal.SIGTERM:
         os._exit(0)
@@ -74,7 +75,7 @@ while True:
     except ChildProcessError:
         pass
 """
-OPEN_COMMAND = f'tar -x -f - && echo {READY.decode()} && exec python3 -I -S -c "$0"'
+OPEN_COMMAND = 'tar -x -f - && exec python3 -I -S -c "$0"'
 # After the command: every process but PID 1 (and this shell) ends, so none outlives its command.
 EXEC_WRAPPER = '"$@"; rc=$?; kill -9 -1 2>/dev/null; exit $rc'
 KILL_ALL = ["sh", "-c", "kill -9 -1 2>/dev/null; true"]

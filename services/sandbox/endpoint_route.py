@@ -34,8 +34,11 @@ ENDPOINT_PORT = 8080  # on the container's own loopback
 MAX_CONNECTIONS = 16
 CHUNK = 64 * 1024
 
+# What PID 1 of a session's container writes once the session may run commands.
+READY = b"dockyard-session-ready"
 # PID 1 of a routed session: reap orphans (as docker_sessions.REAPER_SOURCE) and forward
 # 127.0.0.1:PORT to the socket. `kill -9 -1` after each command spares PID 1, so the route stays.
+# It says READY only once it listens: a scaffold's first connection never meets a closed port.
 ROUTED_PID1_SOURCE = rf"""
 import asyncio, os, signal
 async def pipe(reader, writer):
@@ -66,6 +69,7 @@ async def main():
     loop.add_signal_handler(signal.SIGCHLD, reap)
     loop.add_signal_handler(signal.SIGTERM, done.set_result, None)
     await asyncio.start_server(serve, "127.0.0.1", {ENDPOINT_PORT})
+    os.write(1, b"{READY.decode()}\n")
     await done
 asyncio.run(main())
 """

@@ -24,6 +24,7 @@ import os
 import re
 import secrets
 import tempfile
+import threading
 from pathlib import Path
 
 import structlog
@@ -45,14 +46,18 @@ class WorkFolders:
         self._parent = Path(work_root or tempfile.gettempdir())
         self._token = secrets.token_hex(8)
         self._owner_file = self._parent / f"{PREFIX}{self._token}{OWNER_SUFFIX}"
+        # Calls make and close folders from several threads at once: the .owner file is written,
+        # checked and removed under this lock, so no folder is made while its owner file is going.
+        self._lock = threading.Lock()
 
     def make(self) -> str:
         """A fresh, empty work folder (0700); OSError when the root is unusable. Blocks (file system)."""
-        if not self._owner_file.exists():  # first: a folder never exists without its owner named
-            partial = self._owner_file.with_name(self._owner_file.name + ".partial")
-            partial.write_text(owner_label())
-            os.replace(partial, self._owner_file)
-        return tempfile.mkdtemp(prefix=f"{PREFIX}{self._token}-", dir=self._parent)
+        with self._lock:
+            if not self._owner_file.exists():  # first: a folder never exists without its owner named
+                partial = self._owner_file.with_name(self._owner_file.name + ".partial")
+                partial.write_text(owner_label())
+                os.replace(partial, self._owner_file)
+            return tempfile.mkdtemp(prefix=f"{PREFIX}{self._token}-", dir=self._parent)
 
     async def make_off_loop(self) -> str:
         """make() in a worker thread; a caller cancelled meanwhile leaves no folder behind."""
@@ -67,8 +72,9 @@ class WorkFolders:
 
     def close(self) -> None:
         """Forget the .owner file once no folder of this service is left (a left one stays reapable)."""
-        if not any(self._parent.glob(f"{PREFIX}{self._token}-*")):
-            self._owner_file.unlink(missing_ok=True)
+        with self._lock:
+            if not any(self._parent.glob(f"{PREFIX}{self._token}-*")):
+                self._owner_file.unlink(missing_ok=True)
 
 
 def reap_dead_work_folders(work_root: str | None) -> int:

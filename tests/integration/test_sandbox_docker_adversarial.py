@@ -278,7 +278,7 @@ def test_every_run_s_container_is_removed(sandbox):
         return await asyncio.gather(*(_call(sandbox.address, "Execute", request) for _ in range(4)))
 
     replies = asyncio.run(burst())
-    assert [r.verdict.stdout for r in replies] == ["ok\n"] * 4
+    assert [r.verdict.stdout for r in replies] == ["ok\n"] * 4, [str(r.verdict) for r in replies]
     assert our_containers(sandbox) == []
     assert sandbox.proc.poll() is None  # the service is still up
 

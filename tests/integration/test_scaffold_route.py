@@ -107,6 +107,19 @@ def test_the_only_route_is_the_endpoint(sandbox, endpoint):
     assert lines[7:] == ["no names", "read-only"], lines
 
 
+def test_the_route_listens_before_the_sessions_first_command(sandbox, endpoint):
+    # A scaffold may connect as its very first act (no import to wait on): the session opens only
+    # once PID 1's forwarder listens, so the connection never meets a closed port.
+    first_act = "python3 -I -S -c \"import socket; socket.create_connection(('127.0.0.1', 8080), timeout=5)\""
+
+    async def body(session: SandboxSession):
+        return await session.run(shell=first_act)
+
+    for _ in range(3):
+        result = asyncio.run(_with_session(sandbox.address, endpoint, body))
+        assert result.exit_code == 0, result
+
+
 def test_a_hostile_scaffold_is_contained(sandbox, endpoint):
     """It hangs (killed at the trial's seconds), prints 100 MB (clipped), tries the network (fails):
     each run ends with a finish reason, and the same session and service go on serving."""
