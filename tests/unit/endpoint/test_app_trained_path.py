@@ -12,7 +12,7 @@ import httpx
 from dockyard.agents.trajectory import trial_tokens
 from services.endpoint.app import create_app
 from services.endpoint.settings import EndpointSettings
-from tests.unit.endpoint.test_app import TOKEN, ScriptedBackend, oa
+from tests.unit.endpoint.scripted import TOKEN, ScriptedBackend, oa
 
 
 async def test_the_trajectory_trains_only_the_replies_the_scaffold_built_on() -> None:

@@ -22,7 +22,7 @@ from services.endpoint.app import create_app
 from services.endpoint.auth import session_key
 from services.endpoint.settings import EndpointSettings
 from tests.conftest import REPO_ROOT, free_port
-from tests.unit.endpoint.test_app import TOKEN, ScriptedBackend, an, oa
+from tests.unit.endpoint.scripted import TOKEN, ScriptedBackend, an, oa
 
 ONE = [{"role": "user", "content": "x"}]
 

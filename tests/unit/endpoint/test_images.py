@@ -13,9 +13,7 @@ from PIL import Image
 
 from dockyard.agents.contract import SESSION_HEADER
 from dockyard.images import ImageLimits
-from services.endpoint.app import create_app
-from services.endpoint.settings import EndpointSettings
-from tests.unit.endpoint.test_app import TOKEN, ScriptedBackend, an, oa
+from tests.unit.endpoint.scripted import TOKEN, an, oa
 
 
 def png_b64(size=(8, 6)) -> str:
@@ -30,16 +28,6 @@ def openai_image(data: str) -> dict:
 
 def anthropic_image(data: str) -> dict:
     return {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
-
-
-@pytest.fixture
-def backend() -> ScriptedBackend:
-    return ScriptedBackend()
-
-
-@pytest.fixture
-def app(backend):
-    return create_app(EndpointSettings(max_body_bytes=64 * 1024), TOKEN, backend)
 
 
 async def test_images_are_refused_while_the_gate_is_off(app, backend) -> None:

@@ -12,9 +12,7 @@ import openai
 import pytest
 
 from dockyard.agents.contract import SESSION_HEADER
-from services.endpoint.app import create_app
-from services.endpoint.settings import EndpointSettings
-from tests.unit.endpoint.test_app import CALL, TOKEN, ScriptedBackend
+from tests.unit.endpoint.scripted import CALL, TOKEN
 
 ADD = {
     "type": "function",
@@ -22,16 +20,6 @@ ADD = {
     "description": "add two integers",
     "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
 }
-
-
-@pytest.fixture
-def backend() -> ScriptedBackend:
-    return ScriptedBackend()
-
-
-@pytest.fixture
-def app(backend):
-    return create_app(EndpointSettings(max_body_bytes=64 * 1024), TOKEN, backend)
 
 
 def strict(app) -> openai.AsyncOpenAI:

@@ -18,9 +18,7 @@ import pytest
 from dockyard.agents.contract import SAMPLING_HEADER, SESSION_HEADER
 from dockyard.agents.scaffold import Budget, run_scaffold
 from dockyard.config import SamplingConfig
-from services.endpoint.app import create_app
-from services.endpoint.settings import EndpointSettings
-from tests.unit.endpoint.test_app import TOKEN, ScriptedBackend, an, oa
+from tests.unit.endpoint.scripted import ScriptedBackend, an, oa
 
 JOB = SamplingConfig(temperature=0.8, top_p=0.9, top_k=5)
 HEADER = "temperature=0.8 top_p=0.9 top_k=5"
@@ -47,11 +45,6 @@ class RecordingBackend(ScriptedBackend):
 @pytest.fixture
 def backend() -> RecordingBackend:
     return RecordingBackend()
-
-
-@pytest.fixture
-def app(backend):
-    return create_app(EndpointSettings(max_body_bytes=64 * 1024), TOKEN, backend)
 
 
 @pytest.mark.parametrize(

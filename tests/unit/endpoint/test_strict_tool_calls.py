@@ -21,10 +21,8 @@ from dockyard.agents.tools import Toolbox
 from dockyard.api.common.v1 import common_pb2
 from dockyard.config import GRPOConfig, SamplingConfig, ToolConfig
 from services.coordinator.rewards import shape_rewards
-from services.endpoint.app import create_app
-from services.endpoint.settings import EndpointSettings
 from tests.unit.agents.test_tools import RecordingSession
-from tests.unit.endpoint.test_app import TOKEN, ScriptedBackend, an, oa
+from tests.unit.endpoint.scripted import TOKEN, an, oa
 
 ADD = {
     "type": "object",
@@ -34,16 +32,6 @@ ADD = {
 }
 OA_TOOLS = [{"type": "function", "function": {"name": "add", "parameters": ADD}}]
 AN_TOOLS = [{"name": "add", "input_schema": ADD}]
-
-
-@pytest.fixture
-def backend() -> ScriptedBackend:
-    return ScriptedBackend()
-
-
-@pytest.fixture
-def app(backend):
-    return create_app(EndpointSettings(max_body_bytes=64 * 1024), TOKEN, backend)
 
 
 def call(body: dict) -> str:

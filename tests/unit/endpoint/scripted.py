@@ -1,0 +1,75 @@
+"""A scripted stand-in for the endpoint's backend, and clients bound to an app in process.
+
+ScriptedBackend serves one job ("job-1") on the character tokenizer; each call to `complete` answers with
+the next text of `script` (then "ok"), ending in eos, every token at logprob -0.25.
+"""
+
+from __future__ import annotations
+
+import anthropic
+import httpx
+import httpx2
+import openai
+
+from dockyard.api.rollout.v1 import rollout_pb2
+from dockyard.config import SamplingConfig
+from dockyard.models.tokenizer import build_char_tokenizer
+from services.endpoint.backend import Generated, JobModel, ReplicaLost, UnknownModel
+from services.endpoint.rendering import Renderer
+from services.endpoint.routing import Replica, Router
+
+TOKEN = "sekret"
+CALL = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+OA_TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
+AN_TOOLS = [{"name": "add", "input_schema": {"type": "object"}}]
+
+
+class ScriptedBackend:
+    def __init__(self) -> None:
+        self.model_ = JobModel("job-1", Renderer(build_char_tokenizer()), "hermes", 16, sampling=SamplingConfig())
+        self.script: list[str] = []
+        self.prompts: list[list[int]] = []
+        self.images: list = []  # what each call carried besides ids (Prompted), or None
+        self.lose = False
+        self.router = Router()
+
+    async def close(self) -> None: ...
+
+    async def running_jobs(self):
+        from dockyard.api.coordinator.v1 import coordinator_pb2
+
+        return [coordinator_pb2.Job(job_id="job-1", state=coordinator_pb2.JOB_STATE_RUNNING)]
+
+    async def model(self, job_id: str) -> JobModel:
+        if job_id != "job-1":
+            raise UnknownModel(f"model {job_id!r}: no such job")
+        return self.model_
+
+    async def complete(self, job_id, session, prompt_ids, n, sampling, images=None) -> Generated:
+        self.router.route(session, [Replica("rollout", "127.0.0.1:1")], len(prompt_ids))
+        if self.lose:
+            raise ReplicaLost("replica rollout failed mid-session: UNAVAILABLE")
+        self.prompts.append(list(prompt_ids))
+        self.images.append(images)
+        if images is not None:  # the rollout's processor would insert image tokens: 3 per image here
+            prompt_ids = [9] * (3 * len(images.images)) + list(prompt_ids)
+        renderer = self.model_.renderer
+        completions = []
+        for _ in range(n):
+            text = self.script.pop(0) if self.script else "ok"
+            ids = renderer.encode(text) + [renderer.eos_token_id]
+            completions.append(
+                rollout_pb2.Completion(token_ids=ids, logprobs=[-0.25] * len(ids), text=text, finish_reason="eos")
+            )
+        return Generated(list(prompt_ids), completions, 7, [7], "rollout")
+
+
+def oa(app, key: str = TOKEN) -> openai.AsyncOpenAI:
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://endpoint")
+    return openai.AsyncOpenAI(base_url="http://endpoint/v1", api_key=key, http_client=http, max_retries=0)
+
+
+def an(app, key: str = TOKEN) -> anthropic.AsyncAnthropic:
+    # This anthropic release is built on httpx2 (httpx's successor), openai on httpx.
+    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://endpoint")
+    return anthropic.AsyncAnthropic(base_url="http://endpoint", api_key=key, http_client=http, max_retries=0)
