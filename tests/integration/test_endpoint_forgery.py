@@ -28,7 +28,7 @@ from dockyard.rpc.client import connect
 from services.endpoint.app import create_app
 from services.endpoint.settings import EndpointSettings
 from tests.conftest import docker_sandbox_env, free_port
-from tests.unit.endpoint.test_app import TOKEN, ScriptedBackend
+from tests.unit.endpoint.scripted import TOKEN, ScriptedBackend
 
 pytestmark = pytest.mark.slow
 

@@ -2,7 +2,7 @@
 
 The conversation is mini-swe-agent's pattern (a reply that is not a valid action is dropped from the history and
 a format error appended), plus an n = 2 call whose second choice is continued and a retried call; the scripted
-backend stands in for a replica (tests/unit/endpoint/test_app.py).
+backend stands in for a replica (tests/unit/endpoint/scripted.py).
 """
 
 from __future__ import annotations
