@@ -51,7 +51,7 @@ def json_at(text: str, start: int, what: str) -> tuple[Any, int]:
     try:
         return _DECODER.raw_decode(text, start)
     except ValueError as exc:
-        raise Invalid(f"{what} is not JSON: {exc}") from None
+        raise Invalid(f"{what}: not JSON: {exc}") from None
 
 
 def checked_call(rules: ToolRules, name: Any, arguments: Any) -> dict[str, Any]:

@@ -33,7 +33,8 @@ def attempted(text: str) -> bool:
 
 
 def _call(body: str, rules: ToolRules) -> dict:
-    match = _V3.fullmatch(body.strip()) or _V31.fullmatch(body.strip())
+    body = body.strip()
+    match = _V3.fullmatch(body) if body.startswith("function" + SEP) else _V31.fullmatch(body)
     if match is None:
         raise Invalid(f"a tool call is not function{SEP}NAME and a ```json block: {body[:60]!r}")
     name = match.group(1).strip()

@@ -65,7 +65,10 @@ def _arguments(body: str, schema: dict[str, Any]) -> dict[str, Any]:
     while at < len(body) and body[at:].strip():
         match = _PARAMETER.match(body, at)
         if match is None:
-            raise Invalid(f"a <function=...> holds something that is no closed <parameter=...>: {body[at:][:40]!r}")
+            opened = re.match(r"\s*<parameter=([^>\n]+)>", body[at:])
+            if opened:
+                raise Invalid(f"the <parameter={opened.group(1)}> element is not closed")
+            raise Invalid(f"a <function=...> holds something that is no <parameter=...>: {body[at:][:40]!r}")
         name, raw = match.group(1).strip(), match.group(2)
         if "<parameter=" in raw:
             raise Invalid(f"the <parameter={name}> element is not closed")

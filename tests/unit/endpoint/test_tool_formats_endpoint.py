@@ -1,0 +1,57 @@
+"""Non-Hermes formats end to end: the endpoint app serves a job whose tokenizer writes another family's
+calls (the scripted backend's replica answers with what that family's template renders), and the
+openai client gets structured calls, or, for a malformed one, the text and an invalid action."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from dockyard.agents.contract import SESSION_HEADER
+from dockyard.config import SamplingConfig
+from services.endpoint.backend import JobModel
+from services.endpoint.rendering import Renderer
+from tests.unit.endpoint.families import completion, family_tokenizer
+from tests.unit.endpoint.scripted import ScriptedBackend, oa
+from tests.unit.endpoint.test_tool_formats import CALLS, MALFORMED, TOOLS, reply
+
+FAMILIES = ["qwen3_coder", "mistral", "harmony", "deepseek_v3"]
+ASK = [{"role": "user", "content": "fix it"}]
+
+
+@pytest.fixture(params=FAMILIES)
+def backend(request) -> ScriptedBackend:
+    scripted = ScriptedBackend()
+    tokenizer = family_tokenizer(request.param)
+    scripted.model_ = JobModel("job-1", Renderer(tokenizer), request.param, 512, sampling=SamplingConfig())
+    return scripted
+
+
+async def test_the_family_calls_come_back_as_tool_calls(app, backend) -> None:
+    tokenizer, name = backend.model_.renderer.tokenizer, backend.model_.parser
+    # What the policy samples: the template's rendering of the reply, its closing <eos> being the eos token.
+    backend.script = [completion(tokenizer, ASK, reply(CALLS, "Let me look."), TOOLS).removesuffix("<eos>\n")]
+    answer = await oa(app).chat.completions.create(
+        model="job-1", messages=ASK, tools=TOOLS, extra_headers={SESSION_HEADER: f"s-{name}"}
+    )
+    choice = answer.choices[0]
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or []]
+    assert (calls, choice.finish_reason) == (CALLS, "tool_calls")
+    trajectory = await oa(app).get(f"/sessions/s-{name}/trajectory", cast_to=httpx.Response)
+    assert trajectory.json()["invalid_actions"] == 0
+
+
+async def test_a_malformed_family_call_is_text_and_counted(app, backend) -> None:
+    name = backend.model_.parser
+    text = MALFORMED[name]["one good, one bad"]
+    backend.script = [text]
+    answer = await oa(app).chat.completions.create(
+        model="job-1", messages=ASK, tools=TOOLS, extra_headers={SESSION_HEADER: f"m-{name}"}
+    )
+    choice = answer.choices[0]
+    assert (choice.message.tool_calls, choice.finish_reason) == (None, "stop")
+    assert choice.message.content == text  # the format's tokens included: the model's whole text
+    trajectory = await oa(app).get(f"/sessions/m-{name}/trajectory", cast_to=httpx.Response)
+    assert trajectory.json()["invalid_actions"] == 1
