@@ -20,6 +20,9 @@ keys of ``function.parameters.properties``, comma-separated; descriptions and
 types are not rendered). An assistant's tool calls render as
 ``<tool_call>{json}</tool_call>`` after its content (the Hermes format the
 policy endpoint parses); lowercase tool names and arguments stay within CHARSET.
+``build_char_tokenizer(extra_chars, special_tokens)`` appends more characters
+and special tokens after these (the ids above never change): tests build each
+model family's tool-call tokenizer so.
 """
 
 from __future__ import annotations

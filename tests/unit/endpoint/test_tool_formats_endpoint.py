@@ -1,6 +1,7 @@
 """Non-Hermes formats end to end: the endpoint app serves a job whose tokenizer writes another family's
 calls (the scripted backend's replica answers with what that family's template renders), and the
-openai client gets structured calls, or, for a malformed one, the text and an invalid action."""
+openai client gets structured calls, or, for a malformed one, the text and an invalid action. The former
+endpoint setting is refused, and the API page's table of formats is the registry's."""
 
 from __future__ import annotations
 
@@ -8,11 +9,15 @@ import json
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from dockyard.agents.contract import SESSION_HEADER
+from dockyard.agents.tool_formats import FORMATS
 from dockyard.config import SamplingConfig
 from services.endpoint.backend import JobModel
 from services.endpoint.rendering import Renderer
+from services.endpoint.settings import EndpointSettings
+from tests.conftest import REPO_ROOT
 from tests.unit.endpoint.families import completion, family_tokenizer
 from tests.unit.endpoint.scripted import ScriptedBackend, oa
 from tests.unit.endpoint.test_tool_formats import CALLS, MALFORMED, TOOLS, reply
@@ -55,3 +60,19 @@ async def test_a_malformed_family_call_is_text_and_counted(app, backend) -> None
     assert choice.message.content == text  # the format's tokens included: the model's whole text
     trajectory = await oa(app).get(f"/sessions/m-{name}/trajectory", cast_to=httpx.Response)
     assert trajectory.json()["invalid_actions"] == 1
+
+
+def test_the_former_endpoint_setting_is_refused_not_ignored(monkeypatch) -> None:
+    monkeypatch.setenv("DOCKYARD_ENDPOINT_TOOL_PARSER", "hermes")
+    with pytest.raises(ValidationError, match="set policy.tool_call_format"):
+        EndpointSettings()
+
+
+def test_the_api_page_shows_each_format_with_its_feature_and_example() -> None:
+    page = (REPO_ROOT / "docs" / "endpoint-api.md").read_text(encoding="utf-8")
+    rows = [line for line in page.splitlines() if line.startswith("| `") and "` | " in line]
+    shown = {row.split("`")[1]: row.replace("\\|", "|") for row in rows if row.split("`")[1] in FORMATS}
+    assert list(shown) == list(FORMATS)  # in the order auto tries them
+    for name, row in shown.items():
+        assert FORMATS[name].EXAMPLE.replace("\n", "\\n") in row
+        assert all(f"`{feature}`" in row for feature in FORMATS[name].FEATURES)
