@@ -1,6 +1,7 @@
 """The endpoint's view of the fleet, over gRPC only: running jobs, their tokenizers, replicas, Generate.
 
     model (= job id) ──Jobs.renderer──> GetJob ─> <run_dir>/config.yaml ─> load_tokenizer ─> Renderer (cached)
+                                                                       └─> policy.tool_call_format ─> format
                                                                        └─> policy.generation (the sampling law)
     session ──pick──> ListMembers: ALIVE rollout replicas holding the job ──Router.route──> sticky, else least
         loaded (services/endpoint/routing.py; a new session may wait for admission)
@@ -88,6 +89,20 @@ class Generated:
     replica: str
 
 
+def load_job_model(job_id: str, folder: Path) -> JobModel:
+    """The job as its run folder's config.yaml describes it: tokenizer, tool-call format, sampling law."""
+    cfg = load_config_text((folder / "config.yaml").read_text(), origin=str(folder / "config.yaml"))
+    tokenizer = load_tokenizer(cfg.policy)
+    return JobModel(
+        job_id,
+        Renderer(tokenizer),
+        pick(cfg.policy.tool_call_format, tokenizer)[0],
+        cfg.policy.generation.max_new_tokens,
+        ImageLimits.from_generation(cfg.policy.generation),
+        sampling=cfg.policy.generation,
+    )
+
+
 class Backend:
     def __init__(
         self,
@@ -159,16 +174,7 @@ class Backend:
         folder = Path(run_dir)
         if self._run_root is not None and not folder.is_absolute():
             folder = self._run_root / folder
-        cfg = load_config_text((folder / "config.yaml").read_text(), origin=str(folder / "config.yaml"))
-        tokenizer = load_tokenizer(cfg.policy)
-        return JobModel(
-            job_id,
-            Renderer(tokenizer),
-            pick(cfg.policy.tool_call_format, tokenizer)[0],
-            cfg.policy.generation.max_new_tokens,
-            ImageLimits.from_generation(cfg.policy.generation),
-            sampling=cfg.policy.generation,
-        )
+        return load_job_model(job_id, folder)
 
     async def _replicas(self, job_id: str) -> list[Replica]:
         read_at, members = self._members

@@ -9,12 +9,13 @@ import json
 
 import httpx
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from dockyard.agents.contract import SESSION_HEADER
 from dockyard.agents.tool_formats import FORMATS
-from dockyard.config import SamplingConfig
-from services.endpoint.backend import JobModel
+from dockyard.config import SamplingConfig, load_config
+from services.endpoint.backend import JobModel, load_job_model
 from services.endpoint.rendering import Renderer
 from services.endpoint.settings import EndpointSettings
 from tests.conftest import REPO_ROOT
@@ -24,6 +25,7 @@ from tests.unit.endpoint.test_tool_formats import CALLS, MALFORMED, TOOLS, reply
 
 FAMILIES = ["qwen3_coder", "mistral", "harmony", "deepseek_v3"]
 ASK = [{"role": "user", "content": "fix it"}]
+BUILT_IN = ["policy.model_name=null", "policy.bootstrap=null"]  # the character tokenizer
 
 
 @pytest.fixture(params=FAMILIES)
@@ -76,3 +78,12 @@ def test_the_api_page_shows_each_format_with_its_feature_and_example() -> None:
     for name, row in shown.items():
         assert FORMATS[name].EXAMPLE.replace("\n", "\\n") in row
         assert all(f"`{feature}`" in row for feature in FORMATS[name].FEATURES)
+
+
+@pytest.mark.parametrize(("setting", "format_"), [("auto", "hermes"), ("mistral", "mistral"), ("none", "none")])
+def test_a_job_reads_calls_in_its_configured_format(tmp_path, setting: str, format_: str) -> None:
+    cfg = load_config(
+        REPO_ROOT / "examples" / "configs" / "tiny_agent.yaml", [*BUILT_IN, f"policy.tool_call_format={setting}"]
+    )
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    assert load_job_model("job-1", tmp_path).parser == format_  # the built-in template writes Hermes
