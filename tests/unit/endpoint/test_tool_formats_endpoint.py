@@ -87,3 +87,17 @@ def test_a_job_reads_calls_in_its_configured_format(tmp_path, setting: str, form
     )
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     assert load_job_model("job-1", tmp_path).parser == format_  # the built-in template writes Hermes
+
+
+async def test_sending_the_calls_back_extends_the_recorded_reply(app, backend) -> None:
+    tokenizer, name = backend.model_.renderer.tokenizer, backend.model_.parser
+    backend.script = [completion(tokenizer, ASK, reply(CALLS, "Let me look."), TOOLS).removesuffix("<eos>\n"), "Done."]
+    client, headers = oa(app), {SESSION_HEADER: f"t-{name}"}
+    first = await client.chat.completions.create(model="job-1", messages=ASK, tools=TOOLS, extra_headers=headers)
+    message = first.choices[0].message
+    results = [{"role": "tool", "tool_call_id": call.id, "content": "ok"} for call in message.tool_calls]
+    messages = [*ASK, message.model_dump(exclude_none=True), *results]
+    await client.chat.completions.create(model="job-1", messages=messages, tools=TOOLS, extra_headers=headers)
+    document = (await client.get(f"/sessions/t-{name}/trajectory", cast_to=httpx.Response)).json()
+    turns = [(turn["extends"], turn["trained"]) for segment in document["segments"] for turn in segment["turns"]]
+    assert (turns, document["splits"]) == ([("start", True), ("reply", True)], {})  # one token-faithful path
