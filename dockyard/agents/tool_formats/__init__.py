@@ -17,7 +17,8 @@ by `dockyard.agents.tool_calls.ToolRules`; a text that tries a call and gets any
 JSON, an unknown tool, misnamed keys, an unclosed block, a schema violation, one bad call among good
 ones) is returned whole as content with no calls, `malformed` set (an invalid action) and `error`
 saying why; a call is never repaired or invented, a text without an attempted call is content and
-not malformed, and with no tools every text is content. Never raises.
+not malformed, and with no tools every text is content. `parse` never raises; `pick` refuses a
+setting that names no format.
 """
 
 from __future__ import annotations
