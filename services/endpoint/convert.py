@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import json
 import time
 import uuid
@@ -69,11 +68,6 @@ class Choice:
     logprobs: list[float]
     reasoning: str | None = None  # the completion's thinking block's text (None: it wrote none)
     reasoning_tokens: int = 0  # how many of `tokens` are the thinking block
-
-
-def signature(thinking: str) -> str:
-    """An Anthropic thinking block's signature: a digest of its text (opaque to clients, never trusted back)."""
-    return "dockyard:" + hashlib.blake2b(thinking.encode(), digest_size=16).hexdigest()
 
 
 def _text(content: str | list | None) -> str:
@@ -172,7 +166,9 @@ def from_openai(body: ChatCompletionRequest) -> Chat:
             ]
         if m.role == "tool":
             message["tool_call_id"] = m.tool_call_id or ""
-        if m.reasoning_content and m.role == "assistant":
+        if m.reasoning_content is not None:
+            if m.role != "assistant":
+                raise BadRequest(f"messages[{i}].reasoning_content: only an assistant message carries reasoning")
             message[reasoning.KEY] = m.reasoning_content
         messages.append(message)
     check_supported(body, OPENAI_NEUTRAL)
@@ -386,7 +382,9 @@ def _anthropic_stop(choice: Choice) -> tuple[str, str | None]:
 def _anthropic_content(choice: Choice) -> list[dict]:
     blocks: list[dict] = []
     if choice.reasoning is not None:
-        blocks.append({"type": "thinking", "thinking": choice.reasoning, "signature": signature(choice.reasoning)})
+        blocks.append(
+            {"type": "thinking", "thinking": choice.reasoning, "signature": reasoning.signature(choice.reasoning)}
+        )
     if choice.content or not choice.tool_calls:
         blocks.append({"type": "text", "text": choice.content})
     blocks += [

@@ -16,6 +16,7 @@ tokens (turns.py: the closing tag, when the model did not write it, is context, 
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,11 @@ def split(text: str, opened: bool = False) -> tuple[str | None, str]:
         body = body[len(OPEN) :]
     reasoning, closed, content = body.partition(CLOSE)
     return reasoning.strip(), content.lstrip() if closed else ""
+
+
+def signature(thinking: str) -> str:
+    """An Anthropic thinking block's signature: a digest of its text (opaque to clients, never trusted back)."""
+    return "dockyard:" + hashlib.blake2b(thinking.encode(), digest_size=16).hexdigest()
 
 
 def count(pieces: list[str], opened: bool = False) -> int:

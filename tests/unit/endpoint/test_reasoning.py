@@ -21,7 +21,6 @@ from dockyard.agents.contract import SESSION_HEADER
 from dockyard.models.tokenizer import build_char_tokenizer
 from services.endpoint import reasoning
 from services.endpoint.app import create_app
-from services.endpoint.convert import signature
 from services.endpoint.settings import EndpointSettings
 from tests.unit.endpoint.scripted import CALL, OA_TOOLS, TOKEN, ScriptedBackend
 from tests.unit.endpoint.thinking_tokenizer import THINKING_TEMPLATE, build_thinking_tokenizer
@@ -124,7 +123,7 @@ async def test_anthropic_thinking_blocks_streamed_and_not(app, backend) -> None:
     kwargs = {"model": "job-1", "max_tokens": 100, "messages": [{"role": "user", "content": "2+2"}]}
     reply = await an(app).messages.create(**kwargs)
     assert [b.type for b in reply.content] == ["thinking", "text"]
-    assert reply.content[0].thinking == "hmm" and reply.content[0].signature == signature("hmm")
+    assert reply.content[0].thinking == "hmm" and reply.content[0].signature == reasoning.signature("hmm")
     assert reply.content[1].text == "four"
 
     async with an(app).messages.stream(**kwargs) as stream:
@@ -133,7 +132,7 @@ async def test_anthropic_thinking_blocks_streamed_and_not(app, backend) -> None:
         ("thinking", "again"),
         ("text", "five"),
     ]
-    assert final.content[0].signature == signature("again")
+    assert final.content[0].signature == reasoning.signature("again")
 
 
 async def test_responses_reasoning_items_streamed_and_not(app, backend) -> None:
@@ -326,6 +325,51 @@ async def test_a_reply_that_ends_within_the_budget_is_one_call(app, backend) -> 
         model="job-1", messages=[{"role": "user", "content": "q"}], max_tokens=40, reasoning_effort="high"
     )
     assert reply.choices[0].message.content == "short" and len(backend.sampling) == 1
+
+
+async def test_each_choice_of_a_budgeted_call_gets_its_own_answer_call(app, backend) -> None:
+    backend.script = ["<think>a</think>", "<think>runs on and on", "one", "two"]
+    session = {SESSION_HEADER: "two"}
+    reply = await oa(app).chat.completions.create(
+        model="job-1",
+        messages=[{"role": "user", "content": "q"}],
+        max_tokens=80,
+        n=2,
+        reasoning_effort="low",
+        extra_headers=session,
+    )
+    assert [(c.message.reasoning_content, c.message.content) for c in reply.choices] == [
+        ("a", "one"),
+        ("runs on and o", "two"),  # low: a quarter of 80 tokens, "<think>" included
+    ]
+    [turn] = (await trajectory(app, "two"))["segments"][0]["turns"]
+    assert [len(c["forced"]) for c in turn["completions"]] == [0, len("\n</think>\n\n")]
+
+
+async def test_a_turn_with_thinking_off_is_retried_and_dropped_within_its_segment(app, backend) -> None:
+    backend.script = ["not this", "<think>t</think>nor this", "fine"]
+    session = {SESSION_HEADER: "prefill"}
+    client = an(app)
+    messages: list[dict] = [{"role": "user", "content": "q"}]
+    off = {"thinking": {"type": "disabled"}}
+    await client.messages.create(model="job-1", max_tokens=50, messages=messages, extra_headers=session, **off)
+    # The same history again, thinking on: the retry's prompt is the first one's without its empty block.
+    await client.messages.create(model="job-1", max_tokens=50, messages=messages, extra_headers=session)
+    empty = backend.model_.renderer.encode("<think></think>")
+    assert backend.prompts[0] == backend.prompts[1] + empty
+    # The reply dropped and a new message: its context, without the empty block, goes on.
+    messages += [{"role": "user", "content": "again"}]
+    await client.messages.create(model="job-1", max_tokens=50, messages=messages, extra_headers=session, **off)
+    [segment] = (await trajectory(app, "prefill"))["segments"]
+    assert [t["extends"] for t in segment["turns"]] == ["start", "retry", "context"]
+    assert text(backend, backend.prompts[2]).endswith("user: q\nuser: again\nassistant: <think></think>")
+
+
+async def test_reasoning_content_on_a_message_that_is_not_the_assistants_is_refused(app) -> None:
+    with pytest.raises(openai.BadRequestError, match=r"messages\[0\].reasoning_content"):
+        await oa(app).chat.completions.create(
+            model="job-1", messages=[{"role": "user", "content": "q", "reasoning_content": "x"}]
+        )
 
 
 @pytest.mark.parametrize(
