@@ -21,7 +21,9 @@ Guarantees:
   starts with a recorded turn's history (compared as role, content and tool calls
   (name, arguments); tool-call ids and whitespace-free JSON formatting do not
   matter), a reply it sends back is one the anchor sampled, and the template
-  renders the recorded conversation as a text prefix of the new one. History is
+  renders the recorded history as a text prefix of the new one and the reply's
+  calls and closing the same whatever follows them (Renderer.continuation: the
+  reply's header may differ, as Qwen3's empty think block of the last turn). History is
   matched and rendered modulo reasoning: a reply sent back with or without its
   reasoning (`reasoning_content`, thinking blocks, reasoning items) is that reply,
   and the recorded ids, think tokens included, stay the prompt's prefix; only a
