@@ -278,6 +278,18 @@ async def test_thinking_off_writes_the_templates_empty_block_as_context(app, bac
     assert text(backend, backend.prompts[-1]).endswith("assistant: <think></think>")
 
 
+@pytest.mark.parametrize(("reasons", "written"), [(True, reasoning.EMPTY_BLOCK), (False, "")])
+async def test_thinking_off_without_a_template_switch(reasons, written) -> None:
+    # The character template has no enable_thinking switch: a model the job says reasons gets an empty block,
+    # one that does not reason is asked nothing.
+    backend = ScriptedBackend(reasoning=reasons)
+    app = create_app(EndpointSettings(max_body_bytes=64 * 1024), TOKEN, backend)
+    await an(app).messages.create(
+        model="job-1", max_tokens=50, messages=[{"role": "user", "content": "q"}], thinking={"type": "disabled"}
+    )
+    assert text(backend, backend.prompts[0]) == "user: q\nassistant: " + written
+
+
 async def test_a_budget_that_runs_out_closes_the_block_as_context_and_the_answer_follows(app, backend) -> None:
     backend.script = ["<think>long long reasoning</think>never", "the answer"]
     session = {SESSION_HEADER: "budget"}
@@ -378,6 +390,7 @@ async def test_reasoning_content_on_a_message_that_is_not_the_assistants_is_refu
         ({"reasoning_effort": "extreme"}, "reasoning_effort"),
         ({"thinking": {"type": "enabled", "budget_tokens": 50}}, "thinking.budget_tokens"),
         ({"thinking": {"type": "sometimes"}}, "thinking.type"),
+        ({"thinking": {"type": "disabled", "budget_tokens": 9}}, "thinking.budget_tokens"),
         ({"reasoning": {"effort": "low", "generate_summary": "auto"}}, "reasoning.generate_summary"),
         ({"reasoning": {"summary": "verbose"}}, "reasoning.summary"),
     ],
