@@ -125,7 +125,8 @@ def anthropic_thinking(value: dict[str, Any] | None, max_tokens: int) -> Thinkin
     if value is None:
         return Thinking()
     kind = value.get("type")
-    extra = sorted(set(value) - {"type", *(("budget_tokens",) if kind == "enabled" else ())})
+    given = {k for k, v in value.items() if v is not None}  # null asks for nothing
+    extra = sorted(given - {"type", *(("budget_tokens",) if kind == "enabled" else ())})
     if extra:
         raise BadRequest(f"thinking.{extra[0]}: not a field of a {kind!r} thinking setting")
     if kind == "disabled":

@@ -92,7 +92,7 @@ def to_chat(body: ResponsesRequest) -> Chat:
 
 def _thinking(value: dict[str, Any] | None) -> reasoning.Thinking:
     """`reasoning`: {effort, summary}; effort as chat completions' `reasoning_effort`, summary one of SUMMARIES."""
-    value = value or {}
+    value = {k: v for k, v in (value or {}).items() if v is not None}  # null asks for nothing
     unknown = sorted(set(value) - {"effort", "summary"})
     if unknown:
         raise BadRequest(f"reasoning.{unknown[0]}: not supported (reasoning takes `effort` and `summary`)")

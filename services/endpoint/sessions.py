@@ -112,7 +112,7 @@ class Sampled:
 @dataclass
 class Turn:
     prompt_ids: list[int]
-    # prompt_ids[tail_from:] are the ids of `tail`, the text this turn rendered and tokenized itself.
+    # prompt_ids[tail_from:len - prefill] are the ids of `tail`, the text this turn rendered and tokenized itself.
     tail_from: int
     tail: str
     completions: list[Sampled]

@@ -146,7 +146,9 @@ async def test_responses_reasoning_items_streamed_and_not(app, backend) -> None:
     assert said.type == "message" and said.content[0].text == "six"
     assert reply.usage.output_tokens_details.reasoning_tokens == len("<think>think</think>")
 
-    stream = await oa(app).responses.create(model="job-1", input="3+3", stream=True, max_output_tokens=99)
+    stream = await oa(app).responses.create(
+        model="job-1", input="3+3", stream=True, max_output_tokens=99, reasoning={"effort": None, "summary": None}
+    )
     events = [e async for e in stream]
     assert [e.delta for e in events if e.type == "response.reasoning_text.delta"] == ["more"]
     [done] = [e for e in events if e.type == "response.completed"]
