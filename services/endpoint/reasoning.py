@@ -11,7 +11,7 @@ reasoning with empty content. A model that does not reason (`enabled` false) has
 as it is. A thinking request the endpoint cannot honour is a BadRequest naming the field; a request
 to turn thinking off is honoured by the template's own switch (`enable_thinking=False`) or else by
 an empty block written into the prompt as context; a budget of N caps the reasoning at N sampled
-tokens (turns.py: the closing tag, when the model did not write it, is context, never trained).
+tokens (budget.py: the closing tag, when the model did not write it, is context, never trained).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def enabled(setting: str, chat_template: str | None) -> bool:
     return any(mark in (chat_template or "") for mark in TEMPLATE_MARKS)
 
 
-def opened(prompt_text: str) -> bool:
+def opens_block(prompt_text: str) -> bool:
     """Whether the prompt ends inside a thinking block (a generation prompt that opens it, as DeepSeek R1's)."""
     return unclosed_thinking(prompt_text)
 
@@ -93,7 +93,7 @@ def no_thinking(render, prompt: str, has_switch: bool) -> str:
         off = render(enable_thinking=False)
         if off.startswith(prompt) and len(off) > len(prompt):
             return off[len(prompt) :]
-    return f"{CLOSE}\n\n" if opened(prompt) else EMPTY_BLOCK
+    return f"{CLOSE}\n\n" if opens_block(prompt) else EMPTY_BLOCK
 
 
 @dataclass(frozen=True)

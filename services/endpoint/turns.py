@@ -116,7 +116,7 @@ async def take_turn(
             plan.prefilled(job.renderer.encode(prefill))
         if chat.images:
             images = Prompted(plan.prompt_text_tail + prefill, chat.images)
-        opened = job.reasoning and reasoning.opened(plan.prompt_text_tail + prefill)
+        opened = job.reasoning and reasoning.opens_block(plan.prompt_text_tail + prefill)
         try:
             if budget is None:
                 generated = await backend.complete(model_id, session_id, plan.prompt_ids, chat.n, params, images)

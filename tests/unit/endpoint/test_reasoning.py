@@ -170,6 +170,25 @@ async def test_a_block_never_closed_is_all_reasoning_and_an_invalid_action(app, 
     assert text(backend, recorded["segments"][0]["turns"][0]["completions"][0]["token_ids"]) == "<think>this "
 
 
+async def test_a_generation_prompt_that_opens_the_block_makes_the_reply_reasoning_until_it_closes() -> None:
+    # DeepSeek R1's way: the generation prompt ends in "<think>", the model writes only the closing tag.
+    tokenizer = build_thinking_tokenizer()
+    tokenizer.chat_template = THINKING_TEMPLATE.replace(
+        "{% if add_generation_prompt %}assistant: ", "{% if add_generation_prompt %}assistant: <think>"
+    )
+    backend = ScriptedBackend(tokenizer, reasoning=True, limits=True)
+    app = create_app(EndpointSettings(max_body_bytes=64 * 1024), TOKEN, backend)
+    backend.script = ["steps</think>answer", "on and on and on", "late"]
+    messages = [{"role": "user", "content": "q"}]
+    reply = await oa(app).chat.completions.create(model="job-1", messages=messages, max_tokens=50)
+    assert (reply.choices[0].message.reasoning_content, reply.choices[0].message.content) == ("steps", "answer")
+    budgeted = await an(app).messages.create(
+        model="job-1", max_tokens=50, messages=messages, thinking={"type": "enabled", "budget_tokens": 6}
+    )
+    assert [getattr(b, "thinking", None) or getattr(b, "text", None) for b in budgeted.content] == ["on and", "late"]
+    assert text(backend, backend.prompts[2]).endswith("assistant: <think>on and\n</think>\n\n")
+
+
 # --- history modulo reasoning -------------------------------------------------------------------------
 
 
