@@ -162,6 +162,15 @@ class PolicyConfig(Section):
         ),
     )
     bootstrap: BootstrapConfig | None = Field(None, description="Writes model_name before the job when it is missing.")
+    reasoning: Literal["auto", "think", "none"] = Field(
+        "auto",
+        description=(
+            "Whether the model writes a `<think>...</think>` block before its answer (Qwen3, DeepSeek R1): "
+            "`auto` when its chat template handles `<think>` or `reasoning_content`, `think` or `none` to "
+            "say so. The policy endpoint returns the block as each API's reasoning field and matches "
+            "histories sent back with or without it. [endpoint-api.md](endpoint-api.md#reasoning)"
+        ),
+    )
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32",
         description=(

@@ -41,6 +41,7 @@ from dockyard.config import SamplingConfig, load_config_text
 from dockyard.images import ImageLimits
 from dockyard.models.load import load_tokenizer
 from dockyard.rpc.client import connect
+from services.endpoint.reasoning import enabled as reasoning_enabled
 from services.endpoint.rendering import Renderer
 from services.endpoint.routing import AdmissionRefused, Replica, ReplicaState, Router
 from services.endpoint.settings import EndpointSettings
@@ -70,6 +71,8 @@ class JobModel:
     images: ImageLimits = field(default_factory=ImageLimits)  # the job's multimodal gate
     # The job's policy.generation: every turn samples with its temperature/top_p/top_k (turns.turn_sampling).
     sampling: SamplingConfig | None = None
+    # Whether the model writes a thinking block (policy.reasoning, services/endpoint/reasoning.py).
+    reasoning: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ def load_job_model(job_id: str, folder: Path) -> JobModel:
         cfg.policy.generation.max_new_tokens,
         ImageLimits.from_generation(cfg.policy.generation),
         sampling=cfg.policy.generation,
+        reasoning=reasoning_enabled(cfg.policy.reasoning, str(tokenizer.chat_template)),
     )
 
 

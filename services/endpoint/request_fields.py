@@ -24,14 +24,14 @@ OPENAI_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "parallel_tool_calls": (True,),  # a reply may hold several calls; one cannot be enforced
     "top_logprobs": (0,),
     "modalities": (["text"],),
-    "reasoning_effort": (),
     "functions": (),
     "function_call": (),
     "audio": (),
     "prediction": (),
     "web_search_options": (),
 }
-ANTHROPIC_NEUTRAL: dict[str, tuple[Any, ...]] = {"thinking": ({"type": "disabled"},)}
+# Anthropic's `thinking` is implemented (services/endpoint/reasoning.py): nothing left here.
+ANTHROPIC_NEUTRAL: dict[str, tuple[Any, ...]] = {}
 RESPONSES_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "parallel_tool_calls": (True,),
     "top_logprobs": (0,),
@@ -39,7 +39,6 @@ RESPONSES_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "truncation": ("disabled",),
     "text": ({"format": {"type": "text"}},),
     "background": (False,),
-    "reasoning": (),
     "max_tool_calls": (),
     "prompt": (),
     "conversation": (),

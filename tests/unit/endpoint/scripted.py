@@ -1,7 +1,9 @@
 """A scripted stand-in for the endpoint's backend, and clients bound to an app in process.
 
-ScriptedBackend serves one job ("job-1") on the character tokenizer; each call to `complete` answers with
-the next text of `script` (then "ok"), ending in eos, every token at logprob -0.25.
+ScriptedBackend serves one job ("job-1") on the character tokenizer (or the one it is given); each call to
+`complete` answers with the next text of `script` (then "ok"), ending in eos, every token at logprob -0.25.
+With `limits`, a call also ends as a replica's would: at the first of its stop strings (kept, "stop") or
+after its max_new_tokens ("length").
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ AN_TOOLS = [{"name": "add", "input_schema": {"type": "object"}}]
 
 
 class ScriptedBackend:
-    def __init__(self) -> None:
-        self.model_ = JobModel("job-1", Renderer(build_char_tokenizer()), "hermes", 16, sampling=SamplingConfig())
+    def __init__(self, tokenizer=None, reasoning: bool = False, limits: bool = False) -> None:
+        renderer = Renderer(tokenizer or build_char_tokenizer())
+        self.model_ = JobModel("job-1", renderer, "hermes", 16, sampling=SamplingConfig(), reasoning=reasoning)
+        self.limits = limits
+        self.sampling: list = []  # each call's SamplingParams
         self.script: list[str] = []
         self.prompts: list[list[int]] = []
         self.images: list = []  # what each call carried besides ids (Prompted), or None
@@ -50,6 +55,7 @@ class ScriptedBackend:
         if self.lose:
             raise ReplicaLost("replica rollout failed mid-session: UNAVAILABLE")
         self.prompts.append(list(prompt_ids))
+        self.sampling.append(sampling)
         self.images.append(images)
         if images is not None:  # the rollout's processor would insert image tokens: 3 per image here
             prompt_ids = [9] * (3 * len(images.images)) + list(prompt_ids)
@@ -57,11 +63,26 @@ class ScriptedBackend:
         completions = []
         for _ in range(n):
             text = self.script.pop(0) if self.script else "ok"
-            ids = renderer.encode(text) + [renderer.eos_token_id]
+            ids, finish = renderer.encode(text) + [renderer.eos_token_id], "eos"
+            if self.limits:
+                ids, finish = _limited(text, ids, sampling, renderer)
             completions.append(
-                rollout_pb2.Completion(token_ids=ids, logprobs=[-0.25] * len(ids), text=text, finish_reason="eos")
+                rollout_pb2.Completion(token_ids=ids, logprobs=[-0.25] * len(ids), text=text, finish_reason=finish)
             )
         return Generated(list(prompt_ids), completions, 7, [7], "rollout")
+
+
+def _limited(text: str, ids: list[int], sampling, renderer: Renderer) -> tuple[list[int], str]:
+    """The completion a replica would return under `sampling`'s stop strings and max_new_tokens."""
+    ends = [(text.find(s) + len(s), "stop") for s in sampling.stop if s in text]
+    if ends:
+        end, _ = min(ends)
+        ids, finish = renderer.encode(text[:end]), "stop"
+    else:
+        finish = "eos"
+    if len(ids) > sampling.max_new_tokens:
+        return ids[: sampling.max_new_tokens], "length"
+    return ids, finish
 
 
 def oa(app, key: str = TOKEN) -> openai.AsyncOpenAI:
