@@ -2,7 +2,7 @@
 
     openai (strict response validation): chat completions and Responses, streamed and not, function tools
     anthropic (strict response validation): messages streamed and not, count_tokens, the model list
-    openai-agents: Runner.run with the SDK's default model (the Responses API) and a function tool
+    openai-agents: Runner.run and run_streamed with the SDK's default model (the Responses API) and a function tool
     litellm: completion / acompletion with model="openai/<job id>", streamed and not
         each client in its own session: its key (POST /v1/sessions) is the client's API key
     ──GET /v1/sessions/{id}/trajectory──> recorded.recording: the tokens the client was told of, and no other,
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import agents
 import anthropic
 import httpx
 import openai
@@ -169,9 +170,8 @@ def test_anthropic_messages_count_tokens_and_models(job) -> None:
     trainable(job, recorded)
 
 
-def test_openai_agents_sdk_default_model_with_a_function_tool(job) -> None:
-    import agents  # the SDK sets process-wide defaults: imported where they are set
-
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
+def test_openai_agents_sdk_default_model_with_a_function_tool(job, streamed: bool) -> None:
     session, key = open_session(job)
     paths: list[str] = []
 
@@ -200,12 +200,21 @@ def test_openai_agents_sdk_default_model_with_a_function_tool(job) -> None:
         name="adder",
         instructions="use the tools",
         tools=[add],
-        model=job.job_id,
+        model=job.job_id,  # a name: the default provider's model, the Responses one as set above
         # Room to end by itself (a stop string or end of sequence): the SDK raises on a reply cut at
         # max_output_tokens (status "incomplete"), as it does against any Responses server.
         model_settings=agents.ModelSettings(max_tokens=400),
     )
-    result = asyncio.run(agents.Runner.run(agent, "add 1 and 2", max_turns=4))
+
+    async def run() -> agents.RunResult | agents.RunResultStreaming:
+        if not streamed:
+            return await agents.Runner.run(agent, "add 1 and 2", max_turns=4)
+        result = agents.Runner.run_streamed(agent, "add 1 and 2", max_turns=4)
+        kinds = {event.type async for event in result.stream_events()}
+        assert "raw_response_event" in kinds and result.is_complete
+        return result
+
+    result = asyncio.run(run())
     usage = result.context_wrapper.usage
     assert paths and set(paths) == {"/v1/responses"}  # the default model speaks the Responses API
     assert usage.requests == len(paths)
