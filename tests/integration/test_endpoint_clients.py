@@ -125,7 +125,10 @@ def test_openai_responses_streamed_and_not(job) -> None:
     (segment,) = recorded.segments
     one, two = segment.turns
     assert two.extends == "reply" and one.trained and two.trained
+    assert len(one.prompt_token_ids) == first.usage.input_tokens
     assert len(two.prompt_token_ids) == final.usage.input_tokens
+    for response, turn in ((first, one), (final, two)):  # incomplete exactly when the reply ran out of tokens
+        assert (response.status == "incomplete") == (turn.completions[0].finish_reason == "length")
     if calls:
         assert [m["role"] for m in segment.messages][-len(calls) - 1 :] == ["tool"] * len(calls) + ["assistant"]
     # tool_choice named add: a reply without that call is counted as an invalid action.
@@ -207,12 +210,13 @@ def test_openai_agents_sdk_default_model_with_a_function_tool(job, streamed: boo
     )
 
     async def run() -> agents.RunResult | agents.RunResultStreaming:
-        if not streamed:
-            return await agents.Runner.run(agent, "add 1 and 2", max_turns=4)
-        result = agents.Runner.run_streamed(agent, "add 1 and 2", max_turns=4)
-        kinds = {event.type async for event in result.stream_events()}
-        assert "raw_response_event" in kinds and result.is_complete
-        return result
+        async with client:  # closed on the loop it ran on
+            if not streamed:
+                return await agents.Runner.run(agent, "add 1 and 2", max_turns=4)
+            result = agents.Runner.run_streamed(agent, "add 1 and 2", max_turns=4)
+            kinds = {event.type async for event in result.stream_events()}
+            assert "raw_response_event" in kinds and result.is_complete
+            return result
 
     result = asyncio.run(run())
     usage = result.context_wrapper.usage
