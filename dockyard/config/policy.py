@@ -250,6 +250,20 @@ class PolicyConfig(Section):
             "Generation seeds come from `grpo.seed`."
         ),
     )
+    tool_call_format: Literal[
+        "auto", "hermes", "qwen3_coder", "llama3_json", "mistral", "deepseek_v3", "harmony", "transformers", "none"
+    ] = Field(
+        "auto",
+        description=(
+            "How the policy endpoint reads tool calls out of the model's text "
+            "(dockyard/agents/tool_formats): `auto` (the tokenizer's `response_template` when it has "
+            "one, else the format the chat template renders, else `hermes`, which preflight says), "
+            "`hermes`, `qwen3_coder`, `llama3_json`, `mistral`, `deepseek_v3`, `harmony`, "
+            "`transformers` (the `response_template`) or `none` (text only). A format the chat "
+            "template does not render is a preflight error. "
+            "[endpoint-api.md](endpoint-api.md#tool-call-formats)"
+        ),
+    )
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from dockyard.agents.tool_formats import parse, visible_text
 from dockyard.algorithms.malformed import unclosed_thinking
 from dockyard.api.common.v1 import common_pb2
 from dockyard.images import ImageRejected, gate_images
@@ -27,7 +28,6 @@ from services.endpoint.backend import Backend, GenerateRefused, JobModel, Prompt
 from services.endpoint.convert import Chat, Choice, reply_message
 from services.endpoint.errors import BadRequest
 from services.endpoint.sessions import Sampled, Session, SessionStore
-from services.endpoint.tool_parsers import parse
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ def choices_of(job: JobModel, chat: Chat, prompt_tail: str, completions) -> tupl
     choices, sampled = [], []
     for c in completions:
         ids = list(c.token_ids)
-        text = tokenizer.decode(ids, skip_special_tokens=True)
+        text = visible_text(job.parser, tokenizer, ids)
         stop = next((s for s in chat.stop if c.finish_reason == "stop" and text.endswith(s)), None)
         if stop is not None:
             text = text[: -len(stop)]
