@@ -8,6 +8,8 @@
         trainer's read (training_group), its rule (checked_groups) and its tensors (build_batch)
 
 Nothing here re-implements a conversion: each step is the code the coordinator, buffer and trainer run.
+Only the one-trajectory group around the sample is made here, with a fixed reward (the collector's
+rewards and shaping are not what these tests are about).
 """
 
 from __future__ import annotations
