@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dockyard.config import load_config
+from dockyard.launch_checks import docker_problem
 from dockyard.preflight import (
     ERROR,
     OK,
@@ -119,6 +120,17 @@ def test_no_docker_engine_is_one_line_with_the_fix() -> None:
     assert finding.status == ERROR and "\n" not in finding.message
     assert "DOCKYARD_SANDBOX_BACKEND=local" in finding.message
     assert check_docker({}).status == SKIP
+
+
+def test_the_sandbox_service_proposes_the_local_backend_only_for_jobs_that_need_no_container() -> None:
+    # The service serves any job: its message names the jobs the local backend refuses, never a bare fix.
+    said = docker_problem(ConnectionError("refused"), {}, any_job=True)
+    assert "start the Docker daemon" in said and "DOCKER_SOCKET" in said
+    assert "only a job that needs no container can use the local backend" in said
+    assert "env.scaffold" in said and "terminal_bench" in said and "install packages" in said
+    # A job known to need docker: the local backend is never proposed.
+    needed = docker_problem(ConnectionError("refused"), {}, "env terminal_bench runs each task in its own image")
+    assert "DOCKYARD_SANDBOX_BACKEND=local" not in needed and "cannot run it" in needed
 
 
 def test_a_missing_sandbox_image_says_how_to_build_it() -> None:
