@@ -27,6 +27,7 @@ import os
 import secrets
 import subprocess
 import sys
+import weakref
 
 # After an EOF with no "closed" first (the service died), how long the guard keeps scanning.
 SETTLE_SECONDS = 1.0
@@ -71,6 +72,7 @@ class RunGuard:
         self.mark = f"DOCKYARD_SANDBOX_RUN_{secrets.token_hex(8)}"
         self._proc: subprocess.Popen | None = None
         self._pipe: int | None = None
+        self._release: weakref.finalize | None = None  # closes the pipe once: at close(), or when dropped
 
     def start(self) -> None:
         """Start the guard unless it runs; OSError when it cannot be spawned. Blocks for the spawn."""
@@ -91,15 +93,17 @@ class RunGuard:
         finally:
             os.close(read)
         self._pipe = write
+        # A backend dropped without close() (a test's) ends its guard too, which then sweeps its runs.
+        self._release = weakref.finalize(self, os.close, write)
 
     def close(self) -> None:
         """Tell the guard the runs are killed, let it sweep what is left, wait for it. Blocks."""
-        if self._pipe is None or self._proc is None:
+        if self._pipe is None or self._proc is None or self._release is None:
             return
         try:
             os.write(self._pipe, b"closed\n")
         finally:
-            os.close(self._pipe)
+            self._release()
             self._pipe = None
         try:
             self._proc.wait(MAX_SECONDS + 5)
