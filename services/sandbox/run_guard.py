@@ -4,7 +4,8 @@
         in a session of its own (a terminal's Ctrl-C never reaches it), reading a pipe that only the
         service holds; every bwrap of the service carries MARK in its command line (bwrap.py)
     the service dies --> the pipe's EOF --> the guard SIGKILLs every process whose command line holds
-        MARK (bwrap and the namespace's init), and its process group (the run's launcher and code),
+        MARK (bwrap and the namespace's init, whose death ends the namespace) and the process group
+        such a process leads (a run's: bwrap leads it; the launcher and the code are in it),
         scanning again until none is found for SETTLE_SECONDS (a spawn the service had begun still
         execs bwrap then), then exits
     LocalBackend.close() --> (after its own killpg of each run) "closed" down the pipe, which is closed:
@@ -17,8 +18,8 @@ leaves the init orphaned, blocked or running the code with no wall-clock limit, 
 namespace's init it ignores SIGTERM (tests/unit/sandbox/test_run_guard.py holds bwrap there).
 
 Guarantees: the guard signals only processes whose command line holds MARK (a random name, one
-per backend) and their process groups, never the service's own group (PGID) or itself; it ends
-within MAX_SECONDS of the pipe's EOF whatever it finds.
+per backend) and the process groups they lead, never the service's own group (PGID) or itself; it
+ends within MAX_SECONDS of the pipe's EOF whatever it finds.
 """
 
 from __future__ import annotations
@@ -47,15 +48,15 @@ while True:
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
+        pid = int(name)
         try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if mark not in f.read():
                     continue
             found += 1
-            group = os.getpgid(int(name))
-            if group not in (spared, me):
-                os.killpg(group, signal.SIGKILL)
-            os.kill(int(name), signal.SIGKILL)
+            if os.getpgid(pid) == pid and pid not in (spared, me):  # a run's group, which bwrap leads
+                os.killpg(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
         except OSError:
             pass  # gone meanwhile, or not ours to signal
     waited = time.monotonic() - start
