@@ -50,9 +50,9 @@ task of the sandbox uid across runs; there is no memory, pids or CPU cgroup.
 Sessions (local_sessions.py) use run_kept: the same run, whose launcher afterwards kills every
 process of the run and copies the work folder out into a host folder the session keeps.
 
-Why over 400 lines: the bubblewrap arguments live in bwrap.py, the file staging in staging.py
-and sessions in local_sessions.py; what is left is one backend's spawn, limits, output
-collection and cleanup, which read as one sequence.
+Why over 400 lines: the bubblewrap arguments live in bwrap.py, the file staging in staging.py,
+sessions in local_sessions.py and the guard of a dead service's runs in run_guard.py; what is
+left is one backend's spawn, limits, output collection and cleanup, which read as one sequence.
 """
 
 from __future__ import annotations

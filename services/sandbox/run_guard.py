@@ -1,6 +1,6 @@
 """The local backend's runs end with the service process, however it ends (exit, SIGKILL, the OOM killer).
 
-    LocalBackend's first isolated run --> RunGuard.start(): `python -I -S -c GUARD_SOURCE MARK PGID`,
+    LocalBackend's first isolated run --> RunGuard.start(): `python -I -S -c GUARD_SOURCE MARK PGID ...`,
         in a session of its own (a terminal's Ctrl-C never reaches it), reading a pipe that only the
         service holds; every bwrap of the service carries MARK in its command line (bwrap.py)
     the service dies --> the pipe's EOF --> the guard SIGKILLs every process whose command line holds
