@@ -13,7 +13,10 @@ client that sends back the reply's message does.
 Guarantees: nothing is silently dropped: a `reasoning` item, an image or file part, a tool that is
 not a function tool, `previous_response_id` (the endpoint keeps no responses: the whole
 conversation is the request's `input`) and every field `request_fields` refuses are a BadRequest
-naming the item or field. The reply reports the sampling law the turn was drawn under (the job's),
+naming the item or field. `include` serves "message.output_text.logprobs" only (any other value is a
+BadRequest naming it): the text part (and its delta and done events) then carries each sampled
+token's logprob, with `top_logprobs` alternatives when asked (top_logprobs without that `include` is
+a BadRequest). The reply reports the sampling law the turn was drawn under (the job's),
 not the one the client asked for. The stream carries the same output as the reply, as the API's
 typed events in order (`response.created` ... `response.completed`, or `response.incomplete` when
 the reply ran out of tokens), each with its `sequence_number`.
@@ -39,6 +42,7 @@ from services.endpoint.convert import (
     sse,
 )
 from services.endpoint.errors import BadRequest
+from services.endpoint.logprobs import event_logprobs, output_text_logprobs
 from services.endpoint.rendering import Message
 from services.endpoint.request_fields import RESPONSES_NEUTRAL, check_supported
 from services.endpoint.schemas import FunctionSpec, ResponsesRequest
@@ -46,6 +50,7 @@ from services.endpoint.turns import TurnSampling
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text", "text")
+LOGPROBS = "message.output_text.logprobs"  # the one `include` value served
 
 
 def to_chat(body: ResponsesRequest) -> Chat:
@@ -80,7 +85,23 @@ def to_chat(body: ResponsesRequest) -> Chat:
         stop=[],
         seed=None,
         required_call=required,
+        top_logprobs=_top_logprobs(body),
     )
+
+
+def wants_logprobs(body: ResponsesRequest) -> bool:
+    """Whether the reply's output_text parts carry logprobs (`include` names them)."""
+    return LOGPROBS in (body.include or ())
+
+
+def _top_logprobs(body: ResponsesRequest) -> int:
+    """How many alternatives per token the request asks for; BadRequest for an `include` not served."""
+    for i, name in enumerate(body.include or ()):
+        if name != LOGPROBS:
+            raise BadRequest(f"include[{i}]: {name!r} is not supported (only {LOGPROBS!r})")
+    if body.top_logprobs and not wants_logprobs(body):
+        raise BadRequest(f"top_logprobs: add {LOGPROBS!r} to `include` to get them")
+    return body.top_logprobs or 0
 
 
 def _add_item(messages: list[Message], item: dict[str, Any], where: str) -> None:
@@ -137,12 +158,18 @@ def _function_tool(tool: dict[str, Any], where: str) -> dict:
     return {"type": "function", "function": spec.model_dump(exclude_none=True, exclude={"strict"})}
 
 
-def output_items(choice: Choice) -> list[dict[str, Any]]:
-    """The reply as output items: its text as one message (also when empty and there is no call), then each call."""
+def output_items(choice: Choice, logprobs: bool = False) -> list[dict[str, Any]]:
+    """The reply as output items: its text as one message (also when empty and there is no call), then each call;
+    with `logprobs`, the text part carries every sampled token's (its alternatives as the request asked)."""
     items: list[dict[str, Any]] = []
     status = "incomplete" if choice.finish_reason == "length" else "completed"
     if choice.content or not choice.tool_calls:
-        text = {"type": "output_text", "text": choice.content, "annotations": [], "logprobs": []}
+        text = {
+            "type": "output_text",
+            "text": choice.content,
+            "annotations": [],
+            "logprobs": output_text_logprobs(choice) if logprobs else [],
+        }
         message = {"type": "message", "role": "assistant", "status": status, "content": [text]}
         items.append({"id": f"msg_{uuid.uuid4().hex}", **message})
     for call in choice.tool_calls:
@@ -192,6 +219,7 @@ def response_body(
         "temperature": law.temperature,
         "top_p": law.top_p,
         "max_output_tokens": body.max_output_tokens,
+        "top_logprobs": body.top_logprobs,
         "error": None,
         "incomplete_details": details,
         "metadata": {},
@@ -212,7 +240,9 @@ def _usage(usage: dict[str, int]) -> dict[str, Any]:
 def response_events(body: ResponsesRequest, choice: Choice, usage: dict[str, int], law: TurnSampling) -> Iterator[str]:
     """The reply as the Responses stream: created, in_progress, each item's events, then completed/incomplete."""
     response_id = f"resp_{uuid.uuid4().hex}"
-    items = output_items(choice)
+    logprobs = wants_logprobs(body)
+    items = output_items(choice, logprobs)
+    tokens = event_logprobs(choice) if logprobs else []
     sequence = iter(range(1 << 30))
 
     def event(kind: str, **fields: Any) -> str:
@@ -229,8 +259,8 @@ def response_events(body: ResponsesRequest, choice: Choice, usage: dict[str, int
             )
             part = item["content"][0]
             yield event("response.content_part.added", **where, content_index=0, part={**part, "text": ""})
-            yield event("response.output_text.delta", **where, content_index=0, delta=part["text"], logprobs=[])
-            yield event("response.output_text.done", **where, content_index=0, text=part["text"], logprobs=[])
+            yield event("response.output_text.delta", **where, content_index=0, delta=part["text"], logprobs=tokens)
+            yield event("response.output_text.done", **where, content_index=0, text=part["text"], logprobs=tokens)
             yield event("response.content_part.done", **where, content_index=0, part=part)
         else:
             yield event(

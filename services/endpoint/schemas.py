@@ -153,3 +153,6 @@ class ResponsesRequest(_Request):
     previous_response_id: str | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
+    # Extra output: only "message.output_text.logprobs" (checked in responses.to_chat).
+    include: list[str] | None = Field(None, max_length=16)
+    top_logprobs: int | None = Field(None, ge=0, le=20)

@@ -100,7 +100,13 @@ async def take_turn(
             plan = await asyncio.to_thread(session.plan, job.renderer, chat.messages, chat.tools)
         try:
             generated = await backend.complete(
-                model_id, session_id, plan.prompt_ids, chat.n, sampling_params(chat, job, law), images
+                model_id,
+                session_id,
+                plan.prompt_ids,
+                chat.n,
+                sampling_params(chat, job, law),
+                images,
+                top_logprobs=chat.top_logprobs,
             )
         except ReplicaLost as exc:
             if session.turns:  # mid-session and no replica to go on with: the trial ends
@@ -174,6 +180,10 @@ def choices_of(job: JobModel, chat: Chat, prompt_tail: str, completions) -> tupl
             stop=stop,
             tokens=job.renderer.decode_each(ids),
             logprobs=list(c.logprobs),
+            top_logprobs=[
+                list(zip(job.renderer.decode_each(list(top.token_ids)), top.logprobs, strict=True))
+                for top in c.top_logprobs
+            ],
         )
         choices.append(choice)
         decoded = job.renderer.decode(ids)

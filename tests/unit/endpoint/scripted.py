@@ -1,7 +1,9 @@
 """A scripted stand-in for the endpoint's backend, and clients bound to an app in process.
 
 ScriptedBackend serves one job ("job-1") on the character tokenizer; each call to `complete` answers with
-the next text of `script` (then "ok"), ending in eos, every token at logprob -0.25.
+the next text of `script` (then "ok"), ending in eos, every token at logprob -0.25; asked for
+top_logprobs = k, each token's alternatives are itself at -0.25 then the first letters of ALTERNATIVES
+that differ from it, at -2.5, -3.5, ... (k in all).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ TOKEN = "sekret"
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
 OA_TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
 AN_TOOLS = [{"name": "add", "input_schema": {"type": "object"}}]
+ALTERNATIVES = "xyzwvutsrqponmlkjihgfedcba"
 
 
 class ScriptedBackend:
@@ -30,6 +33,7 @@ class ScriptedBackend:
         self.script: list[str] = []
         self.prompts: list[list[int]] = []
         self.images: list = []  # what each call carried besides ids (Prompted), or None
+        self.top_logprobs: list[int] = []  # what each call asked Generate's top_logprobs to be
         self.lose = False
         self.router = Router()
 
@@ -45,12 +49,13 @@ class ScriptedBackend:
             raise UnknownModel(f"model {job_id!r}: no such job")
         return self.model_
 
-    async def complete(self, job_id, session, prompt_ids, n, sampling, images=None) -> Generated:
+    async def complete(self, job_id, session, prompt_ids, n, sampling, images=None, *, top_logprobs=0) -> Generated:
         self.router.route(session, [Replica("rollout", "127.0.0.1:1")], len(prompt_ids))
         if self.lose:
             raise ReplicaLost("replica rollout failed mid-session: UNAVAILABLE")
         self.prompts.append(list(prompt_ids))
         self.images.append(images)
+        self.top_logprobs.append(top_logprobs)
         if images is not None:  # the rollout's processor would insert image tokens: 3 per image here
             prompt_ids = [9] * (3 * len(images.images)) + list(prompt_ids)
         renderer = self.model_.renderer
@@ -58,10 +63,18 @@ class ScriptedBackend:
         for _ in range(n):
             text = self.script.pop(0) if self.script else "ok"
             ids = renderer.encode(text) + [renderer.eos_token_id]
+            tops = [self._alternatives(token, top_logprobs) for token in ids] if top_logprobs else []
             completions.append(
-                rollout_pb2.Completion(token_ids=ids, logprobs=[-0.25] * len(ids), text=text, finish_reason="eos")
+                rollout_pb2.Completion(
+                    token_ids=ids, logprobs=[-0.25] * len(ids), text=text, finish_reason="eos", top_logprobs=tops
+                )
             )
         return Generated(list(prompt_ids), completions, 7, [7], "rollout")
+
+    def _alternatives(self, token: int, k: int) -> rollout_pb2.TopLogprobs:
+        others = [t for t in self.model_.renderer.encode(ALTERNATIVES) if t != token][: k - 1]
+        logprobs = [-0.25] + [-2.5 - i for i in range(len(others))]
+        return rollout_pb2.TopLogprobs(token_ids=[token, *others], logprobs=logprobs)
 
 
 def oa(app, key: str = TOKEN) -> openai.AsyncOpenAI:
