@@ -14,10 +14,15 @@ as their type defines.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # convert.py writes replies with these functions
-    from services.endpoint.convert import Choice
+
+class Choice(Protocol):
+    """What these functions read of a reply's choice (convert.Choice)."""
+
+    tokens: list[str]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[str, float]]]  # per token (empty: none asked), (token text, logprob) each
 
 
 def _entry(token: str, logprob: float, with_bytes: bool) -> dict[str, Any]:
