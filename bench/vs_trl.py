@@ -16,11 +16,17 @@ Matched (the recipe's values, read from examples/configs/tiny_expr.yaml):
   per step, one update per generation);
 - sampling: temperature 1, top_p 1, no top_k, max_new_tokens 16; a completion ends after eos or
   after the first newline, the token kept (dockyard: stop string "\\n"; TRL: the newline's id
-  added to the model's eos ids, which TRL's completion mask honours the same way);
-- reward: each completion's first line run against the task's 8 asserts in a subprocess by the
-  sandbox's own local backend (bwrap namespaces, the same settings object the sandbox service
-  reads, limits from env.sandbox), reward = tests passed / tests (`reward_of`, pass_fraction);
-  an ERROR verdict is no reward (dockyard masks the trajectory; TRL gets None);
+  added to the model's eos ids, which TRL's completion mask honours the same way); with
+  `--no-stop`, neither side stops at the newline (dockyard: no stop strings; TRL: eos only), so
+  every completion runs to eos or 16 tokens;
+- reward: each completion's first line defines `f`, run against the task's 8 asserts, reward =
+  tests passed / tests. dockyard scores through its sandbox service as the recipe does. TRL's
+  reward is, by default (`--trl-reward subprocess`), what a TRL user writes: one plain
+  `python3 -I -c` subprocess per completion (the program, then each assert in a try), on a thread
+  pool of the machine's cores, with the recipe's timeout; `--trl-reward sandbox` gives TRL the
+  sandbox's own local backend instead (bwrap namespaces, the settings object the sandbox service
+  reads, limits from env.sandbox; an ERROR verdict is no reward: dockyard masks the trajectory,
+  TRL gets None), which isolates both sides alike;
 - loss and optimizer: PPO-clip 0.2/0.2, no KL term and no reference model, token-level loss mean
   (TRL: loss_type "dapo", which with one process and one micro-batch is the mean over the batch's
   completion tokens), rewards scaled by the group's std, AdamW lr 1e-4, betas (0.9, 0.99),
@@ -51,8 +57,13 @@ higher is better; the goal is R >= 1.0 on a 2-core machine).
     .venv/bin/python bench/vs_trl.py                     # warm start (minutes), 3 measured steps per side
     .venv/bin/python bench/vs_trl.py --rounds 2 --model-dir /tmp/tiny-expr-sft  # reuse a warm start
     .venv/bin/python bench/vs_trl.py --quick             # 100-step warm start, 3 measured steps
+    .venv/bin/python bench/vs_trl.py --rounds 3 --steps 11 --no-stop   # the outside side-by-side's setting
+    .venv/bin/python bench/vs_trl.py --trl-reward sandbox  # both sides score in the sandbox
 
-Needs `trl` (the `bench` extra: `.venv/bin/pip install -e '.[bench]'`) and bwrap.
+Each figure line names its setting: `dockyard_vs_trl_steps` (TRL's reward as set, stop strings as
+set) is the headline; the setting is printed above it.
+
+Needs `trl` (the `bench` extra: `.venv/bin/pip install -e '.[bench]'`), and bwrap for `--trl-reward sandbox`.
 """
 
 from __future__ import annotations
@@ -119,39 +130,45 @@ def run_dockyard(overrides: list[str], log_dir: Path, threads: int | None) -> tu
     return measured([r["time"] for r in train]), [r["reward_mean"] for r in train]
 
 
-def run_trl(cfg, model_dir: Path, out_dir: Path, steps: int, threads: int | None) -> tuple[list[float], list[float]]:
-    """GRPOTrainer on the same folder, prompts and reward; (seconds of each step after the first, reward means)."""
-    import torch
+def subprocess_script(program: str, tests: list[str]) -> str:
+    """The program, then each assert in a try, printing how many passed: a TRL user's usual harness."""
+    lines = [program, "passed = 0"]
+    for test in tests:
+        lines += ["try:", f"    {test}", "    passed += 1", "except BaseException:", "    pass"]
+    return "\n".join([*lines, "print(passed)", ""])
 
-    if threads:
-        torch.set_num_threads(threads)
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
 
-    # TRL checks the vLLM it finds installed; this bench generates with transformers.
-    warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
-    from trl import GRPOConfig, GRPOTrainer
+def make_reward(kind: str, cfg):
+    """(reward function for GRPOTrainer, close): a plain subprocess per completion, or the sandbox's backend."""
+    from dockyard.tasks import expr
+
+    timeout = cfg.env.sandbox.timeout_seconds
+    if kind == "subprocess":
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+
+        def one(completion: str, tests: list[str]) -> float:
+            script = subprocess_script(expr.program_for(completion), tests)
+            try:
+                run = subprocess.run(
+                    [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=timeout
+                )
+                passed = int(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else 0
+            except (subprocess.TimeoutExpired, ValueError, IndexError):
+                passed = 0
+            return passed / len(tests)
+
+        def by_subprocess(completions: list[str], tests: list[list[str]], **_: object) -> list[float]:
+            return list(pool.map(one, completions, tests))
+
+        return by_subprocess, pool.shutdown
 
     from dockyard.api.sandbox.v1 import sandbox_pb2
-    from dockyard.tasks import expr
     from services.coordinator.rewards import reward_of
-    from services.coordinator.task_stream import TaskStream, load_tasks
     from services.sandbox.__main__ import make_backend
     from services.sandbox.servicer import resolve_limits, to_verdict
     from services.sandbox.settings import SandboxSettings
-
-    grpo, policy, gen = cfg.grpo, cfg.policy, cfg.policy.generation
-    if list(gen.stop_strings) != ["\n"] or cfg.env.name != "expr":
-        raise SystemExit("this bench matches the tiny recipe: env expr, stop_strings ['\\n']")
-    per_step = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
-    stream = TaskStream(load_tasks(cfg, "train"), grpo.seed)
-    tasks = [next(stream) for _ in range(steps * grpo.num_prompts_per_step)]
-    dataset = Dataset.from_list([{"prompt": t.prompt, "tests": list(t.tests)} for t in tasks])
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, policy.dtype))
-    [newline] = tokenizer("\n", add_special_tokens=False)["input_ids"]
-    model.generation_config.eos_token_id = [tokenizer.eos_token_id, newline]
 
     # The sandbox service's own backend and limit resolution, on one event loop kept for the run.
     loop = asyncio.new_event_loop()
@@ -168,7 +185,7 @@ def run_trl(cfg, model_dir: Path, out_dir: Path, steps: int, threads: int | None
         settings,
     )
 
-    def pass_fraction(completions: list[str], tests: list[list[str]], **_: object) -> list[float | None]:
+    def by_sandbox(completions: list[str], tests: list[list[str]], **_: object) -> list[float | None]:
         async def score() -> list:
             runs = (backend.run_tests(expr.program_for(c), t, limits) for c, t in zip(completions, tests, strict=True))
             return await asyncio.gather(*runs)
@@ -179,6 +196,45 @@ def run_trl(cfg, model_dir: Path, out_dir: Path, steps: int, threads: int | None
             rewards.append(reward if valid else None)
         return rewards
 
+    def close() -> None:
+        loop.run_until_complete(backend.close())
+        loop.close()
+
+    return by_sandbox, close
+
+
+def run_trl(
+    cfg, model_dir: Path, out_dir: Path, steps: int, threads: int | None, trl_reward: str
+) -> tuple[list[float], list[float]]:
+    """GRPOTrainer on the same folder, prompts and reward; (seconds of each step after the first, reward means)."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+
+    # TRL checks the vLLM it finds installed; this bench generates with transformers.
+    warnings.filterwarnings("ignore", message="TRL currently supports vLLM")
+    from trl import GRPOConfig, GRPOTrainer
+
+    from services.coordinator.task_stream import TaskStream, load_tasks
+
+    grpo, policy, gen = cfg.grpo, cfg.policy, cfg.policy.generation
+    if list(gen.stop_strings) not in (["\n"], []) or cfg.env.name != "expr":
+        raise SystemExit("this bench matches the tiny recipe: env expr, stop_strings ['\\n'] or none")
+    per_step = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
+    stream = TaskStream(load_tasks(cfg, "train"), grpo.seed)
+    tasks = [next(stream) for _ in range(steps * grpo.num_prompts_per_step)]
+    dataset = Dataset.from_list([{"prompt": t.prompt, "tests": list(t.tests)} for t in tasks])
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, policy.dtype))
+    if gen.stop_strings:
+        [newline] = tokenizer("\n", add_special_tokens=False)["input_ids"]
+        model.generation_config.eos_token_id = [tokenizer.eos_token_id, newline]
+
+    reward_fn, close_reward = make_reward(trl_reward, cfg)
     ends: list[float] = []
     rewards: list[float] = []
 
@@ -231,7 +287,7 @@ def run_trl(cfg, model_dir: Path, out_dir: Path, steps: int, threads: int | None
     )
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=pass_fraction,
+        reward_funcs=reward_fn,
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
@@ -241,8 +297,7 @@ def run_trl(cfg, model_dir: Path, out_dir: Path, steps: int, threads: int | None
     try:
         trainer.train()
     finally:
-        loop.run_until_complete(backend.close())
-        loop.close()
+        close_reward()
     return measured(ends[1:]), rewards
 
 
@@ -257,6 +312,13 @@ def main() -> None:
         "--threads", type=int, default=None, help="torch threads of TRL and of dockyard's trainer and rollout"
     )
     parser.add_argument("--only", choices=("dockyard", "trl"), default=None, help="run one side")
+    parser.add_argument(
+        "--trl-reward",
+        choices=("subprocess", "sandbox"),
+        default="subprocess",
+        help="TRL's reward: a plain python subprocess per completion (what TRL users write), or dockyard's sandbox",
+    )
+    parser.add_argument("--no-stop", action="store_true", help="no stop string on either side (eos or length)")
     args = parser.parse_args()
     if args.steps < 1 or args.rounds < 1:
         parser.error("--steps and --rounds must be at least 1")
@@ -269,24 +331,27 @@ def main() -> None:
     seconds: dict[str, list[float]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory(prefix="dockyard-vs-trl-") as tmp:
         model_dir = (args.model_dir or Path(tmp) / "model").resolve()
-        overrides = overrides_for(model_dir, Path(tmp) / "runs", steps, warm_steps)
+        stop = ["policy.generation.stop_strings=[]"] if args.no_stop else []
+        overrides = overrides_for(model_dir, Path(tmp) / "runs", steps, warm_steps) + stop
         cfg = load_config(RECIPE, overrides)
         if not (model_dir / "config.json").is_file():
             say(f"warm start into {model_dir} (dockyard prepare, {cfg.policy.bootstrap.steps} steps)")
             subprocess.run([str(DOCKYARD), "prepare", str(RECIPE), *overrides], cwd=ROOT, check=True)
         per_step = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
         say(f"{steps} steps per side and round ({per_step} completions each, first not counted); policy {model_dir}")
+        say(f"setting: TRL reward {args.trl_reward}; stop strings {'none' if args.no_stop else 'newline'}")
         for round_ in range(args.rounds):
             # Alternating the order spreads a drift in the machine's load over both sides.
             for side in sides if round_ % 2 == 0 else sides[::-1]:
                 if side == "dockyard":
                     say(f"round {round_ + 1}: dockyard run (five services)")
                     log_dir = Path(tmp) / f"runs-{round_}"
-                    run_overrides = overrides_for(model_dir, log_dir, steps, warm_steps)
+                    run_overrides = overrides_for(model_dir, log_dir, steps, warm_steps) + stop
                     took, rewards = run_dockyard(run_overrides, log_dir, args.threads)
                 else:
                     say(f"round {round_ + 1}: TRL GRPOTrainer")
-                    took, rewards = run_trl(cfg, model_dir, Path(tmp) / f"trl-{round_}", steps, args.threads)
+                    out = Path(tmp) / f"trl-{round_}"
+                    took, rewards = run_trl(cfg, model_dir, out, steps, args.threads, args.trl_reward)
                 seconds[side] += took
                 say(
                     f"round {round_ + 1}: {side} steps 2..{steps}: {' '.join(f'{s:.2f}' for s in took)} s; "

@@ -2,7 +2,8 @@
 
     MasterConfig (already valid: typos, group size and launch rules failed in load_config)
         ──> [away from its hardware: a cuda config with cluster.target_hardware, on a machine without CUDA]
-        ──> model folder ─> tokenizer ─> datasets (files, fields) ─> context (longest prompt + max_new_tokens)
+        ──> model folder ─> tokenizer ─> tool-call format (policy.tool_call_format against the chat template)
+        ──> datasets (files, fields) ─> context (longest prompt + max_new_tokens)
         ──> SFT demonstrations file (sft.dataset) / OPD teacher folder
         ──> swe task sets as the sandbox loads them (swebench specs, mirror commits)
         ──> GPUs / NCCL layout ─> image processor (multimodal) ─> desktop VM (osworld: a stated skip)
@@ -220,6 +221,8 @@ def check_tokenizer_and_context(config: MasterConfig, prepare: bool, away: str |
             *data_findings,
         ]
     findings = [Finding("tokenizer", OK, f"{type(tokenizer).__name__}, {len(tokenizer)} tokens"), *data_findings]
+    if calls := check_tool_call_format(config, tokenizer):
+        findings.append(calls)
     if chat := _check_chat_template(config, tokenizer, prompts):
         findings.append(chat)
         if chat.status == ERROR:
@@ -278,6 +281,42 @@ def _check_chat_template(config: MasterConfig, tokenizer, prompts: list) -> Find
         f"the tokenizer of {config.policy.model_name or 'the built-in policy'} has no chat_template, and "
         "data.chat_template is true or data rows carry messages: use a tokenizer with a chat template "
         "(chat_template in tokenizer_config.json), or set data.chat_template=false and use prompt rows",
+    )
+
+
+def check_tool_call_format(config: MasterConfig, tokenizer) -> Finding | None:
+    """An explicit policy.tool_call_format must be one the chat template renders (else the endpoint would
+    read every call as text); `auto` says what it picked for a job whose trials call tools."""
+    from dockyard.agents.tool_formats import FORMATS, detect, pick, renders
+
+    setting = config.policy.tool_call_format
+    if setting == "auto" and not config.env.agentic:
+        return None
+    name, how = pick(setting, tokenizer)
+    model = config.policy.model_name or "the built-in policy"
+    if how == "fallback":
+        return Finding(
+            "tool calls",
+            OK,
+            f"policy.tool_call_format=auto: the chat template of {model} renders none of the known tool-call "
+            f"formats ({', '.join(FORMATS)}), so the endpoint falls back to {name}; set "
+            "policy.tool_call_format if the model writes calls another way",
+        )
+    if how != "set" or renders(name, tokenizer):
+        said = {"set": "policy.tool_call_format", "detected": "detected from the chat template (auto)"}
+        return Finding("tool calls", OK, f"{name}: {said.get(how, 'the tokenizer has a response_template (auto)')}")
+    renders_instead = detect(tokenizer)
+    fix = f"set policy.tool_call_format={renders_instead} (or auto)" if renders_instead else "use a model that does"
+    return Finding(
+        "tool calls",
+        ERROR,
+        f"policy.tool_call_format={setting}, but the chat template of {model} does not render that format: "
+        + (
+            "the tokenizer has no response_template"
+            if setting == "transformers"
+            else f"the format's template features ({', '.join(FORMATS[setting].FEATURES)}) are not in it"
+        )
+        + f"; {fix}",
     )
 
 

@@ -95,6 +95,9 @@ class Completion(BaseModel):
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    # Positions in token_ids the endpoint wrote rather than sampled (a thinking budget's closing tag):
+    # context, never trained; their logprob is 0.0.
+    forced: list[int] = []
 
 
 class Turn(BaseModel):

@@ -1,6 +1,6 @@
 """Malformed actions visible in a model's text: what grpo.invalid_action_penalty penalizes.
 
-    model output text ─> unclosed_thinking ─> bool      (tool calls: services/endpoint/tool_parsers.py
+    model output text ─> unclosed_thinking ─> bool      (tool calls: dockyard/agents/tool_formats/
                                                            marks a call that is not a valid call of the
                                                            request's tools, by dockyard/agents/tool_calls.py,
                                                            as malformed)

@@ -162,6 +162,15 @@ class PolicyConfig(Section):
         ),
     )
     bootstrap: BootstrapConfig | None = Field(None, description="Writes model_name before the job when it is missing.")
+    reasoning: Literal["auto", "think", "none"] = Field(
+        "auto",
+        description=(
+            "Whether the model writes a `<think>...</think>` block before its answer (Qwen3, DeepSeek R1): "
+            "`auto` when its chat template handles `<think>` or `reasoning_content`, `think` or `none` to "
+            "say so. The policy endpoint returns the block as each API's reasoning field and matches "
+            "histories sent back with or without it. [endpoint-api.md](endpoint-api.md#reasoning)"
+        ),
+    )
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32",
         description=(
@@ -248,6 +257,20 @@ class PolicyConfig(Section):
         description=(
             "Seed of the trainer's torch RNG and of random initialisation (`policy.model`). "
             "Generation seeds come from `grpo.seed`."
+        ),
+    )
+    tool_call_format: Literal[
+        "auto", "hermes", "qwen3_coder", "llama3_json", "mistral", "deepseek_v3", "harmony", "transformers", "none"
+    ] = Field(
+        "auto",
+        description=(
+            "How the policy endpoint reads tool calls out of the model's text "
+            "(dockyard/agents/tool_formats): `auto` (the tokenizer's `response_template` when it has "
+            "one, else the format the chat template renders, else `hermes`, which preflight says), "
+            "`hermes`, `qwen3_coder`, `llama3_json`, `mistral`, `deepseek_v3`, `harmony`, "
+            "`transformers` (the `response_template`) or `none` (text only). A format the chat "
+            "template does not render is a preflight error. "
+            "[endpoint-api.md](endpoint-api.md#tool-call-formats)"
         ),
     )
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)

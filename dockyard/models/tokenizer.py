@@ -20,6 +20,9 @@ keys of ``function.parameters.properties``, comma-separated; descriptions and
 types are not rendered). An assistant's tool calls render as
 ``<tool_call>{json}</tool_call>`` after its content (the Hermes format the
 policy endpoint parses); lowercase tool names and arguments stay within CHARSET.
+``build_char_tokenizer(extra_chars, special_tokens)`` appends more characters
+and special tokens after these (the ids above never change): tests build each
+model family's tool-call tokenizer so.
 """
 
 from __future__ import annotations
@@ -55,10 +58,12 @@ CHAT_TEMPLATE: str = (
 )
 
 
-def build_char_tokenizer() -> PreTrainedTokenizerFast:
-    """A fresh character-level tokenizer over ``CHARSET``."""
+def build_char_tokenizer(extra_chars: str = "", special_tokens: tuple[str, ...] = ()) -> PreTrainedTokenizerFast:
+    """A fresh character-level tokenizer over ``CHARSET``; ``extra_chars`` and ``special_tokens`` (e.g. a
+    model family's tool-call tokens, whole tokens that decoding with ``skip_special_tokens`` drops) come
+    after it, so the ids of the default tokenizer never change."""
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    for ch in CHARSET:
+    for ch in CHARSET + extra_chars:
         vocab.setdefault(ch, len(vocab))
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     # One token per character, newlines and spaces included.
@@ -73,5 +78,7 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
         padding_side="right",
         clean_up_tokenization_spaces=False,
     )
+    if special_tokens:
+        tokenizer.add_special_tokens({"additional_special_tokens": list(special_tokens)})
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer

@@ -1,6 +1,7 @@
 """The endpoint's view of the fleet, over gRPC only: running jobs, their tokenizers, replicas, Generate.
 
     model (= job id) ──Jobs.renderer──> GetJob ─> <run_dir>/config.yaml ─> load_tokenizer ─> Renderer (cached)
+                                                                       └─> policy.tool_call_format ─> format
                                                                        └─> policy.generation (the sampling law)
     session ──pick──> ListMembers: ALIVE rollout replicas holding the job ──Router.route──> sticky, else least
         loaded (services/endpoint/routing.py; a new session may wait for admission)
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import grpc
 
+from dockyard.agents.tool_formats import pick
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
@@ -39,10 +41,10 @@ from dockyard.config import SamplingConfig, load_config_text
 from dockyard.images import ImageLimits
 from dockyard.models.load import load_tokenizer
 from dockyard.rpc.client import connect
+from services.endpoint.reasoning import enabled as reasoning_enabled
 from services.endpoint.rendering import Renderer
 from services.endpoint.routing import AdmissionRefused, Replica, ReplicaState, Router
 from services.endpoint.settings import EndpointSettings
-from services.endpoint.tool_parsers import pick_parser
 
 LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 LOST_JOB = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
@@ -64,11 +66,13 @@ class GenerateRefused(ValueError):
 class JobModel:
     job_id: str
     renderer: Renderer
-    parser: str
+    parser: str  # the job's tool-call format (dockyard/agents/tool_formats), picked from policy.tool_call_format
     max_new_tokens: int
     images: ImageLimits = field(default_factory=ImageLimits)  # the job's multimodal gate
     # The job's policy.generation: every turn samples with its temperature/top_p/top_k (turns.turn_sampling).
     sampling: SamplingConfig | None = None
+    # Whether the model writes a thinking block (policy.reasoning, services/endpoint/reasoning.py).
+    reasoning: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,19 +92,32 @@ class Generated:
     replica: str
 
 
+def load_job_model(job_id: str, folder: Path) -> JobModel:
+    """The job as its run folder's config.yaml describes it: tokenizer, tool-call format, sampling law."""
+    cfg = load_config_text((folder / "config.yaml").read_text(), origin=str(folder / "config.yaml"))
+    tokenizer = load_tokenizer(cfg.policy)
+    return JobModel(
+        job_id,
+        Renderer(tokenizer),
+        pick(cfg.policy.tool_call_format, tokenizer)[0],
+        cfg.policy.generation.max_new_tokens,
+        ImageLimits.from_generation(cfg.policy.generation),
+        sampling=cfg.policy.generation,
+        reasoning=reasoning_enabled(cfg.policy.reasoning, str(tokenizer.chat_template)),
+    )
+
+
 class Backend:
     def __init__(
         self,
         coordinator_address: str,
         *,
-        tool_parser: str,
         generate_timeout: float,
         run_root: str = "",
         router: Router | None = None,
     ) -> None:
         self._coordinator = connect(coordinator_address, service="coordinator")
         self._stub = coordinator_pb2_grpc.CoordinatorServiceStub(self._coordinator)
-        self._tool_parser = tool_parser
         self._timeout = generate_timeout
         self._run_root = Path(run_root) if run_root else None
         self._models: dict[str, JobModel] = {}
@@ -115,7 +132,6 @@ class Backend:
         """The backend the endpoint's settings describe (its gRPC channels belong to the running event loop)."""
         return cls(
             settings.coordinator_address,
-            tool_parser=settings.tool_parser,
             generate_timeout=settings.generate_timeout_seconds,
             run_root=settings.run_root,
             router=Router(
@@ -162,16 +178,7 @@ class Backend:
         folder = Path(run_dir)
         if self._run_root is not None and not folder.is_absolute():
             folder = self._run_root / folder
-        cfg = load_config_text((folder / "config.yaml").read_text(), origin=str(folder / "config.yaml"))
-        tokenizer = load_tokenizer(cfg.policy)
-        return JobModel(
-            job_id,
-            Renderer(tokenizer),
-            pick_parser(self._tool_parser, tokenizer),
-            cfg.policy.generation.max_new_tokens,
-            ImageLimits.from_generation(cfg.policy.generation),
-            sampling=cfg.policy.generation,
-        )
+        return load_job_model(job_id, folder)
 
     async def _replicas(self, job_id: str) -> list[Replica]:
         read_at, members = self._members

@@ -16,7 +16,10 @@ request does not define is a BadRequest, and so is a tool whose parameters are n
 endpoint can judge calls by (`dockyard.agents.tool_calls.check_tools`); the stream carries the same content,
 tool calls and finish reason as the non-streamed reply (generation is not
 token-streamed by the rollout's Generate, so the finished completion is sent
-as chunks).
+as chunks). A reply's reasoning (reasoning.py) is OpenAI's `reasoning_content` (also as stream
+deltas) and Anthropic's `thinking` block, whose `signature` is `dockyard:` and a digest of the
+thinking text; reasoning a client sends back (`reasoning_content`, thinking blocks; signatures are
+not checked: history is matched modulo reasoning) is kept on the message for the template.
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ from typing import Any
 
 from dockyard.agents.tool_calls import check_tools
 from dockyard.config.sampling import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from services.endpoint import reasoning
 from services.endpoint.errors import BadRequest
 from services.endpoint.logprobs import chat_logprobs
+from services.endpoint.reasoning import Thinking
 from services.endpoint.rendering import Message
 from services.endpoint.request_fields import ANTHROPIC_NEUTRAL, OPENAI_NEUTRAL, check_supported
 from services.endpoint.schemas import ChatCompletionRequest, ContentBlock, MessagesRequest
@@ -52,6 +57,7 @@ class Chat:
     top_logprobs: int = 0  # alternatives per sampled token the reply reports (Generate's top_logprobs)
     # A call the reply must make: None (none required), "" (any of the tools), or that tool's name.
     required_call: str | None = None
+    thinking: Thinking = field(default_factory=Thinking)  # what the request asked of the model's reasoning
 
 
 @dataclass
@@ -64,6 +70,8 @@ class Choice:
     logprobs: list[float]
     # Per token, when the request asked top_logprobs = k: the step's k most likely (token text, logprob).
     top_logprobs: list[list[tuple[str, float]]] = field(default_factory=list)
+    reasoning: str | None = None  # the completion's thinking block's text (None: it wrote none)
+    reasoning_tokens: int = 0  # how many of `tokens` are the thinking block
 
 
 def _text(content: str | list | None) -> str:
@@ -162,6 +170,10 @@ def from_openai(body: ChatCompletionRequest) -> Chat:
             ]
         if m.role == "tool":
             message["tool_call_id"] = m.tool_call_id or ""
+        if m.reasoning_content is not None:
+            if m.role != "assistant":
+                raise BadRequest(f"messages[{i}].reasoning_content: only an assistant message carries reasoning")
+            message[reasoning.KEY] = m.reasoning_content
         messages.append(message)
     check_supported(body, OPENAI_NEUTRAL)
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
@@ -186,6 +198,7 @@ def from_openai(body: ChatCompletionRequest) -> Chat:
         images=images,
         required_call=required,
         top_logprobs=body.top_logprobs or 0,
+        thinking=reasoning.effort_thinking(body.reasoning_effort, "reasoning_effort"),
     )
 
 
@@ -201,10 +214,12 @@ def from_anthropic(body: MessagesRequest) -> Chat:
     if system:
         messages.append({"role": "system", "content": system})
     for i, m in enumerate(body.messages):
-        text, calls = [], []
+        text, calls, thoughts = [], [], []
         for j, block in enumerate(_blocks(m.content)):
             if block.type == "text":
                 text.append(block.text or "")
+            elif block.type == "thinking" and m.role == "assistant":
+                thoughts.append(block.thinking or "")
             elif block.type == "image" and m.role == "user":
                 images.append(_anthropic_image(block, f"messages[{i}].content[{j}]"))
             elif block.type == "tool_use" and m.role == "assistant":
@@ -230,6 +245,8 @@ def from_anthropic(body: MessagesRequest) -> Chat:
             message: Message = {"role": m.role, "content": "".join(text)}
             if calls:
                 message["tool_calls"] = calls
+            if any(thoughts):
+                message[reasoning.KEY] = "\n".join(thoughts)
             messages.append(message)
     tools = (
         [
@@ -260,6 +277,7 @@ def from_anthropic(body: MessagesRequest) -> Chat:
         seed=None,
         images=images,
         required_call=required,
+        thinking=reasoning.anthropic_thinking(body.thinking, body.max_tokens),
     )
 
 
@@ -268,6 +286,8 @@ def reply_message(choice: Choice) -> Message:
     message: Message = {"role": "assistant", "content": choice.content}
     if choice.tool_calls:
         message["tool_calls"] = choice.tool_calls
+    if choice.reasoning is not None:
+        message[reasoning.KEY] = choice.reasoning
     return message
 
 
@@ -298,6 +318,7 @@ def openai_reply(model: str, choices: list[Choice], usage: dict, logprobs: bool)
                 "message": {
                     "role": "assistant",
                     "content": c.content if (c.content or not c.tool_calls) else None,
+                    **({"reasoning_content": c.reasoning} if c.reasoning is not None else {}),
                     **({"tool_calls": _openai_calls(c.tool_calls)} if c.tool_calls else {}),
                 },
                 "logprobs": chat_logprobs(c) if logprobs else None,
@@ -325,6 +346,9 @@ def openai_chunks(model: str, choices: list[Choice], usage: dict, logprobs: bool
         yield sse(
             {**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
         )
+        if c.reasoning is not None:  # before the content, as the model wrote it
+            thought = {"index": i, "delta": {"reasoning_content": c.reasoning}, "finish_reason": None}
+            yield sse({**base, "choices": [thought]})
         if c.content:
             chunk = {"index": i, "delta": {"content": c.content}, "finish_reason": None}
             if logprobs:
@@ -354,7 +378,13 @@ def _anthropic_stop(choice: Choice) -> tuple[str, str | None]:
 
 
 def _anthropic_content(choice: Choice) -> list[dict]:
-    blocks: list[dict] = [{"type": "text", "text": choice.content}] if choice.content or not choice.tool_calls else []
+    blocks: list[dict] = []
+    if choice.reasoning is not None:
+        blocks.append(
+            {"type": "thinking", "thinking": choice.reasoning, "signature": reasoning.signature(choice.reasoning)}
+        )
+    if choice.content or not choice.tool_calls:
+        blocks.append({"type": "text", "text": choice.content})
     blocks += [
         {
             "type": "tool_use",
@@ -387,13 +417,19 @@ def anthropic_events(model: str, choice: Choice, usage: dict) -> Iterator[str]:
     start["usage"] = {"input_tokens": usage["prompt_tokens"], "output_tokens": 0}
     yield sse({"type": "message_start", "message": start}, "message_start")
     for i, block in enumerate(message["content"]):
+        deltas = []
         if block["type"] == "text":
             opened, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+        elif block["type"] == "thinking":
+            opened = {"type": "thinking", "thinking": "", "signature": ""}
+            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
+            deltas = [{"type": "signature_delta", "signature": block["signature"]}]
         else:
             opened = {**block, "input": {}}
             delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
         yield sse({"type": "content_block_start", "index": i, "content_block": opened}, "content_block_start")
-        yield sse({"type": "content_block_delta", "index": i, "delta": delta}, "content_block_delta")
+        for each in [delta, *deltas]:
+            yield sse({"type": "content_block_delta", "index": i, "delta": each}, "content_block_delta")
         yield sse({"type": "content_block_stop", "index": i}, "content_block_stop")
     delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
     yield sse(

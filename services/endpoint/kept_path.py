@@ -9,7 +9,8 @@ Guarantees:
   completion (the first, as a client's `choices[0]`): each turn on the way contributes its prompt and,
   where the next turn went on after one of its replies, that reply's sampled ids (loss mask 1, with
   their logprobs and weight version). Nothing else is in the row, so every trained token is a reply
-  the scaffold built on, in exactly the context it was sampled in.
+  the scaffold built on, in exactly the context it was sampled in; tokens of a reply the endpoint
+  wrote itself (`forced`: a thinking budget's closing tag) are in the row as context (loss mask 0).
 - Every other completion is abandoned, counted by why: `retry` (the same prompt was sent again),
   `dropped` (the next prompt went on from the reply's context without it), `unchosen` (another choice
   of an n > 1 turn was taken), `branch` (the scaffold went back to an earlier point). Abandoned
@@ -79,10 +80,11 @@ def _segment(segment: Segment) -> tuple[contract.Segment, Counter[str], int]:
             logprobs += [0.0] * len(new)
             versions += [-1] * len(new)
             sampled = turn.completions[choice]
+            forced = set(sampled.forced)
             ids += sampled.token_ids
-            mask += [1] * len(sampled.token_ids)
+            mask += [int(k not in forced) for k in range(len(sampled.token_ids))]
             logprobs += sampled.logprobs
-            versions += [turn.weight_version] * len(sampled.token_ids)
+            versions += sampled.versions or [turn.weight_version] * len(sampled.token_ids)
             invalid += sampled.malformed
             abandoned["unchosen"] += len(turn.completions) - 1
         else:
@@ -95,7 +97,9 @@ def _segment(segment: Segment) -> tuple[contract.Segment, Counter[str], int]:
                 weight_versions=turn.weight_versions,
                 chosen=choice,
                 completions=[
-                    contract.Completion(token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason)
+                    contract.Completion(
+                        token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason, forced=c.forced
+                    )
                     for c in turn.completions
                 ],
                 parent=turn.parent,

@@ -8,7 +8,10 @@ arguments: dict}}]); a tool result has `role: "tool"` and `tool_call_id`.
 Guarantees: `encode` adds no special token (templates write their own), so the
 ids are exactly the rendered text's; `closing` is the text the template puts
 after an assistant message's content (e.g. "<|im_end|>\\n"), found by rendering
-a sentinel, or None when the template does not render content verbatim.
+a sentinel, or None when the template does not render content verbatim;
+`continuation` is the text the template renders for the messages after a reply,
+found the same way, so a template that writes the last assistant turn
+differently from earlier ones (Qwen3's empty `<think>` block) still continues.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ class Renderer:
         self.tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id
 
-    def render(self, messages: list[Message], tools: list[dict] | None, generation_prompt: bool) -> str:
+    def render(self, messages: list[Message], tools: list[dict] | None, generation_prompt: bool, **switches) -> str:
+        """The template's text; `switches` are its own variables (e.g. enable_thinking=False)."""
         return self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False
+            messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False, **switches
         )
 
     def encode(self, text: str) -> list[int]:
@@ -51,6 +55,24 @@ class Renderer:
         if not full.startswith(prompt) or _SENTINEL not in full[len(prompt) :]:
             return None
         return full[len(prompt) :].split(_SENTINEL, 1)[1]
+
+    def continuation(self, before: list[Message], reply: Message, rest: list[Message], tools) -> str | None:
+        """The text the template renders for `rest` (and the generation prompt) after `reply`, which follows
+        `before`; None when the template does not render the conversation so (its earlier messages, or the
+        reply's calls and closing, change with what follows them)."""
+        marked = {**reply, "content": _SENTINEL}
+        context = self.render(before, tools, generation_prompt=False)
+        alone = self.render([*before, marked], tools, generation_prompt=False)
+        full = self.render([*before, marked, *rest], tools, generation_prompt=True)
+        if alone.count(_SENTINEL) != 1 or full.count(_SENTINEL) != 1:
+            return None
+        # What comes between the context and the reply's content may differ (the header of the last
+        # assistant turn): the reply's recorded ids stand for it, as for the content.
+        head, ending = alone.split(_SENTINEL)
+        full_head, after = full.split(_SENTINEL)
+        if not head.startswith(context) or not full_head.startswith(context) or not after.startswith(ending):
+            return None
+        return after[len(ending) :]
 
 
 def bridge(sampled_text: str, closing: str) -> str:

@@ -23,20 +23,19 @@ OPENAI_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "response_format": ({"type": "text"},),
     "parallel_tool_calls": (True,),  # a reply may hold several calls; one cannot be enforced
     "modalities": (["text"],),
-    "reasoning_effort": (),
     "functions": (),
     "function_call": (),
     "audio": (),
     "prediction": (),
     "web_search_options": (),
 }
-ANTHROPIC_NEUTRAL: dict[str, tuple[Any, ...]] = {"thinking": ({"type": "disabled"},)}
+# Anthropic's `thinking` is implemented (services/endpoint/reasoning.py): nothing left here.
+ANTHROPIC_NEUTRAL: dict[str, tuple[Any, ...]] = {}
 RESPONSES_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "parallel_tool_calls": (True,),
     "truncation": ("disabled",),
     "text": ({"format": {"type": "text"}},),
     "background": (False,),
-    "reasoning": (),
     "max_tool_calls": (),
     "prompt": (),
     "conversation": (),

@@ -8,11 +8,15 @@ user, system, developer, assistant; `input_text` / `output_text` parts), `functi
 assistant's calls, joined to the assistant message they follow, as a reply with text and calls is
 sent back as a message item and then its calls), `function_call_output` items (tool messages). So a
 client that sends back a reply's output items continues the session's segment exactly as a chat
-client that sends back the reply's message does.
+client that sends back the reply's message does. A `reasoning` item (its `content` reasoning text,
+else its `summary`) is the reasoning of the assistant message it precedes; a reply's reasoning
+(reasoning.py) is a `reasoning` output item before its message, its text as `content`
+(`reasoning_text`) and, when `reasoning.summary` asks for one, as its `summary` too (the endpoint
+does not summarize: the summary is the whole reasoning); `reasoning.effort` is reasoning.py's.
 
-Guarantees: nothing is silently dropped: a `reasoning` item, an image or file part, a tool that is
-not a function tool, `previous_response_id` (the endpoint keeps no responses: the whole
-conversation is the request's `input`) and every field `request_fields` refuses are a BadRequest
+Guarantees: nothing is silently dropped: an image or file part, a tool that is not a function
+tool, an encrypted-only reasoning item, `previous_response_id` (the endpoint keeps no responses:
+the whole conversation is the request's `input`) and every field `request_fields` refuses are a BadRequest
 naming the item or field. `include` serves "message.output_text.logprobs" only (any other value is a
 BadRequest naming it): the text part (and its delta and done events) then carries each sampled
 token's logprob, with `top_logprobs` alternatives when asked (top_logprobs without that `include` is
@@ -32,6 +36,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from services.endpoint import reasoning
 from services.endpoint.convert import (
     Chat,
     Choice,
@@ -51,6 +56,7 @@ from services.endpoint.turns import TurnSampling
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text", "text")
 LOGPROBS = "message.output_text.logprobs"  # the one `include` value served
+SUMMARIES = ("auto", "concise", "detailed")
 
 
 def to_chat(body: ResponsesRequest) -> Chat:
@@ -86,6 +92,7 @@ def to_chat(body: ResponsesRequest) -> Chat:
         seed=None,
         required_call=required,
         top_logprobs=_top_logprobs(body),
+        thinking=_thinking(body.reasoning),
     )
 
 
@@ -104,13 +111,33 @@ def _top_logprobs(body: ResponsesRequest) -> int:
     return body.top_logprobs or 0
 
 
+def _thinking(value: dict[str, Any] | None) -> reasoning.Thinking:
+    """`reasoning`: {effort, summary}; effort as chat completions' `reasoning_effort`, summary one of SUMMARIES."""
+    value = {k: v for k, v in (value or {}).items() if v is not None}  # null asks for nothing
+    unknown = sorted(set(value) - {"effort", "summary"})
+    if unknown:
+        raise BadRequest(f"reasoning.{unknown[0]}: not supported (reasoning takes `effort` and `summary`)")
+    if value.get("summary") not in (None, *SUMMARIES):
+        raise BadRequest(f"reasoning.summary: {value['summary']!r} is not one of {list(SUMMARIES)}")
+    return reasoning.effort_thinking(value.get("effort"), "reasoning.effort")
+
+
+def summarized(body: ResponsesRequest) -> bool:
+    """Whether the reply's reasoning items carry a summary (the request's `reasoning.summary`)."""
+    return (body.reasoning or {}).get("summary") is not None
+
+
 def _add_item(messages: list[Message], item: dict[str, Any], where: str) -> None:
     kind = item.get("type", "message")
     if kind == "message":
         role = ROLES.get(item.get("role", ""))
         if role is None:
             raise BadRequest(f"{where}.role: {item.get('role')!r} is not one of {sorted(ROLES)}")
-        messages.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+        content = _text(item.get("content"), f"{where}.content")
+        if role == "assistant" and _thought_only(messages):  # the reasoning item before it was its reasoning
+            messages[-1]["content"] = content
+        else:
+            messages.append({"role": role, "content": content})
     elif kind == "function_call":
         if not isinstance(item.get("call_id"), str) or not isinstance(item.get("name"), str):
             raise BadRequest(f"{where}: a function_call item needs its `call_id` and `name`")
@@ -120,6 +147,8 @@ def _add_item(messages: list[Message], item: dict[str, Any], where: str) -> None
             messages[-1].setdefault("tool_calls", []).append(call)
         else:
             messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+    elif kind == "reasoning":
+        messages.append({"role": "assistant", "content": "", reasoning.KEY: _reasoning_text(item, where)})
     elif kind == "function_call_output":
         output = item.get("output")
         messages.append(
@@ -130,7 +159,30 @@ def _add_item(messages: list[Message], item: dict[str, Any], where: str) -> None
             }
         )
     else:
-        raise BadRequest(f"{where}: a {kind!r} item is not supported (message, function_call, function_call_output)")
+        raise BadRequest(
+            f"{where}: a {kind!r} item is not supported (message, reasoning, function_call, function_call_output)"
+        )
+
+
+def _thought_only(messages: list[Message]) -> bool:
+    """Whether the last message is a reasoning item's alone (an assistant turn with nothing else yet)."""
+    last = messages[-1] if messages else {}
+    if last.get("role") != "assistant" or reasoning.KEY not in last:
+        return False
+    return not last["content"] and "tool_calls" not in last
+
+
+def _reasoning_text(item: dict[str, Any], where: str) -> str:
+    """A reasoning item's text: its `content` (reasoning_text parts), else its `summary` (summary_text parts)."""
+    for key, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key) or []
+        if not isinstance(parts, list) or any(not isinstance(p, dict) or p.get("type") != part_type for p in parts):
+            raise BadRequest(f"{where}.{key}: a list of {part_type!r} parts")
+        if parts:
+            return "\n".join(str(p.get("text") or "") for p in parts)
+    if item.get("encrypted_content"):
+        raise BadRequest(f"{where}: an encrypted-only reasoning item cannot be read (the endpoint encrypts none)")
+    return ""
 
 
 def _text(content: Any, where: str) -> str:
@@ -158,11 +210,16 @@ def _function_tool(tool: dict[str, Any], where: str) -> dict:
     return {"type": "function", "function": spec.model_dump(exclude_none=True, exclude={"strict"})}
 
 
-def output_items(choice: Choice, logprobs: bool = False) -> list[dict[str, Any]]:
-    """The reply as output items: its text as one message (also when empty and there is no call), then each call;
-    with `logprobs`, the text part carries every sampled token's (its alternatives as the request asked)."""
+def output_items(choice: Choice, summary: bool = False, logprobs: bool = False) -> list[dict[str, Any]]:
+    """The reply as output items: its reasoning, its text as one message (also when empty and there is no
+    call), then each call; with `logprobs`, the text part carries every sampled token's (its alternatives as
+    the request asked)."""
     items: list[dict[str, Any]] = []
     status = "incomplete" if choice.finish_reason == "length" else "completed"
+    if choice.reasoning is not None:
+        summaries = [{"type": "summary_text", "text": choice.reasoning}] if summary else []
+        thought = {"type": "reasoning", "summary": summaries, "content": [_reasoning_part(choice.reasoning)]}
+        items.append({"id": f"rs_{uuid.uuid4().hex}", **thought, "status": status})
     if choice.content or not choice.tool_calls:
         text = {
             "type": "output_text",
@@ -184,6 +241,10 @@ def output_items(choice: Choice, logprobs: bool = False) -> list[dict[str, Any]]
             }
         )
     return items
+
+
+def _reasoning_part(text: str) -> dict[str, str]:
+    return {"type": "reasoning_text", "text": text}
 
 
 def response_body(
@@ -223,16 +284,17 @@ def response_body(
         "error": None,
         "incomplete_details": details,
         "metadata": {},
-        "usage": _usage(usage) if usage else None,
+        "usage": _usage(usage, choice.reasoning_tokens if choice else 0) if usage else None,
+        "reasoning": body.reasoning,
     }
 
 
-def _usage(usage: dict[str, int]) -> dict[str, Any]:
+def _usage(usage: dict[str, int], reasoning_tokens: int) -> dict[str, Any]:
     return {
         "input_tokens": usage["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": usage["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": usage["total_tokens"],
     }
 
@@ -241,7 +303,7 @@ def response_events(body: ResponsesRequest, choice: Choice, usage: dict[str, int
     """The reply as the Responses stream: created, in_progress, each item's events, then completed/incomplete."""
     response_id = f"resp_{uuid.uuid4().hex}"
     logprobs = wants_logprobs(body)
-    items = output_items(choice, logprobs)
+    items = output_items(choice, summarized(body), logprobs)
     tokens = event_logprobs(choice) if logprobs else []
     sequence = iter(range(1 << 30))
 
@@ -262,6 +324,8 @@ def response_events(body: ResponsesRequest, choice: Choice, usage: dict[str, int
             yield event("response.output_text.delta", **where, content_index=0, delta=part["text"], logprobs=tokens)
             yield event("response.output_text.done", **where, content_index=0, text=part["text"], logprobs=tokens)
             yield event("response.content_part.done", **where, content_index=0, part=part)
+        elif item["type"] == "reasoning":
+            yield from _reasoning_events(event, item, k)
         else:
             yield event(
                 "response.output_item.added", output_index=k, item={**item, "status": "in_progress", "arguments": ""}
@@ -273,3 +337,18 @@ def response_events(body: ResponsesRequest, choice: Choice, usage: dict[str, int
         yield event("response.output_item.done", output_index=k, item=item)
     final = response_body(body, choice, usage, law, response_id, items)
     yield event("response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final)
+
+
+def _reasoning_events(event, item: dict[str, Any], k: int) -> Iterator[str]:
+    """A reasoning item's events between its added and done: each summary part's, then its text's."""
+    where = {"item_id": item["id"], "output_index": k}
+    started = {**item, "status": "in_progress", "summary": [], "content": []}
+    yield event("response.output_item.added", output_index=k, item=started)
+    for j, part in enumerate(item["summary"]):
+        yield event("response.reasoning_summary_part.added", **where, summary_index=j, part={**part, "text": ""})
+        yield event("response.reasoning_summary_text.delta", **where, summary_index=j, delta=part["text"])
+        yield event("response.reasoning_summary_text.done", **where, summary_index=j, text=part["text"])
+        yield event("response.reasoning_summary_part.done", **where, summary_index=j, part=part)
+    text = item["content"][0]["text"]
+    yield event("response.reasoning_text.delta", **where, content_index=0, delta=text)
+    yield event("response.reasoning_text.done", **where, content_index=0, text=text)

@@ -74,6 +74,7 @@ class ChatMessage(_Body):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an assistant turn's reasoning, as vLLM returns it
 
 
 class ChatCompletionRequest(_Request):
@@ -92,6 +93,7 @@ class ChatCompletionRequest(_Request):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
+    reasoning_effort: str | None = None  # services/endpoint/reasoning.py: "none" or a share of the reply
     # Extensions, as vLLM's OpenAI server names them (clients send them in `extra_body`).
     top_k: int | None = Field(None, ge=MIN_TOP_K)
     ignore_eos: bool = False
@@ -107,6 +109,7 @@ class ContentBlock(_Body):
     content: str | list[ContentBlock] | None = None
     is_error: bool | None = None
     source: dict[str, Any] | None = None  # an image block's {"type": "base64", "media_type", "data"}
+    thinking: str | None = None  # a thinking block's text (its `signature` is not read back)
 
 
 class AnthropicMessage(_Body):
@@ -137,6 +140,7 @@ class MessagesRequest(CountTokensRequest):
     top_p: float | None = Field(None, gt=TOP_P_ABOVE, le=MAX_TOP_P)
     top_k: int | None = Field(None, ge=MIN_TOP_K)
     stream: bool = False
+    thinking: dict[str, Any] | None = None  # {"type": "enabled", "budget_tokens": N} or {"type": "disabled"}
 
 
 class ResponsesRequest(_Request):
@@ -156,3 +160,4 @@ class ResponsesRequest(_Request):
     # Extra output: only "message.output_text.logprobs" (checked in responses.to_chat).
     include: list[str] | None = Field(None, max_length=16)
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    reasoning: dict[str, Any] | None = None  # {"effort", "summary"}: services/endpoint/reasoning.py

@@ -12,7 +12,8 @@ of three ways, byte for byte, and earlier model output is never re-tokenized:
 - `context`: the scaffold dropped the anchor's reply (its next message is not an
   assistant one): the anchor's prompt up to its generation prompt, then the new
   messages (the dropped reply is an invalid action);
-- `retry`: the same history again: the anchor's prompt ids exactly.
+- `retry`: the same history again: the anchor's prompt ids exactly (less what the
+  endpoint wrote after its generation prompt: an empty thinking block, `prefill`).
 Which of these tokens are trained (the kept path) is kept_path.py's rule.
 
 Guarantees:
@@ -20,7 +21,13 @@ Guarantees:
   starts with a recorded turn's history (compared as role, content and tool calls
   (name, arguments); tool-call ids and whitespace-free JSON formatting do not
   matter), a reply it sends back is one the anchor sampled, and the template
-  renders the recorded conversation as a text prefix of the new one. Otherwise
+  renders the recorded history as a text prefix of the new one and the reply's
+  calls and closing the same whatever follows them (Renderer.continuation: the
+  reply's header may differ, as Qwen3's empty think block of the last turn). History is
+  matched and rendered modulo reasoning: a reply sent back with or without its
+  reasoning (`reasoning_content`, thinking blocks, reasoning items) is that reply,
+  and the recorded ids, think tokens included, stay the prompt's prefix; only a
+  fresh render shows the template the reasoning the client sent. Otherwise
   (an edited or truncated earlier message, a reply sent back changed, other tools)
   the conversation is rendered afresh as a new segment and the reason is counted
   (`history_changed`, `template`), so tokens of two histories are never mixed.
@@ -50,6 +57,7 @@ from typing import Any
 
 from dockyard.agents.contract import SessionStatus, TrajectoryDocument
 from services.endpoint import kept_path
+from services.endpoint.reasoning import without_reasoning
 from services.endpoint.rendering import Message, Renderer, bridge
 
 
@@ -66,7 +74,7 @@ class SessionEnded(Exception):
 
 
 def message_key(message: Message) -> tuple:
-    """What makes two messages the same turn of history."""
+    """What makes two messages the same turn of history (its reasoning does not: clients drop it or keep it)."""
     calls = tuple(
         (call["function"]["name"], json.dumps(call["function"]["arguments"], sort_keys=True))
         for call in message.get("tool_calls") or ()
@@ -91,21 +99,27 @@ class Sampled:
     logprobs: list[float]
     text: str  # the sampled ids decoded with special tokens (what the template closing is matched against)
     finish_reason: str
-    # The assistant message as returned to the client (content and parsed tool calls).
+    # The assistant message as returned to the client (content, parsed tool calls, reasoning).
     message: Message
     # A malformed action: a tool call that did not parse, or an unclosed thinking block.
     malformed: bool = False
+    # Positions in token_ids the endpoint wrote, not the policy (a thinking budget's closing tag): context.
+    forced: list[int] = field(default_factory=list)
+    # Per token, the weight version that sampled it (-1 at forced ones); empty: the turn's weight_version.
+    versions: list[int] = field(default_factory=list)
 
 
 @dataclass
 class Turn:
     prompt_ids: list[int]
-    # prompt_ids[tail_from:] are the ids of `tail`, the text this turn rendered and tokenized itself.
+    # prompt_ids[tail_from:len - prefill] are the ids of `tail`, the text this turn rendered and tokenized itself.
     tail_from: int
     tail: str
     completions: list[Sampled]
     weight_version: int
     weight_versions: list[int]
+    # The last `prefill` prompt ids are the endpoint's, after the generation prompt (thinking turned off).
+    prefill: int = 0
     # The request's history: its length and digest (history_digests), to find this turn as an anchor.
     history: int = 0
     digest: bytes = b""
@@ -137,6 +151,12 @@ class Plan:
     parent: int = -1
     extends: str = "start"
     digest: bytes = b""
+    prefill: int = 0  # the last `prefill` prompt ids follow the generation prompt (Turn.prefill)
+
+    def prefilled(self, ids: list[int]) -> None:
+        """Write `ids` after the generation prompt, as context (an empty thinking block: thinking off)."""
+        self.prompt_ids = [*self.prompt_ids, *ids]
+        self.prefill = len(ids)
 
 
 class Session:
@@ -198,7 +218,8 @@ class Session:
         if len(messages) == longest:  # the same history again: a retry of the latest such turn
             i = anchors[0]
             turn = segment.turns[i]
-            return Plan(list(turn.prompt_ids), turn.tail, messages, tools, None, 0, turn.tail_from, i, "retry", digest)
+            ids = turn.prompt_ids[: len(turn.prompt_ids) - turn.prefill]  # this call writes its own prefill
+            return Plan(ids, turn.tail, messages, tools, None, 0, turn.tail_from, i, "retry", digest)
         after = messages[longest]
         if after["role"] != "assistant":  # the anchor's reply was dropped: go on from its context
             return self._from_context(renderer, segment, anchors[0], messages, tools, digest)
@@ -215,24 +236,24 @@ class Session:
     ) -> Plan | str:
         turn = segment.turns[i]
         sampled = turn.completions[chosen]
-        before = messages[: turn.history]
-        history = [*before, sampled.message]
+        plain = without_reasoning(messages)  # the reply's recorded ids carry its reasoning, whatever was sent
+        before = plain[: turn.history]
         closing = renderer.closing(before, tools)
-        old = renderer.render(history, tools, generation_prompt=False)
-        new = renderer.render([*history, *messages[len(history) :]], tools, generation_prompt=True)
-        if closing is None or not new.startswith(old):
+        rest = renderer.continuation(before, without_reasoning([sampled.message])[0], plain[turn.history + 1 :], tools)
+        if closing is None or rest is None:
             return "template"
-        tail = bridge(sampled.text, closing) + new[len(old) :]
+        tail = bridge(sampled.text, closing) + rest
         prefix = [*turn.prompt_ids, *sampled.token_ids]
         ids = [*prefix, *renderer.encode(tail)]
         return Plan(ids, tail, messages, tools, None, chosen, len(prefix), i, "reply", digest)
 
     def _from_context(self, renderer: Renderer, segment: Segment, i: int, messages, tools, digest: bytes) -> Plan | str:
         turn = segment.turns[i]
-        before = messages[: turn.history]
+        plain = without_reasoning(messages)
+        before = plain[: turn.history]
         context = renderer.render(before, tools, generation_prompt=False)
         end = _context_end(renderer, turn, context, renderer.render(before, tools, generation_prompt=True))
-        new = renderer.render(messages, tools, generation_prompt=True)
+        new = renderer.render(plain, tools, generation_prompt=True)
         if end is None or not new.startswith(context):
             return "template"
         tail = new[len(context) :]
@@ -254,6 +275,7 @@ class Session:
                 completions,
                 weight_version,
                 list(weight_versions) or [weight_version],
+                prefill=plan.prefill,
                 history=len(plan.messages),
                 digest=plan.digest,
                 parent=plan.parent,
@@ -287,7 +309,7 @@ def _context_end(renderer: Renderer, turn: Turn, context: str, prompt: str) -> i
     is not a token boundary of what the turn tokenized (or its ids are not its tail's: an image turn)."""
     if not prompt.startswith(context) or not turn.tail.endswith(prompt[len(context) :]):
         return None
-    own = turn.prompt_ids[turn.tail_from :]
+    own = turn.prompt_ids[turn.tail_from : len(turn.prompt_ids) - turn.prefill]
     body = renderer.encode(turn.tail[: len(turn.tail) - (len(prompt) - len(context))])
     if own[: len(body)] != body or renderer.encode(turn.tail) != own:
         return None

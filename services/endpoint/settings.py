@@ -1,14 +1,16 @@
 """Settings of the policy endpoint, read from DOCKYARD_ENDPOINT_* environment variables.
 
-A bad value (a port out of range, a non-positive bound, an unknown tool parser)
-fails here, at startup, with pydantic's message naming the field.
+A bad value (a port out of range, a non-positive bound) fails here, at startup, with pydantic's
+message naming the field. DOCKYARD_ENDPOINT_TOOL_PARSER is refused: a job's `policy.tool_call_format`
+picks how its tool calls are read.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dockyard.rpc.settings import default_address
@@ -37,11 +39,6 @@ class EndpointSettings(BaseSettings):
     session_idle_seconds: float = Field(3600.0, gt=0, description="A session unused this long is dropped.")
     max_turns_per_session: int = Field(512, ge=1, description="Turns a session may take; more are refused with 429.")
     generate_timeout_seconds: float = Field(600.0, gt=0, description="Deadline of each Generate call to a replica.")
-    tool_parser: Literal["auto", "transformers", "hermes", "none"] = Field(
-        "auto",
-        description="How tool calls are read from model output: auto (the tokenizer's response_template when it "
-        "has one, else hermes), transformers, hermes (<tool_call>{json}</tool_call>) or none.",
-    )
     admission_pressure: float = Field(
         0.0,
         ge=0.0,
@@ -62,3 +59,13 @@ class EndpointSettings(BaseSettings):
         600.0, gt=0, description="Longest a new session waits for admission before it is refused with 503."
     )
     log_level: str = Field("info", description="debug, info, warning or error.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_tool_parser(cls, values: Any) -> Any:
+        # Gone: a job's own setting picks its format; an old environment must not think it still does.
+        if "DOCKYARD_ENDPOINT_TOOL_PARSER" in os.environ:
+            raise ValueError(
+                "DOCKYARD_ENDPOINT_TOOL_PARSER is gone: set policy.tool_call_format in the job's config instead"
+            )
+        return values

@@ -3,6 +3,7 @@
     Chat ──images? gate_images──> Session.plan | plan_fresh ──> prompt ids ──Backend.complete──> completions
         ──choices_of──> the reply's choices (content, tool calls) + what the session records (Sampled)
     job's policy.generation ──turn_sampling──> the turn's temperature/top_p/top_k (the reply's SAMPLING_HEADER)
+    Chat.thinking ──off: an empty block after the generation prompt (context) | a budget: budget.py's two calls
 
 Guarantees: calls of one session run one at a time (the session's lock), from planning to recording;
 images pass the job's multimodal gate before any replica is asked (a BadRequest, a 400, otherwise);
@@ -12,7 +13,11 @@ SessionEnded) and leaves the router; a call without a session is served by a one
 store never holds, so it is not recorded anywhere. Every turn samples under the job's law
 (turn_sampling, the one home of that rule), whatever the client asked, and the reply says which;
 a session opened greedy (POST /v1/sessions with the service token's greedy header: a validation
-trial's) has every turn greedy, whoever makes the call.
+trial's) has every turn greedy, whoever makes the call. A job whose model reasons (reasoning.py) has
+each reply's thinking block split off as its reasoning (tool calls are parsed from what follows it);
+thinking off writes the template's empty block after the generation prompt as context (the turn's
+`prefill`), a budget is budget.py's; a budget asked of a model that does not reason, or with images,
+is a BadRequest.
 """
 
 from __future__ import annotations
@@ -20,14 +25,16 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from dockyard.algorithms.malformed import unclosed_thinking
+from dockyard.agents.tool_formats import parse, visible_text
 from dockyard.api.common.v1 import common_pb2
 from dockyard.images import ImageRejected, gate_images
+from services.endpoint import reasoning
 from services.endpoint.backend import Backend, GenerateRefused, JobModel, Prompted, ReplicaLost
+from services.endpoint.budget import Reply, complete_budgeted
 from services.endpoint.convert import Chat, Choice, reply_message
 from services.endpoint.errors import BadRequest
+from services.endpoint.reasoning import without_reasoning
 from services.endpoint.sessions import Sampled, Session, SessionStore
-from services.endpoint.tool_parsers import parse
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,13 @@ async def take_turn(
     session = store.open(session_id, create, greedy) if session_id else Session("", store.max_turns, 0.0)
     # A session opened greedy (validation) stays greedy whoever calls: a scaffold's key cannot undo it.
     law = turn_sampling(job, greedy or session.greedy)
+    chat.thinking.check(job.reasoning)
+    params = sampling_params(chat, job, law)
+    budget = chat.thinking.tokens(params.max_new_tokens) if job.reasoning else None
+    if budget is not None and budget >= params.max_new_tokens:
+        budget = None  # the reply's own limit is the tighter one
+    if budget is not None and chat.images:
+        raise BadRequest(f"{chat.thinking.field}: a thinking budget with images is not supported")
     images = None
     if chat.images:  # the job's multimodal gate, before any replica is asked
         try:
@@ -95,19 +109,33 @@ async def take_turn(
     async with session.lock:
         if chat.images:
             plan = await asyncio.to_thread(session.plan_fresh, job.renderer, chat.messages, chat.tools, "images")
-            images = Prompted(plan.prompt_text_tail, chat.images)
         else:
             plan = await asyncio.to_thread(session.plan, job.renderer, chat.messages, chat.tools)
+        prefill = await asyncio.to_thread(no_thinking, job, chat) if chat.thinking.off and job.reasoning else ""
+        if prefill:
+            plan.prefilled(job.renderer.encode(prefill))
+        if chat.images:
+            images = Prompted(plan.prompt_text_tail + prefill, chat.images)
+        opened = job.reasoning and reasoning.opens_block(plan.prompt_text_tail + prefill)
         try:
-            generated = await backend.complete(
-                model_id,
-                session_id,
-                plan.prompt_ids,
-                chat.n,
-                sampling_params(chat, job, law),
-                images,
-                top_logprobs=chat.top_logprobs,
-            )
+            if budget is None:
+                generated = await backend.complete(
+                    model_id, session_id, plan.prompt_ids, chat.n, params, images, top_logprobs=chat.top_logprobs
+                )
+                replies = [Reply.sampled(c) for c in generated.completions]
+            else:
+                generated, replies = await complete_budgeted(
+                    backend,
+                    model_id,
+                    session_id,
+                    plan.prompt_ids,
+                    chat.n,
+                    params,
+                    budget,
+                    job.renderer,
+                    opened,
+                    top_logprobs=chat.top_logprobs,
+                )
         except ReplicaLost as exc:
             if session.turns:  # mid-session and no replica to go on with: the trial ends
                 session.ended = str(exc)
@@ -117,13 +145,14 @@ async def take_turn(
         if images is not None:  # the ids the model saw, image tokens included
             plan.prompt_ids = generated.prompt_token_ids
         if session_id:
-            longest = max(len(c.token_ids) for c in generated.completions)
+            longest = max(len(c.token_ids) for c in replies)
             backend.router.note_size(session_id, len(plan.prompt_ids) + longest)
-        choices, sampled = await asyncio.to_thread(choices_of, job, chat, plan.prompt_text_tail, generated.completions)
-        session.record(plan, sampled, generated.weight_version, generated.weight_versions)
+        choices, sampled = await asyncio.to_thread(choices_of, job, chat, plan.prompt_text_tail, replies, opened)
+        versions = sorted({*generated.weight_versions, *(v for r in replies for v in r.versions if v >= 0)})
+        session.record(plan, sampled, generated.weight_version, versions)
     usage = {
         "prompt_tokens": len(plan.prompt_ids),
-        "completion_tokens": sum(len(c.token_ids) for c in generated.completions),
+        "completion_tokens": sum(len(r.token_ids) - len(r.forced) for r in replies),
     }
     usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     return Served(choices, usage, law)
@@ -136,6 +165,16 @@ async def prompt_tokens(backend: Backend, model_id: str, chat: Chat) -> int:
         raise BadRequest("counting tokens of images is not supported: the replica's processor expands them")
     renderer = (await backend.model(model_id)).renderer
     return await asyncio.to_thread(lambda: len(renderer.encode(renderer.render(chat.messages, chat.tools, True))))
+
+
+def no_thinking(job: JobModel, chat: Chat) -> str:
+    """What follows the generation prompt so the model answers without thinking (reasoning.no_thinking)."""
+    renderer, messages = job.renderer, without_reasoning(chat.messages)
+
+    def render(**switches) -> str:
+        return renderer.render(messages, chat.tools, True, **switches)
+
+    return reasoning.no_thinking(render, render(), "enable_thinking" in str(renderer.tokenizer.chat_template))
 
 
 def sampling_params(chat: Chat, job: JobModel, law: TurnSampling) -> common_pb2.SamplingParams:
@@ -162,31 +201,39 @@ def made_required_call(chat: Chat, calls: list[dict]) -> bool:
     return not chat.required_call or all(c["function"]["name"] == chat.required_call for c in calls)
 
 
-def choices_of(job: JobModel, chat: Chat, prompt_tail: str, completions) -> tuple[list[Choice], list[Sampled]]:
-    """Each completion as returned (content, parsed tool calls, stop string removed) and as recorded."""
+def choices_of(
+    job: JobModel, chat: Chat, prompt_tail: str, replies: list[Reply], opened: bool = False
+) -> tuple[list[Choice], list[Sampled]]:
+    """Each completion as returned (reasoning split off, content, parsed tool calls, stop string removed) and
+    as recorded (`opened`: the prompt ends inside a thinking block)."""
     tokenizer = job.renderer.tokenizer
     choices, sampled = [], []
-    for c in completions:
+    for c in replies:
         ids = list(c.token_ids)
-        text = tokenizer.decode(ids, skip_special_tokens=True)
+        text = visible_text(job.parser, tokenizer, ids)
         stop = next((s for s in chat.stop if c.finish_reason == "stop" and text.endswith(s)), None)
         if stop is not None:
             text = text[: -len(stop)]
+        thought, text = reasoning.split(text, opened) if job.reasoning else (None, text)
         parsed = parse(job.parser, text, chat.tools, tokenizer, prompt_tail)
+        pieces = job.renderer.decode_each(ids)
         choice = Choice(
             content=parsed.content,
             tool_calls=parsed.tool_calls,
             finish_reason=c.finish_reason,
             stop=stop,
-            tokens=job.renderer.decode_each(ids),
+            tokens=pieces,
             logprobs=list(c.logprobs),
-            top_logprobs=[
-                list(zip(job.renderer.decode_each(list(top.token_ids)), top.logprobs, strict=True))
-                for top in c.top_logprobs
-            ],
+            top_logprobs=[list(zip(job.renderer.decode_each(alt), lps, strict=True)) for alt, lps in c.top_logprobs],
+            reasoning=thought,
+            reasoning_tokens=reasoning.count(pieces, opened) if thought is not None else 0,
         )
         choices.append(choice)
         decoded = job.renderer.decode(ids)
-        malformed = parsed.malformed or unclosed_thinking(decoded) or not made_required_call(chat, parsed.tool_calls)
-        sampled.append(Sampled(ids, list(c.logprobs), decoded, c.finish_reason, reply_message(choice), malformed))
+        unclosed = not reasoning.closed(decoded, opened)
+        malformed = parsed.malformed or unclosed or not made_required_call(chat, parsed.tool_calls)
+        message = reply_message(choice)
+        sampled.append(
+            Sampled(ids, list(c.logprobs), decoded, c.finish_reason, message, malformed, c.forced, c.versions)
+        )
     return choices, sampled

@@ -118,7 +118,7 @@ async def _images(address: str, folder: str) -> None:
         assert len((await stub.Generate(generate("job-vlm", prompt="x", images=[png()]))).completions) == 2
 
     # The policy endpoint's call of a replica: text and image bytes go, the ids come back.
-    backend = Backend("127.0.0.1:1", tool_parser="hermes", generate_timeout=60)
+    backend = Backend("127.0.0.1:1", generate_timeout=60)
     try:
         replica = Replica("rollout", address)
         got = await backend.generate("job-vlm", replica, [], 2, sampling, Prompted("f(x)=", [png()]))

@@ -23,6 +23,7 @@ from dockyard.preflight import (
     check_ports,
     check_redis,
     check_tokenizer_and_context,
+    check_tool_call_format,
     context_problem,
     preflight,
 )
@@ -278,3 +279,24 @@ def test_a_validation_file_smaller_than_its_size_is_validated_once_and_said(tmp_
     assert sorted(t.task_id for t in split_tasks(cfg, "validation")) == ["v0", "v1", "v2", "v3"]  # not 64
     line = by_check(check_tokenizer_and_context(cfg, prepare=False))["data.validation"]
     assert line.status == OK and "4 tasks" in line.message and "fewer than data.validation.size=64" in line.message
+
+
+def test_a_tool_call_format_the_chat_template_does_not_render_is_an_error_naming_the_setting() -> None:
+    cfg = load_config(AGENT, [*RANDOM_INIT, "policy.tool_call_format=mistral"])
+    line = by_check(check_tokenizer_and_context(cfg, prepare=False))["tool calls"]
+    assert line.status == ERROR and "policy.tool_call_format=mistral" in line.message
+    assert "[TOOL_CALLS]" in line.message and "policy.tool_call_format=hermes" in line.message  # the fix
+    found = by_check(check_tokenizer_and_context(load_config(AGENT, RANDOM_INIT), prepare=False))["tool calls"]
+    assert (found.status, found.message) == (OK, "hermes: detected from the chat template (auto)")
+
+
+def test_auto_that_detects_no_format_says_which_it_falls_back_to() -> None:
+    from dockyard.models.tokenizer import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    line = check_tool_call_format(load_config(AGENT, RANDOM_INIT), tokenizer)
+    assert line.status == OK and "falls back to hermes" in line.message and "policy.tool_call_format" in line.message
+    assert check_tool_call_format(load_config(TINY, RANDOM_INIT), tokenizer) is None  # no tools: nothing to say
+    explicit = check_tool_call_format(load_config(TINY, [*RANDOM_INIT, "policy.tool_call_format=harmony"]), tokenizer)
+    assert explicit.status == ERROR and "policy.tool_call_format=harmony" in explicit.message

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from dockyard.agents.tool_formats import parse
 from dockyard.algorithms.malformed import unclosed_thinking
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2
@@ -20,7 +21,6 @@ from dockyard.config import EnvConfig, GRPOConfig
 from dockyard.tasks.task import Task
 from services.coordinator.reward_functions import REWARD_ERROR_PREFIX, RewardFunctions, reward_input
 from services.coordinator.rewards import shape_rewards
-from services.endpoint.tool_parsers import parse
 
 PASSED, FAILED, ERROR = (
     common_pb2.VERDICT_STATUS_PASSED,

@@ -1,9 +1,10 @@
 """A scripted stand-in for the endpoint's backend, and clients bound to an app in process.
 
-ScriptedBackend serves one job ("job-1") on the character tokenizer; each call to `complete` answers with
-the next text of `script` (then "ok"), ending in eos, every token at logprob -0.25; asked for
-top_logprobs = k, each token's alternatives are itself at -0.25 then the first letters of ALTERNATIVES
-that differ from it, at -2.5, -3.5, ... (k in all).
+ScriptedBackend serves one job ("job-1") on the character tokenizer (or the one it is given); each call to
+`complete` answers with the next text of `script` (then "ok"), ending in eos, every token at logprob -0.25.
+With `limits`, a call also ends as a replica's would: at the first of its stop strings (kept, "stop") or
+after its max_new_tokens ("length"). Asked for top_logprobs = k, each token's alternatives are itself at
+-0.25 then the first letters of ALTERNATIVES that differ from it, at -2.5, -3.5, ... (k in all).
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ ALTERNATIVES = "xyzwvutsrqponmlkjihgfedcba"
 
 
 class ScriptedBackend:
-    def __init__(self) -> None:
-        self.model_ = JobModel("job-1", Renderer(build_char_tokenizer()), "hermes", 16, sampling=SamplingConfig())
+    def __init__(self, tokenizer=None, reasoning: bool = False, limits: bool = False) -> None:
+        renderer = Renderer(tokenizer or build_char_tokenizer())
+        self.model_ = JobModel("job-1", renderer, "hermes", 16, sampling=SamplingConfig(), reasoning=reasoning)
+        self.limits = limits
+        self.sampling: list = []  # each call's SamplingParams
         self.script: list[str] = []
         self.prompts: list[list[int]] = []
         self.images: list = []  # what each call carried besides ids (Prompted), or None
@@ -54,6 +58,7 @@ class ScriptedBackend:
         if self.lose:
             raise ReplicaLost("replica rollout failed mid-session: UNAVAILABLE")
         self.prompts.append(list(prompt_ids))
+        self.sampling.append(sampling)
         self.images.append(images)
         self.top_logprobs.append(top_logprobs)
         if images is not None:  # the rollout's processor would insert image tokens: 3 per image here
@@ -62,11 +67,13 @@ class ScriptedBackend:
         completions = []
         for _ in range(n):
             text = self.script.pop(0) if self.script else "ok"
-            ids = renderer.encode(text) + [renderer.eos_token_id]
+            ids, finish = renderer.encode(text) + [renderer.eos_token_id], "eos"
+            if self.limits:
+                ids, finish = _limited(text, ids, sampling, renderer)
             tops = [self._alternatives(token, top_logprobs) for token in ids] if top_logprobs else []
             completions.append(
                 rollout_pb2.Completion(
-                    token_ids=ids, logprobs=[-0.25] * len(ids), text=text, finish_reason="eos", top_logprobs=tops
+                    token_ids=ids, logprobs=[-0.25] * len(ids), text=text, finish_reason=finish, top_logprobs=tops
                 )
             )
         return Generated(list(prompt_ids), completions, 7, [7], "rollout")
@@ -75,6 +82,19 @@ class ScriptedBackend:
         others = [t for t in self.model_.renderer.encode(ALTERNATIVES) if t != token][: k - 1]
         logprobs = [-0.25] + [-2.5 - i for i in range(len(others))]
         return rollout_pb2.TopLogprobs(token_ids=[token, *others], logprobs=logprobs)
+
+
+def _limited(text: str, ids: list[int], sampling, renderer: Renderer) -> tuple[list[int], str]:
+    """The completion a replica would return under `sampling`'s stop strings and max_new_tokens."""
+    ends = [(text.find(s) + len(s), "stop") for s in sampling.stop if s in text]
+    if ends:
+        end, _ = min(ends)
+        ids, finish = renderer.encode(text[:end]), "stop"
+    else:
+        finish = "eos"
+    if len(ids) > sampling.max_new_tokens:
+        return ids[: sampling.max_new_tokens], "length"
+    return ids, finish
 
 
 def oa(app, key: str = TOKEN) -> openai.AsyncOpenAI:

@@ -291,12 +291,13 @@ async def test_neutral_values_and_fields_that_change_nothing_are_served(app) -> 
     )
     assert reply.choices[0].message.content == "ok"
     claude = an(app)
-    with pytest.raises(anthropic.BadRequestError, match="thinking: not supported"):
+    # A budget asks for reasoning this job's model does not do (tests/unit/endpoint/test_reasoning.py: one that does).
+    with pytest.raises(anthropic.BadRequestError, match="thinking.budget_tokens: the model does not reason"):
         await claude.messages.create(
             model="job-1",
             max_tokens=8,
             messages=[{"role": "user", "content": "x"}],
-            thinking={"type": "enabled", "budget_tokens": 1024},
+            thinking={"type": "enabled", "budget_tokens": 4},
         )
     served = await claude.messages.create(
         model="job-1", max_tokens=8, messages=[{"role": "user", "content": "x"}], metadata={"user_id": "u"}

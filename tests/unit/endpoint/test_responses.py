@@ -87,10 +87,10 @@ async def test_the_stream_carries_the_reply_as_typed_events_in_order(app, backen
     ("fields", "named"),
     [
         ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
-        ({"input": [{"type": "reasoning", "id": "r", "summary": []}]}, "input[0]"),
+        ({"input": [{"type": "reasoning", "id": "r", "summary": [], "encrypted_content": "e"}]}, "input[0]"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
         ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0]"),
-        ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning"),
+        ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning.effort"),  # the model does not reason
         ({"input": "x", "tool_choice": "required"}, "tool_choice"),
         (
             {"input": [{"type": "function_call", "call_id": "c", "name": "add", "arguments": "[1]"}]},

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from services.endpoint.tool_parsers import parse, parse_hermes, pick_parser
+from dockyard.agents.tool_formats import parse, pick
 
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
 
 
 def test_hermes_call_is_structured_and_text_around_it_is_content() -> None:
-    parsed = parse_hermes('sure <tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>', TOOLS)
+    parsed = parse("hermes", 'sure <tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>', TOOLS)
     assert parsed.content == "sure"
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in parsed.tool_calls] == [("add", {"a": 1})]
     assert parsed.tool_calls[0]["id"].startswith("call_")
@@ -19,7 +19,7 @@ def test_hermes_call_is_structured_and_text_around_it_is_content() -> None:
 def test_two_calls() -> None:
     one = '<tool_call>{"name": "add", "arguments": {}}</tool_call>'
     text = one + '<tool_call>{"name": "add", "arguments": {"b": 2}}</tool_call>'
-    assert len(parse_hermes(text, TOOLS).tool_calls) == 2
+    assert len(parse("hermes", text, TOOLS).tool_calls) == 2
 
 
 def test_malformed_or_unknown_calls_stay_text() -> None:
@@ -30,7 +30,7 @@ def test_malformed_or_unknown_calls_stay_text() -> None:
         '<tool_call>{"name": "add", "arguments": {}}',  # unclosed
         '<tool_call>["add"]</tool_call>',
     ):
-        parsed = parse_hermes(text, TOOLS)
+        parsed = parse("hermes", text, TOOLS)
         assert parsed.content == text and parsed.tool_calls == []
 
 
@@ -42,9 +42,9 @@ def test_no_tools_means_text_and_parser_choice() -> None:
     class WithSchema:
         response_template = {"type": "object"}
 
-    assert pick_parser("auto", WithSchema()) == "transformers"
-    assert pick_parser("auto", object()) == "hermes"
-    assert pick_parser("none", WithSchema()) == "none"
+    assert pick("auto", WithSchema()) == ("transformers", "response_template")
+    assert pick("auto", object()) == ("hermes", "fallback")
+    assert pick("none", WithSchema()) == ("none", "set")
 
 
 def test_transformers_parser_failure_is_text() -> None:
@@ -88,13 +88,13 @@ STRICT = [
 )
 def test_a_call_that_is_not_valid_for_the_tools_is_an_invalid_action_never_repaired(body: str, says: str) -> None:
     text = f"let me add <tool_call>{body}</tool_call>"
-    parsed = parse_hermes(text, STRICT)
+    parsed = parse("hermes", text, STRICT)
     assert (parsed.content, parsed.tool_calls, parsed.malformed) == (text, [], True)
     assert says in parsed.error
 
 
 def test_a_valid_call_is_unchanged_by_the_strict_rule() -> None:
-    parsed = parse_hermes('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>', STRICT)
+    parsed = parse("hermes", '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>', STRICT)
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in parsed.tool_calls] == [("add", {"a": 1})]
     assert (parsed.content, parsed.malformed, parsed.error) == ("", False, "")
 

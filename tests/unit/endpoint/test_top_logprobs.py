@@ -1,5 +1,6 @@
 """top_logprobs through the official `openai` client (strict response validation) on the scripted backend:
-chat completions streamed and not, the Responses API with `include`, and what is refused by name."""
+chat completions streamed and not, the Responses API with `include`, a thinking budget's forced ids, and what
+is refused by name."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import httpx
 import openai
 import pytest
 
-from tests.unit.endpoint.scripted import ALTERNATIVES, TOKEN, an
+from services.endpoint.app import create_app
+from services.endpoint.settings import EndpointSettings
+from tests.unit.endpoint.scripted import ALTERNATIVES, TOKEN, ScriptedBackend, an
+from tests.unit.endpoint.thinking_tokenizer import build_thinking_tokenizer
 
 MESSAGES = [{"role": "user", "content": "x"}]
 
@@ -135,3 +139,25 @@ def test_scripted_alternatives_are_a_distribution_prefix() -> None:
     pairs = expected_alternatives("a", 20)
     assert len(pairs) == 20 and sum(math.exp(lp) for _, lp, _ in pairs) < 1.0
     assert [lp for _, lp, _ in pairs] == sorted((lp for _, lp, _ in pairs), reverse=True)
+
+
+async def test_a_thinking_budgets_forced_ids_have_no_alternatives() -> None:
+    """Both Generate calls of a budgeted reply ask for the alternatives; the closing tag the endpoint forced
+    was not sampled, so its entries carry logprob 0.0 and none."""
+    backend = ScriptedBackend(build_thinking_tokenizer(), reasoning=True, limits=True)
+    app = create_app(EndpointSettings(max_body_bytes=64 * 1024), TOKEN, backend)
+    backend.script = ["<think>long long reasoning</think>never", "the answer"]
+    reply = await strict(app).chat.completions.create(
+        model="job-1", messages=MESSAGES, max_tokens=40, reasoning_effort="low", logprobs=True, top_logprobs=3
+    )
+    assert backend.top_logprobs == [3, 3]
+    entries = reply.choices[0].logprobs.content
+    forced = "\n</think>\n\n"
+    budget = backend.sampling[0].max_new_tokens
+    assert "".join(e.token for e in entries[budget : budget + len(forced)]) == forced
+    for i, entry in enumerate(entries):
+        if budget <= i < budget + len(forced):
+            assert entry.logprob == 0.0 and entry.top_logprobs == []
+        else:
+            assert entry.logprob == -0.25 and len(entry.top_logprobs) == 3
+            assert entry.top_logprobs[0].token == entry.token

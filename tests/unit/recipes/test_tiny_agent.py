@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from dockyard.agents.tool_formats import parse
 from dockyard.models.tokenizer import build_char_tokenizer
 from dockyard.recipes.tiny_agent import (
     AGENT_MODEL,
@@ -19,7 +20,6 @@ from dockyard.recipes.tiny_expr import WARM_START_META, pad_rows
 from dockyard.tasks.expr import AGENT_TOOLS, agent_answer, f_output, make_agent_tasks, pool_size, program_for
 from services.endpoint.rendering import Renderer
 from services.endpoint.sessions import Sampled, SessionStore
-from services.endpoint.tool_parsers import parse_hermes
 from tests.conftest import REPO_ROOT
 
 TINY = {
@@ -85,7 +85,7 @@ def test_trial_tokens_train_exactly_the_calls_the_endpoint_parses():
                 turns.append(tok.decode(written[:-1]))
                 written = []
     assert not written
-    parsed = [parse_hermes(text, AGENT_TOOLS) for text in turns]
+    parsed = [parse("hermes", text, AGENT_TOOLS) for text in turns]
     assert [[(c["function"]["name"], c["function"]["arguments"]) for c in p.tool_calls] for p in parsed] == [
         [("f", {"x": 0})],
         [("f", {"x": 1})],

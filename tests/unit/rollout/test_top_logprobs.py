@@ -45,10 +45,13 @@ def served():
     """(servicer, event loop) with the tiny policy loaded; every test drives that one loop."""
     torch.set_num_threads(1)
     loop = asyncio.new_event_loop()
-    servicer = RolloutServicer(RolloutSettings())
-    loop.run_until_complete(
-        servicer.LoadPolicy(rollout_pb2.LoadPolicyRequest(job_id=JOB, config_yaml=CONFIG_YAML), None)
-    )
+
+    async def start() -> RolloutServicer:  # built on its loop: the servicer's channels belong to it
+        servicer = RolloutServicer(RolloutSettings())
+        await servicer.LoadPolicy(rollout_pb2.LoadPolicyRequest(job_id=JOB, config_yaml=CONFIG_YAML), None)
+        return servicer
+
+    servicer = loop.run_until_complete(start())
     yield servicer, loop
     loop.run_until_complete(servicer.close())
     loop.close()
