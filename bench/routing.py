@@ -94,15 +94,24 @@ class InProcessFleet(Backend):
             return await super().pick(job_id, session, size)
         return Replica(*[self._random.choice(list(self.engines))] * 2)
 
-    async def generate(self, job_id, replica, prompt_ids, n, sampling, images=None) -> Generated:
+    async def generate(self, job_id, replica, prompt_ids, n, sampling, images=None, *, top_logprobs=0) -> Generated:
         engine = self.engines[replica.name]
         decoding = DecodingParams(
-            temperature=sampling.temperature, max_new_tokens=sampling.max_new_tokens, seed=sampling.seed or None
+            temperature=sampling.temperature,
+            max_new_tokens=sampling.max_new_tokens,
+            seed=sampling.seed or None,
+            top_logprobs=top_logprobs,
         )
         result = await engine.generate(list(prompt_ids), n, decoding)
         self.router.served(replica.name, kv_cache_proto(engine.kv_cache_stats))
         completions = [
-            rollout_pb2.Completion(token_ids=c.token_ids, logprobs=c.logprobs, text=c.text, finish_reason="length")
+            rollout_pb2.Completion(
+                token_ids=c.token_ids,
+                logprobs=c.logprobs,
+                text=c.text,
+                finish_reason="length",
+                top_logprobs=[rollout_pb2.TopLogprobs(token_ids=i, logprobs=lp) for i, lp in c.top_logprobs],
+            )
             for c in result.completions
         ]
         return Generated(list(prompt_ids), completions, result.weight_version, [result.weight_version], replica.name)

@@ -69,7 +69,7 @@ from services.endpoint.convert import (
     openai_reply,
 )
 from services.endpoint.errors import BadRequest, BodyLimit, error_response, invalid_body
-from services.endpoint.responses import output_items, response_body, response_events, summarized
+from services.endpoint.responses import output_items, response_body, response_events, summarized, wants_logprobs
 from services.endpoint.responses import to_chat as responses_chat
 from services.endpoint.routing import AdmissionRefused
 from services.endpoint.schemas import ChatCompletionRequest, CountTokensRequest, MessagesRequest, ResponsesRequest
@@ -248,7 +248,7 @@ def create_app(settings: EndpointSettings, token: str, backend: Backend | None =
         if body.stream:
             stream = response_events(body, choice, served.usage, law)
             return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
-        items = output_items(choice, summarized(body))
+        items = output_items(choice, summarized(body), wants_logprobs(body))
         reply = response_body(body, choice, served.usage, law, f"resp_{uuid.uuid4().hex}", items)
         return JSONResponse(reply, headers=headers)
 

@@ -5,7 +5,7 @@
                                                                        └─> policy.generation (the sampling law)
     session ──pick──> ListMembers: ALIVE rollout replicas holding the job ──Router.route──> sticky, else least
         loaded (services/endpoint/routing.py; a new session may wait for admission)
-    prompt ids ──complete──> RolloutService.Generate(prompt_token_ids) on that replica
+    prompt ids ──complete──> RolloutService.Generate(prompt_token_ids, top_logprobs) on that replica
         ──replica fails the call──> left out; the call goes to another live replica (the session moves)
 
 Guarantees: an unknown or finished job is UnknownModel (a 404); a replica that
@@ -221,9 +221,12 @@ class Backend:
         n: int,
         sampling: common_pb2.SamplingParams,
         images: Prompted | None = None,
+        *,
+        top_logprobs: int = 0,
     ) -> Generated:
-        """Generate on the session's replica; a replica that fails the call is left and the call goes to
-        another live one (safe: nothing of a failed call was recorded), else ReplicaLost."""
+        """Generate on the session's replica (top_logprobs: Generate's alternatives per sampled token); a
+        replica that fails the call is left and the call goes to another live one (safe: nothing of a failed
+        call was recorded), else ReplicaLost."""
         tried: set[str] = set()
         lost = ReplicaLost(f"no live rollout replica holds job {job_id!r}")
         while True:
@@ -234,7 +237,7 @@ class Backend:
                 self.router.stats.retried_calls += 1
             tried.add(replica.name)
             try:
-                return await self.generate(job_id, replica, prompt_ids, n, sampling, images)
+                return await self.generate(job_id, replica, prompt_ids, n, sampling, images, top_logprobs=top_logprobs)
             except ReplicaLost as exc:
                 lost = exc
                 self.router.failed(replica.name)
@@ -253,6 +256,8 @@ class Backend:
         n: int,
         sampling: common_pb2.SamplingParams,
         images: Prompted | None = None,
+        *,
+        top_logprobs: int = 0,
     ) -> Generated:
         """One Generate call on `replica`: GenerateRefused for the caller's fault, ReplicaLost for the replica's.
 
@@ -261,7 +266,11 @@ class Backend:
         """
         name, address = replica.name, replica.address
         request = rollout_pb2.GenerateRequest(
-            job_id=job_id, request_id=f"endpoint-{uuid.uuid4().hex[:16]}", num_samples=n, sampling=sampling
+            job_id=job_id,
+            request_id=f"endpoint-{uuid.uuid4().hex[:16]}",
+            num_samples=n,
+            sampling=sampling,
+            top_logprobs=top_logprobs,
         )
         if images is None:
             request.prompt_token_ids.extend(prompt_ids)

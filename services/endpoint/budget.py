@@ -5,7 +5,8 @@
     reply = s1 + forced + s2: s1 and s2 sampled (trained), forced written by the endpoint (loss mask 0)
 
 Guarantees: every token of a reply that the policy did not sample is listed in `forced` (and has
-logprob 0.0 and weight version -1), so the recorder trains it as context, never as an action; s2 is
+logprob 0.0, weight version -1 and no top_logprobs alternatives), so the recorder trains it as context,
+never as an action; s2 is
 sampled in exactly the context recorded before it (the prompt, s1 and the forced tag); a first call
 that ends the reply itself (eos, or a stop string of the request's) is the whole reply; the budget
 and the answer share the reply's token limit (forced tokens do not count against it).
@@ -36,10 +37,13 @@ class Reply:
     finish_reason: str
     forced: list[int] = field(default_factory=list)  # positions in token_ids
     versions: list[int] = field(default_factory=list)  # per token; empty: the turn's weight version
+    # Per token when top_logprobs was asked: its step's (token ids, logprobs); a forced id has none.
+    top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)
 
     @classmethod
     def sampled(cls, completion) -> Reply:
-        return cls(list(completion.token_ids), list(completion.logprobs), completion.finish_reason)
+        tops = [(list(top.token_ids), list(top.logprobs)) for top in completion.top_logprobs]
+        return cls(list(completion.token_ids), list(completion.logprobs), completion.finish_reason, top_logprobs=tops)
 
 
 def _params(params: common_pb2.SamplingParams, **changes) -> common_pb2.SamplingParams:
@@ -63,13 +67,16 @@ async def complete_budgeted(
     budget: int,
     renderer: Renderer,
     opened: bool,
+    *,
+    top_logprobs: int = 0,
 ) -> tuple[Generated, list[Reply]]:
-    """The first call's Generated (its replica and weight version) and each completion as a Reply."""
+    """The first call's Generated (its replica and weight version) and each completion as a Reply (both calls
+    ask Generate for `top_logprobs` alternatives per sampled token)."""
     if len(params.stop) >= MAX_STOP_STRINGS:
         most = MAX_STOP_STRINGS - 1
         raise BadRequest(f"stop: a thinking budget needs one stop string of its own; send at most {most}")
     first = _params(params, max_new_tokens=budget, stop=[*params.stop, CLOSE])
-    generated = await backend.complete(model_id, session_id, prompt_ids, n, first)
+    generated = await backend.complete(model_id, session_id, prompt_ids, n, first, top_logprobs=top_logprobs)
 
     async def finish(completion) -> Reply:
         reply = Reply.sampled(completion)
@@ -82,7 +89,12 @@ async def complete_budgeted(
         open_block = opened or text.lstrip().startswith(OPEN)
         forced = renderer.encode(FORCED_CLOSE) if open_block and not closed(text, opened) else []
         more = await backend.complete(
-            model_id, session_id, [*prompt_ids, *reply.token_ids, *forced], 1, _params(params, max_new_tokens=left)
+            model_id,
+            session_id,
+            [*prompt_ids, *reply.token_ids, *forced],
+            1,
+            _params(params, max_new_tokens=left),
+            top_logprobs=top_logprobs,
         )
         answer = more.completions[0]
         start = len(reply.token_ids)
@@ -90,6 +102,8 @@ async def complete_budgeted(
         reply.logprobs += [0.0] * len(forced) + list(answer.logprobs)
         reply.versions += [-1] * len(forced) + [more.weight_version] * len(answer.token_ids)
         reply.forced = list(range(start, start + len(forced)))
+        if top_logprobs:  # a forced id was not sampled: no alternatives
+            reply.top_logprobs += [([], [])] * len(forced) + Reply.sampled(answer).top_logprobs
         reply.finish_reason = answer.finish_reason
         return reply
 

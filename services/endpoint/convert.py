@@ -1,7 +1,7 @@
 """OpenAI and Anthropic bodies <-> the chat-template messages and tools the recorder works on; replies.
 
     ChatCompletionRequest | MessagesRequest ──to_chat──> Chat(messages, tools, n, max_tokens, stop, seed)
-    Choice (parsed text + tokens) ──openai_reply / anthropic_reply──> JSON body
+    Choice (parsed text + tokens, logprobs: logprobs.py) ──openai_reply / anthropic_reply──> JSON body
                                   ──openai_chunks / anthropic_events──> SSE lines
 
 Guarantees: image parts (OpenAI `image_url` with a data: URL, Anthropic `image` blocks with a
@@ -37,6 +37,7 @@ from dockyard.agents.tool_calls import check_tools
 from dockyard.config.sampling import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from services.endpoint import reasoning
 from services.endpoint.errors import BadRequest
+from services.endpoint.logprobs import chat_logprobs
 from services.endpoint.reasoning import Thinking
 from services.endpoint.rendering import Message
 from services.endpoint.request_fields import ANTHROPIC_NEUTRAL, OPENAI_NEUTRAL, check_supported
@@ -53,6 +54,7 @@ class Chat:
     seed: int | None
     ignore_eos: bool = False
     images: list[bytes] = field(default_factory=list)  # file bytes, for the multimodal gate
+    top_logprobs: int = 0  # alternatives per sampled token the reply reports (Generate's top_logprobs)
     # A call the reply must make: None (none required), "" (any of the tools), or that tool's name.
     required_call: str | None = None
     thinking: Thinking = field(default_factory=Thinking)  # what the request asked of the model's reasoning
@@ -66,6 +68,8 @@ class Choice:
     stop: str | None  # the stop string that ended it, if any
     tokens: list[str]
     logprobs: list[float]
+    # Per token, when the request asked top_logprobs = k: the step's k most likely (token text, logprob).
+    top_logprobs: list[list[tuple[str, float]]] = field(default_factory=list)
     reasoning: str | None = None  # the completion's thinking block's text (None: it wrote none)
     reasoning_tokens: int = 0  # how many of `tokens` are the thinking block
 
@@ -181,6 +185,8 @@ def from_openai(body: ChatCompletionRequest) -> Chat:
         required = any_tool(tools, "tool_choice: 'required'")
     if body.tool_choice == "none":
         tools = None
+    if body.top_logprobs and not body.logprobs:
+        raise BadRequest("top_logprobs: set logprobs to true to get them (as the OpenAI API requires)")
     return Chat(
         messages=messages,
         tools=tools,
@@ -191,6 +197,7 @@ def from_openai(body: ChatCompletionRequest) -> Chat:
         ignore_eos=body.ignore_eos,
         images=images,
         required_call=required,
+        top_logprobs=body.top_logprobs or 0,
         thinking=reasoning.effort_thinking(body.reasoning_effort, "reasoning_effort"),
     )
 
@@ -299,15 +306,6 @@ def _openai_finish(choice: Choice) -> str:
     return "tool_calls" if choice.tool_calls else ("length" if choice.finish_reason == "length" else "stop")
 
 
-def _openai_logprobs(choice: Choice) -> dict:
-    return {
-        "content": [
-            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-            for t, lp in zip(choice.tokens, choice.logprobs, strict=True)
-        ]
-    }
-
-
 def openai_reply(model: str, choices: list[Choice], usage: dict, logprobs: bool) -> dict[str, Any]:
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -323,7 +321,7 @@ def openai_reply(model: str, choices: list[Choice], usage: dict, logprobs: bool)
                     **({"reasoning_content": c.reasoning} if c.reasoning is not None else {}),
                     **({"tool_calls": _openai_calls(c.tool_calls)} if c.tool_calls else {}),
                 },
-                "logprobs": _openai_logprobs(c) if logprobs else None,
+                "logprobs": chat_logprobs(c) if logprobs else None,
                 "finish_reason": _openai_finish(c),
             }
             for i, c in enumerate(choices)
@@ -354,7 +352,7 @@ def openai_chunks(model: str, choices: list[Choice], usage: dict, logprobs: bool
         if c.content:
             chunk = {"index": i, "delta": {"content": c.content}, "finish_reason": None}
             if logprobs:
-                chunk["logprobs"] = _openai_logprobs(c)
+                chunk["logprobs"] = chat_logprobs(c)
             yield sse({**base, "choices": [chunk]})
         for k, call in enumerate(_openai_calls(c.tool_calls)):
             yield sse(

@@ -22,7 +22,6 @@ OPENAI_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "logit_bias": ({},),
     "response_format": ({"type": "text"},),
     "parallel_tool_calls": (True,),  # a reply may hold several calls; one cannot be enforced
-    "top_logprobs": (0,),
     "modalities": (["text"],),
     "functions": (),
     "function_call": (),
@@ -34,8 +33,6 @@ OPENAI_NEUTRAL: dict[str, tuple[Any, ...]] = {
 ANTHROPIC_NEUTRAL: dict[str, tuple[Any, ...]] = {}
 RESPONSES_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "parallel_tool_calls": (True,),
-    "top_logprobs": (0,),
-    "include": ([],),
     "truncation": ("disabled",),
     "text": ({"format": {"type": "text"}},),
     "background": (False,),

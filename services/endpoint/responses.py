@@ -17,7 +17,10 @@ does not summarize: the summary is the whole reasoning); `reasoning.effort` is r
 Guarantees: nothing is silently dropped: an image or file part, a tool that is not a function
 tool, an encrypted-only reasoning item, `previous_response_id` (the endpoint keeps no responses:
 the whole conversation is the request's `input`) and every field `request_fields` refuses are a BadRequest
-naming the item or field. The reply reports the sampling law the turn was drawn under (the job's),
+naming the item or field. `include` serves "message.output_text.logprobs" only (any other value is a
+BadRequest naming it): the text part (and its delta and done events) then carries each sampled
+token's logprob, with `top_logprobs` alternatives when asked (top_logprobs without that `include` is
+a BadRequest). The reply reports the sampling law the turn was drawn under (the job's),
 not the one the client asked for. The stream carries the same output as the reply, as the API's
 typed events in order (`response.created` ... `response.completed`, or `response.incomplete` when
 the reply ran out of tokens), each with its `sequence_number`.
@@ -44,6 +47,7 @@ from services.endpoint.convert import (
     sse,
 )
 from services.endpoint.errors import BadRequest
+from services.endpoint.logprobs import event_logprobs, output_text_logprobs
 from services.endpoint.rendering import Message
 from services.endpoint.request_fields import RESPONSES_NEUTRAL, check_supported
 from services.endpoint.schemas import FunctionSpec, ResponsesRequest
@@ -51,6 +55,7 @@ from services.endpoint.turns import TurnSampling
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 TEXT_PARTS = ("input_text", "output_text", "text")
+LOGPROBS = "message.output_text.logprobs"  # the one `include` value served
 SUMMARIES = ("auto", "concise", "detailed")
 
 
@@ -86,8 +91,24 @@ def to_chat(body: ResponsesRequest) -> Chat:
         stop=[],
         seed=None,
         required_call=required,
+        top_logprobs=_top_logprobs(body),
         thinking=_thinking(body.reasoning),
     )
+
+
+def wants_logprobs(body: ResponsesRequest) -> bool:
+    """Whether the reply's output_text parts carry logprobs (`include` names them)."""
+    return LOGPROBS in (body.include or ())
+
+
+def _top_logprobs(body: ResponsesRequest) -> int:
+    """How many alternatives per token the request asks for; BadRequest for an `include` not served."""
+    for i, name in enumerate(body.include or ()):
+        if name != LOGPROBS:
+            raise BadRequest(f"include[{i}]: {name!r} is not supported (only {LOGPROBS!r})")
+    if body.top_logprobs and not wants_logprobs(body):
+        raise BadRequest(f"top_logprobs: add {LOGPROBS!r} to `include` to get them")
+    return body.top_logprobs or 0
 
 
 def _thinking(value: dict[str, Any] | None) -> reasoning.Thinking:
@@ -189,9 +210,10 @@ def _function_tool(tool: dict[str, Any], where: str) -> dict:
     return {"type": "function", "function": spec.model_dump(exclude_none=True, exclude={"strict"})}
 
 
-def output_items(choice: Choice, summary: bool = False) -> list[dict[str, Any]]:
+def output_items(choice: Choice, summary: bool = False, logprobs: bool = False) -> list[dict[str, Any]]:
     """The reply as output items: its reasoning, its text as one message (also when empty and there is no
-    call), then each call."""
+    call), then each call; with `logprobs`, the text part carries every sampled token's (its alternatives as
+    the request asked)."""
     items: list[dict[str, Any]] = []
     status = "incomplete" if choice.finish_reason == "length" else "completed"
     if choice.reasoning is not None:
@@ -199,7 +221,12 @@ def output_items(choice: Choice, summary: bool = False) -> list[dict[str, Any]]:
         thought = {"type": "reasoning", "summary": summaries, "content": [_reasoning_part(choice.reasoning)]}
         items.append({"id": f"rs_{uuid.uuid4().hex}", **thought, "status": status})
     if choice.content or not choice.tool_calls:
-        text = {"type": "output_text", "text": choice.content, "annotations": [], "logprobs": []}
+        text = {
+            "type": "output_text",
+            "text": choice.content,
+            "annotations": [],
+            "logprobs": output_text_logprobs(choice) if logprobs else [],
+        }
         message = {"type": "message", "role": "assistant", "status": status, "content": [text]}
         items.append({"id": f"msg_{uuid.uuid4().hex}", **message})
     for call in choice.tool_calls:
@@ -253,6 +280,7 @@ def response_body(
         "temperature": law.temperature,
         "top_p": law.top_p,
         "max_output_tokens": body.max_output_tokens,
+        "top_logprobs": body.top_logprobs,
         "error": None,
         "incomplete_details": details,
         "metadata": {},
@@ -274,7 +302,9 @@ def _usage(usage: dict[str, int], reasoning_tokens: int) -> dict[str, Any]:
 def response_events(body: ResponsesRequest, choice: Choice, usage: dict[str, int], law: TurnSampling) -> Iterator[str]:
     """The reply as the Responses stream: created, in_progress, each item's events, then completed/incomplete."""
     response_id = f"resp_{uuid.uuid4().hex}"
-    items = output_items(choice, summarized(body))
+    logprobs = wants_logprobs(body)
+    items = output_items(choice, summarized(body), logprobs)
+    tokens = event_logprobs(choice) if logprobs else []
     sequence = iter(range(1 << 30))
 
     def event(kind: str, **fields: Any) -> str:
@@ -291,8 +321,8 @@ def response_events(body: ResponsesRequest, choice: Choice, usage: dict[str, int
             )
             part = item["content"][0]
             yield event("response.content_part.added", **where, content_index=0, part={**part, "text": ""})
-            yield event("response.output_text.delta", **where, content_index=0, delta=part["text"], logprobs=[])
-            yield event("response.output_text.done", **where, content_index=0, text=part["text"], logprobs=[])
+            yield event("response.output_text.delta", **where, content_index=0, delta=part["text"], logprobs=tokens)
+            yield event("response.output_text.done", **where, content_index=0, text=part["text"], logprobs=tokens)
             yield event("response.content_part.done", **where, content_index=0, part=part)
         elif item["type"] == "reasoning":
             yield from _reasoning_events(event, item, k)

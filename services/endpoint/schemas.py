@@ -157,4 +157,7 @@ class ResponsesRequest(_Request):
     previous_response_id: str | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
+    # Extra output: only "message.output_text.logprobs" (checked in responses.to_chat).
+    include: list[str] | None = Field(None, max_length=16)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     reasoning: dict[str, Any] | None = None  # {"effort", "summary"}: services/endpoint/reasoning.py

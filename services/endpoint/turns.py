@@ -119,11 +119,22 @@ async def take_turn(
         opened = job.reasoning and reasoning.opens_block(plan.prompt_text_tail + prefill)
         try:
             if budget is None:
-                generated = await backend.complete(model_id, session_id, plan.prompt_ids, chat.n, params, images)
+                generated = await backend.complete(
+                    model_id, session_id, plan.prompt_ids, chat.n, params, images, top_logprobs=chat.top_logprobs
+                )
                 replies = [Reply.sampled(c) for c in generated.completions]
             else:
                 generated, replies = await complete_budgeted(
-                    backend, model_id, session_id, plan.prompt_ids, chat.n, params, budget, job.renderer, opened
+                    backend,
+                    model_id,
+                    session_id,
+                    plan.prompt_ids,
+                    chat.n,
+                    params,
+                    budget,
+                    job.renderer,
+                    opened,
+                    top_logprobs=chat.top_logprobs,
                 )
         except ReplicaLost as exc:
             if session.turns:  # mid-session and no replica to go on with: the trial ends
@@ -213,6 +224,7 @@ def choices_of(
             stop=stop,
             tokens=pieces,
             logprobs=list(c.logprobs),
+            top_logprobs=[list(zip(job.renderer.decode_each(alt), lps, strict=True)) for alt, lps in c.top_logprobs],
             reasoning=thought,
             reasoning_tokens=reasoning.count(pieces, opened) if thought is not None else 0,
         )

@@ -38,7 +38,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from services.rollout.decoding import DecodingParams
-from services.rollout.engine import GenerationCancelled
+from services.rollout.engine import GenerationCancelled, TopLogprobs
 from services.rollout.kv_slots import DecodeStep, SlotCache, length_for
 from services.rollout.prefix_cache import PrefixCache, PrefixStats
 from services.rollout.sampling import StopStrings, sample
@@ -55,6 +55,7 @@ class Row:
     generator: torch.Generator
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)  # per token, when params.top_logprobs > 0
     versions: set[int] = field(default_factory=set)
     finish_reason: str = ""
     start: int = 0  # cache column of its first prompt token
@@ -290,19 +291,18 @@ class DecodeBatch:
             row.start = self.column - prompt_len
             joined.append((heapq.heappop(self._free), row))
         self.cache.load_prompt([slot for slot, _ in joined], kv, self.column, index)
-        sampled, picked = sample(
-            logits.expand(len(joined), -1), [r.params for _, r in joined], [r.generator for _, r in joined]
-        )
-        self._feed([slot for slot, _ in joined], sampled)
+        params = [r.params for _, r in joined]
+        drawn = sample(logits.expand(len(joined), -1), params, [r.generator for _, r in joined])
+        self._feed([slot for slot, _ in joined], drawn.tokens)
         self._starts_dirty = True
-        tokens, logprobs = sampled.tolist(), picked.tolist()
+        tokens, logprobs, tops = drawn.tokens.tolist(), drawn.logprobs.tolist(), drawn.top_lists(params)
         self.stats.rows_joined += len(joined)
         if running:
             self.stats.rows_joined_running += len(joined)
-        for (slot, row), token, logprob in zip(joined, tokens, logprobs, strict=True):
+        for (slot, row), token, logprob, top in zip(joined, tokens, logprobs, tops, strict=True):
             self._active[slot] = (request, row)
             request.live += 1
-            self._append(row, token, logprob, version)
+            self._append(row, token, logprob, top, version)
         self._finish_rows([(s, request, r) for s, r in joined])
 
     def _decode(self) -> None:
@@ -324,15 +324,16 @@ class DecodeBatch:
         rows = [self._active[s] for s in order]
         if order[-1] + 1 != len(order):  # gaps between the slots in use
             logits = logits[torch.tensor(order, device=logits.device)]
-        sampled, picked = sample(logits, [r.params for _, r in rows], [r.generator for _, r in rows])
-        self._feed(order, sampled)
-        new, logprobs = sampled.tolist(), picked.tolist()
+        params = [row.params for _, row in rows]
+        drawn = sample(logits, params, [row.generator for _, row in rows])
+        self._feed(order, drawn.tokens)
+        new, logprobs, tops = drawn.tokens.tolist(), drawn.logprobs.tolist(), drawn.top_lists(params)
         self.stats.steps += 1
         self.stats.largest_batch = max(self.stats.largest_batch, len(order))
         for request in {id(r): r for r, _ in rows}.values():
             request.steps += 1
-        for (_, row), token, logprob in zip(rows, new, logprobs, strict=True):
-            self._append(row, token, logprob, version)
+        for (_, row), token, logprob, top in zip(rows, new, logprobs, tops, strict=True):
+            self._append(row, token, logprob, top, version)
         self._finish_rows([(s, r, row) for s, (r, row) in zip(order, rows, strict=True)])
 
     def _feed(self, slots: list[int], tokens: torch.Tensor) -> None:
@@ -342,9 +343,11 @@ class DecodeBatch:
         else:
             self.step.tokens[torch.tensor(slots, device=self.device), 0] = tokens
 
-    def _append(self, row: Row, token: int, logprob: float, version: int) -> None:
+    def _append(self, row: Row, token: int, logprob: float, top: TopLogprobs | None, version: int) -> None:
         row.tokens.append(token)
         row.logprobs.append(logprob)
+        if top is not None:
+            row.top_logprobs.append(top)
         row.versions.add(version)
 
     def _finish_rows(self, rows: list[tuple[int, Request, Row]]) -> None:

@@ -10,7 +10,10 @@ valid — finite numbers, temperature in [0, 100], top_p in (0, 1], top_k >= 0,
 most 256 characters or none — and every refusal is an InvalidArgument whose message starts with the
 offending field's name (``sampling.<field>`` for the proto message,
 ``policy.generation.<field>`` for the job's defaults). A proto top_p of 0 (the
-proto3 default) means "off" and is read as 1.
+proto3 default) means "off" and is read as 1. ``top_logprobs`` (alternatives
+reported per sampled token) is a GenerateRequest field, not a sampling one:
+it is checked by `validate_top_logprobs` (0..20, OpenAI's bound) and set on the
+DecodingParams the request samples with, whichever way those came.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ if TYPE_CHECKING:  # the engines (and bench/) need no protobuf runtime
     from dockyard.api.common.v1 import common_pb2
 
 MAX_NUM_SAMPLES = 1024
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs (and vLLM's default max_logprobs)
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class DecodingParams:
     stop: tuple[str, ...] = ()  # a completion ends right after the token that completes one
     ignore_eos: bool = False  # keep generating past eos up to max_new_tokens
     seed: int | None = None  # None = nondeterministic
+    top_logprobs: int = 0  # alternatives reported per sampled token; 0 = none (nothing computed)
 
     @property
     def greedy(self) -> bool:
@@ -131,3 +136,9 @@ def validate_num_samples(num_samples: int) -> int:
     if not 1 <= num_samples <= MAX_NUM_SAMPLES:
         raise InvalidArgument(f"num_samples: must be in [1, {MAX_NUM_SAMPLES}], got {num_samples}")
     return num_samples
+
+
+def validate_top_logprobs(top_logprobs: int) -> int:
+    if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidArgument(f"top_logprobs: must be in [0, {MAX_TOP_LOGPROBS}] (0 means none), got {top_logprobs}")
+    return int(top_logprobs)

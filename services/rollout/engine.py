@@ -13,6 +13,11 @@ Guarantees of every engine:
   sampled token: after temperature, before top-p/top-k truncation (plain
   log_softmax when temperature is 0). The trainer recomputes with the same
   temperature scaling, so the two are comparable token for token;
+- with `decoding.top_logprobs` = k > 0, `top_logprobs[t]` holds the k most
+  likely tokens of step t and their logprobs, most likely first, under that
+  same law (so the first one's logprob is >= `logprobs[t]`, equal when
+  greedy); with k = 0 it is empty and nothing extra is computed. An engine
+  that cannot report them raises UnsupportedRequest ("top_logprobs: ...");
 - a completion ends with the first eos token (kept; finish_reason "eos")
   unless ignore_eos, or right after the first token that completes a stop
   string within the completion's text (kept, even when that token runs past
@@ -41,6 +46,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, NamedTuple
@@ -53,12 +59,21 @@ from dockyard.weights.transport import Transport
 from services.rollout.decoding import DecodingParams
 
 
+class TopLogprobs(NamedTuple):
+    """The most likely tokens of one decode step, most likely first."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+
+
 class Completion(NamedTuple):
     token_ids: list[int]
     logprobs: list[float]
     text: str
     finish_reason: str  # "eos", "stop" or "length"
     weight_versions: tuple[int, ...] = ()  # versions its tokens came from, oldest first
+    # Per sampled token, with decoding.top_logprobs > 0: its step's alternatives; else empty.
+    top_logprobs: Sequence[TopLogprobs] = ()
 
 
 @dataclass

@@ -6,8 +6,9 @@
 
 Guarantees: a prompt whose ids (image tokens included) plus max_new_tokens exceed the language
 model's context is UnsupportedRequest before the model runs. Sampling and logprobs are the decode
-batch's (sampling.sample: log_softmax(logits / T) at the chosen token, seeded rows reproducible),
-and so are the ends (eos kept unless ignore_eos, stop strings, max_new_tokens); `prompt_token_ids`
+batch's (sampling.sample: log_softmax(logits / T) at the chosen token, alternatives when
+top_logprobs asks, seeded rows reproducible), and so are the ends (eos kept unless ignore_eos,
+stop strings, max_new_tokens); `prompt_token_ids`
 are exactly the ids the model saw, image tokens included, so what comes back is token-faithful.
 The weights are held still for the whole generation (weight_gate.WeightGate, as one long decode
 step), so every token of a result comes from one weight version. Cancellation is seen between
@@ -29,6 +30,7 @@ from services.rollout.engine import (
     GenerationCancelled,
     GenerationResult,
     ImagePrompt,
+    TopLogprobs,
     UnsupportedRequest,
 )
 from services.rollout.sampling import StopStrings, sample
@@ -93,6 +95,7 @@ class ImageGenerator:
         n = len(generators)
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
+        tops: list[list[TopLogprobs]] = [[] for _ in range(n)]
         reasons = [""] * n
         self.gate.enter()
         try:
@@ -106,8 +109,10 @@ class ImageGenerator:
                 for step in range(params.max_new_tokens):
                     if cancel.is_set():
                         raise GenerationCancelled(step)
-                    chosen, picked = sample(logits, [params] * n, generators)
-                    self._record(chosen.tolist(), picked.tolist(), tokens, logprobs, reasons, params, stops)
+                    drawn = sample(logits, [params] * n, generators)
+                    chosen = drawn.tokens
+                    steps = (chosen.tolist(), drawn.logprobs.tolist(), drawn.top_lists([params] * n))
+                    self._record(*steps, tokens, logprobs, tops, reasons, params, stops)
                     if all(reasons):
                         break
                     mask = torch.cat([mask, mask.new_ones(n, 1)], dim=1)
@@ -118,17 +123,19 @@ class ImageGenerator:
         finally:
             self.gate.exit()
         completions = [
-            Completion(t, lp, self.tokenizer.decode(t, skip_special_tokens=True), r, (version,))
-            for t, lp, r in zip(tokens, logprobs, reasons, strict=True)
+            Completion(t, lp, self.tokenizer.decode(t, skip_special_tokens=True), r, (version,), top)
+            for t, lp, r, top in zip(tokens, logprobs, reasons, tops, strict=True)
         ]
         return GenerationResult(prompt_token_ids=prompt_ids, completions=completions, weight_version=version)
 
-    def _record(self, chosen, picked, tokens, logprobs, reasons, params, stops) -> None:
-        """Append each unfinished row's token, then mark the rows that end with it."""
+    def _record(self, chosen, picked, top, tokens, logprobs, tops, reasons, params, stops) -> None:
+        """Append each unfinished row's token (and its alternatives, if asked), then mark the rows it ends."""
         live = [i for i, r in enumerate(reasons) if not r]
         for i in live:
             tokens[i].append(int(chosen[i]))
             logprobs[i].append(float(picked[i]))
+            if top[i] is not None:
+                tops[i].append(top[i])
         hits = stops.hits([tokens[i] for i in live]) if stops is not None else [False] * len(live)
         for i, hit in zip(live, hits, strict=True):
             if not params.ignore_eos and tokens[i][-1] in self.eos:

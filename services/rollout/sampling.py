@@ -1,13 +1,16 @@
 """Per-row sampling for the torch engine's decode batch: every row its own parameters and random stream.
 
     logits (rows, vocab) ──/ T per row──> log_softmax ──> reported logprob at the chosen token
-                                              └──top-k, top-p per row──> race of Exp(1) noise from the row's generator
+                                              ├──top-k, top-p per row──> race of Exp(1) noise from the row's generator
+                                              └──only if a row asks top_logprobs = k──> its k largest (alternatives)
 
 Guarantees: a row's token depends only on its own logits, parameters and generator, never on the
 other rows of the batch (greedy rows draw nothing); the reported logprob is log_softmax(logits / T)
 at the chosen token, after temperature, before top-k/top-p (plain log_softmax when T is 0);
 top-p keeps the smallest most-likely set whose mass reaches top_p within the top-k renormalised
-distribution; ties go to the lower token id, as argmax does, so top_k=1 is greedy. A seeded
+distribution; ties go to the lower token id, as argmax does, so top_k=1 is greedy. A row's
+alternatives (DecodingParams.top_logprobs = k > 0) are the k largest entries of that same
+log_softmax, most likely first, taken before truncation; when no row asks, none are computed. A seeded
 request's row i draws from a generator seeded by (seed, i); the noise of one draw is one
 `exponential_` over the vocabulary, so the stream advances the same way in any batch.
 """
@@ -15,13 +18,13 @@ request's row i draws from a generator seeded by (seed, i); the noise of one dra
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers import StopStringCriteria
 
 from services.rollout.decoding import DecodingParams
-from services.rollout.engine import UnsupportedRequest
+from services.rollout.engine import TopLogprobs, UnsupportedRequest
 
 
 def row_generator(seed: int, row: int, device: torch.device) -> torch.Generator:
@@ -30,10 +33,27 @@ def row_generator(seed: int, row: int, device: torch.device) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(int.from_bytes(digest, "little") >> 1)
 
 
-def sample(
-    logits: torch.Tensor, params: list[DecodingParams], generators: list[torch.Generator]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row of `logits` (rows, vocab), and its logprob: two tensors on the logits' device.
+class Sampled(NamedTuple):
+    """One step's draw: a token per row, its logprob, and (when a row asked) the alternatives."""
+
+    tokens: torch.Tensor  # (rows,)
+    logprobs: torch.Tensor  # (rows,)
+    # (logprobs, token ids), each (rows, largest k asked), most likely first; None when no row asked.
+    top: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def top_lists(self, params: list[DecodingParams]) -> list[TopLogprobs | None]:
+        """Each row's alternatives, cut to the k it asked (None for a row that asked none); reads the device."""
+        if self.top is None:
+            return [None] * len(params)
+        values, ids = self.top[0].tolist(), self.top[1].tolist()
+        return [
+            TopLogprobs(i[: p.top_logprobs], v[: p.top_logprobs]) if p.top_logprobs else None
+            for p, v, i in zip(params, values, ids, strict=True)
+        ]
+
+
+def sample(logits: torch.Tensor, params: list[DecodingParams], generators: list[torch.Generator]) -> Sampled:
+    """One token per row of `logits` (rows, vocab), its logprob and the alternatives asked for, on the logits' device.
 
     Nothing here waits for the device; the caller reads the results when it needs them.
     """
@@ -64,7 +84,10 @@ def sample(
             tokens[torch.tensor(drawn, device=device)] = choice
     assert tokens is not None
     picked = logprobs.gather(1, tokens[:, None]).squeeze(1)
-    return tokens, picked
+    most = max(p.top_logprobs for p in params)
+    # Only when asked: the default path computes nothing more. topk sorts, most likely first.
+    top = tuple(logprobs.topk(min(most, logprobs.shape[-1]), dim=-1)) if most else None
+    return Sampled(tokens, picked, top)  # type: ignore[arg-type]
 
 
 def _truncate(logprobs: torch.Tensor, params: list[DecodingParams]) -> torch.Tensor:

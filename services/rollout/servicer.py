@@ -6,7 +6,8 @@
     GetEngineInfo / UnloadPolicy ──> JobEngines.get / JobEngines.unload (WeightReceiver.forget first)
 
 Guarantees: a malformed request is refused with INVALID_ARGUMENT naming the
-field whatever the state; an unknown job is NOT_FOUND; loading and
+field whatever the state (top_logprobs outside 0..20 included; an engine that
+cannot report top_logprobs refuses them with INVALID_ARGUMENT naming itself); an unknown job is NOT_FOUND; loading and
 generation run in worker threads, so the server keeps answering (health
 included) while they run; a retried LoadPolicy for a loaded job changes
 nothing. A Generate without a `sampling` message uses the job's
@@ -29,6 +30,7 @@ SGLang, a text-only policy) is FAILED_PRECONDITION; the text path never touches 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import grpc
 import structlog
@@ -40,8 +42,14 @@ from dockyard.jobs import job_id_error
 from dockyard.rpc.completion import run_to_completion
 from dockyard.rpc.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, Unavailable
 from dockyard.weights.synchronizer import WeightSyncFailed
-from services.rollout.decoding import DecodingParams, decoding_from_proto, default_decoding, validate_num_samples
-from services.rollout.engine import GenerationEngine, UnsupportedRequest
+from services.rollout.decoding import (
+    DecodingParams,
+    decoding_from_proto,
+    default_decoding,
+    validate_num_samples,
+    validate_top_logprobs,
+)
+from services.rollout.engine import Completion, GenerationEngine, UnsupportedRequest
 from services.rollout.job_engines import JobEngines, build_engine
 from services.rollout.prompts import check_context, prompt_from_request
 from services.rollout.settings import RolloutSettings
@@ -63,6 +71,18 @@ def kv_cache_proto(stats) -> rollout_pb2.KvCacheStats | None:
         prefill_tokens_saved=stats.prefill_tokens_saved,
         evictions=stats.evictions,
         pressure=stats.pressure,
+    )
+
+
+def completion_proto(completion: Completion) -> rollout_pb2.Completion:
+    return rollout_pb2.Completion(
+        token_ids=completion.token_ids,
+        logprobs=completion.logprobs,
+        text=completion.text,
+        finish_reason=completion.finish_reason,
+        top_logprobs=[
+            rollout_pb2.TopLogprobs(token_ids=top.token_ids, logprobs=top.logprobs) for top in completion.top_logprobs
+        ],
     )
 
 
@@ -126,6 +146,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         # Arguments first: INVALID_ARGUMENT does not depend on what is loaded.
         _require_job_id(request.job_id)
         num_samples = validate_num_samples(request.num_samples)
+        top_logprobs = validate_top_logprobs(request.top_logprobs)
         prompt_input = prompt_from_request(request)
         decoding = None
         if request.HasField("sampling"):
@@ -135,6 +156,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         engine = self.engine(request.job_id)
         if decoding is None:
             decoding = self._default_decoding(request.job_id)
+        decoding = dataclasses.replace(decoding, top_logprobs=top_logprobs)
         images = await self._gate_images(request, engine)
         try:
             prompt = await asyncio.to_thread(prompt_input.resolve, engine, images)
@@ -158,12 +180,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             self.in_flight -= 1
         return rollout_pb2.GenerateResponse(
             prompt_token_ids=result.prompt_token_ids,
-            completions=[
-                rollout_pb2.Completion(
-                    token_ids=c.token_ids, logprobs=c.logprobs, text=c.text, finish_reason=c.finish_reason
-                )
-                for c in result.completions
-            ],
+            completions=[completion_proto(c) for c in result.completions],
             weight_version=result.weight_version,
             weight_versions=result.weight_versions,
             kv_cache=kv_cache_proto(engine.kv_cache_stats),

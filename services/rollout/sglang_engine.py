@@ -23,6 +23,9 @@ only against a stand-in module, never against SGLang itself):
   logprobs), sends top_p=1, top_k=-1, min_p=0 and no penalties explicitly (so
   the model's generation_config defaults never apply), and refuses top_p < 1
   and top_k > 0 (UnsupportedRequest naming the field), as the vLLM engine does;
+- top_logprobs > 0 is UnsupportedRequest ("top_logprobs: the SGLang engine
+  ..."): SGLang's `top_logprobs_num` exists, but its values cannot be checked
+  against the sampled logprobs' law where CI runs, so none are reported;
 - a seed is honoured only with sglang_cfg.enable_deterministic_inference
   (SGLang ignores per-request seeds otherwise): without it a seeded request is
   UnsupportedRequest ("sampling.seed"). Sample i of a seeded request uses a
@@ -138,6 +141,11 @@ def sglang_sampling(decoding: DecodingParams, num_samples: int, deterministic: b
         raise UnsupportedRequest(
             "sampling.top_k: the SGLang engine cannot vouch for logprobs under truncation; "
             "use top_k=0 or the torch engine"
+        )
+    if decoding.top_logprobs:
+        raise UnsupportedRequest(
+            "top_logprobs: the SGLang engine does not report alternatives (SGLang's top_logprobs_num could not "
+            "be checked against the law of the sampled logprobs here); send 0 or use the torch or vLLM engine"
         )
     if decoding.seed is not None and not deterministic:
         raise UnsupportedRequest(

@@ -273,7 +273,9 @@ class TorchEngine(GenerationEngine):
         for row in request.rows:
             text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
             versions = tuple(sorted(row.versions))
-            completions.append(Completion(row.tokens, row.logprobs, text, row.finish_reason, versions))
+            completions.append(
+                Completion(row.tokens, row.logprobs, text, row.finish_reason, versions, row.top_logprobs)
+            )
         oldest = min(min(c.weight_versions) for c in completions)
         return GenerationResult(
             prompt_token_ids=list(request.prompt_ids), completions=completions, weight_version=oldest

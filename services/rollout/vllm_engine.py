@@ -3,8 +3,8 @@
     LoadPolicy(backend=vllm) ──import vllm (VllmUnavailable if missing)──> env_vars into the environment
         ──AsyncEngineArgs(model folder, dtype, seed, worker_extension_cls, logprobs_mode, vllm_cfg...)──> AsyncLLM
         ──collective_rpc("dockyard_untruncated_logprobs")──> every worker's sampler (vllm_worker.py)
-    generate ──text: our tokenizer; ids: as given──> {"prompt_token_ids"} + vllm.SamplingParams(n, ..., logprobs=0)
-        ──> Completions
+    generate ──text: our tokenizer; ids: as given──> {"prompt_token_ids"} + vllm.SamplingParams(n, ...,
+        logprobs=top_logprobs) ──> Completions
     receive_weights ──collective_rpc("dockyard_receive")──> every worker loads through vllm_worker.py
 
 Runs wherever vLLM is importable: the CUDA `vllm` package on GPUs, the
@@ -18,6 +18,10 @@ Guarantees:
   top-k/top-p stage reports the logprobs of the logits it is given, before
   it truncates them (vllm_worker.py says exactly how); top_p < 1 and
   top_k > 0 sample from the truncated distribution, as vLLM does;
+- top_logprobs = k asks vLLM for `logprobs=k`: its top k come from the same
+  logprobs tensor as the sampled token's (the sampler gathers both from it),
+  so they follow the same law; vLLM's max_logprobs (20 by default) bounds k
+  as the rollout service does;
 - a prompt given as token ids goes to vLLM as a token prompt, never
   re-tokenized; an id outside the model's vocabulary is UnsupportedRequest
   ("prompt_token_ids: ..."); a text prompt is tokenized by the model's
@@ -50,7 +54,7 @@ from dockyard.config import VLLM_MAX_TEMPERATURE, MasterConfig
 from dockyard.weights.group import SyncFailed, SyncReport, WeightSyncGroup
 from dockyard.weights.transports import Transport
 from services.rollout.decoding import DecodingParams
-from services.rollout.engine import Completion, GenerationResult, Prompt, UnsupportedRequest
+from services.rollout.engine import Completion, GenerationResult, Prompt, TopLogprobs, UnsupportedRequest
 from services.rollout.out_of_process import (
     OutOfProcessEngine,
     checked_arguments,
@@ -131,17 +135,29 @@ def vllm_sampling(vllm: Any, num_samples: int, decoding: DecodingParams) -> Any:
         include_stop_str_in_output=True,
         ignore_eos=decoding.ignore_eos,
         seed=decoding.seed,
-        logprobs=0,  # the sampled token's logprob only
+        # The sampled token's logprob, and the k most likely tokens' when top_logprobs asks (vLLM's top-k
+        # comes from the same logprobs tensor as the sampled token's: the same law).
+        logprobs=decoding.top_logprobs,
         skip_special_tokens=True,
         # One output holding all n completions, in order (the default streams each step's new ones).
         output_kind=vllm.sampling_params.RequestOutputKind.FINAL_ONLY,
     )
 
 
-def completion_from_vllm(output: Any, versions: tuple[int, ...]) -> Completion:
-    """A Completion from a vLLM CompletionOutput (token_ids, logprobs, text, finish_reason, stop_reason)."""
+def top_of_step(step: dict[int, Any], k: int) -> TopLogprobs:
+    """The k most likely tokens of one step's vLLM logprobs (its top k, plus the sampled token when that
+    ranks lower), most likely first; ties keep vLLM's rank order."""
+    ranked = sorted(step.items(), key=lambda item: (-item[1].logprob, item[1].rank))[:k]
+    return TopLogprobs([int(token) for token, _ in ranked], [float(lp.logprob) for _, lp in ranked])
+
+
+def completion_from_vllm(output: Any, versions: tuple[int, ...], top_logprobs: int = 0) -> Completion:
+    """A Completion from a vLLM CompletionOutput (token_ids, logprobs, text, finish_reason, stop_reason);
+    with top_logprobs = k > 0, each step's k most likely tokens too."""
     token_ids = [int(t) for t in output.token_ids]
-    logprobs = [float(step[token].logprob) for token, step in zip(token_ids, output.logprobs or [], strict=True)]
+    steps = output.logprobs or []
+    logprobs = [float(step[token].logprob) for token, step in zip(token_ids, steps, strict=True)]
+    tops = [top_of_step(step, top_logprobs) for step in steps] if top_logprobs else []
     if output.finish_reason == "length":
         reason = "length"
     elif isinstance(output.stop_reason, str):
@@ -150,7 +166,7 @@ def completion_from_vllm(output: Any, versions: tuple[int, ...]) -> Completion:
         reason = "eos"  # the eos token, or a stop token id
     else:
         raise RuntimeError(f"vLLM ended a completion with finish_reason={output.finish_reason!r}")
-    return Completion(token_ids, logprobs, output.text, reason, versions)
+    return Completion(token_ids, logprobs, output.text, reason, versions, tops)
 
 
 class VllmEngine(OutOfProcessEngine):
@@ -267,7 +283,7 @@ class VllmEngine(OutOfProcessEngine):
         # The text is ours: vLLM cuts it at the stop string even when the token runs past it.
         completions = [
             c._replace(text=self.tokenizer.decode(c.token_ids, skip_special_tokens=True))
-            for c in (completion_from_vllm(o, versions) for o in final.outputs)
+            for c in (completion_from_vllm(o, versions, decoding.top_logprobs) for o in final.outputs)
         ]
         if decoding.greedy:
             completions = completions[:1] * num_samples  # greedy decoding gives every sample the same tokens

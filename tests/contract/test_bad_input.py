@@ -625,6 +625,8 @@ async def test_rollout_refuses_bad_input(start_service, tmp_path: Path) -> None:
             await probe.expect(generate(sampling=params), INVALID, word)
         await probe.expect(stub.Generate(rollout_pb2.GenerateRequest(job_id="job", prompt="1", num_samples=0)),
                            INVALID, "num_samples")  # fmt: skip
+        await probe.expect(generate(top_logprobs=21), INVALID, "top_logprobs", "[0, 20]")
+        await probe.expect(generate(top_logprobs=-1), INVALID, "top_logprobs", "[0, 20]")
         receive = rollout_pb2.ReceiveWeightsRequest(job_id="job", weight_version=-1)
         await probe.expect(stub.ReceiveWeights(receive), INVALID, "weight_version")
         reply = await stub.Generate(rollout_pb2.GenerateRequest(job_id="job", prompt="1+2=", num_samples=2))

@@ -4,7 +4,7 @@ vLLM starts in tens of seconds, so the module starts one VllmEngine (its
 EngineCore and worker are vLLM's own processes) on a tiny random Llama and
 drives it from one event loop thread. The tests check vLLM's output against
 transformers on the same weights: greedy tokens, the trainer's logprobs
-(services/trainer/logprobs.py) with and without top-k/top-p, weights loaded
+(services/trainer/logprobs.py) with and without top-k/top-p, top_logprobs alternatives, weights loaded
 over a gloo weight-sync group (this process is rank 0, as the trainer is),
 in-flight updates, seeds, stop strings, ignore_eos, token-id prompts and
 the environment of vLLM's worker.
@@ -195,6 +195,33 @@ def _kept_mass(host: Host, result: GenerationResult, temperature: float, samplin
             keep &= before < sampling["top_p"]
         masses.append((probs * keep).sum(-1))
     return torch.cat(masses)
+
+
+@pytest.mark.parametrize(
+    "sampling", [dict(temperature=0.0), dict(temperature=1.3, top_k=8, top_p=0.8)], ids=["greedy", "truncated"]
+)
+def test_top_logprobs_follow_the_law_of_the_sampled_logprobs(host: Host, sampling: dict) -> None:
+    """vLLM's logprobs=k alternatives against the reference model: log_softmax(logits / T) before truncation."""
+    k, temperature = 5, sampling["temperature"]
+    result = host.generate(PROMPT, 4, max_new_tokens=12, ignore_eos=True, seed=5, top_logprobs=k, **sampling)
+    among = 0
+    for c in result.completions:
+        assert len(c.top_logprobs) == len(c.token_ids) == 12
+        ids = torch.tensor([result.prompt_token_ids + c.token_ids])
+        with torch.no_grad():
+            logits = host.reference(ids).logits[0, len(result.prompt_token_ids) - 1 : -1].float()
+        law = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)
+        for t, (token, logprob, top) in enumerate(zip(c.token_ids, c.logprobs, c.top_logprobs, strict=True)):
+            assert len(top.token_ids) == k and top.logprobs == sorted(top.logprobs, reverse=True)
+            torch.testing.assert_close(torch.tensor(top.logprobs), law[t].topk(k).values, atol=1e-3, rtol=0)
+            torch.testing.assert_close(torch.tensor(top.logprobs), law[t][top.token_ids], atol=1e-3, rtol=0)
+            assert top.logprobs[0] >= logprob - 1e-5
+            if token in top.token_ids:
+                among += 1
+                assert top.logprobs[top.token_ids.index(token)] == pytest.approx(logprob, abs=1e-5)
+            if temperature == 0:
+                assert top.token_ids[0] == token
+    assert among > 0
 
 
 def test_seeds_reproduce_and_differ(host: Host) -> None:

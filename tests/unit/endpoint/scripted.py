@@ -3,7 +3,8 @@
 ScriptedBackend serves one job ("job-1") on the character tokenizer (or the one it is given); each call to
 `complete` answers with the next text of `script` (then "ok"), ending in eos, every token at logprob -0.25.
 With `limits`, a call also ends as a replica's would: at the first of its stop strings (kept, "stop") or
-after its max_new_tokens ("length").
+after its max_new_tokens ("length"). Asked for top_logprobs = k, each token's alternatives are itself at
+-0.25 then the first letters of ALTERNATIVES that differ from it, at -2.5, -3.5, ... (k in all).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ TOKEN = "sekret"
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
 OA_TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
 AN_TOOLS = [{"name": "add", "input_schema": {"type": "object"}}]
+ALTERNATIVES = "xyzwvutsrqponmlkjihgfedcba"
 
 
 class ScriptedBackend:
@@ -35,6 +37,7 @@ class ScriptedBackend:
         self.script: list[str] = []
         self.prompts: list[list[int]] = []
         self.images: list = []  # what each call carried besides ids (Prompted), or None
+        self.top_logprobs: list[int] = []  # what each call asked Generate's top_logprobs to be
         self.lose = False
         self.router = Router()
 
@@ -50,13 +53,14 @@ class ScriptedBackend:
             raise UnknownModel(f"model {job_id!r}: no such job")
         return self.model_
 
-    async def complete(self, job_id, session, prompt_ids, n, sampling, images=None) -> Generated:
+    async def complete(self, job_id, session, prompt_ids, n, sampling, images=None, *, top_logprobs=0) -> Generated:
         self.router.route(session, [Replica("rollout", "127.0.0.1:1")], len(prompt_ids))
         if self.lose:
             raise ReplicaLost("replica rollout failed mid-session: UNAVAILABLE")
         self.prompts.append(list(prompt_ids))
         self.sampling.append(sampling)
         self.images.append(images)
+        self.top_logprobs.append(top_logprobs)
         if images is not None:  # the rollout's processor would insert image tokens: 3 per image here
             prompt_ids = [9] * (3 * len(images.images)) + list(prompt_ids)
         renderer = self.model_.renderer
@@ -66,10 +70,18 @@ class ScriptedBackend:
             ids, finish = renderer.encode(text) + [renderer.eos_token_id], "eos"
             if self.limits:
                 ids, finish = _limited(text, ids, sampling, renderer)
+            tops = [self._alternatives(token, top_logprobs) for token in ids] if top_logprobs else []
             completions.append(
-                rollout_pb2.Completion(token_ids=ids, logprobs=[-0.25] * len(ids), text=text, finish_reason=finish)
+                rollout_pb2.Completion(
+                    token_ids=ids, logprobs=[-0.25] * len(ids), text=text, finish_reason=finish, top_logprobs=tops
+                )
             )
         return Generated(list(prompt_ids), completions, 7, [7], "rollout")
+
+    def _alternatives(self, token: int, k: int) -> rollout_pb2.TopLogprobs:
+        others = [t for t in self.model_.renderer.encode(ALTERNATIVES) if t != token][: k - 1]
+        logprobs = [-0.25] + [-2.5 - i for i in range(len(others))]
+        return rollout_pb2.TopLogprobs(token_ids=[token, *others], logprobs=logprobs)
 
 
 def _limited(text: str, ids: list[int], sampling, renderer: Renderer) -> tuple[list[int], str]:

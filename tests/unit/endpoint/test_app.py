@@ -268,7 +268,6 @@ async def test_errors_carry_param_and_code_and_unknown_routes_name_themselves(ap
         ({"logit_bias": {"7": 100}}, "logit_bias"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"parallel_tool_calls": False}, "parallel_tool_calls"),
-        ({"logprobs": True, "top_logprobs": 3}, "top_logprobs"),
         ({"extra_body": {"repetition_penalty": 1.3}}, "repetition_penalty"),
         ({"extra_body": {"guided_json": {}}}, "guided_json"),
     ],

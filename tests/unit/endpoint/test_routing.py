@@ -91,7 +91,7 @@ class FakeFleet(Backend):
     async def _replicas(self, job_id):
         return list(self.listed)
 
-    async def generate(self, job_id, replica, prompt_ids, n, sampling, images=None):
+    async def generate(self, job_id, replica, prompt_ids, n, sampling, images=None, *, top_logprobs=0):
         self.calls.append(replica.name)
         if replica.name in self.dead:
             raise ReplicaLost(f"replica {replica.name} failed mid-session: UNAVAILABLE")

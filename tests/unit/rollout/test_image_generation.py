@@ -71,6 +71,22 @@ def test_the_engine_generates_from_an_image_token_faithfully(engine) -> None:
     assert [c.token_ids for c in same.completions] == [c.token_ids for c in result.completions]
 
 
+def test_image_prompts_report_top_logprobs_under_the_same_law(engine) -> None:
+    decoding = DecodingParams(temperature=1.0, max_new_tokens=4, seed=5, ignore_eos=True, top_logprobs=3)
+    result = asyncio.run(engine.generate(ImagePrompt(text="f(x)=", images=(RED,)), 2, decoding))
+    processor = engine._images.processor
+    pixels = processor.image_processor(images=[RED], return_tensors="pt")["pixel_values"]
+    for completion in result.completions:
+        ids = torch.tensor([result.prompt_token_ids + completion.token_ids])
+        with torch.no_grad():
+            logits = engine.model(input_ids=ids, pixel_values=pixels).logits[0].float()
+        law = torch.log_softmax(logits[len(result.prompt_token_ids) - 1 : -1], dim=-1)
+        assert len(completion.top_logprobs) == len(completion.token_ids) == 4
+        for step, top in zip(law, completion.top_logprobs, strict=True):
+            assert top.logprobs == pytest.approx(step.topk(3).values.tolist(), abs=1e-4)
+            assert top.logprobs == pytest.approx(step[top.token_ids].tolist(), abs=1e-4)
+
+
 def test_greedy_stops_and_placeholders(engine) -> None:
     greedy = DecodingParams(temperature=0.0, max_new_tokens=4)
     two = ImagePrompt(text=f"{IMAGE_TOKEN}a{IMAGE_TOKEN}b", images=(RED, STRIPES))

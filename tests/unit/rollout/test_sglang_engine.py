@@ -210,6 +210,7 @@ def test_prompts_sampling_and_results_translate(monkeypatch, model_dir) -> None:
             "sampling.top_p": lambda: engine.generate("1", 1, DecodingParams(top_p=0.9)),
             "sampling.top_k": lambda: engine.generate("1", 1, DecodingParams(top_k=4)),
             "sampling.seed": lambda: engine.generate("1", 1, DecodingParams(seed=3)),
+            "top_logprobs: the SGLang engine": lambda: engine.generate("1", 1, DecodingParams(top_logprobs=2)),
         }
         assert "SGLang engine takes no image inputs" in engine.image_refusal  # the servicer's FAILED_PRECONDITION
         before = len(sgl.requests)

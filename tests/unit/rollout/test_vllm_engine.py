@@ -21,6 +21,7 @@ import torch
 from dockyard.config import load_config_text
 from dockyard.models import build_char_tokenizer
 from dockyard.rpc.errors import FailedPrecondition
+from services.rollout.decoding import DecodingParams
 from services.rollout.engine import ImagePrompt, UnsupportedRequest
 from services.rollout.vllm_engine import (
     VllmEngine,
@@ -28,6 +29,7 @@ from services.rollout.vllm_engine import (
     completion_from_vllm,
     engine_arguments,
     import_vllm,
+    vllm_sampling,
 )
 from services.rollout.vllm_worker import WeightLoaderExtension, untruncated
 
@@ -147,13 +149,35 @@ def test_unknown_finish_reason_is_an_error_not_a_guess() -> None:
     )
     assert completion_from_vllm(
         SimpleNamespace(**vars(stopped), text="ab", finish_reason="stop", stop_reason="b"), (0,)
-    ) == ([4, 5], [-0.5, -1.0], "ab", "stop", (0,))
+    ) == ([4, 5], [-0.5, -1.0], "ab", "stop", (0,), [])
     assert (
         completion_from_vllm(
             SimpleNamespace(**vars(stopped), text="ab", finish_reason="stop", stop_reason=None), (1,)
         ).finish_reason
         == "eos"
     )
+
+
+def test_top_logprobs_are_each_steps_k_most_likely_of_vllms_entries() -> None:
+    """vLLM returns its top k plus the sampled token (with its own rank) per step: the k most likely are kept,
+    most likely first, whether or not the sampled token is among them."""
+    entry = lambda logprob, rank: SimpleNamespace(logprob=logprob, rank=rank)  # noqa: E731
+    steps = [
+        {9: entry(-3.0, 7), 4: entry(-0.2, 1), 5: entry(-1.1, 2)},  # sampled 9 ranks 7th: not among the top 2
+        {5: entry(-0.7, 1), 4: entry(-0.9, 2)},  # sampled 5 is the most likely
+    ]
+    output = SimpleNamespace(token_ids=[9, 5], logprobs=steps, text="", finish_reason="length", stop_reason=None)
+    completion = completion_from_vllm(output, (0,), top_logprobs=2)
+    assert completion.logprobs == [-3.0, -0.7]
+    assert completion.top_logprobs == [([4, 5], [-0.2, -1.1]), ([5, 4], [-0.7, -0.9])]
+    assert completion_from_vllm(output, (0,)).top_logprobs == []
+    # The request asks vLLM for exactly that many.
+    vllm = SimpleNamespace(
+        SamplingParams=lambda **kw: kw,
+        sampling_params=SimpleNamespace(RequestOutputKind=SimpleNamespace(FINAL_ONLY="final")),
+    )
+    assert vllm_sampling(vllm, 2, DecodingParams(top_logprobs=3))["logprobs"] == 3
+    assert vllm_sampling(vllm, 2, DecodingParams())["logprobs"] == 0
 
 
 def test_image_prompts_are_refused_by_name() -> None:
