@@ -2,7 +2,7 @@
 
     ChatCompletionRequest | MessagesRequest ──to_chat──> Chat(messages, tools, n, max_tokens, stop, seed)
     Choice (parsed text + tokens) ──openai_reply / anthropic_reply──> JSON body
-                                  ──openai_chunks / anthropic_events──> SSE lines
+    (streams: services/endpoint/sse.py, on the same reply builders)
 
 Guarantees: image parts (OpenAI `image_url` with a data: URL, Anthropic `image` blocks with a
 base64 source) become `Chat.images` (bytes, in order), never silently dropped; an image by http URL,
@@ -13,10 +13,7 @@ and top_k (top level or in `extra_body`) are not carried: the job's settings are
 never the sampling law the trainer assumes. Tool-call arguments become
 dicts (a string that is not a JSON object is a BadRequest naming the message); a `tool_choice` naming a tool the
 request does not define is a BadRequest, and so is a tool whose parameters are not a JSON schema the
-endpoint can judge calls by (`dockyard.agents.tool_calls.check_tools`); the stream carries the same content,
-tool calls and finish reason as the non-streamed reply (generation is not
-token-streamed by the rollout's Generate, so the finished completion is sent
-as chunks).
+endpoint can judge calls by (`dockyard.agents.tool_calls.check_tools`).
 """
 
 from __future__ import annotations
@@ -26,7 +23,6 @@ import binascii
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,7 +260,7 @@ def reply_message(choice: Choice) -> Message:
     return message
 
 
-def _openai_calls(calls: list[dict]) -> list[dict]:
+def openai_calls(calls: list[dict]) -> list[dict]:
     return [
         {
             "id": c["id"],
@@ -275,17 +271,20 @@ def _openai_calls(calls: list[dict]) -> list[dict]:
     ]
 
 
-def _openai_finish(choice: Choice) -> str:
+def openai_finish(choice: Choice) -> str:
     return "tool_calls" if choice.tool_calls else ("length" if choice.finish_reason == "length" else "stop")
 
 
-def _openai_logprobs(choice: Choice) -> dict:
-    return {
-        "content": [
-            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-            for t, lp in zip(choice.tokens, choice.logprobs, strict=True)
-        ]
-    }
+def logprob_entries(tokens: list[str], logprobs: list[float]) -> list[dict]:
+    """OpenAI's `logprobs.content` entries of these tokens."""
+    return [
+        {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+        for t, lp in zip(tokens, logprobs, strict=True)
+    ]
+
+
+def openai_logprobs(choice: Choice) -> dict:
+    return {"content": logprob_entries(choice.tokens, choice.logprobs)}
 
 
 def openai_reply(model: str, choices: list[Choice], usage: dict, logprobs: bool) -> dict[str, Any]:
@@ -300,10 +299,10 @@ def openai_reply(model: str, choices: list[Choice], usage: dict, logprobs: bool)
                 "message": {
                     "role": "assistant",
                     "content": c.content if (c.content or not c.tool_calls) else None,
-                    **({"tool_calls": _openai_calls(c.tool_calls)} if c.tool_calls else {}),
+                    **({"tool_calls": openai_calls(c.tool_calls)} if c.tool_calls else {}),
                 },
-                "logprobs": _openai_logprobs(c) if logprobs else None,
-                "finish_reason": _openai_finish(c),
+                "logprobs": openai_logprobs(c) if logprobs else None,
+                "finish_reason": openai_finish(c),
             }
             for i, c in enumerate(choices)
         ],
@@ -311,41 +310,7 @@ def openai_reply(model: str, choices: list[Choice], usage: dict, logprobs: bool)
     }
 
 
-def sse(data: dict | str, event: str | None = None) -> str:
-    payload = data if isinstance(data, str) else json.dumps(data)
-    return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
-
-
-def openai_chunks(model: str, choices: list[Choice], usage: dict, logprobs: bool, with_usage: bool) -> Iterator[str]:
-    base = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-    }
-    for i, c in enumerate(choices):
-        yield sse(
-            {**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-        )
-        if c.content:
-            chunk = {"index": i, "delta": {"content": c.content}, "finish_reason": None}
-            if logprobs:
-                chunk["logprobs"] = _openai_logprobs(c)
-            yield sse({**base, "choices": [chunk]})
-        for k, call in enumerate(_openai_calls(c.tool_calls)):
-            yield sse(
-                {
-                    **base,
-                    "choices": [{"index": i, "delta": {"tool_calls": [{"index": k, **call}]}, "finish_reason": None}],
-                }
-            )
-        yield sse({**base, "choices": [{"index": i, "delta": {}, "finish_reason": _openai_finish(c)}]})
-    if with_usage:
-        yield sse({**base, "choices": [], "usage": usage})
-    yield sse("[DONE]")
-
-
-def _anthropic_stop(choice: Choice) -> tuple[str, str | None]:
+def anthropic_stop(choice: Choice) -> tuple[str, str | None]:
     if choice.tool_calls:
         return "tool_use", None
     if choice.finish_reason == "length":
@@ -355,7 +320,7 @@ def _anthropic_stop(choice: Choice) -> tuple[str, str | None]:
     return "end_turn", None
 
 
-def _anthropic_content(choice: Choice) -> list[dict]:
+def anthropic_content(choice: Choice) -> list[dict]:
     blocks: list[dict] = [{"type": "text", "text": choice.content}] if choice.content or not choice.tool_calls else []
     blocks += [
         {
@@ -370,36 +335,14 @@ def _anthropic_content(choice: Choice) -> list[dict]:
 
 
 def anthropic_reply(model: str, choice: Choice, usage: dict) -> dict[str, Any]:
-    stop_reason, stop_sequence = _anthropic_stop(choice)
+    stop_reason, stop_sequence = anthropic_stop(choice)
     return {
         "id": f"msg_{uuid.uuid4().hex}",
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": _anthropic_content(choice),
+        "content": anthropic_content(choice),
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
         "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]},
     }
-
-
-def anthropic_events(model: str, choice: Choice, usage: dict) -> Iterator[str]:
-    message = anthropic_reply(model, choice, usage)
-    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
-    start["usage"] = {"input_tokens": usage["prompt_tokens"], "output_tokens": 0}
-    yield sse({"type": "message_start", "message": start}, "message_start")
-    for i, block in enumerate(message["content"]):
-        if block["type"] == "text":
-            opened, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
-        else:
-            opened = {**block, "input": {}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
-        yield sse({"type": "content_block_start", "index": i, "content_block": opened}, "content_block_start")
-        yield sse({"type": "content_block_delta", "index": i, "delta": delta}, "content_block_delta")
-        yield sse({"type": "content_block_stop", "index": i}, "content_block_stop")
-    delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
-    yield sse(
-        {"type": "message_delta", "delta": delta, "usage": {"output_tokens": usage["completion_tokens"]}},
-        "message_delta",
-    )
-    yield sse({"type": "message_stop"}, "message_stop")

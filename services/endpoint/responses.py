@@ -1,7 +1,8 @@
 """The OpenAI Responses API (`POST /v1/responses`) on the same recorded turns as chat completions.
 
     ResponsesRequest ──to_chat──> Chat (instructions, input items, function tools, tool_choice)
-    Choice ──response_body──> a `response` object; ──response_events──> its typed SSE events
+    Choice ──response_body──> a `response` object
+    LiveTurn.events (streaming.py) ──response_events──> its typed SSE events, the text as it is generated
 
 Input items become chat-template messages the way chat completions' do: `message` items (roles
 user, system, developer, assistant; `input_text` / `output_text` parts), `function_call` items (the
@@ -16,7 +17,9 @@ conversation is the request's `input`) and every field `request_fields` refuses 
 naming the item or field. The reply reports the sampling law the turn was drawn under (the job's),
 not the one the client asked for. The stream carries the same output as the reply, as the API's
 typed events in order (`response.created` ... `response.completed`, or `response.incomplete` when
-the reply ran out of tokens), each with its `sequence_number`.
+the reply ran out of tokens), each with its `sequence_number`; the message's text is sent as it is
+generated (`response.output_text.delta`), its calls once the reply is finished; a turn that fails
+after the stream started ends it with an `error` event.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic import ValidationError
@@ -36,12 +39,13 @@ from services.endpoint.convert import (
     call_arguments,
     check_choice,
     check_request_tools,
-    sse,
 )
 from services.endpoint.errors import BadRequest
 from services.endpoint.rendering import Message
 from services.endpoint.request_fields import RESPONSES_NEUTRAL, check_supported
 from services.endpoint.schemas import FunctionSpec, ResponsesRequest
+from services.endpoint.sse import Failed, sse
+from services.endpoint.streaming import Text
 from services.endpoint.turns import TurnSampling
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
@@ -209,10 +213,11 @@ def _usage(usage: dict[str, int]) -> dict[str, Any]:
     }
 
 
-def response_events(body: ResponsesRequest, choice: Choice, usage: dict[str, int], law: TurnSampling) -> Iterator[str]:
-    """The reply as the Responses stream: created, in_progress, each item's events, then completed/incomplete."""
+async def response_events(body: ResponsesRequest, law: TurnSampling, events: AsyncIterator[Any]) -> AsyncIterator[str]:
+    """The reply as the Responses stream: created, in_progress, the message's text as it comes, each item's
+    events, then completed/incomplete (or `error` when the turn failed after the stream started)."""
     response_id = f"resp_{uuid.uuid4().hex}"
-    items = output_items(choice)
+    message_id = f"msg_{uuid.uuid4().hex}"
     sequence = iter(range(1 << 30))
 
     def event(kind: str, **fields: Any) -> str:
@@ -221,25 +226,46 @@ def response_events(body: ResponsesRequest, choice: Choice, usage: dict[str, int
     started = response_body(body, None, None, law, response_id)
     yield event("response.created", response=started)
     yield event("response.in_progress", response=started)
+    text_open = False
+    where = {"item_id": message_id, "output_index": 0}
+    async for live in events:
+        if isinstance(live, Failed):
+            yield event("error", code=live.code, message=live.message, param=None)
+            return
+        if isinstance(live, Text):
+            if not live.text:
+                continue
+            if not text_open:
+                text_open = True
+                item = {"id": message_id, "type": "message", "role": "assistant", "status": "in_progress"}
+                yield event("response.output_item.added", output_index=0, item={**item, "content": []})
+                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                yield event("response.content_part.added", **where, content_index=0, part=part)
+            yield event("response.output_text.delta", **where, content_index=0, delta=live.text, logprobs=[])
+            continue
+        served = live
+    choice = served.choices[0]
+    items = output_items(choice)
+    if items[0]["type"] == "message":
+        items[0]["id"] = message_id  # the id its text was streamed under
     for k, item in enumerate(items):
-        where = {"item_id": item["id"], "output_index": k}
+        at = {"item_id": item["id"], "output_index": k}
         if item["type"] == "message":
-            yield event(
-                "response.output_item.added", output_index=k, item={**item, "status": "in_progress", "content": []}
-            )
             part = item["content"][0]
-            yield event("response.content_part.added", **where, content_index=0, part={**part, "text": ""})
-            yield event("response.output_text.delta", **where, content_index=0, delta=part["text"], logprobs=[])
-            yield event("response.output_text.done", **where, content_index=0, text=part["text"], logprobs=[])
-            yield event("response.content_part.done", **where, content_index=0, part=part)
+            if not text_open:  # no text came (an empty reply): the message is announced now
+                yield event(
+                    "response.output_item.added", output_index=k, item={**item, "status": "in_progress", "content": []}
+                )
+                yield event("response.content_part.added", **at, content_index=0, part={**part, "text": ""})
+                yield event("response.output_text.delta", **at, content_index=0, delta=part["text"], logprobs=[])
+            yield event("response.output_text.done", **at, content_index=0, text=part["text"], logprobs=[])
+            yield event("response.content_part.done", **at, content_index=0, part=part)
         else:
             yield event(
                 "response.output_item.added", output_index=k, item={**item, "status": "in_progress", "arguments": ""}
             )
-            yield event("response.function_call_arguments.delta", **where, delta=item["arguments"])
-            yield event(
-                "response.function_call_arguments.done", **where, arguments=item["arguments"], name=item["name"]
-            )
+            yield event("response.function_call_arguments.delta", **at, delta=item["arguments"])
+            yield event("response.function_call_arguments.done", **at, arguments=item["arguments"], name=item["name"])
         yield event("response.output_item.done", output_index=k, item=item)
-    final = response_body(body, choice, usage, law, response_id, items)
+    final = response_body(body, choice, served.usage, law, response_id, items)
     yield event("response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final)

@@ -31,6 +31,8 @@ from transformers import PreTrainedTokenizerBase
 from dockyard.agents.tool_calls import ToolRules
 
 PARSERS = ("auto", "transformers", "hermes", "none")
+# The text that opens a call, per format: a streamed reply holds back what may be one (streaming.py).
+CALL_MARKERS = {"hermes": ("<tool_call>",), "none": ()}
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
@@ -60,6 +62,12 @@ def pick_parser(setting: str, tokenizer: PreTrainedTokenizerBase) -> str:
     if getattr(tokenizer, "response_template", None) is not None:
         return "transformers"
     return "hermes"
+
+
+def call_markers(parser: str) -> tuple[str, ...] | None:
+    """The texts that open a tool call in `parser`'s format; None when a call cannot be told from the text
+    before it (`transformers`: the tokenizer's own schema decides), so nothing may be shown before the end."""
+    return CALL_MARKERS.get(parser)
 
 
 def parse_hermes(text: str, tools: list[dict] | None) -> Parsed:

@@ -1,10 +1,14 @@
 """A scripted stand-in for the endpoint's backend, and clients bound to an app in process.
 
 ScriptedBackend serves one job ("job-1") on the character tokenizer; each call to `complete` answers with
-the next text of `script` (then "ok"), ending in eos, every token at logprob -0.25.
+the next text of `script` (then "ok"), ending in eos, every token at logprob -0.25. A streamed call
+(`on_tokens`) passes each completion's tokens on one at a time, `token_seconds` apart, as a replica's
+GenerateStream would, then answers the same.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import anthropic
 import httpx
@@ -31,6 +35,8 @@ class ScriptedBackend:
         self.prompts: list[list[int]] = []
         self.images: list = []  # what each call carried besides ids (Prompted), or None
         self.lose = False
+        self.token_seconds = 0.0  # a streamed call's pause before each token
+        self.streamed = 0  # streamed calls answered
         self.router = Router()
 
     async def close(self) -> None: ...
@@ -45,7 +51,7 @@ class ScriptedBackend:
             raise UnknownModel(f"model {job_id!r}: no such job")
         return self.model_
 
-    async def complete(self, job_id, session, prompt_ids, n, sampling, images=None) -> Generated:
+    async def complete(self, job_id, session, prompt_ids, n, sampling, images=None, on_tokens=None) -> Generated:
         self.router.route(session, [Replica("rollout", "127.0.0.1:1")], len(prompt_ids))
         if self.lose:
             raise ReplicaLost("replica rollout failed mid-session: UNAVAILABLE")
@@ -61,6 +67,13 @@ class ScriptedBackend:
             completions.append(
                 rollout_pb2.Completion(token_ids=ids, logprobs=[-0.25] * len(ids), text=text, finish_reason="eos")
             )
+        if on_tokens is not None:
+            self.streamed += 1
+            for t in range(max(len(c.token_ids) for c in completions)):
+                for i, c in enumerate(completions):
+                    if t < len(c.token_ids):
+                        await asyncio.sleep(self.token_seconds)
+                        on_tokens(i, [c.token_ids[t]], [c.logprobs[t]])
         return Generated(list(prompt_ids), completions, 7, [7], "rollout")
 
 

@@ -33,9 +33,9 @@ class RecordingBackend(ScriptedBackend):
         self.model_.sampling = JOB
         self.sampled: list = []
 
-    async def complete(self, job_id, session, prompt_ids, n, sampling, images=None):
+    async def complete(self, job_id, session, prompt_ids, n, sampling, images=None, on_tokens=None):
         self.sampled.append(sampling)
-        return await super().complete(job_id, session, prompt_ids, n, sampling, images)
+        return await super().complete(job_id, session, prompt_ids, n, sampling, images, on_tokens)
 
     def law(self) -> tuple[float, float, int]:
         last = self.sampled[-1]
