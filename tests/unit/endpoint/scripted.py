@@ -37,6 +37,7 @@ class ScriptedBackend:
         self.lose = False
         self.token_seconds = 0.0  # a streamed call's pause before each token
         self.streamed = 0  # streamed calls answered
+        self.cancelled = 0  # streamed calls cancelled before their last token
         self.router = Router()
 
     async def close(self) -> None: ...
@@ -69,11 +70,15 @@ class ScriptedBackend:
             )
         if on_tokens is not None:
             self.streamed += 1
-            for t in range(max(len(c.token_ids) for c in completions)):
-                for i, c in enumerate(completions):
-                    if t < len(c.token_ids):
-                        await asyncio.sleep(self.token_seconds)
-                        on_tokens(i, [c.token_ids[t]], [c.logprobs[t]])
+            try:
+                for t in range(max(len(c.token_ids) for c in completions)):
+                    for i, c in enumerate(completions):
+                        if t < len(c.token_ids):
+                            await asyncio.sleep(self.token_seconds)
+                            on_tokens(i, [c.token_ids[t]], [c.logprobs[t]])
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
         return Generated(list(prompt_ids), completions, 7, [7], "rollout")
 
 
