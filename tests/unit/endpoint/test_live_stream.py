@@ -144,7 +144,8 @@ async def test_a_streamed_reply_equals_the_non_streamed_one(app, backend, script
             finish = c.finish_reason or finish
     message = plain.choices[0].message
     assert content == (message.content or "")
-    assert list(calls.values()) == [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+    expected_calls = [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+    assert list(calls.values()) == expected_calls
     assert finish == plain.choices[0].finish_reason
     assert logprobs == [t.logprob for t in plain.choices[0].logprobs.content]
     # The two sessions recorded the same turn.
