@@ -37,7 +37,12 @@ model 404, too many sessions or turns 429, a new session refused admission 503
 (the queue is full or it waited too long: the agent's trial is lost, not scored), no replica left 503 (a session that
 already took a turn then ends as an infrastructure error: its trajectory says
 so and later calls get 409; a session whose replica failed goes on on another
-one when there is one). No request error stops the endpoint serving other sessions.
+one when there is one). No request error stops the endpoint serving other sessions. A streamed call
+(`stream: true`) generates through the replica's GenerateStream and sends text as it comes
+(streaming.py holds back what the finished reply could change; sse.py and responses.py shape the
+events); its status is sent once the first tokens came, so a call refused before generating gets its
+error status; an error after that ends the stream with the API's error event; a client that goes
+away cancels the turn.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
     generate(prompt, n) ──tokenize text / check ids──> Request(n rows) ──submit──> DecodeBatch (scheduler thread)
         rows join the running batch between decode steps ──> each row leaves at eos / stop string / length
         ──> GenerationResult(completions, weight_version) once the request's last row left
+    generate_stream: the same request, each step's new tokens queued to the caller's loop as they are sampled
 
 Guarantees: those of every engine (services/rollout/engine.py), and: concurrent `generate` calls
 share one decode batch (services/rollout/decode_batch.py; at most `max_batch_rows` rows, the rest
@@ -18,6 +19,8 @@ with `contiguous_weights`, views of one arena), so a captured graph stays valid.
 finished rows' KV is kept and a later prompt sharing its prefix prefills only the rest
 (services/rollout/prefix_cache.py; reuse within one weight version only). Given a processor (a
 vision-language policy), an ImagePrompt runs beside the batch (services/rollout/image_generation.py).
+`generate_stream` streams per decode step (an ImagePrompt's result comes alone); a request that
+does not stream costs the scheduler one attribute check per row and step.
 """
 
 from __future__ import annotations
