@@ -39,8 +39,8 @@ Guarantees of every engine:
 
 Implementations: services/rollout/torch_engine.py (TorchEngine, built in),
 services/rollout/vllm_engine.py (VllmEngine) and services/rollout/sglang_engine.py
-(SglangEngine). Only the torch engine streams (per decode step; its ImagePrompt path does not);
-vLLM and SGLang yield the finished result once.
+(SglangEngine). The torch engine streams per decode step (its ImagePrompt path does not), vLLM
+per engine step (its DELTA outputs); SGLang yields the finished result once.
 """
 
 from __future__ import annotations

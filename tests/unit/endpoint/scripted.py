@@ -38,6 +38,7 @@ class ScriptedBackend:
         self.token_seconds = 0.0  # a streamed call's pause before each token
         self.streamed = 0  # streamed calls answered
         self.cancelled = 0  # streamed calls cancelled before their last token
+        self.lose_after: int | None = None  # a streamed call's replica dies after this many tokens
         self.router = Router()
 
     async def close(self) -> None: ...
@@ -74,6 +75,8 @@ class ScriptedBackend:
                 for t in range(max(len(c.token_ids) for c in completions)):
                     for i, c in enumerate(completions):
                         if t < len(c.token_ids):
+                            if t == self.lose_after:
+                                raise ReplicaLost("replica rollout failed mid-session: UNAVAILABLE")
                             await asyncio.sleep(self.token_seconds)
                             on_tokens(i, [c.token_ids[t]], [c.logprobs[t]])
             except asyncio.CancelledError:

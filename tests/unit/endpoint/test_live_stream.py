@@ -170,3 +170,21 @@ async def test_a_streamed_reply_equals_the_non_streamed_one(app, backend, script
     assert without_ids(live_re.model_dump(include=set(keep))) == without_ids(plain_re.model_dump(include=set(keep)))
     streamed_text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert streamed_text == plain_re.output_text
+
+
+async def test_a_replica_lost_mid_stream_ends_the_stream_with_an_error_and_records_nothing(app, backend) -> None:
+    headers = {SESSION_HEADER: "broken"}
+    backend.script = ["first turn"]
+    await oa(app).chat.completions.create(model="job-1", messages=USER, extra_headers=headers)
+    backend.script, backend.lose_after = [LONG], 5
+    text = ""
+    with pytest.raises(openai.APIError, match="failed mid-session"):
+        async for chunk in await oa(app).chat.completions.create(
+            model="job-1", messages=USER, stream=True, extra_headers=headers
+        ):
+            text += "".join(c.delta.content or "" for c in chunk.choices)
+    assert text == LONG[:5]  # what came before the replica died
+    record = (await oa(app).get("/sessions/broken/trajectory", cast_to=httpx.Response)).json()
+    assert record["turns"] == 1 and "failed mid-session" in record["error"]
+    with pytest.raises(anthropic.APIStatusError):  # the session ended: a 409 before any stream
+        await an(app).messages.create(model="job-1", max_tokens=8, messages=USER, extra_headers=headers)
