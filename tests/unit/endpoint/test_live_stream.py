@@ -188,3 +188,15 @@ async def test_a_replica_lost_mid_stream_ends_the_stream_with_an_error_and_recor
     assert record["turns"] == 1 and "failed mid-session" in record["error"]
     with pytest.raises(anthropic.APIStatusError):  # the session ended: a 409 before any stream
         await an(app).messages.create(model="job-1", max_tokens=8, messages=USER, extra_headers=headers)
+
+
+async def test_anthropic_and_responses_streams_end_with_their_error_event(app, backend) -> None:
+    backend.script, backend.lose_after = [LONG, LONG], 5
+    with pytest.raises(anthropic.APIStatusError, match="failed mid-session"):
+        async with an(app).messages.stream(model="job-1", max_tokens=200, messages=USER) as stream:
+            async for _ in stream.text_stream:
+                pass
+    events = [e async for e in await oa(app).responses.create(model="job-1", input="go", stream=True)]
+    assert events[-1].type == "error" and "failed mid-session" in events[-1].message
+    assert events[-1].code == "replica_lost"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == LONG[:5]
