@@ -145,31 +145,34 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self, request: rollout_pb2.GenerateStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rollout_pb2.GenerateStreamResponse]:
         engine, prompt, num_samples, decoding, remaining = await self._prepare(request.request, context)
+        deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
         result = None
         self.in_flight += 1
         try:
-            # As Generate: the caller going away cancels this handler, which closes the engine's stream.
-            # aclosing: a handler cancelled while it writes closes the engine's stream, which stops the rows.
+            # As Generate: the caller going away cancels this handler; aclosing then closes the engine's
+            # stream, which stops the rows. The deadline bounds each wait for the engine, never a write.
             events = engine.generate_stream(prompt, num_samples, decoding)
-            async with asyncio.timeout(remaining), contextlib.aclosing(events):
-                async for event in events:
+            async with contextlib.aclosing(events):
+                while result is None:
+                    async with asyncio.timeout_at(deadline):
+                        event = await anext(events)
                     if isinstance(event, GenerationResult):
                         result = event
-                        break
-                    yield rollout_pb2.GenerateStreamResponse(
-                        deltas=[
-                            rollout_pb2.CompletionDelta(index=d.index, token_ids=d.token_ids, logprobs=d.logprobs)
-                            for d in event
-                        ]
-                    )
+                    else:
+                        yield rollout_pb2.GenerateStreamResponse(
+                            deltas=[
+                                rollout_pb2.CompletionDelta(index=d.index, token_ids=d.token_ids, logprobs=d.logprobs)
+                                for d in event
+                            ]
+                        )
+        except StopAsyncIteration:
+            raise RuntimeError(f"the {engine.name} engine's stream ended without a result") from None
         except UnsupportedRequest as exc:
             raise InvalidArgument(str(exc)) from None
         except TimeoutError:
             raise DeadlineExceeded("the caller's deadline passed during generation") from None
         finally:
             self.in_flight -= 1
-        if result is None:
-            raise RuntimeError(f"the {engine.name} engine's stream ended without a result")
         yield rollout_pb2.GenerateStreamResponse(result=self._response(engine, result))
 
     async def _prepare(

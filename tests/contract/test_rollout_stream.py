@@ -78,6 +78,10 @@ async def _stream(address: str) -> None:
         again = [m async for m in stub.GenerateStream(request)]
         assert list(again[-1].result.completions) == list(result.completions)
 
+        # A deadline that passes mid-stream: DEADLINE_EXCEEDED, and the engine serves the next call.
+        await expect_code(_drain(stub.GenerateStream(long_request, timeout=0.5)), grpc.StatusCode.DEADLINE_EXCEEDED)
+        assert len((await stub.Generate(request.request)).completions) == 3
+
 
 async def _drain(call) -> list:
     return [m async for m in call]
