@@ -38,8 +38,9 @@ class ServedJob:
 
 
 @contextmanager
-def served_job(logs: Path, runs: Path, replicas: int) -> Iterator[ServedJob]:
-    """A stack of `replicas` rollout replicas and the endpoint, serving the tiny job until the block ends."""
+def served_job(logs: Path, runs: Path, replicas: int, overrides: tuple[str, ...] = ()) -> Iterator[ServedJob]:
+    """A stack of `replicas` rollout replicas and the endpoint, serving the tiny job (with `overrides` of its
+    config) until the block ends."""
     stack = LocalStack(
         logs, free_ports=True, endpoint=True, rollout_replicas=replicas, extra_env={"DOCKYARD_AUTH_TOKEN": TOKEN}
     )
@@ -54,6 +55,7 @@ def served_job(logs: Path, runs: Path, replicas: int) -> Iterator[ServedJob]:
                 "policy.generation.prefix_cache_tokens=4096",
                 "grpo.max_num_steps=100000",
                 f"logger.log_dir={runs}",
+                *overrides,
             ],
         )
 

@@ -1,7 +1,8 @@
 """Real clients, unchanged, against `dockyard up`'s stack with the tiny job loaded; each session is trainable.
 
     openai (strict response validation): chat completions and Responses, streamed and not, function tools
-    anthropic (strict response validation): messages streamed and not, count_tokens, the model list
+    anthropic (strict response validation): messages streamed and not, count_tokens, the model list, thinking
+        off and under a budget (the job reasons: policy.reasoning=think)
     openai-agents: Runner.run and run_streamed with the SDK's default model (the Responses API) and a function tool
     litellm: completion / acompletion with model="openai/<job id>", streamed and not
         each client in its own session: its key (POST /v1/sessions) is the client's API key
@@ -24,6 +25,8 @@ import httpx
 import openai
 import pytest
 
+from dockyard.models.tokenizer import build_char_tokenizer
+from services.endpoint.reasoning import EMPTY_BLOCK
 from tests.integration.endpoint_stack import served_job
 from tests.integration.recorded import open_session, recording, trainable
 
@@ -39,7 +42,10 @@ CHAT_TOOLS = [{"type": "function", "function": {"name": "add", "parameters": ADD
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory):
-    with served_job(tmp_path_factory.mktemp("logs"), tmp_path_factory.mktemp("runs"), replicas=1) as served:
+    # The job is told its model reasons, so thinking requests are served (a random model practically never
+    # opens a <think> block itself, so the other calls are answered as by a model that does not reason).
+    logs, runs = tmp_path_factory.mktemp("logs"), tmp_path_factory.mktemp("runs")
+    with served_job(logs, runs, replicas=1, overrides=("policy.reasoning=think",)) as served:
         yield served
 
 
@@ -170,6 +176,36 @@ def test_anthropic_messages_count_tokens_and_models(job) -> None:
     assert two.extends == "reply" and one.trained and two.trained
     assert len(two.prompt_token_ids) == final.usage.input_tokens
     assert recorded.invalid_actions == (0 if uses else 1)  # tool_choice "any" with no valid call
+    trainable(job, recorded)
+
+
+def test_anthropic_thinking_off_and_under_a_budget_streamed_and_not(job) -> None:
+    session, key = open_session(job)
+    client = anthropic.Anthropic(base_url=job.base, api_key=key, max_retries=0, _strict_response_validation=True)
+    messages: list[dict] = [{"role": "user", "content": "f(0)=1 f(1)=3"}]
+    off = client.messages.create(model=job.job_id, max_tokens=8, messages=messages, thinking={"type": "disabled"})
+    assert off.content and off.stop_reason in ("end_turn", "max_tokens")
+    messages += [
+        {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in off.content]},
+        {"role": "user", "content": "again"},
+    ]
+    budget = {"type": "enabled", "budget_tokens": 6}
+    with client.messages.stream(model=job.job_id, max_tokens=16, messages=messages, thinking=budget) as stream:
+        final = stream.get_final_message()
+    # A thinking block is there when the model opened one, and then it is signed; the text follows it.
+    assert all(b.signature.startswith("dockyard:") for b in final.content if b.type == "thinking")
+    assert final.usage.output_tokens > 0
+    # The same conversation again, not streamed: a retry of the streamed call, whose reply is then abandoned.
+    whole = client.messages.create(model=job.job_id, max_tokens=16, messages=messages, thinking=budget)
+    assert whole.content and whole.usage.output_tokens > 0
+
+    recorded = recording(job, session, turns=3, sampled=off.usage.output_tokens + whole.usage.output_tokens)
+    assert recorded.abandoned == {"retry": 1}
+    first = recorded.segments[0].turns[0]
+    # Thinking off: the template has no switch of its own, so an empty block follows the generation
+    # prompt, written by the endpoint as context (prompt ids: never trained).
+    prompt = build_char_tokenizer().decode(first.prompt_token_ids)
+    assert prompt.endswith(EMPTY_BLOCK) and len(first.prompt_token_ids) == off.usage.input_tokens
     trainable(job, recorded)
 
 
