@@ -320,7 +320,8 @@ def response_events(body: ResponsesRequest, choice: Choice, usage: dict[str, int
                 "response.output_item.added", output_index=k, item={**item, "status": "in_progress", "content": []}
             )
             part = item["content"][0]
-            yield event("response.content_part.added", **where, content_index=0, part={**part, "text": ""})
+            opened = {**part, "text": "", "logprobs": []}  # the text and its logprobs come with the events below
+            yield event("response.content_part.added", **where, content_index=0, part=opened)
             yield event("response.output_text.delta", **where, content_index=0, delta=part["text"], logprobs=tokens)
             yield event("response.output_text.done", **where, content_index=0, text=part["text"], logprobs=tokens)
             yield event("response.content_part.done", **where, content_index=0, part=part)
