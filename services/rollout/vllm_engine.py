@@ -20,8 +20,9 @@ Guarantees:
   top_k > 0 sample from the truncated distribution, as vLLM does;
 - top_logprobs = k asks vLLM for `logprobs=k`: its top k come from the same
   logprobs tensor as the sampled token's (the sampler gathers both from it),
-  so they follow the same law; vLLM's max_logprobs (20 by default) bounds k
-  as the rollout service does;
+  so they follow the same law; vLLM's max_logprobs (20 by default, as the
+  rollout service's bound) caps k: above a lower vllm_cfg.max_logprobs the
+  request is UnsupportedRequest ("top_logprobs: ...") before vLLM sees it;
 - a prompt given as token ids goes to vLLM as a token prompt, never
   re-tokenized; an id outside the model's vocabulary is UnsupportedRequest
   ("prompt_token_ids: ..."); a text prompt is tokenized by the model's
@@ -260,6 +261,12 @@ class VllmEngine(OutOfProcessEngine):
 
     async def generate(self, prompt: Prompt, num_samples: int, decoding: DecodingParams) -> GenerationResult:
         prompt_ids = await asyncio.to_thread(self.prompt_ids, prompt)  # tokenizing a long text takes a while
+        most = getattr(getattr(self.llm, "model_config", None), "max_logprobs", -1)  # -1: vLLM sets no bound
+        if 0 <= most < decoding.top_logprobs:
+            raise UnsupportedRequest(
+                f"top_logprobs: this vLLM engine reports at most {most} (policy.generation.vllm_cfg.max_logprobs), "
+                f"got {decoding.top_logprobs}"
+            )
         params = vllm_sampling(self.vllm, num_samples, decoding)
         async with self._idle:
             self._active += 1
