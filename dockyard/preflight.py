@@ -408,13 +408,22 @@ def check_gpus(config: MasterConfig, local_services: bool, away: str | None = No
             "cluster.device=cuda but torch sees no CUDA device: install a CUDA build, or set cluster.device=cpu",
         )
     count = torch.cuda.device_count()
-    if local_services and config.cluster.weight_sync_backend == "nccl" and count < 2:
-        return Finding(
-            "gpus",
-            ERROR,
-            f"NCCL cannot join two processes on one GPU ({count} visible) and this run puts the trainer and the "
-            "rollout on this machine: set cluster.weight_sync_backend=gloo, or give each its own GPU",
-        )
+    cluster = config.cluster
+    # Only the collective transport forms an NCCL group; the colocated and checkpoint ones use none.
+    if local_services and cluster.weight_sync_transport == "collective" and cluster.weight_sync_backend == "nccl":
+        if count < 2:
+            # The colocated transport shares the one GPU's memory, as the sync's own message says; it
+            # does not take SGLang (the config refuses that pair).
+            colocated = "cluster.weight_sync_transport=colocated (one GPU, shared through CUDA IPC), "
+            if config.policy.generation.backend == "sglang":
+                colocated = ""
+            return Finding(
+                "gpus",
+                ERROR,
+                f"NCCL cannot join two processes on one GPU ({count} visible) and this run puts the trainer and the "
+                f"rollout on this machine: set {colocated}cluster.weight_sync_backend=gloo (through host memory), "
+                "or give each its own GPU",
+            )
     names = ", ".join(torch.cuda.get_device_name(i) for i in range(count))
     return Finding("gpus", OK, f"{count} CUDA device(s): {names}")
 

@@ -3,6 +3,8 @@
     GET /v1/sessions/{id}/trajectory ──> segments[(token_ids, loss_mask, logprobs, weight_versions)]
         ──trial_tokens──> first segment: prompt = tokens before the first sampled one, completion = the rest
                           later segments: the same, each on its own
+        ──trajectory_message──> common_pb2.Trajectory (first segment in its own fields, the rest as
+                                later_segments; weight_version), what an agent trial puts in its group
 
 Guarantees: token ids, the loss mask (1 exactly on the sampled tokens of each segment's kept path) and
 the sampled tokens' logprobs are taken as the endpoint recorded them, never re-tokenized; context tokens
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dockyard.agents.contract import RecordedTokens, TrajectoryDocument
+from dockyard.api.common.v1 import common_pb2
 
 
 @dataclass
@@ -80,6 +83,28 @@ def trial_tokens(recorded: TrajectoryDocument | RecordedTokens | dict[str, Any],
             break  # the budget ran out here: what the trial did after is not kept
     out.weight_version = min(versions, default=0)
     return out
+
+
+def trajectory_message(tokens: TrialTokens, **fields: Any) -> common_pb2.Trajectory:
+    """The trial's tokens as the common Trajectory, with `fields` (its id, verdict, ...) set beside them."""
+    first, *later = tokens.segments
+    return common_pb2.Trajectory(
+        prompt_token_ids=first.prompt_ids,
+        completion_token_ids=first.completion_ids,
+        completion_logprobs=first.logprobs,
+        completion_loss_mask=first.loss_mask,
+        later_segments=[
+            common_pb2.Segment(
+                prompt_token_ids=s.prompt_ids,
+                completion_token_ids=s.completion_ids,
+                completion_logprobs=s.logprobs,
+                completion_loss_mask=s.loss_mask,
+            )
+            for s in later
+        ],
+        weight_version=tokens.weight_version,
+        **fields,
+    )
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -46,7 +46,7 @@ LIBRARIES = {
 def missing_libraries(logger: LoggerConfig) -> list[str]:
     """One message per enabled tracker whose library this process cannot import."""
     return [
-        f"logger.{flag}=true needs the {module} library here: pip install 'dockyard[trackers]'"
+        f"logger.{flag}=true needs the {module} library here: pip install -e '.[trackers]' in the dockyard clone"
         for flag, module in LIBRARIES.items()
         if getattr(logger, flag) and importlib.util.find_spec(module) is None
     ]

@@ -174,18 +174,19 @@ def sandbox_env(config: MasterConfig) -> dict[str, str]:
     """Sandbox settings a local stack needs for this config: for swe, terminal_bench and gdpval, the task root
     that holds data.train.path (validation's task set lies beside it; the config checks that); the
     docker backend for terminal_bench (a task runs in its own image) and for an external scaffold
-    (its session's only network route is the policy endpoint; ValueError when the environment names
-    another backend); for agent trials, room for as many sessions as the job runs trials at once. A
-    setting already in the environment is kept. ValueError for env osworld: its trials need a desktop
-    VM provider, which is not available (dockyard/tasks/osworld.py), so `dockyard run` stops here."""
+    (its session's only network route is the policy endpoint): ValueError when the environment names
+    another backend, which would refuse every trial; for agent trials, room for as many sessions as
+    the job runs trials at once. A setting already in the environment is kept. ValueError for env
+    osworld: its trials need a desktop VM provider, which is not available (dockyard/tasks/osworld.py),
+    so `dockyard run` stops here."""
     env = {}
     if config.env.name == "osworld":
         raise ValueError(f"{osworld.DESKTOP_REQUIREMENTS} (see docs/osworld.md)")
-    if config.env.scaffold is not None:
+    if (required := docker_required(config)) is not None:
         backend = os.environ.get("DOCKYARD_SANDBOX_BACKEND", "docker")
         if backend != "docker":
             raise ValueError(
-                f"{docker_required(config)}: that needs the docker sandbox backend, not "
+                f"{required}: that needs the docker sandbox backend, not "
                 f"DOCKYARD_SANDBOX_BACKEND={backend}; set DOCKYARD_SANDBOX_BACKEND=docker (and build the images: "
                 "deploy/images/build.sh)"
             )
@@ -193,8 +194,6 @@ def sandbox_env(config: MasterConfig) -> dict[str, str]:
     task_sets = ("swe", "terminal_bench", "gdpval")
     if config.env.name in task_sets and "DOCKYARD_SANDBOX_TASK_ROOT" not in os.environ and config.data.train.path:
         env["DOCKYARD_SANDBOX_TASK_ROOT"] = str(Path(config.data.train.path).resolve().parent)
-    if config.env.name == "terminal_bench" and "DOCKYARD_SANDBOX_BACKEND" not in os.environ:
-        env["DOCKYARD_SANDBOX_BACKEND"] = "docker"  # each task runs in its own image
     if config.env.agentic and "DOCKYARD_SANDBOX_MAX_SESSIONS" not in os.environ:
         env["DOCKYARD_SANDBOX_MAX_SESSIONS"] = str(config.grpo.max_concurrent_trials)
     return env

@@ -9,7 +9,7 @@
         score: the answer as env.score scores a completion (expr, program synthesis), or
                ScoreSession (swe: the work folder's diff against the base commit; terminal_bench: the
                task's tests, run in the session after the agent; gdpval: the deliverables, then the checker)
-        GET /v1/sessions/{id}/trajectory ──trial_tokens──> Trajectory (loss mask, later segments)
+        GET /v1/sessions/{id}/trajectory ──trial_tokens, trajectory_message──> Trajectory (loss mask, later segments)
             + the conversation of each segment (messages and tools), which a run keeps for export-sft
         close both sessions
 
@@ -57,7 +57,7 @@ from dockyard.agents.external import SCAFFOLD_ERROR_PREFIX, ScaffoldRun, run_ext
 from dockyard.agents.scaffold import Budget, Outcome, TrialLost, TrialRefused, run_scaffold
 from dockyard.agents.session import SandboxSession
 from dockyard.agents.tools import Toolbox
-from dockyard.agents.trajectory import trial_tokens
+from dockyard.agents.trajectory import trajectory_message, trial_tokens
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2
 from dockyard.config import STATE_SCORED_ENVS, MasterConfig, SamplingConfig
@@ -256,25 +256,11 @@ class AgentTrials:
                 "finish_reason": "tokens" if tokens.truncated else outcome.finish_reason,
             }
         )
-        first, *later = tokens.segments
         conversation = [{"messages": g.messages, "tools": g.tools} for g in recorded.segments]
-        trajectory = common_pb2.Trajectory(
+        trajectory = trajectory_message(
+            tokens,
             trajectory_id=trajectory_id,
-            prompt_token_ids=first.prompt_ids,
-            completion_token_ids=first.completion_ids,
-            completion_logprobs=first.logprobs,
-            completion_loss_mask=first.loss_mask,
-            later_segments=[
-                common_pb2.Segment(
-                    prompt_token_ids=s.prompt_ids,
-                    completion_token_ids=s.completion_ids,
-                    completion_logprobs=s.logprobs,
-                    completion_loss_mask=s.loss_mask,
-                )
-                for s in later
-            ],
             completion_text=scored_text,
-            weight_version=tokens.weight_version,
             verdict=verdict,
             finish_reason="tokens" if tokens.truncated else outcome.finish_reason,
             num_turns=outcome.turns,

@@ -83,7 +83,8 @@ def import_vllm() -> tuple[Any, Any]:
     except ImportError as exc:
         raise VllmUnavailable(
             "policy.generation.backend=vllm: vLLM is not importable on this rollout replica "
-            f"({exc}); install vllm there or use policy.generation.backend=torch"
+            f"({exc}); install it there (on CPU `make install-vllm`, the vllm extra; on a GPU node CUDA vLLM) "
+            "or use policy.generation.backend=torch"
         ) from None
     return vllm, AsyncLLM
 

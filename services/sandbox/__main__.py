@@ -36,7 +36,7 @@ async def make_backend(settings: SandboxSettings):
                 work_root=settings.work_root,
             )
         except DockerException as exc:  # no engine: one line that says what to do, not the client's traceback
-            raise SystemExit(f"sandbox: {docker_problem(exc)}") from None
+            raise SystemExit(f"sandbox: {docker_problem(exc, any_job=True)}") from None
     from services.sandbox.local import LocalBackend
 
     return await LocalBackend.open(

@@ -1,13 +1,16 @@
 """The bubblewrap command line of the local backend: which namespaces, which host paths, which work folder.
 
-    sandbox_argv(bwrap, user, binds, work, disk bytes)
+    sandbox_argv(bwrap, user, binds, work, disk bytes, mark)
         --> bwrap: net, pid, ipc, uts, cgroup and mount namespaces (+ a user namespace when not root)
+            + `mark` in its command line (run_guard.py finds the runs of a dead service by it)
             + read_only_binds(): SYSTEM_PATHS and the interpreter's prefixes, read-only, at their paths
               (a prefix reached through a symlink also at that path, as a link to the real one)
             + the work folder: a tmpfs of the disk limit at the host folder's path, mode 0700
             + "--"  (the launcher and the command follow)
 
-Guarantees: nothing of the host is shown but SYSTEM_PATHS and the interpreter's
+Guarantees: bwrap, the namespace's init and everything the code starts stay in the process group
+the service made for the run (no --new-session), so the service's one killpg reaches the run at
+every stage of bwrap's setup; nothing of the host is shown but SYSTEM_PATHS and the interpreter's
 prefixes, all read-only; the folders leading to them are searchable (0755) by the
 sandbox uid; as root only CAP_SETUID, CAP_SETGID and CAP_CHOWN are kept (for the
 launcher, which drops them with the uid), otherwise every capability is dropped
@@ -22,10 +25,15 @@ from pathlib import PurePosixPath
 
 # Namespaces (network, pid, ipc, uts, cgroup; mount always), a fresh /proc of the pid namespace, a
 # minimal /dev. When the launcher (pid 2) ends, the namespace's init ends and the kernel kills
-# every process left in it; --die-with-parent does the same when the service kills bwrap.
+# every process left in it; --die-with-parent does the same when bwrap dies, once set up.
+# No --new-session: its setsid would take the namespace's init out of the run's process group
+# before the init sets its own parent-death signal, and bwrap killed in between (by the service's
+# killpg) would leave that init running, orphaned, ignoring SIGTERM as a namespace's init does.
+# The service starts bwrap in a session of its own (start_new_session), so the sandbox has no
+# controlling terminal to inject input into, which is what --new-session is for.
 BWRAP_FLAGS = (
     "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-    "--hostname", "sandbox", "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev",
+    "--hostname", "sandbox", "--die-with-parent", "--proc", "/proc", "--dev", "/dev",
 )  # fmt: skip
 # As root the launcher keeps only what it needs to stage the work folder and drop to the sandbox
 # uid; the code itself then has no capability. A non-root service needs a user namespace.
@@ -68,14 +76,17 @@ BWRAP_KEEP_FLAGS = ("--cap-add", "CAP_DAC_OVERRIDE", "--cap-add", "CAP_KILL")
 
 
 def sandbox_argv(
-    bwrap: str, user: str, binds: list[str], work: str, max_disk_bytes: int, *, keep: bool = False
+    bwrap: str, user: str, binds: list[str], work: str, max_disk_bytes: int, mark: str, *, keep: bool = False
 ) -> list[str]:
     """bwrap and its arguments up to "--"; `user` "-" means a non-root service (a user namespace);
-    `keep`: a session run, whose launcher copies the work folder out afterwards."""
+    `mark`: a variable name unique to the service, carried in bwrap's command line (the code never
+    sees it); `keep`: a session run, whose launcher copies the work folder out afterwards."""
     caps = BWRAP_USER_FLAGS if user == "-" else BWRAP_ROOT_FLAGS + (BWRAP_KEEP_FLAGS if keep else ())
     return [
         bwrap,
         *BWRAP_FLAGS,
+        # Unsetting a variable nothing sets changes nothing: the argument is there for its name.
+        *("--unsetenv", mark),
         *caps,
         *binds,
         # The work folder: a tmpfs of the disk limit at the host folder's path, private to the run.

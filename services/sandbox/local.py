@@ -10,7 +10,7 @@
                   scrubbed environment, cwd = HOME = TMPDIR = work folder
             --> stdout / stderr read as they come, each kept up to max_output_bytes
             --> exit: the launcher reports "disk-full" and the exit code, the pid namespace ends;
-                  wall-clock limit: SIGKILL to bwrap's group, the namespace dies with bwrap
+                  wall-clock limit: SIGKILL to bwrap's group, which holds the namespace's init
             --> Outcome; the stage folder is removed whatever happened
 
 Guarantees: the code sees no host file but read-only system paths and the
@@ -21,9 +21,10 @@ no process of it outlives its run (the pid namespace ends with the launcher); it
 never outlives its wall-clock limit; it sees none of the service's environment
 variables; output beyond the cap is drained and dropped, never buffered; at most
 `max_concurrency` runs execute at once; after `close` (the service stopping) no
-run is left alive, one spawning meanwhile included, and none starts. `open` refuses a host where the
-namespaces do not work, unless told to run unisolated (then only the
-environment, rlimits, group kill and output cap hold).
+run is left alive, one spawning meanwhile included, and none starts; once the service process is
+gone, however it went (SIGKILL included), the guard (run_guard.py) kills what is left of its
+isolated runs. `open` refuses a host where the namespaces do not work, unless told to run
+unisolated (then only the environment, rlimits, group kill and output cap hold).
 
 Limits are applied by a tiny launcher between fork and exec rather than by
 subprocess's preexec_fn, which is unsafe in a threaded process (gRPC is).
@@ -49,9 +50,9 @@ task of the sandbox uid across runs; there is no memory, pids or CPU cgroup.
 Sessions (local_sessions.py) use run_kept: the same run, whose launcher afterwards kills every
 process of the run and copies the work folder out into a host folder the session keeps.
 
-Why over 400 lines: the bubblewrap arguments live in bwrap.py, the file staging in staging.py
-and sessions in local_sessions.py; what is left is one backend's spawn, limits, output
-collection and cleanup, which read as one sequence.
+Why over 400 lines: the bubblewrap arguments live in bwrap.py, the file staging in staging.py,
+sessions in local_sessions.py and the guard of a dead service's runs in run_guard.py; what is
+left is one backend's spawn, limits, output collection and cleanup, which read as one sequence.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ from services.sandbox.backend import (
 from services.sandbox.bwrap import read_only_binds, sandbox_argv
 from services.sandbox.harness import HARNESS_SOURCE, LAUNCHER_SOURCE, parse_kept, parse_status
 from services.sandbox.local_sessions import open_local_session, reap_dead_sessions
+from services.sandbox.run_guard import RunGuard
 from services.sandbox.staging import (
     REPORT_CAP_BYTES,
     Capped,
@@ -189,6 +191,7 @@ class LocalBackend(SandboxBackend):
         self._binds = read_only_binds() if isolate else []
         self._live_groups: set[int] = set()
         self._closed = False  # close() ran: no run starts, and one spawning meanwhile is killed at once
+        self._guard = RunGuard()  # kills the isolated runs once the service is gone, however it went
 
     @classmethod
     async def open(cls, *, allow_unisolated: bool = False, **kwargs) -> LocalBackend:
@@ -197,6 +200,7 @@ class LocalBackend(SandboxBackend):
         problem = await backend.isolation_problem()
         if not problem:
             return backend
+        await backend.close()  # its guard and .owner file go with it
         if not allow_unisolated:
             raise RuntimeError(f"the local sandbox cannot isolate its runs ({problem}): {UNISOLATED_HINT}")
         log.warning("local sandbox runs WITHOUT isolation (DOCKYARD_SANDBOX_ALLOW_UNISOLATED=1)", problem=problem)
@@ -289,11 +293,17 @@ class LocalBackend(SandboxBackend):
         self._closed = True
         for pgid in list(self._live_groups):
             _kill_group(pgid)
+        await asyncio.to_thread(self._guard.close)
         await asyncio.to_thread(self._folders.close)
 
     @property
     def isolated(self) -> bool:
         return self._isolate
+
+    @property
+    def run_mark(self) -> str:
+        """The name every bwrap of this backend carries in its command line (run_guard.py)."""
+        return self._guard.mark
 
     def python_argv(self, command: Sequence[str]) -> list[str]:
         """`command`, with "python" / "python3" run by the service's interpreter (-E -s, as Execute)."""
@@ -341,7 +351,9 @@ class LocalBackend(SandboxBackend):
         if not self._isolate:  # the host folder itself is the work folder, unbounded
             return [*launcher, "-", "-", "0", "-", *argv]
         bwrap = self._bwrap or "bwrap"
-        sandbox = sandbox_argv(bwrap, self._user, self._binds, work, self._max_disk_bytes, keep=keep_fd is not None)
+        sandbox = sandbox_argv(
+            bwrap, self._user, self._binds, work, self._max_disk_bytes, self._guard.mark, keep=keep_fd is not None
+        )
         return [*sandbox, *launcher, self._user, stage, "1", keep, *argv]
 
     async def _run(
@@ -392,6 +404,8 @@ class LocalBackend(SandboxBackend):
             try:
                 if self._closed:
                     raise OSError("the sandbox service is stopping")
+                if self._isolate:
+                    self._guard.start()
                 proc = await asyncio.create_subprocess_exec(
                     *self._spawn_argv(argv, work, pipes["status"][1], stage_fd, limits, keep_fd),
                     stdin=pipes["stdin"][0] if stdin is not None else asyncio.subprocess.DEVNULL,

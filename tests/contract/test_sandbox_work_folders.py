@@ -3,6 +3,7 @@
 Two local-backend services share a work root, each with an Execute in flight (its work folder open).
 One is SIGKILLed, so nothing of its own removes its folder; a service started on the same root
 removes it before serving and logs how many, while the live service's folder, and its call, are untouched.
+No process of the killed service's run is left (its guard's work), and the live one's run goes on.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.rpc.client import connect
 from services.sandbox.work_folders import OWNER_SUFFIX, PREFIX
+from tests.unit.sandbox.test_local import live_with
 
 SLEEP = sandbox_pb2.ExecuteRequest(
     command=["sleep", "60"], limits=sandbox_pb2.Limits(timeout_seconds=60, memory_mb=256, cpu_seconds=5)
@@ -54,6 +56,9 @@ async def test_a_killed_services_work_folders_go_at_the_next_start(start_service
         crashed.proc.kill()  # SIGKILL: no finally, no shutdown hook
         crashed.proc.wait()
         assert all(folder.exists() for folder in open_folders[crashed.proc.pid])
+        # Each run's bwrap carries its work folder in its command line.
+        await wait_for(lambda: not any(live_with(str(f)) for f in open_folders[crashed.proc.pid]), timeout=10)
+        assert all(live_with(str(f)) for f in open_folders[live.proc.pid])  # another service's run: untouched
 
         restarted = start_service("sandbox", env)
         assert not any(folder.exists() for folder in open_folders[crashed.proc.pid])

@@ -9,90 +9,23 @@ session whose last replica dies ends as an infrastructure error.
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import anthropic
 import httpx
 import openai
 import pytest
 
-from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
-from dockyard.config import load_config
-from dockyard.rpc.auth import AuthSettings
-from dockyard.rpc.client import connect
 from dockyard.stack import LocalStack
-from tests.conftest import REPO_ROOT
+from tests.integration.endpoint_stack import TOKEN, served_job, wait_until_replicas_serve
 
 pytestmark = pytest.mark.slow
 
-TOKEN = "endpoint-test-token"
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory):
-    runs = tmp_path_factory.mktemp("runs")
-    stack = LocalStack(
-        tmp_path_factory.mktemp("logs"),
-        free_ports=True,
-        endpoint=True,
-        rollout_replicas=2,
-        extra_env={"DOCKYARD_AUTH_TOKEN": TOKEN},
-    )
-    stack.start()
-    try:
-        cfg = load_config(
-            REPO_ROOT / "examples" / "configs" / "tiny_expr.yaml",
-            [
-                "policy.model_name=null",
-                "policy.bootstrap=null",
-                "policy.model.max_position_embeddings=512",  # room for a tools line
-                "policy.generation.prefix_cache_tokens=4096",
-                "grpo.max_num_steps=100000",
-                f"logger.log_dir={runs}",
-            ],
-        )
-
-        async def create() -> str:
-            async with connect(stack.address("coordinator"), auth=AuthSettings(auth_token=TOKEN)) as channel:
-                stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
-                job = (await stub.CreateJob(coordinator_pb2.CreateJobRequest(config_yaml=cfg.resolved_yaml()))).job
-                return job.job_id
-
-        job_id = asyncio.run(create())
-        _wait_until_both_replicas_serve(stack, job_id)
-        yield f"http://{stack.address('endpoint')}", job_id, stack
-    finally:
-        stack.stop()
-
-
-def _wait_until_both_replicas_serve(stack: LocalStack, job_id: str) -> None:
-    """Until both replicas hold the job's policy and the endpoint serves it."""
-
-    async def both_hold() -> None:
-        async with connect(stack.address("coordinator"), auth=AuthSettings(auth_token=TOKEN)) as channel:
-            stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
-            deadline = time.monotonic() + 240
-            while True:
-                members = (await stub.ListMembers(coordinator_pb2.ListMembersRequest())).members
-                if sum(job_id in m.weight_versions for m in members) == 2:
-                    return
-                assert time.monotonic() < deadline, members
-                await asyncio.sleep(1)
-
-    asyncio.run(both_hold())
-    base = f"http://{stack.address('endpoint')}"
-    headers = {"authorization": f"Bearer {TOKEN}"}
-    body = {"model": job_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    deadline = time.monotonic() + 180
-    while True:
-        reply = httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers, timeout=60)
-        if reply.status_code == 200:
-            return
-        assert reply.status_code in (404, 503), reply.text
-        assert time.monotonic() < deadline, reply.text
-        time.sleep(1)
+    with served_job(tmp_path_factory.mktemp("logs"), tmp_path_factory.mktemp("runs"), replicas=2) as job:
+        yield job.base, job.job_id, job.stack
 
 
 def test_openai_client_text_and_tools_streaming_and_not(served) -> None:
@@ -175,7 +108,7 @@ def test_sessions_stick_spread_move_when_a_replica_dies_and_end_when_the_last_do
         for name in ("rollout-1", "rollout-2"):
             if name in stack.dead():
                 stack.restart(name)
-    _wait_until_both_replicas_serve(stack, job)
+    wait_until_replicas_serve(stack, job, replicas=2)
 
 
 def _sessions_move_when_their_replica_dies(base: str, job: str, stack: LocalStack) -> None:

@@ -57,7 +57,10 @@ def test_the_docker_backend_without_an_engine_is_one_line_with_the_fix(tmp_path:
     proc = _service("sandbox", env)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0
-    assert "needs a Docker engine" in err and "DOCKYARD_SANDBOX_BACKEND=local" in err, err
+    assert "needs a Docker engine" in err and "start the Docker daemon" in err, err
+    # The service serves jobs it does not know yet: the local backend only for those that need no container.
+    assert "only a job that needs no container can use the local backend" in err, err
+    assert "env.scaffold" in err and "terminal_bench" in err, err
     assert "Traceback" not in err, err
 
 

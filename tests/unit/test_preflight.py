@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dockyard.config import load_config
+from dockyard.launch_checks import docker_problem
 from dockyard.preflight import (
     ERROR,
     OK,
@@ -115,11 +116,39 @@ def test_cuda_without_a_gpu_is_refused() -> None:
     assert check_gpus(load_config(TINY, RANDOM_INIT), local_services=True).status == SKIP
 
 
+def test_one_gpu_for_an_nccl_group_proposes_what_runs_on_one_gpu(monkeypatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "the one GPU")
+    nccl = [*RANDOM_INIT, "cluster.device=cuda", "cluster.weight_sync_backend=nccl"]
+    refused = check_gpus(load_config(TINY, nccl), local_services=True)
+    assert refused.status == ERROR and "cluster.weight_sync_transport=colocated" in refused.message
+    # What it proposes runs: the colocated transport forms no NCCL group (the backend setting aside).
+    colocated = load_config(TINY, [*nccl, "cluster.weight_sync_transport=colocated"])
+    assert check_gpus(colocated, local_services=True).status == OK
+    # SGLang does not take the colocated transport (the config refuses the pair): not proposed then.
+    sglang = check_gpus(load_config(TINY, [*nccl, "policy.generation.backend=sglang"]), local_services=True)
+    assert sglang.status == ERROR and "colocated" not in sglang.message and "weight_sync_backend=gloo" in sglang.message
+
+
 def test_no_docker_engine_is_one_line_with_the_fix() -> None:
     finding = check_docker({"DOCKYARD_SANDBOX_BACKEND": "docker", "DOCKER_HOST": "unix:///nonexistent/docker.sock"})
     assert finding.status == ERROR and "\n" not in finding.message
     assert "DOCKYARD_SANDBOX_BACKEND=local" in finding.message
     assert check_docker({}).status == SKIP
+
+
+def test_the_sandbox_service_proposes_the_local_backend_only_for_jobs_that_need_no_container() -> None:
+    # The service serves any job: its message names the jobs the local backend refuses, never a bare fix.
+    said = docker_problem(ConnectionError("refused"), {}, any_job=True)
+    assert "start the Docker daemon" in said and "DOCKER_SOCKET" in said
+    assert "only a job that needs no container can use the local backend" in said
+    assert "env.scaffold" in said and "terminal_bench" in said and "install packages" in said
+    # A job known to need docker: the local backend is never proposed.
+    needed = docker_problem(ConnectionError("refused"), {}, "env terminal_bench runs each task in its own image")
+    assert "DOCKYARD_SANDBOX_BACKEND=local" not in needed and "cannot run it" in needed
 
 
 def test_a_missing_sandbox_image_says_how_to_build_it() -> None:

@@ -1,8 +1,9 @@
-"""An endpoint session's recording as Trajectory token fields: segments, masks, the token budget."""
+"""An endpoint session's recording as Trajectory token fields: segments, masks, the token budget, the message."""
 
 from __future__ import annotations
 
-from dockyard.agents.trajectory import trial_tokens
+from dockyard.agents.trajectory import trajectory_message, trial_tokens
+from dockyard.api.common.v1 import common_pb2
 
 
 def _segment(prompt: list[int], turns: list[tuple[list[int], list[int]]], version: int = 3) -> dict:
@@ -31,6 +32,18 @@ def test_later_segments_and_the_oldest_version() -> None:
     assert [s.prompt_ids for s in tokens.segments] == [[1], [9, 9]]
     assert tokens.weight_version == 4 and not tokens.truncated
     assert tokens.total_tokens == 6 and tokens.sampled_tokens == 2
+
+
+def test_the_message_holds_the_first_segment_then_the_later_ones_and_the_given_fields() -> None:
+    recorded = {"segments": [_segment([1], [([2], [3])], version=4), _segment([9, 9], [([5], [])], version=5)]}
+    verdict = common_pb2.Verdict(status=common_pb2.VERDICT_STATUS_PASSED)
+    message = trajectory_message(trial_tokens(recorded, max_tokens=100), trajectory_id="g/0", verdict=verdict)
+    assert message.trajectory_id == "g/0" and message.verdict == verdict and message.weight_version == 4
+    assert list(message.prompt_token_ids) == [1] and list(message.completion_token_ids) == [2, 3]
+    assert list(message.completion_loss_mask) == [1, 0] and list(message.completion_logprobs) == [-0.5, 0.0]
+    [later] = message.later_segments
+    assert list(later.prompt_token_ids) == [9, 9] and list(later.completion_token_ids) == [5]
+    assert list(later.completion_loss_mask) == [1] and list(later.completion_logprobs) == [-0.5]
 
 
 def test_the_budget_cuts_the_trajectory_and_drops_what_lies_past_it() -> None:

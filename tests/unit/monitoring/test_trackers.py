@@ -22,7 +22,7 @@ SAMPLE = {"step": 2, "group_id": "g/7", "prompt": "f(1)=2", "completion": "x+1",
 
 def need(module: str) -> None:
     if importlib.util.find_spec(module) is None:
-        missing(f"{module} is not installed: pip install 'dockyard[trackers]'")
+        missing(f"{module} is not installed: pip install -e '.[trackers]'")
 
 
 def write_run(tmp_path: Path, **flags: bool) -> Path:
@@ -63,7 +63,8 @@ def test_an_enabled_tracker_without_its_library_is_named_with_the_extra(monkeypa
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "swanlab" else real(name))
     assert missing_libraries(LoggerConfig(swanlab_enabled=True, tensorboard_enabled=True)) == [
-        "logger.swanlab_enabled=true needs the swanlab library here: pip install 'dockyard[trackers]'"
+        "logger.swanlab_enabled=true needs the swanlab library here: "
+        "pip install -e '.[trackers]' in the dockyard clone"  # the project's extra, not a package index's "dockyard"
     ]
 
 

@@ -147,6 +147,12 @@ def test_terminal_bench_needs_tools_and_gets_a_docker_sandbox_on_its_task_root(m
         "DOCKYARD_SANDBOX_BACKEND": "docker",
         "DOCKYARD_SANDBOX_MAX_SESSIONS": "32",
     }
+    # The local backend would refuse every task (each runs in its own image): refused here, as preflight says.
+    monkeypatch.setenv("DOCKYARD_SANDBOX_BACKEND", "local")
+    with pytest.raises(
+        ValueError, match="terminal_bench runs each task in its own image.*DOCKYARD_SANDBOX_BACKEND=docker"
+    ):
+        sandbox_env(cfg)
     tasks = Environment("terminal_bench").load("validation", cfg.data.validation)
     assert len(tasks) == 9 and all(t.task_id.startswith("terminal/") for t in tasks)
     with pytest.raises(ConfigError, match="env.tools"):
