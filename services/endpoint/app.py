@@ -37,14 +37,21 @@ model 404, too many sessions or turns 429, a new session refused admission 503
 (the queue is full or it waited too long: the agent's trial is lost, not scored), no replica left 503 (a session that
 already took a turn then ends as an infrastructure error: its trajectory says
 so and later calls get 409; a session whose replica failed goes on on another
-one when there is one). No request error stops the endpoint serving other sessions.
+one when there is one). No request error stops the endpoint serving other sessions. A streamed call
+(`stream: true`) generates through the replica's GenerateStream and sends text as it comes
+(streaming.py holds back what the finished reply could change; sse.py and responses.py shape the
+events); its status is sent once the first tokens came, so a call refused before generating gets its
+error status; an error after that ends the stream with the API's error event; a client that goes
+away cancels the turn.
 """
 
 from __future__ import annotations
 
 import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -60,14 +67,7 @@ from dockyard.agents.contract import (
 )
 from services.endpoint.auth import Forbidden, Gate, Unauthorized
 from services.endpoint.backend import Backend, GenerateRefused, ReplicaLost, UnknownModel
-from services.endpoint.convert import (
-    anthropic_events,
-    anthropic_reply,
-    from_anthropic,
-    from_openai,
-    openai_chunks,
-    openai_reply,
-)
+from services.endpoint.convert import anthropic_reply, from_anthropic, from_openai, openai_reply
 from services.endpoint.errors import BadRequest, BodyLimit, error_response, invalid_body
 from services.endpoint.responses import output_items, response_body, response_events, summarized, wants_logprobs
 from services.endpoint.responses import to_chat as responses_chat
@@ -75,7 +75,9 @@ from services.endpoint.routing import AdmissionRefused
 from services.endpoint.schemas import ChatCompletionRequest, CountTokensRequest, MessagesRequest, ResponsesRequest
 from services.endpoint.sessions import SessionEnded, SessionLimit, SessionStore, UnknownSession
 from services.endpoint.settings import EndpointSettings
-from services.endpoint.turns import Served, prompt_tokens, take_turn
+from services.endpoint.sse import Failed, anthropic_events, openai_chunks
+from services.endpoint.streaming import LiveTurn
+from services.endpoint.turns import TurnSampling, prompt_tokens, take_turn
 
 # Each refusal the endpoint raises, as its status code, error type and code.
 ERRORS: tuple[tuple[type[Exception], int, str, str], ...] = (
@@ -92,6 +94,23 @@ ERRORS: tuple[tuple[type[Exception], int, str, str], ...] = (
 )
 # What the router says of a path it has no route for (404) or a method a route does not take (405).
 NO_ROUTE = {404: "Not Found", 405: "Method Not Allowed"}
+
+
+def failed(exc: Exception) -> Failed:
+    """An error raised once a stream started, as the error event that ends it."""
+    for kind, _, name, code in ERRORS:
+        if isinstance(exc, kind):
+            return Failed(name, str(exc), code)
+    return Failed("api_error", f"{type(exc).__name__}: {exc}"[:2000])
+
+
+async def guarded(events: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A live turn's events, an error ending them as a Failed event (the stream's status is sent already)."""
+    try:
+        async for event in events:
+            yield event
+    except Exception as exc:
+        yield failed(exc)
 
 
 def anthropic_client(request: Request) -> bool:
@@ -214,43 +233,78 @@ def create_app(settings: EndpointSettings, token: str, backend: Backend | None =
         gate.admin(request, f"{SAMPLING_HEADER}: {SAMPLING_GREEDY} (a validation call's greedy decoding)")
         return True
 
-    def reply_headers(session_id: str | None, served: Served) -> dict[str, str]:
-        return {SAMPLING_HEADER: served.sampling.header(), **({SESSION_HEADER: session_id} if session_id else {})}
+    def reply_headers(session_id: str | None, law: TurnSampling) -> dict[str, str]:
+        return {SAMPLING_HEADER: law.header(), **({SESSION_HEADER: session_id} if session_id else {})}
 
-    async def serve(request: Request, body, to_chat) -> tuple[Served, dict[str, str]]:
-        """One turn of the caller's session (credentials first, then the body as a Chat) and the reply's headers."""
+    def turn(request: Request, body, to_chat, live: LiveTurn | None = None):
+        """One turn of the caller's session (credentials first, then the body as a Chat), not yet awaited."""
         session_id, create = gate.session_of(request)
         chat = to_chat(body)
-        served = await take_turn(app.state.backend, store, body.model, chat, session_id, create, greedy(request))
-        return served, reply_headers(session_id, served)
+        return session_id, take_turn(
+            app.state.backend, store, body.model, chat, session_id, create, greedy(request), live
+        )
+
+    async def streamed(request: Request, body, to_chat, reply) -> StreamingResponse:
+        """A streamed turn: its reply starts once the first tokens came (an error before that is an error
+        status, as for a non-streamed call); `reply(live, events)` makes the SSE lines. The client going
+        away cancels the turn (its generation stops, nothing is recorded)."""
+        live = LiveTurn()
+        session_id, coroutine = turn(request, body, to_chat, live)
+        task = live.run(coroutine)
+        await live.first(task)
+
+        async def body_lines():
+            try:
+                async for line in reply(live, guarded(live.events(task))):
+                    yield line
+            finally:
+                if not task.done():
+                    task.cancel()
+
+        headers = reply_headers(session_id, live.law)
+        return StreamingResponse(body_lines(), media_type="text/event-stream", headers=headers)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        served, headers = await serve(request, body, from_openai)
         if body.stream:
             with_usage = bool((body.stream_options or {}).get("include_usage"))
-            stream = openai_chunks(body.model, served.choices, served.usage, body.logprobs, with_usage)
-            return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
-        return JSONResponse(openai_reply(body.model, served.choices, served.usage, body.logprobs), headers=headers)
+            return await streamed(
+                request,
+                body,
+                from_openai,
+                lambda live, events: openai_chunks(body.model, body.n, events, body.logprobs, with_usage),
+            )
+        session_id, coroutine = turn(request, body, from_openai)
+        served = await coroutine
+        reply = openai_reply(body.model, served.choices, served.usage, body.logprobs)
+        return JSONResponse(reply, headers=reply_headers(session_id, served.sampling))
 
     @app.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request):
-        served, headers = await serve(request, body, from_anthropic)
         if body.stream:
-            stream = anthropic_events(body.model, served.choices[0], served.usage)
-            return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
-        return JSONResponse(anthropic_reply(body.model, served.choices[0], served.usage), headers=headers)
+            return await streamed(
+                request,
+                body,
+                from_anthropic,
+                lambda live, events: anthropic_events(body.model, live.prompt_tokens, events),
+            )
+        session_id, coroutine = turn(request, body, from_anthropic)
+        served = await coroutine
+        reply = anthropic_reply(body.model, served.choices[0], served.usage)
+        return JSONResponse(reply, headers=reply_headers(session_id, served.sampling))
 
     @app.post("/v1/responses")
     async def responses(body: ResponsesRequest, request: Request):
-        served, headers = await serve(request, body, responses_chat)
-        choice, law = served.choices[0], served.sampling
         if body.stream:
-            stream = response_events(body, choice, served.usage, law)
-            return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+            return await streamed(
+                request, body, responses_chat, lambda live, events: response_events(body, live.law, events)
+            )
+        session_id, coroutine = turn(request, body, responses_chat)
+        served = await coroutine
+        choice = served.choices[0]
         items = output_items(choice, summarized(body), wants_logprobs(body))
-        reply = response_body(body, choice, served.usage, law, f"resp_{uuid.uuid4().hex}", items)
-        return JSONResponse(reply, headers=headers)
+        reply = response_body(body, choice, served.usage, served.sampling, f"resp_{uuid.uuid4().hex}", items)
+        return JSONResponse(reply, headers=reply_headers(session_id, served.sampling))
 
     @app.get("/v1/routing")
     async def routing(request: Request):

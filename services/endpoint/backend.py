@@ -6,6 +6,7 @@
     session ──pick──> ListMembers: ALIVE rollout replicas holding the job ──Router.route──> sticky, else least
         loaded (services/endpoint/routing.py; a new session may wait for admission)
     prompt ids ──complete──> RolloutService.Generate(prompt_token_ids, top_logprobs) on that replica
+        (GenerateStream for a streamed reply: tokens passed on as they are sampled)
         ──replica fails the call──> left out; the call goes to another live replica (the session moves)
 
 Guarantees: an unknown or finished job is UnknownModel (a 404); a replica that
@@ -45,6 +46,7 @@ from services.endpoint.reasoning import enabled as reasoning_enabled
 from services.endpoint.rendering import Renderer
 from services.endpoint.routing import AdmissionRefused, Replica, ReplicaState, Router
 from services.endpoint.settings import EndpointSettings
+from services.endpoint.streaming import TokenSink
 
 LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 LOST_JOB = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION}
@@ -221,12 +223,23 @@ class Backend:
         n: int,
         sampling: common_pb2.SamplingParams,
         images: Prompted | None = None,
+        on_tokens: TokenSink | None = None,
         *,
         top_logprobs: int = 0,
     ) -> Generated:
         """Generate on the session's replica (top_logprobs: Generate's alternatives per sampled token); a
-        replica that fails the call is left and the call goes to another live one (safe: nothing of a failed
-        call was recorded), else ReplicaLost."""
+        replica that fails the call is left and the call goes to another live one (safe: nothing of a
+        failed call was recorded), else ReplicaLost. With `on_tokens`
+        the call streams (GenerateStream), each completion's tokens passed on as they come; a replica that
+        fails after some were passed on is ReplicaLost at once (the client saw them: no other replica may
+        answer instead)."""
+        heard = False
+
+        def passed_on(index: int, ids: list[int], logprobs: list[float]) -> None:
+            nonlocal heard
+            heard = True
+            on_tokens(index, ids, logprobs)  # type: ignore[misc]
+
         tried: set[str] = set()
         lost = ReplicaLost(f"no live rollout replica holds job {job_id!r}")
         while True:
@@ -237,11 +250,22 @@ class Backend:
                 self.router.stats.retried_calls += 1
             tried.add(replica.name)
             try:
-                return await self.generate(job_id, replica, prompt_ids, n, sampling, images, top_logprobs=top_logprobs)
+                return await self.generate(
+                    job_id,
+                    replica,
+                    prompt_ids,
+                    n,
+                    sampling,
+                    images,
+                    passed_on if on_tokens else None,
+                    top_logprobs=top_logprobs,
+                )
             except ReplicaLost as exc:
                 lost = exc
                 self.router.failed(replica.name)
                 self._members = (0.0, [])
+                if heard:
+                    raise
 
     def _rollout(self, address: str) -> rollout_pb2_grpc.RolloutServiceStub:
         if address not in self._channels:
@@ -256,10 +280,12 @@ class Backend:
         n: int,
         sampling: common_pb2.SamplingParams,
         images: Prompted | None = None,
+        on_tokens: TokenSink | None = None,
         *,
         top_logprobs: int = 0,
     ) -> Generated:
-        """One Generate call on `replica`: GenerateRefused for the caller's fault, ReplicaLost for the replica's.
+        """One Generate call on `replica` (GenerateStream with `on_tokens`): GenerateRefused for the caller's
+        fault, ReplicaLost for the replica's.
 
         With images, the rendered text and the image bytes go instead of ids (the model's processor
         inserts the image tokens); an engine that takes no images is the caller's fault too.
@@ -280,7 +306,10 @@ class Backend:
         state = self.router.replicas.setdefault(name, ReplicaState())
         state.in_flight += 1
         try:
-            reply = await self._rollout(address).Generate(request, timeout=self._timeout)
+            if on_tokens is None:
+                reply = await self._rollout(address).Generate(request, timeout=self._timeout)
+            else:
+                reply = await self._stream(address, request, on_tokens)
         except grpc.aio.AioRpcError as exc:
             if exc.code() in refused:
                 raise GenerateRefused(exc.details()) from None
@@ -296,3 +325,21 @@ class Backend:
             list(reply.weight_versions),
             name,
         )
+
+    async def _stream(
+        self, address: str, request: rollout_pb2.GenerateRequest, on_tokens: TokenSink
+    ) -> rollout_pb2.GenerateResponse:
+        """GenerateStream: deltas to `on_tokens` as they come, the last message's result returned; leaving
+        early (the caller cancelled) cancels the call, which stops the generation on the replica."""
+        call = self._rollout(address).GenerateStream(
+            rollout_pb2.GenerateStreamRequest(request=request), timeout=self._timeout
+        )
+        try:
+            async for message in call:
+                if message.HasField("result"):
+                    return message.result
+                for delta in message.deltas:
+                    on_tokens(delta.index, list(delta.token_ids), list(delta.logprobs))
+        finally:
+            call.cancel()  # no-op once the call ended
+        raise ReplicaLost("the replica's GenerateStream ended without a result")

@@ -2,7 +2,7 @@
 
     ChatCompletionRequest | MessagesRequest ──to_chat──> Chat(messages, tools, n, max_tokens, stop, seed)
     Choice (parsed text + tokens, logprobs: logprobs.py) ──openai_reply / anthropic_reply──> JSON body
-                                  ──openai_chunks / anthropic_events──> SSE lines
+    (streams: services/endpoint/sse.py, on the same reply builders)
 
 Guarantees: image parts (OpenAI `image_url` with a data: URL, Anthropic `image` blocks with a
 base64 source) become `Chat.images` (bytes, in order), never silently dropped; an image by http URL,
@@ -13,13 +13,11 @@ and top_k (top level or in `extra_body`) are not carried: the job's settings are
 never the sampling law the trainer assumes. Tool-call arguments become
 dicts (a string that is not a JSON object is a BadRequest naming the message); a `tool_choice` naming a tool the
 request does not define is a BadRequest, and so is a tool whose parameters are not a JSON schema the
-endpoint can judge calls by (`dockyard.agents.tool_calls.check_tools`); the stream carries the same content,
-tool calls and finish reason as the non-streamed reply (generation is not
-token-streamed by the rollout's Generate, so the finished completion is sent
-as chunks). A reply's reasoning (reasoning.py) is OpenAI's `reasoning_content` (also as stream
-deltas) and Anthropic's `thinking` block, whose `signature` is `dockyard:` and a digest of the
-thinking text; reasoning a client sends back (`reasoning_content`, thinking blocks; signatures are
-not checked: history is matched modulo reasoning) is kept on the message for the template.
+endpoint can judge calls by (`dockyard.agents.tool_calls.check_tools`). A reply's reasoning
+(reasoning.py) is OpenAI's `reasoning_content` and Anthropic's `thinking` block, whose `signature` is
+`dockyard:` and a digest of the thinking text; reasoning a client sends back (`reasoning_content`,
+thinking blocks; signatures are not checked: history is matched modulo reasoning) is kept on the message
+for the template.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ import binascii
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,7 +288,7 @@ def reply_message(choice: Choice) -> Message:
     return message
 
 
-def _openai_calls(calls: list[dict]) -> list[dict]:
+def openai_calls(calls: list[dict]) -> list[dict]:
     return [
         {
             "id": c["id"],
@@ -302,7 +299,7 @@ def _openai_calls(calls: list[dict]) -> list[dict]:
     ]
 
 
-def _openai_finish(choice: Choice) -> str:
+def openai_finish(choice: Choice) -> str:
     return "tool_calls" if choice.tool_calls else ("length" if choice.finish_reason == "length" else "stop")
 
 
@@ -319,10 +316,10 @@ def openai_reply(model: str, choices: list[Choice], usage: dict, logprobs: bool)
                     "role": "assistant",
                     "content": c.content if (c.content or not c.tool_calls) else None,
                     **({"reasoning_content": c.reasoning} if c.reasoning is not None else {}),
-                    **({"tool_calls": _openai_calls(c.tool_calls)} if c.tool_calls else {}),
+                    **({"tool_calls": openai_calls(c.tool_calls)} if c.tool_calls else {}),
                 },
                 "logprobs": chat_logprobs(c) if logprobs else None,
-                "finish_reason": _openai_finish(c),
+                "finish_reason": openai_finish(c),
             }
             for i, c in enumerate(choices)
         ],
@@ -330,44 +327,7 @@ def openai_reply(model: str, choices: list[Choice], usage: dict, logprobs: bool)
     }
 
 
-def sse(data: dict | str, event: str | None = None) -> str:
-    payload = data if isinstance(data, str) else json.dumps(data)
-    return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
-
-
-def openai_chunks(model: str, choices: list[Choice], usage: dict, logprobs: bool, with_usage: bool) -> Iterator[str]:
-    base = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-    }
-    for i, c in enumerate(choices):
-        yield sse(
-            {**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-        )
-        if c.reasoning is not None:  # before the content, as the model wrote it
-            thought = {"index": i, "delta": {"reasoning_content": c.reasoning}, "finish_reason": None}
-            yield sse({**base, "choices": [thought]})
-        if c.content:
-            chunk = {"index": i, "delta": {"content": c.content}, "finish_reason": None}
-            if logprobs:
-                chunk["logprobs"] = chat_logprobs(c)
-            yield sse({**base, "choices": [chunk]})
-        for k, call in enumerate(_openai_calls(c.tool_calls)):
-            yield sse(
-                {
-                    **base,
-                    "choices": [{"index": i, "delta": {"tool_calls": [{"index": k, **call}]}, "finish_reason": None}],
-                }
-            )
-        yield sse({**base, "choices": [{"index": i, "delta": {}, "finish_reason": _openai_finish(c)}]})
-    if with_usage:
-        yield sse({**base, "choices": [], "usage": usage})
-    yield sse("[DONE]")
-
-
-def _anthropic_stop(choice: Choice) -> tuple[str, str | None]:
+def anthropic_stop(choice: Choice) -> tuple[str, str | None]:
     if choice.tool_calls:
         return "tool_use", None
     if choice.finish_reason == "length":
@@ -377,7 +337,7 @@ def _anthropic_stop(choice: Choice) -> tuple[str, str | None]:
     return "end_turn", None
 
 
-def _anthropic_content(choice: Choice) -> list[dict]:
+def anthropic_content(choice: Choice) -> list[dict]:
     blocks: list[dict] = []
     if choice.reasoning is not None:
         blocks.append(
@@ -398,42 +358,14 @@ def _anthropic_content(choice: Choice) -> list[dict]:
 
 
 def anthropic_reply(model: str, choice: Choice, usage: dict) -> dict[str, Any]:
-    stop_reason, stop_sequence = _anthropic_stop(choice)
+    stop_reason, stop_sequence = anthropic_stop(choice)
     return {
         "id": f"msg_{uuid.uuid4().hex}",
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": _anthropic_content(choice),
+        "content": anthropic_content(choice),
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
         "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]},
     }
-
-
-def anthropic_events(model: str, choice: Choice, usage: dict) -> Iterator[str]:
-    message = anthropic_reply(model, choice, usage)
-    start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
-    start["usage"] = {"input_tokens": usage["prompt_tokens"], "output_tokens": 0}
-    yield sse({"type": "message_start", "message": start}, "message_start")
-    for i, block in enumerate(message["content"]):
-        deltas = []
-        if block["type"] == "text":
-            opened, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
-        elif block["type"] == "thinking":
-            opened = {"type": "thinking", "thinking": "", "signature": ""}
-            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
-            deltas = [{"type": "signature_delta", "signature": block["signature"]}]
-        else:
-            opened = {**block, "input": {}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
-        yield sse({"type": "content_block_start", "index": i, "content_block": opened}, "content_block_start")
-        for each in [delta, *deltas]:
-            yield sse({"type": "content_block_delta", "index": i, "delta": each}, "content_block_delta")
-        yield sse({"type": "content_block_stop", "index": i}, "content_block_stop")
-    delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
-    yield sse(
-        {"type": "message_delta", "delta": delta, "usage": {"output_tokens": usage["completion_tokens"]}},
-        "message_delta",
-    )
-    yield sse({"type": "message_stop"}, "message_stop")

@@ -1,7 +1,8 @@
 """The OpenAI Responses API (`POST /v1/responses`) on the same recorded turns as chat completions.
 
     ResponsesRequest ──to_chat──> Chat (instructions, input items, function tools, tool_choice)
-    Choice ──response_body──> a `response` object; ──response_events──> its typed SSE events
+    Choice ──response_body──> a `response` object
+    LiveTurn.events (streaming.py) ──response_events──> its typed SSE events, the text as it is generated
 
 Input items become chat-template messages the way chat completions' do: `message` items (roles
 user, system, developer, assistant; `input_text` / `output_text` parts), `function_call` items (the
@@ -23,7 +24,9 @@ token's logprob, with `top_logprobs` alternatives when asked (top_logprobs witho
 a BadRequest). The reply reports the sampling law the turn was drawn under (the job's),
 not the one the client asked for. The stream carries the same output as the reply, as the API's
 typed events in order (`response.created` ... `response.completed`, or `response.incomplete` when
-the reply ran out of tokens), each with its `sequence_number`.
+the reply ran out of tokens), each with its `sequence_number`; the message's text is sent as it is
+generated (`response.output_text.delta`), its calls once the reply is finished; a turn that fails
+after the stream started ends it with an `error` event.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from pydantic import ValidationError
@@ -44,13 +47,14 @@ from services.endpoint.convert import (
     call_arguments,
     check_choice,
     check_request_tools,
-    sse,
 )
 from services.endpoint.errors import BadRequest
 from services.endpoint.logprobs import event_logprobs, output_text_logprobs
 from services.endpoint.rendering import Message
 from services.endpoint.request_fields import RESPONSES_NEUTRAL, check_supported
 from services.endpoint.schemas import FunctionSpec, ResponsesRequest
+from services.endpoint.sse import Failed, sse
+from services.endpoint.streaming import Text
 from services.endpoint.turns import TurnSampling
 
 ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
@@ -299,12 +303,13 @@ def _usage(usage: dict[str, int], reasoning_tokens: int) -> dict[str, Any]:
     }
 
 
-def response_events(body: ResponsesRequest, choice: Choice, usage: dict[str, int], law: TurnSampling) -> Iterator[str]:
-    """The reply as the Responses stream: created, in_progress, each item's events, then completed/incomplete."""
+async def response_events(body: ResponsesRequest, law: TurnSampling, events: AsyncIterator[Any]) -> AsyncIterator[str]:
+    """The reply as the Responses stream: created, in_progress, the reasoning's and the message's text as they
+    come, each item's events, then completed/incomplete (or `error` when the turn failed after the stream
+    started)."""
     response_id = f"resp_{uuid.uuid4().hex}"
+    message_id, reasoning_id = f"msg_{uuid.uuid4().hex}", f"rs_{uuid.uuid4().hex}"
     logprobs = wants_logprobs(body)
-    items = output_items(choice, summarized(body), logprobs)
-    tokens = event_logprobs(choice) if logprobs else []
     sequence = iter(range(1 << 30))
 
     def event(kind: str, **fields: Any) -> str:
@@ -313,43 +318,81 @@ def response_events(body: ResponsesRequest, choice: Choice, usage: dict[str, int
     started = response_body(body, None, None, law, response_id)
     yield event("response.created", response=started)
     yield event("response.in_progress", response=started)
+    thought_open = text_open = False  # the reasoning item (output 0) and the message, once announced
+    thought = {"item_id": reasoning_id, "output_index": 0}
+    async for live in events:
+        if isinstance(live, Failed):
+            yield event("error", code=live.code, message=live.message, param=None)
+            return
+        if isinstance(live, Text):
+            if live.block and not thought_open and not text_open:
+                thought_open = True
+                item = {"id": reasoning_id, "type": "reasoning", "status": "in_progress", "summary": [], "content": []}
+                yield event("response.output_item.added", output_index=0, item=item)
+            if live.reasoning and thought_open:
+                yield event("response.reasoning_text.delta", **thought, content_index=0, delta=live.reasoning)
+            if not live.text:
+                continue
+            where = {"item_id": message_id, "output_index": int(thought_open)}
+            if not text_open:
+                text_open = True
+                item = {"id": message_id, "type": "message", "role": "assistant", "status": "in_progress"}
+                yield event(
+                    "response.output_item.added", output_index=where["output_index"], item={**item, "content": []}
+                )
+                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                yield event("response.content_part.added", **where, content_index=0, part=part)
+            tokens = event_logprobs(live) if logprobs else []
+            yield event("response.output_text.delta", **where, content_index=0, delta=live.text, logprobs=tokens)
+            continue
+        served = live
+    choice = served.choices[0]
+    items = output_items(choice, summarized(body), logprobs)
+    tokens = event_logprobs(choice) if logprobs else []
     for k, item in enumerate(items):
-        where = {"item_id": item["id"], "output_index": k}
-        if item["type"] == "message":
-            yield event(
-                "response.output_item.added", output_index=k, item={**item, "status": "in_progress", "content": []}
-            )
+        at = {"item_id": item["id"], "output_index": k}
+        if item["type"] == "reasoning":
+            if thought_open:  # its text went as it came: its summary and its done events now
+                item["id"] = at["item_id"] = reasoning_id
+            for line in _reasoning_events(event, item, k, streamed=thought_open):
+                yield line
+        elif item["type"] == "message":
             part = item["content"][0]
-            opened = {**part, "text": "", "logprobs": []}  # the text and its logprobs come with the events below
-            yield event("response.content_part.added", **where, content_index=0, part=opened)
-            yield event("response.output_text.delta", **where, content_index=0, delta=part["text"], logprobs=tokens)
-            yield event("response.output_text.done", **where, content_index=0, text=part["text"], logprobs=tokens)
-            yield event("response.content_part.done", **where, content_index=0, part=part)
-        elif item["type"] == "reasoning":
-            yield from _reasoning_events(event, item, k)
+            if text_open:
+                item["id"] = at["item_id"] = message_id  # the id its text was streamed under
+            else:  # no text came (an empty reply, or one held to the end): the message is announced now
+                yield event(
+                    "response.output_item.added", output_index=k, item={**item, "status": "in_progress", "content": []}
+                )
+                opened = {**part, "text": "", "logprobs": []}  # its text and logprobs come with the events below
+                yield event("response.content_part.added", **at, content_index=0, part=opened)
+                yield event("response.output_text.delta", **at, content_index=0, delta=part["text"], logprobs=tokens)
+            yield event("response.output_text.done", **at, content_index=0, text=part["text"], logprobs=tokens)
+            yield event("response.content_part.done", **at, content_index=0, part=part)
         else:
             yield event(
                 "response.output_item.added", output_index=k, item={**item, "status": "in_progress", "arguments": ""}
             )
-            yield event("response.function_call_arguments.delta", **where, delta=item["arguments"])
-            yield event(
-                "response.function_call_arguments.done", **where, arguments=item["arguments"], name=item["name"]
-            )
+            yield event("response.function_call_arguments.delta", **at, delta=item["arguments"])
+            yield event("response.function_call_arguments.done", **at, arguments=item["arguments"], name=item["name"])
         yield event("response.output_item.done", output_index=k, item=item)
-    final = response_body(body, choice, usage, law, response_id, items)
+    final = response_body(body, choice, served.usage, law, response_id, items)
     yield event("response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final)
 
 
-def _reasoning_events(event, item: dict[str, Any], k: int) -> Iterator[str]:
-    """A reasoning item's events between its added and done: each summary part's, then its text's."""
+def _reasoning_events(event, item: dict[str, Any], k: int, streamed: bool = False) -> Iterator[str]:
+    """A reasoning item's events between its added and done: each summary part's, then its text's (`streamed`:
+    its added event and text deltas were sent as the text came)."""
     where = {"item_id": item["id"], "output_index": k}
-    started = {**item, "status": "in_progress", "summary": [], "content": []}
-    yield event("response.output_item.added", output_index=k, item=started)
+    if not streamed:
+        started = {**item, "status": "in_progress", "summary": [], "content": []}
+        yield event("response.output_item.added", output_index=k, item=started)
     for j, part in enumerate(item["summary"]):
         yield event("response.reasoning_summary_part.added", **where, summary_index=j, part={**part, "text": ""})
         yield event("response.reasoning_summary_text.delta", **where, summary_index=j, delta=part["text"])
         yield event("response.reasoning_summary_text.done", **where, summary_index=j, text=part["text"])
         yield event("response.reasoning_summary_part.done", **where, summary_index=j, part=part)
     text = item["content"][0]["text"]
-    yield event("response.reasoning_text.delta", **where, content_index=0, delta=text)
+    if not streamed:
+        yield event("response.reasoning_text.delta", **where, content_index=0, delta=text)
     yield event("response.reasoning_text.done", **where, content_index=0, text=text)

@@ -1,6 +1,7 @@
 """One model call of a session: plan the prompt ids, generate on a replica, record the turn, shape the reply.
 
     Chat ──images? gate_images──> Session.plan | plan_fresh ──> prompt ids ──Backend.complete──> completions
+        (a streamed reply: its LiveTurn hears each completion's tokens as they come)
         ──choices_of──> the reply's choices (content, tool calls) + what the session records (Sampled)
     job's policy.generation ──turn_sampling──> the turn's temperature/top_p/top_k (the reply's SAMPLING_HEADER)
     Chat.thinking ──off: an empty block after the generation prompt (context) | a budget: budget.py's two calls
@@ -35,6 +36,7 @@ from services.endpoint.convert import Chat, Choice, reply_message
 from services.endpoint.errors import BadRequest
 from services.endpoint.reasoning import without_reasoning
 from services.endpoint.sessions import Sampled, Session, SessionStore
+from services.endpoint.streaming import LiveTurn
 
 
 @dataclass(frozen=True)
@@ -85,10 +87,13 @@ async def take_turn(
     session_id: str | None,
     create: bool = True,
     greedy: bool = False,
+    live: LiveTurn | None = None,
 ) -> Served:
     """Serve one call of `session_id` (None: not recorded) with the job `model_id`'s current policy, under
     the job's sampling law (greedy: a validation call's, or the session was opened greedy); a session not
-    held is opened only with `create` (else UnknownSession)."""
+    held is opened only with `create` (else UnknownSession). With `live` (a streamed reply) the law and
+    the prompt's size are told before generating and the tokens as they are sampled; the turn is recorded
+    from the finished completion all the same, and a turn cancelled before it finished records nothing."""
     job = await backend.model(model_id)
     session = store.open(session_id, create, greedy) if session_id else Session("", store.max_turns, 0.0)
     # A session opened greedy (validation) stays greedy whoever calls: a scaffold's key cannot undo it.
@@ -117,10 +122,23 @@ async def take_turn(
         if chat.images:
             images = Prompted(plan.prompt_text_tail + prefill, chat.images)
         opened = job.reasoning and reasoning.opens_block(plan.prompt_text_tail + prefill)
+        on_tokens = None
+        if live is not None:
+            thinking = opened if job.reasoning else None
+            whole = budget is not None or bool(chat.top_logprobs)
+            live.start(law, len(plan.prompt_ids), job.renderer, job.parser, chat, thinking, whole)
+            on_tokens = live.tokens
         try:
             if budget is None:
                 generated = await backend.complete(
-                    model_id, session_id, plan.prompt_ids, chat.n, params, images, top_logprobs=chat.top_logprobs
+                    model_id,
+                    session_id,
+                    plan.prompt_ids,
+                    chat.n,
+                    params,
+                    images,
+                    on_tokens,
+                    top_logprobs=chat.top_logprobs,
                 )
                 replies = [Reply.sampled(c) for c in generated.completions]
             else:

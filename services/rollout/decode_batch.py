@@ -4,14 +4,16 @@
         drop cancelled requests' rows ──> admit: prefill each prompt once (queued prompts of one length
         in one pass), copy its KV into free slots, sample each row's first token
         ──> one decode step over every row (kv_slots.DecodeStep)
-        ──> a row leaves at eos / stop string / max_new_tokens ──> a request resolves when its last row left
+        ──> a streaming request hears of each row's new token ──> a row leaves at eos / stop string /
+        max_new_tokens ──> a request resolves when its last row left
     with a prefix cache (services/rollout/prefix_cache.py): a leaving row's KV is kept by its token ids, and
         a prompt prefills only what follows the longest kept prefix it shares
 
 Guarantees: requests join and leave the running batch between decode steps, each row with its
 own decoding parameters, random stream (services/rollout/sampling.py), stop rules and weight
 versions; at most `slots` rows decode at once, the rest of a request waits (first come, first
-served) and joins as rows leave. Weights change only between decode steps, through `gate`: with
+served) and joins as rows leave. A streaming request's `on_tokens` hears of every sampled token
+of its rows, step by step, before the request resolves. Weights change only between decode steps, through `gate`: with
 in-flight updates a waiting update lands after the current step (each row records the version
 of every token); without them no new request joins while an update waits, and the update lands
 once the batch has drained, so every completion of a result comes from one version. A cancelled
@@ -59,6 +61,7 @@ class Row:
     versions: set[int] = field(default_factory=set)
     finish_reason: str = ""
     start: int = 0  # cache column of its first prompt token
+    index: int = 0  # its completion's place in the request's result
 
 
 @dataclass(eq=False)
@@ -70,6 +73,8 @@ class Request:
     stops: StopStrings | None
     cancel: threading.Event
     resolve: Callable[[Request], Any]
+    # Streaming: called in the scheduler thread with the rows that just got a token, before any leaves.
+    on_tokens: Callable[[list[Row]], None] | None = None
     future: Future = field(default_factory=Future)
     admitted: int = 0
     live: int = 0  # rows in the batch
@@ -303,6 +308,8 @@ class DecodeBatch:
             self._active[slot] = (request, row)
             request.live += 1
             self._append(row, token, logprob, top, version)
+        if request.on_tokens is not None:
+            request.on_tokens([row for _, row in joined])
         self._finish_rows([(s, request, r) for s, r in joined])
 
     def _decode(self) -> None:
@@ -334,6 +341,7 @@ class DecodeBatch:
             request.steps += 1
         for (_, row), token, logprob, top in zip(rows, new, logprobs, tops, strict=True):
             self._append(row, token, logprob, top, version)
+        self._report(rows)
         self._finish_rows([(s, r, row) for s, (r, row) in zip(order, rows, strict=True)])
 
     def _feed(self, slots: list[int], tokens: torch.Tensor) -> None:
@@ -342,6 +350,15 @@ class DecodeBatch:
             self.step.tokens[slots[0] : slots[0] + len(slots), 0].copy_(tokens)
         else:
             self.step.tokens[torch.tensor(slots, device=self.device), 0] = tokens
+
+    def _report(self, rows: list[tuple[Request, Row]]) -> None:
+        """Streaming requests hear of their rows' new tokens (one call per request per step)."""
+        streamed: dict[int, tuple[Request, list[Row]]] = {}
+        for request, row in rows:
+            if request.on_tokens is not None:
+                streamed.setdefault(id(request), (request, []))[1].append(row)
+        for request, got in streamed.values():
+            request.on_tokens(got)  # type: ignore[misc]
 
     def _append(self, row: Row, token: int, logprob: float, top: TopLogprobs | None, version: int) -> None:
         row.tokens.append(token)

@@ -34,11 +34,18 @@ Guarantees of every engine:
 - an ImagePrompt reaches only an engine whose `image_refusal` is None;
   its `prompt_token_ids` are the ids the model saw, image tokens included;
 - a generation whose caller gave up (its `generate` task cancelled) stops
-  within a decode step and yields no result.
+  within a decode step and yields no result;
+- `generate_stream` yields lists of TokenDelta (tokens appended to each
+  completion since the last list), then the GenerationResult `generate` would
+  return, whose completions' token_ids/logprobs are the concatenation of their
+  deltas in order; an engine whose `streams` is False yields the result alone.
+  Cancelling the consumer, or closing the iterator, stops the generation as
+  cancelling `generate` does.
 
 Implementations: services/rollout/torch_engine.py (TorchEngine, built in),
 services/rollout/vllm_engine.py (VllmEngine) and services/rollout/sglang_engine.py
-(SglangEngine).
+(SglangEngine). The torch engine streams per decode step (its ImagePrompt path does not), vLLM
+per engine step (its DELTA outputs); SGLang yields the finished result once.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, NamedTuple
@@ -89,6 +96,17 @@ class GenerationResult:
         return sorted(seen)
 
 
+class TokenDelta(NamedTuple):
+    """Tokens appended to completion `index` of a streamed generation, with their logprobs."""
+
+    index: int
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+StreamEvent = list[TokenDelta] | GenerationResult  # what generate_stream yields: deltas, then the result last
+
+
 @dataclass(frozen=True)
 class ImagePrompt:
     """Prompt text with images (already through dockyard/images.py's gate): only engines that accept images."""
@@ -104,6 +122,7 @@ class GenerationEngine(abc.ABC):
     """What the rollout servicer needs from an engine (the built-in torch engine, vLLM, SGLang)."""
 
     name: str = "engine"
+    streams: bool = False  # whether generate_stream yields tokens as they are sampled
     tokenizer: Any  # the policy's Hugging Face tokenizer: text prompts, chat templates, context checks
 
     @abc.abstractmethod
@@ -112,6 +131,15 @@ class GenerationEngine(abc.ABC):
 
         Cancelling the awaiting task stops the generation at its next decode step.
         """
+
+    async def generate_stream(
+        self, prompt: Prompt, num_samples: int, decoding: DecodingParams
+    ) -> AsyncIterator[StreamEvent]:
+        """`generate`, streamed: lists of TokenDelta as tokens are sampled, then the GenerationResult.
+
+        This default (an engine that does not stream) yields the result alone.
+        """
+        yield await self.generate(prompt, num_samples, decoding)
 
     @property
     @abc.abstractmethod

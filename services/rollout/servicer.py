@@ -2,6 +2,7 @@
 
     LoadPolicy ──parse config──> JobEngines.load (job_engines.py: torch, vLLM or SGLang) (weight_version 0)
     Generate   ──validate, prompt (text | ids | messages), images ──gate──> JobEngines.get(job).generate ──> response
+    GenerateStream ──the same checks──> engine.generate_stream ──> a message per batch of new tokens, then the response
     ReceiveWeights ──> WeightReceiver.receive (weight_receiver.py: weight-sync group or checkpoint folder)
     GetEngineInfo / UnloadPolicy ──> JobEngines.get / JobEngines.unload (WeightReceiver.forget first)
 
@@ -21,7 +22,8 @@ dockyard.jobs.JOB_ID, a config beyond the config bounds (parsed off the event
 loop) and a prompt beyond the bounds of services/rollout/prompts.py are INVALID_ARGUMENT; a Generate whose
 caller has already gone (cancelled, or past its deadline) starts no generation,
 and one whose caller goes while it runs is stopped at the engine's next decode
-step (the handler is cancelled, or its deadline passes: DEADLINE_EXCEEDED).
+step (the handler is cancelled, or its deadline passes: DEADLINE_EXCEEDED). GenerateStream refuses
+and stops exactly as Generate does; its last message's `result` is what Generate would return.
 Images pass the job's multimodal gate (dockyard/images.py) here, the rollout boundary: gate off,
 too many, too large or unreadable is INVALID_ARGUMENT; an engine that takes no images (vLLM,
 SGLang, a text-only policy) is FAILED_PRECONDITION; the text path never touches the gate.
@@ -30,7 +32,9 @@ SGLang, a text-only policy) is FAILED_PRECONDITION; the text path never touches 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+from collections.abc import AsyncIterator
 
 import grpc
 import structlog
@@ -49,7 +53,7 @@ from services.rollout.decoding import (
     validate_num_samples,
     validate_top_logprobs,
 )
-from services.rollout.engine import Completion, GenerationEngine, UnsupportedRequest
+from services.rollout.engine import Completion, GenerationEngine, GenerationResult, Prompt, UnsupportedRequest
 from services.rollout.job_engines import JobEngines, build_engine
 from services.rollout.prompts import check_context, prompt_from_request
 from services.rollout.settings import RolloutSettings
@@ -143,6 +147,58 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def Generate(
         self, request: rollout_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> rollout_pb2.GenerateResponse:
+        engine, prompt, num_samples, decoding, remaining = await self._prepare(request, context)
+        self.in_flight += 1
+        try:
+            # grpc.aio cancels this handler when the caller cancels; the deadline is enforced here too.
+            async with asyncio.timeout(remaining):
+                result = await engine.generate(prompt, num_samples, decoding)
+        except UnsupportedRequest as exc:
+            raise InvalidArgument(str(exc)) from None
+        except TimeoutError:
+            raise DeadlineExceeded("the caller's deadline passed during generation") from None
+        finally:
+            self.in_flight -= 1
+        return self._response(engine, result)
+
+    async def GenerateStream(
+        self, request: rollout_pb2.GenerateStreamRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[rollout_pb2.GenerateStreamResponse]:
+        engine, prompt, num_samples, decoding, remaining = await self._prepare(request.request, context)
+        deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
+        result = None
+        self.in_flight += 1
+        try:
+            # As Generate: the caller going away cancels this handler; aclosing then closes the engine's
+            # stream, which stops the rows. The deadline bounds each wait for the engine, never a write.
+            events = engine.generate_stream(prompt, num_samples, decoding)
+            async with contextlib.aclosing(events):
+                while result is None:
+                    async with asyncio.timeout_at(deadline):
+                        event = await anext(events)
+                    if isinstance(event, GenerationResult):
+                        result = event
+                    else:
+                        yield rollout_pb2.GenerateStreamResponse(
+                            deltas=[
+                                rollout_pb2.CompletionDelta(index=d.index, token_ids=d.token_ids, logprobs=d.logprobs)
+                                for d in event
+                            ]
+                        )
+        except StopAsyncIteration:
+            raise RuntimeError(f"the {engine.name} engine's stream ended without a result") from None
+        except UnsupportedRequest as exc:
+            raise InvalidArgument(str(exc)) from None
+        except TimeoutError:
+            raise DeadlineExceeded("the caller's deadline passed during generation") from None
+        finally:
+            self.in_flight -= 1
+        yield rollout_pb2.GenerateStreamResponse(result=self._response(engine, result))
+
+    async def _prepare(
+        self, request: rollout_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> tuple[GenerationEngine, Prompt, int, DecodingParams, float | None]:
+        """A Generate request checked and resolved: the engine, prompt, group size, decoding and time left."""
         # Arguments first: INVALID_ARGUMENT does not depend on what is loaded.
         _require_job_id(request.job_id)
         num_samples = validate_num_samples(request.num_samples)
@@ -167,17 +223,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         if context.cancelled() or (remaining is not None and remaining <= 0):
             # Nobody would read the result: no generation for it.
             raise DeadlineExceeded("the caller gave up before generation started")
-        self.in_flight += 1
-        try:
-            # grpc.aio cancels this handler when the caller cancels; the deadline is enforced here too.
-            async with asyncio.timeout(remaining):
-                result = await engine.generate(prompt, num_samples, decoding)
-        except UnsupportedRequest as exc:
-            raise InvalidArgument(str(exc)) from None
-        except TimeoutError:
-            raise DeadlineExceeded("the caller's deadline passed during generation") from None
-        finally:
-            self.in_flight -= 1
+        return engine, prompt, num_samples, decoding, remaining
+
+    def _response(self, engine: GenerationEngine, result: GenerationResult) -> rollout_pb2.GenerateResponse:
         return rollout_pb2.GenerateResponse(
             prompt_token_ids=result.prompt_token_ids,
             completions=[completion_proto(c) for c in result.completions],

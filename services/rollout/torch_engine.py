@@ -3,6 +3,7 @@
     generate(prompt, n) ──tokenize text / check ids──> Request(n rows) ──submit──> DecodeBatch (scheduler thread)
         rows join the running batch between decode steps ──> each row leaves at eos / stop string / length
         ──> GenerationResult(completions, weight_version) once the request's last row left
+    generate_stream: the same request, each step's new tokens queued to the caller's loop as they are sampled
 
 Guarantees: those of every engine (services/rollout/engine.py), and: concurrent `generate` calls
 share one decode batch (services/rollout/decode_batch.py; at most `max_batch_rows` rows, the rest
@@ -18,6 +19,8 @@ with `contiguous_weights`, views of one arena), so a captured graph stays valid.
 finished rows' KV is kept and a later prompt sharing its prefix prefills only the rest
 (services/rollout/prefix_cache.py; reuse within one weight version only). Given a processor (a
 vision-language policy), an ImagePrompt runs beside the batch (services/rollout/image_generation.py).
+`generate_stream` streams per decode step (an ImagePrompt's result comes alone); a request that
+does not stream costs the scheduler one attribute check per row and step.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import asyncio
 import contextlib
 import operator
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -42,6 +46,8 @@ from services.rollout.engine import (
     GenerationResult,
     ImagePrompt,
     Prompt,
+    StreamEvent,
+    TokenDelta,
     UnsupportedRequest,
 )
 from services.rollout.image_generation import ImageGenerator
@@ -56,6 +62,7 @@ class TorchEngine(GenerationEngine):
     """A causal LM of transformers, decoding every concurrent request's rows in one batch."""
 
     name = "torch"
+    streams = True
 
     def __init__(
         self,
@@ -246,6 +253,48 @@ class TorchEngine(GenerationEngine):
             cancel.set()  # the worker thread stops at its next decode step
             raise
 
+    async def generate_stream(
+        self, prompt: Prompt, num_samples: int, decoding: DecodingParams
+    ) -> AsyncIterator[StreamEvent]:
+        """Each decode step's new tokens (steps the consumer has not taken yet are merged), then the result."""
+        if isinstance(prompt, ImagePrompt):  # the image path runs beside the batch, not step by step
+            yield await self.generate(prompt, num_samples, decoding)
+            return
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[list[TokenDelta] | Future] = asyncio.Queue()
+
+        def put(item: list[TokenDelta] | Future) -> None:  # in the scheduler thread
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody reads any more
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def on_tokens(rows: list[Row]) -> None:
+            put([TokenDelta(r.index, [r.tokens[-1]], [r.logprobs[-1]]) for r in rows])
+
+        cancel = threading.Event()
+        request = await asyncio.to_thread(self._request, prompt, num_samples, decoding, cancel, on_tokens)
+        # Settled after the request's last on_tokens call, so it reaches the queue after every delta.
+        self._batch.submit(request).add_done_callback(put)
+        try:
+            done: Future | None = None
+            while done is None:
+                item = await queue.get()
+                if isinstance(item, Future):
+                    done = item
+                    break
+                deltas = item
+                while not queue.empty():  # steps sampled while the consumer was busy: one message
+                    item = queue.get_nowait()
+                    if isinstance(item, Future):
+                        done = item
+                        break
+                    deltas = _merged(deltas, item)
+                yield deltas
+            yield done.result()  # the result, or GenerationCancelled / the step's error raised
+        finally:
+            if not request.future.done():  # the consumer went away (cancelled or closed): the rows leave
+                cancel.set()
+                self._batch.wake()
+
     def generate_blocking(
         self, prompt: Prompt, num_samples: int, decoding: DecodingParams, cancel: threading.Event | None = None
     ) -> GenerationResult:
@@ -255,11 +304,21 @@ class TorchEngine(GenerationEngine):
 
     # -- requests and results -------------------------------------------------
 
-    def _request(self, prompt: Prompt, num_samples: int, decoding: DecodingParams, cancel: threading.Event) -> Request:
+    def _request(
+        self,
+        prompt: Prompt,
+        num_samples: int,
+        decoding: DecodingParams,
+        cancel: threading.Event,
+        on_tokens: Any = None,
+    ) -> Request:
         prompt_ids = self.prompt_ids(prompt)
         stops = StopStrings(self.tokenizer, decoding.stop) if decoding.stop else None
-        rows = [Row(params=decoding, generator=g) for g in self._generators(decoding, num_samples)]
-        return Request(prompt_ids=prompt_ids, rows=rows, stops=stops, cancel=cancel, resolve=self._result)
+        generators = self._generators(decoding, num_samples)
+        rows = [Row(params=decoding, generator=g, index=i) for i, g in enumerate(generators)]
+        return Request(
+            prompt_ids=prompt_ids, rows=rows, stops=stops, cancel=cancel, resolve=self._result, on_tokens=on_tokens
+        )
 
     def _generators(self, decoding: DecodingParams, num_samples: int) -> list[torch.Generator]:
         """Seeded: one generator per row from (seed, row); unseeded: the engine's own for every row."""
@@ -280,3 +339,15 @@ class TorchEngine(GenerationEngine):
         return GenerationResult(
             prompt_token_ids=list(request.prompt_ids), completions=completions, weight_version=oldest
         )
+
+
+def _merged(first: list[TokenDelta], then: list[TokenDelta]) -> list[TokenDelta]:
+    """Two steps' deltas as one list: each completion's tokens of `first`, then of `then`."""
+    by_index = {d.index: TokenDelta(d.index, list(d.token_ids), list(d.logprobs)) for d in first}
+    for d in then:
+        if d.index in by_index:
+            by_index[d.index].token_ids.extend(d.token_ids)
+            by_index[d.index].logprobs.extend(d.logprobs)
+        else:
+            by_index[d.index] = d
+    return sorted(by_index.values())

@@ -4,7 +4,8 @@
         ──AsyncEngineArgs(model folder, dtype, seed, worker_extension_cls, logprobs_mode, vllm_cfg...)──> AsyncLLM
         ──collective_rpc("dockyard_untruncated_logprobs")──> every worker's sampler (vllm_worker.py)
     generate ──text: our tokenizer; ids: as given──> {"prompt_token_ids"} + vllm.SamplingParams(n, ...,
-        logprobs=top_logprobs) ──> Completions
+        logprobs=top_logprobs) ──> Completions (generate_stream: DELTA outputs, each step's new tokens
+        passed on as they come)
     receive_weights ──collective_rpc("dockyard_receive")──> every worker loads through vllm_worker.py
 
 Runs wherever vLLM is importable: the CUDA `vllm` package on GPUs, the
@@ -38,7 +39,9 @@ Guarantees:
   worker; afterwards the prefix cache is reset (prepare_for_generation);
 - without in-flight updates a load waits until no generation runs; with
   them it lands between vLLM's engine steps and each result lists every
-  version its generation spanned.
+  version its generation spanned;
+- generate_stream streams natively (vLLM's DELTA outputs) and its result
+  equals generate's for the same request; closing it aborts the request.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import asyncio
 import contextlib
 import os
 import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 from datetime import timedelta
 from typing import Any
@@ -55,7 +59,15 @@ from dockyard.config import VLLM_MAX_TEMPERATURE, MasterConfig
 from dockyard.weights.group import SyncFailed, SyncReport, WeightSyncGroup
 from dockyard.weights.transports import Transport
 from services.rollout.decoding import DecodingParams
-from services.rollout.engine import Completion, GenerationResult, Prompt, TopLogprobs, UnsupportedRequest
+from services.rollout.engine import (
+    Completion,
+    GenerationResult,
+    Prompt,
+    StreamEvent,
+    TokenDelta,
+    TopLogprobs,
+    UnsupportedRequest,
+)
 from services.rollout.out_of_process import (
     OutOfProcessEngine,
     checked_arguments,
@@ -116,8 +128,9 @@ def engine_arguments(cfg: MasterConfig) -> tuple[dict[str, Any], dict[str, str]]
     return arguments, {**{str(k): str(v) for k, v in env.items()}, **WORKER_ENV}
 
 
-def vllm_sampling(vllm: Any, num_samples: int, decoding: DecodingParams) -> Any:
-    """The vllm.SamplingParams of one request (top_k 0 and top_p 1 mean off, in vLLM as here).
+def vllm_sampling(vllm: Any, num_samples: int, decoding: DecodingParams, stream: bool = False) -> Any:
+    """The vllm.SamplingParams of one request (top_k 0 and top_p 1 mean off, in vLLM as here); `stream`:
+    each output holds the tokens each completion gained since the last one.
 
     UnsupportedRequest for what vLLM refuses (a temperature above 2).
     """
@@ -140,8 +153,10 @@ def vllm_sampling(vllm: Any, num_samples: int, decoding: DecodingParams) -> Any:
         # comes from the same logprobs tensor as the sampled token's: the same law).
         logprobs=decoding.top_logprobs,
         skip_special_tokens=True,
-        # One output holding all n completions, in order (the default streams each step's new ones).
-        output_kind=vllm.sampling_params.RequestOutputKind.FINAL_ONLY,
+        # Not streamed: one output holding all n completions, in order.
+        output_kind=vllm.sampling_params.RequestOutputKind.DELTA
+        if stream
+        else vllm.sampling_params.RequestOutputKind.FINAL_ONLY,
     )
 
 
@@ -152,26 +167,34 @@ def top_of_step(step: dict[int, Any], k: int) -> TopLogprobs:
     return TopLogprobs([int(token) for token, _ in ranked], [float(lp.logprob) for _, lp in ranked])
 
 
+def sampled(output: Any) -> tuple[list[int], list[float]]:
+    """The token ids of a vLLM CompletionOutput and the logprob of each."""
+    token_ids = [int(t) for t in output.token_ids]
+    return token_ids, [float(step[token].logprob) for token, step in zip(token_ids, output.logprobs or [], strict=True)]
+
+
+def finish_reason(output: Any) -> str:
+    """ "eos", "stop" or "length" of a finished vLLM CompletionOutput."""
+    if output.finish_reason == "length":
+        return "length"
+    if isinstance(output.stop_reason, str):
+        return "stop"
+    if output.finish_reason == "stop":
+        return "eos"  # the eos token, or a stop token id
+    raise RuntimeError(f"vLLM ended a completion with finish_reason={output.finish_reason!r}")
+
+
 def completion_from_vllm(output: Any, versions: tuple[int, ...], top_logprobs: int = 0) -> Completion:
     """A Completion from a vLLM CompletionOutput (token_ids, logprobs, text, finish_reason, stop_reason);
     with top_logprobs = k > 0, each step's k most likely tokens too."""
-    token_ids = [int(t) for t in output.token_ids]
-    steps = output.logprobs or []
-    logprobs = [float(step[token].logprob) for token, step in zip(token_ids, steps, strict=True)]
-    tops = [top_of_step(step, top_logprobs) for step in steps] if top_logprobs else []
-    if output.finish_reason == "length":
-        reason = "length"
-    elif isinstance(output.stop_reason, str):
-        reason = "stop"
-    elif output.finish_reason == "stop":
-        reason = "eos"  # the eos token, or a stop token id
-    else:
-        raise RuntimeError(f"vLLM ended a completion with finish_reason={output.finish_reason!r}")
-    return Completion(token_ids, logprobs, output.text, reason, versions, tops)
+    token_ids, logprobs = sampled(output)
+    tops = [top_of_step(step, top_logprobs) for step in output.logprobs or []] if top_logprobs else []
+    return Completion(token_ids, logprobs, output.text, finish_reason(output), versions, tops)
 
 
 class VllmEngine(OutOfProcessEngine):
     name = "vllm"
+    streams = True
 
     def __init__(
         self,
@@ -260,41 +283,89 @@ class VllmEngine(OutOfProcessEngine):
             )
         return ids
 
-    async def generate(self, prompt: Prompt, num_samples: int, decoding: DecodingParams) -> GenerationResult:
-        prompt_ids = await asyncio.to_thread(self.prompt_ids, prompt)  # tokenizing a long text takes a while
-        most = getattr(getattr(self.llm, "model_config", None), "max_logprobs", -1)  # -1: vLLM sets no bound
+    @contextlib.asynccontextmanager
+    async def _generating(self) -> AsyncIterator[Callable[[], tuple[int, ...]]]:
+        """One generation counted as running (a load without in-flight updates waits for none); yields what
+        tells, at its end, every weight version it spanned."""
+        async with self._idle:
+            self._active += 1
+        start_version, applied_before = self._weight_version, len(self._applied)
+        try:
+            yield lambda: tuple([start_version, *self._applied[applied_before:]])
+        finally:
+            async with self._idle:
+                self._active -= 1
+                self._idle.notify_all()
+
+    def _result(self, prompt_ids: list[int], done: list[Completion], n: int, greedy: bool) -> GenerationResult:
+        # The text is ours: vLLM cuts it at the stop string even when the token runs past it.
+        completions = [c._replace(text=self.tokenizer.decode(c.token_ids, skip_special_tokens=True)) for c in done]
+        if greedy:
+            completions = completions[:1] * n  # greedy decoding gives every sample the same tokens
+        oldest = min(c.weight_versions[0] for c in completions)
+        return GenerationResult(prompt_token_ids=prompt_ids, completions=completions, weight_version=oldest)
+
+    def _check_top_logprobs(self, decoding: DecodingParams) -> None:
+        """UnsupportedRequest for more alternatives than this vLLM reports (its max_logprobs; -1: no bound)."""
+        most = getattr(getattr(self.llm, "model_config", None), "max_logprobs", -1)
         if 0 <= most < decoding.top_logprobs:
             raise UnsupportedRequest(
                 f"top_logprobs: this vLLM engine reports at most {most} (policy.generation.vllm_cfg.max_logprobs), "
                 f"got {decoding.top_logprobs}"
             )
+
+    async def generate(self, prompt: Prompt, num_samples: int, decoding: DecodingParams) -> GenerationResult:
+        prompt_ids = await asyncio.to_thread(self.prompt_ids, prompt)  # tokenizing a long text takes a while
+        self._check_top_logprobs(decoding)
         params = vllm_sampling(self.vllm, num_samples, decoding)
-        async with self._idle:
-            self._active += 1
-        start_version, applied_before = self._weight_version, len(self._applied)
-        try:
+        async with self._generating() as versions:
             final = None
             async for output in self.llm.generate(
                 {"prompt_token_ids": prompt_ids}, params, request_id=f"dockyard-{uuid.uuid4().hex}"
             ):
                 final = output
-        finally:
-            async with self._idle:
-                self._active -= 1
-                self._idle.notify_all()
         if final is None:
             raise RuntimeError("vLLM returned no output for a request")
         if len(final.outputs) != params.n:
             raise RuntimeError(f"vLLM returned {len(final.outputs)} completions for n={params.n}")
-        versions = tuple([start_version, *self._applied[applied_before:]])
-        # The text is ours: vLLM cuts it at the stop string even when the token runs past it.
-        completions = [
-            c._replace(text=self.tokenizer.decode(c.token_ids, skip_special_tokens=True))
-            for c in (completion_from_vllm(o, versions, decoding.top_logprobs) for o in final.outputs)
-        ]
-        if decoding.greedy:
-            completions = completions[:1] * num_samples  # greedy decoding gives every sample the same tokens
-        return GenerationResult(prompt_token_ids=prompt_ids, completions=completions, weight_version=start_version)
+        completions = [completion_from_vllm(o, versions(), decoding.top_logprobs) for o in final.outputs]
+        return self._result(prompt_ids, completions, num_samples, decoding.greedy)
+
+    async def generate_stream(
+        self, prompt: Prompt, num_samples: int, decoding: DecodingParams
+    ) -> AsyncIterator[StreamEvent]:
+        """vLLM's DELTA outputs: each completion's new tokens per engine step, then the result (greedy: the one
+        completion's tokens for every sample). Closing this stream aborts the vLLM request."""
+        prompt_ids = await asyncio.to_thread(self.prompt_ids, prompt)
+        self._check_top_logprobs(decoding)
+        params = vllm_sampling(self.vllm, num_samples, decoding, stream=True)
+        tokens: dict[int, tuple[list[int], list[float]]] = {i: ([], []) for i in range(params.n)}
+        tops: dict[int, list[TopLogprobs]] = {i: [] for i in range(params.n)}
+        ends: dict[int, str] = {}
+        async with self._generating() as versions:
+            outputs = self.llm.generate(
+                {"prompt_token_ids": prompt_ids}, params, request_id=f"dockyard-{uuid.uuid4().hex}"
+            )
+            async with contextlib.aclosing(outputs):  # closed early: vLLM aborts the request
+                async for output in outputs:
+                    deltas = []
+                    for o in output.outputs:
+                        ids, logprobs = sampled(o)
+                        tokens[o.index][0].extend(ids)
+                        tokens[o.index][1].extend(logprobs)
+                        if decoding.top_logprobs:
+                            tops[o.index] += [top_of_step(step, decoding.top_logprobs) for step in o.logprobs or []]
+                        if o.finish_reason is not None:
+                            ends[o.index] = finish_reason(o)
+                        if ids:
+                            copies = range(num_samples) if decoding.greedy else (o.index,)
+                            deltas += [TokenDelta(i, ids, logprobs) for i in copies]
+                    if deltas:
+                        yield sorted(deltas)
+        if sorted(ends) != list(range(params.n)):
+            raise RuntimeError(f"vLLM finished {len(ends)} of {params.n} completions")
+        completions = [Completion(*tokens[i], "", ends[i], versions(), tops[i]) for i in range(params.n)]
+        yield self._result(prompt_ids, completions, num_samples, decoding.greedy)
 
     async def receive_weights(
         self, transport: Transport, version: int, group: WeightSyncGroup | None, timeout: timedelta

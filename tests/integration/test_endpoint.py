@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from dockyard.models.tokenizer import build_char_tokenizer
 from dockyard.stack import LocalStack
 from tests.integration.endpoint_stack import TOKEN, served_job, wait_until_replicas_serve
 
@@ -76,6 +77,35 @@ def test_anthropic_client_streaming_and_not(served) -> None:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert final.content[0].text == text and final.usage.output_tokens > 0
+
+
+def test_a_stream_arrives_token_by_token_from_the_replica(served) -> None:
+    base, job, _ = served
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=TOKEN, max_retries=0)
+    messages = [{"role": "user", "content": "count"}]
+    headers = {"X-Dockyard-Session": "live"}
+    chunks = list(
+        client.chat.completions.create(
+            model=job,
+            messages=messages,
+            max_tokens=32,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+            extra_headers=headers,
+        )
+    )
+    texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    finish = [i for i, c in enumerate(chunks) if c.choices and c.choices[0].finish_reason]
+    assert chunks[-1].usage.completion_tokens == 32
+    # Content came in several chunks, each before the final one: the replica's tokens as they were sampled.
+    assert len(texts) >= 4, texts
+    assert finish == [len(chunks) - 2]  # then the usage chunk
+    # The recorded completion is what was streamed: the same ids decode to the same content.
+    turn = httpx.get(f"{base}/v1/sessions/live/trajectory", headers={"x-api-key": TOKEN}).json()
+    (completion,) = turn["segments"][0]["turns"][0]["completions"]
+    assert len(completion["token_ids"]) == 32
+    assert build_char_tokenizer().decode(completion["token_ids"], skip_special_tokens=True) == "".join(texts)
 
 
 def test_bad_input_gets_4xx_and_other_sessions_are_served(served) -> None:

@@ -15,6 +15,7 @@ Where vLLM is not installed these tests skip loudly (fail under CI=1); `make ins
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import os
 import threading
@@ -289,6 +290,37 @@ def test_a_cancelled_generation_frees_the_engine(host: Host) -> None:
         return task.cancelled(), host.engine._active
 
     assert host.run(scenario()) == (True, 0)
+    assert len(host.generate(PROMPT, 1, max_new_tokens=3, ignore_eos=True).completions[0].token_ids) == 3
+
+
+def test_a_stream_passes_each_completions_tokens_on_as_vllm_samples_them(host: Host) -> None:
+    decoding = DecodingParams(temperature=1.0, max_new_tokens=20, ignore_eos=True, seed=9)
+
+    async def stream(decoding: DecodingParams, num_samples: int, stop_after: int | None = None):
+        events = []
+        async with contextlib.aclosing(host.engine.generate_stream(PROMPT, num_samples, decoding)) as stream:
+            async for event in stream:
+                events.append(event)
+                if stop_after is not None and len(events) == stop_after:
+                    break
+        return events, host.engine._active
+
+    (*deltas, result), active = host.run(stream(decoding, 3))
+    assert active == 0 and len(deltas) > 1
+    for i, c in enumerate(result.completions):
+        mine = [d for step in deltas for d in step if d.index == i]
+        assert [t for d in mine for t in d.token_ids] == c.token_ids and len(c.token_ids) == 20
+        assert [lp for d in mine for lp in d.logprobs] == c.logprobs
+    plain = host.generate(PROMPT, 3, seed=9, temperature=1.0, max_new_tokens=20, ignore_eos=True)
+    assert [c.token_ids for c in result.completions] == [c.token_ids for c in plain.completions]
+    assert [c.text for c in result.completions] == [c.text for c in plain.completions]
+    # Greedy: vLLM samples one completion; every sample's stream carries its tokens.
+    (*deltas, result), _ = host.run(stream(DecodingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True), 2))
+    assert {d.index for step in deltas for d in step} == {0, 1}
+    assert result.completions[0].token_ids == result.completions[1].token_ids
+    # A stream closed early aborts the request: the engine is free at once.
+    (first, *_), active = host.run(stream(DecodingParams(max_new_tokens=200, ignore_eos=True), 4, stop_after=2))
+    assert active == 0 and isinstance(first, list)
     assert len(host.generate(PROMPT, 1, max_new_tokens=3, ignore_eos=True).completions[0].token_ids) == 3
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "SETTINGS",
     "Parsed",
     "call_id",
+    "call_markers",
     "detect",
     "parse",
     "pick",
@@ -105,6 +106,18 @@ def visible_text(name: str, tokenizer: Any, ids: list[int]) -> str:
     if not kept:
         return tokenizer.decode(ids, skip_special_tokens=True)
     return tokenizer.decode([i for i in ids if i not in special or i in kept], skip_special_tokens=False)
+
+
+def call_markers(name: str) -> tuple[str, ...] | None:
+    """The texts from which a reply may be a tool call in format `name` (a streamed reply holds back from
+    the first one on: services/endpoint/streaming.py); None when no text tells a call before the reply
+    ends (`transformers`: the tokenizer's own schema decides)."""
+    if name == "none":
+        return ()
+    if name == "transformers":
+        return None
+    module = FORMATS[name]
+    return getattr(module, "OPENERS", module.MARKERS)
 
 
 def parse(name: str, text: str, tools: list[dict] | None, tokenizer: Any | None = None, prefix: str = "") -> Parsed:

@@ -23,6 +23,8 @@ PYTHON_TAG = "<|python_tag|>"
 # The Llama 3.1+ templates' instruction for JSON calls, or the python tag they render before a call.
 FEATURES = (PYTHON_TAG, '"parameters": dictionary of argument name')
 MARKERS = (PYTHON_TAG,)
+# A call is the whole message, so any JSON object may begin one: a streamed reply holds back from "{".
+OPENERS = (PYTHON_TAG, "{")
 EXAMPLE = '<|python_tag|>{"name": "add", "parameters": {"a": 1}}'
 _STARTS = re.compile(r"\s*(<\|python_tag\|>|\{\s*\"name\")")
 KEYS = ("name", "parameters")

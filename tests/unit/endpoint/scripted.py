@@ -5,9 +5,13 @@ ScriptedBackend serves one job ("job-1") on the character tokenizer (or the one 
 With `limits`, a call also ends as a replica's would: at the first of its stop strings (kept, "stop") or
 after its max_new_tokens ("length"). Asked for top_logprobs = k, each token's alternatives are itself at
 -0.25 then the first letters of ALTERNATIVES that differ from it, at -2.5, -3.5, ... (k in all).
+A streamed call (`on_tokens`) passes each completion's tokens on one at a time, `token_seconds` apart, as
+a replica's GenerateStream would, then answers the same.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import anthropic
 import httpx
@@ -39,6 +43,10 @@ class ScriptedBackend:
         self.images: list = []  # what each call carried besides ids (Prompted), or None
         self.top_logprobs: list[int] = []  # what each call asked Generate's top_logprobs to be
         self.lose = False
+        self.token_seconds = 0.0  # a streamed call's pause before each token
+        self.streamed = 0  # streamed calls answered
+        self.cancelled = 0  # streamed calls cancelled before their last token
+        self.lose_after: int | None = None  # a streamed call's replica dies after this many tokens
         self.router = Router()
 
     async def close(self) -> None: ...
@@ -53,7 +61,9 @@ class ScriptedBackend:
             raise UnknownModel(f"model {job_id!r}: no such job")
         return self.model_
 
-    async def complete(self, job_id, session, prompt_ids, n, sampling, images=None, *, top_logprobs=0) -> Generated:
+    async def complete(
+        self, job_id, session, prompt_ids, n, sampling, images=None, on_tokens=None, *, top_logprobs=0
+    ) -> Generated:
         self.router.route(session, [Replica("rollout", "127.0.0.1:1")], len(prompt_ids))
         if self.lose:
             raise ReplicaLost("replica rollout failed mid-session: UNAVAILABLE")
@@ -76,6 +86,19 @@ class ScriptedBackend:
                     token_ids=ids, logprobs=[-0.25] * len(ids), text=text, finish_reason=finish, top_logprobs=tops
                 )
             )
+        if on_tokens is not None:
+            self.streamed += 1
+            try:
+                for t in range(max(len(c.token_ids) for c in completions)):
+                    for i, c in enumerate(completions):
+                        if t < len(c.token_ids):
+                            if t == self.lose_after:
+                                raise ReplicaLost("replica rollout failed mid-session: UNAVAILABLE")
+                            await asyncio.sleep(self.token_seconds)
+                            on_tokens(i, [c.token_ids[t]], [c.logprobs[t]])
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
         return Generated(list(prompt_ids), completions, 7, [7], "rollout")
 
     def _alternatives(self, token: int, k: int) -> rollout_pb2.TopLogprobs:

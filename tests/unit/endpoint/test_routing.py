@@ -82,21 +82,38 @@ def test_admission_off_admits_everything() -> None:
 
 
 class FakeFleet(Backend):
-    """Backend with the member list and Generate replaced: `dead` replicas fail their calls."""
+    """Backend with the member list and Generate replaced: `dead` replicas fail their calls, `dies_streaming`
+    ones fail a streamed call after its first token."""
 
     def __init__(self, router: Router, replicas: list[Replica]) -> None:
         self.router, self.listed, self.dead, self.calls = router, replicas, set(), []
+        self.dies_streaming: set[str] = set()
         self._members = (0.0, [])
 
     async def _replicas(self, job_id):
         return list(self.listed)
 
-    async def generate(self, job_id, replica, prompt_ids, n, sampling, images=None, *, top_logprobs=0):
+    async def generate(self, job_id, replica, prompt_ids, n, sampling, images=None, on_tokens=None, *, top_logprobs=0):
         self.calls.append(replica.name)
+        if on_tokens is not None and replica.name in self.dies_streaming:  # a token out, then the replica dies
+            on_tokens(0, [1], [-0.5])
+            raise ReplicaLost(f"replica {replica.name} failed mid-session: UNAVAILABLE")
         if replica.name in self.dead:
             raise ReplicaLost(f"replica {replica.name} failed mid-session: UNAVAILABLE")
         self.router.served(replica.name, kv(100))
         return Generated(list(prompt_ids), [], 0, [0], replica.name)
+
+
+async def test_a_stream_goes_elsewhere_only_before_its_first_token() -> None:
+    fleet = FakeFleet(Router(), [A, B])
+    heard: list[int] = []
+    fleet.dead.add("rollout-a")  # dies before any token: the stream starts on the other replica
+    reply = await fleet.complete("job", "s", [1], 1, None, on_tokens=lambda i, ids, lps: heard.extend(ids))
+    assert reply.replica == "rollout-b" and fleet.calls == ["rollout-a", "rollout-b"] and heard == []
+    fleet.dies_streaming.add("rollout-b")  # dies once its client saw a token: no other replica answers instead
+    with pytest.raises(ReplicaLost, match="rollout-b"):
+        await fleet.complete("job", "s", [1], 1, None, on_tokens=lambda i, ids, lps: heard.extend(ids))
+    assert heard == [1] and fleet.calls[2:] == ["rollout-b"]
 
 
 async def test_a_call_in_flight_on_a_dying_replica_goes_on_elsewhere() -> None:

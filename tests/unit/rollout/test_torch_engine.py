@@ -252,6 +252,29 @@ async def test_a_cancelled_generation_stops_at_its_next_decode_step() -> None:
     assert len(short.completions[0].token_ids) == 4
 
 
+async def test_a_stream_gives_every_token_as_it_is_sampled_and_the_same_result(engine: TorchEngine) -> None:
+    decoding = DecodingParams(temperature=1.0, max_new_tokens=12, ignore_eos=True, seed=3)
+    events = [e async for e in engine.generate_stream(PROMPT, 3, decoding)]
+    *deltas, result = events
+    assert isinstance(result, GenerationResult) and len(deltas) > 1
+    for i, c in enumerate(result.completions):
+        mine = [d for step in deltas for d in step if d.index == i]
+        assert [t for d in mine for t in d.token_ids] == c.token_ids
+        assert [lp for d in mine for lp in d.logprobs] == c.logprobs
+    assert result == await engine.generate(PROMPT, 3, decoding)  # seeded: the same group either way
+
+
+async def test_closing_a_stream_stops_its_rows() -> None:
+    engine = tiny_engine(os.environ.get("DOCKYARD_TEST_DEVICE", "cpu"))
+    stream = engine.generate_stream(PROMPT, 2, DecodingParams(temperature=1.0, max_new_tokens=400, ignore_eos=True))
+    first = await anext(stream)
+    await stream.aclose()  # the reader went away
+    short = await engine.generate(PROMPT, 1, DecodingParams(temperature=1.0, max_new_tokens=4, ignore_eos=True))
+    assert {d.index for d in first} <= {0, 1} and len(short.completions[0].token_ids) == 4
+    (steps,) = engine.batch_stats.cancelled_steps  # it left the batch long before its 400 tokens
+    assert steps < 399
+
+
 def test_a_generation_cancelled_before_its_first_step_gives_no_result(engine: TorchEngine) -> None:
     cancel = threading.Event()
     cancel.set()

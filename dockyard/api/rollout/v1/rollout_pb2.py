@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from dockyard.api.common.v1 import common_pb2 as dockyard_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!dockyard/rollout/v1/rollout.proto\x12\x13\x64ockyard.rollout.v1\x1a\x1f\x64ockyard/common/v1/common.proto\"8\n\x11LoadPolicyRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\"<\n\x12LoadPolicyResponse\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\"\x84\x02\n\x0fGenerateRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x13\n\x0bnum_samples\x18\x04 \x01(\x05\x12\x34\n\x08sampling\x18\x05 \x01(\x0b\x32\".dockyard.common.v1.SamplingParams\x12\x18\n\x10prompt_token_ids\x18\x06 \x03(\x05\x12\x32\n\x08messages\x18\x07 \x03(\x0b\x32 .dockyard.rollout.v1.ChatMessage\x12\x0e\n\x06images\x18\x08 \x03(\x0c\x12\x14\n\x0ctop_logprobs\x18\t \x01(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x8e\x01\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x36\n\x0ctop_logprobs\x18\x05 \x03(\x0b\x32 .dockyard.rollout.v1.TopLogprobs\"2\n\x0bTopLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\"\xc8\x01\n\x10GenerateResponse\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x34\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x1f.dockyard.rollout.v1.Completion\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x17\n\x0fweight_versions\x18\x04 \x03(\x03\x12\x33\n\x08kv_cache\x18\x05 \x01(\x0b\x32!.dockyard.rollout.v1.KvCacheStats\"\xcf\x01\n\x0cKvCacheStats\x12\x17\n\x0f\x63\x61pacity_tokens\x18\x01 \x01(\x03\x12\x13\n\x0blive_tokens\x18\x02 \x01(\x03\x12\x15\n\rcached_tokens\x18\x03 \x01(\x03\x12\x16\n\x0e\x63\x61\x63hed_entries\x18\x04 \x01(\x03\x12\x1f\n\x17prefill_tokens_computed\x18\x05 \x01(\x03\x12\x1c\n\x14prefill_tokens_saved\x18\x06 \x01(\x03\x12\x11\n\tevictions\x18\x07 \x01(\x03\x12\x10\n\x08pressure\x18\x08 \x01(\x01\"?\n\x15ReceiveWeightsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\"f\n\x16ReceiveWeightsResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x11\n\tnum_bytes\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\"&\n\x14GetEngineInfoRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"f\n\x15GetEngineInfoResponse\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x16\n\x0enum_parameters\x18\x04 \x01(\x03\"%\n\x13UnloadPolicyRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x16\n\x14UnloadPolicyResponse2\x80\x04\n\x0eRolloutService\x12]\n\nLoadPolicy\x12&.dockyard.rollout.v1.LoadPolicyRequest\x1a\'.dockyard.rollout.v1.LoadPolicyResponse\x12W\n\x08Generate\x12$.dockyard.rollout.v1.GenerateRequest\x1a%.dockyard.rollout.v1.GenerateResponse\x12i\n\x0eReceiveWeights\x12*.dockyard.rollout.v1.ReceiveWeightsRequest\x1a+.dockyard.rollout.v1.ReceiveWeightsResponse\x12\x66\n\rGetEngineInfo\x12).dockyard.rollout.v1.GetEngineInfoRequest\x1a*.dockyard.rollout.v1.GetEngineInfoResponse\x12\x63\n\x0cUnloadPolicy\x12(.dockyard.rollout.v1.UnloadPolicyRequest\x1a).dockyard.rollout.v1.UnloadPolicyResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!dockyard/rollout/v1/rollout.proto\x12\x13\x64ockyard.rollout.v1\x1a\x1f\x64ockyard/common/v1/common.proto\"8\n\x11LoadPolicyRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\"<\n\x12LoadPolicyResponse\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\"\x84\x02\n\x0fGenerateRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x13\n\x0bnum_samples\x18\x04 \x01(\x05\x12\x34\n\x08sampling\x18\x05 \x01(\x0b\x32\".dockyard.common.v1.SamplingParams\x12\x18\n\x10prompt_token_ids\x18\x06 \x03(\x05\x12\x32\n\x08messages\x18\x07 \x03(\x0b\x32 .dockyard.rollout.v1.ChatMessage\x12\x0e\n\x06images\x18\x08 \x03(\x0c\x12\x14\n\x0ctop_logprobs\x18\t \x01(\x05\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x8e\x01\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x36\n\x0ctop_logprobs\x18\x05 \x03(\x0b\x32 .dockyard.rollout.v1.TopLogprobs\"2\n\x0bTopLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\"\xc8\x01\n\x10GenerateResponse\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x34\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x1f.dockyard.rollout.v1.Completion\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x17\n\x0fweight_versions\x18\x04 \x03(\x03\x12\x33\n\x08kv_cache\x18\x05 \x01(\x0b\x32!.dockyard.rollout.v1.KvCacheStats\"N\n\x15GenerateStreamRequest\x12\x35\n\x07request\x18\x01 \x01(\x0b\x32$.dockyard.rollout.v1.GenerateRequest\"\x85\x01\n\x16GenerateStreamResponse\x12\x34\n\x06\x64\x65ltas\x18\x01 \x03(\x0b\x32$.dockyard.rollout.v1.CompletionDelta\x12\x35\n\x06result\x18\x02 \x01(\x0b\x32%.dockyard.rollout.v1.GenerateResponse\"E\n\x0f\x43ompletionDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\"\xcf\x01\n\x0cKvCacheStats\x12\x17\n\x0f\x63\x61pacity_tokens\x18\x01 \x01(\x03\x12\x13\n\x0blive_tokens\x18\x02 \x01(\x03\x12\x15\n\rcached_tokens\x18\x03 \x01(\x03\x12\x16\n\x0e\x63\x61\x63hed_entries\x18\x04 \x01(\x03\x12\x1f\n\x17prefill_tokens_computed\x18\x05 \x01(\x03\x12\x1c\n\x14prefill_tokens_saved\x18\x06 \x01(\x03\x12\x11\n\tevictions\x18\x07 \x01(\x03\x12\x10\n\x08pressure\x18\x08 \x01(\x01\"?\n\x15ReceiveWeightsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\"f\n\x16ReceiveWeightsResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x11\n\tnum_bytes\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\"&\n\x14GetEngineInfoRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"f\n\x15GetEngineInfoResponse\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x16\n\x0enum_parameters\x18\x04 \x01(\x03\"%\n\x13UnloadPolicyRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x16\n\x14UnloadPolicyResponse2\xed\x04\n\x0eRolloutService\x12]\n\nLoadPolicy\x12&.dockyard.rollout.v1.LoadPolicyRequest\x1a\'.dockyard.rollout.v1.LoadPolicyResponse\x12W\n\x08Generate\x12$.dockyard.rollout.v1.GenerateRequest\x1a%.dockyard.rollout.v1.GenerateResponse\x12k\n\x0eGenerateStream\x12*.dockyard.rollout.v1.GenerateStreamRequest\x1a+.dockyard.rollout.v1.GenerateStreamResponse0\x01\x12i\n\x0eReceiveWeights\x12*.dockyard.rollout.v1.ReceiveWeightsRequest\x1a+.dockyard.rollout.v1.ReceiveWeightsResponse\x12\x66\n\rGetEngineInfo\x12).dockyard.rollout.v1.GetEngineInfoRequest\x1a*.dockyard.rollout.v1.GetEngineInfoResponse\x12\x63\n\x0cUnloadPolicy\x12(.dockyard.rollout.v1.UnloadPolicyRequest\x1a).dockyard.rollout.v1.UnloadPolicyResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,20 +46,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOPLOGPROBS']._serialized_end=715
   _globals['_GENERATERESPONSE']._serialized_start=718
   _globals['_GENERATERESPONSE']._serialized_end=918
-  _globals['_KVCACHESTATS']._serialized_start=921
-  _globals['_KVCACHESTATS']._serialized_end=1128
-  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_start=1130
-  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_end=1193
-  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_start=1195
-  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_end=1297
-  _globals['_GETENGINEINFOREQUEST']._serialized_start=1299
-  _globals['_GETENGINEINFOREQUEST']._serialized_end=1337
-  _globals['_GETENGINEINFORESPONSE']._serialized_start=1339
-  _globals['_GETENGINEINFORESPONSE']._serialized_end=1441
-  _globals['_UNLOADPOLICYREQUEST']._serialized_start=1443
-  _globals['_UNLOADPOLICYREQUEST']._serialized_end=1480
-  _globals['_UNLOADPOLICYRESPONSE']._serialized_start=1482
-  _globals['_UNLOADPOLICYRESPONSE']._serialized_end=1504
-  _globals['_ROLLOUTSERVICE']._serialized_start=1507
-  _globals['_ROLLOUTSERVICE']._serialized_end=2019
+  _globals['_GENERATESTREAMREQUEST']._serialized_start=920
+  _globals['_GENERATESTREAMREQUEST']._serialized_end=998
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1001
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1134
+  _globals['_COMPLETIONDELTA']._serialized_start=1136
+  _globals['_COMPLETIONDELTA']._serialized_end=1205
+  _globals['_KVCACHESTATS']._serialized_start=1208
+  _globals['_KVCACHESTATS']._serialized_end=1415
+  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_start=1417
+  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_end=1480
+  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_start=1482
+  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_end=1584
+  _globals['_GETENGINEINFOREQUEST']._serialized_start=1586
+  _globals['_GETENGINEINFOREQUEST']._serialized_end=1624
+  _globals['_GETENGINEINFORESPONSE']._serialized_start=1626
+  _globals['_GETENGINEINFORESPONSE']._serialized_end=1728
+  _globals['_UNLOADPOLICYREQUEST']._serialized_start=1730
+  _globals['_UNLOADPOLICYREQUEST']._serialized_end=1767
+  _globals['_UNLOADPOLICYRESPONSE']._serialized_start=1769
+  _globals['_UNLOADPOLICYRESPONSE']._serialized_end=1791
+  _globals['_ROLLOUTSERVICE']._serialized_start=1794
+  _globals['_ROLLOUTSERVICE']._serialized_end=2415
 # @@protoc_insertion_point(module_scope)

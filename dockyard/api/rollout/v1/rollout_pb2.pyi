@@ -89,6 +89,30 @@ class GenerateResponse(_message.Message):
     kv_cache: KvCacheStats
     def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., weight_version: _Optional[int] = ..., weight_versions: _Optional[_Iterable[int]] = ..., kv_cache: _Optional[_Union[KvCacheStats, _Mapping]] = ...) -> None: ...
 
+class GenerateStreamRequest(_message.Message):
+    __slots__ = ("request",)
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    request: GenerateRequest
+    def __init__(self, request: _Optional[_Union[GenerateRequest, _Mapping]] = ...) -> None: ...
+
+class GenerateStreamResponse(_message.Message):
+    __slots__ = ("deltas", "result")
+    DELTAS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    deltas: _containers.RepeatedCompositeFieldContainer[CompletionDelta]
+    result: GenerateResponse
+    def __init__(self, deltas: _Optional[_Iterable[_Union[CompletionDelta, _Mapping]]] = ..., result: _Optional[_Union[GenerateResponse, _Mapping]] = ...) -> None: ...
+
+class CompletionDelta(_message.Message):
+    __slots__ = ("index", "token_ids", "logprobs")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
+
 class KvCacheStats(_message.Message):
     __slots__ = ("capacity_tokens", "live_tokens", "cached_tokens", "cached_entries", "prefill_tokens_computed", "prefill_tokens_saved", "evictions", "pressure")
     CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]

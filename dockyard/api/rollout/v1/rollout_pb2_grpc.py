@@ -47,6 +47,11 @@ class RolloutServiceStub:
                 request_serializer=dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateStream = channel.unary_stream(
+                '/dockyard.rollout.v1.RolloutService/GenerateStream',
+                request_serializer=dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateStreamRequest.SerializeToString,
+                response_deserializer=dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateStreamResponse.FromString,
+                _registered_method=True)
         self.ReceiveWeights = channel.unary_unary(
                 '/dockyard.rollout.v1.RolloutService/ReceiveWeights',
                 request_serializer=dockyard_dot_rollout_dot_v1_dot_rollout__pb2.ReceiveWeightsRequest.SerializeToString,
@@ -84,6 +89,14 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GenerateStream(self, request, context):
+        """Generate, streamed: the tokens of each completion as they are sampled,
+        then one last message carrying what Generate would return.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReceiveWeights(self, request, context):
         """Receive the trainer's weights over the weight-sync group.
         """
@@ -115,6 +128,11 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateRequest.FromString,
                     response_serializer=dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.GenerateStream,
+                    request_deserializer=dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateStreamRequest.FromString,
+                    response_serializer=dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateStreamResponse.SerializeToString,
             ),
             'ReceiveWeights': grpc.unary_unary_rpc_method_handler(
                     servicer.ReceiveWeights,
@@ -189,6 +207,33 @@ class RolloutService:
             '/dockyard.rollout.v1.RolloutService/Generate',
             dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateRequest.SerializeToString,
             dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dockyard.rollout.v1.RolloutService/GenerateStream',
+            dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateStreamRequest.SerializeToString,
+            dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
