@@ -364,7 +364,8 @@ async def response_events(body: ResponsesRequest, law: TurnSampling, events: Asy
                 yield event(
                     "response.output_item.added", output_index=k, item={**item, "status": "in_progress", "content": []}
                 )
-                yield event("response.content_part.added", **at, content_index=0, part={**part, "text": ""})
+                opened = {**part, "text": "", "logprobs": []}  # its text and logprobs come with the events below
+                yield event("response.content_part.added", **at, content_index=0, part=opened)
                 yield event("response.output_text.delta", **at, content_index=0, delta=part["text"], logprobs=tokens)
             yield event("response.output_text.done", **at, content_index=0, text=part["text"], logprobs=tokens)
             yield event("response.content_part.done", **at, content_index=0, part=part)

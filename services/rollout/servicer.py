@@ -8,8 +8,8 @@
 
 Guarantees: a malformed request is refused with INVALID_ARGUMENT naming the
 field whatever the state (top_logprobs outside 0..20 included; an engine that
-cannot report top_logprobs refuses them with INVALID_ARGUMENT naming itself); an unknown job is NOT_FOUND; loading and
-generation run in worker threads, so the server keeps answering (health
+cannot report top_logprobs refuses them with INVALID_ARGUMENT naming itself); an
+unknown job is NOT_FOUND; loading and generation run in worker threads, so the server keeps answering (health
 included) while they run; a retried LoadPolicy for a loaded job changes
 nothing. A Generate without a `sampling` message uses the job's
 `policy.generation` defaults; one with it is taken literally (proto3: an unset

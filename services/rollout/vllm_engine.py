@@ -21,8 +21,9 @@ Guarantees:
   top_k > 0 sample from the truncated distribution, as vLLM does;
 - top_logprobs = k asks vLLM for `logprobs=k`: its top k come from the same
   logprobs tensor as the sampled token's (the sampler gathers both from it),
-  so they follow the same law; vLLM's max_logprobs (20 by default) bounds k
-  as the rollout service does;
+  so they follow the same law; vLLM's max_logprobs (20 by default, as the
+  rollout service's bound) caps k: above a lower vllm_cfg.max_logprobs the
+  request is UnsupportedRequest ("top_logprobs: ...") before vLLM sees it;
 - a prompt given as token ids goes to vLLM as a token prompt, never
   re-tokenized; an id outside the model's vocabulary is UnsupportedRequest
   ("prompt_token_ids: ..."); a text prompt is tokenized by the model's
@@ -304,8 +305,18 @@ class VllmEngine(OutOfProcessEngine):
         oldest = min(c.weight_versions[0] for c in completions)
         return GenerationResult(prompt_token_ids=prompt_ids, completions=completions, weight_version=oldest)
 
+    def _check_top_logprobs(self, decoding: DecodingParams) -> None:
+        """UnsupportedRequest for more alternatives than this vLLM reports (its max_logprobs; -1: no bound)."""
+        most = getattr(getattr(self.llm, "model_config", None), "max_logprobs", -1)
+        if 0 <= most < decoding.top_logprobs:
+            raise UnsupportedRequest(
+                f"top_logprobs: this vLLM engine reports at most {most} (policy.generation.vllm_cfg.max_logprobs), "
+                f"got {decoding.top_logprobs}"
+            )
+
     async def generate(self, prompt: Prompt, num_samples: int, decoding: DecodingParams) -> GenerationResult:
         prompt_ids = await asyncio.to_thread(self.prompt_ids, prompt)  # tokenizing a long text takes a while
+        self._check_top_logprobs(decoding)
         params = vllm_sampling(self.vllm, num_samples, decoding)
         async with self._generating() as versions:
             final = None
@@ -326,6 +337,7 @@ class VllmEngine(OutOfProcessEngine):
         """vLLM's DELTA outputs: each completion's new tokens per engine step, then the result (greedy: the one
         completion's tokens for every sample). Closing this stream aborts the vLLM request."""
         prompt_ids = await asyncio.to_thread(self.prompt_ids, prompt)
+        self._check_top_logprobs(decoding)
         params = vllm_sampling(self.vllm, num_samples, decoding, stream=True)
         tokens: dict[int, tuple[list[int], list[float]]] = {i: ([], []) for i in range(params.n)}
         tops: dict[int, list[TopLogprobs]] = {i: [] for i in range(params.n)}

@@ -1,6 +1,7 @@
 """Real clients, unchanged, against `dockyard up`'s stack with the tiny job loaded; each session is trainable.
 
-    openai (strict response validation): chat completions and Responses, streamed and not, function tools
+    openai (strict response validation): chat completions and Responses, streamed and not, function tools,
+        top_logprobs
     anthropic (strict response validation): messages streamed and not, count_tokens, the model list, thinking
         off and under a budget (the job reasons: policy.reasoning=think)
     openai-agents: Runner.run and run_streamed with the SDK's default model (the Responses API) and a function tool
@@ -93,6 +94,37 @@ def test_openai_chat_completions_streamed_and_not(job) -> None:
     # tool_choice "required" with no valid call: returned as it came and counted as an invalid action.
     assert recorded.invalid_actions == (0 if called else 1)
     trainable(job, recorded)
+
+
+def test_openai_top_logprobs_streamed_and_not(job) -> None:
+    """top_logprobs through the whole stack (endpoint, Generate, the torch engine): each sampled token's entry
+    lists 3 alternatives, most likely first, the first at least as likely as the token; the token's own logprob
+    is the one recorded for training, and when it is among the alternatives it has the same logprob there."""
+    session, key = open_session(job)
+    client = openai_client(job, key)
+    messages = [{"role": "user", "content": "f(0)=1 f(1)=3"}]
+    reply = client.chat.completions.create(
+        model=job.job_id, messages=messages, max_tokens=10, logprobs=True, top_logprobs=3
+    )
+    chunks = client.chat.completions.create(
+        model=job.job_id, messages=messages, max_tokens=10, logprobs=True, top_logprobs=3, stream=True
+    )
+    streamed = [entry for chunk in chunks for c in chunk.choices if c.logprobs for entry in c.logprobs.content]
+    for entries in (reply.choices[0].logprobs.content, streamed):
+        assert entries
+        for entry in entries:
+            alternatives = [t.logprob for t in entry.top_logprobs]
+            assert len(alternatives) == 3 and alternatives == sorted(alternatives, reverse=True)
+            assert alternatives[0] >= entry.logprob - 1e-6
+            for t in entry.top_logprobs:
+                if t.token == entry.token:
+                    assert t.logprob == pytest.approx(entry.logprob, abs=1e-6)
+    # The same messages twice: the second call retries the first, whose reply is then not trained.
+    recorded = recording(job, session, turns=2, sampled=len(streamed))
+    first, second = (turn for segment in recorded.segments for turn in segment.turns)
+    assert second.extends == "retry" and second.trained and not first.trained
+    assert [e.logprob for e in reply.choices[0].logprobs.content] == first.completions[0].logprobs
+    assert [e.logprob for e in streamed] == second.completions[0].logprobs
 
 
 def test_openai_responses_streamed_and_not(job) -> None:

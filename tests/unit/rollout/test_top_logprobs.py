@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.rollout.v1 import rollout_pb2
@@ -112,10 +113,34 @@ def test_alternatives_follow_the_law_of_the_sampled_logprobs(served, sampling: d
 def test_no_alternatives_unless_asked(served) -> None:
     reply = generate(served, 0, temperature=1.0, top_p=1.0)
     assert all(len(c.token_ids) == 10 and not c.top_logprobs for c in reply.completions)
-    # The default path computes none: the draw carries no alternatives at all.
+
+
+def test_the_default_path_runs_no_extra_tensor_operation() -> None:
+    """Asking none adds nothing to a step (no top-k over the vocabulary); asking k adds exactly that."""
     logits = torch.randn(3, 50)
-    params = [DecodingParams(temperature=1.0)] * 3
-    assert sample(logits, params, [torch.Generator().manual_seed(0)] * 3).top is None
+
+    def calls(k: int) -> tuple[list[str], object]:
+        params = [DecodingParams(temperature=1.0, top_k=5, top_logprobs=k)] * 3
+        with Recording() as seen:
+            drawn = sample(logits, params, [torch.Generator().manual_seed(0)] * 3)
+        return [name for name in seen.names if name != "__get__"], drawn  # attribute reads (.shape) are no work
+
+    plain, drawn = calls(0)
+    assert drawn.top is None and "topk" not in plain
+    asked, drawn = calls(4)
+    assert drawn.top is not None and asked == [*plain, "topk"]
+
+
+class Recording(TorchFunctionMode):
+    """The torch functions and tensor methods called inside it, by name, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, "__name__", repr(func)))
+        return func(*args, **(kwargs or {}))
 
 
 def test_rows_of_one_batch_get_each_their_own_count(served) -> None:

@@ -180,6 +180,14 @@ def test_top_logprobs_are_each_steps_k_most_likely_of_vllms_entries() -> None:
     assert vllm_sampling(vllm, 2, DecodingParams())["logprobs"] == 0
 
 
+def test_more_alternatives_than_vllms_max_logprobs_are_refused_by_name() -> None:
+    engine = object.__new__(VllmEngine)  # no vLLM needed: the refusal comes before any engine call
+    engine.llm = SimpleNamespace(model_config=SimpleNamespace(max_logprobs=5))
+    engine.tokenizer, engine.vocab_size = build_char_tokenizer(), 100
+    with pytest.raises(UnsupportedRequest, match=r"^top_logprobs: .*at most 5 .*vllm_cfg.max_logprobs.*got 6"):
+        asyncio.run(engine.generate([5, 6], 1, DecodingParams(top_logprobs=6)))
+
+
 def test_image_prompts_are_refused_by_name() -> None:
     from PIL import Image
 
