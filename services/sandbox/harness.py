@@ -1,10 +1,12 @@
 """Code that runs inside the sandbox process, before (and around) the untrusted code.
 
-    service --fork/exec--> [bwrap] LAUNCHER (python -I -S): stage the work folder, fork, wait
-                                 child: setrlimit(...), drop to the sandbox uid, exec argv
+    service --fork/exec--> [bwrap] LAUNCHER (python -I -S; RunTests: python -B -u -I): stage, fork, wait
+                                 child: setrlimit(...), drop to the sandbox uid, then
+                                   mode "exec": exec argv
+                                   mode "harness" (RunTests): run HARNESS in this same process
                                  status pipe: "ready", "error <why>", "disk-full", "exit <code>"
                                  v
-                           HARNESS (python -I, RunTests only)
+                           HARNESS (RunTests only; the docker backend runs it as python -I)
       stdin:  "<nonce>\\n" + {"program", "tests"}    read in full before any untrusted code runs
       report fd (inherited pipe, not stdout):
               "<nonce> ready\\n"                     the harness started
@@ -12,6 +14,14 @@
 
 Both are source strings run with `-c`, so nothing on the host's import path
 is needed inside the sandbox.
+
+Why the harness runs inside the launcher's child rather than by an exec of a second
+interpreter: an interpreter start with its site module is most of a small task's cost, and the
+launcher is one already. The child is as fresh as an exec'd harness where it matters: a forked
+child of a launcher that ran nothing untrusted, its own rlimits and uid, the launcher's status
+and work-folder fds closed before the harness runs; the launcher's variables it can see name
+only the limits and the uid it was given. (As root, the uid drop without an exec leaves the
+child non-dumpable: the code's own /proc entries belong to root; the code still reads its own.)
 
 What the report protects against: a program that prints a pass report on
 stdout or stderr (the report never goes there), one that writes to the report
@@ -32,7 +42,8 @@ test out of process.
 from __future__ import annotations
 
 # argv after -c: status_fd, "AS_BYTES,CPU_SECONDS,FSIZE_BYTES,NPROC", "UID:GID" or "-",
-# stage_fd or "-", disk_bounded ("1"/"0"), keep_fd or "-", command...
+# stage_fd or "-", disk_bounded ("1"/"0"), keep_fd or "-", mode ("exec" / "harness"), then
+# exec: the command...; harness: HARNESS_SOURCE and its own argv (report_fd).
 # Status lines: "ready" (the sandbox is up), "error <why>" (the command could not run),
 # "disk-full" (the work folder was full when the command ended), "kept" / "keep-error <why>"
 # (sessions: the work folder copied out to keep_fd once every process of the run was killed),
@@ -46,14 +57,14 @@ def status(line):
 
 status("ready")
 memory, cpu, fsize, nproc = (int(v) for v in sys.argv[2].split(","))
-user, stage, disk_bounded, keep, argv = sys.argv[3], sys.argv[4], sys.argv[5] == "1", sys.argv[6], sys.argv[7:]
+user, stage, disk_bounded, keep = sys.argv[3], sys.argv[4], sys.argv[5] == "1", sys.argv[6]
+run_mode, argv = sys.argv[7], sys.argv[8:]
 if keep != "-":
     os.set_inheritable(int(keep), False)  # the code never gets the host folder's fd
 work_fd = os.open(".", os.O_RDONLY)  # before the chown: root here has no CAP_DAC_OVERRIDE
 if user == "-":  # the code keeps this uid: make this process one it can neither ptrace nor read fds of
     import ctypes
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
-import shutil, stat
 
 def copy_entry(src, dst):  # a fifo is copied as a fifo (as a session's on docker stays one); never read
     mode = os.lstat(src).st_mode
@@ -62,6 +73,8 @@ def copy_entry(src, dst):  # a fifo is copied as a fifo (as a session's on docke
     else:
         shutil.copy2(src, dst)
 
+if stage != "-" or keep != "-":  # only then: a RunTests run copies nothing
+    import shutil, stat
 try:
     if stage != "-":  # the service's staged files, by fd: no host path is mounted in here
         shutil.copytree(f"/proc/self/fd/{stage}", ".", symlinks=True, dirs_exist_ok=True, copy_function=copy_entry)
@@ -94,11 +107,26 @@ if pid == 0:
                 resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
             except (ValueError, OSError):
                 pass  # best effort: the service's own hard limit may be lower
-        os.set_inheritable(status_fd, False)  # closes on a successful exec
-        os.execvp(argv[0], argv)
+        if run_mode == "exec":
+            os.set_inheritable(status_fd, False)  # closes on a successful exec
+            os.execvp(argv[0], argv)
+        elif run_mode != "harness":
+            raise ValueError(f"unknown launcher mode {run_mode!r}")
     except BaseException as exc:
-        status(f"error cannot run {argv[:1]}: {type(exc).__name__}: {exc}")
+        status(f"error cannot run {argv[:1] if run_mode == 'exec' else run_mode}: {type(exc).__name__}: {exc}")
         os._exit(127)
+    # The harness, in this process: nothing of the launcher's it could use is left open to it.
+    try:
+        os.close(status_fd)
+        os.close(work_fd)
+        if keep != "-":
+            os.close(int(keep))
+        source, sys.argv = argv[0], ["-c", *argv[1:]]
+        del argv
+        code = compile(source, "<harness>", "exec")
+        exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+    finally:
+        os._exit(1)  # the harness ends with its own os._exit(0); never back into the launcher
 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 if disk_bounded and os.fstatvfs(work_fd).f_bavail == 0:
     status("disk-full")
@@ -131,9 +159,12 @@ os._exit(0)  # in the sandbox: its pid namespace, and every process the code lef
 # backend passes stderr: the first bytes there, before any untrusted code could write).
 HARNESS_SOURCE = r"""
 def _harness():
-    import builtins, json, os, sys, traceback
+    import builtins, json, os, sys
     write, exit_, compile_, exec_, dict_, enumerate_ = os.write, os._exit, compile, exec, dict, enumerate
-    print_exc = traceback.print_exc
+
+    def print_exc():  # traceback only when a program raises: its import is a small task's cost
+        import traceback
+        traceback.print_exc()
     report_fd = int(sys.argv[1])
     ready_fd = int(sys.argv[2]) if len(sys.argv) > 2 else report_fd
     os.set_inheritable(report_fd, False)  # programs the code starts do not get it

@@ -257,8 +257,11 @@ class LocalBackend(SandboxBackend):
                 return Outcome(Status.ERROR, tests_total=total, error_message=f"cannot create the work folder: {exc}")
             try:
                 report_read, report_write = os.pipe()
-                argv = [sys.executable, "-B", "-u", "-I", "-c", HARNESS_SOURCE, str(report_write)]
-                run = await self._run(argv, work, limits, stdin=stdin, report_pipe=(report_read, report_write))
+                # The launcher's child runs the harness itself: one interpreter start per task.
+                argv = [HARNESS_SOURCE, str(report_write)]
+                run = await self._run(
+                    argv, work, limits, stdin=stdin, report_pipe=(report_read, report_write), harness=True
+                )
             finally:
                 await asyncio.to_thread(remove_tree, work)
         # The harness writes its ready line to the report pipe, which the code cannot unwrite.
@@ -334,8 +337,11 @@ class LocalBackend(SandboxBackend):
         stage_fd: int | None,
         limits: ResourceLimits,
         keep_fd: int | None = None,
+        *,
+        harness: bool = False,
     ) -> list[str]:
-        """bwrap (when isolating), then the launcher, then `argv`."""
+        """bwrap (when isolating), then the launcher, then `argv` (with `harness`: the harness's
+        source and its arguments, run by the launcher's child as the RunTests harness's interpreter)."""
         rlimits = ",".join(
             str(v)
             for v in (
@@ -347,14 +353,18 @@ class LocalBackend(SandboxBackend):
         )
         stage = "-" if stage_fd is None else str(stage_fd)
         keep = "-" if keep_fd is None else str(keep_fd)
-        launcher = [sys.executable, "-I", "-S", "-B", "-c", LAUNCHER_SOURCE, str(status_fd), rlimits]
+        # The harness's interpreter is the launcher's: isolated mode with site, unbuffered. Otherwise
+        # the launcher needs no site (the code's own interpreter is exec'd).
+        flags = ["-B", "-u", "-I"] if harness else ["-I", "-S", "-B"]
+        launcher = [sys.executable, *flags, "-c", LAUNCHER_SOURCE, str(status_fd), rlimits]
+        mode = "harness" if harness else "exec"
         if not self._isolate:  # the host folder itself is the work folder, unbounded
-            return [*launcher, "-", "-", "0", "-", *argv]
+            return [*launcher, "-", "-", "0", "-", mode, *argv]
         bwrap = self._bwrap or "bwrap"
         sandbox = sandbox_argv(
             bwrap, self._user, self._binds, work, self._max_disk_bytes, self._guard.mark, keep=keep_fd is not None
         )
-        return [*sandbox, *launcher, self._user, stage, "1", keep, *argv]
+        return [*sandbox, *launcher, self._user, stage, "1", keep, mode, *argv]
 
     async def _run(
         self,
@@ -367,6 +377,7 @@ class LocalBackend(SandboxBackend):
         staged: bool = False,
         keep: str | None = None,
         groups: set[int] | None = None,
+        harness: bool = False,
     ) -> _Run:
         """Spawn, wait up to the wall-clock limit, kill the group, collect output. Never raises OSError."""
         loop = asyncio.get_running_loop()
@@ -407,7 +418,7 @@ class LocalBackend(SandboxBackend):
                 if self._isolate:
                     self._guard.start()
                 proc = await asyncio.create_subprocess_exec(
-                    *self._spawn_argv(argv, work, pipes["status"][1], stage_fd, limits, keep_fd),
+                    *self._spawn_argv(argv, work, pipes["status"][1], stage_fd, limits, keep_fd, harness=harness),
                     stdin=pipes["stdin"][0] if stdin is not None else asyncio.subprocess.DEVNULL,
                     stdout=pipes["stdout"][1],
                     stderr=pipes["stderr"][1],
