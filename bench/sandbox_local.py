@@ -1,13 +1,19 @@
-"""Cost of the local backend's isolation: RunTests per task, in namespaces versus a plain child.
+"""Cost of the local backend per RunTests task: against a bare `python -I -c`, and isolated against not.
 
-    LocalBackend(isolate=True)   bwrap: net/pid/ipc/uts/mount namespaces, tmpfs work folder, uid drop
-    LocalBackend(isolate=False)  the same launcher and harness as a plain child process (baseline)
+    LocalBackend(isolate=True)   bwrap: net/pid/ipc/uts/mount namespaces, tmpfs work folder, uid drop;
+                                 RunTests sandboxes started ahead of their calls (warm_pool.py)
+    LocalBackend(isolate=False)  the same launcher and harness as a plain child process
+    bare python                  `<the service's interpreter> -I -c "<program + tests>"` through
+                                 subprocess.run: what a reward function that runs each completion in a
+                                 subprocess costs (the baseline, measured in the same run)
 
 First the bare cost of the namespaces: `/bin/true` under the backend's bwrap arguments against
-`/bin/true`. Then both run the same small program and tests (a HumanEval-sized task) N times at concurrency 1,
-then at `--concurrency`; the last line is `local_isolated_vs_unisolated: R` (per-task time
-ratio at concurrency 1; lower is better, 1.0 is parity). Goal: isolation adds milliseconds, not
-seconds, per task.
+`/bin/true`. Then each side runs the same small program and tests (a HumanEval-sized task) N times
+at concurrency 1, then at `--concurrency` (bare python: a thread pool of that many). The last two
+lines are ratios of the per-task medians at concurrency 1 (lower is better, 1.0 is parity):
+`local_isolated_vs_unisolated: R` and `local_task_vs_bare_python: R` (goal <= 1.5: scoring at the
+cost of a bare subprocess, isolation kept). The tasks/s lines show the CPU side: a warm sandbox
+starts on another core while a task runs, which helps latency more than throughput.
 
     .venv/bin/python bench/sandbox_local.py            # needs bwrap (apt-get install bubblewrap)
 """
@@ -19,8 +25,10 @@ import asyncio
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from services.sandbox.backend import ResourceLimits, Status
 from services.sandbox.local import LocalBackend
@@ -44,6 +52,26 @@ async def tasks_per_second(backend: LocalBackend, runs: int) -> float:
     start = time.perf_counter()
     outs = await asyncio.gather(*(backend.run_tests(PROGRAM, TESTS, LIMITS) for _ in range(runs)))
     assert all(out.status is Status.PASSED for out in outs)
+    return runs / (time.perf_counter() - start)
+
+
+BARE_ARGV = [sys.executable, "-I", "-c", PROGRAM + "\n".join(TESTS) + "\n"]
+
+
+def bare_python_seconds(runs: int) -> list[float]:
+    """Per-task seconds of the same program and tests as one bare `python -I -c`, at concurrency 1."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run(BARE_ARGV, check=True)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def bare_python_rate(runs: int, concurrency: int) -> float:
+    start = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(lambda _: subprocess.run(BARE_ARGV, check=True), range(runs)))
     return runs / (time.perf_counter() - start)
 
 
@@ -84,8 +112,17 @@ async def main() -> None:
             f"{name}: median {medians[name] * 1000:.1f} ms per task at concurrency 1, "
             f"{rate:.1f} tasks/s at concurrency {args.concurrency}"
         )
+    bare_python_seconds(3)
+    medians["bare"] = statistics.median(bare_python_seconds(args.runs))
+    rate = bare_python_rate(args.runs, args.concurrency)
+    print(
+        f"bare python -I -c: median {medians['bare'] * 1000:.1f} ms per task at concurrency 1, "
+        f"{rate:.1f} tasks/s at concurrency {args.concurrency}"
+    )
+    await isolated.close()
     print(f"isolation adds {(medians['isolated'] - medians['unisolated']) * 1000:.1f} ms per task")
     print(f"local_isolated_vs_unisolated: {medians['isolated'] / medians['unisolated']:.3f}")
+    print(f"local_task_vs_bare_python: {medians['isolated'] / medians['bare']:.3f}")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ test out of process.
 
 from __future__ import annotations
 
-# argv after -c: status_fd, "AS_BYTES,CPU_SECONDS,FSIZE_BYTES,NPROC", "UID:GID" or "-",
+# argv after -c: status_fd, "AS_BYTES,CPU_SECONDS,FSIZE_BYTES,NPROC" or "stdin" (that line first
+# on stdin, read once the sandbox is set up, before the fork), "UID:GID" or "-",
 # stage_fd or "-", disk_bounded ("1"/"0"), keep_fd or "-", mode ("exec" / "harness"), then
 # exec: the command...; harness: HARNESS_SOURCE and its own argv (report_fd).
 # Status lines: "ready" (the sandbox is up), "error <why>" (the command could not run),
@@ -56,7 +57,6 @@ def status(line):
     os.write(status_fd, line.encode() + b"\n")
 
 status("ready")
-memory, cpu, fsize, nproc = (int(v) for v in sys.argv[2].split(","))
 user, stage, disk_bounded, keep = sys.argv[3], sys.argv[4], sys.argv[5] == "1", sys.argv[6]
 run_mode, argv = sys.argv[7], sys.argv[8:]
 if keep != "-":
@@ -90,6 +90,10 @@ except BaseException as exc:
     status(f"error cannot stage the work folder: {type(exc).__name__}: {exc}")
     os._exit(127)
 os.environ.pop("PWD", None)  # bwrap's, not the service's environment
+# RunTests: the limits are its call's, first on stdin (the sandbox may be started before the call);
+# the rest of stdin is the harness's, read by the child through the same buffered sys.stdin.
+limits = sys.stdin.buffer.readline().decode() if sys.argv[2] == "stdin" else sys.argv[2]
+memory, cpu, fsize, nproc = (int(v) for v in limits.split(","))
 pid = os.fork()
 if pid == 0:
     try:

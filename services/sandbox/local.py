@@ -67,7 +67,7 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -91,6 +91,7 @@ from services.sandbox.staging import (
     stage_files_off_loop,
 )
 from services.sandbox.verdicts import command_verdict, tests_verdict
+from services.sandbox.warm_pool import WarmPool
 from services.sandbox.work_folders import WorkFolders
 
 log = structlog.get_logger()
@@ -155,6 +156,25 @@ class _Run:
     keep_error: str = ""
 
 
+@dataclass
+class _Started:
+    """A spawned sandbox whose pipes are connected; _finish hands it its stdin and waits for it."""
+
+    work: str
+    parent_ends: list[int]  # our ends of its pipes not yet owned by a transport
+    captures: dict[str, _Capture]
+    read: list[str]  # the captures connected to a pipe
+    proc: asyncio.subprocess.Process | None = None
+    stdin: asyncio.WriteTransport | None = None
+    transports: list[asyncio.BaseTransport] = field(default_factory=list)
+    run: _Run = field(default_factory=_Run)
+
+
+def _waiting_alive(started: _Started) -> bool:
+    """A warm sandbox that can still take its call: spawned, and not exited while it waited."""
+    return started.proc is not None and started.proc.returncode is None
+
+
 def _text(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
@@ -192,6 +212,10 @@ class LocalBackend(SandboxBackend):
         self._live_groups: set[int] = set()
         self._closed = False  # close() ran: no run starts, and one spawning meanwhile is killed at once
         self._guard = RunGuard()  # kills the isolated runs once the service is gone, however it went
+        # RunTests sandboxes started ahead of their calls, one per slot; each serves one call.
+        self._warm: WarmPool[_Started] = WarmPool(
+            self._start_harness, self._discard_harness, _waiting_alive, size=max_concurrency if isolate else 0
+        )
 
     @classmethod
     async def open(cls, *, allow_unisolated: bool = False, **kwargs) -> LocalBackend:
@@ -248,22 +272,19 @@ class LocalBackend(SandboxBackend):
         if not tests:
             raise InvalidArgument("tests: at least one test is required (no tests would pass vacuously)")
         nonce = secrets.token_hex(16).encode()
-        stdin = nonce + b"\n" + json.dumps({"program": program, "tests": list(tests)}).encode()
+        payload = json.dumps({"program": program, "tests": list(tests)}).encode()
+        # The limits line first: the launcher reads it; the harness reads the rest.
+        stdin = self.rlimits_line(limits).encode() + b"\n" + nonce + b"\n" + payload
         total = len(tests)
         async with self._slots:
             try:
-                work = await self._folders.make_off_loop()
+                started = await self._warm.take()
             except OSError as exc:
                 return Outcome(Status.ERROR, tests_total=total, error_message=f"cannot create the work folder: {exc}")
             try:
-                report_read, report_write = os.pipe()
-                # The launcher's child runs the harness itself: one interpreter start per task.
-                argv = [HARNESS_SOURCE, str(report_write)]
-                run = await self._run(
-                    argv, work, limits, stdin=stdin, report_pipe=(report_read, report_write), harness=True
-                )
+                run = await self._finish(started, limits, stdin)
             finally:
-                await asyncio.to_thread(remove_tree, work)
+                await asyncio.to_thread(remove_tree, started.work)
         # The harness writes its ready line to the report pipe, which the code cannot unwrite.
         started, results = parse_report(run.report, nonce, total)
         return tests_verdict(run, total=total, started=started, results=results)
@@ -296,6 +317,7 @@ class LocalBackend(SandboxBackend):
         self._closed = True
         for pgid in list(self._live_groups):
             _kill_group(pgid)
+        await self._warm.close()  # the waiting sandboxes' folders go too
         await asyncio.to_thread(self._guard.close)
         await asyncio.to_thread(self._folders.close)
 
@@ -329,6 +351,11 @@ class LocalBackend(SandboxBackend):
     def kill_group(self, pgid: int) -> None:
         _kill_group(pgid)
 
+    def rlimits_line(self, limits: ResourceLimits) -> str:
+        """The launcher's "AS_BYTES,CPU_SECONDS,FSIZE_BYTES,NPROC" for a run with `limits`."""
+        memory, cpu = limits.memory_mb * 1024 * 1024, max(1, math.ceil(limits.cpu_seconds))
+        return ",".join(str(v) for v in (memory, cpu, self._max_file_bytes, self._max_processes))
+
     def _spawn_argv(
         self,
         argv: list[str],
@@ -341,16 +368,9 @@ class LocalBackend(SandboxBackend):
         harness: bool = False,
     ) -> list[str]:
         """bwrap (when isolating), then the launcher, then `argv` (with `harness`: the harness's
-        source and its arguments, run by the launcher's child as the RunTests harness's interpreter)."""
-        rlimits = ",".join(
-            str(v)
-            for v in (
-                limits.memory_mb * 1024 * 1024,
-                max(1, math.ceil(limits.cpu_seconds)),
-                self._max_file_bytes,
-                self._max_processes,
-            )
-        )
+        source and its arguments, run by the launcher's child as the RunTests harness's interpreter;
+        the rlimits line then comes first on stdin, so the sandbox can be started before its call)."""
+        rlimits = "stdin" if harness else self.rlimits_line(limits)
         stage = "-" if stage_fd is None else str(stage_fd)
         keep = "-" if keep_fd is None else str(keep_fd)
         # The harness's interpreter is the launcher's: isolated mode with site, unbuffered. Otherwise
@@ -377,16 +397,34 @@ class LocalBackend(SandboxBackend):
         staged: bool = False,
         keep: str | None = None,
         groups: set[int] | None = None,
-        harness: bool = False,
     ) -> _Run:
         """Spawn, wait up to the wall-clock limit, kill the group, collect output. Never raises OSError."""
+        started = await self._start(
+            argv, work, limits, with_stdin=stdin is not None, report_pipe=report_pipe, staged=staged, keep=keep
+        )
+        return await self._finish(started, limits, stdin, groups)
+
+    async def _start(
+        self,
+        argv: list[str],
+        work: str,
+        limits: ResourceLimits,
+        *,
+        with_stdin: bool = False,
+        report_pipe: tuple[int, int] | None = None,
+        staged: bool = False,
+        keep: str | None = None,
+        harness: bool = False,
+    ) -> _Started:
+        """Spawn the sandbox and connect its pipes; its stdin (if any) stays open until _finish.
+        Never raises OSError: a spawn that failed is a _Started whose run holds the error."""
         loop = asyncio.get_running_loop()
         # Isolated, the launcher copies the staged files into the run's tmpfs through this fd.
         stage_fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY) if staged and self._isolate else None
         # Our own pipes rather than asyncio's: Process.wait() would otherwise
         # also wait for every pipe to close, which a stray process can delay.
         pipes = {name: os.pipe() for name in ("stdout", "stderr", "status")}
-        if stdin is not None:
+        if with_stdin:
             pipes["stdin"] = os.pipe()
         if report_pipe is not None:
             pipes["report"] = report_pipe
@@ -396,21 +434,21 @@ class LocalBackend(SandboxBackend):
         keep_fd = os.open(keep, os.O_RDONLY | os.O_DIRECTORY) if keep is not None and self._isolate else None
         if keep_fd is not None:
             child_ends.append(keep_fd)
-        if stdin is not None:
+        if with_stdin:
             child_ends.append(pipes["stdin"][0])
-        parent_ends = [r for name, (r, _) in pipes.items() if name != "stdin"]
-        if stdin is not None:
-            parent_ends.append(pipes["stdin"][1])
-
-        captures = {
-            "stdout": _Capture(limits.max_output_bytes),
-            "stderr": _Capture(limits.max_output_bytes),
-            "status": _Capture(4096),
-            "report": _Capture(REPORT_CAP_BYTES),
-        }
-        transports: list[asyncio.BaseTransport] = []
-        run = _Run()
-        start = time.monotonic()
+        started = _Started(
+            work=work,
+            parent_ends=[r for name, (r, _) in pipes.items() if name != "stdin"],
+            captures={
+                "stdout": _Capture(limits.max_output_bytes),
+                "stderr": _Capture(limits.max_output_bytes),
+                "status": _Capture(4096),
+                "report": _Capture(REPORT_CAP_BYTES),
+            },
+            read=[name for name in pipes if name != "stdin"],
+        )
+        if with_stdin:
+            started.parent_ends.append(pipes["stdin"][1])
         try:
             try:
                 if self._closed:
@@ -419,7 +457,7 @@ class LocalBackend(SandboxBackend):
                     self._guard.start()
                 proc = await asyncio.create_subprocess_exec(
                     *self._spawn_argv(argv, work, pipes["status"][1], stage_fd, limits, keep_fd, harness=harness),
-                    stdin=pipes["stdin"][0] if stdin is not None else asyncio.subprocess.DEVNULL,
+                    stdin=pipes["stdin"][0] if with_stdin else asyncio.subprocess.DEVNULL,
                     stdout=pipes["stdout"][1],
                     stderr=pipes["stderr"][1],
                     pass_fds=[
@@ -428,37 +466,93 @@ class LocalBackend(SandboxBackend):
                         *([stage_fd] if stage_fd is not None else []),
                         *([keep_fd] if keep_fd is not None else []),
                     ],
-                    cwd=work,
+                    # Isolated, bwrap chdirs into the run's tmpfs (a RunTests run has no host folder).
+                    cwd="/" if self._isolate else work,
                     env=sandbox_environment(work),
                     start_new_session=True,  # its own process group: one killpg reaches everything it starts
                 )
             except OSError as exc:
-                run.error = f"cannot spawn the sandbox process: {exc}"
-                return run
+                started.run.error = f"cannot spawn the sandbox process: {exc}"
+                self._close_fds(started)
+                return started
             finally:
                 for fd in child_ends:
                     os.close(fd)
-                child_ends = []
+            started.proc = proc
             self._live_groups.add(proc.pid)
             if self._closed:  # close() ran while it was spawning: it missed this group
                 _kill_group(proc.pid)
-            if groups is not None:
-                groups.add(proc.pid)
+            for name, (read_fd, _) in pipes.items():
+                if name == "stdin":
+                    continue
+                pipe = os.fdopen(read_fd, "rb", buffering=0)  # owns the fd from here on
+                started.parent_ends.remove(read_fd)
+                transport, _ = await loop.connect_read_pipe(lambda capture=started.captures[name]: capture, pipe)
+                started.transports.append(transport)
+            if with_stdin:
+                pipe = os.fdopen(pipes["stdin"][1], "wb", buffering=0)
+                started.parent_ends.remove(pipes["stdin"][1])
+                started.stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, pipe)
+                started.transports.append(started.stdin)
+        except BaseException:
+            await self.discard(started)
+            raise
+        return started
+
+    async def _start_harness(self) -> _Started:
+        """A RunTests sandbox up to the harness, waiting for its call's stdin (warm_pool.py).
+        OSError when its work folder cannot be made."""
+        # Isolated, nothing is staged: the work folder is the sandbox's own tmpfs, with no host folder.
+        work = self._folders.unmade() if self._isolate else await self._folders.make_off_loop()
+        try:
+            report_read, report_write = os.pipe()
+            # The launcher's child runs the harness itself: one interpreter start per task. The
+            # limits given here only size the output captures until the call sets its own.
+            argv = [HARNESS_SOURCE, str(report_write)]
+            return await self._start(
+                argv, work, PROBE_LIMITS, with_stdin=True, report_pipe=(report_read, report_write), harness=True
+            )
+        except BaseException:
+            await asyncio.to_thread(remove_tree, work)
+            raise
+
+    async def _discard_harness(self, started: _Started) -> None:
+        await self.discard(started)
+        await asyncio.to_thread(remove_tree, started.work)
+
+    async def discard(self, started: _Started) -> None:
+        """A started sandbox that will run nothing: its group killed, its pipes closed (not its folder)."""
+        if started.proc is not None:
+            _kill_group(started.proc.pid)
+            self._live_groups.discard(started.proc.pid)
+            await started.proc.wait()
+        self._close_fds(started)
+
+    @staticmethod
+    def _close_fds(started: _Started) -> None:
+        for transport in started.transports:
+            transport.close()
+        for fd in started.parent_ends:
+            os.close(fd)
+        started.transports, started.parent_ends = [], []
+
+    async def _finish(
+        self, started: _Started, limits: ResourceLimits, stdin: bytes | None, groups: set[int] | None = None
+    ) -> _Run:
+        """Hand `stdin` over, wait up to the wall-clock limit (from now), kill the group, collect output."""
+        run, proc, captures = started.run, started.proc, started.captures
+        if proc is None:
+            return run  # the spawn failed, saying why
+        start = time.monotonic()
+        try:
             try:
-                for name, (read_fd, _) in pipes.items():
-                    if name == "stdin":
-                        continue
-                    pipe = os.fdopen(read_fd, "rb", buffering=0)  # owns the fd from here on
-                    parent_ends.remove(read_fd)
-                    transport, _ = await loop.connect_read_pipe(lambda capture=captures[name]: capture, pipe)
-                    transports.append(transport)
-                if stdin is not None:
-                    pipe = os.fdopen(pipes["stdin"][1], "wb", buffering=0)
-                    parent_ends.remove(pipes["stdin"][1])
-                    writer, _ = await loop.connect_write_pipe(asyncio.Protocol, pipe)
-                    transports.append(writer)
-                    writer.write(stdin)
-                    writer.close()  # flushes what is buffered, then closes: the harness sees EOF
+                if groups is not None:
+                    groups.add(proc.pid)
+                for name in ("stdout", "stderr"):  # set now: a warm sandbox was started before its call
+                    captures[name].cap = limits.max_output_bytes
+                if started.stdin is not None:
+                    started.stdin.write(stdin or b"")
+                    started.stdin.close()  # flushes what is buffered, then closes: the harness sees EOF
                 try:
                     run.exit_code = await asyncio.wait_for(proc.wait(), limits.timeout_seconds)
                 except TimeoutError:
@@ -471,13 +565,10 @@ class LocalBackend(SandboxBackend):
                     groups.discard(proc.pid)
             run.exit_code = await proc.wait()
             run.duration = time.monotonic() - start
-            readers = [c.closed for name, c in captures.items() if name in pipes and name != "stdin"]
+            readers = [captures[name].closed for name in started.read]
             await asyncio.wait(readers, timeout=DRAIN_GRACE_SECONDS)
         finally:
-            for transport in transports:
-                transport.close()
-            for fd in (*child_ends, *parent_ends):
-                os.close(fd)
+            self._close_fds(started)
         run.stdout, run.stderr = bytes(captures["stdout"].data), bytes(captures["stderr"].data)
         ready, error, run.disk_full, exit_code = parse_status(bytes(captures["status"].data))
         if error:

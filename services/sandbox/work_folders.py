@@ -9,6 +9,9 @@
         --> every folder of a token whose .owner names a service of this host that no longer runs,
             removed, then that .owner file
 
+An isolated RunTests run has no host folder at all (unmade(): only its path, where its sandbox
+mounts a tmpfs), so a sandbox started ahead of its call (warm_pool.py) leaves nothing on the host.
+
 Guarantees: a call's folder is removed when the call ends whatever happened (the backends' finally);
 a service killed before that (SIGKILL, OOM) leaves folders that its successor on the same work root
 removes at start. Only a dead owner's are touched: a live service's (its pid running with the same
@@ -58,6 +61,11 @@ class WorkFolders:
                 partial.write_text(owner_label())
                 os.replace(partial, self._owner_file)
             return tempfile.mkdtemp(prefix=f"{PREFIX}{self._token}-", dir=self._parent)
+
+    def unmade(self) -> str:
+        """A fresh path named like the folders, not made on the host: an isolated RunTests run's work
+        folder is a tmpfs at this path inside its own sandbox, with nothing staged from the host."""
+        return str(self._parent / f"{PREFIX}{self._token}-{secrets.token_hex(6)}")
 
     async def make_off_loop(self) -> str:
         """make() in a worker thread; a caller cancelled meanwhile leaves no folder behind."""
