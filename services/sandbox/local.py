@@ -1,17 +1,27 @@
 """The local-process backend: each run is a child process on this host, in its own namespaces.
 
+    Execute / sessions:
     request --> host stage folder (mkdtemp, 0700) <-- seed_dir copy, then files (relative paths only),
                   written in a worker thread: the event loop keeps serving meanwhile
             --> bwrap: net, pid, ipc, uts, cgroup and mount namespaces (a user namespace when the
                   service is not root); read-only system paths and interpreter, nothing else of the
                   host; the work folder a tmpfs of max_disk_mb at the stage's path
-            --> launcher (pid 2): copies the stage in through an fd, forks; the child sets
+            --> launcher (pid 2, python -I -S): copies the stage in through an fd, forks; the child sets
                   rlimits (AS, CPU, FSIZE, CORE=0, NPROC), drops to `user` when root, execs argv;
                   scrubbed environment, cwd = HOME = TMPDIR = work folder
             --> stdout / stderr read as they come, each kept up to max_output_bytes
             --> exit: the launcher reports "disk-full" and the exit code, the pid namespace ends;
                   wall-clock limit: SIGKILL to bwrap's group, which holds the namespace's init
             --> Outcome; the stage folder is removed whatever happened
+
+    RunTests (the scoring path, at about the cost of one bare interpreter start):
+    warm pool (warm_pool.py, max_concurrency of them, started alongside each call)
+            --> bwrap as above, the work folder a tmpfs at a path never made on the host
+            --> launcher (python -B -u -I: the harness's interpreter), waiting on stdin
+    request --> stdin: the call's rlimits line, then the nonce and payload; the wall clock starts
+            --> the launcher forks; the child sets the call's rlimits, drops to `user`, closes the
+                  launcher's fds and runs the harness in-process (harness.py); then as above
+            --> the sandbox is never given back: one call each, then the pid namespace ends
 
 Guarantees: the code sees no host file but read-only system paths and the
 interpreter, can write only its work folder (at most `max_disk_mb` in total; a
@@ -24,12 +34,17 @@ variables; output beyond the cap is drained and dropped, never buffered; at most
 run is left alive, one spawning meanwhile included, and none starts; once the service process is
 gone, however it went (SIGKILL included), the guard (run_guard.py) kills what is left of its
 isolated runs. `open` refuses a host where the namespaces do not work, unless told to run
-unisolated (then only the environment, rlimits, group kill and output cap hold).
+unisolated (then only the environment, rlimits, group kill and output cap hold). A RunTests
+sandbox started ahead of its call runs only its own setup until the call's stdin reaches it, and
+serves that one call: nothing one call leaves (files, processes, environment, modules) reaches
+another (tests/unit/sandbox/test_local_warm.py); close() discards the waiting ones, and an
+isolated RunTests run leaves no host folder at all.
 
 Limits are applied by a tiny launcher between fork and exec rather than by
 subprocess's preexec_fn, which is unsafe in a threaded process (gRPC is).
 Python commands ("python", "python3") run with the service's interpreter:
-the RunTests harness in isolated mode (-I); Execute commands with -E -s,
+the RunTests harness in isolated mode (-I), in the launcher's forked child
+rather than a second interpreter start; Execute commands with -E -s,
 which is -I minus -P, so a multi-file program can import its own modules
 from the work folder.
 
@@ -51,8 +66,9 @@ Sessions (local_sessions.py) use run_kept: the same run, whose launcher afterwar
 process of the run and copies the work folder out into a host folder the session keeps.
 
 Why over 400 lines: the bubblewrap arguments live in bwrap.py, the file staging in staging.py,
-sessions in local_sessions.py and the guard of a dead service's runs in run_guard.py; what is
-left is one backend's spawn, limits, output collection and cleanup, which read as one sequence.
+sessions in local_sessions.py, the guard of a dead service's runs in run_guard.py and the warm
+pool in warm_pool.py; what is left is one backend's spawn (_start), limits, output collection
+and cleanup (_finish), which read as one sequence.
 """
 
 from __future__ import annotations
@@ -280,7 +296,7 @@ class LocalBackend(SandboxBackend):
             try:
                 started = await self._warm.take()
             except OSError as exc:
-                return Outcome(Status.ERROR, tests_total=total, error_message=f"cannot create the work folder: {exc}")
+                return Outcome(Status.ERROR, tests_total=total, error_message=f"cannot start the sandbox: {exc}")
             try:
                 run = await self._finish(started, limits, stdin)
             finally:
