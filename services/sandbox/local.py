@@ -66,9 +66,9 @@ Sessions (local_sessions.py) use run_kept: the same run, whose launcher afterwar
 process of the run and copies the work folder out into a host folder the session keeps.
 
 Why over 400 lines: the bubblewrap arguments live in bwrap.py, the file staging in staging.py,
-sessions in local_sessions.py, the guard of a dead service's runs in run_guard.py and the warm
-pool in warm_pool.py; what is left is one backend's spawn (_start), limits, output collection
-and cleanup (_finish), which read as one sequence.
+sessions in local_sessions.py, a run's pipes and their parsing in local_runs.py, the guard of a
+dead service's runs in run_guard.py and the warm pool in warm_pool.py; what is left is one
+backend's spawn (_start), limits, waiting and cleanup (_finish), which read as one sequence.
 """
 
 from __future__ import annotations
@@ -83,7 +83,6 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 import structlog
 
@@ -95,12 +94,12 @@ from services.sandbox.backend import (
     Status,
 )
 from services.sandbox.bwrap import read_only_binds, sandbox_argv
-from services.sandbox.harness import HARNESS_SOURCE, LAUNCHER_SOURCE, parse_kept, parse_status
+from services.sandbox.harness import HARNESS_SOURCE, LAUNCHER_SOURCE
+from services.sandbox.local_runs import Capture, Run, Started
 from services.sandbox.local_sessions import open_local_session, reap_dead_sessions
 from services.sandbox.run_guard import RunGuard
 from services.sandbox.staging import (
     REPORT_CAP_BYTES,
-    Capped,
     checked_files,
     parse_report,
     remove_tree,
@@ -142,59 +141,6 @@ def sandbox_environment(work: str) -> dict[str, str]:
     }
 
 
-class _Capture(Capped, asyncio.Protocol):
-    """Keeps the first `cap` bytes of a pipe and drains the rest."""
-
-    def __init__(self, cap: int) -> None:
-        super().__init__(cap)
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def data_received(self, data: bytes) -> None:
-        self.add(data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-
-@dataclass
-class _Run:
-    error: str = ""
-    timed_out: bool = False
-    exit_code: int = 0
-    stdout: bytes = b""
-    stderr: bytes = b""
-    truncated: bool = False
-    duration: float = 0.0
-    report: bytes = b""
-    disk_full: bool = False
-    kept: bool = False  # sessions: the work folder was copied out to the keep folder
-    keep_error: str = ""
-
-
-@dataclass
-class _Started:
-    """A spawned sandbox whose pipes are connected; _finish hands it its stdin and waits for it."""
-
-    work: str
-    parent_ends: list[int]  # our ends of its pipes not yet owned by a transport
-    captures: dict[str, _Capture]
-    read: list[str]  # the captures connected to a pipe
-    proc: asyncio.subprocess.Process | None = None
-    stdin: asyncio.WriteTransport | None = None
-    transports: list[asyncio.BaseTransport] = field(default_factory=list)
-    run: _Run = field(default_factory=_Run)
-
-
-def _waiting_alive(started: _Started) -> bool:
-    """A warm sandbox that can still take its call: spawned, and not exited while it waited."""
-    return started.proc is not None and started.proc.returncode is None
-
-
-def _text(data: bytes) -> str:
-    return data.decode("utf-8", errors="replace")
-
-
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -229,8 +175,8 @@ class LocalBackend(SandboxBackend):
         self._closed = False  # close() ran: no run starts, and one spawning meanwhile is killed at once
         self._guard = RunGuard()  # kills the isolated runs once the service is gone, however it went
         # RunTests sandboxes started ahead of their calls, one per slot; each serves one call.
-        self._warm: WarmPool[_Started] = WarmPool(
-            self._start_harness, self._discard_harness, _waiting_alive, size=max_concurrency if isolate else 0
+        self._warm: WarmPool[Started] = WarmPool(
+            self._start_harness, self._discard_harness, Started.alive, size=max_concurrency if isolate else 0
         )
 
     @classmethod
@@ -413,7 +359,7 @@ class LocalBackend(SandboxBackend):
         staged: bool = False,
         keep: str | None = None,
         groups: set[int] | None = None,
-    ) -> _Run:
+    ) -> Run:
         """Spawn, wait up to the wall-clock limit, kill the group, collect output. Never raises OSError."""
         started = await self._start(
             argv, work, limits, with_stdin=stdin is not None, report_pipe=report_pipe, staged=staged, keep=keep
@@ -431,9 +377,9 @@ class LocalBackend(SandboxBackend):
         staged: bool = False,
         keep: str | None = None,
         harness: bool = False,
-    ) -> _Started:
+    ) -> Started:
         """Spawn the sandbox and connect its pipes; its stdin (if any) stays open until _finish.
-        Never raises OSError: a spawn that failed is a _Started whose run holds the error."""
+        Never raises OSError: a spawn that failed is a Started whose run holds the error."""
         loop = asyncio.get_running_loop()
         # Isolated, the launcher copies the staged files into the run's tmpfs through this fd.
         stage_fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY) if staged and self._isolate else None
@@ -452,14 +398,14 @@ class LocalBackend(SandboxBackend):
             child_ends.append(keep_fd)
         if with_stdin:
             child_ends.append(pipes["stdin"][0])
-        started = _Started(
+        started = Started(
             work=work,
             parent_ends=[r for name, (r, _) in pipes.items() if name != "stdin"],
             captures={
-                "stdout": _Capture(limits.max_output_bytes),
-                "stderr": _Capture(limits.max_output_bytes),
-                "status": _Capture(4096),
-                "report": _Capture(REPORT_CAP_BYTES),
+                "stdout": Capture(limits.max_output_bytes),
+                "stderr": Capture(limits.max_output_bytes),
+                "status": Capture(4096),
+                "report": Capture(REPORT_CAP_BYTES),
             },
             read=[name for name in pipes if name != "stdin"],
         )
@@ -489,7 +435,7 @@ class LocalBackend(SandboxBackend):
                 )
             except OSError as exc:
                 started.run.error = f"cannot spawn the sandbox process: {exc}"
-                self._close_fds(started)
+                started.close_fds()
                 return started
             finally:
                 for fd in child_ends:
@@ -515,7 +461,7 @@ class LocalBackend(SandboxBackend):
             raise
         return started
 
-    async def _start_harness(self) -> _Started:
+    async def _start_harness(self) -> Started:
         """A RunTests sandbox up to the harness, waiting for its call's stdin (warm_pool.py).
         OSError when its work folder cannot be made."""
         # Isolated, nothing is staged: the work folder is the sandbox's own tmpfs, with no host folder.
@@ -532,29 +478,21 @@ class LocalBackend(SandboxBackend):
             await asyncio.to_thread(remove_tree, work)
             raise
 
-    async def _discard_harness(self, started: _Started) -> None:
+    async def _discard_harness(self, started: Started) -> None:
         await self.discard(started)
         await asyncio.to_thread(remove_tree, started.work)
 
-    async def discard(self, started: _Started) -> None:
+    async def discard(self, started: Started) -> None:
         """A started sandbox that will run nothing: its group killed, its pipes closed (not its folder)."""
         if started.proc is not None:
             _kill_group(started.proc.pid)
             self._live_groups.discard(started.proc.pid)
             await started.proc.wait()
-        self._close_fds(started)
-
-    @staticmethod
-    def _close_fds(started: _Started) -> None:
-        for transport in started.transports:
-            transport.close()
-        for fd in started.parent_ends:
-            os.close(fd)
-        started.transports, started.parent_ends = [], []
+        started.close_fds()
 
     async def _finish(
-        self, started: _Started, limits: ResourceLimits, stdin: bytes | None, groups: set[int] | None = None
-    ) -> _Run:
+        self, started: Started, limits: ResourceLimits, stdin: bytes | None, groups: set[int] | None = None
+    ) -> Run:
         """Hand `stdin` over, wait up to the wall-clock limit (from now), kill the group, collect output."""
         run, proc, captures = started.run, started.proc, started.captures
         if proc is None:
@@ -584,16 +522,6 @@ class LocalBackend(SandboxBackend):
             readers = [captures[name].closed for name in started.read]
             await asyncio.wait(readers, timeout=DRAIN_GRACE_SECONDS)
         finally:
-            self._close_fds(started)
-        run.stdout, run.stderr = bytes(captures["stdout"].data), bytes(captures["stderr"].data)
-        ready, error, run.disk_full, exit_code = parse_status(bytes(captures["status"].data))
-        if error:
-            run.error = error
-        elif not ready and not run.timed_out:
-            run.error = f"the sandbox could not be set up (exit code {run.exit_code}): {_text(run.stderr[-500:])}"
-        run.kept, run.keep_error = parse_kept(bytes(captures["status"].data))
-        if exit_code is not None:  # the command's own status (bwrap reports a signal as 128 + N)
-            run.exit_code = exit_code
-        run.truncated = captures["stdout"].truncated or captures["stderr"].truncated
-        run.report = bytes(captures["report"].data)
+            started.close_fds()
+        started.collect()
         return run
