@@ -92,6 +92,9 @@ except BaseException as exc:
 os.environ.pop("PWD", None)  # bwrap's, not the service's environment
 # RunTests: the limits are its call's, first on stdin (the sandbox may be started before the call);
 # the rest of stdin is the harness's, read by the child through the same buffered sys.stdin.
+if run_mode == "harness":  # while the call has not come: the harness compiled, its json imported
+    import json
+    harness_code = compile(argv[0], "<harness>", "exec")
 limits = sys.stdin.buffer.readline().decode() if sys.argv[2] == "stdin" else sys.argv[2]
 memory, cpu, fsize, nproc = (int(v) for v in limits.split(","))
 pid = os.fork()
@@ -125,10 +128,9 @@ if pid == 0:
         os.close(work_fd)
         if keep != "-":
             os.close(int(keep))
-        source, sys.argv = argv[0], ["-c", *argv[1:]]
+        sys.argv = ["-c", *argv[1:]]
         del argv
-        code = compile(source, "<harness>", "exec")
-        exec(code, {"__name__": "__main__", "__builtins__": __builtins__})
+        exec(harness_code, {"__name__": "__main__", "__builtins__": __builtins__})
     finally:
         os._exit(1)  # the harness ends with its own os._exit(0); never back into the launcher
 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])

@@ -246,7 +246,8 @@ class LocalBackend(SandboxBackend):
             try:
                 run = await self._finish(started, limits, stdin)
             finally:
-                await asyncio.to_thread(remove_tree, started.work)
+                if not self._isolate:  # isolated, the work folder was never made on the host
+                    await asyncio.to_thread(remove_tree, started.work)
         # The harness writes its ready line to the report pipe, which the code cannot unwrite.
         started, results = parse_report(run.report, nonce, total)
         return tests_verdict(run, total=total, started=started, results=results)
@@ -480,7 +481,8 @@ class LocalBackend(SandboxBackend):
 
     async def _discard_harness(self, started: Started) -> None:
         await self.discard(started)
-        await asyncio.to_thread(remove_tree, started.work)
+        if not self._isolate:
+            await asyncio.to_thread(remove_tree, started.work)
 
     async def discard(self, started: Started) -> None:
         """A started sandbox that will run nothing: its group killed, its pipes closed (not its folder)."""
