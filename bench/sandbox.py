@@ -50,14 +50,15 @@ def free_port() -> int:
 
 
 def start_sandbox(image: str, concurrency: int, workdir: str) -> tuple[subprocess.Popen, str, Path]:
+    settings = {"BACKEND": "docker", "IMAGE": image, "MAX_CONCURRENCY": str(concurrency)}
+    return start_service(settings, workdir)
+
+
+def start_service(settings: dict[str, str], workdir: str) -> tuple[subprocess.Popen, str, Path]:
+    """`python -m services.sandbox` on a free port with DOCKYARD_SANDBOX_<KEY> = value for `settings`."""
     port = free_port()
-    env = {
-        **os.environ,
-        "DOCKYARD_SANDBOX_PORT": str(port),
-        "DOCKYARD_SANDBOX_BACKEND": "docker",
-        "DOCKYARD_SANDBOX_IMAGE": image,
-        "DOCKYARD_SANDBOX_MAX_CONCURRENCY": str(concurrency),
-    }
+    env = {**os.environ, "DOCKYARD_SANDBOX_PORT": str(port)}
+    env.update({f"DOCKYARD_SANDBOX_{key}": value for key, value in settings.items()})
     log_path = Path(workdir) / "sandbox.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

@@ -1,7 +1,9 @@
-"""Cost of the local backend per RunTests task: against a bare `python -I -c`, and isolated against not.
+"""Cost of the local sandbox per RunTests task: through the service against a bare `python -I -c`.
 
-    LocalBackend(isolate=True)   bwrap: net/pid/ipc/uts/mount namespaces, tmpfs work folder, uid drop;
-                                 RunTests sandboxes started ahead of their calls (warm_pool.py)
+    service                      `python -m services.sandbox` (local backend, isolated), RunTests over gRPC
+    LocalBackend(isolate=True)   the same backend called in-process: bwrap's net/pid/ipc/uts/mount
+                                 namespaces, tmpfs work folder, uid drop; RunTests sandboxes started
+                                 ahead of their calls (services/sandbox/warm_pool.py)
     LocalBackend(isolate=False)  the same launcher and harness as a plain child process
     bare python                  `<the service's interpreter> -I -c "<program + tests>"` through
                                  subprocess.run: what a reward function that runs each completion in a
@@ -9,11 +11,12 @@
 
 First the bare cost of the namespaces: `/bin/true` under the backend's bwrap arguments against
 `/bin/true`. Then each side runs the same small program and tests (a HumanEval-sized task) N times
-at concurrency 1, then at `--concurrency` (bare python: a thread pool of that many). The last two
-lines are ratios of the per-task medians at concurrency 1 (lower is better, 1.0 is parity):
-`local_isolated_vs_unisolated: R` and `local_task_vs_bare_python: R` (goal <= 1.5: scoring at the
-cost of a bare subprocess, isolation kept). The tasks/s lines show the CPU side: a warm sandbox
-starts on another core while a task runs, which helps latency more than throughput.
+at concurrency 1, then at `--concurrency` (bare python: a thread pool of that many). The ratio
+lines compare per-task medians at concurrency 1 (lower is better, 1.0 is parity):
+`local_isolated_vs_unisolated: R`, `backend_task_vs_bare_python: R` and, last,
+`local_task_vs_bare_python: R` (through the service; goal <= 1.5: scoring at the cost of a bare
+subprocess, isolation kept). The tasks/s lines show the CPU side: a sandbox for the next call starts
+on another core while a task runs, which shortens latency more than it raises throughput.
 
     .venv/bin/python bench/sandbox_local.py            # needs bwrap (apt-get install bubblewrap)
 """
@@ -30,8 +33,14 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from services.sandbox.backend import ResourceLimits, Status
-from services.sandbox.local import LocalBackend
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.sandbox import start_service, stop, wait_serving  # noqa: E402
+from dockyard.api.common.v1 import common_pb2  # noqa: E402
+from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc  # noqa: E402
+from dockyard.rpc.client import connect  # noqa: E402
+from services.sandbox.backend import ResourceLimits, Status  # noqa: E402
+from services.sandbox.local import LocalBackend  # noqa: E402
 
 PROGRAM = "def add(a, b):\n    return a + b\n"
 TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
@@ -53,6 +62,43 @@ async def tasks_per_second(backend: LocalBackend, runs: int) -> float:
     outs = await asyncio.gather(*(backend.run_tests(PROGRAM, TESTS, LIMITS) for _ in range(runs)))
     assert all(out.status is Status.PASSED for out in outs)
     return runs / (time.perf_counter() - start)
+
+
+async def service_seconds(concurrency: int, runs: int) -> tuple[list[float], float]:
+    """RunTests through the sandbox service (`python -m services.sandbox`, local backend, isolated)
+    over gRPC: per-task seconds at concurrency 1, then tasks/s at `concurrency`."""
+    request = sandbox_pb2.RunTestsRequest(
+        program=PROGRAM,
+        tests=TESTS,
+        limits=sandbox_pb2.Limits(
+            timeout_seconds=LIMITS.timeout_seconds,
+            memory_mb=LIMITS.memory_mb,
+            cpu_seconds=LIMITS.cpu_seconds,
+            max_output_bytes=LIMITS.max_output_bytes,
+        ),
+    )
+    with tempfile.TemporaryDirectory() as workdir:
+        settings = {"BACKEND": "local", "MAX_CONCURRENCY": str(concurrency), "WORK_ROOT": workdir}
+        proc, address, log = start_service(settings, workdir)
+        try:
+            await wait_serving(proc, address, log)
+            async with connect(address, service="dockyard.sandbox.v1.SandboxService", default_timeout=60.0) as channel:
+                stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
+
+                async def one() -> float:
+                    start = time.perf_counter()
+                    reply = await stub.RunTests(request)
+                    assert reply.verdict.status == common_pb2.VERDICT_STATUS_PASSED, reply.verdict
+                    return time.perf_counter() - start
+
+                for _ in range(3):  # warm the page cache and the service's sandboxes
+                    await one()
+                times = [await one() for _ in range(runs)]
+                start = time.perf_counter()
+                await asyncio.gather(*(one() for _ in range(runs)))
+                return times, runs / (time.perf_counter() - start)
+        finally:
+            stop(proc)
 
 
 BARE_ARGV = [sys.executable, "-I", "-c", PROGRAM + "\n".join(TESTS) + "\n"]
@@ -120,9 +166,16 @@ async def main() -> None:
         f"{rate:.1f} tasks/s at concurrency {args.concurrency}"
     )
     await isolated.close()
+    times, rate = await service_seconds(args.concurrency, args.runs)
+    medians["service"] = statistics.median(times)
+    print(
+        f"service (gRPC RunTests, local backend): median {medians['service'] * 1000:.1f} ms per task at "
+        f"concurrency 1, {rate:.1f} tasks/s at concurrency {args.concurrency}"
+    )
     print(f"isolation adds {(medians['isolated'] - medians['unisolated']) * 1000:.1f} ms per task")
     print(f"local_isolated_vs_unisolated: {medians['isolated'] / medians['unisolated']:.3f}")
-    print(f"local_task_vs_bare_python: {medians['isolated'] / medians['bare']:.3f}")
+    print(f"backend_task_vs_bare_python: {medians['isolated'] / medians['bare']:.3f}")
+    print(f"local_task_vs_bare_python: {medians['service'] / medians['bare']:.3f}")
 
 
 if __name__ == "__main__":
