@@ -7,7 +7,8 @@
                                  status pipe: "ready", "error <why>", "disk-full", "exit <code>"
                                  v
                            HARNESS (RunTests only; the docker backend runs it as python -I)
-      stdin:  "<nonce>\\n" + {"program", "tests"}    read in full before any untrusted code runs
+      stdin:  ["<rlimits>\\n" (read by the launcher)] "<nonce>\\n" + {"program", "tests"}
+                                                     read in full before any untrusted code runs
       report fd (inherited pipe, not stdout):
               "<nonce> ready\\n"                     the harness started
               "<nonce> result <one 0/1 per test>\\n"   every test ran; then os._exit(0)
@@ -17,10 +18,11 @@ is needed inside the sandbox.
 
 Why the harness runs inside the launcher's child rather than by an exec of a second
 interpreter: an interpreter start with its site module is most of a small task's cost, and the
-launcher is one already. The child is as fresh as an exec'd harness where it matters: a forked
-child of a launcher that ran nothing untrusted, its own rlimits and uid, the launcher's status
-and work-folder fds closed before the harness runs; the launcher's variables it can see name
-only the limits and the uid it was given. (As root, the uid drop without an exec leaves the
+launcher is one already (and a waiting one has the harness compiled: the local backend starts
+RunTests sandboxes ahead of their calls). The child is as fresh as an exec'd harness where it
+matters: a forked child of a launcher that ran nothing untrusted, its own rlimits and uid, the
+launcher's status and work-folder fds closed before the harness runs; the launcher's variables
+it can see name only the limits and the uid it was given. (As root, the uid drop without an exec leaves the
 child non-dumpable: the code's own /proc entries belong to root; the code still reads its own.)
 
 What the report protects against: a program that prints a pass report on
