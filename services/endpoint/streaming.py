@@ -255,24 +255,36 @@ class LiveTurn:
         pending: dict[int, tuple[list[str], list[float]]] = {}  # tokens not yet sent with a Text
         sent: dict[int, int] = {}  # tokens sent with a Text, per completion
         try:
-            while (item := await self.queue.get()) is not None:
-                index, ids, logprobs = item
-                decoder = decoders.setdefault(index, IncrementalDecoder(renderer.tokenizer, self.parser))
-                hold = holds.setdefault(index, Holdback(markers, strip))
-                tokens, lps = pending.setdefault(index, ([], []))
-                tokens += renderer.decode_each(ids)
-                lps += logprobs
-                thought, text, block = "", decoder.push(ids), False
-                if self.thinking is not None and markers is not None:
-                    thinking = thoughts.setdefault(index, Thinking(self.thinking))
-                    thought, text = thinking.push(text)
-                    block = thinking.block
-                text = hold.push(text)
-                if thought or text:
-                    yield Text(index, text, list(tokens), list(lps), thought, block)
-                    sent[index] = sent.get(index, 0) + len(tokens)
-                    tokens.clear()
-                    lps.clear()
+            ended = False
+            while not ended:
+                # Tokens that arrived together go out together: one event per completion, not per delta.
+                arrived: dict[int, tuple[list[int], list[float]]] = {}
+                item = await self.queue.get()
+                while item is not None:
+                    ids_so_far, lps_so_far = arrived.setdefault(item[0], ([], []))
+                    ids_so_far += item[1]
+                    lps_so_far += item[2]
+                    if self.queue.empty():
+                        break
+                    item = self.queue.get_nowait()
+                ended = item is None  # the turn's end is queued after its last tokens
+                for index, (ids, logprobs) in arrived.items():
+                    decoder = decoders.setdefault(index, IncrementalDecoder(renderer.tokenizer, self.parser))
+                    hold = holds.setdefault(index, Holdback(markers, strip))
+                    tokens, lps = pending.setdefault(index, ([], []))
+                    tokens += renderer.decode_each(ids)
+                    lps += logprobs
+                    thought, text, block = "", decoder.push(ids), False
+                    if self.thinking is not None and markers is not None:
+                        thinking = thoughts.setdefault(index, Thinking(self.thinking))
+                        thought, text = thinking.push(text)
+                        block = thinking.block
+                    text = hold.push(text)
+                    if thought or text:
+                        yield Text(index, text, list(tokens), list(lps), thought, block)
+                        sent[index] = sent.get(index, 0) + len(tokens)
+                        tokens.clear()
+                        lps.clear()
             served = task.result()
             for index, choice in enumerate(served.choices):
                 thought = thoughts.get(index, Thinking(False)).finish(choice.reasoning)

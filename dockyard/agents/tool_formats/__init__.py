@@ -23,6 +23,7 @@ setting that names no format.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from dockyard.agents.tool_calls import ToolRules
@@ -95,14 +96,26 @@ def pick(setting: str, tokenizer: Any) -> tuple[str, str]:
     return (found, "detected") if found else (FALLBACK, "fallback")
 
 
+_SPECIAL_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {format: (special, kept)}
+
+
+def _special_ids(name: str, tokenizer: Any) -> tuple[frozenset[int], frozenset[int]]:
+    """(the tokenizer's special ids, those of them the format keeps), computed once per tokenizer and format:
+    a streamed reply decodes on every token."""
+    cache = _SPECIAL_IDS.setdefault(tokenizer, {})
+    if name not in cache:
+        markers = set(getattr(FORMATS.get(name), "MARKERS", ()))
+        special = frozenset(tokenizer.all_special_ids) | {
+            i for i, token in tokenizer.added_tokens_decoder.items() if getattr(token, "special", False)
+        }
+        cache[name] = special, frozenset(i for i in special if tokenizer.convert_ids_to_tokens(i) in markers)
+    return cache[name]
+
+
 def visible_text(name: str, tokenizer: Any, ids: list[int]) -> str:
     """The completion's text with special tokens dropped, except those the format writes its calls with
     (Mistral's [TOOL_CALLS], harmony's <|call|>, ... are special tokens in their families' tokenizers)."""
-    markers = set(getattr(FORMATS.get(name), "MARKERS", ()))
-    special = set(tokenizer.all_special_ids) | {
-        i for i, token in tokenizer.added_tokens_decoder.items() if getattr(token, "special", False)
-    }
-    kept = {i for i in special if tokenizer.convert_ids_to_tokens(i) in markers}
+    special, kept = _special_ids(name, tokenizer)
     if not kept:
         return tokenizer.decode(ids, skip_special_tokens=True)
     return tokenizer.decode([i for i in ids if i not in special or i in kept], skip_special_tokens=False)
