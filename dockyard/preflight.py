@@ -19,7 +19,7 @@ a SKIP that names them, never a pass; what exists here is still checked. The env
 DOCKYARD_BUFFER_BACKEND, ...) is read as the services that `dockyard run` starts would read it.
 
 
-Why one module of this size: it is one check per function, run in the order of the report above;
+Why over 400 lines: it is one check per function, run in the order of the report above;
 each check is a few lines around the library call that decides it (load_config, the task loaders,
 the tokenizer, docker, redis, ast), and splitting them would scatter one report across files. The two
 checks a service also runs (reward functions, the docker engine's message) live in launch_checks.py, so

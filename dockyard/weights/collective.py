@@ -39,7 +39,7 @@ Guarantees:
   computed on the group's device, stream-ordered, one host copy per sync); equal fingerprints
   mean the receiver holds the bytes the sender sent, and any single flipped bit shows.
 
-Why one module of this size: the sender (`send_weights`) and the receiver (`receive_weights`)
+Why over 400 lines: the sender (`send_weights`) and the receiver (`receive_weights`)
 must issue the same broadcasts in the same order from the same transfer plan; keeping the
 plan, the manifest and both sides together is what keeps them in step.
 """

@@ -48,7 +48,7 @@ Guarantees:
   the next version no longer uses them (a trainer that sends cast copies keeps one version of
   them alive until the next sync).
 
-Why one module of this size: the sender and the receiver must read the same keys, messages and
+Why over 400 lines: the sender and the receiver must read the same keys, messages and
 pieces in the same order; keeping both sides and the transport that picks one together is what
 keeps them in step (the handles and signatures live in handles.py, the device check in devices.py).
 """

@@ -13,7 +13,7 @@ Guarantees: each script runs atomically on the Redis server (EVALSHA), so every
 method of the backend is one atomic step for all buffer processes sharing it;
 the key layout and the invariants are documented in redis_backend.py.
 
-Why one module a little over 400 lines: it is the Lua source only, one script per buffer method,
+Why over 400 lines: it is the Lua source only, one script per buffer method,
 and every script begins with _COMMON; split apart, each file would repeat or import that shared
 prelude, and reading one method's script beside the others is how their invariants are checked.
 """

@@ -25,7 +25,7 @@ has nothing recorded) is a masked trial of no tokens, its
 verdict ERROR with SCAFFOLD_ERROR_PREFIX and Trial.scaffold_error / output_tail saying why; it is
 counted (scaffold_errors.py), and only too many of them in a step fail the job (ScaffoldFailing).
 
-Why one module a little over 400 lines: a trial's steps (open the sandbox and endpoint sessions, run
+Why over 400 lines: a trial's steps (open the sandbox and endpoint sessions, run
 the scaffold, read the trajectory, score, close) share one set of clients, budgets and counters, and
 the order of their cleanup is the guarantee above; split apart, each step would reach into the others.
 """

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 import structlog
@@ -148,17 +148,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self, request: rollout_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> rollout_pb2.GenerateResponse:
         engine, prompt, num_samples, decoding, remaining = await self._prepare(request, context)
-        self.in_flight += 1
-        try:
-            # grpc.aio cancels this handler when the caller cancels; the deadline is enforced here too.
+        # grpc.aio cancels this handler when the caller cancels; the deadline is enforced here too.
+        with self._generating():
             async with asyncio.timeout(remaining):
                 result = await engine.generate(prompt, num_samples, decoding)
-        except UnsupportedRequest as exc:
-            raise InvalidArgument(str(exc)) from None
-        except TimeoutError:
-            raise DeadlineExceeded("the caller's deadline passed during generation") from None
-        finally:
-            self.in_flight -= 1
         return self._response(engine, result)
 
     async def GenerateStream(
@@ -167,33 +160,43 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         engine, prompt, num_samples, decoding, remaining = await self._prepare(request.request, context)
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
         result = None
-        self.in_flight += 1
         try:
-            # As Generate: the caller going away cancels this handler; aclosing then closes the engine's
-            # stream, which stops the rows. The deadline bounds each wait for the engine, never a write.
-            events = engine.generate_stream(prompt, num_samples, decoding)
-            async with contextlib.aclosing(events):
-                while result is None:
-                    async with asyncio.timeout_at(deadline):
-                        event = await anext(events)
-                    if isinstance(event, GenerationResult):
-                        result = event
-                    else:
-                        yield rollout_pb2.GenerateStreamResponse(
-                            deltas=[
-                                rollout_pb2.CompletionDelta(index=d.index, token_ids=d.token_ids, logprobs=d.logprobs)
-                                for d in event
-                            ]
-                        )
+            with self._generating():
+                # As Generate: the caller going away cancels this handler; aclosing then closes the engine's
+                # stream, which stops the rows. The deadline bounds each wait for the engine, never a write.
+                events = engine.generate_stream(prompt, num_samples, decoding)
+                async with contextlib.aclosing(events):
+                    while result is None:
+                        async with asyncio.timeout_at(deadline):
+                            event = await anext(events)
+                        if isinstance(event, GenerationResult):
+                            result = event
+                        else:
+                            yield rollout_pb2.GenerateStreamResponse(
+                                deltas=[
+                                    rollout_pb2.CompletionDelta(
+                                        index=d.index, token_ids=d.token_ids, logprobs=d.logprobs
+                                    )
+                                    for d in event
+                                ]
+                            )
         except StopAsyncIteration:
             raise RuntimeError(f"the {engine.name} engine's stream ended without a result") from None
+        yield rollout_pb2.GenerateStreamResponse(result=self._response(engine, result))
+
+    @contextlib.contextmanager
+    def _generating(self) -> Iterator[None]:
+        """One generation in flight (counted): the engine's refusal is INVALID_ARGUMENT, a deadline that
+        passed during it DEADLINE_EXCEEDED."""
+        self.in_flight += 1
+        try:
+            yield
         except UnsupportedRequest as exc:
             raise InvalidArgument(str(exc)) from None
         except TimeoutError:
             raise DeadlineExceeded("the caller's deadline passed during generation") from None
         finally:
             self.in_flight -= 1
-        yield rollout_pb2.GenerateStreamResponse(result=self._response(engine, result))
 
     async def _prepare(
         self, request: rollout_pb2.GenerateRequest, context: grpc.aio.ServicerContext
