@@ -23,6 +23,7 @@ from services.sandbox.backend import ResourceLimits, Status
 from services.sandbox.settings import SandboxSettings
 from services.sandbox.warm_pool import WarmPool
 from tests.conftest import require_tool
+from tests.unit.sandbox.test_local import live_with
 
 LIMITS = ResourceLimits(timeout_seconds=20.0, memory_mb=512, cpu_seconds=10.0, max_output_bytes=65536)
 
@@ -34,20 +35,6 @@ async def backend(tmp_path: Path):
     assert backend.isolated
     yield backend
     await backend.close()
-
-
-def live_with(token: str) -> list[int]:
-    """Processes of this host whose command line holds `token` and that are not zombies."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if token.encode() in cmdline and stat[stat.rindex(")") + 2] != "Z":
-            found.append(int(entry.name))
-    return found
 
 
 async def test_no_state_crosses_from_one_task_to_the_next(backend):
