@@ -10,7 +10,8 @@ The buffer advertises its data plane (GetDataPlane): its Redis URL, never with a
 key prefix. A client sends the password it reads from DOCKYARD_DATA_PLANE_REDIS_PASSWORD (or
 DOCKYARD_DATA_PLANE_REDIS_PASSWORD_FILE). A buffer in memory, one with its data plane off, one
 older than GetDataPlane, or a Redis this client cannot reach or log in to gives no data plane:
-`discover` returns None (the last two with a warning) and the caller streams payloads through the
+`discover` (and `connect`, for a writer told of the data plane by another: the rollout) returns
+None (the last two with a warning) and the caller streams payloads through the
 buffer service instead (PutGroupStream, SampleGroupsStream), with the same semantics.
 
 Guarantees: a payload is checked (dockyard.experience.checks, and the buffer's size limit) before
@@ -46,7 +47,7 @@ SOCKET_TIMEOUT_S = 60.0  # far above a 16 MiB group's transfer, even over a slow
 
 
 class DataPlaneSettings(BaseSettings):
-    """DOCKYARD_DATA_PLANE_*: how a client (coordinator, trainer) logs in to the data plane's Redis."""
+    """DOCKYARD_DATA_PLANE_*: how a client (coordinator, rollout, trainer) logs in to the data plane's Redis."""
 
     model_config = SettingsConfigDict(env_prefix="DOCKYARD_DATA_PLANE_", extra="ignore", hide_input_in_errors=True)
 
@@ -79,6 +80,7 @@ class DataPlane:
 
     def __init__(self, client: aioredis.Redis, limits: buffer_pb2.GetDataPlaneResponse) -> None:
         self._redis = client
+        self.advertised = limits  # the GetDataPlane answer it was made from, to name it to another writer
         self._prefix = limits.key_prefix
         self._ttl = limits.staging_ttl_seconds or 600
         self._max_tokens = limits.max_trajectory_tokens
@@ -95,6 +97,12 @@ class DataPlane:
             return None  # a buffer older than the data plane
         if not reply.redis_url:
             return None
+        return await cls.connect(reply)
+
+    @classmethod
+    async def connect(cls, reply: buffer_pb2.GetDataPlaneResponse) -> DataPlane | None:
+        """A connection to the data plane `reply` advertises, answering PING; None (with a warning) where its
+        password setting is unusable or its Redis does not answer this client."""
         settings = DataPlaneSettings()
         try:
             password = read_password(
