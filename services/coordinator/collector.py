@@ -531,11 +531,13 @@ class Collector:
     async def _group(self, task: Task, group_id: str, trajectories: list[common_pb2.Trajectory]) -> common_pb2.Group:
         """Scored trajectories (verdicts set) as a group: rewards from the verdicts, then shaping."""
         await self.rewards.assign(task, trajectories)
-        # A trial that failed before its first turn has no version of its own: it takes the group's.
-        versions = [t.weight_version for t in trajectories if t.prompt_token_ids]
+        # A trial that failed before its first turn has no version of its own: it takes the group's. A
+        # completion whose arrays the rollout staged has none here, but its count (sampled_tokens).
+        generated = [bool(t.prompt_token_ids or t.sampled_tokens) for t in trajectories]
+        versions = [t.weight_version for t, g in zip(trajectories, generated, strict=True) if g]
         oldest = min(versions, default=self.routing.required_version or 0)
-        for t in trajectories:
-            if not t.prompt_token_ids:
+        for t, g in zip(trajectories, generated, strict=True):
+            if not g:
                 t.weight_version = oldest
         shape_rewards(trajectories, self.config.grpo)
         return common_pb2.Group(
