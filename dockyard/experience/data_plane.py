@@ -5,14 +5,17 @@ around every gRPC hop; only metadata crosses the buffer service.
             └─PutGroup(metadata, payload_key, payload_bytes)─> buffer ─Lua: RENAME staged key─┘ to the group's
     trainer ─SampleGroupsStream(payload_by_reference)─> buffer: metadata + each group's payload key
             └─MGET keys─> redis: the payloads, byte for byte as the writer packed them
+    The payload's writer may not be the put's: a rollout replica stages a single-turn group's payload
+    (single_turn.py) and the coordinator puts its metadata with that key.
 
 The buffer advertises its data plane (GetDataPlane): its Redis URL, never with a password, and the
 key prefix. A client sends the password it reads from DOCKYARD_DATA_PLANE_REDIS_PASSWORD (or
 DOCKYARD_DATA_PLANE_REDIS_PASSWORD_FILE). A buffer in memory, one with its data plane off, one
 older than GetDataPlane, or a Redis this client cannot reach or log in to gives no data plane:
 `discover` (and `connect`, for a writer told of the data plane by another: the rollout) returns
-None (the last two with a warning) and the caller streams payloads through the
-buffer service instead (PutGroupStream, SampleGroupsStream), with the same semantics.
+None (the last two with a warning) and the caller streams payloads through the buffer service
+instead (PutGroupStream, SampleGroupsStream; a rollout replica returns the arrays to its caller),
+with the same semantics.
 
 Guarantees: a payload is checked (dockyard.experience.checks, and the buffer's size limit) before
 it is staged, so the buffer, which never reads staged bytes, holds only payloads the trainer can
