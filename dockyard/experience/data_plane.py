@@ -152,6 +152,10 @@ class DataPlane:
         """Restart a staged key's expiry before a put is retried; False if it is gone (expired: stage again)."""
         return bool(await self._redis.expire(key, self._ttl))
 
+    async def discard(self, key: str) -> None:
+        """Delete a staged key whose put will not come (the writer dropped its group); gone already is fine."""
+        await self._redis.delete(key)
+
     async def read(self, keys: Sequence[str]) -> list[bytes]:
         """The payloads under `keys`, in order, by one MGET; PayloadGone if any is missing."""
         if not keys:

@@ -414,9 +414,17 @@ class Collector:
         max_invalid_fraction of its trajectories failed in the sandbox, then GroupUnscorable."""
         try:
             return await self._make_group(task, group_id, seed)
-        except BaseException:
-            self._staged.pop(group_id, None)  # no group to put: its staged payload expires
+        except Exception:
+            await self._discard(group_id)  # no group to put
             raise
+        except BaseException:
+            self._staged.pop(group_id, None)  # cancelled: nothing more is awaited, the staged key expires
+            raise
+
+    async def _discard(self, group_id: str) -> None:
+        """Delete the payload the rollout staged for a group that will not be put (now, not at its expiry)."""
+        if (staged := self._staged.pop(group_id, None)) is not None:
+            await self.buffer.discard(staged.payload)
 
     async def _make_group(self, task: Task, group_id: str, seed: int) -> common_pb2.Group:
         for attempt in range(self._max_regenerations + 1):
@@ -476,11 +484,10 @@ class Collector:
             trajectory.verdict.CopyFrom(verdict)
             trajectory.finish_reason = completion.finish_reason
             trajectory.invalid_actions = int(unclosed_thinking(completion.text))
+        await self._discard(group_id)  # an earlier attempt's stage, if any: not this group's payload
         group = await self._group(task, group_id, trajectories)
         if reply.payload_key:
             self._staged[group_id] = _Staged(StagedPayload(reply.payload_key, reply.payload_bytes), task, seed)
-        else:
-            self._staged.pop(group_id, None)  # an earlier attempt's stage, if any, is not this group's payload
         self._keep_passing_completions(group)
         return group
 
@@ -556,6 +563,8 @@ class Collector:
         staged = self._staged.pop(group.group_id, None)
         signal = has_signal(group)
         if self.config.grpo.dynamic_sampling.enabled and not signal:
+            if staged is not None:
+                await self.buffer.discard(staged.payload)
             stats.dropped_uniform += 1
             self._on_group(group.group_id, "dropped_uniform", group.weight_version)
             return False

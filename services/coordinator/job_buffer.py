@@ -24,7 +24,8 @@ expiry is renewed before every retry and the payload staged again if it expired,
 out for long still finds it. A payload the rollout staged (`staged`) cannot be staged again here,
 since these bytes never reached this side: when its key expired before a put (scoring outlasted the
 buffer's DOCKYARD_BUFFER_STAGING_TTL_SECONDS), `put` raises StagedPayloadGone and the caller generates
-the group again (Collector.deliver). A data plane whose Redis
+the group again (Collector.deliver); one whose group will not be put is deleted (`discard`). A data
+plane whose Redis
 is down is waited out as the buffer is (UNAVAILABLE). `stats` never raises for
 a buffer that is restarting: it answers None. `sent_bytes` counts what this side sent the buffer
 service (metadata, payload), what it staged in the data plane (staged), and the payloads the rollout
@@ -202,6 +203,15 @@ class JobBuffer:
             return await self._stub.PutGroup(request, timeout=30)
 
         return await retry(attempt, what="PutGroup", budget_seconds=max_wait, codes=OVERLOADED | TRANSIENT)
+
+    async def discard(self, staged: StagedPayload) -> None:
+        """Delete a payload the rollout staged whose group will not be put; a Redis failure leaves it to expire."""
+        if self._plane is None:
+            return
+        try:
+            await self._plane.discard(staged.key)
+        except (RedisError, OSError) as exc:
+            log.warning("a staged payload is left to expire", key=staged.key, error=repr(exc))
 
     def sent(self) -> dict[str, int]:
         """A copy of the bytes sent so far by kind: metadata and payload to the buffer service, staged in the plane."""

@@ -4,8 +4,9 @@ The replica here answers Generate as services/rollout/servicer.py does (it stage
 dockyard.experience.single_turn.stage when told to, else returns the arrays), so the collector and
 JobBuffer are exercised as in a job: a staged group is committed by PutGroup(metadata, key) with no
 token array passing through the coordinator, and the trainer leases exactly the arrays generated; a
-group whose staged payload expired before its put is generated again; without a data plane the
-arrays come back and the payload goes through the buffer service, as before.
+group whose staged payload expired before its put is generated again; one dropped (uniform rewards)
+or made again (its sandbox failed) has its staged payload deleted; without a data plane the arrays
+come back and the payload goes through the buffer service, as before.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from services.trainer.requests import training_group
 JOB = "job-1"
 CONFIG = (
     "policy: {model: {model_type: qwen2}, train_global_batch_size: 8}\n"
-    "grpo: {num_prompts_per_step: 2, num_generations_per_prompt: 4}\n"
+    "grpo: {num_prompts_per_step: 2, num_generations_per_prompt: 4, dynamic_sampling: {enabled: true}}\n"
 )
 TASK = Task(task_id="t0", prompt="1+2=", tests=(), solution="3")
 
@@ -80,6 +81,14 @@ class Replica:
 async def score(task, text: str, trajectory_id: str) -> common_pb2.Verdict:
     # Different rewards within the group: every group has a learning signal.
     return common_pb2.Verdict(status=common_pb2.VERDICT_STATUS_PASSED, tests_passed=int(text), tests_total=4)
+
+
+async def uniform(task, text: str, trajectory_id: str) -> common_pb2.Verdict:
+    return common_pb2.Verdict(status=common_pb2.VERDICT_STATUS_PASSED, tests_passed=4, tests_total=4)
+
+
+async def sandbox_down(task, text: str, trajectory_id: str) -> common_pb2.Verdict:
+    return common_pb2.Verdict(status=common_pb2.VERDICT_STATUS_ERROR, error_message="no sandbox")
 
 
 def expected(metadata: common_pb2.Group, generated: rollout_pb2.GenerateResponse) -> common_pb2.Group:
@@ -150,16 +159,31 @@ async def test_rollout_staged_groups_are_committed_regenerated_when_expired_and_
             got = leased[group_id]
             assert training_group(got.group, got.payload) == training_group(expected(got.group, generated))
 
+        # A group dropped for uniform rewards: its staged payload is deleted now, not left to expire.
+        collector.score = uniform
+        dropped = await collector.make_group(TASK, f"{JOB}/s1/g3", 4)
+        assert client.exists(replica.keys[3]) == 1
+        assert not await collector.deliver(dropped, stats)
+        assert client.exists(replica.keys[3]) == 0 and stats.dropped_uniform == 1
+
+        # A group made again because the sandbox failed it: the first attempt's payload is deleted.
+        scores = iter([sandbox_down] * 4 + [score] * 4)
+        collector.score = lambda *args: next(scores)(*args)
+        again = await collector.make_group(TASK, f"{JOB}/s1/g4", 5)
+        assert (client.exists(replica.keys[4]), client.exists(replica.keys[5])) == (0, 1)
+        assert await collector.deliver(again, stats)
+        collector.score = score
+
         # Without a data plane, the replica is not asked to stage: arrays here, the payload through the service.
         await job_buffer.close_plane()
         third = await collector.make_group(TASK, f"{JOB}/s1/g2", 3)
-        assert len(replica.calls) == 4 and len(replica.keys) == 3
+        assert len(replica.calls) == 7 and len(replica.keys) == 6
         assert await collector.deliver(third, stats)
-        generated = replica.calls[3]
+        generated = replica.calls[6]
         arrays = 4 * (len(generated.prompt_token_ids) + 2 * sum(len(c.token_ids) for c in generated.completions))
         assert collector.received() == {"arrays": arrays, "rollout_staged": sum(replica.sizes)}
         # The expired stage was sent once and never committed; the regenerated one was.
         sent = job_buffer.sent()
-        assert sent["rollout_staged"] == replica.sizes[0] + replica.sizes[2]
+        assert sent["rollout_staged"] == replica.sizes[0] + replica.sizes[2] + replica.sizes[5]
         assert sent["payload"] > 0 and sent["staged"] == 0
     await replica.close()
