@@ -72,10 +72,11 @@ from dockyard.tasks.envs import environment, judge_for
 from dockyard.tasks.task import Task
 from services.coordinator.agent_trials import AgentTrials
 from services.coordinator.fleet import Fleet, Member, NoReplica
-from services.coordinator.job_buffer import JobBuffer, StagedPayload, StagedPayloadGone
+from services.coordinator.job_buffer import JobBuffer, StagedPayloadGone
 from services.coordinator.reward_functions import REWARD_ERROR_PREFIX, RewardFunctions
 from services.coordinator.rewards import has_signal, reward_of, sampled_tokens, shape_rewards
 from services.coordinator.samples import SampleReservoir
+from services.coordinator.staged_payloads import StagedPayloads
 
 # Sandbox failures that another worker may not have: try the call there.
 SCORING_RETRIABLE = PEER_LOST | OVERLOADED
@@ -127,15 +128,6 @@ class CollectionCounters:
     regenerated_groups: int
     sandbox_retries: int
     scaffold_errors: int | None = None
-
-
-@dataclass(frozen=True)
-class _Staged:
-    """A made group's payload, staged by the rollout, and what makes the group again should it expire."""
-
-    payload: StagedPayload
-    task: Task
-    seed: int
 
 
 class ReplicaLost(Exception):
@@ -194,9 +186,7 @@ class Collector:
         self._on_group = on_group
         self.regenerated_groups = 0
         self.sandbox_retries = 0
-        # Payload bytes the replicas sent here: token arrays in Generate replies, and (never here) those they staged.
-        self.received_bytes = {"arrays": 0, "rollout_staged": 0}
-        self._staged: dict[str, _Staged] = {}  # by group id: made groups whose payload the rollout staged
+        self._staged = StagedPayloads(buffer)  # made groups whose payload a replica staged, until their put
         # One record per Generate (replica, group, start/end since the job started, version, tokens).
         self.timeline: list[dict] = []
         # A few of the groups put, for people to read (samples.jsonl and the trackers' tables).
@@ -239,7 +229,7 @@ class Collector:
     def received(self) -> dict[str, int]:
         """A copy of the payload bytes replicas sent here: token arrays in Generate replies (arrays) and the
         payloads they staged in the data plane instead (rollout_staged, bytes this process never held)."""
-        return dict(self.received_bytes)
+        return self._staged.received()
 
     async def endpoint_routing(self) -> dict | None:
         """The policy endpoint's routing snapshot (AgentTrials.routing); None without agent trials or an answer."""
@@ -415,16 +405,11 @@ class Collector:
         try:
             return await self._make_group(task, group_id, seed)
         except Exception:
-            await self._discard(group_id)  # no group to put
+            await self._staged.discard(group_id)  # no group to put
             raise
         except BaseException:
-            self._staged.pop(group_id, None)  # cancelled: nothing more is awaited, the staged key expires
+            self._staged.forget(group_id)  # cancelled: nothing more is awaited, the staged key expires
             raise
-
-    async def _discard(self, group_id: str) -> None:
-        """Delete the payload the rollout staged for a group that will not be put (now, not at its expiry)."""
-        if (staged := self._staged.pop(group_id, None)) is not None:
-            await self.buffer.discard(staged.payload)
 
     async def _make_group(self, task: Task, group_id: str, seed: int) -> common_pb2.Group:
         for attempt in range(self._max_regenerations + 1):
@@ -472,8 +457,7 @@ class Collector:
         # With a data plane the replica stages the token arrays itself: only metadata comes back here.
         staging = rollout_pb2.PayloadStaging(data_plane=plane.advertised, group_id=group_id) if plane else None
         reply = await self.generate(task, n, self.config.policy.generation, group_id, seed, staging)
-        self.received_bytes["arrays"] += single_turn.array_bytes(reply)
-        self.received_bytes["rollout_staged"] += reply.payload_bytes
+        self._staged.received(reply)
         verdicts = await asyncio.gather(
             *(self.score(task, c.text, single_turn.trajectory_id(group_id, i)) for i, c in enumerate(reply.completions))
         )
@@ -484,10 +468,8 @@ class Collector:
             trajectory.verdict.CopyFrom(verdict)
             trajectory.finish_reason = completion.finish_reason
             trajectory.invalid_actions = int(unclosed_thinking(completion.text))
-        await self._discard(group_id)  # an earlier attempt's stage, if any: not this group's payload
         group = await self._group(task, group_id, trajectories)
-        if reply.payload_key:
-            self._staged[group_id] = _Staged(StagedPayload(reply.payload_key, reply.payload_bytes), task, seed)
+        await self._staged.keep(group_id, reply, task, seed)
         self._keep_passing_completions(group)
         return group
 
@@ -560,7 +542,7 @@ class Collector:
         """Put one finished group into the buffer (or drop it), counting it in `stats`; True if it is held.
         A group whose rollout-staged payload expired before its put is made again and delivered (at most
         max_regenerations times, counted; `expired` counts them), since its bytes never reached this side."""
-        staged = self._staged.pop(group.group_id, None)
+        staged = self._staged.take(group.group_id)
         signal = has_signal(group)
         if self.config.grpo.dynamic_sampling.enabled and not signal:
             if staged is not None:
