@@ -542,14 +542,13 @@ class Collector:
         """Put one finished group into the buffer (or drop it), counting it in `stats`; True if it is held.
         A group whose rollout-staged payload expired before its put is made again and delivered (at most
         max_regenerations times, counted; `expired` counts them), since its bytes never reached this side."""
-        staged = self._staged.take(group.group_id)
         signal = has_signal(group)
         if self.config.grpo.dynamic_sampling.enabled and not signal:
-            if staged is not None:
-                await self.buffer.discard(staged.payload)
+            await self._staged.discard(group.group_id)
             stats.dropped_uniform += 1
             self._on_group(group.group_id, "dropped_uniform", group.weight_version)
             return False
+        staged = self._staged.take(group.group_id)
         try:
             reply = await self.buffer.put(group, staged=staged.payload if staged else None)
         except StagedPayloadGone as exc:
@@ -566,6 +565,8 @@ class Collector:
             # before staging it): counted as failed, the job goes on without it.
             error = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
             log.warning("the buffer refused a group", group=group.group_id, error=error)
+            if staged is not None:  # the buffer left the replica's staged payload where it was
+                await self.buffer.discard(staged.payload)
             stats.failed += 1
             self._on_group(group.group_id, "refused", group.weight_version)
             return False

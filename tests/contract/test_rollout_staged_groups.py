@@ -4,8 +4,8 @@ The replica here answers Generate as services/rollout/servicer.py does (it stage
 dockyard.experience.single_turn.stage when told to, else returns the arrays), so the collector and
 JobBuffer are exercised as in a job: a staged group is committed by PutGroup(metadata, key) with no
 token array passing through the coordinator, and the trainer leases exactly the arrays generated; a
-group whose staged payload expired before its put is generated again; one dropped (uniform rewards)
-or made again (its sandbox failed) has its staged payload deleted; without a data plane the arrays
+group whose staged payload expired before its put is generated again; one dropped (uniform rewards),
+made again (its sandbox failed) or refused by the buffer has its staged payload deleted; without a data plane the arrays
 come back and the payload goes through the buffer service, as before.
 """
 
@@ -48,6 +48,7 @@ class Replica:
         self.sizes: list[int] = []
         self._rng = random.Random(0)
         self._plane: DataPlane | None = None
+        self.text_chars = 1  # each completion's text is its index, zero-padded to this many characters
 
     async def generate(self, task, n, sampling, request_id, seed=None, staging=None) -> rollout_pb2.GenerateResponse:
         prompt = [self._rng.randrange(1000) for _ in range(5)]
@@ -57,7 +58,11 @@ class Replica:
             logprobs = [-self._rng.random() for _ in ids]
             completions.append(
                 rollout_pb2.Completion(
-                    token_ids=ids, logprobs=logprobs, num_tokens=len(ids), text=str(i), finish_reason="eos"
+                    token_ids=ids,
+                    logprobs=logprobs,
+                    num_tokens=len(ids),
+                    text=str(i).zfill(self.text_chars),
+                    finish_reason="eos",
                 )
             )
         whole = rollout_pb2.GenerateResponse(prompt_token_ids=prompt, completions=completions, weight_version=0)
@@ -107,7 +112,9 @@ async def test_rollout_staged_groups_are_committed_regenerated_when_expired_and_
 ) -> None:
     client = redis.Redis.from_url(redis_server)
     client.flushdb()
-    buffer = start_service("buffer", {"DOCKYARD_BUFFER_BACKEND": "redis", "DOCKYARD_BUFFER_REDIS_URL": redis_server})
+    # Groups of at most 10 KiB: a group whose texts pass that is refused by the buffer, not by the replica.
+    env = {"DOCKYARD_BUFFER_BACKEND": "redis", "DOCKYARD_BUFFER_REDIS_URL": redis_server}
+    buffer = start_service("buffer", env | {"DOCKYARD_BUFFER_MAX_GROUP_MB": str(10 / 1024)})
     replica = Replica()
     async with connect(buffer.address, default_timeout=30) as channel:
         stub = buffer_pb2_grpc.BufferServiceStub(channel)
@@ -174,12 +181,20 @@ async def test_rollout_staged_groups_are_committed_regenerated_when_expired_and_
         assert await collector.deliver(again, stats)
         collector.score = score
 
+        # A group the buffer refuses (its metadata's texts pass the size limit): its staged payload is deleted.
+        replica.text_chars = 3000
+        refused = await collector.make_group(TASK, f"{JOB}/s1/g5", 6)
+        assert client.exists(replica.keys[6]) == 1
+        assert not await collector.deliver(refused, stats)
+        assert outcomes[f"{JOB}/s1/g5"] == "refused" and client.exists(replica.keys[6]) == 0
+        replica.text_chars = 1
+
         # Without a data plane, the replica is not asked to stage: arrays here, the payload through the service.
         await job_buffer.close_plane()
         third = await collector.make_group(TASK, f"{JOB}/s1/g2", 3)
-        assert len(replica.calls) == 7 and len(replica.keys) == 6
+        assert len(replica.calls) == 8 and len(replica.keys) == 7
         assert await collector.deliver(third, stats)
-        generated = replica.calls[6]
+        generated = replica.calls[7]
         arrays = 4 * (len(generated.prompt_token_ids) + 2 * sum(len(c.token_ids) for c in generated.completions))
         assert collector.received() == {"arrays": arrays, "rollout_staged": sum(replica.sizes)}
         # The expired stage was sent once and never committed; the regenerated one was.
