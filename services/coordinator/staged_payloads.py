@@ -4,6 +4,7 @@
                                ─keep(group, reply, task, seed)─> held by group id
     Collector.deliver ─take(group)─> JobBuffer.put(metadata, staged)   (StagedPayloadGone: make it again)
     a group that will not be put (dropped, made again, unscorable) ─discard(group)─> JobBuffer.discard: DEL
+    (a group the buffer refused: Collector.deliver discards what it took)
 
 Guarantees: at most one staged payload is held per group id, the latest attempt's: keeping another
 deletes the one before; `take` hands it out once; `discard` deletes it from the data plane (a Redis
