@@ -16,10 +16,11 @@ from dockyard.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from dockyard.experience import payload, single_turn
 from dockyard.experience.data_plane import staging_base
 from dockyard.rpc.client import connect
-from tests.conftest import expect_code
+from tests.conftest import RedisServer, expect_code, redis_binary
 from tests.contract.test_rollout_service import CONFIG_YAML, ENV, JOB, sampling
 
 PREFIX = "dockyard:buffer"
+PASSWORD = "pw-Rollout-5e1d"
 GROUP = f"{JOB}/s1/g0"
 
 
@@ -109,3 +110,34 @@ async def _staging(address: str, url: str, client: redis.Redis) -> None:
 async def _drain(call) -> None:
     async for _ in call:
         pass
+
+
+def test_the_replica_logs_in_to_a_protected_data_plane_with_its_own_password(start_service, tmp_path) -> None:
+    server = RedisServer(redis_binary(), tmp_path / "redis-auth", password=PASSWORD)
+    (tmp_path / "redis-auth").mkdir()
+    server.start()
+    try:
+        (tmp_path / "pw").write_text(PASSWORD + "\n")
+        with_file = start_service("rollout", ENV | {"DOCKYARD_DATA_PLANE_REDIS_PASSWORD_FILE": str(tmp_path / "pw")})
+        without = start_service("rollout", ENV)
+        staged, unstaged = asyncio.run(_protected(with_file.address, without.address, server.url))
+        assert staged.payload_key and not staged.prompt_token_ids
+        assert not unstaged.payload_key and unstaged.prompt_token_ids  # could not log in: the arrays come back
+        client = redis.Redis.from_url(server.url, password=PASSWORD)
+        assert client.strlen(staged.payload_key) == staged.payload_bytes
+        # The password went nowhere but to Redis: never in a log line, and the missing one is named.
+        assert PASSWORD not in with_file.logs() + without.logs()
+        assert "DOCKYARD_DATA_PLANE_REDIS_PASSWORD" in without.logs(), without.logs()[-3000:]
+    finally:
+        server.stop()
+
+
+async def _protected(address: str, other: str, url: str) -> tuple[rollout_pb2.GenerateResponse, ...]:
+    replies = []
+    for where in (address, other):
+        async with connect(where, default_timeout=120) as channel:
+            stub = rollout_pb2_grpc.RolloutServiceStub(channel)
+            await stub.LoadPolicy(rollout_pb2.LoadPolicyRequest(job_id=JOB, config_yaml=CONFIG_YAML))
+            staging = rollout_pb2.PayloadStaging(data_plane=plane(url), group_id=GROUP)
+            replies.append(await stub.Generate(request(staging)))
+    return tuple(replies)
