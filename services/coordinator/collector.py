@@ -43,7 +43,7 @@ outcome (put, duplicate, dropped_stale, dropped_uniform) is reported through
 `on_group`; with dynamic sampling, `deliver` drops groups whose valid rewards
 are all equal (counted), and the producer draws further tasks.
 
-Why over 400 lines (about 600): generation, scoring, group assembly and validation share one set of
+Why over 400 lines: generation, scoring, group assembly and validation share one set of
 semaphores, retry counters and the generation timeline; split apart, they would reach into each
 other's state.
 """
