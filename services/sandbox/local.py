@@ -264,21 +264,24 @@ class LocalBackend(SandboxBackend):
                 await asyncio.to_thread(remove_tree, started.work)
 
     async def _serve(self, harness_input: bytes, limits: ResourceLimits) -> Run:
-        """A RunTests call in a serving sandbox, given back for the next call when the launcher reset it;
-        tried once more on another when the one taken had ended before the call reached it."""
+        """A RunTests call in a serving sandbox; tried once more on another when the one taken had ended
+        before the call reached it (nothing of the call ran). OSError when none could take it."""
+        try:
+            return await self._call_worker(harness_input, limits)
+        except WorkerGone:
+            return await self._call_worker(harness_input, limits)
+
+    async def _call_worker(self, harness_input: bytes, limits: ResourceLimits) -> Run:
+        """The call in a serving sandbox, given back for the next call only when the launcher reset it
+        (a cancelled call's sandbox is discarded, and with it whatever the call was running)."""
         assert self._workers is not None
-        for attempt in range(2):
-            worker = await self._workers.take()
-            try:
-                run, reusable = await call_worker(worker, self.rlimits_line(limits), harness_input, limits)
-            except WorkerGone as exc:
-                await self._workers.give_back(worker, reusable=False)
-                if attempt:
-                    raise OSError(str(exc)) from None
-                continue
+        worker = await self._workers.take()
+        reusable = False
+        try:
+            run, reusable = await call_worker(worker, self.rlimits_line(limits), harness_input, limits)
+        finally:
             await self._workers.give_back(worker, reusable=reusable)
-            return run
-        raise AssertionError("unreachable")
+        return run
 
     async def open_session(
         self,

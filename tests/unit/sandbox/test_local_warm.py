@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import textwrap
 import time
 import uuid
@@ -304,3 +305,17 @@ async def test_a_reusable_pool_keeps_what_its_callers_give_back_reset_and_no_mor
     assert discarded == [first, second, extra]
     with pytest.raises(ValueError, match="one call each"):
         await WarmPool(start, discard, alive=lambda item: True, size=1).give_back(0, reusable=True)
+
+
+async def test_a_waiting_sandbox_that_died_is_replaced_and_the_call_still_runs(backend):
+    if not serving(backend):
+        missing("sandboxes serve calls one after another only when the service runs as root")
+    first = await backend.run_tests("x = 1\n", ["assert x == 1"], LIMITS)
+    assert first.status is Status.PASSED, first
+    waiting = sandbox_processes(backend)
+    assert waiting
+    for pid in waiting:
+        os.kill(pid, signal.SIGKILL)  # from outside, while it waits for its next call
+    second = await backend.run_tests("x = 2\n", ["assert x == 2"], LIMITS)
+    assert second.status is Status.PASSED, second
+    assert not set(sandbox_processes(backend)) & set(waiting)
