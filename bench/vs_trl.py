@@ -53,7 +53,8 @@ use --rounds (sides in alternating order) and read several runs before trusting 
 Prints each round's step times and reward means, the mean seconds per step of each side over
 all rounds, then `dockyard_vs_trl_steps: R` (TRL seconds per step / dockyard seconds per step;
 higher is better; the goal is R >= 1.0 on a 2-core machine, 1.5 with --async-grpo, which runs
-dockyard's side with grpo.async_grpo.enabled=true: generation and scoring overlap training).
+dockyard's side with grpo.async_grpo.enabled=true and loss_fn.is_correction=tis (is_max 2), as
+bench/async_vs_sync.py: generation and scoring overlap training).
 
     .venv/bin/python bench/vs_trl.py                     # warm start (minutes), 3 measured steps per side
     .venv/bin/python bench/vs_trl.py --rounds 2 --model-dir /tmp/tiny-expr-sft  # reuse a warm start
@@ -324,7 +325,7 @@ def main() -> None:
     parser.add_argument(
         "--async-grpo",
         action="store_true",
-        help="dockyard with grpo.async_grpo.enabled=true (generation and scoring overlap training; goal 1.5)",
+        help="dockyard with grpo.async_grpo.enabled=true and TIS (generation and scoring overlap training; goal 1.5)",
     )
     args = parser.parse_args()
     if args.steps < 1 or args.rounds < 1:
@@ -339,7 +340,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="dockyard-vs-trl-") as tmp:
         model_dir = (args.model_dir or Path(tmp) / "model").resolve()
         stop = ["policy.generation.stop_strings=[]"] if args.no_stop else []
-        stop += ["grpo.async_grpo.enabled=true"] if args.async_grpo else []
+        # Asynchronous GRPO needs an importance-sampling correction; bench/async_vs_sync.py's.
+        stop += (
+            ["grpo.async_grpo.enabled=true", "loss_fn.is_correction=tis", "loss_fn.is_max=2"] if args.async_grpo else []
+        )
         overrides = overrides_for(model_dir, Path(tmp) / "runs", steps, warm_steps) + stop
         cfg = load_config(RECIPE, overrides)
         if not (model_dir / "config.json").is_file():
