@@ -336,10 +336,10 @@ class Backend:
         )
         try:
             async for message in call:
+                for delta in message.deltas:  # the last message's too: the tokens that came with the end
+                    on_tokens(delta.index, list(delta.token_ids), list(delta.logprobs))
                 if message.HasField("result"):
                     return message.result
-                for delta in message.deltas:
-                    on_tokens(delta.index, list(delta.token_ids), list(delta.logprobs))
         finally:
             call.cancel()  # no-op once the call ended
         raise ReplicaLost("the replica's GenerateStream ended without a result")

@@ -256,7 +256,8 @@ class TorchEngine(GenerationEngine):
     async def generate_stream(
         self, prompt: Prompt, num_samples: int, decoding: DecodingParams
     ) -> AsyncIterator[StreamEvent]:
-        """Each decode step's new tokens (steps the consumer has not taken yet are merged), then the result."""
+        """Each decode step's new tokens (steps the consumer has not taken yet are merged), then the result;
+        tokens the consumer takes together with the end come in the result alone."""
         if isinstance(prompt, ImagePrompt):  # the image path runs beside the batch, not step by step
             yield await self.generate(prompt, num_samples, decoding)
             return
@@ -288,7 +289,8 @@ class TorchEngine(GenerationEngine):
                         done = item
                         break
                     deltas = _merged(deltas, item)
-                yield deltas
+                if done is None:  # else the result, right behind them, carries these tokens too
+                    yield deltas
             yield done.result()  # the result, or GenerationCancelled / the step's error raised
         finally:
             if not request.future.done():  # the consumer went away (cancelled or closed): the rows leave
