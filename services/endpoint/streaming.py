@@ -249,8 +249,8 @@ class LiveTurn:
     ) -> AsyncIterator[Text | Any]:
         """Text events as tokens arrive, the last Text of each completion, then the turn's Served.
 
-        `pause` is awaited each time the events have caught up with the generation, right before they wait
-        for its next tokens: the reply sends what it holds then (sse.EventStream), so what became ready
+        `pause` is awaited each time the events have caught up with a running generation, right before they
+        wait for its next tokens: the reply sends what it holds then (sse.EventStream), so what became ready
         together goes out together and nothing waits for the generation's next step. Closing the iterator
         before the end cancels the turn (the generation stops; nothing is recorded)."""
         renderer, markers, strip = self.renderer, self.markers, self.strip
@@ -264,7 +264,8 @@ class LiveTurn:
             while not ended:
                 # Tokens that arrived together go out together: one event per completion, not per delta.
                 arrived: dict[int, tuple[list[int], list[float]]] = {}
-                if pause is not None and self.queue.empty():
+                # A finished turn's end is queued next, with nothing to wait for: what is held goes with it.
+                if pause is not None and self.queue.empty() and not task.done():
                     await pause()
                 item = await self.queue.get()
                 while item is not None:
