@@ -329,7 +329,7 @@ class Backend:
     async def _stream(
         self, address: str, request: rollout_pb2.GenerateRequest, on_tokens: TokenSink
     ) -> rollout_pb2.GenerateResponse:
-        """GenerateStream: deltas to `on_tokens` as they come, the last message's result returned; leaving
+        """GenerateStream: deltas to `on_tokens` as they come (the last message's too), its result returned; leaving
         early (the caller cancelled) cancels the call, which stops the generation on the replica."""
         call = self._rollout(address).GenerateStream(
             rollout_pb2.GenerateStreamRequest(request=request), timeout=self._timeout
