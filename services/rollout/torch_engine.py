@@ -257,7 +257,7 @@ class TorchEngine(GenerationEngine):
         self, prompt: Prompt, num_samples: int, decoding: DecodingParams
     ) -> AsyncIterator[StreamEvent]:
         """Each decode step's new tokens (steps the consumer has not taken yet are merged), then the result;
-        tokens the consumer takes together with the end come in the result alone."""
+        the last step's tokens, and those the consumer takes together with the end, come in the result alone."""
         if isinstance(prompt, ImagePrompt):  # the image path runs beside the batch, not step by step
             yield await self.generate(prompt, num_samples, decoding)
             return
@@ -273,7 +273,8 @@ class TorchEngine(GenerationEngine):
 
         cancel = threading.Event()
         request = await asyncio.to_thread(self._request, prompt, num_samples, decoding, cancel, on_tokens)
-        # Settled after the request's last on_tokens call, so it reaches the queue after every delta.
+        # Settled after the request's last on_tokens call, so it reaches the queue after every delta (the
+        # step that settles it reports nothing: the result holds its tokens).
         self._batch.submit(request).add_done_callback(put)
         try:
             done: Future | None = None
