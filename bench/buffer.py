@@ -166,7 +166,11 @@ async def service_run(stub, job_id: str, groups: list[common_pb2.Group], args: a
             if sum(len(a) for a in arrays) != len(lease.groups) * args.group_size:
                 raise RuntimeError("a sampled payload lost trajectories")
             ids = [g.group_id for g in lease.groups]
-            acked = await stub.AckGroups(buffer_pb2.AckGroupsRequest(job_id=job_id, group_ids=ids, weight_version=0))
+            # Under the trainer lease the consumer's first lease() took: only the job's trainer may ack.
+            ack = buffer_pb2.AckGroupsRequest(
+                job_id=job_id, group_ids=ids, weight_version=0, lease_id=consumer.lease_id
+            )
+            acked = await stub.AckGroups(ack)
             if acked.acked != len(ids):
                 raise RuntimeError(f"acked {acked.acked} of {len(ids)}")
             consumed += len(ids)

@@ -2,9 +2,11 @@
 
     service                      `python -m services.sandbox` (local backend, isolated), RunTests over gRPC
     LocalBackend(isolate=True)   the same backend called in-process: bwrap's net/pid/ipc/uts/mount
-                                 namespaces, tmpfs work folder, uid drop; RunTests sandboxes started
-                                 ahead of their calls (services/sandbox/warm_pool.py)
-    LocalBackend(isolate=False)  the same launcher and harness as a plain child process
+                                 namespaces, tmpfs work folder, uid drop; as root, RunTests sandboxes
+                                 that serve calls one after another, a forked child per call and a
+                                 reset between calls (services/sandbox/local_workers.py); otherwise
+                                 one sandbox per call, started ahead of it (warm_pool.py)
+    LocalBackend(isolate=False)  the same launcher and harness as a plain child process, one per call
     bare python                  `<the service's interpreter> -I -c "<program + tests>"` through
                                  subprocess.run: what a reward function that runs each completion in a
                                  subprocess costs (the baseline, measured in the same run)
@@ -15,8 +17,8 @@ at concurrency 1, then at `--concurrency` (bare python: a thread pool of that ma
 lines compare per-task medians at concurrency 1 (lower is better, 1.0 is parity):
 `local_isolated_vs_unisolated: R`, `backend_task_vs_bare_python: R` and, last,
 `local_task_vs_bare_python: R` (through the service; goal <= 1.5: scoring at the cost of a bare
-subprocess, isolation kept). The tasks/s lines show the CPU side: a sandbox for the next call starts
-on another core while a task runs, which shortens latency more than it raises throughput.
+subprocess, isolation kept). The tasks/s lines show the CPU side: a serving sandbox pays a fork per
+task, not an interpreter start, so it raises tasks per second as well as shortening latency.
 
     .venv/bin/python bench/sandbox_local.py            # needs bwrap (apt-get install bubblewrap)
 """

@@ -5,13 +5,17 @@ around every gRPC hop; only metadata crosses the buffer service.
             └─PutGroup(metadata, payload_key, payload_bytes)─> buffer ─Lua: RENAME staged key─┘ to the group's
     trainer ─SampleGroupsStream(payload_by_reference)─> buffer: metadata + each group's payload key
             └─MGET keys─> redis: the payloads, byte for byte as the writer packed them
+    The payload's writer may not be the put's: a rollout replica stages a single-turn group's payload
+    (single_turn.py) and the coordinator puts its metadata with that key.
 
 The buffer advertises its data plane (GetDataPlane): its Redis URL, never with a password, and the
 key prefix. A client sends the password it reads from DOCKYARD_DATA_PLANE_REDIS_PASSWORD (or
 DOCKYARD_DATA_PLANE_REDIS_PASSWORD_FILE). A buffer in memory, one with its data plane off, one
 older than GetDataPlane, or a Redis this client cannot reach or log in to gives no data plane:
-`discover` returns None (the last two with a warning) and the caller streams payloads through the
-buffer service instead (PutGroupStream, SampleGroupsStream), with the same semantics.
+`discover` (and `connect`, for a writer told of the data plane by another: the rollout) returns
+None (the last two with a warning) and the caller streams payloads through the buffer service
+instead (PutGroupStream, SampleGroupsStream; a rollout replica returns the arrays to its caller),
+with the same semantics.
 
 Guarantees: a payload is checked (dockyard.experience.checks, and the buffer's size limit) before
 it is staged, so the buffer, which never reads staged bytes, holds only payloads the trainer can
@@ -46,7 +50,7 @@ SOCKET_TIMEOUT_S = 60.0  # far above a 16 MiB group's transfer, even over a slow
 
 
 class DataPlaneSettings(BaseSettings):
-    """DOCKYARD_DATA_PLANE_*: how a client (coordinator, trainer) logs in to the data plane's Redis."""
+    """DOCKYARD_DATA_PLANE_*: how a client (coordinator, rollout, trainer) logs in to the data plane's Redis."""
 
     model_config = SettingsConfigDict(env_prefix="DOCKYARD_DATA_PLANE_", extra="ignore", hide_input_in_errors=True)
 
@@ -79,6 +83,7 @@ class DataPlane:
 
     def __init__(self, client: aioredis.Redis, limits: buffer_pb2.GetDataPlaneResponse) -> None:
         self._redis = client
+        self.advertised = limits  # the GetDataPlane answer it was made from, to name it to another writer
         self._prefix = limits.key_prefix
         self._ttl = limits.staging_ttl_seconds or 600
         self._max_tokens = limits.max_trajectory_tokens
@@ -95,6 +100,12 @@ class DataPlane:
             return None  # a buffer older than the data plane
         if not reply.redis_url:
             return None
+        return await cls.connect(reply)
+
+    @classmethod
+    async def connect(cls, reply: buffer_pb2.GetDataPlaneResponse) -> DataPlane | None:
+        """A connection to the data plane `reply` advertises, answering PING; None (with a warning) where its
+        password setting is unusable or its Redis does not answer this client."""
         settings = DataPlaneSettings()
         try:
             password = read_password(
@@ -140,6 +151,10 @@ class DataPlane:
     async def renew(self, key: str) -> bool:
         """Restart a staged key's expiry before a put is retried; False if it is gone (expired: stage again)."""
         return bool(await self._redis.expire(key, self._ttl))
+
+    async def discard(self, key: str) -> None:
+        """Delete a staged key whose put will not come (the writer dropped its group); gone already is fine."""
+        await self._redis.delete(key)
 
     async def read(self, keys: Sequence[str]) -> list[bytes]:
         """The payloads under `keys`, in order, by one MGET; PayloadGone if any is missing."""

@@ -695,7 +695,10 @@ class ColocatedReceiver(_Peer):
             src = src.view(spec.torch_dtype)
             if sink.targets is None:  # a loader of whole tensors: it copies them before returning
                 if (p.a, p.b) != (0, spec.numel):
-                    raise SyncFailed(f"{spec.name}: a loader sink takes whole tensors; raise the bucket size")
+                    raise SyncFailed(
+                        f"{spec.name}: a loader sink takes whole tensors; "
+                        f"raise cluster.weight_sync_bucket_mb above its {spec.numel * spec.torch_dtype.itemsize} bytes"
+                    )
                 whole.append((names[p.index], src.view(spec.shape)))
                 continue
             target = sink.targets[names[p.index]]

@@ -6,6 +6,8 @@
          ─env.score each on the least loaded sandbox worker (RunTests or ScorePatch, per env.name)─> verdicts
          ─reward_functions (env.reward: built-ins, user functions run by the sandbox, a weighted sum)─> raw rewards
          ─rewards.shape_rewards (integrity, invalid action, overlong, scaling)─> Group ─put─> buffer
+    with a data plane, the replica stages the token arrays there itself (GenerateRequest.staging): the reply,
+    and so the Group, carry metadata only, and the put commits the replica's staged key
     with env.tools set, the n samples are agent trials instead (services/coordinator/agent_trials.py), each
     scored by its own answer; the rest of the path is the same.
 
@@ -41,7 +43,7 @@ outcome (put, duplicate, dropped_stale, dropped_uniform) is reported through
 `on_group`; with dynamic sampling, `deliver` drops groups whose valid rewards
 are all equal (counted), and the producer draws further tasks.
 
-Why a little over 400 lines: generation, scoring, group assembly and validation share one set of
+Why over 400 lines: generation, scoring, group assembly and validation share one set of
 semaphores, retry counters and the generation timeline; split apart, they would reach into each
 other's state.
 """
@@ -63,16 +65,18 @@ from dockyard.api.common.v1 import common_pb2
 from dockyard.api.rollout.v1 import rollout_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.config import MasterConfig, SamplingConfig
+from dockyard.experience import single_turn
 from dockyard.rpc.errors import InvalidArgument
 from dockyard.rpc.retry import OVERLOADED, PEER_LOST
 from dockyard.tasks.envs import environment, judge_for
 from dockyard.tasks.task import Task
 from services.coordinator.agent_trials import AgentTrials
 from services.coordinator.fleet import Fleet, Member, NoReplica
-from services.coordinator.job_buffer import JobBuffer
+from services.coordinator.job_buffer import JobBuffer, StagedPayloadGone
 from services.coordinator.reward_functions import REWARD_ERROR_PREFIX, RewardFunctions
 from services.coordinator.rewards import has_signal, reward_of, sampled_tokens, shape_rewards
 from services.coordinator.samples import SampleReservoir
+from services.coordinator.staged_payloads import StagedPayloads
 
 # Sandbox failures that another worker may not have: try the call there.
 SCORING_RETRIABLE = PEER_LOST | OVERLOADED
@@ -182,6 +186,7 @@ class Collector:
         self._on_group = on_group
         self.regenerated_groups = 0
         self.sandbox_retries = 0
+        self._staged = StagedPayloads(buffer)  # made groups whose payload a replica staged, until their put
         # One record per Generate (replica, group, start/end since the job started, version, tokens).
         self.timeline: list[dict] = []
         # A few of the groups put, for people to read (samples.jsonl and the trackers' tables).
@@ -220,6 +225,11 @@ class Collector:
         return CollectionCounters(
             self.regenerated_groups + agent, self.sandbox_retries, errors.total if errors is not None else None
         )
+
+    def received(self) -> dict[str, int]:
+        """A copy of the payload bytes replicas sent here: token arrays in Generate replies (arrays) and the
+        payloads they staged in the data plane instead (rollout_staged, bytes this process never held)."""
+        return self._staged.received()
 
     async def endpoint_routing(self) -> dict | None:
         """The policy endpoint's routing snapshot (AgentTrials.routing); None without agent trials or an answer."""
@@ -295,11 +305,22 @@ class Collector:
             await self.fleet.changed(1.0)
 
     async def generate(
-        self, task: Task, n: int, sampling: SamplingConfig, request_id: str, seed: int | None = None
+        self,
+        task: Task,
+        n: int,
+        sampling: SamplingConfig,
+        request_id: str,
+        seed: int | None = None,
+        staging: rollout_pb2.PayloadStaging | None = None,
     ) -> rollout_pb2.GenerateResponse:
-        """One Generate of the whole group on one ready replica; generated again elsewhere if it is lost."""
+        """One Generate of the whole group on one ready replica; generated again elsewhere if it is lost.
+        With `staging`, the replica stages the token arrays in the buffer's data plane when it can."""
         request = rollout_pb2.GenerateRequest(
-            job_id=self.job_id, request_id=request_id, num_samples=n, sampling=sampling_params(sampling, seed)
+            job_id=self.job_id,
+            request_id=request_id,
+            num_samples=n,
+            sampling=sampling_params(sampling, seed),
+            staging=staging,
         )
         # A conversation is rendered by the rollout's chat template; the rendered ids come back in
         # prompt_token_ids, which the trajectory carries: the trainer trains on exactly what was generated from.
@@ -338,7 +359,7 @@ class Collector:
                         "start": start - self._started,
                         "end": end - self._started,
                         "weight_version": reply.weight_version,
-                        "tokens": sum(len(c.token_ids) for c in reply.completions),
+                        "tokens": sum(c.num_tokens or len(c.token_ids) for c in reply.completions),
                         "attempt": attempt,
                     }
                 )
@@ -381,6 +402,16 @@ class Collector:
     async def make_group(self, task: Task, group_id: str, seed: int) -> common_pb2.Group:
         """A scored group; generated again (at most max_regenerations times, counted) while more than
         max_invalid_fraction of its trajectories failed in the sandbox, then GroupUnscorable."""
+        try:
+            return await self._make_group(task, group_id, seed)
+        except Exception:
+            await self._staged.discard(group_id)  # no group to put
+            raise
+        except BaseException:
+            self._staged.forget(group_id)  # cancelled: nothing more is awaited, the staged key expires
+            raise
+
+    async def _make_group(self, task: Task, group_id: str, seed: int) -> common_pb2.Group:
         for attempt in range(self._max_regenerations + 1):
             group = await self._make_group_once(task, group_id, seed)
             scaffold_errors = [t for t in group.trajectories if is_scaffold_error(t)]
@@ -422,25 +453,23 @@ class Collector:
             group = await self._group(task, group_id, [t.trajectory for t in trials])
             self._keep_passing(group, trials)
             return group
-        reply = await self.generate(task, n, self.config.policy.generation, group_id, seed)
+        plane = self.buffer.data_plane
+        # With a data plane the replica stages the token arrays itself: only metadata comes back here.
+        staging = rollout_pb2.PayloadStaging(data_plane=plane.advertised, group_id=group_id) if plane else None
+        reply = await self.generate(task, n, self.config.policy.generation, group_id, seed, staging)
+        self._staged.received(reply)
         verdicts = await asyncio.gather(
-            *(self.score(task, c.text, f"{group_id}/{i}") for i, c in enumerate(reply.completions))
+            *(self.score(task, c.text, single_turn.trajectory_id(group_id, i)) for i, c in enumerate(reply.completions))
         )
-        trajectories = [
-            common_pb2.Trajectory(
-                trajectory_id=f"{group_id}/{i}",
-                prompt_token_ids=reply.prompt_token_ids,
-                completion_token_ids=completion.token_ids,
-                completion_logprobs=completion.logprobs,
-                completion_text=completion.text,
-                weight_version=reply.weight_version,
-                verdict=verdict,
-                finish_reason=completion.finish_reason,
-                invalid_actions=int(unclosed_thinking(completion.text)),
-            )
-            for i, (completion, verdict) in enumerate(zip(reply.completions, verdicts, strict=True))
-        ]
+        trajectories = single_turn.reply_trajectories(group_id, reply)
+        for trajectory, completion, verdict in zip(trajectories, reply.completions, verdicts, strict=True):
+            trajectory.completion_text = completion.text
+            trajectory.weight_version = reply.weight_version
+            trajectory.verdict.CopyFrom(verdict)
+            trajectory.finish_reason = completion.finish_reason
+            trajectory.invalid_actions = int(unclosed_thinking(completion.text))
         group = await self._group(task, group_id, trajectories)
+        await self._staged.keep(group_id, reply, task, seed)
         self._keep_passing_completions(group)
         return group
 
@@ -491,11 +520,13 @@ class Collector:
     async def _group(self, task: Task, group_id: str, trajectories: list[common_pb2.Trajectory]) -> common_pb2.Group:
         """Scored trajectories (verdicts set) as a group: rewards from the verdicts, then shaping."""
         await self.rewards.assign(task, trajectories)
-        # A trial that failed before its first turn has no version of its own: it takes the group's.
-        versions = [t.weight_version for t in trajectories if t.prompt_token_ids]
+        # A trial that failed before its first turn has no version of its own: it takes the group's. A
+        # completion whose arrays the rollout staged has none here, but its count (sampled_tokens).
+        generated = [bool(t.prompt_token_ids or t.sampled_tokens) for t in trajectories]
+        versions = [t.weight_version for t, g in zip(trajectories, generated, strict=True) if g]
         oldest = min(versions, default=self.routing.required_version or 0)
-        for t in trajectories:
-            if not t.prompt_token_ids:
+        for t, g in zip(trajectories, generated, strict=True):
+            if not g:
                 t.weight_version = oldest
         shape_rewards(trajectories, self.config.grpo)
         return common_pb2.Group(
@@ -507,15 +538,26 @@ class Collector:
             trajectories=trajectories,
         )
 
-    async def deliver(self, group: common_pb2.Group, stats: CollectStats) -> bool:
-        """Put one finished group into the buffer (or drop it), counting it in `stats`; True if it is held."""
+    async def deliver(self, group: common_pb2.Group, stats: CollectStats, expired: int = 0) -> bool:
+        """Put one finished group into the buffer (or drop it), counting it in `stats`; True if it is held.
+        A group whose rollout-staged payload expired before its put is made again and delivered (at most
+        max_regenerations times, counted; `expired` counts them), since its bytes never reached this side."""
         signal = has_signal(group)
         if self.config.grpo.dynamic_sampling.enabled and not signal:
+            await self._staged.discard(group.group_id)
             stats.dropped_uniform += 1
             self._on_group(group.group_id, "dropped_uniform", group.weight_version)
             return False
+        staged = self._staged.take(group.group_id)
         try:
-            reply = await self.buffer.put(group)
+            reply = await self.buffer.put(group, staged=staged.payload if staged else None)
+        except StagedPayloadGone as exc:
+            if expired >= self._max_regenerations:
+                raise
+            self.regenerated_groups += 1
+            log.warning("a staged payload expired before its put; generating the group again", error=str(exc))
+            again = await self.make_group(staged.task, group.group_id, staged.seed)
+            return await self.deliver(again, stats, expired + 1)
         except (grpc.aio.AioRpcError, InvalidArgument) as exc:
             if isinstance(exc, grpc.aio.AioRpcError) and exc.code() != grpc.StatusCode.INVALID_ARGUMENT:
                 raise
@@ -523,6 +565,8 @@ class Collector:
             # before staging it): counted as failed, the job goes on without it.
             error = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
             log.warning("the buffer refused a group", group=group.group_id, error=error)
+            if staged is not None:  # the buffer left the replica's staged payload where it was
+                await self.buffer.discard(staged.payload)
             stats.failed += 1
             self._on_group(group.group_id, "refused", group.weight_version)
             return False

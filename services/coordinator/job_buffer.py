@@ -3,6 +3,8 @@
     runner/recovery ─open(rewind_to)─> OpenJob      collector ─put(group)─> (full, down: waited out)
         (the first open also asks GetDataPlane)       with a data plane: payload SET in Redis, PutGroup(metadata, key)
                                                        without: PutGroupStream(metadata + packed payload)
+                                                     ─put(metadata, staged)─> the payload the rollout staged:
+                                                       PutGroup(metadata, its key) (single_turn.py)
                                                        (dockyard/experience/payload.py, data_plane.py)
     recovery ─set_clock(v)─> OpenJob(rewind_to v)    producer, metrics ─stats()─> GetStats (None while restarting)
 
@@ -19,15 +21,21 @@ that died within the second), so `set_clock` brings it up to the group's version
 trainer published) and the put is sent again. The trainer's acks land before it publishes a version
 (services/trainer/consumer.py), so with a durable store this never happens. A staged payload's
 expiry is renewed before every retry and the payload staged again if it expired, so a put waited
-out for long still finds it; a data plane whose Redis
+out for long still finds it. A payload the rollout staged (`staged`) cannot be staged again here,
+since these bytes never reached this side: when its key expired before a put (scoring outlasted the
+buffer's DOCKYARD_BUFFER_STAGING_TTL_SECONDS), `put` raises StagedPayloadGone and the caller generates
+the group again (Collector.deliver); one whose group will not be put is deleted (`discard`). A data
+plane whose Redis
 is down is waited out as the buffer is (UNAVAILABLE). `stats` never raises for
 a buffer that is restarting: it answers None. `sent_bytes` counts what this side sent the buffer
-service (metadata, payload) and what it staged in the data plane; `sent()` is a copy for readers.
+service (metadata, payload), what it staged in the data plane (staged), and the payloads the rollout
+staged that its puts committed (rollout_staged, bytes this side never held); `sent()` is a copy for readers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import grpc
 import structlog
@@ -48,6 +56,18 @@ FROM_THE_FUTURE = "from the future"
 log = structlog.get_logger()
 
 
+@dataclass(frozen=True)
+class StagedPayload:
+    """A group's payload another writer (the rollout) staged in the data plane: its key and size in bytes."""
+
+    key: str
+    size: int
+
+
+class StagedPayloadGone(Exception):
+    """A payload the rollout staged expired before its put; only generating the group again brings it back."""
+
+
 class JobBuffer:
     def __init__(
         self,
@@ -65,7 +85,7 @@ class JobBuffer:
         self._max_groups, self._max_age_steps = max_groups, max_age_steps
         self._recovery_timeout = recovery_timeout  # how long open and set_clock wait out a buffer that is down
         # Bytes of experience this side sent: metadata and payload to the buffer service, payload to the data plane.
-        self.sent_bytes = {"metadata": 0, "payload": 0, "staged": 0}
+        self.sent_bytes = {"metadata": 0, "payload": 0, "staged": 0, "rollout_staged": 0}
         self._plane: DataPlane | None = None
         self._plane_asked = False
 
@@ -93,12 +113,18 @@ class JobBuffer:
         if stats.latest_version < version:
             await self.open(rewind_to=version)
 
-    async def put(self, group: common_pb2.Group, max_wait: float = PUT_MAX_WAIT_SECONDS) -> buffer_pb2.PutGroupResponse:
+    async def put(
+        self, group: common_pb2.Group, max_wait: float = PUT_MAX_WAIT_SECONDS, *, staged: StagedPayload | None = None
+    ) -> buffer_pb2.PutGroupResponse:
         """The group's payload into the data plane (or PutGroupStream without one), its metadata to the buffer,
-        waiting with exponential backoff while the buffer is full or unreachable. A group the buffer would
-        refuse is INVALID_ARGUMENT: from the buffer (AioRpcError), or from the data plane's check before
-        staging (dockyard.rpc.errors.InvalidArgument)."""
-        metadata, payload = packed.split(group)
+        waiting with exponential backoff while the buffer is full or unreachable. With `staged`, `group` is
+        metadata only and its payload is the one the rollout staged (StagedPayloadGone once that expired).
+        A group the buffer would refuse is INVALID_ARGUMENT: from the buffer (AioRpcError), or from the
+        data plane's check before staging (dockyard.rpc.errors.InvalidArgument)."""
+        if staged is None:
+            metadata, payload = packed.split(group)
+        else:
+            metadata, payload = group, staged
         try:
             return await self._put_once(metadata, payload, max_wait)
         except grpc.aio.AioRpcError as exc:
@@ -119,9 +145,12 @@ class JobBuffer:
         return future and version <= self._published()
 
     async def _put_once(
-        self, metadata: common_pb2.Group, payload: bytes, max_wait: float
+        self, metadata: common_pb2.Group, payload: bytes | StagedPayload, max_wait: float
     ) -> buffer_pb2.PutGroupResponse | buffer_pb2.PutGroupStreamResponse:
-        if self._plane is None:
+        if isinstance(payload, StagedPayload):
+            reply = await self._put_staged(self._plane, metadata, payload, max_wait)
+            self.sent_bytes["rollout_staged"] += payload.size
+        elif self._plane is None:
             reply = await self._put_streamed(metadata, payload, max_wait)
             self.sent_bytes["payload"] += len(payload)
         else:
@@ -144,14 +173,23 @@ class JobBuffer:
         )
 
     async def _put_staged(
-        self, plane: DataPlane, metadata: common_pb2.Group, payload: bytes, max_wait: float
+        self, plane: DataPlane | None, metadata: common_pb2.Group, payload: bytes | StagedPayload, max_wait: float
     ) -> buffer_pb2.PutGroupResponse:
-        key = ""
+        """PutGroup(metadata, key) of `payload`: bytes, staged here (again, if their key expired), or a
+        StagedPayload the rollout staged, renewed here (without a plane, left to the buffer's take-over)."""
+        staged = isinstance(payload, StagedPayload)
+        key, size = (payload.key, payload.size) if staged else ("", len(payload))
 
         async def attempt() -> buffer_pb2.PutGroupResponse:
             nonlocal key
             try:
-                if not key or not await plane.renew(key):
+                if staged:
+                    if plane is not None and not await plane.renew(key):
+                        raise StagedPayloadGone(
+                            f"group {metadata.group_id!r}: the payload the rollout staged ({key!r}) expired before "
+                            "its put; raise DOCKYARD_BUFFER_STAGING_TTL_SECONDS above the time a group takes to score"
+                        )
+                elif not key or not await plane.renew(key):
                     key = await plane.stage(metadata, payload)
             except (RedisError, OSError) as exc:
                 # The buffer's own store is down (restarting, unreachable): waited out like the buffer itself.
@@ -161,10 +199,19 @@ class JobBuffer:
                     grpc.aio.Metadata(),
                     details=f"the data plane's Redis: {type(exc).__name__}: {exc}",
                 ) from None
-            request = buffer_pb2.PutGroupRequest(group=metadata, payload_key=key, payload_bytes=len(payload))
+            request = buffer_pb2.PutGroupRequest(group=metadata, payload_key=key, payload_bytes=size)
             return await self._stub.PutGroup(request, timeout=30)
 
         return await retry(attempt, what="PutGroup", budget_seconds=max_wait, codes=OVERLOADED | TRANSIENT)
+
+    async def discard(self, staged: StagedPayload) -> None:
+        """Delete a payload the rollout staged whose group will not be put; a Redis failure leaves it to expire."""
+        if self._plane is None:
+            return
+        try:
+            await self._plane.discard(staged.key)
+        except (RedisError, OSError) as exc:
+            log.warning("a staged payload is left to expire", key=staged.key, error=repr(exc))
 
     def sent(self) -> dict[str, int]:
         """A copy of the bytes sent so far by kind: metadata and payload to the buffer service, staged in the plane."""

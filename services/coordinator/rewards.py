@@ -45,7 +45,10 @@ BUDGET_ENDS = frozenset({"turns", "tokens", "time"})
 
 
 def sampled_tokens(trajectory: common_pb2.Trajectory) -> int:
-    """Tokens the policy sampled, over every segment (context tokens of a multi-turn trial excluded)."""
+    """Tokens the policy sampled, over every segment (context tokens of a multi-turn trial excluded); for
+    metadata whose arrays the rollout staged, the count it carries."""
+    if trajectory.sampled_tokens:
+        return trajectory.sampled_tokens
     total = 0
     for segment in [trajectory, *trajectory.later_segments]:
         mask = segment.completion_loss_mask

@@ -3,7 +3,8 @@
     CollectStats ─collected()─> groups, invalid_trajectories, dropped_*, uniform_reward_groups,
                                 integrity_violations, invalid_action_trajectories, reward_function_errors,
                                 verdict_<status>
-    JobBuffer.stats ─buffer()─> buffer_held, buffer_pending, ..., buffer_age_<a>
+    JobBuffer.stats ─buffer()─> buffer_held, buffer_pending, ..., buffer_age_<a>, buffer_sent_<kind>_bytes,
+                                coordinator_received_<arrays|rollout_staged>_bytes
     collector timeline + fleet ─fleet(step)─> replica_<name>_*, sandbox_<name>_*, regenerated_groups,
                                               scaffold_errors (an external scaffold's failed trials), ...
     agent trials ─trial_metrics─> agent_turns_mean, agent_tokens_mean, agent_masked_fraction, agent_finish_<why>
@@ -128,6 +129,10 @@ class StepMetrics:
         metrics.update({f"buffer_age_{age}": float(count) for age, count in sorted(stats.age_histogram.items())})
         # Bytes this job's writer sent so far: through the buffer service (metadata, payload) and to the data plane.
         metrics.update({f"buffer_sent_{kind}_bytes": float(n) for kind, n in self._buffer.sent().items()})
+        # Payload bytes the replicas sent this coordinator: ~0 while they stage payloads in the data plane.
+        metrics.update(
+            {f"coordinator_received_{kind}_bytes": float(n) for kind, n in self._collector.received().items()}
+        )
         return metrics
 
     def fleet(self, step: int) -> dict[str, float]:

@@ -2,6 +2,7 @@
 
     LoadPolicy ──parse config──> JobEngines.load (job_engines.py: torch, vLLM or SGLang) (weight_version 0)
     Generate   ──validate, prompt (text | ids | messages), images ──gate──> JobEngines.get(job).generate ──> response
+               (with `staging`: the token arrays to the buffer's data plane, staging.py; the key in the response)
     GenerateStream ──the same checks──> engine.generate_stream ──> a message per batch of new tokens, then the
         response (with, as deltas, the tokens no message carried yet: those that came together with the end)
     ReceiveWeights ──> WeightReceiver.receive (weight_receiver.py: weight-sync group or checkpoint folder)
@@ -29,6 +30,9 @@ every token of it comes in exactly one message's deltas, in order (the last mess
 Images pass the job's multimodal gate (dockyard/images.py) here, the rollout boundary: gate off,
 too many, too large or unreadable is INVALID_ARGUMENT; an engine that takes no images (vLLM,
 SGLang, a text-only policy) is FAILED_PRECONDITION; the text path never touches the gate.
+A Generate naming a staging destination answers either with the staged key and no token arrays
+(every completion's num_tokens set), or, where staging failed (logged), with the arrays; an empty
+staging field is INVALID_ARGUMENT, and GenerateStream refuses staging.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from services.rollout.engine import Completion, GenerationEngine, GenerationResu
 from services.rollout.job_engines import JobEngines, build_engine
 from services.rollout.prompts import check_context, prompt_from_request
 from services.rollout.settings import RolloutSettings
+from services.rollout.staging import PayloadStager
 from services.rollout.weight_receiver import WeightReceiver
 
 log = structlog.get_logger()
@@ -80,10 +85,12 @@ def kv_cache_proto(stats) -> rollout_pb2.KvCacheStats | None:
     )
 
 
-def completion_proto(completion: Completion) -> rollout_pb2.Completion:
+def completion_proto(completion: Completion, *, staged: bool = False) -> rollout_pb2.Completion:
+    """`completion` on the wire; `staged`: its token ids and logprobs are in a staged payload, not here."""
     return rollout_pb2.Completion(
-        token_ids=completion.token_ids,
-        logprobs=completion.logprobs,
+        token_ids=() if staged else completion.token_ids,
+        logprobs=() if staged else completion.logprobs,
+        num_tokens=len(completion.token_ids),
         text=completion.text,
         finish_reason=completion.finish_reason,
         top_logprobs=[
@@ -94,6 +101,16 @@ def completion_proto(completion: Completion) -> rollout_pb2.Completion:
 
 def _delta(index: int, token_ids: list[int], logprobs: list[float]) -> rollout_pb2.CompletionDelta:
     return rollout_pb2.CompletionDelta(index=index, token_ids=token_ids, logprobs=logprobs)
+
+
+def _check_staging(staging: rollout_pb2.PayloadStaging) -> None:
+    for name, value in (
+        ("data_plane.redis_url", staging.data_plane.redis_url),
+        ("data_plane.key_prefix", staging.data_plane.key_prefix),
+        ("group_id", staging.group_id),
+    ):
+        if not value:
+            raise InvalidArgument(f"staging.{name} is empty; name the buffer's data plane as GetDataPlane gave it")
 
 
 def _require_job_id(job_id: str) -> None:
@@ -109,6 +126,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.jobs = JobEngines(settings.device)
         self.weights = WeightReceiver(settings)
         self.in_flight = 0  # Generate calls running now: the load this replica reports in heartbeats
+        self.stager = PayloadStager()
 
     @property
     def engines(self) -> dict[str, GenerationEngine]:
@@ -158,11 +176,18 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         with self._generating():
             async with asyncio.timeout(remaining):
                 result = await engine.generate(prompt, num_samples, decoding)
-        return self._response(engine, result)
+        staged = None
+        if request.HasField("staging"):
+            staged = await self.stager.stage(
+                request.job_id, request.staging, result.prompt_token_ids, result.completions
+            )
+        return self._response(engine, result, staged)
 
     async def GenerateStream(
         self, request: rollout_pb2.GenerateStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rollout_pb2.GenerateStreamResponse]:
+        if request.request.HasField("staging"):
+            raise InvalidArgument("request.staging: GenerateStream streams the tokens back; stage with Generate")
         engine, prompt, num_samples, decoding, remaining = await self._prepare(request.request, context)
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
         result = None
@@ -216,6 +241,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         num_samples = validate_num_samples(request.num_samples)
         top_logprobs = validate_top_logprobs(request.top_logprobs)
         prompt_input = prompt_from_request(request)
+        if request.HasField("staging"):
+            _check_staging(request.staging)
         decoding = None
         if request.HasField("sampling"):
             decoding = decoding_from_proto(
@@ -237,13 +264,19 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             raise DeadlineExceeded("the caller gave up before generation started")
         return engine, prompt, num_samples, decoding, remaining
 
-    def _response(self, engine: GenerationEngine, result: GenerationResult) -> rollout_pb2.GenerateResponse:
+    def _response(
+        self, engine: GenerationEngine, result: GenerationResult, staged: tuple[str, int] | None = None
+    ) -> rollout_pb2.GenerateResponse:
+        """The result on the wire; with `staged` (key, bytes), its token arrays are in that payload instead."""
+        key, size = staged or ("", 0)
         return rollout_pb2.GenerateResponse(
-            prompt_token_ids=result.prompt_token_ids,
-            completions=[completion_proto(c) for c in result.completions],
+            prompt_token_ids=() if staged else result.prompt_token_ids,
+            completions=[completion_proto(c, staged=bool(staged)) for c in result.completions],
             weight_version=result.weight_version,
             weight_versions=result.weight_versions,
             kv_cache=kv_cache_proto(engine.kv_cache_stats),
+            payload_key=key,
+            payload_bytes=size,
         )
 
     async def _gate_images(self, request: rollout_pb2.GenerateRequest, engine: GenerationEngine) -> list:
@@ -302,5 +335,6 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         return rollout_pb2.UnloadPolicyResponse()
 
     async def close(self) -> None:
+        await self.stager.close()
         await self.weights.close()
         await self.jobs.close()

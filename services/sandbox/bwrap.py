@@ -1,6 +1,6 @@
 """The bubblewrap command line of the local backend: which namespaces, which host paths, which work folder.
 
-    sandbox_argv(bwrap, user, binds, work, disk bytes, mark)
+    sandbox_argv(bwrap, user, binds, work, disk bytes, mark, keep=, serve=)
         --> bwrap: net, pid, ipc, uts, cgroup and mount namespaces (+ a user namespace when not root)
             + `mark` in its command line (run_guard.py finds the runs of a dead service by it)
             + read_only_binds(): SYSTEM_PATHS and the interpreter's prefixes, read-only, at their paths
@@ -13,7 +13,8 @@ the service made for the run (no --new-session), so the service's one killpg rea
 every stage of bwrap's setup; nothing of the host is shown but SYSTEM_PATHS and the interpreter's
 prefixes, all read-only; the folders leading to them are searchable (0755) by the
 sandbox uid; as root only CAP_SETUID, CAP_SETGID and CAP_CHOWN are kept (for the
-launcher, which drops them with the uid), otherwise every capability is dropped
+launcher, which drops them with the uid; a session's or a serving sandbox's launcher also keeps
+CAP_KILL and CAP_DAC_OVERRIDE, to clear up after the code), otherwise every capability is dropped
 inside a user namespace that cannot nest another.
 """
 
@@ -71,17 +72,32 @@ def searchable_parents(path: str) -> list[str]:
 
 
 # Session runs, as root: the launcher also copies the work folder out whatever modes the code left
-# (DAC_OVERRIDE) after killing what the code left running (KILL); the code's uid drop clears both.
+# (DAC_OVERRIDE) after killing what the code left running (KILL); the code's uid drop clears both. A
+# serving sandbox's launcher (RunTests calls one after another) needs the same to reset it between calls,
+# and its IPC namespace's message queues shown, to find any a call left.
 BWRAP_KEEP_FLAGS = ("--cap-add", "CAP_DAC_OVERRIDE", "--cap-add", "CAP_KILL")
+BWRAP_SERVE_FLAGS = (*BWRAP_KEEP_FLAGS, "--mqueue", "/dev/mqueue")
 
 
 def sandbox_argv(
-    bwrap: str, user: str, binds: list[str], work: str, max_disk_bytes: int, mark: str, *, keep: bool = False
+    bwrap: str,
+    user: str,
+    binds: list[str],
+    work: str,
+    max_disk_bytes: int,
+    mark: str,
+    *,
+    keep: bool = False,
+    serve: bool = False,
 ) -> list[str]:
     """bwrap and its arguments up to "--"; `user` "-" means a non-root service (a user namespace);
     `mark`: a variable name unique to the service, carried in bwrap's command line (the code never
-    sees it); `keep`: a session run, whose launcher copies the work folder out afterwards."""
-    caps = BWRAP_USER_FLAGS if user == "-" else BWRAP_ROOT_FLAGS + (BWRAP_KEEP_FLAGS if keep else ())
+    sees it); `keep`: a session run, whose launcher copies the work folder out afterwards; `serve`:
+    a RunTests sandbox serving calls one after another (as root only)."""
+    if user == "-":
+        caps: tuple[str, ...] = BWRAP_USER_FLAGS
+    else:
+        caps = BWRAP_ROOT_FLAGS + (BWRAP_SERVE_FLAGS if serve else BWRAP_KEEP_FLAGS if keep else ())
     return [
         bwrap,
         *BWRAP_FLAGS,

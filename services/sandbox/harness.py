@@ -44,19 +44,22 @@ test out of process.
 from __future__ import annotations
 
 # argv after -c: status_fd, "AS_BYTES,CPU_SECONDS,FSIZE_BYTES,NPROC" or "stdin" (that line first
-# on stdin, read once the sandbox is set up, before the fork), "UID:GID" or "-",
-# stage_fd or "-", disk_bounded ("1"/"0"), keep_fd or "-", mode ("exec" / "harness"), then
-# exec: the command...; harness: HARNESS_SOURCE and its own argv (report_fd).
+# on stdin, read once the sandbox is set up, before the fork) or "-" (serve: each call's own), "UID:GID"
+# or "-", stage_fd or "-", disk_bounded ("1"/"0"), keep_fd or "-", mode ("exec" / "harness" / "serve"),
+# then exec: the command...; harness: HARNESS_SOURCE and its own argv (report_fd); serve: HARNESS_SOURCE
+# and the control socket's fd.
 # Status lines: "ready" (the sandbox is up), "error <why>" (the command could not run),
 # "disk-full" (the work folder was full when the command ended), "kept" / "keep-error <why>"
 # (sessions: the work folder copied out to keep_fd once every process of the run was killed),
-# "exit <code>" (negative: signal).
+# "exit <code>" (negative: signal); serve, on each call's own status pipe: "ready", "error", "disk-full",
+# "exit", then "recycle" when the sandbox is as it was before the call, or "retire <why>" (the launcher
+# then ends, and the namespace with it).
 LAUNCHER_SOURCE = r"""
 import os, resource, sys
 status_fd = int(sys.argv[1])
 
-def status(line):
-    os.write(status_fd, line.encode() + b"\n")
+def status(line, fd=status_fd):
+    os.write(fd, line.encode() + b"\n")
 
 status("ready")
 user, stage, disk_bounded, keep = sys.argv[3], sys.argv[4], sys.argv[5] == "1", sys.argv[6]
@@ -75,7 +78,7 @@ def copy_entry(src, dst):  # a fifo is copied as a fifo (as a session's on docke
     else:
         shutil.copy2(src, dst)
 
-if stage != "-" or keep != "-":  # only then: a RunTests run copies nothing
+if stage != "-" or keep != "-" or run_mode == "serve":  # only then: a RunTests run copies nothing
     import shutil, stat
 try:
     if stage != "-":  # the service's staged files, by fd: no host path is mounted in here
@@ -94,28 +97,118 @@ except BaseException as exc:
 os.environ.pop("PWD", None)  # bwrap's, not the service's environment
 # RunTests: the limits are its call's, first on stdin (the sandbox may be started before the call);
 # the rest of stdin is the harness's, read by the child through the same buffered sys.stdin.
-if run_mode == "harness":  # while the call has not come: the harness compiled, its json imported
+if run_mode in ("harness", "serve"):  # while the call has not come: the harness compiled, its json imported
     import json
     harness_code = compile(argv[0], "<harness>", "exec")
+
+def limit_and_drop(limits):
+    memory, cpu, fsize, nproc = (int(v) for v in limits.split(","))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    # SIGXCPU at the soft limit, SIGKILL one second later if it is caught.
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    if user != "-":  # after the rlimits, so the code cannot raise them again; clears every capability
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+    if nproc > 0:
+        try:
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        except (ValueError, OSError):
+            pass  # best effort: the service's own hard limit may be lower
+
+def run_harness(harness_argv, launcher_fds):
+    # The harness, in this process: nothing of the launcher's it could use is left open to it.
+    try:
+        for fd in launcher_fds:
+            os.close(fd)
+        sys.argv = ["-c", *harness_argv]
+        exec(harness_code, {"__name__": "__main__", "__builtins__": __builtins__})
+    finally:
+        os._exit(1)  # the harness ends with its own os._exit(0); never back into the launcher
+
+def reset():
+    # Back to how the call found the sandbox, or why not: CAP_KILL reaches every process but the
+    # namespace's init and this one (the killed ones' zombies count until init reaps them);
+    # CAP_DAC_OVERRIDE empties the work folder whatever modes the code set.
+    import time
+    deadline = time.monotonic() + 2.0
+    while True:
+        try:
+            os.kill(-1, 9)
+        except ProcessLookupError:
+            break
+        if time.monotonic() > deadline:
+            return "processes outlived the call"
+        time.sleep(0.0005)
+    try:
+        for name in os.listdir("."):
+            if os.path.isdir(name) and not os.path.islink(name):
+                shutil.rmtree(name)
+            else:
+                os.unlink(name)
+        os.chown(".", 0, 0)  # root's again: without CAP_FOWNER only the owner may change its mode
+        for attribute in os.listxattr("."):
+            os.removexattr(".", attribute)
+        os.chmod(".", 0o700)
+        os.chown(".", uid, gid)
+        if os.listdir("."):
+            return "the work folder could not be emptied"
+        for kind in ("shm", "sem", "msg"):  # this IPC namespace's System V objects
+            with open(f"/proc/sysvipc/{kind}") as table:
+                if len(table.read().splitlines()) > 1:
+                    return f"System V {kind} objects were left"
+        if os.listdir("/dev/mqueue"):  # and its POSIX message queues
+            return "message queues were left"
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+if run_mode == "serve":  # RunTests calls one after another: a fresh forked child each, reset between
+    import socket
+    if user == "-":  # the code would share this process's uid: it could reach the next call through it
+        status("error serving calls needs a uid to drop to")
+        os._exit(127)
+    control = socket.socket(fileno=int(argv[1]))
+    while True:
+        try:
+            limits, fds, _, _ = socket.recv_fds(control, 4096, 5)
+        except OSError:
+            os._exit(0)
+        if not limits or len(fds) != 5:  # the service closed its end (or sent no call): done
+            os._exit(0)
+        call_in, call_out, call_err, call_status, call_report = fds
+        status("ready", call_status)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for source, target in ((call_in, 0), (call_out, 1), (call_err, 2)):
+                    os.dup2(source, target)
+                limit_and_drop(limits.decode())
+            except BaseException as exc:
+                status(f"error cannot run the harness: {type(exc).__name__}: {exc}", call_status)
+                os._exit(127)
+            run_harness(
+                [str(call_report)], (call_in, call_out, call_err, call_status, status_fd, work_fd, control.detach())
+            )
+        for fd in (call_in, call_out, call_err, call_report):
+            os.close(fd)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if os.fstatvfs(work_fd).f_bavail == 0:
+            status("disk-full", call_status)
+        problem = reset()
+        status(f"exit {code}", call_status)
+        status(f"retire {problem}" if problem else "recycle", call_status)
+        os.close(call_status)
+        if problem:
+            os._exit(0)  # its pid namespace, and whatever the call left in it, ends here
+
 limits = sys.stdin.buffer.readline().decode() if sys.argv[2] == "stdin" else sys.argv[2]
-memory, cpu, fsize, nproc = (int(v) for v in limits.split(","))
 pid = os.fork()
 if pid == 0:
     try:
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        # SIGXCPU at the soft limit, SIGKILL one second later if it is caught.
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        if user != "-":  # after the rlimits, so the code cannot raise them again
-            os.setgroups([])
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
-        if nproc > 0:
-            try:
-                resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-            except (ValueError, OSError):
-                pass  # best effort: the service's own hard limit may be lower
+        limit_and_drop(limits)
         if run_mode == "exec":
             os.set_inheritable(status_fd, False)  # closes on a successful exec
             os.execvp(argv[0], argv)
@@ -124,17 +217,9 @@ if pid == 0:
     except BaseException as exc:
         status(f"error cannot run {argv[:1] if run_mode == 'exec' else run_mode}: {type(exc).__name__}: {exc}")
         os._exit(127)
-    # The harness, in this process: nothing of the launcher's it could use is left open to it.
-    try:
-        os.close(status_fd)
-        os.close(work_fd)
-        if keep != "-":
-            os.close(int(keep))
-        sys.argv = ["-c", *argv[1:]]
-        del argv
-        exec(harness_code, {"__name__": "__main__", "__builtins__": __builtins__})
-    finally:
-        os._exit(1)  # the harness ends with its own os._exit(0); never back into the launcher
+    harness_argv = argv[1:]
+    del argv
+    run_harness(harness_argv, (status_fd, work_fd, *((int(keep),) if keep != "-" else ())))
 code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 if disk_bounded and os.fstatvfs(work_fd).f_bavail == 0:
     status("disk-full")

@@ -14,14 +14,17 @@
                   wall-clock limit: SIGKILL to bwrap's group, which holds the namespace's init
             --> Outcome; the stage folder is removed whatever happened
 
-    RunTests (the scoring path, at about the cost of one bare interpreter start):
-    warm pool (warm_pool.py, max_concurrency of them, started alongside each call)
+    RunTests (the scoring path):
+    as root: serving sandboxes (local_workers.py), max_concurrency of them, each taking calls one
+    after another: a fresh forked child per call, the sandbox reset (every process killed, the work
+    folder emptied) between calls, retired when anything survives the reset or the wall clock passes
+    otherwise: a sandbox started ahead of its call (warm_pool.py), serving that one call
             --> bwrap as above, the work folder a tmpfs at a path never made on the host
             --> launcher (python -B -u -I: the harness's interpreter), waiting on stdin
     request --> stdin: the call's rlimits line, then the nonce and payload; the wall clock starts
-            --> the launcher forks; the child sets the call's rlimits, drops to `user`, closes the
-                  launcher's fds and runs the harness in-process (harness.py); then as above
-            --> the sandbox is never given back: one call each, then the pid namespace ends
+            --> the launcher forks; the child sets the call's rlimits, drops to `user` when root,
+                  closes the launcher's fds and runs the harness in-process (harness.py); then as
+                  above; the pid namespace ends with the call
 
 Guarantees: the code sees no host file but read-only system paths and the
 interpreter, can write only its work folder (at most `max_disk_mb` in total; a
@@ -35,9 +38,9 @@ run is left alive, one spawning meanwhile included, and none starts; once the se
 gone, however it went (SIGKILL included), the guard (run_guard.py) kills what is left of its
 isolated runs. `open` refuses a host where the namespaces do not work, unless told to run
 unisolated (then only the environment, rlimits, group kill and output cap hold). A RunTests
-sandbox started ahead of its call runs only its own setup until the call's stdin reaches it, and
-serves that one call: nothing one call leaves (files, processes, environment, modules) reaches
-another (tests/unit/sandbox/test_local_warm.py); close() discards the waiting ones, and an
+sandbox started ahead of its call runs only its own setup (serving: and earlier calls it was reset
+after) until the call reaches it: nothing one call leaves (files, processes, environment, modules)
+reaches another (tests/unit/sandbox/test_local_warm.py); close() discards the waiting ones, and an
 isolated RunTests run leaves no host folder at all.
 
 Limits are applied by a tiny launcher between fork and exec rather than by
@@ -67,7 +70,8 @@ process of the run and copies the work folder out into a host folder the session
 
 Why over 400 lines: the bubblewrap arguments live in bwrap.py, the file staging in staging.py,
 sessions in local_sessions.py, a run's pipes and their parsing in local_runs.py, the guard of a
-dead service's runs in run_guard.py and the warm pool in warm_pool.py; what is left is one
+dead service's runs in run_guard.py, the warm pool in warm_pool.py and a serving sandbox's calls in
+local_workers.py; what is left is one
 backend's spawn (_start), limits, waiting and cleanup (_finish), which read as one sequence.
 """
 
@@ -79,7 +83,7 @@ import math
 import os
 import secrets
 import shutil
-import signal
+import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -95,11 +99,11 @@ from services.sandbox.backend import (
 )
 from services.sandbox.bwrap import read_only_binds, sandbox_argv
 from services.sandbox.harness import HARNESS_SOURCE, LAUNCHER_SOURCE
-from services.sandbox.local_runs import Capture, Run, Started
+from services.sandbox.local_runs import Run, Started, captures, kill_group, uncancelled
 from services.sandbox.local_sessions import open_local_session, reap_dead_sessions
+from services.sandbox.local_workers import Worker, WorkerGone, call_worker
 from services.sandbox.run_guard import RunGuard
 from services.sandbox.staging import (
-    REPORT_CAP_BYTES,
     checked_files,
     parse_report,
     remove_tree,
@@ -141,13 +145,6 @@ def sandbox_environment(work: str) -> dict[str, str]:
     }
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # already gone
-
-
 class LocalBackend(SandboxBackend):
     def __init__(
         self,
@@ -174,7 +171,14 @@ class LocalBackend(SandboxBackend):
         self._live_groups: set[int] = set()
         self._closed = False  # close() ran: no run starts, and one spawning meanwhile is killed at once
         self._guard = RunGuard()  # kills the isolated runs once the service is gone, however it went
-        # RunTests sandboxes started ahead of their calls, one per slot; each serves one call.
+        # RunTests sandboxes started ahead of their calls, one per slot. As root, each serves calls one
+        # after another, reset between them (local_workers.py); otherwise each serves one call.
+        serving = isolate and self._user != "-"
+        self._workers: WarmPool[Worker] | None = (
+            WarmPool(self._start_worker, self._discard_worker, Worker.alive, size=max_concurrency, reuse=True)
+            if serving
+            else None
+        )
         self._warm: WarmPool[Started] = WarmPool(
             self._start_harness, self._discard_harness, Started.alive, size=max_concurrency if isolate else 0
         )
@@ -235,22 +239,46 @@ class LocalBackend(SandboxBackend):
             raise InvalidArgument("tests: at least one test is required (no tests would pass vacuously)")
         nonce = secrets.token_hex(16).encode()
         payload = json.dumps({"program": program, "tests": list(tests)}).encode()
-        # The limits line first: the launcher reads it; the harness reads the rest.
-        stdin = self.rlimits_line(limits).encode() + b"\n" + nonce + b"\n" + payload
+        harness_input = nonce + b"\n" + payload
         total = len(tests)
         async with self._slots:
             try:
-                started = await self._warm.take()
+                if self._workers is not None:
+                    run = await self._serve(harness_input, limits)
+                else:
+                    run = await self._run_once(harness_input, limits)
             except OSError as exc:
                 return Outcome(Status.ERROR, tests_total=total, error_message=f"cannot start the sandbox: {exc}")
-            try:
-                run = await self._finish(started, limits, stdin)
-            finally:
-                if not self._isolate:  # isolated, the work folder was never made on the host
-                    await asyncio.to_thread(remove_tree, started.work)
         # The harness writes its ready line to the report pipe, which the code cannot unwrite.
         started, results = parse_report(run.report, nonce, total)
         return tests_verdict(run, total=total, started=started, results=results)
+
+    async def _run_once(self, harness_input: bytes, limits: ResourceLimits) -> Run:
+        """A RunTests call in a sandbox of its own, which then ends. OSError when none could start."""
+        started = await self._warm.take()
+        try:
+            # The limits line first: the launcher reads it; the harness reads the rest.
+            return await self._finish(started, limits, self.rlimits_line(limits).encode() + b"\n" + harness_input)
+        finally:
+            if not self._isolate:  # isolated, the work folder was never made on the host
+                await asyncio.to_thread(remove_tree, started.work)
+
+    async def _serve(self, harness_input: bytes, limits: ResourceLimits) -> Run:
+        """A RunTests call in a serving sandbox, given back for the next call when the launcher reset it;
+        tried once more on another when the one taken had ended before the call reached it."""
+        assert self._workers is not None
+        for attempt in range(2):
+            worker = await self._workers.take()
+            try:
+                run, reusable = await call_worker(worker, self.rlimits_line(limits), harness_input, limits)
+            except WorkerGone as exc:
+                await self._workers.give_back(worker, reusable=False)
+                if attempt:
+                    raise OSError(str(exc)) from None
+                continue
+            await self._workers.give_back(worker, reusable=reusable)
+            return run
+        raise AssertionError("unreachable")
 
     async def open_session(
         self,
@@ -279,8 +307,10 @@ class LocalBackend(SandboxBackend):
         exists, and none starts after this (an unkilled one would outlive the service, orphaned)."""
         self._closed = True
         for pgid in list(self._live_groups):
-            _kill_group(pgid)
+            kill_group(pgid)
         await self._warm.close()  # the waiting sandboxes' folders go too
+        if self._workers is not None:
+            await self._workers.close()
         await asyncio.to_thread(self._guard.close)
         await asyncio.to_thread(self._folders.close)
 
@@ -312,7 +342,7 @@ class LocalBackend(SandboxBackend):
         return command_verdict(run), run.kept, run.keep_error
 
     def kill_group(self, pgid: int) -> None:
-        _kill_group(pgid)
+        kill_group(pgid)
 
     def rlimits_line(self, limits: ResourceLimits) -> str:
         """The launcher's "AS_BYTES,CPU_SECONDS,FSIZE_BYTES,NPROC" for a run with `limits`."""
@@ -329,23 +359,32 @@ class LocalBackend(SandboxBackend):
         keep_fd: int | None = None,
         *,
         harness: bool = False,
+        serve: bool = False,
     ) -> list[str]:
         """bwrap (when isolating), then the launcher, then `argv` (with `harness`: the harness's
         source and its arguments, run by the launcher's child as the RunTests harness's interpreter;
-        the rlimits line then comes first on stdin, so the sandbox can be started before its call)."""
-        rlimits = "stdin" if harness else self.rlimits_line(limits)
+        the rlimits line then comes first on stdin, so the sandbox can be started before its call;
+        with `serve`: the harness's source and the control socket's fd, each call bringing its limits)."""
+        rlimits = "-" if serve else "stdin" if harness else self.rlimits_line(limits)
         stage = "-" if stage_fd is None else str(stage_fd)
         keep = "-" if keep_fd is None else str(keep_fd)
         # The harness's interpreter is the launcher's: isolated mode with site, unbuffered. Otherwise
         # the launcher needs no site (the code's own interpreter is exec'd).
-        flags = ["-B", "-u", "-I"] if harness else ["-I", "-S", "-B"]
+        flags = ["-B", "-u", "-I"] if harness or serve else ["-I", "-S", "-B"]
         launcher = [sys.executable, *flags, "-c", LAUNCHER_SOURCE, str(status_fd), rlimits]
-        mode = "harness" if harness else "exec"
+        mode = "serve" if serve else "harness" if harness else "exec"
         if not self._isolate:  # the host folder itself is the work folder, unbounded
             return [*launcher, "-", "-", "0", "-", mode, *argv]
         bwrap = self._bwrap or "bwrap"
         sandbox = sandbox_argv(
-            bwrap, self._user, self._binds, work, self._max_disk_bytes, self._guard.mark, keep=keep_fd is not None
+            bwrap,
+            self._user,
+            self._binds,
+            work,
+            self._max_disk_bytes,
+            self._guard.mark,
+            keep=keep_fd is not None,
+            serve=serve,
         )
         return [*sandbox, *launcher, self._user, stage, "1", keep, mode, *argv]
 
@@ -378,10 +417,11 @@ class LocalBackend(SandboxBackend):
         staged: bool = False,
         keep: str | None = None,
         harness: bool = False,
+        control_fd: int | None = None,
     ) -> Started:
         """Spawn the sandbox and connect its pipes; its stdin (if any) stays open until _finish.
+        `control_fd`: a serving RunTests sandbox's end of its control socket (the caller closes it).
         Never raises OSError: a spawn that failed is a Started whose run holds the error."""
-        loop = asyncio.get_running_loop()
         # Isolated, the launcher copies the staged files into the run's tmpfs through this fd.
         stage_fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY) if staged and self._isolate else None
         # Our own pipes rather than asyncio's: Process.wait() would otherwise
@@ -402,12 +442,7 @@ class LocalBackend(SandboxBackend):
         started = Started(
             work=work,
             parent_ends=[r for name, (r, _) in pipes.items() if name != "stdin"],
-            captures={
-                "stdout": Capture(limits.max_output_bytes),
-                "stderr": Capture(limits.max_output_bytes),
-                "status": Capture(4096),
-                "report": Capture(REPORT_CAP_BYTES),
-            },
+            captures=captures(limits.max_output_bytes),
             read=[name for name in pipes if name != "stdin"],
         )
         if with_stdin:
@@ -418,8 +453,17 @@ class LocalBackend(SandboxBackend):
                     raise OSError("the sandbox service is stopping")
                 if self._isolate:
                     self._guard.start()
-                proc = await asyncio.create_subprocess_exec(
-                    *self._spawn_argv(argv, work, pipes["status"][1], stage_fd, limits, keep_fd, harness=harness),
+                spawn = asyncio.create_subprocess_exec(
+                    *self._spawn_argv(
+                        argv,
+                        work,
+                        pipes["status"][1],
+                        stage_fd,
+                        limits,
+                        keep_fd,
+                        harness=harness,
+                        serve=control_fd is not None,
+                    ),
                     stdin=pipes["stdin"][0] if with_stdin else asyncio.subprocess.DEVNULL,
                     stdout=pipes["stdout"][1],
                     stderr=pipes["stderr"][1],
@@ -428,12 +472,14 @@ class LocalBackend(SandboxBackend):
                         *([pipes["report"][1]] if report_pipe else []),
                         *([stage_fd] if stage_fd is not None else []),
                         *([keep_fd] if keep_fd is not None else []),
+                        *([control_fd] if control_fd is not None else []),
                     ],
                     # Isolated, bwrap chdirs into the run's tmpfs (a RunTests run has no host folder).
                     cwd="/" if self._isolate else work,
                     env=sandbox_environment(work),
                     start_new_session=True,  # its own process group: one killpg reaches everything it starts
                 )
+                proc = await uncancelled(spawn)
             except OSError as exc:
                 started.run.error = f"cannot spawn the sandbox process: {exc}"
                 started.close_fds()
@@ -444,19 +490,8 @@ class LocalBackend(SandboxBackend):
             started.proc = proc
             self._live_groups.add(proc.pid)
             if self._closed:  # close() ran while it was spawning: it missed this group
-                _kill_group(proc.pid)
-            for name, (read_fd, _) in pipes.items():
-                if name == "stdin":
-                    continue
-                pipe = os.fdopen(read_fd, "rb", buffering=0)  # owns the fd from here on
-                started.parent_ends.remove(read_fd)
-                transport, _ = await loop.connect_read_pipe(lambda capture=started.captures[name]: capture, pipe)
-                started.transports.append(transport)
-            if with_stdin:
-                pipe = os.fdopen(pipes["stdin"][1], "wb", buffering=0)
-                started.parent_ends.remove(pipes["stdin"][1])
-                started.stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, pipe)
-                started.transports.append(started.stdin)
+                kill_group(proc.pid)
+            await started.connect(pipes)
         except BaseException:
             await self.discard(started)
             raise
@@ -479,6 +514,24 @@ class LocalBackend(SandboxBackend):
             await asyncio.to_thread(remove_tree, work)
             raise
 
+    async def _start_worker(self) -> Worker:
+        """A serving RunTests sandbox (as root, isolated), waiting on its control socket for calls.
+        OSError when it could not be spawned."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            argv = [HARNESS_SOURCE, str(theirs.fileno())]
+            started = await self._start(argv, self._folders.unmade(), PROBE_LIMITS, control_fd=theirs.fileno())
+        finally:
+            theirs.close()
+        if started.proc is None:
+            ours.close()
+            raise OSError(started.run.error)
+        return Worker(started, ours)
+
+    async def _discard_worker(self, worker: Worker) -> None:
+        worker.close_control()
+        await self.discard(worker.started)
+
     async def _discard_harness(self, started: Started) -> None:
         await self.discard(started)
         if not self._isolate:
@@ -487,7 +540,7 @@ class LocalBackend(SandboxBackend):
     async def discard(self, started: Started) -> None:
         """A started sandbox that will run nothing: its group killed, its pipes closed (not its folder)."""
         if started.proc is not None:
-            _kill_group(started.proc.pid)
+            kill_group(started.proc.pid)
             self._live_groups.discard(started.proc.pid)
             await started.proc.wait()
         started.close_fds()
@@ -515,7 +568,7 @@ class LocalBackend(SandboxBackend):
                     run.timed_out = True
             finally:
                 # Always, not only on timeout: whatever the code left running dies with it.
-                _kill_group(proc.pid)
+                kill_group(proc.pid)
                 self._live_groups.discard(proc.pid)
                 if groups is not None:
                     groups.discard(proc.pid)

@@ -1,6 +1,6 @@
 """One local run's pipes and what they said: the bookkeeping between LocalBackend._start and _finish.
 
-    _start --> Started: the process, our ends of its pipes, one Capture per pipe it writes
+    _start --> uncancelled(spawn) --> Started: the process, our ends of its pipes, one Capture per pipe it writes
                (stdout, stderr, the launcher's status, the harness's report), its stdin transport
     _finish --> Started.close_fds() (always), then Started.collect() --> Run: output, exit code,
                the launcher's status lines (harness.py) turned into error / disk-full / kept
@@ -14,10 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from services.sandbox.harness import parse_kept, parse_status
-from services.sandbox.staging import Capped
+from services.sandbox.staging import REPORT_CAP_BYTES, Capped
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone
 
 
 class Capture(Capped, asyncio.Protocol):
@@ -50,6 +59,32 @@ class Run:
     keep_error: str = ""
 
 
+async def uncancelled(spawn: Awaitable[asyncio.subprocess.Process]) -> asyncio.subprocess.Process:
+    """The spawned process; a cancel meanwhile lets the spawn finish, kills its group, then propagates.
+    (asyncio's own clean-up of a spawn cut short can wait forever for a child it killed.)"""
+    task = asyncio.ensure_future(spawn)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        try:
+            proc = await task
+        except OSError:
+            raise asyncio.CancelledError from None
+        kill_group(proc.pid)
+        await proc.wait()
+        raise
+
+
+def captures(max_output_bytes: int) -> dict[str, Capture]:
+    """One Capture per pipe a run writes: its output (capped as the call says), status and report."""
+    return {
+        "stdout": Capture(max_output_bytes),
+        "stderr": Capture(max_output_bytes),
+        "status": Capture(4096),
+        "report": Capture(REPORT_CAP_BYTES),
+    }
+
+
 @dataclass
 class Started:
     """A spawned sandbox whose pipes are connected; LocalBackend._finish hands it its stdin and waits."""
@@ -66,6 +101,22 @@ class Started:
     def alive(self) -> bool:
         """Can still take its call (a warm sandbox): spawned, and not exited while it waited."""
         return self.proc is not None and self.proc.returncode is None
+
+    async def connect(self, pipes: dict[str, tuple[int, int]]) -> None:
+        """Our ends of `pipes` (name: (read, write)) owned by transports: each pipe but stdin read into its
+        capture, stdin written through `self.stdin`. The other ends must be closed already or soon."""
+        loop = asyncio.get_running_loop()
+        for name, (read_fd, write_fd) in pipes.items():
+            if name == "stdin":
+                pipe = os.fdopen(write_fd, "wb", buffering=0)  # owns the fd from here on
+                self.parent_ends.remove(write_fd)
+                self.stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, pipe)
+                self.transports.append(self.stdin)
+            else:
+                pipe = os.fdopen(read_fd, "rb", buffering=0)
+                self.parent_ends.remove(read_fd)
+                transport, _ = await loop.connect_read_pipe(lambda capture=self.captures[name]: capture, pipe)
+                self.transports.append(transport)
 
     def close_fds(self) -> None:
         for transport in self.transports:

@@ -1,17 +1,23 @@
 """Sandboxes started ahead of their call, so a call does not wait for namespaces and an interpreter.
 
-    WarmPool(start, discard, alive, size)
+    WarmPool(start, discard, alive, size, reuse=False)
       take()   --> a waiting sandbox that is still alive, else one started now;
-                   and in the background new ones started until `size` wait or are starting
-      (the caller runs its one call in it, then ends it: a sandbox is never given back)
-      close()  --> starts under way awaited, every waiting sandbox discarded; take() refuses after
+                   and in the background new ones started until `size` wait, are starting or
+                   (reuse) are out at a call
+      one-call pool (reuse=False): the caller runs its one call in it, then ends it; never given back
+      reusable pool: give_back(sandbox, reusable) --> waiting again when `reusable`, alive and within
+                   `size`; discarded otherwise
+      close()  --> starts under way awaited, every waiting sandbox discarded; take() refuses after,
+                   and a sandbox given back then is discarded
 
-Guarantees: each sandbox serves at most one call, so nothing one call leaves (files, processes,
-environment, modules) can reach another: they share no process, namespace or folder. A waiting
-sandbox has run nothing but its own setup: the call's input, limits included, reaches it only at
-take()'s caller. After close() no sandbox of the pool is left: waiting ones are discarded, one
-starting meanwhile is discarded once started. A failed background start is logged and dropped
-(take() then starts one itself, whose failure its caller reports).
+Guarantees: a one-call pool's sandbox serves at most one call, so nothing one call leaves (files,
+processes, environment, modules) can reach another: they share no process, namespace or folder. A
+reusable pool holds a sandbox only while the caller says it was reset (local_workers.py); it gives
+no sandbox to two callers at once. A waiting sandbox has run nothing but its own setup (and, reused,
+earlier calls it was reset after): the call's input, limits included, reaches it only at take()'s
+caller. After close() no sandbox of the pool is left: waiting ones are discarded, one starting
+meanwhile is discarded once started. A failed background start is logged and dropped (take() then
+starts one itself, whose failure its caller reports).
 """
 
 from __future__ import annotations
@@ -34,16 +40,20 @@ class WarmPool(Generic[T]):
         discard: Callable[[T], Awaitable[None]],
         alive: Callable[[T], bool],
         size: int,
+        *,
+        reuse: bool = False,
     ) -> None:
         if size < 0:
             raise ValueError(f"size: must be 0 or more, got {size}")
         self._start, self._discard, self._alive, self._size = start, discard, alive, size
+        self._reuse = reuse
         self._waiting: list[T] = []
         self._starting: set[asyncio.Task[None]] = set()
+        self._out = 0  # reusable sandboxes taken and not yet given back
         self._closed = False
 
     async def take(self) -> T:
-        """A started sandbox for one call; raises what `start` raises when none waits."""
+        """A started sandbox for a call; raises what `start` raises when none waits."""
         if self._closed:
             raise OSError("the sandbox service is stopping")
         taken = None
@@ -53,12 +63,34 @@ class WarmPool(Generic[T]):
                 taken = candidate
             else:
                 await self._discard(candidate)
+        if self._reuse:
+            self._out += 1
         # Replacements start now, alongside the call: calls in a burst then find theirs under way.
         self._top_up()
-        return taken if taken is not None else await self._start()
+        if taken is not None:
+            return taken
+        try:
+            return await self._start()
+        except BaseException:
+            if self._reuse:
+                self._out -= 1
+            raise
+
+    async def give_back(self, taken: T, *, reusable: bool) -> None:
+        """A reusable pool's sandbox back from its call: waiting again when `reusable` (its caller saw it
+        reset), still alive and within `size`; discarded otherwise."""
+        if not self._reuse:
+            raise ValueError("give_back: this pool's sandboxes serve one call each")
+        self._out -= 1
+        held = len(self._waiting) + len(self._starting) + self._out
+        if reusable and not self._closed and held < self._size and self._alive(taken):
+            self._waiting.append(taken)
+        else:
+            await self._discard(taken)
+            self._top_up()
 
     def _top_up(self) -> None:
-        while not self._closed and len(self._waiting) + len(self._starting) < self._size:
+        while not self._closed and len(self._waiting) + len(self._starting) + self._out < self._size:
             task = asyncio.ensure_future(self._start_one())
             self._starting.add(task)
             task.add_done_callback(self._starting.discard)

@@ -71,7 +71,8 @@ async def test_a_group_above_the_message_cap_streams_in_and_out_byte_for_byte(bu
         metadata, packed = payload.split(whole)
         # With a data plane (Redis) no payload byte crosses the service.
         via = "staged" if buffer.backend == "redis" else "payload"
-        expected = {"metadata": 2 * metadata.ByteSize(), "payload": 0, "staged": 0} | {via: 2 * len(packed)}
+        expected = {"metadata": 2 * metadata.ByteSize(), "payload": 0, "staged": 0, "rollout_staged": 0}
+        expected |= {via: 2 * len(packed)}
         assert producer.sent_bytes == expected
 
         consumer = BufferConsumer(stub, "trainer-0", JOB, TrainedLedger(tmp_path), ack_timeout=10)

@@ -145,11 +145,12 @@ def test_compose_runs_the_tiny_recipe_and_leaves_nothing_behind(images, tmp_path
         run = project.compose("exec", "-T", "coordinator", "ls", f"runs/{job_id}")
         assert run.returncode == 0 and "metrics.jsonl" in run.stdout.split(), run.stdout + run.stderr
 
-        # Every payload went around the buffer service, through its Redis (the data plane): the
-        # coordinator reached Redis by the URL the buffer advertised.
+        # Every payload went around the buffer service and the coordinator, through Redis (the data
+        # plane): the rollout replica reached Redis by the URL the buffer advertised and staged each one.
         metrics = project.compose("exec", "-T", "coordinator", "cat", f"runs/{job_id}/metrics.jsonl").stdout
         sent = [r for r in map(json.loads, metrics.splitlines()) if "buffer_sent_staged_bytes" in r][-1]
-        assert sent["buffer_sent_staged_bytes"] > 0 and sent["buffer_sent_payload_bytes"] == 0, sent
+        assert sent["buffer_sent_rollout_staged_bytes"] > 0 and sent["buffer_sent_payload_bytes"] == 0, sent
+        assert sent["coordinator_received_arrays_bytes"] == 0, sent
 
         # The buffer kept the job's groups in Redis, whose append-only file lies on its volume.
         key = f"dockyard:buffer:{{{job_id}}}"

@@ -59,7 +59,7 @@ async def test_every_passing_single_turn_completion_is_kept_for_trials_jsonl(tmp
         "job",
         config,
         Fleet(60.0),
-        None,
+        SimpleNamespace(data_plane=None),  # a buffer without a data plane: the arrays come back
         routing=SimpleNamespace(required_version=3),
         max_generations=1,
         max_scoring=1,
@@ -67,7 +67,7 @@ async def test_every_passing_single_turn_completion_is_kept_for_trials_jsonl(tmp
     )
     texts = ["x + 1", "x", "x + 1", "2 * x"]
 
-    async def generate(task, n, sampling, request_id, seed=None):
+    async def generate(task, n, sampling, request_id, seed=None, staging=None):
         completions = [rollout_pb2.Completion(text=t, token_ids=[1], logprobs=[-0.1]) for t in texts]
         return rollout_pb2.GenerateResponse(completions=completions, prompt_token_ids=[1], weight_version=3)
 

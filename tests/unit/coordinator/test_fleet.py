@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from dockyard.api.common.v1 import common_pb2
+from dockyard.api.rollout.v1 import rollout_pb2
 from dockyard.config import load_config
 from services.coordinator.collector import Collector, GroupUnscorable
 from services.coordinator.fleet import ROLLOUT, SANDBOX, Fleet, FleetError
@@ -141,7 +142,7 @@ def collector_over(fleet: Fleet, routing: Routing | None = None, wait_timeout: f
         "job",
         config,
         fleet,
-        None,
+        SimpleNamespace(data_plane=None),  # a buffer without a data plane: the arrays come back in each reply
         routing or Routing(),
         max_generations=2,
         max_scoring=4,
@@ -201,7 +202,9 @@ class Replica:
         self.calls += 1
         if self.code is not None:
             raise rpc_error(self.code)
-        return SimpleNamespace(weight_version=self.version, completions=[SimpleNamespace(token_ids=[1, 2])])
+        return rollout_pb2.GenerateResponse(
+            weight_version=self.version, completions=[rollout_pb2.Completion(token_ids=[1, 2], num_tokens=2)]
+        )
 
 
 async def test_a_group_whose_replica_is_lost_is_generated_again_on_another():
@@ -265,8 +268,12 @@ class GroupReplica:
 
     async def Generate(self, request, timeout=None):
         self.calls += 1
-        completion = SimpleNamespace(token_ids=[1, 2], logprobs=[-0.1, -0.2], text="x", finish_reason="eos")
-        return SimpleNamespace(weight_version=1, prompt_token_ids=[3], completions=[completion] * request.num_samples)
+        completion = rollout_pb2.Completion(
+            token_ids=[1, 2], logprobs=[-0.1, -0.2], num_tokens=2, text="x", finish_reason="eos"
+        )
+        return rollout_pb2.GenerateResponse(
+            weight_version=1, prompt_token_ids=[3], completions=[completion] * request.num_samples
+        )
 
 
 def fleet_for_groups(bad_verdicts: int) -> tuple[Fleet, GroupReplica, FlakySandbox]:

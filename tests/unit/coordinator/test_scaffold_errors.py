@@ -193,7 +193,7 @@ def collector_of(config, trials: AgentTrials, fleet: Fleet) -> Collector:
     return collector
 
 
-async def put(group):
+async def put(group, staged=None):
     return SimpleNamespace(duplicate=False, dropped_stale=False)
 
 

@@ -103,7 +103,8 @@ async def test_swe_env_scores_through_score_patch_and_integrity_zeroes_the_rewar
     replica.stub = FakeRollout()
     fleet.set_version(replica, "job", 0)
     routing = SimpleNamespace(required_version=None, admit=None)  # the replica holds the policy: no admission
-    collector = Collector("job", cfg, fleet, None, routing, max_generations=1, max_scoring=1, generate_timeout=10)
+    buffer = SimpleNamespace(data_plane=None)  # no data plane: the arrays come back in the reply
+    collector = Collector("job", cfg, fleet, buffer, routing, max_generations=1, max_scoring=1, generate_timeout=10)
     task = load_tasks(cfg, "train")[0]
     assert task.task_id == "bugs/i1" and "f is wrong" in task.prompt
     group = await collector.make_group(task, "job/s0/g0", seed=0)

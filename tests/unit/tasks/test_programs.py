@@ -192,6 +192,9 @@ class RecordingSandbox:
         return sandbox_pb2.RunTestsResponse(verdict=verdict)
 
 
+NO_DATA_PLANE = SimpleNamespace(data_plane=None)  # a buffer whose groups' arrays come back in each reply
+
+
 def collector_for(cfg) -> tuple[Collector, RecordingRollout, RecordingSandbox]:
     rollout, sandbox = RecordingRollout(), RecordingSandbox()
     fleet = Fleet(60.0, channel_factory=lambda kind, address, mb: (None, None))
@@ -201,7 +204,7 @@ def collector_for(cfg) -> tuple[Collector, RecordingRollout, RecordingSandbox]:
     fleet.set_version(replica, "job", 0)
     routing = SimpleNamespace(required_version=None, admit=None)
     return (
-        Collector("job", cfg, fleet, None, routing, max_generations=1, max_scoring=2, generate_timeout=10),
+        Collector("job", cfg, fleet, NO_DATA_PLANE, routing, max_generations=1, max_scoring=2, generate_timeout=10),
         rollout,
         sandbox,
     )

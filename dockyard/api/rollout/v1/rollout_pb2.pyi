@@ -1,3 +1,4 @@
+from dockyard.api.buffer.v1 import buffer_pb2 as _buffer_pb2
 from dockyard.api.common.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -24,7 +25,7 @@ class LoadPolicyResponse(_message.Message):
     def __init__(self, engine: _Optional[str] = ..., weight_version: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("job_id", "request_id", "prompt", "num_samples", "sampling", "prompt_token_ids", "messages", "images", "top_logprobs")
+    __slots__ = ("job_id", "request_id", "prompt", "num_samples", "sampling", "prompt_token_ids", "messages", "images", "top_logprobs", "staging")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +35,7 @@ class GenerateRequest(_message.Message):
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    STAGING_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     request_id: str
     prompt: str
@@ -43,7 +45,16 @@ class GenerateRequest(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     images: _containers.RepeatedScalarFieldContainer[bytes]
     top_logprobs: int
-    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., num_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., images: _Optional[_Iterable[bytes]] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+    staging: PayloadStaging
+    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., num_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., images: _Optional[_Iterable[bytes]] = ..., top_logprobs: _Optional[int] = ..., staging: _Optional[_Union[PayloadStaging, _Mapping]] = ...) -> None: ...
+
+class PayloadStaging(_message.Message):
+    __slots__ = ("data_plane", "group_id")
+    DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    data_plane: _buffer_pb2.GetDataPlaneResponse
+    group_id: str
+    def __init__(self, data_plane: _Optional[_Union[_buffer_pb2.GetDataPlaneResponse, _Mapping]] = ..., group_id: _Optional[str] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
@@ -54,18 +65,20 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "text", "finish_reason", "top_logprobs")
+    __slots__ = ("token_ids", "logprobs", "text", "finish_reason", "top_logprobs", "num_tokens")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     text: str
     finish_reason: str
     top_logprobs: _containers.RepeatedCompositeFieldContainer[TopLogprobs]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ...) -> None: ...
+    num_tokens: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
 class TopLogprobs(_message.Message):
     __slots__ = ("token_ids", "logprobs")
@@ -76,18 +89,22 @@ class TopLogprobs(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("prompt_token_ids", "completions", "weight_version", "weight_versions", "kv_cache")
+    __slots__ = ("prompt_token_ids", "completions", "weight_version", "weight_versions", "kv_cache", "payload_key", "payload_bytes")
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_KEY_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     completions: _containers.RepeatedCompositeFieldContainer[Completion]
     weight_version: int
     weight_versions: _containers.RepeatedScalarFieldContainer[int]
     kv_cache: KvCacheStats
-    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., weight_version: _Optional[int] = ..., weight_versions: _Optional[_Iterable[int]] = ..., kv_cache: _Optional[_Union[KvCacheStats, _Mapping]] = ...) -> None: ...
+    payload_key: str
+    payload_bytes: int
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., weight_version: _Optional[int] = ..., weight_versions: _Optional[_Iterable[int]] = ..., kv_cache: _Optional[_Union[KvCacheStats, _Mapping]] = ..., payload_key: _Optional[str] = ..., payload_bytes: _Optional[int] = ...) -> None: ...
 
 class GenerateStreamRequest(_message.Message):
     __slots__ = ("request",)
