@@ -55,7 +55,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from dockyard.agents.contract import (
@@ -75,7 +75,7 @@ from services.endpoint.routing import AdmissionRefused
 from services.endpoint.schemas import ChatCompletionRequest, CountTokensRequest, MessagesRequest, ResponsesRequest
 from services.endpoint.sessions import SessionEnded, SessionLimit, SessionStore, UnknownSession
 from services.endpoint.settings import EndpointSettings
-from services.endpoint.sse import Failed, anthropic_events, openai_chunks
+from services.endpoint.sse import EventStream, Failed, anthropic_events, openai_chunks
 from services.endpoint.streaming import LiveTurn
 from services.endpoint.turns import TurnSampling, prompt_tokens, take_turn
 
@@ -244,7 +244,7 @@ def create_app(settings: EndpointSettings, token: str, backend: Backend | None =
             app.state.backend, store, body.model, chat, session_id, create, greedy(request), live
         )
 
-    async def streamed(request: Request, body, to_chat, reply) -> StreamingResponse:
+    async def streamed(request: Request, body, to_chat, reply) -> EventStream:
         """A streamed turn: its reply starts once the first tokens came (an error before that is an error
         status, as for a non-streamed call); `reply(live, events)` makes the SSE lines. The client going
         away cancels the turn (its generation stops, nothing is recorded)."""
@@ -255,14 +255,14 @@ def create_app(settings: EndpointSettings, token: str, backend: Backend | None =
 
         async def body_lines():
             try:
-                async for line in reply(live, guarded(live.events(task))):
+                async for line in reply(live, guarded(live.events(task, pause=response.flush))):
                     yield line
             finally:
                 if not task.done():
                     task.cancel()
 
-        headers = reply_headers(session_id, live.law)
-        return StreamingResponse(body_lines(), media_type="text/event-stream", headers=headers)
+        response = EventStream(body_lines(), headers=reply_headers(session_id, live.law))
+        return response
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):

@@ -329,17 +329,17 @@ class Backend:
     async def _stream(
         self, address: str, request: rollout_pb2.GenerateRequest, on_tokens: TokenSink
     ) -> rollout_pb2.GenerateResponse:
-        """GenerateStream: deltas to `on_tokens` as they come, the last message's result returned; leaving
+        """GenerateStream: deltas to `on_tokens` as they come (the last message's too), its result returned; leaving
         early (the caller cancelled) cancels the call, which stops the generation on the replica."""
         call = self._rollout(address).GenerateStream(
             rollout_pb2.GenerateStreamRequest(request=request), timeout=self._timeout
         )
         try:
             async for message in call:
+                for delta in message.deltas:  # the last message's too: the tokens that came with the end
+                    on_tokens(delta.index, list(delta.token_ids), list(delta.logprobs))
                 if message.HasField("result"):
                     return message.result
-                for delta in message.deltas:
-                    on_tokens(delta.index, list(delta.token_ids), list(delta.logprobs))
         finally:
             call.cancel()  # no-op once the call ended
         raise ReplicaLost("the replica's GenerateStream ended without a result")

@@ -6,6 +6,10 @@
         ──anthropic_events──> message_start, a thinking block then a text block as they come, tool_use
             blocks, message_stop
 
+    the lines ──EventStream──> one HTTP write per burst: what became ready together (the role chunk with the
+        first content, the finish chunk with [DONE] and the response's end) goes out in one write whenever
+        the turn's events pause to wait for the generation (LiveTurn.events' `pause`), never later
+
 Guarantees: the events carry the same content, tool calls and finish reason as the non-streamed reply
 (the reply builders of convert.py make both), content arriving as it is generated; OpenAI chunks carry
 each token's logprob once (its alternatives when asked), with the text it came with, when asked; a
@@ -21,6 +25,9 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Send
 
 from services.endpoint import reasoning
 from services.endpoint.convert import anthropic_reply, openai_calls, openai_finish
@@ -38,6 +45,35 @@ class Failed:
 
     def error(self) -> dict[str, Any]:
         return {"type": self.kind, "message": self.message, "param": None, "code": self.code}
+
+
+class EventStream(StreamingResponse):
+    """A text/event-stream response whose lines are written in bursts: lines collect until `flush` (the
+    turn's events pausing for the generation) or the end, then go out in one write. A line is never held
+    past the point where its stream would wait for the generation, so no text comes later than it would
+    line by line; it costs the server, and the client, one write and one read per burst, not per line."""
+
+    def __init__(self, lines: AsyncIterator[str], headers: dict[str, str]) -> None:
+        super().__init__(lines, media_type="text/event-stream", headers=headers)
+        self._held: list[str] = []
+        self._send: Send | None = None
+
+    async def flush(self) -> None:
+        """Write the lines collected so far (a no-op before the response started or with none held)."""
+        if self._send is not None and self._held:
+            body = "".join(self._held).encode()
+            self._held.clear()
+            await self._send({"type": "http.response.body", "body": body, "more_body": True})
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        self._send = send
+        async for line in self.body_iterator:
+            self._held.append(line)
+        # The last burst and the end of the body in one message (one write of the chunked encoding).
+        body = "".join(self._held).encode()
+        self._held.clear()
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def sse(data: dict | str, event: str | None = None) -> str:

@@ -25,7 +25,7 @@ the endpoint between two generations).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -244,10 +244,15 @@ class LiveTurn:
         if task.done():
             task.result()
 
-    async def events(self, task: asyncio.Task) -> AsyncIterator[Text | Any]:
+    async def events(
+        self, task: asyncio.Task, pause: Callable[[], Awaitable[None]] | None = None
+    ) -> AsyncIterator[Text | Any]:
         """Text events as tokens arrive, the last Text of each completion, then the turn's Served.
 
-        Closing the iterator before the end cancels the turn (the generation stops; nothing is recorded)."""
+        `pause` is awaited each time the events have caught up with a running generation, right before they
+        wait for its next tokens: the reply sends what it holds then (sse.EventStream), so what became ready
+        together goes out together and nothing waits for the generation's next step. Closing the iterator
+        before the end cancels the turn (the generation stops; nothing is recorded)."""
         renderer, markers, strip = self.renderer, self.markers, self.strip
         decoders: dict[int, IncrementalDecoder] = {}
         holds: dict[int, Holdback] = {}
@@ -259,6 +264,9 @@ class LiveTurn:
             while not ended:
                 # Tokens that arrived together go out together: one event per completion, not per delta.
                 arrived: dict[int, tuple[list[int], list[float]]] = {}
+                # A finished turn's end is queued next, with nothing to wait for: what is held goes with it.
+                if pause is not None and self.queue.empty() and not task.done():
+                    await pause()
                 item = await self.queue.get()
                 while item is not None:
                     ids_so_far, lps_so_far = arrived.setdefault(item[0], ([], []))

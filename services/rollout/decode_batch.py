@@ -4,24 +4,24 @@
         drop cancelled requests' rows ──> admit: prefill each prompt once (queued prompts of one length
         in one pass), copy its KV into free slots, sample each row's first token
         ──> one decode step over every row (kv_slots.DecodeStep)
-        ──> a streaming request hears of each row's new token ──> a row leaves at eos / stop string /
-        max_new_tokens ──> a request resolves when its last row left
+        ──> a row leaves at eos / stop string / max_new_tokens ──> a request resolves when its last row
+        left ──> a streaming request that did not resolve hears of each row's new token
     with a prefix cache (services/rollout/prefix_cache.py): a leaving row's KV is kept by its token ids, and
         a prompt prefills only what follows the longest kept prefix it shares
 
-Guarantees: requests join and leave the running batch between decode steps, each row with its
-own decoding parameters, random stream (services/rollout/sampling.py), stop rules and weight
-versions; at most `slots` rows decode at once, the rest of a request waits (first come, first
-served) and joins as rows leave. A streaming request's `on_tokens` hears of every sampled token
-of its rows, step by step, before the request resolves. Weights change only between decode steps, through `gate`: with
-in-flight updates a waiting update lands after the current step (each row records the version
-of every token); without them no new request joins while an update waits, and the update lands
-once the batch has drained, so every completion of a result comes from one version. A cancelled
-request's rows leave at the next step boundary, the others go on, and its future gets
-GenerationCancelled. An error in a step fails the requests in the batch, not the scheduler. All
-model work, and CUDA graph capture and replay, run in the scheduler thread. Sampled tokens feed
-the next step on the device; the host reads each step's tokens once, and writes the rows' starts
-only when a row joined or left or the batch moved.
+Guarantees: requests join and leave the running batch between decode steps, each row with its own
+decoding parameters, random stream (services/rollout/sampling.py), stop rules and weight versions; at
+most `slots` rows decode at once, the rest of a request waits (first come, first served) and joins as
+rows leave. A streaming request's `on_tokens` hears of every sampled token of its rows, step by step,
+but those of the step that resolves it (its result carries them). Weights change only between decode
+steps, through `gate`: with in-flight updates a waiting update lands after the current step (each row
+records the version of every token); without them no new request joins while an update waits, and the
+update lands once the batch has drained, so every completion of a result comes from one version. A
+cancelled request's rows leave at the next step boundary, the others go on, and its future gets
+GenerationCancelled. An error in a step fails the requests in the batch, not the scheduler. All model
+work, and CUDA graph capture and replay, run in the scheduler thread. Sampled tokens feed the next step
+on the device; the host reads each step's tokens once, and writes the rows' starts only when a row
+joined or left or the batch moved.
 """
 
 from __future__ import annotations
@@ -308,9 +308,8 @@ class DecodeBatch:
             self._active[slot] = (request, row)
             request.live += 1
             self._append(row, token, logprob, top, version)
-        if request.on_tokens is not None:
-            request.on_tokens([row for _, row in joined])
         self._finish_rows([(s, request, r) for s, r in joined])
+        self._report([(request, row) for _, row in joined])
 
     def _decode(self) -> None:
         if self.column == self.cache.length:  # full: drop the columns no row reads any more
@@ -341,8 +340,8 @@ class DecodeBatch:
             request.steps += 1
         for (_, row), token, logprob, top in zip(rows, new, logprobs, tops, strict=True):
             self._append(row, token, logprob, top, version)
-        self._report(rows)
         self._finish_rows([(s, r, row) for s, (r, row) in zip(order, rows, strict=True)])
+        self._report(rows)
 
     def _feed(self, slots: list[int], tokens: torch.Tensor) -> None:
         """The next step's input tokens of `slots`, written on the device (no round trip through the host)."""
@@ -352,10 +351,11 @@ class DecodeBatch:
             self.step.tokens[torch.tensor(slots, device=self.device), 0] = tokens
 
     def _report(self, rows: list[tuple[Request, Row]]) -> None:
-        """Streaming requests hear of their rows' new tokens (one call per request per step)."""
+        """Streaming requests hear of their rows' new tokens (one call per request per step), but those the
+        step resolved: their results carry the tokens, with nothing ahead of them to hand on."""
         streamed: dict[int, tuple[Request, list[Row]]] = {}
         for request, row in rows:
-            if request.on_tokens is not None:
+            if request.on_tokens is not None and not request.future.done():
                 streamed.setdefault(id(request), (request, []))[1].append(row)
         for request, got in streamed.values():
             request.on_tokens(got)  # type: ignore[misc]

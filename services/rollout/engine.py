@@ -37,8 +37,10 @@ Guarantees of every engine:
   within a decode step and yields no result;
 - `generate_stream` yields lists of TokenDelta (tokens appended to each
   completion since the last list), then the GenerationResult `generate` would
-  return, whose completions' token_ids/logprobs are the concatenation of their
-  deltas in order; an engine whose `streams` is False yields the result alone.
+  return, whose completions' token_ids/logprobs begin with the concatenation of
+  their deltas in order (tokens sampled since the last list, e.g. those that
+  came together with the end, are in the result alone); an engine whose
+  `streams` is False yields the result alone.
   Cancelling the consumer, or closing the iterator, stops the generation as
   cancelling `generate` does.
 

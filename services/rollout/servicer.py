@@ -3,7 +3,8 @@
     LoadPolicy ──parse config──> JobEngines.load (job_engines.py: torch, vLLM or SGLang) (weight_version 0)
     Generate   ──validate, prompt (text | ids | messages), images ──gate──> JobEngines.get(job).generate ──> response
                (with `staging`: the token arrays to the buffer's data plane, staging.py; the key in the response)
-    GenerateStream ──the same checks──> engine.generate_stream ──> a message per batch of new tokens, then the response
+    GenerateStream ──the same checks──> engine.generate_stream ──> a message per batch of new tokens, then the
+        response (with, as deltas, the tokens no message carried yet: those that came together with the end)
     ReceiveWeights ──> WeightReceiver.receive (weight_receiver.py: weight-sync group or checkpoint folder)
     GetEngineInfo / UnloadPolicy ──> JobEngines.get / JobEngines.unload (WeightReceiver.forget first)
 
@@ -24,7 +25,8 @@ loop) and a prompt beyond the bounds of services/rollout/prompts.py are INVALID_
 caller has already gone (cancelled, or past its deadline) starts no generation,
 and one whose caller goes while it runs is stopped at the engine's next decode
 step (the handler is cancelled, or its deadline passes: DEADLINE_EXCEEDED). GenerateStream refuses
-and stops exactly as Generate does; its last message's `result` is what Generate would return.
+and stops exactly as Generate does; its last message's `result` is what Generate would return, and
+every token of it comes in exactly one message's deltas, in order (the last message's included).
 Images pass the job's multimodal gate (dockyard/images.py) here, the rollout boundary: gate off,
 too many, too large or unreadable is INVALID_ARGUMENT; an engine that takes no images (vLLM,
 SGLang, a text-only policy) is FAILED_PRECONDITION; the text path never touches the gate.
@@ -95,6 +97,10 @@ def completion_proto(completion: Completion, *, staged: bool = False) -> rollout
             rollout_pb2.TopLogprobs(token_ids=top.token_ids, logprobs=top.logprobs) for top in completion.top_logprobs
         ],
     )
+
+
+def _delta(index: int, token_ids: list[int], logprobs: list[float]) -> rollout_pb2.CompletionDelta:
+    return rollout_pb2.CompletionDelta(index=index, token_ids=token_ids, logprobs=logprobs)
 
 
 def _check_staging(staging: rollout_pb2.PayloadStaging) -> None:
@@ -185,6 +191,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         engine, prompt, num_samples, decoding, remaining = await self._prepare(request.request, context)
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
         result = None
+        sent: dict[int, int] = {}  # tokens sent as deltas, per completion
         try:
             with self._generating():
                 # As Generate: the caller going away cancels this handler; aclosing then closes the engine's
@@ -197,17 +204,19 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                         if isinstance(event, GenerationResult):
                             result = event
                         else:
-                            yield rollout_pb2.GenerateStreamResponse(
-                                deltas=[
-                                    rollout_pb2.CompletionDelta(
-                                        index=d.index, token_ids=d.token_ids, logprobs=d.logprobs
-                                    )
-                                    for d in event
-                                ]
-                            )
+                            for d in event:
+                                sent[d.index] = sent.get(d.index, 0) + len(d.token_ids)
+                            yield rollout_pb2.GenerateStreamResponse(deltas=[_delta(*d) for d in event])
         except StopAsyncIteration:
             raise RuntimeError(f"the {engine.name} engine's stream ended without a result") from None
-        yield rollout_pb2.GenerateStreamResponse(result=self._response(engine, result))
+        # The tokens no message carried yet (the engine's last ones, or all of an engine that does not stream)
+        # go with the result: one message where two would go back to back.
+        rest = [
+            _delta(i, c.token_ids[sent.get(i, 0) :], c.logprobs[sent.get(i, 0) :])
+            for i, c in enumerate(result.completions)
+            if len(c.token_ids) > sent.get(i, 0)
+        ]
+        yield rollout_pb2.GenerateStreamResponse(deltas=rest, result=self._response(engine, result))
 
     @contextlib.contextmanager
     def _generating(self) -> Iterator[None]:

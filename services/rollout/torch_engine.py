@@ -256,7 +256,8 @@ class TorchEngine(GenerationEngine):
     async def generate_stream(
         self, prompt: Prompt, num_samples: int, decoding: DecodingParams
     ) -> AsyncIterator[StreamEvent]:
-        """Each decode step's new tokens (steps the consumer has not taken yet are merged), then the result."""
+        """Each decode step's new tokens (steps the consumer has not taken yet are merged), then the result;
+        the last step's tokens, and those the consumer takes together with the end, come in the result alone."""
         if isinstance(prompt, ImagePrompt):  # the image path runs beside the batch, not step by step
             yield await self.generate(prompt, num_samples, decoding)
             return
@@ -272,7 +273,8 @@ class TorchEngine(GenerationEngine):
 
         cancel = threading.Event()
         request = await asyncio.to_thread(self._request, prompt, num_samples, decoding, cancel, on_tokens)
-        # Settled after the request's last on_tokens call, so it reaches the queue after every delta.
+        # Settled after the request's last on_tokens call, so it reaches the queue after every delta (the
+        # step that settles it reports nothing: the result holds its tokens).
         self._batch.submit(request).add_done_callback(put)
         try:
             done: Future | None = None
@@ -288,7 +290,8 @@ class TorchEngine(GenerationEngine):
                         done = item
                         break
                     deltas = _merged(deltas, item)
-                yield deltas
+                if done is None:  # else the result, right behind them, carries these tokens too
+                    yield deltas
             yield done.result()  # the result, or GenerationCancelled / the step's error raised
         finally:
             if not request.future.done():  # the consumer went away (cancelled or closed): the rows leave

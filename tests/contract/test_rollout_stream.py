@@ -31,16 +31,17 @@ async def _stream(address: str) -> None:
         stub = rollout_pb2_grpc.RolloutServiceStub(channel)
         await stub.LoadPolicy(rollout_pb2.LoadPolicyRequest(job_id=JOB, config_yaml=CONFIG_YAML))
 
-        # Deltas per completion, then the result: each completion is the concatenation of its deltas,
-        # and the result is Generate's reply to the same request (same seed, same group).
+        # Deltas per completion, then the result (with the tokens that came together with the end): each
+        # completion is the concatenation of its deltas, and the result is Generate's reply to the same
+        # request (same seed, same group).
         request = stream_request()
         messages = [m async for m in stub.GenerateStream(request)]
         *deltas, last = messages
-        assert last.HasField("result") and not last.deltas
+        assert last.HasField("result")
         assert len(deltas) >= 2 and all(m.deltas and not m.HasField("result") for m in deltas)
         tokens: dict[int, list[int]] = {}
         logprobs: dict[int, list[float]] = {}
-        for message in deltas:
+        for message in messages:
             for d in message.deltas:
                 assert len(d.token_ids) == len(d.logprobs) >= 1
                 tokens.setdefault(d.index, []).extend(d.token_ids)

@@ -106,6 +106,63 @@ async def test_a_client_that_goes_away_mid_stream_cancels_the_turn_and_nothing_i
         assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == "ok"
 
 
+async def body_messages(app, path: str, body: dict) -> list[dict]:
+    """The `http.response.body` messages the app sends for one POST (each is one write of the server)."""
+    payload = json.dumps(body).encode()
+    headers = [(b"authorization", f"Bearer {TOKEN}".encode()), (b"content-type", b"application/json")]
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},  # uvicorn's
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [*headers, (b"content-length", str(len(payload)).encode())],
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8000),
+    }
+    requests = [{"type": "http.request", "body": payload, "more_body": False}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        if requests:
+            return requests.pop()
+        await asyncio.Event().wait()  # the client stays connected
+        raise AssertionError("unreachable")
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200, sent[0]
+    return sent[1:]
+
+
+async def test_lines_ready_together_go_out_in_one_write_and_no_token_waits_for_the_next(app, backend) -> None:
+    backend.token_seconds = 0.005  # every token its own step: the endpoint catches up between two
+    backend.script = ["hello"]
+    body = {"model": "job-1", "messages": USER, "stream": True}
+    writes = [m["body"].decode() for m in await body_messages(app, "/v1/chat/completions", body)]
+    chunks = [[json.loads(line[6:]) for line in w.split("\n\n") if line.startswith("data: {")] for w in writes]
+    contents = [
+        [c["choices"][0]["delta"]["content"] for c in w if c["choices"][0]["delta"].get("content")] for w in chunks
+    ]
+    # The role chunk goes with the first token's text (both were ready when the reply started) ...
+    assert chunks[0][0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert contents[0] == ["h"]
+    # ... each later token's text in a write of its own, as it came (none held for the next) ...
+    assert [c for w in contents for c in w] == list("hello")
+    assert all(len(c) == 1 for c in contents[:-1]), contents
+    # ... and the finish chunk, [DONE] and the end of the body in the last write.
+    assert writes[-1].endswith("data: [DONE]\n\n")
+    assert chunks[-1][-1]["choices"][0]["finish_reason"] == "stop"
+    assert len(writes) <= len("hello") + 1
+    assert all(m["more_body"] for m in (await body_messages(app, "/v1/chat/completions", body))[:-1])
+
+
 SCRIPTS = [
     "plain text",
     CALL,
