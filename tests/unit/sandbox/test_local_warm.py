@@ -256,7 +256,8 @@ async def test_close_leaves_no_waiting_sandbox_and_no_folder(backend, tmp_path):
     assert after.status is Status.ERROR and "stopping" in after.error_message
 
 
-async def test_the_pool_never_gives_a_sandbox_twice_and_drops_dead_ones():
+def counting_pool(alive, size: int, *, reuse: bool = False) -> tuple[WarmPool[int], list[int]]:
+    """A pool of numbered stand-ins for sandboxes, started in order; and the list of those discarded."""
     counter = iter(range(100))
     discarded: list[int] = []
 
@@ -266,7 +267,11 @@ async def test_the_pool_never_gives_a_sandbox_twice_and_drops_dead_ones():
     async def discard(item: int) -> None:
         discarded.append(item)
 
-    pool = WarmPool(start, discard, alive=lambda item: item != 1, size=2)
+    return WarmPool(start, discard, alive=alive, size=size, reuse=reuse), discarded
+
+
+async def test_the_pool_never_gives_a_sandbox_twice_and_drops_dead_ones():
+    pool, discarded = counting_pool(alive=lambda item: item != 1, size=2)
     taken = [await pool.take()]  # none waits: started for the call, two more in the background
     await asyncio.sleep(0)
     taken += [await pool.take(), await pool.take()]  # 1 died while it waited: dropped, never given
@@ -278,16 +283,7 @@ async def test_the_pool_never_gives_a_sandbox_twice_and_drops_dead_ones():
 
 
 async def test_a_reusable_pool_keeps_what_its_callers_give_back_reset_and_no_more():
-    counter = iter(range(100))
-    discarded: list[int] = []
-
-    async def start() -> int:
-        return next(counter)
-
-    async def discard(item: int) -> None:
-        discarded.append(item)
-
-    pool = WarmPool(start, discard, alive=lambda item: True, size=1, reuse=True)
+    pool, discarded = counting_pool(alive=lambda item: True, size=1, reuse=True)
     first = await pool.take()
     await pool.give_back(first, reusable=True)
     assert await pool.take() == first  # the same sandbox again, nothing started beside it
@@ -304,7 +300,7 @@ async def test_a_reusable_pool_keeps_what_its_callers_give_back_reset_and_no_mor
     await pool.close()
     assert discarded == [first, second, extra]
     with pytest.raises(ValueError, match="one call each"):
-        await WarmPool(start, discard, alive=lambda item: True, size=1).give_back(0, reusable=True)
+        await counting_pool(alive=lambda item: True, size=1)[0].give_back(0, reusable=True)
 
 
 async def test_a_waiting_sandbox_that_died_is_replaced_and_the_call_still_runs(backend):
