@@ -1,4 +1,4 @@
-"""A terminal task's image, built offline: its Dockerfile with FROM mapped onto the sandbox image.
+"""A terminal task's image (either format), built offline: its Dockerfile with FROM mapped onto the sandbox image.
 
     task folder ──translate──> Dockerfile:  FROM <any image>  ->  FROM SANDBOX_IMAGE (bookworm, python3,
                                                                  git, /opt/venv with pytest; nothing pulled)
@@ -6,10 +6,11 @@
                                                                  host downloaded into its wheelhouse
                                             RUN apt-get / curl / wget / git clone / npm / uv ... -> refused
                                then:        WORKDIR's files -> /opt/dockyard-task/workdir (the session's
-                                            seed), WORKDIR -> a link to /work, /tests -> /tmp/dockyard-tests,
-                                            /oracle -> /tmp/dockyard-oracle, USER 1000:1000, no ENTRYPOINT
+                                            seed), WORKDIR -> a link to /work, /tests, /oracle, /logs and
+                                            /solution -> links into /tmp, USER 1000:1000, no ENTRYPOINT
     context = the task folder without the format's own files (task.yaml, solution.*, run-tests.sh,
-              docker-compose.yaml, tests/) ──content hash──> dockyard/terminal:<hash> (built once, reused)
+              docker-compose.yaml, tests/), or a Harbor task's environment/
+              ──content hash──> dockyard/terminal:<hash> (built once, reused; a task's two forms share it)
     image ──seed_folder──> host folder holding WORKDIR's files (extracted once per image)
 
 Guarantees: a build never reaches a network (--network none, no pull); a step that needs one and
