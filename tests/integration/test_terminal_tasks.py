@@ -6,7 +6,8 @@
                PASSED, all tests (Harbor: reward 1)
       nothing: no /tests yet, a test and a reward planted ──ScoreSession──> FAILED (the task's own tests ran)
     a Dockerfile that needs the network ──OpenSession──> FAILED_PRECONDITION naming its line
-    a Harbor test.sh that writes no reward ──ScoreSession──> FAILED, "wrote no reward"
+    a Harbor test.sh that writes no reward, a partial one, one past 1, or runs too long ──ScoreSession──>
+        FAILED naming why, FAILED 1/4, FAILED naming why, TIMEOUT
 
 This is the environment's own path (services/sandbox/session_api.py -> terminal.py), the one agent
 trials take; tasks run a few at a time.
@@ -80,6 +81,21 @@ async def score_untouched(stub, task_set: str, task_id: str) -> common_pb2.Verdi
 
 
 Tasks = dict[tuple[str, str], bytes]  # (task set, task id) -> its solution
+TIMEOUT = common_pb2.VERDICT_STATUS_TIMEOUT
+# Harbor tasks whose tests/test.sh does this (after `mkdir -p /logs/verifier`) ...
+ODD_TEST_SH = {
+    "no-reward": "echo tests ran; exit 0",
+    "partial": """echo '{"reward": 0.25, "x": 1}' > /logs/verifier/reward.json; echo 1 > /logs/verifier/reward.txt""",
+    "too-big": "echo 7 > /logs/verifier/reward.txt",
+    "slow": "sleep 30; echo 1 > /logs/verifier/reward.txt",
+}
+# ... get this verdict: (status, tests_passed, tests_total, words in error_message).
+ODD_REWARDS = {
+    "no-reward": (FAILED, 0, 0, "wrote no reward"),
+    "partial": (FAILED, 1, 4, ""),  # reward.json first, as harbor reads it: 0.25, for pass_fraction
+    "too-big": (FAILED, 0, 0, "outside [0, 1]"),
+    "slow": (TIMEOUT, 0, 0, "verifier.timeout_sec=2"),
+}
 
 
 async def validate_all(address: str, tasks: Tasks) -> dict[tuple[str, str], dict[str, common_pb2.Verdict]]:
@@ -97,9 +113,11 @@ async def validate_all(address: str, tasks: Tasks) -> dict[tuple[str, str], dict
             await stub.OpenSession(sandbox_pb2.OpenSessionRequest(task_set="broken", instance_id="needs-apt"))
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "line 3: 'apt-get update': apt needs a Debian mirror" in refused.value.details()
-        # A Harbor test.sh that writes no reward file is FAILED, the reason named.
-        silent = await score_untouched(stub, "broken-harbor", "no-reward")
-        assert silent.status == FAILED and "wrote no reward" in silent.error_message, silent
+        # A Harbor task's verdict is the reward its test.sh writes, whatever test.sh's exit status.
+        for task_id, (status, passed, total, words) in ODD_REWARDS.items():
+            verdict = await score_untouched(stub, "odd-harbor", task_id)
+            got = (verdict.status, verdict.tests_passed, verdict.tests_total)
+            assert got == (status, passed, total) and words in verdict.error_message, (task_id, verdict)
     return dict(zip(tasks, results, strict=True))
 
 
@@ -121,9 +139,11 @@ def test_every_shipped_task_passes_its_solution_and_fails_untouched(
     shutil.copytree(TASK_ROOT / TASK_SET / "hello-file", broken)
     needs_apt = "FROM ubuntu:24.04\nWORKDIR /app\nRUN apt-get update && apt-get install -y tmux\n"
     (broken / "Dockerfile").write_text(needs_apt)
-    silent = root / "broken-harbor" / "no-reward"
-    shutil.copytree(TASK_ROOT / HARBOR_SET / "hello-file", silent)
-    (silent / "tests" / "test.sh").write_text("#!/bin/bash\necho tests ran, no reward written\n")
+    for task_id, test_sh in ODD_TEST_SH.items():
+        odd = root / "odd-harbor" / task_id
+        shutil.copytree(TASK_ROOT / HARBOR_SET / "hello-file", odd)
+        (odd / "tests" / "test.sh").write_text(f"#!/bin/bash\nmkdir -p /logs/verifier\n{test_sh}\n")
+        (odd / "task.toml").write_text("[verifier]\ntimeout_sec = 2\n")
     env = docker_sandbox_env(
         docker_sandbox_image,
         task_root=str(root),
