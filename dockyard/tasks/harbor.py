@@ -9,8 +9,9 @@
                              /logs/verifier/reward.txt (a number) or reward.json ({"reward": number, ...})
         solution/solve.sh    the reference (harbor's oracle runs it from /solution)
 
-Guarantees: task.toml's tables, keys and defaults are harbor's; a key harbor does not know is ignored,
-as harbor's models ignore it; a task.toml that is not TOML or has a value of the wrong type, a missing
+Guarantees: task.toml's tables, keys and defaults are harbor's (those of its single-step tasks); a key
+not read here is ignored, as harbor ignores keys it does not know, but `[[steps]]` (a task of several
+steps) is refused; a task.toml that is not TOML or has a value of the wrong type, a missing
 instruction.md, tests/test.sh or environment/Dockerfile, and an environment/docker-compose.yaml (several
 services are not run here) are refused with the task and the file named (TaskFormatError). A reward
 file is read as harbor's verifier reads it: reward.json, when there, before reward.txt.
@@ -125,7 +126,10 @@ def read_harbor_task(path: str | Path) -> HarborTask:
     if not config_path.is_file():
         raise TaskFormatError(f"task {name!r}: {config_path} does not exist")
     try:
-        config = HarborConfig.model_validate(tomllib.loads(config_path.read_text(encoding="utf-8")))
+        data = tomllib.loads(config_path.read_text(encoding="utf-8"))
+        if "steps" in data:  # ignoring it would run a task of several steps as its first one
+            raise TaskFormatError(f"task {name!r}: task.toml: [[steps]]: tasks of several steps are not run here")
+        config = HarborConfig.model_validate(data)
     except tomllib.TOMLDecodeError as exc:
         raise TaskFormatError(f"task {name!r}: task.toml is not TOML: {exc}") from None
     except ValidationError as exc:

@@ -50,6 +50,7 @@ def test_task_toml_defaults_are_harbors_and_unknown_keys_are_ignored(tmp_path: P
         ("[agent]\ntimeout_sec = -5\n", "agent.timeout_sec"),
         ("[verifier]\nenv = 3\n", "verifier.env"),
         ('metadata = "flat"\n', "metadata"),
+        ('[[steps]]\ninstruction = "a.md"\n', "several steps"),
     ],
 )
 def test_a_bad_task_toml_is_refused_naming_the_key(tmp_path: Path, toml_text: str, words: str) -> None:
