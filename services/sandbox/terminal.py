@@ -73,8 +73,7 @@ def tests_archive(task: TaskFolder) -> bytes:
     return buffer.getvalue()
 
 
-def copy_in(target: str) -> list[str]:
-    """The command that replaces the folder `target` with the tar archive on its stdin."""
+def _copy_in(target: str) -> list[str]:
     return ["sh", "-c", f"rm -rf {target} && mkdir -p {target} && tar -x -f - -C {target}"]
 
 
@@ -119,7 +118,7 @@ async def score(
 ) -> SweResult:
     """Copy the tests in, run run-tests.sh at most max_test_timeout_sec (under `max_timeout`), read the summary
     (from at most `log_cap` bytes of each stream: the summary comes last, so the whole log is kept)."""
-    copied = await handle.exec(copy_in(TESTS_TARGET), tests_archive(task), limits)
+    copied = await handle.exec(_copy_in(TESTS_TARGET), tests_archive(task), limits)
     if copied.status is not Status.PASSED:
         return error(f"the tests could not be copied into the session: {copied.error_message or copied.stderr}", copied)
     test_limits = dataclasses.replace(
