@@ -18,6 +18,8 @@
     dockyard export hf CHECKPOINT OUT   a Hugging Face folder from a (sharded) checkpoint
     dockyard export gguf FOLDER OUT --type T [--type T ...]
                                         validated GGUF file(s) of an HF folder (dockyard/export/commands.py)
+    dockyard tasks to-harbor SRC DST    a terminal-bench task set written in Harbor's format
+                                        (dockyard/tasks/harbor_convert.py, docs/terminal_tasks.md)
 
 submit, status and cancel talk to the coordinator at --coordinator, else
 DOCKYARD_CLI_COORDINATOR_ADDRESS, else 127.0.0.1:50051 (none answering: a hint how to start one).

@@ -140,6 +140,18 @@ def cmd_export_sft(args) -> int:
     return 0
 
 
+def cmd_to_harbor(args) -> int:
+    from dockyard.tasks.harbor_convert import convert_task_set
+
+    try:
+        written = convert_task_set(args.src, args.dst)
+    except (OSError, ValueError) as exc:  # a missing or unreadable task set, a taken name
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"wrote {len(written)} Harbor task folders into {args.dst}: {', '.join(written)}")
+    return 0
+
+
 def cmd_build_swe(args) -> int:
     # The builder is a sandbox-side tool (it grades with the sandbox's log parser): it runs as its own
     # process, as the services do, so the library never imports it; its parser owns the options.
@@ -255,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("builder_args", nargs=argparse.REMAINDER, help="the task builder's arguments")
     p.set_defaults(func=cmd_build_swe)
+    p = tasks.add_parser("to-harbor", help="write a terminal-bench task set in Harbor's format (task.toml)")
+    p.add_argument("src", help="a folder of terminal-bench task folders (each with task.yaml)")
+    p.add_argument("dst", help="the folder to write the Harbor task folders into (their names must be free)")
+    p.set_defaults(func=cmd_to_harbor)
 
     from dockyard.export.commands import add_commands
 

@@ -11,7 +11,8 @@
     swe                 swe (a task-set folder)    the diff in the completion ─> ScorePatch(task_set, instance_id)
                                                    (with env.tools: the session's diff ─> ScoreSession)
     terminal_bench      terminal_bench (a folder   agent trials only: the session's tests ─> ScoreSession
-                        of terminal-bench tasks)   (run-tests.sh after the agent; docs/terminal_tasks.md)
+                        of terminal-bench or       (run-tests.sh, or Harbor's tests/test.sh and its reward
+                        Harbor tasks)              file, after the agent; docs/terminal_tasks.md)
     hle                 qa (a JSONL of questions)  the final "Answer:" line ─> RunTests(qa_grading + the completion,
                                                    assert grade(...)) (docs/environments.md)
     gdpval              gdpval (a folder of file-  agent trials only: the files the agent left ─> ScoreSession
@@ -37,7 +38,7 @@ from pathlib import Path
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.config import JUDGE_TEMPLATE, DatasetConfig, MasterConfig
-from dockyard.tasks import expr, gdpval, osworld, programs, qa, swe, terminal
+from dockyard.tasks import expr, gdpval, osworld, programs, qa, swe, terminal_sets
 from dockyard.tasks.instructions import HandIn, agent_prompt, hand_in
 from dockyard.tasks.qa_judge import Judge
 from dockyard.tasks.task import Task
@@ -75,7 +76,7 @@ class Environment:
         if dataset.path is None:
             raise ValueError(f"data.{split}.path must name a task-set folder for env {self.name}")
         if self.name == "terminal_bench":
-            return terminal.load_tasks(dataset.path, dataset.size, dataset.seed)
+            return terminal_sets.load_tasks(dataset.path, dataset.size, dataset.seed)
         if self.name == "hle":
             return qa.load_tasks(dataset.path, dataset.size, dataset.seed)
         if self.name == "gdpval":

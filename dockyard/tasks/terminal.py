@@ -12,8 +12,8 @@
 
 Guarantees: task.yaml's fields, their defaults and the task id (the folder's name) are terminal-bench's
 (0.2.x); a task.yaml without `instruction` or `difficulty`, with an unknown parser, a bad timeout or a
-missing file of the format is refused with the task and field named; `load_tasks` is deterministic for
-(path, n, seed) and cycles through seeded permutations like the other task sets; a pytest summary is
+missing file of the format is refused with the task and field named (terminal_sets.py makes a set's
+folders, of this format or Harbor's, into tasks); a pytest summary is
 read as terminal-bench's pytest parser reads it (passed, skipped and xfail pass; failed, error and
 xpass fail); no summary at all is None, never an empty pass.
 """
@@ -28,8 +28,6 @@ from typing import Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from dockyard.tasks.task import Task, draw
 
 # Where the harness puts run-tests.sh and the contents of tests/, and what TEST_DIR says.
 CONTAINER_TEST_DIR = "/tests"
@@ -69,12 +67,17 @@ Config = TypeVar("Config", bound=BaseModel)
 Folder = TypeVar("Folder")
 
 
+def check_task_id(folder: Path) -> str:
+    """The task id (the folder's name); TaskFormatError when it is not one."""
+    if not _TASK_ID.match(folder.name):
+        raise TaskFormatError(f"task {folder.name!r}: a task id is 1-128 characters of A-Z a-z 0-9 . _ -")
+    return folder.name
+
+
 def read_task_yaml(folder: Path, schema: type[Config]) -> Config:
     """The task.yaml of a task folder (of any format) read by `schema`; TaskFormatError naming the task and
     what is wrong with its id or its task.yaml."""
-    name = folder.name
-    if not _TASK_ID.match(name):
-        raise TaskFormatError(f"task {name!r}: a task id is 1-128 characters of A-Z a-z 0-9 . _ -")
+    name = check_task_id(folder)
     config_path = folder / "task.yaml"
     if not config_path.is_file():
         raise TaskFormatError(f"task {name!r}: {config_path} does not exist")
@@ -87,14 +90,16 @@ def read_task_yaml(folder: Path, schema: type[Config]) -> Config:
         raise TaskFormatError(f"task {name!r}: task.yaml: {problems}") from None
 
 
-def read_task_set(path: str | Path, read: Callable[[Path], Folder], kind: str) -> list[Folder]:
-    """Every task folder (a folder holding task.yaml) of a task set, read by `read`, sorted by id."""
+def read_task_set(
+    path: str | Path, read: Callable[[Path], Folder], kind: str, markers: tuple[str, ...] = ("task.yaml",)
+) -> list[Folder]:
+    """Every task folder (a folder holding one of `markers`) of a task set, read by `read`, sorted by id."""
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"{root} is not a folder of {kind}")
-    tasks = [read(p) for p in sorted(root.iterdir()) if (p / "task.yaml").is_file()]
+    tasks = [read(p) for p in sorted(root.iterdir()) if any((p / m).is_file() for m in markers)]
     if not tasks:
-        raise ValueError(f"{root} holds no task folder (a folder with task.yaml)")
+        raise ValueError(f"{root} holds no task folder (a folder with {' or '.join(markers)})")
     return tasks
 
 
@@ -108,6 +113,19 @@ class TaskFolder:
     @property
     def task_id(self) -> str:
         return self.path.name
+
+    @property
+    def instruction(self) -> str:
+        return self.config.instruction
+
+    @property
+    def max_agent_seconds(self) -> float:
+        return self.config.max_agent_timeout_sec
+
+    @property
+    def environment_dir(self) -> Path:
+        """The image's build context (less the format's own files)."""
+        return self.path
 
     @property
     def solution_path(self) -> Path:
@@ -132,6 +150,28 @@ class TaskFolder:
         return self.path / "docker-compose.yaml"
 
 
+def client_environment(task: TaskFolder) -> dict[str, str]:
+    """docker-compose.yaml's `client` service's literal environment entries (TEST_DIR is the harness's own);
+    TaskFormatError for a compose file of another shape (one `client` service built from Dockerfile)."""
+    try:
+        compose = yaml.safe_load(task.docker_compose_path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise TaskFormatError(f"docker-compose.yaml is not YAML: {exc}") from None
+    services = compose.get("services") or {}
+    if not isinstance(services, dict) or list(services) != ["client"]:
+        raise TaskFormatError(
+            f"docker-compose.yaml: one service named `client` is supported, got {list(services) or 'none'}"
+        )
+    client = services["client"] or {}
+    build = client.get("build") or {}
+    dockerfile = build.get("dockerfile", "Dockerfile") if isinstance(build, dict) else "Dockerfile"
+    if dockerfile != "Dockerfile":
+        raise TaskFormatError(f"docker-compose.yaml: the client is built from Dockerfile, not {dockerfile!r}")
+    env = client.get("environment") or {}
+    items = env.items() if isinstance(env, dict) else (str(e).partition("=")[::2] for e in env)
+    return {str(k): str(v) for k, v in items if k != "TEST_DIR" and "$" not in str(v)}
+
+
 def read_task(path: str | Path) -> TaskFolder:
     """The task folder at `path`; TaskFormatError naming what is missing or wrong."""
     folder = Path(path)
@@ -148,23 +188,6 @@ def read_task(path: str | Path) -> TaskFolder:
 def task_folders(path: str | Path) -> list[TaskFolder]:
     """Every task folder (a folder holding task.yaml) of a task set, sorted by id."""
     return read_task_set(path, read_task, "terminal tasks")
-
-
-def task_of(task_set: str, folder: TaskFolder) -> Task:
-    return Task(
-        task_id=f"{task_set}/{folder.task_id}",
-        prompt=folder.config.instruction,
-        tests=(),  # held out: they stay with the sandbox
-        solution="",
-        max_seconds=folder.config.max_agent_timeout_sec,
-    )
-
-
-def load_tasks(path: str | Path, n: int, seed: int = 0) -> list[Task]:
-    """n tasks of the task set at `path` (seeded permutations, cycling when n exceeds the set)."""
-    root = Path(path)
-    pool = [task_of(root.name, folder) for folder in task_folders(root)]
-    return draw(pool, n, f"terminal:{root.name}:{seed}")
 
 
 _SUMMARY = re.compile(r"=+\s*short test summary info\s*=+", re.IGNORECASE)

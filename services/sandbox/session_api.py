@@ -2,7 +2,7 @@
 
     open(files, task_set + instance_id?, limits, idle, endpoint_address?, packages?)
                                       --> SWE: SweScorer.prepare -> checkout (+ image)
-                                      --> terminal task (terminal.py): its image + WORKDIR seed
+                                      --> terminal task (terminal.py, either format): its image + WORKDIR seed
                                       --> file-producing task (gdpval.py): its reference/ as the seed
                                       --> packages: backend.packages_image (the instance's requirements too)
                                                           --> SessionStore.open(backend.open_session)
@@ -12,7 +12,8 @@
     score(id, limits)                 --> store.use(id) --> handle.export_tree --> checkouts.tree_patch
                                         (git diff against the base commit) --> SweScorer.score, the
                                         very call ScorePatch makes with that patch; a terminal task's
-                                        session: terminal.score (its tests copied in, run-tests.sh run);
+                                        session: terminal.score (its tests copied in, run-tests.sh run),
+                                        a Harbor task's harbor.score (tests/test.sh, its reward file);
                                         a file-producing task's: gdpval.score (deliverables, then checker.py)
 
 Checks (InvalidArgument naming the field): session_id of 1..64 url-safe characters; paths
@@ -33,12 +34,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from dockyard.tasks.harbor import HarborTask
 from services.sandbox.admission import Admission
 from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend
 from services.sandbox.checkouts import tree_patch
 from services.sandbox.endpoint_route import split_address
 from services.sandbox.gdpval import FileTasks
 from services.sandbox.gdpval import score as score_file_task
+from services.sandbox.harbor import score as score_harbor
 from services.sandbox.session_files import FileProblem
 from services.sandbox.sessions import Session, SessionStore
 from services.sandbox.settings import SandboxSettings
@@ -230,7 +233,8 @@ class SessionService:
                 task, workdir = session.terminal
                 async with self._admission.slot():
                     s = self._settings
-                    result = await score_terminal(
+                    scorer = score_harbor if isinstance(task, HarborTask) else score_terminal
+                    result = await scorer(
                         session.handle,
                         task,
                         workdir,

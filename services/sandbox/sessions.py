@@ -48,7 +48,7 @@ class Session:
     idle_timeout: float
     last_used: float
     swe: tuple[str, str] | None = None  # (task_set, instance_id) of a SWE session
-    terminal: object | None = None  # a terminal task's session: its (TaskFolder, WORKDIR)
+    terminal: object | None = None  # a terminal task's session: its (TaskFolder or HarborTask, WORKDIR)
     file_task: object | None = None  # a file-producing task's session: its gdpval TaskFolder
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     calls: int = 0  # calls in progress or waiting for the lock

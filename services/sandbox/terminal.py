@@ -33,11 +33,11 @@ from dockyard.tasks.terminal import (
     TaskFolder,
     TaskFormatError,
     parse_pytest_summary,
-    read_task,
 )
+from dockyard.tasks.terminal_sets import read_any_task
 from services.sandbox.backend import Outcome, ResourceLimits, SessionHandle, Status
 from services.sandbox.swe import SweResult, TaskSetError
-from services.sandbox.terminal_images import TESTS_TARGET, TerminalImages
+from services.sandbox.terminal_images import TESTS_TARGET, Task, TerminalImages
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -50,14 +50,16 @@ class Prepared:
 
 
 def is_terminal_set(root: Path | None, task_set: str) -> bool:
-    """True when <root>/<task_set> is a folder of terminal task folders (not a SWE task set, and not
-    file-producing tasks, whose folders hold a task.yaml too)."""
+    """True when <root>/<task_set> is a folder of terminal task folders of either format (not a SWE task
+    set, and not file-producing tasks, whose folders hold a task.yaml too)."""
     if root is None or not _NAME.match(task_set):
         return False
     folder = root / task_set
     if not folder.is_dir() or (folder / "instances.jsonl").is_file():
         return False
-    return any((p / "task.yaml").is_file() and not is_file_task(p) for p in folder.iterdir())
+    return any(
+        (p / "task.toml").is_file() or ((p / "task.yaml").is_file() and not is_file_task(p)) for p in folder.iterdir()
+    )
 
 
 def tests_archive(task: TaskFolder) -> bytes:
@@ -75,7 +77,7 @@ def _copy_in(target: str) -> list[str]:
     return ["sh", "-c", f"rm -rf {target} && mkdir -p {target} && tar -x -f - -C {target}"]
 
 
-def _error(message: str, outcome: Outcome | None = None) -> SweResult:
+def error(message: str, outcome: Outcome | None = None) -> SweResult:
     return SweResult(status="error", outcome=outcome, error_message=message)
 
 
@@ -85,24 +87,25 @@ class TerminalTasks:
     def __init__(self, root: str | None, images: TerminalImages | None) -> None:
         self.root = Path(root) if root else None
         self._images = images
-        self._tasks: dict[tuple[str, str], TaskFolder] = {}
+        self._tasks: dict[tuple[str, str], Task] = {}
 
     def is_terminal_set(self, task_set: str) -> bool:
         return is_terminal_set(self.root, task_set)
 
-    def task(self, task_set: str, task_id: str) -> TaskFolder:
+    def task(self, task_set: str, task_id: str) -> Task:
         key = (task_set, task_id)
         if key not in self._tasks:
             assert self.root is not None
-            if not _NAME.match(task_id) or not (self.root / task_set / task_id / "task.yaml").is_file():
+            folder = self.root / task_set / task_id
+            if not _NAME.match(task_id) or not any((folder / m).is_file() for m in ("task.toml", "task.yaml")):
                 raise TaskSetError(f"task {task_id!r} not found in task set {task_set!r}", kind="not_found")
             try:
-                self._tasks[key] = read_task(self.root / task_set / task_id)
+                self._tasks[key] = read_any_task(folder)
             except TaskFormatError as exc:
                 raise TaskSetError(str(exc)) from None
         return self._tasks[key]
 
-    async def prepare(self, task: TaskFolder) -> Prepared:
+    async def prepare(self, task: Task) -> Prepared:
         if self._images is None:
             raise FailedPrecondition(
                 "terminal tasks run in their own images: start the sandbox with the docker backend"
@@ -117,9 +120,7 @@ async def score(
     (from at most `log_cap` bytes of each stream: the summary comes last, so the whole log is kept)."""
     copied = await handle.exec(_copy_in(TESTS_TARGET), tests_archive(task), limits)
     if copied.status is not Status.PASSED:
-        return _error(
-            f"the tests could not be copied into the session: {copied.error_message or copied.stderr}", copied
-        )
+        return error(f"the tests could not be copied into the session: {copied.error_message or copied.stderr}", copied)
     test_limits = dataclasses.replace(
         limits,
         timeout_seconds=min(task.config.max_test_timeout_sec, max_timeout),
@@ -128,7 +129,7 @@ async def score(
     command = ["bash", "-c", f"cd {workdir} && TEST_DIR={CONTAINER_TEST_DIR} bash {CONTAINER_TEST_DIR}/run-tests.sh"]
     outcome = await handle.exec(command, None, test_limits)
     if outcome.status is Status.ERROR:
-        return _error(f"run-tests.sh could not run: {outcome.error_message}", outcome)
+        return error(f"run-tests.sh could not run: {outcome.error_message}", outcome)
     if outcome.status is Status.TIMEOUT:
         message = f"run-tests.sh ran past max_test_timeout_sec={test_limits.timeout_seconds:g}"
         return SweResult(status="timeout", outcome=outcome, error_message=message)

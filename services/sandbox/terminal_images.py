@@ -1,4 +1,4 @@
-"""A terminal task's image, built offline: its Dockerfile with FROM mapped onto the sandbox image.
+"""A terminal task's image (either format), built offline: its Dockerfile with FROM mapped onto the sandbox image.
 
     task folder ──translate──> Dockerfile:  FROM <any image>  ->  FROM SANDBOX_IMAGE (bookworm, python3,
                                                                  git, /opt/venv with pytest; nothing pulled)
@@ -6,10 +6,11 @@
                                                                  host downloaded into its wheelhouse
                                             RUN apt-get / curl / wget / git clone / npm / uv ... -> refused
                                then:        WORKDIR's files -> /opt/dockyard-task/workdir (the session's
-                                            seed), WORKDIR -> a link to /work, /tests -> /tmp/dockyard-tests,
-                                            /oracle -> /tmp/dockyard-oracle, USER 1000:1000, no ENTRYPOINT
+                                            seed), WORKDIR -> a link to /work, /tests, /oracle, /logs and
+                                            /solution -> links into /tmp, USER 1000:1000, no ENTRYPOINT
     context = the task folder without the format's own files (task.yaml, solution.*, run-tests.sh,
-              docker-compose.yaml, tests/) ──content hash──> dockyard/terminal:<hash> (built once, reused)
+              docker-compose.yaml, tests/), or a Harbor task's environment/
+              ──content hash──> dockyard/terminal:<hash> (built once, reused; a task's two forms share it)
     image ──seed_folder──> host folder holding WORKDIR's files (extracted once per image)
 
 Guarantees: a build never reaches a network (--network none, no pull); a step that needs one and
@@ -36,15 +37,23 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-import yaml
-
-from dockyard.tasks.terminal import CONTAINER_SOLUTION_DIR, CONTAINER_TEST_DIR, FORMAT_FILES, TaskFolder
+from dockyard.tasks import harbor
+from dockyard.tasks.terminal import (
+    CONTAINER_SOLUTION_DIR,
+    CONTAINER_TEST_DIR,
+    FORMAT_FILES,
+    TaskFolder,
+    TaskFormatError,
+    client_environment,
+)
 from services.sandbox.images import DEFAULT_WHEELHOUSE, HASH_LABEL, download_wheels
 
 TERMINAL_IMAGE_REPOSITORY = "dockyard/terminal"
 SEED_DIR = "/opt/dockyard-task/workdir"
 TESTS_TARGET = "/tmp/dockyard-tests"  # /tests links here: the root file system is read-only at run time
 ORACLE_TARGET = "/tmp/dockyard-oracle"
+LOGS_TARGET = "/tmp/dockyard-logs"  # /logs (Harbor's verifier writes the reward under it) links here
+SOLUTION_TARGET = "/tmp/dockyard-solution"  # /solution, Harbor's oracle folder
 WHEELS_DIR = "/tmp/dockyard-wheels"
 CONTEXT_WHEELS = ".dockyard-wheels"
 # A RUN segment that needs a network the build does not have; pip installs are served from wheels instead.
@@ -61,6 +70,10 @@ NETWORK_TOOLS = {
 _PIP_WORDS = r"(?:(?:\S*/)?python3?(?:\.\d+)? -m )?(?:\S*/)?pip3? install\b"
 _PIP = re.compile(f"^{_PIP_WORDS}")
 _PIP_ANYWHERE = re.compile(f"((?:^|&&|\\|\\||;|\\n)\\s*){_PIP_WORDS}")
+
+
+LOGS_ROOT = "/logs"
+Task = TaskFolder | harbor.HarborTask  # either format: both name their Dockerfile and build context
 
 
 class DockerfileError(ValueError):
@@ -125,28 +138,18 @@ def _run_step(number: int, command: str, requirements: list[str]) -> str:
     return _PIP_ANYWHERE.sub(lambda m: f"{m.group(0)} --no-index --find-links {WHEELS_DIR}", command)
 
 
-def _compose_env(task: TaskFolder) -> dict[str, str]:
-    """The client service's literal environment entries (TEST_DIR is the harness's own)."""
+def _compose_env(task: Task) -> dict[str, str]:
+    """The client service's literal environment entries; a Harbor task has no compose file
+    (harbor.read_harbor_task refuses one)."""
+    if not isinstance(task, TaskFolder):
+        return {}
     try:
-        compose = yaml.safe_load(task.docker_compose_path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise DockerfileError(f"docker-compose.yaml is not YAML: {exc}") from None
-    services = compose.get("services") or {}
-    if not isinstance(services, dict) or list(services) != ["client"]:
-        raise DockerfileError(
-            f"docker-compose.yaml: one service named `client` is supported, got {list(services) or 'none'}"
-        )
-    client = services["client"] or {}
-    build = client.get("build") or {}
-    dockerfile = build.get("dockerfile", "Dockerfile") if isinstance(build, dict) else "Dockerfile"
-    if dockerfile != "Dockerfile":
-        raise DockerfileError(f"docker-compose.yaml: the client is built from Dockerfile, not {dockerfile!r}")
-    env = client.get("environment") or {}
-    items = env.items() if isinstance(env, dict) else (str(e).partition("=")[::2] for e in env)
-    return {str(k): str(v) for k, v in items if k != "TEST_DIR" and "$" not in str(v)}
+        return client_environment(task)
+    except TaskFormatError as exc:
+        raise DockerfileError(str(exc)) from None
 
 
-def translate(task: TaskFolder) -> Translation:
+def translate(task: Task) -> Translation:
     """The Dockerfile dockyard builds for `task`: FROM mapped, network steps served or refused, the
     session's layout appended. DockerfileError says which line cannot be built offline and why."""
     lines, requirements, workdir, stages = ["ARG BASE_IMAGE"], [], "/", 0
@@ -182,6 +185,8 @@ def translate(task: TaskFolder) -> Translation:
         f'if [ {wd} = /work ]; then find /work -mindepth 1 -delete; else rm -rf {wd}; mkdir -p "$(dirname {wd})"; '
         f"ln -s /work {wd}; fi; rm -rf {CONTAINER_TEST_DIR} {CONTAINER_SOLUTION_DIR} {WHEELS_DIR}; "
         f"ln -s {TESTS_TARGET} {CONTAINER_TEST_DIR}; ln -s {ORACLE_TARGET} {CONTAINER_SOLUTION_DIR}; "
+        f"rm -rf {LOGS_ROOT} {harbor.CONTAINER_SOLUTION_DIR}; ln -s {LOGS_TARGET} {LOGS_ROOT}; "
+        f"ln -s {SOLUTION_TARGET} {harbor.CONTAINER_SOLUTION_DIR}; "
         "mkdir -p /work && chown 1000:1000 /work",
         f"ENV TEST_DIR={CONTAINER_TEST_DIR}",
         "USER 1000:1000",
@@ -201,13 +206,16 @@ def workdir_of(translation: Translation) -> str:
     return workdir
 
 
-def _context_files(task: TaskFolder) -> list[Path]:
+def _context_files(task: Task) -> list[Path]:
+    """The build context's files, relative to task.environment_dir (a terminal-bench task's folder less the
+    format's own files; a Harbor task's environment/)."""
+    skip = FORMAT_FILES if isinstance(task, TaskFolder) else ()
     files = []
-    for root, dirs, names in os.walk(task.path):
-        rel_root = Path(root).relative_to(task.path)
+    for root, dirs, names in os.walk(task.environment_dir):
+        rel_root = Path(root).relative_to(task.environment_dir)
         if rel_root == Path("."):
-            dirs[:] = [d for d in dirs if d not in FORMAT_FILES]
-            names = [n for n in names if n not in FORMAT_FILES and n != "Dockerfile"]
+            dirs[:] = [d for d in dirs if d not in skip]
+            names = [n for n in names if n not in skip and n != "Dockerfile"]
         dirs.sort()
         files += [rel_root / n for n in sorted(names)]
     return files
@@ -232,7 +240,7 @@ class TerminalImages:
         self._seeds = Path(seed_root)
         self._wheelhouse = Path(wheelhouse)
 
-    def ensure(self, task: TaskFolder) -> tuple[str, str, str]:
+    def ensure(self, task: Task) -> tuple[str, str, str]:
         """(image tag, host folder of the WORKDIR's files, the task's WORKDIR); builds what is missing."""
         translation = translate(task)
         files = _context_files(task)
@@ -240,7 +248,7 @@ class TerminalImages:
         for part in (self._client.images.get(self._base).id, translation.dockerfile, *translation.requirements):
             digest.update(part.encode() + b"\0")
         for rel in files:
-            digest.update(str(rel).encode() + b"\0" + (task.path / rel).read_bytes() + b"\0")
+            digest.update(str(rel).encode() + b"\0" + (task.environment_dir / rel).read_bytes() + b"\0")
         content_hash = digest.hexdigest()
         tag = f"{TERMINAL_IMAGE_REPOSITORY}:{content_hash[:20]}"
         with _lock(tag):
@@ -257,14 +265,14 @@ class TerminalImages:
         except docker.errors.ImageNotFound:
             return False
 
-    def _build(self, task: TaskFolder, translation: Translation, files: list[Path], tag: str, digest: str) -> None:
+    def _build(self, task: Task, translation: Translation, files: list[Path], tag: str, digest: str) -> None:
         import docker.errors
 
         with tempfile.TemporaryDirectory(prefix="dockyard-terminal-build-") as tmp:
             context = Path(tmp)
             for rel in files:
                 (context / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(task.path / rel, context / rel)
+                shutil.copy2(task.environment_dir / rel, context / rel)
             wheels = context / CONTEXT_WHEELS
             if translation.requirements:
                 cached = self._wheelhouse / "terminal" / digest[:20]

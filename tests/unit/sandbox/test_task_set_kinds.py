@@ -18,3 +18,8 @@ def test_a_file_producing_task_set_is_not_a_terminal_one() -> None:
 def test_a_terminal_task_set_is_not_a_file_producing_one() -> None:
     assert is_terminal_set(TASKS, "terminal")
     assert not FileTasks(str(TASKS)).is_task_set("terminal")
+
+
+def test_a_harbor_task_set_is_a_terminal_one() -> None:
+    assert is_terminal_set(TASKS, "harbor")
+    assert not FileTasks(str(TASKS)).is_task_set("harbor")

@@ -76,3 +76,22 @@ def test_compose_must_be_one_client_service_and_gives_its_environment(tmp_path: 
     two = "services:\n  client: {}\n  db: {}\n"
     with pytest.raises(DockerfileError, match="one service named `client`"):
         translate(task_with(tmp_path / "b", "FROM x\nWORKDIR /app\n", two))
+
+
+def test_a_harbor_task_builds_from_its_environment_folder_with_the_same_layout(tmp_path: Path) -> None:
+    """A task's two forms share their image; /logs and /solution (Harbor's verifier and oracle folders)
+    are links into /tmp, since the root file system is read-only at run time."""
+    from dockyard.tasks.harbor import read_harbor_task
+    from services.sandbox.terminal_images import _context_files
+
+    harbor = read_harbor_task(SHIPPED.parent / "harbor" / "fix-mean")
+    terminal = read_task(SHIPPED / "fix-mean")
+    assert translate(harbor) == translate(terminal)
+    assert _context_files(harbor) == _context_files(terminal)
+    assert "ln -s /tmp/dockyard-logs /logs" in translate(harbor).dockerfile
+    assert "ln -s /tmp/dockyard-solution /solution" in translate(harbor).dockerfile
+    folder = tmp_path / "h1"
+    shutil.copytree(SHIPPED.parent / "harbor" / "hello-file", folder)
+    (folder / "environment" / "data.csv").write_text("a,b\n")
+    (folder / "environment" / "Dockerfile").write_text("FROM x\nWORKDIR /app\nCOPY data.csv /app/\n")
+    assert [str(p) for p in _context_files(read_harbor_task(folder))] == ["data.csv"]

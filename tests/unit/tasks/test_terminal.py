@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dockyard.tasks.terminal import TaskFormatError, load_tasks, parse_pytest_summary, read_task, task_folders
+from dockyard.tasks.terminal import TaskFormatError, parse_pytest_summary, read_task, task_folders
+from dockyard.tasks.terminal_sets import load_tasks
 from tests.conftest import REPO_ROOT
 
 SHIPPED = REPO_ROOT / "examples" / "tasks" / "terminal"

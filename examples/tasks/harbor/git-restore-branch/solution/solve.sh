@@ -1,0 +1,4 @@
+#!/bin/bash
+cd /app/repo
+git checkout -- config.ini
+git branch release

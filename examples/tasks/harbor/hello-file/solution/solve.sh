@@ -1,0 +1,2 @@
+#!/bin/bash
+echo "hello, terminal" > /app/greeting.txt
