@@ -2,6 +2,7 @@
 
     spec.json, agent.patch, test.patch (read into memory, then deleted)
         ─> git apply agent.patch ─> git apply test.patch (unless empty) ─> the instance's test command
+           (with spec "path" first on PATH: a prebuilt image's environment, e.g. its conda env's bin)
         ─> "<nonce> tests-done <rc>" on stdout
 
 Guarantees: stdlib only, and every input is read into memory and deleted before
@@ -68,14 +69,17 @@ def main():
             os.remove(path)
     if test.strip() and not apply(test, "test_patch", fuzzy=False):  # SWE-bench allows an empty one
         sys.exit(11)
-    argv = list(spec["test_cmd"])
-    if argv[0] in ("python", "python3"):
+    argv, env = list(spec["test_cmd"]), None
+    if spec.get("path"):  # a prebuilt image's own environment runs the tests, found first on PATH
+        env = dict(os.environ, PATH=spec["path"] + os.pathsep + os.environ.get("PATH", ""))
+        argv[0] = shutil.which(argv[0], path=env["PATH"]) or argv[0]
+    elif argv[0] in ("python", "python3"):
         argv = [sys.executable] + argv[1:]
     elif argv[0] == "pytest":
         argv = [sys.executable, "-m", "pytest"] + argv[1:]
     os.write(1, nonce + b" tests-start\n")
     try:
-        rc = subprocess.run(argv, stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(argv, stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env).returncode
     except OSError as exc:
         say(f"cannot start the test command: {exc}")
         rc = 127
