@@ -23,7 +23,10 @@ refused at load when that spec cannot be built offline or its commits are not in
 made by the task builder carry three optional fields of dockyard's own instead: `test_cmd` (argv
 list or shell-style string, run in the repository root; absent: `pytest -rA` on the files the test
 patch touches), `log_parser` (a name of swebench's PARSER_REGISTRY) and `requirements` (what the
-environment image installs; absent: the sandbox image as it is, Python 3 + pytest).
+environment image installs; absent: the sandbox image as it is, Python 3 + pytest). A task set of a
+format whose rows name a prebuilt image (swe_formats.py: named in `dataset.json` or detected from
+the columns; one format per task set) runs each row in that image (swe_prebuilt.py) with the
+format's test command; formats that cannot be scored are refused at load, naming the instance.
 
 Verdicts (SweResult.status):
 - PASSED: resolved, every FAIL_TO_PASS test passes and every PASS_TO_PASS test is kept;
