@@ -18,6 +18,7 @@ from services.sandbox.settings import SandboxSettings
 from services.sandbox.swe import SweScorer, TaskSets
 from services.sandbox.swe_formats import REPO_DIR, PrebuiltEnv
 from services.sandbox.swe_prebuilt import PrebuiltImageError, ensure_prebuilt, resolve
+from services.sandbox.task_set_check import check
 from tests.conftest import missing, require_docker, require_tool
 from tests.unit.sandbox.swe_repo import TEST_FILE, make_task_set
 
@@ -151,6 +152,35 @@ async def test_a_swe_rebench_row_scores_in_its_tagged_image(client, tagged, tmp_
     assert other.status == "failed" and other.fail_to_pass == {f"{TEST_FILE}::test_add": False}
 
 
+async def test_a_swe_bench_row_named_so_scores_in_the_harness_eval_image(client, tagged, tmp_path):
+    """SWE-bench's columns, dataset.json naming the format: the image is the harness's eval image of
+    the instance, the test command swebench's spec for (psf/requests, 2.0), `pytest -rA`."""
+    require_tool("/usr/bin/git", "git")
+    from services.sandbox.__main__ import make_swe_scorer
+    from services.sandbox.docker_backend import DockerBackend
+
+    iid = unique("psf__requests")
+    row = make_task_set(tmp_path, repo="psf/requests")
+    row.update(instance_id=iid, version="2.0")
+    (tmp_path / "set" / "repos" / "o__r.git").rename(tmp_path / "set" / "repos" / "psf__requests.git")
+    (tmp_path / "set" / "instances.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp_path / "set" / "dataset.json").write_text('{"format": "swe-bench"}')
+    image = f"swebench/sweb.eval.x86_64.{iid.replace('__', '_1776_')}:latest"
+    tagged(editable_at_testbed(client, image))
+    settings = SandboxSettings(backend="docker", task_root=str(tmp_path), image_registry=DEAD_REGISTRY)
+    backend = await DockerBackend.open(image=SANDBOX_IMAGE, max_concurrency=2, work_root=str(tmp_path))
+    scorer = make_swe_scorer(settings, backend)
+    try:
+        (instance,) = scorer.task_sets.instances("set").values()
+        assert instance.prebuilt.image == image and instance.test_cmd == ["pytest", "-rA", TEST_FILE]
+        gold, empty = await asyncio.gather(*(scorer.score("set", instance, p, LIMITS) for p in (row["patch"], "")))
+    finally:
+        scorer.close()
+        await backend.close()
+    assert gold.status == "passed", (gold.error_message, gold.outcome and gold.outcome.stdout[-4000:])
+    assert empty.status == "patch_failed" and not empty.resolved
+
+
 async def test_a_prebuilt_row_on_the_local_backend_is_an_error_naming_its_image(tmp_path):
     require_tool("/usr/bin/git", "git")
     from services.sandbox.local import LocalBackend
@@ -166,3 +196,4 @@ async def test_a_prebuilt_row_on_the_local_backend_is_an_error_naming_its_image(
         scorer.close()
     assert result.status == "error" and "swerebench/sweb.eval.x86_64.o_1776_r-1" in result.error_message
     assert "docker backend" in result.error_message
+    assert "1 in their dataset's prebuilt images" in check(tmp_path / "set")
