@@ -69,7 +69,7 @@ from services.sandbox.checkouts import Checkouts, missing_objects
 from services.sandbox.log_parsing import grade, parse_log, parser_for
 from services.sandbox.patches import PatchRefused, inspect_patch, protected_paths
 from services.sandbox.swe_formats import PrebuiltEnv, prebuilt_env
-from services.sandbox.swe_specs import EnvRecipe, SpecRefused, covered, recipe, spec_for
+from services.sandbox.swe_specs import EnvRecipe, covered, recipe, spec_test_cmd
 
 log = structlog.get_logger()
 
@@ -145,7 +145,7 @@ class SweInstance:
         version = str(raw.get("version") or "")
         env = None
         if fmt is not None:
-            base = swe_formats.prebuilt_test_cmd(fmt, raw, _spec_test_cmd(str(raw["instance_id"]), repo, version))
+            base = swe_formats.prebuilt_test_cmd(fmt, raw, spec_test_cmd(repo, version))
             test_cmd = [*base, *held_out_paths(test_patch)]
         elif not {"test_cmd", "requirements"} & set(raw) and covered(repo):
             if not version:
@@ -182,15 +182,6 @@ class SweInstance:
             if not re.fullmatch(r"[0-9a-f]{7,40}", getattr(instance, name)):
                 raise ValueError(f"{name} {getattr(instance, name)!r} is not a commit id")
         return instance
-
-
-def _spec_test_cmd(instance_id: str, repo: str, version: str) -> str | None:
-    """The test command of swebench's spec for (repo, version), when the table has one."""
-    try:
-        cmd = spec_for(instance_id, repo, version).get("test_cmd")
-    except SpecRefused:
-        return None
-    return cmd if isinstance(cmd, str) else None
 
 
 def mirror_name(repo: str) -> str:
