@@ -181,6 +181,34 @@ async def test_a_swe_bench_row_named_so_scores_in_the_harness_eval_image(client,
     assert empty.status == "patch_failed" and not empty.resolved
 
 
+async def test_a_session_of_a_prebuilt_row_finds_its_checkout_at_testbed(client, tagged, tmp_path):
+    require_tool("/usr/bin/git", "git")
+    from services.sandbox.__main__ import make_swe_scorer
+    from services.sandbox.backend import Status
+    from services.sandbox.docker_backend import DockerBackend
+
+    image = f"swerebench/sweb.eval.x86_64.{unique('o_1776_r')}:latest"
+    tagged(editable_at_testbed(client, image))
+    rebench_task_set(tmp_path, image)
+    settings = SandboxSettings(backend="docker", task_root=str(tmp_path), image_registry=DEAD_REGISTRY)
+    backend = await DockerBackend.open(image=SANDBOX_IMAGE, max_concurrency=2, work_root=str(tmp_path))
+    scorer = make_swe_scorer(settings, backend)
+    try:
+        (instance,) = scorer.task_sets.instances("set").values()
+        checkout, run_image = await scorer.prepare("set", instance)
+        session = await backend.open_session({}, LIMITS, seed_dir=str(checkout), image=run_image)
+        try:
+            probe = "import pkg, pkg.core; print(pkg.__file__); print(pkg.core.add(2, 3))"
+            done = await session.exec(["sh", "-c", f"cd / && python -c '{probe}'"], None, LIMITS)
+        finally:
+            await session.close()
+    finally:
+        scorer.close()
+        await backend.close()
+    assert done.status is Status.PASSED, done
+    assert done.stdout.split() == ["/testbed/pkg/__init__.py", "-1"]  # base_commit's buggy add, via /testbed
+
+
 async def test_a_prebuilt_row_on_the_local_backend_is_an_error_naming_its_image(tmp_path):
     require_tool("/usr/bin/git", "git")
     from services.sandbox.local import LocalBackend
