@@ -2,8 +2,8 @@
 
     PrebuiltEnv.image (as the dataset names it, e.g. swebench/sweb.eval.x86_64.<id>:latest)
       present locally under that name, or under <registry>/<name> ──> used as it is, no pull
-      else pull <registry>/<name> (DOCKYARD_SANDBOX_IMAGE_REGISTRY; empty: the name as it is, Docker Hub's
-           for a bare one), credentials from DOCKYARD_SANDBOX_IMAGE_REGISTRY_AUTH_FILE
+      else pull <registry>/<name> (DOCKYARD_SANDBOX_IMAGE_REGISTRY, replacing a host the name carries; empty:
+           the name as it is, Docker Hub's for a bare one), credentials from DOCKYARD_SANDBOX_IMAGE_REGISTRY_AUTH_FILE
       else PrebuiltImageError naming the instance, the image and the engine's answer
     image ──fit──> dockyard/swe-prebuilt:<hash of its id and repo_dir>:  FROM image; repo_dir -> a link to
            /work (the run's checkout of base_commit), USER 1000:1000, WORKDIR /work   (built once, offline)
@@ -45,8 +45,14 @@ class PrebuiltImageError(RuntimeError):
 
 
 def qualified(image: str, registry: str) -> str:
-    """`image` under the deployment's registry (`host[:port][/path]`); the name as it is when none is set."""
-    return f"{registry.rstrip('/')}/{image}" if registry else image
+    """`image` under the deployment's registry (`host[:port][/path]`), any host the row's name carries
+    (docker.io/..., ghcr.io/...) replaced by it; the name as it is when no registry is set."""
+    if not registry:
+        return image
+    first, _, rest = image.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):  # docker's rule for a host part
+        image = rest
+    return f"{registry.rstrip('/')}/{image}"
 
 
 def read_auth(path: str | None) -> dict | None:

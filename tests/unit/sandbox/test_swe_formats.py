@@ -11,6 +11,7 @@ import pytest
 
 from services.sandbox.swe import TaskSetError, TaskSets, load_instances
 from services.sandbox.swe_formats import ENV_BIN, REPO_DIR, detect
+from services.sandbox.swe_prebuilt import qualified
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "swe_formats"
 
@@ -118,3 +119,10 @@ TEST_PATCH = (
     f"diff --git a/{TEST_FILE} b/{TEST_FILE}\n--- a/{TEST_FILE}\n+++ b/{TEST_FILE}\n"
     "@@ -1 +1,2 @@\n import calc\n+assert calc\n"
 )
+
+
+def test_the_registry_replaces_the_host_a_row_names():
+    assert qualified("swebench/sweb.eval.x86_64.a_1776_b-1:latest", "") == "swebench/sweb.eval.x86_64.a_1776_b-1:latest"
+    assert qualified("swebench/x:latest", "mirror.local:5000/") == "mirror.local:5000/swebench/x:latest"
+    assert qualified("docker.io/swerebench/x", "mirror.local:5000/hub") == "mirror.local:5000/hub/swerebench/x"
+    assert qualified("localhost/x", "reg") == "reg/x" and qualified("x", "reg") == "reg/x"

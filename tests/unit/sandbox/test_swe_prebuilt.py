@@ -209,6 +209,27 @@ async def test_a_session_of_a_prebuilt_row_finds_its_checkout_at_testbed(client,
     assert done.stdout.split() == ["/testbed/pkg/__init__.py", "-1"]  # base_commit's buggy add, via /testbed
 
 
+async def test_scoring_a_row_whose_image_cannot_be_had_is_an_error_naming_it(client, tmp_path):
+    require_tool("/usr/bin/git", "git")
+    from services.sandbox.__main__ import make_swe_scorer
+    from services.sandbox.docker_backend import DockerBackend
+
+    image = f"swerebench/sweb.eval.x86_64.{unique('absent_1776_absent')}"
+    row = rebench_task_set(tmp_path, image)
+    settings = SandboxSettings(backend="docker", task_root=str(tmp_path), image_registry=DEAD_REGISTRY)
+    backend = await DockerBackend.open(image=SANDBOX_IMAGE, max_concurrency=1, work_root=str(tmp_path))
+    scorer = make_swe_scorer(settings, backend)
+    try:
+        (instance,) = scorer.task_sets.instances("set").values()
+        result = await scorer.score("set", instance, row["patch"], LIMITS)
+    finally:
+        scorer.close()
+        await backend.close()
+    assert result.status == "error" and not result.resolved
+    assert f"instance {row['instance_id']!r}" in result.error_message
+    assert f"{DEAD_REGISTRY}/{image}" in result.error_message and "cannot be pulled" in result.error_message
+
+
 async def test_a_prebuilt_row_on_the_local_backend_is_an_error_naming_its_image(tmp_path):
     require_tool("/usr/bin/git", "git")
     from services.sandbox.local import LocalBackend
