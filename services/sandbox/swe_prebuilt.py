@@ -5,8 +5,9 @@
       else pull <registry>/<name> (DOCKYARD_SANDBOX_IMAGE_REGISTRY, replacing a host the name carries; empty:
            the name as it is, Docker Hub's for a bare one), credentials from DOCKYARD_SANDBOX_IMAGE_REGISTRY_AUTH_FILE
       else PrebuiltImageError naming the instance, the image and the engine's answer
-    image ──fit──> dockyard/swe-prebuilt:<hash of its id and repo_dir>:  FROM image; repo_dir -> a link to
-           /work (the run's checkout of base_commit), USER 1000:1000, WORKDIR /work   (built once, offline)
+    image ──fit──> dockyard/swe-prebuilt:<hash of its id, repo_dir, env_bin>:  FROM image; repo_dir -> a link
+           to /work (the run's checkout of base_commit), env_bin first on PATH (the driver's and a session's
+           `python` is the image's environment's), USER 1000:1000, WORKDIR /work   (built once, offline)
 
 Guarantees: a present image is never pulled again; the pull's credentials come only from the
 auth file the deployment names (JSON: {"username": ..., "password": ...}), never from a job or a
@@ -34,7 +35,9 @@ ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 USER root
 ARG REPO_DIR
+ARG ENV_BIN
 RUN rm -rf "$REPO_DIR" && mkdir -p "$(dirname "$REPO_DIR")" && ln -s /work "$REPO_DIR"
+ENV PATH=${ENV_BIN}:${PATH}
 USER 1000:1000
 WORKDIR /work
 """
@@ -100,13 +103,15 @@ def resolve(client, instance_id: str, image: str, *, registry: str = "", auth_fi
 
 def fit(client, image: str, env: PrebuiltEnv) -> str:
     """The run image of a resolved prebuilt image: its repository folder a link to /work (built once)."""
-    digest = hashlib.sha256("\0".join([client.images.get(image).id, env.repo_dir, FIT_DOCKERFILE]).encode())
+    parts = [client.images.get(image).id, env.repo_dir, env.env_bin, FIT_DOCKERFILE]
+    digest = hashlib.sha256("\0".join(parts).encode())
     tag = f"{FITTED_REPOSITORY}:{digest.hexdigest()[:20]}"
     with _lock(tag):
         if _label(client, tag) is None:
             with tempfile.TemporaryDirectory(prefix="dockyard-swe-prebuilt-") as tmp:
                 (Path(tmp) / "Dockerfile").write_text(FIT_DOCKERFILE)
-                _build(client, Path(tmp), tag, image, tag.rsplit(":", 1)[1], {"REPO_DIR": env.repo_dir})
+                args = {"REPO_DIR": env.repo_dir, "ENV_BIN": env.env_bin}
+                _build(client, Path(tmp), tag, image, tag.rsplit(":", 1)[1], args)
     return tag
 
 

@@ -126,3 +126,12 @@ def test_the_registry_replaces_the_host_a_row_names():
     assert qualified("swebench/x:latest", "mirror.local:5000/") == "mirror.local:5000/swebench/x:latest"
     assert qualified("docker.io/swerebench/x", "mirror.local:5000/hub") == "mirror.local:5000/hub/swerebench/x"
     assert qualified("localhost/x", "reg") == "reg/x" and qualified("x", "reg") == "reg/x"
+
+
+def test_the_driver_parses_as_python_3_5():
+    """A prebuilt image's own environment runs the scoring driver; SWE-bench's oldest are Python 3.5."""
+    import ast
+
+    from services.sandbox.swe import DRIVER_SOURCE
+
+    ast.parse(DRIVER_SOURCE, feature_version=(3, 5))  # SyntaxError (e.g. an f-string) fails the test

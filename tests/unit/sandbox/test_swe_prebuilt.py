@@ -107,9 +107,10 @@ def test_a_bad_auth_file_is_named(client, tmp_path):
 
 def test_the_fitted_image_links_the_repository_folder_to_the_checkout(client, tagged):
     image = tagged(f"swebench/sweb.eval.x86_64.{unique('o_1776_r')}:latest")
-    fitted = ensure_prebuilt(client, "o__r-1", PrebuiltEnv(image, REPO_DIR, "/nowhere"), registry=DEAD_REGISTRY)
-    out = client.containers.run(fitted, ["sh", "-c", f"readlink {REPO_DIR}; id -u; pwd"], remove=True)
-    assert out.decode().split() == ["/work", "1000", "/work"]
+    fitted = ensure_prebuilt(client, "o__r-1", PrebuiltEnv(image, REPO_DIR, "/env/bin"), registry=DEAD_REGISTRY)
+    out = client.containers.run(fitted, ["sh", "-c", f"readlink {REPO_DIR}; id -u; pwd; echo $PATH"], remove=True)
+    link, uid, cwd, path = out.decode().split()
+    assert (link, uid, cwd) == ("/work", "1000", "/work") and path.startswith("/env/bin:")
 
 
 def rebench_task_set(root: Path, image: str) -> dict:
