@@ -144,18 +144,19 @@ class SweInstance:
         test_patch = str(raw.get("test_patch") or "")
         version = str(raw.get("version") or "")
         env = None
+        cmd = raw.get("test_cmd")
         if fmt is not None:
             base = swe_formats.prebuilt_test_cmd(fmt, raw, spec_test_cmd(repo, version))
             test_cmd = [*base, *held_out_paths(test_patch)]
-        elif not {"test_cmd", "requirements"} & set(raw) and covered(repo):
-            if not version:
-                raise ValueError(f"version is missing: swebench's specifications for {repo} are per version")
-            env = recipe(str(raw["instance_id"]), repo, version)  # SpecRefused (a ValueError) names the step
-        cmd = raw.get("test_cmd")
-        if prebuilt is None and cmd is None:
-            test_cmd = [*(env.test_cmd if env else TEST_CMD), *held_out_paths(test_patch)]
-        elif prebuilt is None:
-            test_cmd = shlex.split(cmd) if isinstance(cmd, str) else _string_list(cmd, "test_cmd")
+        else:
+            if not {"test_cmd", "requirements"} & set(raw) and covered(repo):
+                if not version:
+                    raise ValueError(f"version is missing: swebench's specifications for {repo} are per version")
+                env = recipe(str(raw["instance_id"]), repo, version)  # SpecRefused (a ValueError) names the step
+            if cmd is None:
+                test_cmd = [*(env.test_cmd if env else TEST_CMD), *held_out_paths(test_patch)]
+            else:
+                test_cmd = shlex.split(cmd) if isinstance(cmd, str) else _string_list(cmd, "test_cmd")
         instance = cls(
             instance_id=str(raw["instance_id"]),
             repo=repo,
@@ -332,11 +333,11 @@ class SweScorer:
 
     `image_for(instance, mirror)` names the image an instance runs in: with a container backend,
     the row's prebuilt image (swe_prebuilt.py), the environment image of its swebench spec
-    (swe_images.py) or the one that installs `instance.requirements`; without one a prebuilt-image
-    row is an ERROR (its environment is the image); None (the default, and what the local backend ignores anyway) is the
-    backend's default image. A failure there is an ERROR verdict. `log_cap_bytes` (the service's
-    output ceiling) is how much of the run's output is kept for grading; the request's
-    `max_output_bytes` only caps what is returned.
+    (swe_images.py) or the one that installs `instance.requirements`; None (the default, and what
+    the local backend ignores anyway) is the backend's default image, and a prebuilt-image row
+    without a resolver is an ERROR (its environment is its image). A failure there is an ERROR
+    verdict. `log_cap_bytes` (the service's output ceiling) is how much of the run's output is kept
+    for grading; the request's `max_output_bytes` only caps what is returned.
     """
 
     def __init__(
