@@ -63,7 +63,19 @@ def make_swe_scorer(settings: SandboxSettings, backend):
         client = docker.from_env(timeout=600)
 
         async def image_for(instance, mirror):
-            # Built once per (repo, version, spec) or per requirement set (content-hashed tags), then reused.
+            # Built once per (repo, version, spec) or per requirement set (content-hashed tags), then reused;
+            # a row's prebuilt image is pulled once, and fitted once.
+            if instance.prebuilt is not None:
+                from services.sandbox.swe_prebuilt import ensure_prebuilt
+
+                return await asyncio.to_thread(
+                    ensure_prebuilt,
+                    client,
+                    instance.instance_id,
+                    instance.prebuilt,
+                    registry=settings.image_registry,
+                    auth_file=settings.image_registry_auth_file,
+                )
             if instance.recipe is not None:
                 from services.sandbox.swe_images import ensure_swe_env_image
 

@@ -25,6 +25,16 @@ class SandboxSettings(ServiceSettings):
         "local", description="local: child processes in namespaces (development); docker: one container per run."
     )
     image: str = Field(SANDBOX_IMAGE, description="Docker backend: default image of a run.")
+    image_registry: str = Field(
+        "",
+        description="Docker backend: registry (host[:port][/path]) that SWE rows' prebuilt images are pulled from "
+        "when not present locally, as <registry>/<image>; empty: the image name as the row gives it.",
+    )
+    image_registry_auth_file: str | None = Field(
+        None,
+        description='Docker backend: a secret file, JSON {"username": ..., "password": ...}, of the '
+        "credentials for image_registry; None: pulls without credentials.",
+    )
     docker_cpus: float = Field(1.0, gt=0, description="Docker backend: CPU quota per container, in cores.")
     docker_pids_limit: int = Field(
         256, ge=8, description="Docker backend: most tasks (processes, threads) per container."

@@ -23,7 +23,10 @@ refused at load when that spec cannot be built offline or its commits are not in
 made by the task builder carry three optional fields of dockyard's own instead: `test_cmd` (argv
 list or shell-style string, run in the repository root; absent: `pytest -rA` on the files the test
 patch touches), `log_parser` (a name of swebench's PARSER_REGISTRY) and `requirements` (what the
-environment image installs; absent: the sandbox image as it is, Python 3 + pytest).
+environment image installs; absent: the sandbox image as it is, Python 3 + pytest). A task set of a
+format whose rows name a prebuilt image (swe_formats.py: named in `dataset.json` or detected from
+the columns; one format per task set) runs each row in that image (swe_prebuilt.py) with the
+format's test command; formats that cannot be scored are refused at load, naming the instance.
 
 Verdicts (SweResult.status):
 - PASSED: resolved, every FAIL_TO_PASS test passes and every PASS_TO_PASS test is kept;
@@ -60,11 +63,13 @@ import structlog
 
 from dockyard.tasks.rows import read_rows
 from dockyard.tasks.swe import instances_file
+from services.sandbox import swe_formats
 from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status
 from services.sandbox.checkouts import Checkouts, missing_objects
 from services.sandbox.log_parsing import grade, parse_log, parser_for
 from services.sandbox.patches import PatchRefused, inspect_patch, protected_paths
-from services.sandbox.swe_specs import EnvRecipe, covered, recipe
+from services.sandbox.swe_formats import PrebuiltEnv, prebuilt_env
+from services.sandbox.swe_specs import EnvRecipe, covered, recipe, spec_test_cmd
 
 log = structlog.get_logger()
 
@@ -127,23 +132,31 @@ class SweInstance:
     version: str = ""
     environment_setup_commit: str = ""  # the commit the environment image installs; base_commit if absent
     recipe: EnvRecipe | None = None  # swebench's spec for (repo, version), for a row with only SWE-bench's fields
+    prebuilt: PrebuiltEnv | None = None  # the dataset's own image, for a row of a format that names one
 
     @classmethod
-    def from_dict(cls, raw: dict) -> SweInstance:
-        """A SWE-bench row (plus optional test_cmd / log_parser / requirements); ValueError names the field."""
+    def from_dict(cls, raw: dict, fmt: str | None = None) -> SweInstance:
+        """A row of `fmt` (swe_formats.py; None: a SWE-bench row, plus optional test_cmd / log_parser /
+        requirements); ValueError names the field."""
+        # FormatRefused (a ValueError) names the instance and why, before any column is required.
+        prebuilt = prebuilt_env(fmt, raw) if fmt is not None else None
         repo = repo_name(str(raw["repo"]))
         test_patch = str(raw.get("test_patch") or "")
         version = str(raw.get("version") or "")
         env = None
-        if not {"test_cmd", "requirements"} & set(raw) and covered(repo):
-            if not version:
-                raise ValueError(f"version is missing: swebench's specifications for {repo} are per version")
-            env = recipe(str(raw["instance_id"]), repo, version)  # SpecRefused (a ValueError) names the step
         cmd = raw.get("test_cmd")
-        if cmd is None:
-            test_cmd = [*(env.test_cmd if env else TEST_CMD), *held_out_paths(test_patch)]
+        if fmt is not None:
+            base = swe_formats.prebuilt_test_cmd(fmt, raw, spec_test_cmd(repo, version))
+            test_cmd = [*base, *held_out_paths(test_patch)]
         else:
-            test_cmd = shlex.split(cmd) if isinstance(cmd, str) else _string_list(cmd, "test_cmd")
+            if not {"test_cmd", "requirements"} & set(raw) and covered(repo):
+                if not version:
+                    raise ValueError(f"version is missing: swebench's specifications for {repo} are per version")
+                env = recipe(str(raw["instance_id"]), repo, version)  # SpecRefused (a ValueError) names the step
+            if cmd is None:
+                test_cmd = [*(env.test_cmd if env else TEST_CMD), *held_out_paths(test_patch)]
+            else:
+                test_cmd = shlex.split(cmd) if isinstance(cmd, str) else _string_list(cmd, "test_cmd")
         instance = cls(
             instance_id=str(raw["instance_id"]),
             repo=repo,
@@ -153,12 +166,14 @@ class SweInstance:
             fail_to_pass=_string_list(raw["FAIL_TO_PASS"], "FAIL_TO_PASS"),
             pass_to_pass=_string_list(raw.get("PASS_TO_PASS", []), "PASS_TO_PASS"),
             test_cmd=test_cmd,
-            log_parser=parser_for(raw.get("log_parser"), repo),
-            requirements=_string_list(raw.get("requirements", []), "requirements"),
+            log_parser=parser_for(swe_formats.log_parser_of(fmt, raw) if fmt else raw.get("log_parser"), repo),
+            # A prebuilt image is the environment; SWE-rebench's `requirements` column only describes it.
+            requirements=[] if prebuilt else _string_list(raw.get("requirements", []), "requirements"),
             problem_statement=str(raw.get("problem_statement", "")),
             version=version,
             environment_setup_commit=str(raw.get("environment_setup_commit") or raw["base_commit"]),
             recipe=env,
+            prebuilt=prebuilt,
         )
         if not instance.test_cmd:
             raise ValueError("test_cmd is empty")
@@ -176,11 +191,22 @@ def mirror_name(repo: str) -> str:
 
 
 def load_instances(path: Path) -> dict[str, SweInstance]:
-    """instances.jsonl / instances.parquet -> {instance_id: instance}; ValueError names the line or row."""
+    """instances.jsonl / instances.parquet -> {instance_id: instance}; ValueError names the line or row.
+
+    The format is the one the folder's dataset.json names, else the first row's columns' (swe_formats.py)."""
     instances: dict[str, SweInstance] = {}
+    named = swe_formats.named_format(path.parent)
+    first: tuple[str, str | None] | None = None
     for where, raw in read_rows(path):
+        fmt = named or swe_formats.detect(set(raw))
+        first = first or (where, fmt)
+        if fmt != first[1]:
+            raise ValueError(
+                f"{where}: a row of format {fmt or 'swe-bench (spec-built)'} in a task set whose first row "
+                f"({first[0]}) is {first[1] or 'swe-bench (spec-built)'}; a task set holds one format"
+            )
         try:
-            instance = SweInstance.from_dict(raw)
+            instance = SweInstance.from_dict(raw, fmt)
         except (ValueError, KeyError, TypeError) as exc:
             name = f" instance {raw['instance_id']!r}:" if "instance_id" in raw else ""
             raise ValueError(f"{where}:{name} {type(exc).__name__}: {exc}") from None
@@ -207,7 +233,7 @@ def check_mirrors(instances, mirror_of: Callable[[str], Path]) -> None:
         groups.setdefault(mirror_of(instance.repo), []).append(instance)
     for mirror, group in groups.items():
         if not mirror.is_dir():
-            needy = [i for i in group if i.recipe is not None]
+            needy = [i for i in group if i.recipe is not None or i.prebuilt is not None]
             if needy:
                 raise ValueError(
                     f"instance {needy[0].instance_id!r} ({needy[0].repo}): the git mirror {mirror} does not exist; "
@@ -306,11 +332,12 @@ class SweScorer:
     """Scores patches against task-set instances on any SandboxBackend.
 
     `image_for(instance, mirror)` names the image an instance runs in: with a container backend,
-    the environment image of its swebench spec (swe_images.py) or the one that installs
-    `instance.requirements`; None (the default, and what the local backend ignores anyway) is the
-    backend's default image. A failure there is an ERROR verdict. `log_cap_bytes` (the service's
-    output ceiling) is how much of the run's output is kept for grading; the request's
-    `max_output_bytes` only caps what is returned.
+    the row's prebuilt image (swe_prebuilt.py), the environment image of its swebench spec
+    (swe_images.py) or the one that installs `instance.requirements`; None (the default, and what
+    the local backend ignores anyway) is the backend's default image, and a prebuilt-image row
+    without a resolver is an ERROR (its environment is its image). A failure there is an ERROR
+    verdict. `log_cap_bytes` (the service's output ceiling) is how much of the run's output is kept
+    for grading; the request's `max_output_bytes` only caps what is returned.
     """
 
     def __init__(
@@ -335,6 +362,11 @@ class SweScorer:
         """(the base-commit checkout, the image to run in): what a run, or a session, of `instance` starts from."""
         mirror = self.task_sets.mirror(task_set, instance.repo)
         checkout = await self._checkouts.get(mirror, instance.base_commit)
+        if instance.prebuilt is not None and self._image_for is None:
+            raise RuntimeError(
+                f"instance {instance.instance_id!r} runs in its image {instance.prebuilt.image!r}, which only "
+                "the docker backend provides (DOCKYARD_SANDBOX_BACKEND=docker)"
+            )
         image = await self._image_for(instance, mirror) if self._image_for else None
         return checkout, image
 
@@ -355,7 +387,8 @@ class SweScorer:
             log.warning("swe preparation failed", instance=instance.instance_id, error=str(exc))
             return SweResult("error", tests_total=total, error_message=f"cannot prepare {instance.instance_id}: {exc}")
         nonce = secrets.token_hex(16)
-        spec = {"nonce": nonce, "test_cmd": instance.test_cmd, "test_files": test_paths}
+        path = instance.prebuilt.env_bin if instance.prebuilt else ""
+        spec = {"nonce": nonce, "test_cmd": instance.test_cmd, "test_files": test_paths, "path": path}
         files = {
             f"{DRIVER_DIR}/run.py": DRIVER_SOURCE,
             f"{DRIVER_DIR}/spec.json": json.dumps(spec),

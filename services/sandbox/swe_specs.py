@@ -80,6 +80,13 @@ def spec_for(instance_id: str, repo: str, version: str) -> dict:
     return specs[repo][version]
 
 
+def spec_test_cmd(repo: str, version: str) -> str | None:
+    """The test command of the table's spec for (repo, version); None when it has none (a prebuilt
+    image's row may still name one itself, swe_formats.py)."""
+    cmd = specs_table()["specs"].get(repo, {}).get(version, {}).get("test_cmd")
+    return cmd if isinstance(cmd, str) else None
+
+
 def recipe(instance_id: str, repo: str, version: str) -> EnvRecipe:
     """The offline recipe for an instance; SpecRefused names the instance, repo/version and the step."""
     spec = spec_for(instance_id, repo, version)

@@ -3,8 +3,8 @@
     FOLDER (instances.jsonl | instances.parquet, repos/) ──TaskSets.instances──> "N instances" (exit 0)
                                                         └─> the refusal (exit 1): line, instance, repo/version, step
 
-Guarantees: the same loader and checks as ScorePatch's first call (swebench's specs, the mirror's
-commits and requirements files), without building an image or running a test; a child process of
+Guarantees: the same loader and checks as ScorePatch's first call (the row format, swebench's specs,
+the mirror's commits and requirements files), without building or pulling an image or running a test; a child process of
 `dockyard preflight`, so the library never imports the services. Exit 2: usage.
 """
 
@@ -20,7 +20,9 @@ def check(folder: Path) -> str:
     """'<folder>: N instances (M with swebench specs)'; TaskSetError says why it cannot load."""
     instances = TaskSets(str(folder.parent)).instances(folder.name)
     with_specs = sum(1 for i in instances.values() if i.recipe is not None)
-    return f"{folder}: {len(instances)} instances ({with_specs} run by swebench's specs)"
+    prebuilt = sum(1 for i in instances.values() if i.prebuilt is not None)
+    own = f", {prebuilt} in their dataset's prebuilt images" if prebuilt else ""
+    return f"{folder}: {len(instances)} instances ({with_specs} run by swebench's specs{own})"
 
 
 def main(argv: list[str] | None = None) -> int:
