@@ -1,7 +1,8 @@
 """The bubblewrap command line of the local backend: which namespaces, which host paths, which work folder.
 
-    sandbox_argv(bwrap, user, binds, work, disk bytes, mark, keep=, serve=)
+    sandbox_argv(bwrap, user, binds, work, disk bytes, mark, keep=, serve=, seccomp_fd=)
         --> bwrap: net, pid, ipc, uts, cgroup and mount namespaces (+ a user namespace when not root)
+            + the seccomp filter read from seccomp_fd (seccomp.py: no kernel keyring syscalls)
             + `mark` in its command line (run_guard.py finds the runs of a dead service by it)
             + read_only_binds(): SYSTEM_PATHS and the interpreter's prefixes, read-only, at their paths
               (a prefix reached through a symlink also at that path, as a link to the real one)
@@ -89,11 +90,13 @@ def sandbox_argv(
     *,
     keep: bool = False,
     serve: bool = False,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """bwrap and its arguments up to "--"; `user` "-" means a non-root service (a user namespace);
     `mark`: a variable name unique to the service, carried in bwrap's command line (the code never
     sees it); `keep`: a session run, whose launcher copies the work folder out afterwards; `serve`:
-    a RunTests sandbox serving calls one after another (as root only)."""
+    a RunTests sandbox serving calls one after another (as root only); `seccomp_fd`: an fd holding the
+    seccomp filter (seccomp.py) that bwrap installs on the sandbox."""
     if user == "-":
         caps: tuple[str, ...] = BWRAP_USER_FLAGS
     else:
@@ -104,6 +107,7 @@ def sandbox_argv(
         # Unsetting a variable nothing sets changes nothing: the argument is there for its name.
         *("--unsetenv", mark),
         *caps,
+        *(("--seccomp", str(seccomp_fd)) if seccomp_fd is not None else ()),
         *binds,
         # The work folder: a tmpfs of the disk limit at the host folder's path, private to the run.
         *searchable_parents(work),

@@ -5,7 +5,8 @@
                   written in a worker thread: the event loop keeps serving meanwhile
             --> bwrap: net, pid, ipc, uts, cgroup and mount namespaces (a user namespace when the
                   service is not root); read-only system paths and interpreter, nothing else of the
-                  host; the work folder a tmpfs of max_disk_mb at the stage's path
+                  host; the work folder a tmpfs of max_disk_mb at the stage's path; a seccomp filter
+                  refusing the kernel keyring syscalls (seccomp.py)
             --> launcher (pid 2, python -I -S): copies the stage in through an fd, forks; the child sets
                   rlimits (AS, CPU, FSIZE, CORE=0, NPROC), drops to `user` when root, execs argv;
                   scrubbed environment, cwd = HOME = TMPDIR = work folder
@@ -29,7 +30,8 @@
 Guarantees: the code sees no host file but read-only system paths and the
 interpreter, can write only its work folder (at most `max_disk_mb` in total; a
 run that leaves it full is FAILED, saying so), has no network and no host
-socket, sees no other process, runs as a non-root uid without capabilities, and
+socket, sees no other process, cannot reach the uid's kernel keyring, runs as a non-root uid
+without capabilities, and
 no process of it outlives its run (the pid namespace ends with the launcher); it
 never outlives its wall-clock limit; it sees none of the service's environment
 variables; output beyond the cap is drained and dropped, never buffered; at most
@@ -103,6 +105,7 @@ from services.sandbox.local_runs import Run, Started, captures, kill_group, unca
 from services.sandbox.local_sessions import open_local_session, reap_dead_sessions
 from services.sandbox.local_workers import Worker, WorkerGone, call_worker
 from services.sandbox.run_guard import RunGuard
+from services.sandbox.seccomp import filter_pipe
 from services.sandbox.staging import (
     checked_files,
     parse_report,
@@ -363,6 +366,7 @@ class LocalBackend(SandboxBackend):
         *,
         harness: bool = False,
         serve: bool = False,
+        seccomp_fd: int | None = None,
     ) -> list[str]:
         """bwrap (when isolating), then the launcher, then `argv` (with `harness`: the harness's
         source and its arguments, run by the launcher's child as the RunTests harness's interpreter;
@@ -388,6 +392,7 @@ class LocalBackend(SandboxBackend):
             self._guard.mark,
             keep=keep_fd is not None,
             serve=serve,
+            seccomp_fd=seccomp_fd,
         )
         return [*sandbox, *launcher, self._user, stage, "1", keep, mode, *argv]
 
@@ -442,6 +447,9 @@ class LocalBackend(SandboxBackend):
             child_ends.append(keep_fd)
         if with_stdin:
             child_ends.append(pipes["stdin"][0])
+        seccomp_fd = filter_pipe() if self._isolate else None  # bwrap reads it whole before the code runs
+        if seccomp_fd is not None:
+            child_ends.append(seccomp_fd)
         started = Started(
             work=work,
             parent_ends=[r for name, (r, _) in pipes.items() if name != "stdin"],
@@ -466,6 +474,7 @@ class LocalBackend(SandboxBackend):
                         keep_fd,
                         harness=harness,
                         serve=control_fd is not None,
+                        seccomp_fd=seccomp_fd,
                     ),
                     stdin=pipes["stdin"][0] if with_stdin else asyncio.subprocess.DEVNULL,
                     stdout=pipes["stdout"][1],
@@ -476,6 +485,7 @@ class LocalBackend(SandboxBackend):
                         *([stage_fd] if stage_fd is not None else []),
                         *([keep_fd] if keep_fd is not None else []),
                         *([control_fd] if control_fd is not None else []),
+                        *([seccomp_fd] if seccomp_fd is not None else []),
                     ],
                     # Isolated, bwrap chdirs into the run's tmpfs (a RunTests run has no host folder).
                     cwd="/" if self._isolate else work,

@@ -1,5 +1,5 @@
 """The local backend as the service builds it: the total disk bound, refusing to run unisolated, and
-isolating under an interpreter reached through a symlinked virtualenv."""
+isolating under an interpreter reached through a symlinked virtualenv, and the seccomp filter."""
 
 from __future__ import annotations
 
@@ -108,3 +108,25 @@ def test_a_virtualenv_reached_through_a_symlink_isolates(tmp_path: Path) -> None
     done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "problem: none", done.stdout
+
+
+KEYRING = """
+import ctypes, platform
+libc = ctypes.CDLL(None, use_errno=True)
+assert platform.machine() == 'x86_64'
+# add_key("user", "left", "secret", 6, KEY_SPEC_USER_KEYRING) then request_key("user", "left", NULL, 0)
+added = libc.syscall(248, b'user', b'left', b'secret', 6, -4), ctypes.get_errno()
+found = libc.syscall(249, b'user', b'left', None, 0), ctypes.get_errno()
+print(added, found)
+"""
+
+
+@pytest.mark.parametrize("rpc", ["execute", "run_tests"])
+async def test_the_uids_kernel_keyring_is_out_of_reach(backend, rpc):
+    # One keyring per uid on the whole host: a key left there would reach every later run of the uid.
+    if rpc == "execute":
+        out = await backend.execute({"k.py": KEYRING}, ["python", "k.py"], LIMITS)
+    else:
+        out = await backend.run_tests(KEYRING, ["assert True"], LIMITS)
+    assert out.status is Status.PASSED, out
+    assert out.stdout.strip() == "(-1, 1) (-1, 1)"  # EPERM, both: nothing added, nothing to find
