@@ -267,8 +267,8 @@ class LocalBackend(SandboxBackend):
                 await asyncio.to_thread(remove_tree, started.work)
 
     async def _serve(self, harness_input: bytes, limits: ResourceLimits) -> Run:
-        """A RunTests call in a serving sandbox; tried once more on another when the one taken had ended
-        before the call reached it (nothing of the call ran). OSError when none could take it."""
+        """A RunTests call in a serving sandbox; tried once more on another when the one taken ended
+        before reporting the call's end (whatever it ran ended with it). OSError when none could."""
         try:
             return await self._call_worker(harness_input, limits)
         except WorkerGone:

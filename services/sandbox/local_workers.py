@@ -23,8 +23,9 @@ sandbox where anything survived the reset is retired, not reused; each call has 
 no output of one reaches another (tests/unit/sandbox/test_local_warm.py). The limits, the uid drop,
 the output caps, the verdict rule and the report's nonce hold per call as for a one-call sandbox.
 A call is answered within its wall-clock limit plus the drain grace: a sandbox that stops answering
-is killed. `WorkerGone`: the sandbox had ended before the call reached it (it never said "ready" for
-the call, so nothing of the call ran; the backend tries the call once more on another).
+is killed. `WorkerGone`: the sandbox ended before the launcher reported the call's end (killed from
+outside while it waited or ran the call); whatever the call ran ended with its namespace, and the
+backend tries the call once more, on another sandbox, then reports an ERROR.
 
 Why serving: on a small machine a one-call sandbox's bwrap and interpreter start is most of a small
 task's cost even when started ahead (it still takes a core); a fork of a waiting interpreter is not.
@@ -48,7 +49,7 @@ CALL_PIPES = ("stdin", "stdout", "stderr", "status", "report")
 
 
 class WorkerGone(OSError):
-    """The serving sandbox had ended before the call reached it."""
+    """The serving sandbox ended before its launcher reported the call's end."""
 
 
 @dataclass
@@ -110,10 +111,9 @@ async def call_worker(worker: Worker, rlimits: str, harness_input: bytes, limits
         call.close_fds()
     call.collect()
     said = bytes(call.captures["status"].data).decode("utf-8", errors="replace").splitlines()
-    if not run.timed_out and "ready" not in said:  # the launcher never took the call: nothing of it ran
+    if not run.timed_out and not any(line.startswith("exit ") for line in said):
+        # The sandbox ended (killed from outside, or the OOM killer) before the launcher reported the
+        # call: its verdict cannot be trusted, and whatever the call ran ended with the namespace.
         worker.kill()
-        raise WorkerGone("the sandbox ended before its call reached it")
-    if not run.timed_out and not run.error and not any(line.startswith("exit ") for line in said):
-        run.error = "the sandbox ended during the call"
-        worker.kill()
+        raise WorkerGone("the sandbox ended during the call" if "ready" in said else "the sandbox had ended")
     return run, not run.timed_out and "recycle" in said
