@@ -48,11 +48,13 @@ async def test_a_killed_services_work_folders_go_at_the_next_start(start_service
     async with connect(crashed.address) as doomed, connect(live.address) as kept:
         calls = [sandbox_pb2_grpc.SandboxServiceStub(ch).Execute(SLEEP, timeout=60) for ch in (doomed, kept)]
 
-        def both_open() -> dict[int, set[Path]]:
+        def both_running() -> dict[int, set[Path]]:
+            # A folder is made before its run's bwrap starts: wait until each folder's run carries it.
             found = folders_by_pid(work_root)
-            return found if all(found.get(s.proc.pid) for s in (crashed, live)) else {}
+            mine = [found.get(s.proc.pid) for s in (crashed, live)]
+            return found if all(mine) and all(live_with(str(f)) for folders in mine for f in folders) else {}
 
-        open_folders = await wait_for(both_open)
+        open_folders = await wait_for(both_running)
         crashed.proc.kill()  # SIGKILL: no finally, no shutdown hook
         crashed.proc.wait()
         assert all(folder.exists() for folder in open_folders[crashed.proc.pid])
