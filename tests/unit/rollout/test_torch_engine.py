@@ -254,15 +254,34 @@ async def test_a_cancelled_generation_stops_at_its_next_decode_step() -> None:
 
 async def test_a_stream_gives_every_token_as_it_is_sampled_and_the_same_result(engine: TorchEngine) -> None:
     decoding = DecodingParams(temperature=1.0, max_new_tokens=12, ignore_eos=True, seed=3)
-    events = [e async for e in engine.generate_stream(PROMPT, 3, decoding)]
+    # Lockstep: each forward pass after the prefill waits until the consumer has taken the previous step's
+    # message, so no two steps can be merged however loaded the machine is.
+    taken, passes = threading.Semaphore(0), []
+
+    def count_pass(module, args, output) -> None:
+        passes.append(1)
+
+    def before_pass(module, args) -> None:
+        if passes:
+            assert taken.acquire(timeout=60), "the stream's consumer never took a step's tokens"
+
+    hooks = [engine.model.register_forward_pre_hook(before_pass), engine.model.register_forward_hook(count_pass)]
+    events = []
+    try:
+        async for event in engine.generate_stream(PROMPT, 3, decoding):
+            events.append(event)
+            taken.release()
+    finally:
+        for hook in hooks:
+            hook.remove()
     *deltas, result = events
-    assert isinstance(result, GenerationResult) and len(deltas) > 1
+    assert isinstance(result, GenerationResult)
+    # One message per decode step; the step that ends the rows reports its tokens in the result alone.
+    assert len(deltas) == 11 and all(len(step) == 3 for step in deltas)
     for i, c in enumerate(result.completions):
-        # In order, each once; the last ones may come with the result alone (read together with the end).
         mine = [d for step in deltas for d in step if d.index == i]
-        streamed = [t for d in mine for t in d.token_ids]
-        assert streamed == c.token_ids[: len(streamed)] and len(streamed) >= len(c.token_ids) - 1
-        assert [lp for d in mine for lp in d.logprobs] == c.logprobs[: len(streamed)]
+        assert [t for d in mine for t in d.token_ids] == c.token_ids[:11]
+        assert [lp for d in mine for lp in d.logprobs] == c.logprobs[:11]
     assert result == await engine.generate(PROMPT, 3, decoding)  # seeded: the same group either way
 
 
