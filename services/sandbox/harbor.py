@@ -16,7 +16,6 @@ infrastructure failure (the container gone, the tests not copied in) is an ERROR
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import shlex
@@ -27,7 +26,7 @@ from dockyard.tasks.harbor import CONTAINER_VERIFIER_DIR, HarborTask, parse_rewa
 from dockyard.tasks.terminal import CONTAINER_TEST_DIR
 from services.sandbox.backend import ResourceLimits, SessionHandle, Status
 from services.sandbox.swe import SweResult
-from services.sandbox.terminal import error
+from services.sandbox.terminal import error, run_test_script
 from services.sandbox.terminal_images import LOGS_ROOT, LOGS_TARGET, TESTS_TARGET
 
 # Prints {"json": reward.json's text or null, "txt": reward.txt's text or null}.
@@ -62,22 +61,19 @@ async def score(
     handle: SessionHandle, task: HarborTask, workdir: str, limits: ResourceLimits, *, max_timeout: float, log_cap: int
 ) -> SweResult:
     """Copy the tests in, run test.sh at most verifier.timeout_sec (under `max_timeout`), read the reward."""
-    copied = await handle.exec(_fresh_folders(), tests_archive(task), limits)
-    if copied.status is not Status.PASSED:
-        return error(f"the tests could not be copied into the session: {copied.error_message or copied.stderr}", copied)
-    test_limits = dataclasses.replace(
-        limits,
-        timeout_seconds=min(task.config.verifier.timeout_sec, max_timeout),
-        max_output_bytes=max(limits.max_output_bytes, log_cap),
-    )
     env = " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(task.config.verifier.env.items()))
-    command = ["bash", "-c", f"cd {workdir} && env {env} bash {CONTAINER_TEST_DIR}/test.sh"]
-    outcome = await handle.exec(command, None, test_limits)
-    if outcome.status is Status.ERROR:
-        return error(f"tests/test.sh could not run: {outcome.error_message}", outcome)
-    if outcome.status is Status.TIMEOUT:
-        message = f"tests/test.sh ran past verifier.timeout_sec={test_limits.timeout_seconds:g}"
-        return SweResult(status="timeout", outcome=outcome, error_message=message)
+    outcome = await run_test_script(
+        handle,
+        (_fresh_folders(), tests_archive(task)),
+        ["bash", "-c", f"cd {workdir} && env {env} bash {CONTAINER_TEST_DIR}/test.sh"],
+        limits,
+        script="tests/test.sh",
+        timeout=("verifier.timeout_sec", task.config.verifier.timeout_sec),
+        max_timeout=max_timeout,
+        log_cap=log_cap,
+    )
+    if isinstance(outcome, SweResult):
+        return outcome
     read = await handle.exec(["python3", "-I", "-c", _READ_REWARD, CONTAINER_VERIFIER_DIR], None, limits)
     if read.status is not Status.PASSED:
         return error(f"the reward file could not be read: {read.error_message or read.stderr}", outcome)

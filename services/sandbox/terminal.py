@@ -113,26 +113,54 @@ class TerminalTasks:
         return Prepared(*await asyncio.to_thread(self._images.ensure, task))
 
 
+async def run_test_script(
+    handle: SessionHandle,
+    copy: tuple[list[str], bytes],
+    command: list[str],
+    limits: ResourceLimits,
+    *,
+    script: str,
+    timeout: tuple[str, float],
+    max_timeout: float,
+    log_cap: int,
+) -> Outcome | SweResult:
+    """Copy the tests in (`copy`: the command and its tar), then run `command` for at most the task's `timeout`
+    (its key and seconds) under `max_timeout`, keeping `log_cap` bytes of each stream. The run's outcome, or
+    the verdict that ends the scoring: ERROR when the copy or the run failed, TIMEOUT past the timeout."""
+    copied = await handle.exec(*copy, limits)
+    if copied.status is not Status.PASSED:
+        return error(f"the tests could not be copied into the session: {copied.error_message or copied.stderr}", copied)
+    key, seconds = timeout
+    test_limits = dataclasses.replace(
+        limits, timeout_seconds=min(seconds, max_timeout), max_output_bytes=max(limits.max_output_bytes, log_cap)
+    )
+    outcome = await handle.exec(command, None, test_limits)
+    if outcome.status is Status.ERROR:
+        return error(f"{script} could not run: {outcome.error_message}", outcome)
+    if outcome.status is Status.TIMEOUT:
+        message = f"{script} ran past {key}={test_limits.timeout_seconds:g}"
+        return SweResult(status="timeout", outcome=outcome, error_message=message)
+    return outcome
+
+
 async def score(
     handle: SessionHandle, task: TaskFolder, workdir: str, limits: ResourceLimits, *, max_timeout: float, log_cap: int
 ) -> SweResult:
     """Copy the tests in, run run-tests.sh at most max_test_timeout_sec (under `max_timeout`), read the summary
     (from at most `log_cap` bytes of each stream: the summary comes last, so the whole log is kept)."""
-    copied = await handle.exec(_copy_in(TESTS_TARGET), tests_archive(task), limits)
-    if copied.status is not Status.PASSED:
-        return error(f"the tests could not be copied into the session: {copied.error_message or copied.stderr}", copied)
-    test_limits = dataclasses.replace(
-        limits,
-        timeout_seconds=min(task.config.max_test_timeout_sec, max_timeout),
-        max_output_bytes=max(limits.max_output_bytes, log_cap),
-    )
     command = ["bash", "-c", f"cd {workdir} && TEST_DIR={CONTAINER_TEST_DIR} bash {CONTAINER_TEST_DIR}/run-tests.sh"]
-    outcome = await handle.exec(command, None, test_limits)
-    if outcome.status is Status.ERROR:
-        return error(f"run-tests.sh could not run: {outcome.error_message}", outcome)
-    if outcome.status is Status.TIMEOUT:
-        message = f"run-tests.sh ran past max_test_timeout_sec={test_limits.timeout_seconds:g}"
-        return SweResult(status="timeout", outcome=outcome, error_message=message)
+    outcome = await run_test_script(
+        handle,
+        (_copy_in(TESTS_TARGET), tests_archive(task)),
+        command,
+        limits,
+        script="run-tests.sh",
+        timeout=("max_test_timeout_sec", task.config.max_test_timeout_sec),
+        max_timeout=max_timeout,
+        log_cap=log_cap,
+    )
+    if isinstance(outcome, SweResult):
+        return outcome
     results = parse_pytest_summary(outcome.stdout + "\n" + outcome.stderr)
     if results is None:
         message = "run-tests.sh printed no pytest summary (run pytest with -rA): unresolved"
