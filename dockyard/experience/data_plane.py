@@ -12,7 +12,7 @@ The buffer advertises its data plane (GetDataPlane): its Redis URL, never with a
 key prefix. A client sends the password it reads from DOCKYARD_DATA_PLANE_REDIS_PASSWORD (or
 DOCKYARD_DATA_PLANE_REDIS_PASSWORD_FILE). A buffer in memory, one with its data plane off, one
 older than GetDataPlane, or a Redis this client cannot reach or log in to gives no data plane:
-`discover` (and `connect`, for a writer told of the data plane by another: the rollout) returns
+`discover` (and `connect_named`, for a writer told of the data plane by another: the rollout) returns
 None (the last two with a warning) and the caller streams payloads through the buffer service
 instead (PutGroupStream, SampleGroupsStream; a rollout replica returns the arrays to its caller),
 with the same semantics.
@@ -22,13 +22,15 @@ it is staged, so the buffer, which never reads staged bytes, holds only payloads
 train on; a staged key lives `staging_ttl_seconds` unless the buffer takes it over, so a writer
 that dies between its SET and its put leaves nothing behind for long; staged keys are unique per
 put attempt and lie in the job's Redis Cluster slot; `read` returns every payload asked for or
-raises PayloadGone.
+raises PayloadGone. A data plane an RPC names is connected to only where DOCKYARD_DATA_PLANE_REDIS_HOSTS
+lists it, or, with that unset, while no password is set: no caller can draw the password elsewhere.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 import grpc
 import redis.asyncio as aioredis
@@ -56,10 +58,25 @@ class DataPlaneSettings(BaseSettings):
 
     redis_password: str = Field("", repr=False, description="Password of the data plane's Redis.")
     redis_password_file: str = Field("", description="File holding that password (a mounted secret).")
+    redis_hosts: str = Field(
+        "",
+        description="Comma-separated host:port a data plane named to this service by an RPC may be (the rollout's "
+        "Generate); empty: any, but only while no password is set.",
+    )
 
 
 class PayloadGone(RuntimeError):
     """A leased group's payload is no longer in Redis: its lease ended (acked, reclaimed, dropped, job closed)."""
+
+
+def redis_host(url: str) -> str:
+    """`host:port` of a Redis URL, lower case, the port 6379 when it names none (what the allow-list holds)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        return "<unparsable redis url>"
+    return f"{(parts.hostname or '').lower()}:{port}"
 
 
 def job_tag(job_id: str) -> str:
@@ -101,6 +118,23 @@ class DataPlane:
         if not reply.redis_url:
             return None
         return await cls.connect(reply)
+
+    @classmethod
+    async def connect_named(cls, reply: buffer_pb2.GetDataPlaneResponse) -> DataPlane | None:
+        """`connect`, for a data plane an RPC named (not one this client discovered at its own buffer): only
+        to a Redis in DOCKYARD_DATA_PLANE_REDIS_HOSTS, or, with that unset, only while no password is set, so
+        a caller cannot draw the password to a Redis of its choosing. None (with a warning) otherwise."""
+        settings = DataPlaneSettings()
+        allowed = {h.strip().lower() for h in settings.redis_hosts.split(",") if h.strip()}
+        where = redis_host(reply.redis_url)
+        if allowed and where not in allowed:
+            reason = f"{where} is not in DOCKYARD_DATA_PLANE_REDIS_HOSTS"
+        elif not allowed and (settings.redis_password or settings.redis_password_file):
+            reason = "with a password set, DOCKYARD_DATA_PLANE_REDIS_HOSTS must name the data plane's host:port"
+        else:
+            return await cls.connect(reply)
+        log.warning("data plane named by a caller unused: " + reason, redis=mask_url(reply.redis_url))
+        return None
 
     @classmethod
     async def connect(cls, reply: buffer_pb2.GetDataPlaneResponse) -> DataPlane | None:

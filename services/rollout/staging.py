@@ -6,7 +6,8 @@
 
 Guarantees: one connection per advertised data plane, kept for the replica's life (closed by
 `close`); the password is read here (DOCKYARD_DATA_PLANE_REDIS_PASSWORD[_FILE]), never carried by an
-RPC; a data plane that could not be reached is not tried again for RETRY_AFTER_S, so an unreachable
+RPC, and sent only to a Redis DOCKYARD_DATA_PLANE_REDIS_HOSTS lists (DataPlane.connect_named); a data
+plane that could not be reached is not tried again for RETRY_AFTER_S, so an unreachable
 Redis delays no more than one Generate in that time; every failure to stage is logged with its
 cause and answered with None, so the caller gets the arrays and nothing generated is lost.
 """
@@ -60,7 +61,7 @@ class PayloadStager:
             return plane
         if time.monotonic() < self._unreachable_until.get(which, 0.0):
             return None
-        plane = await DataPlane.connect(staging.data_plane)
+        plane = await DataPlane.connect_named(staging.data_plane)
         if plane is None:
             self._unreachable_until[which] = time.monotonic() + RETRY_AFTER_S
             return None

@@ -5,7 +5,9 @@ reply carries no token arrays; where staging cannot be done, the reply carries t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+import threading
 
 import grpc
 import redis
@@ -14,7 +16,7 @@ from dockyard.api.buffer.v1 import buffer_pb2
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from dockyard.experience import payload, single_turn
-from dockyard.experience.data_plane import staging_base
+from dockyard.experience.data_plane import redis_host, staging_base
 from dockyard.rpc.client import connect
 from tests.conftest import RedisServer, expect_code, redis_binary
 from tests.contract.test_rollout_service import CONFIG_YAML, ENV, JOB, sampling
@@ -118,9 +120,10 @@ def test_the_replica_logs_in_to_a_protected_data_plane_with_its_own_password(sta
     server.start()
     try:
         (tmp_path / "pw").write_text(PASSWORD + "\n")
-        with_file = start_service("rollout", ENV | {"DOCKYARD_DATA_PLANE_REDIS_PASSWORD_FILE": str(tmp_path / "pw")})
+        login = {"DOCKYARD_DATA_PLANE_REDIS_PASSWORD_FILE": str(tmp_path / "pw")}
+        with_file = start_service("rollout", ENV | login | {"DOCKYARD_DATA_PLANE_REDIS_HOSTS": redis_host(server.url)})
         without = start_service("rollout", ENV)
-        staged, unstaged = asyncio.run(_protected(with_file.address, without.address, server.url))
+        staged, unstaged = asyncio.run(_protected([with_file.address, without.address], server.url))
         assert staged.payload_key and not staged.prompt_token_ids
         assert not unstaged.payload_key and unstaged.prompt_token_ids  # could not log in: the arrays come back
         client = redis.Redis.from_url(server.url, password=PASSWORD)
@@ -132,9 +135,38 @@ def test_the_replica_logs_in_to_a_protected_data_plane_with_its_own_password(sta
         server.stop()
 
 
-async def _protected(address: str, other: str, url: str) -> tuple[rollout_pb2.GenerateResponse, ...]:
+def test_the_password_goes_only_to_a_data_plane_the_replica_allows(start_service, tmp_path) -> None:
+    """A caller naming its own Redis gets the arrays back, and that Redis never sees the password: not when
+    it is off the replica's list, nor when the replica has a password and no list at all."""
+    heard, listener = bytearray(), socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=_record, args=(listener, heard), daemon=True).start()
+    decoy = f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    (tmp_path / "pw").write_text(PASSWORD + "\n")
+    login = ENV | {"DOCKYARD_DATA_PLANE_REDIS_PASSWORD_FILE": str(tmp_path / "pw")}
+    listed = start_service("rollout", login | {"DOCKYARD_DATA_PLANE_REDIS_HOSTS": "redis:6379, 10.0.0.7:6380"})
+    unlisted = start_service("rollout", login)
+    replies = asyncio.run(_protected([listed.address, unlisted.address], decoy))
+    assert all(not r.payload_key and r.prompt_token_ids for r in replies)  # nothing lost: the arrays come back
+    assert not heard, bytes(heard)  # no connection was even made
+    assert f"127.0.0.1:{listener.getsockname()[1]} is not in DOCKYARD_DATA_PLANE_REDIS_HOSTS" in listed.logs()
+    assert "DOCKYARD_DATA_PLANE_REDIS_HOSTS must name" in unlisted.logs(), unlisted.logs()[-3000:]
+    listener.close()
+
+
+def _record(listener: socket.socket, heard: bytearray) -> None:
+    with contextlib.suppress(OSError):
+        while True:
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(5)
+                with contextlib.suppress(OSError):
+                    while data := conn.recv(4096):
+                        heard.extend(data)
+
+
+async def _protected(addresses: list[str], url: str) -> tuple[rollout_pb2.GenerateResponse, ...]:
     replies = []
-    for where in (address, other):
+    for where in addresses:
         async with connect(where, default_timeout=120) as channel:
             stub = rollout_pb2_grpc.RolloutServiceStub(channel)
             await stub.LoadPolicy(rollout_pb2.LoadPolicyRequest(job_id=JOB, config_yaml=CONFIG_YAML))

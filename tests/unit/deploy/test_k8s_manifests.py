@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from dockyard.config import load_config
-from dockyard.experience.data_plane import DataPlaneSettings
+from dockyard.experience.data_plane import DataPlaneSettings, redis_host
 from dockyard.rpc.auth import AuthSettings
 from dockyard.rpc.settings import DEFAULT_PORTS
 from services.endpoint.settings import EndpointSettings
@@ -280,6 +280,13 @@ def test_every_dockyard_pod_authenticates_and_only_the_buffer_and_its_data_plane
             assert "DOCKYARD_AUTH_TOKEN_FILE" in env, f"{workload['metadata']['name']} has no token"
             reads_password = any("REDIS_PASSWORD" in name for name in env)
             assert reads_password == (workload["metadata"]["name"] in readers), workload["metadata"]["name"]
+
+
+def test_the_rollout_sends_its_data_plane_password_only_to_the_buffers_redis(docs) -> None:
+    [container] = by_kind(docs, "Deployment")["rollout"]["spec"]["template"]["spec"]["containers"]
+    [buffer] = by_kind(docs, "Deployment")["buffer"]["spec"]["template"]["spec"]["containers"]
+    allowed = env_of(container)["DOCKYARD_DATA_PLANE_REDIS_HOSTS"].split(",")
+    assert allowed == [redis_host(env_of(buffer)["DOCKYARD_BUFFER_REDIS_URL"])]
 
 
 def test_only_the_sandbox_gets_the_docker_socket(docs) -> None:
