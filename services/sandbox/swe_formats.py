@@ -83,6 +83,7 @@ class PrebuiltEnv:
     held_out: tuple[str, ...] = ()  # repo_dir paths kept from the start tree, given back as the test patch
     held_out_from: tuple[tuple[str, str], ...] = ()  # (image folder, its path in the tree) given back too
     hidden: tuple[str, ...] = ()  # image paths removed from the run image (the held-out tests' originals)
+    untracked: tuple[str, ...] = ()  # repo_dir paths kept in the start tree, out of its commit (an environment)
 
 
 def named_format(folder: Path) -> str | None:
@@ -184,7 +185,7 @@ def prebuilt_env(fmt: str, row: dict) -> PrebuiltEnv:
     if fmt == "r2e-gym":
         return PrebuiltEnv(
             str(row["docker_image"]), REPO_DIR, R2E_ENV_BIN, "image", held_out=("run_tests.sh", "r2e_tests"),
-            held_out_from=(("/r2e_tests", "r2e_tests"),), hidden=("/r2e_tests",),
+            held_out_from=(("/r2e_tests", "r2e_tests"),), hidden=("/r2e_tests",), untracked=(".venv",),
         )  # fmt: skip
     if fmt == "swe-rebench":
         image = str(row.get("docker_image") or "")

@@ -8,8 +8,9 @@
 
 Guarantees: the checkout's one commit holds the start tree and nothing held out (no object of a
 held-out file is ever written to it), and its working tree is the image's folder as the image built
-it (environment and build outputs included; what the repository's .gitignore ignores stays out of
-the commit, so a session's diff leaves it out too); the start patch must apply whole, else
+it (environment and build outputs included; what the repository's .gitignore ignores, and the
+format's `untracked` paths such as R2E-Gym's /testbed/.venv, stay out of the commit and so out of a
+session's diff); the start patch must apply whole, else
 ImageTreeError naming the instance; a held-out file that is not UTF-8 text is refused the same way
 (a test patch is text). Host-side git gets only paths of the tree and fixed arguments.
 
@@ -131,6 +132,9 @@ def build_tree(client, image: str, instance_id: str, env: PrebuiltEnv, target: P
                 landed = _copy_out(client, image, folder, Path(tempfile.mkdtemp(dir=away)))
                 patches.append(_held_out_patch(landed, rel))
             step = "commit the start tree"
+            # The environment stays in the tree for the tests, out of the commit and of a session's diff.
+            (tree / ".git" / "info").mkdir(exist_ok=True)
+            (tree / ".git" / "info" / "exclude").write_text("".join(f"/{p}\n" for p in env.untracked))
             _git(tree, "add", "--all")
             commit = _git(tree, "commit-tree", _git(tree, "write-tree").strip(), "-m", "start").strip()
             _git(tree, "update-ref", "--no-deref", "HEAD", commit)

@@ -103,7 +103,12 @@ def test_r2e_gym_rows_compare_every_status_with_the_expectation(tmp_path):
     instance = only(task_set(tmp_path, "r2e-gym.jsonl"))
     env = instance.prebuilt
     assert instance.instance_id == env.image == "namanjain12/calc_final:1a2b3c4d5e6f"
-    assert (env.start, env.env_bin, env.hidden) == ("image", "/testbed/.venv/bin", ("/r2e_tests",))
+    assert (env.start, env.env_bin, env.hidden, env.untracked) == (
+        "image",
+        "/testbed/.venv/bin",
+        ("/r2e_tests",),
+        (".venv",),
+    )
     assert env.held_out == ("run_tests.sh", "r2e_tests") and env.held_out_from == (("/r2e_tests", "r2e_tests"),)
     assert instance.test_cmd == ["bash", "run_tests.sh"] and instance.repo == "r2e-gym/calc"
     assert instance.expected_statuses == {

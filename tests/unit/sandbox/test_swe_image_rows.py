@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -100,9 +101,11 @@ def task_set(root: Path, fixture: str, **changes) -> dict:
     return row
 
 
-async def scored(root: Path, patches: list[str], probe: str | None = None):
-    """The verdicts of `patches` (and a session's output of `probe`) for the task set's one row."""
+async def scored(root: Path, patches: list[str], probe: str | None = None, fix: str | None = None):
+    """The verdicts of `patches`, a session's output of `probe`, and the patch and verdict of a session that
+    runs `fix` (its work folder diffed against the start tree, as ScoreSession does), for the one row."""
     from services.sandbox.__main__ import make_swe_scorer
+    from services.sandbox.checkouts import tree_patch
     from services.sandbox.docker_backend import DockerBackend
 
     settings = SandboxSettings(backend="docker", task_root=str(root), image_registry=DEAD_REGISTRY)
@@ -111,15 +114,20 @@ async def scored(root: Path, patches: list[str], probe: str | None = None):
     try:
         (instance,) = scorer.task_sets.instances("set").values()
         results = await asyncio.gather(*(scorer.score("set", instance, p, LIMITS) for p in patches))
-        seen = None
+        seen = session_patch = session_result = None
         if probe is not None:
             checkout, image = await scorer.prepare("set", instance)
             session = await backend.open_session({}, LIMITS, seed_dir=str(checkout), image=image)
             try:
                 seen = await session.exec(["sh", "-c", probe], None, LIMITS)
+                if fix is not None:
+                    assert (await session.exec(["sh", "-c", fix], None, LIMITS)).status is Status.PASSED
+                    session_patch = await tree_patch(checkout, await session.export_tree(tempfile.mkdtemp(dir=root)))
             finally:
                 await session.close()
-        return instance, results, seen
+        if session_patch is not None:
+            session_result = await scorer.score("set", instance, session_patch, LIMITS)
+        return instance, results, seen, (session_patch, session_result)
     finally:
         scorer.close()
         await backend.close()
@@ -142,8 +150,9 @@ async def test_a_swe_smith_row_scores_in_its_image_from_the_bug_its_patch_makes(
         "cat pkg/core.py; ls tests; git log --all --oneline | wc -l; ls /testbed/tests; "
         "python -c 'import pkg; print(pkg.add(2, 3))'"
     )
-    instance, (gold, empty, unrelated, cheat), session = await scored(
-        tmp_path, [reverse(row["patch"]), "", UNRELATED, cheat_patch()], probe
+    fix = "sed -i 's/a - b/a + b/' pkg/core.py && python -c 'import pkg; assert pkg.add(2, 3) == 5'"
+    instance, (gold, empty, unrelated, cheat), session, (fixed, fixed_result) = await scored(
+        tmp_path, [reverse(row["patch"]), "", UNRELATED, cheat_patch()], probe, fix
     )
     assert instance.patch == reverse(row["patch"])
     assert gold.status == "passed" and gold.fail_to_pass == {"tests/test_core.py::test_add": True}, why(gold)
@@ -155,6 +164,9 @@ async def test_a_swe_smith_row_scores_in_its_image_from_the_bug_its_patch_makes(
     assert session.stdout.startswith(BUGGY), session.stdout  # the start state: the row's patch applied
     # The FAIL_TO_PASS file is held out (SWE-smith's "Remove F2P Tests"); one commit; /testbed is the work tree.
     assert session.stdout[len(BUGGY) :].split() == ["1", "-1"], session.stdout
+    # A session's own fix, diffed against the start tree: pkg/core.py alone (bytecode left out), and it resolves.
+    assert [line for line in fixed.splitlines() if line.startswith("+++")] == ["+++ b/pkg/core.py"], fixed
+    assert fixed_result.status == "passed", why(fixed_result)
 
 
 async def test_an_r2e_gym_row_scores_by_its_expected_statuses(client, images, tmp_path):
@@ -164,10 +176,17 @@ async def test_an_r2e_gym_row_scores_by_its_expected_statuses(client, images, tm
         "pkg/__init__.py": "from pkg.core import add\n",
         "pkg/core.py": BUGGY,
         "run_tests.sh": "python -m pytest -rA -p no:cacheprovider r2e_tests\n",
+        ".venv/bin/marker": "env\n",  # R2E-Gym's environment lives in the repository folder
     }
     images(tmp_path / "ctx", image, files, R2E_TESTS)
-    probe = "ls; ls / | grep -c r2e_tests; git log --all --oneline | wc -l"
-    instance, (gold, empty, unrelated), session = await scored(tmp_path, [GOLD_R2E, "", UNRELATED], probe)
+    probe = (
+        "ls; ls / | grep -c r2e_tests; git log --all --oneline | wc -l; git ls-files .venv | wc -l; "
+        "git status --porcelain | wc -l; cat .venv/bin/marker"
+    )
+    fix = "printf 'def add(a, b):\\n    return a + b\\n' > pkg/core.py"
+    instance, (gold, empty, unrelated), session, (fixed, fixed_result) = await scored(
+        tmp_path, [GOLD_R2E, "", UNRELATED], probe, fix
+    )
     assert instance.instance_id == image
     # Resolved although test_known_bug fails: R2E-Gym expects it to.
     assert gold.status == "passed" and gold.statuses.get("r2e_tests/test_1.py::test_known_bug") == "FAILED", why(gold)
@@ -178,7 +197,10 @@ async def test_an_r2e_gym_row_scores_by_its_expected_statuses(client, images, tm
     assert (unrelated.tests_passed, unrelated.tests_total) == (2, 3)  # the pass fraction: statuses as expected
     assert session.status is Status.PASSED, session
     # run_tests.sh and r2e_tests are held out of the tree, /r2e_tests out of the image; one commit.
-    assert session.stdout.split() == ["pkg", "0", "1"], session.stdout
+    # The environment is in the tree, not in its commit (nothing to diff), nor in a session's patch.
+    assert session.stdout.split() == ["pkg", "0", "1", "0", "0", "env"], session.stdout
+    assert [line for line in fixed.splitlines() if line.startswith("+++")] == ["+++ b/pkg/core.py"], fixed
+    assert fixed_result.status == "passed", why(fixed_result)
 
 
 async def test_a_run_that_touches_the_held_out_tests_is_flagged(client, images, tmp_path):
@@ -187,7 +209,7 @@ async def test_a_run_that_touches_the_held_out_tests_is_flagged(client, images, 
     files = {"pkg/__init__.py": "from pkg.core import add\n", "pkg/core.py": BUGGY, "run_tests.sh": "exit 0\n"}
     images(tmp_path / "ctx", image, files, R2E_TESTS)
     rewrite = "--- /dev/null\n+++ b/run_tests.sh\n@@ -0,0 +1 @@\n+echo PASSED r2e_tests/test_1.py::test_zero\n"
-    _, (result,), _ = await scored(tmp_path, [rewrite])
+    _, (result,), _, _ = await scored(tmp_path, [rewrite])
     assert result.protected_paths_touched == ["run_tests.sh"] and result.integrity_violation
     assert result.status == "failed", why(result)  # the held-out script replaced the patch's own
 
@@ -196,7 +218,7 @@ async def test_a_row_whose_patch_does_not_apply_to_its_image_is_an_error_naming_
     image = f"swebench/swesmith.x86_64.example-org_1776_calc.{secrets.token_hex(4)}"
     row = task_set(tmp_path, "swe-smith.jsonl", image_name=image)
     images(tmp_path / "ctx", f"{image}:latest", {"pkg/core.py": "def add(a, b):\n    return b + a\n"})
-    _, (result,), _ = await scored(tmp_path, [reverse(row["patch"])])
+    _, (result,), _, _ = await scored(tmp_path, [reverse(row["patch"])])
     assert result.status == "error" and not result.resolved
     assert f"instance {row['instance_id']!r}" in result.error_message
     assert "cannot apply the row's patch to the image's repository" in result.error_message, result.error_message
@@ -205,7 +227,7 @@ async def test_a_row_whose_patch_does_not_apply_to_its_image_is_an_error_naming_
 async def test_a_row_whose_image_cannot_be_had_is_an_error_naming_instance_and_image(client, tmp_path):
     image = f"namanjain12/absent_final:{secrets.token_hex(6)}"
     task_set(tmp_path, "r2e-gym.jsonl", docker_image=image)
-    _, (result,), _ = await scored(tmp_path, [GOLD_R2E])
+    _, (result,), _, _ = await scored(tmp_path, [GOLD_R2E])
     assert result.status == "error" and f"instance {image!r}" in result.error_message
     assert f"{DEAD_REGISTRY}/{image}" in result.error_message and "cannot be pulled" in result.error_message
 
