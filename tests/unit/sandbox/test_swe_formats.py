@@ -232,3 +232,13 @@ def test_the_driver_parses_as_python_3_5():
     from services.sandbox.swe import DRIVER_SOURCE
 
     ast.parse(DRIVER_SOURCE, feature_version=(3, 5))  # SyntaxError (e.g. an f-string) fails the test
+
+
+@pytest.mark.parametrize("fixture", ["swe-smith.jsonl", "r2e-gym.jsonl", "swe-rebench.jsonl"])
+def test_the_coordinator_names_each_row_as_the_sandbox_does(tmp_path, fixture):
+    from dockyard.tasks.swe import load_tasks, split_task_id
+
+    instance = only(task_set(tmp_path, fixture))
+    (task,) = load_tasks(tmp_path / "set", 1, agentic=True)
+    assert split_task_id(task.task_id) == ("set", instance.instance_id)
+    assert "add() subtracts" in task.prompt
