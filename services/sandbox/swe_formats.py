@@ -178,6 +178,10 @@ def prebuilt_env(fmt: str, row: dict) -> PrebuiltEnv:
     iid = _ids(row)
     if fmt == "swe-smith":
         held = sorted({t.split("::", 1)[0] for t in _json(row["FAIL_TO_PASS"], "FAIL_TO_PASS", iid, fmt)})
+        if bad := [h for h in held if h.startswith("/") or ".." in h.split("/") or not h.strip()]:
+            raise FormatRefused(
+                f"instance {iid!r}: format swe-smith: FAIL_TO_PASS names test files outside the repository: {bad}"
+            )
         return PrebuiltEnv(
             str(row["image_name"]), REPO_DIR, ENV_BIN, "image", start_patch=str(row["bug_patch"]),
             held_out=tuple(held),

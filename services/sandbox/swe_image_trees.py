@@ -62,6 +62,13 @@ def _git(tree: Path, *args: str, stdin: bytes | None = None) -> str:
     return done.stdout.decode()
 
 
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
 def _copy_out(client, image: str, folder: str, dest: Path) -> Path:
     """`folder` of `image` extracted under `dest`; returns where it landed. No container is started."""
     container = client.containers.create(image, command=["true"])
@@ -112,8 +119,7 @@ def build_tree(client, image: str, instance_id: str, env: PrebuiltEnv, target: P
         step = f"copy {env.repo_dir} out of {image}"
         try:
             tree = _copy_out(client, image, env.repo_dir, Path(scratch))
-            own = tree / ".git"  # the image's history: SWE-smith's mirror, R2E-Gym's upstream clone
-            own.unlink() if own.is_symlink() or own.is_file() else shutil.rmtree(own, ignore_errors=True)
+            _remove(tree / ".git")  # the image's history: SWE-smith's mirror, R2E-Gym's upstream clone
             _git(tree, "init", "--quiet")
             if env.start_patch.strip():
                 step = "apply the row's patch to the image's repository"
@@ -121,12 +127,13 @@ def build_tree(client, image: str, instance_id: str, env: PrebuiltEnv, target: P
             step = "hold out the tests"
             patches, away = [], Path(scratch, "held-out")
             away.mkdir()
+            given_back = {rel for _, rel in env.held_out_from}
             for n, rel in enumerate(env.held_out):
-                if os.path.lexists(tree / rel) and not (tree / rel).is_symlink():
+                if rel in given_back or (tree / rel).is_symlink():  # R2E-Gym's r2e_tests: the image's folder, below
+                    _remove(tree / rel)
+                elif os.path.lexists(tree / rel):
                     os.replace(tree / rel, away / str(n))
                     patches.append(_held_out_patch(away / str(n), rel))
-                elif os.path.lexists(tree / rel):  # R2E-Gym's runtime links r2e_tests there; its folder is below
-                    (tree / rel).unlink()
             for folder, rel in env.held_out_from:
                 step = f"copy the held-out {folder} out of {image}"
                 landed = _copy_out(client, image, folder, Path(tempfile.mkdtemp(dir=away)))

@@ -141,6 +141,7 @@ def test_image_started_rows_need_no_mirror(tmp_path):
             ["example-org__calc.1a2b3c4d.func_pm_op_swap__k3j2", "patch"],
         ),
         ("swe-smith.jsonl", lambda r: {**r, "FAIL_TO_PASS": []}, ["func_pm_op_swap__k3j2", "FAIL_TO_PASS"]),
+        ("swe-smith.jsonl", lambda r: {**r, "FAIL_TO_PASS": ["../x.py::t"]}, ["k3j2", "outside the repository"]),
     ],
 )
 def test_rows_missing_what_their_format_needs_are_refused_by_name(tmp_path, fixture, edit, words):
