@@ -4,7 +4,8 @@
     single-shot: completion ─extract_patch─> unified diff ─sandbox.ScorePatch(task_set, instance_id, patch)─> verdict
     multi-turn (agentic): the prompt asks for edits in the session's checkout; ScoreSession scores its diff
 
-Guarantees: only `instance_id`, `repo` and `problem_statement` are read here; the gold patch, the
+Guarantees: only `instance_id`, `repo` and `problem_statement` are read here (R2E-Gym's rows:
+`docker_image`, `repo_name`, public_fields); the gold patch, the
 held-out test patch and the test lists stay with the sandbox, which loads the same task set from its
 task root (`DOCKYARD_SANDBOX_TASK_ROOT`, the folder that holds the task-set folder). Splits are the
 task set's own: each split names its task-set folder (`data.train.path`, `data.validation.path`).
@@ -49,18 +50,30 @@ def load_tasks(path: str | Path, n: int, seed: int = 0, *, agentic: bool = False
     file = instances_file(folder)
     if file is None:
         raise FileNotFoundError(f"{folder} holds neither {' nor '.join(INSTANCE_FILES)} (a task-set folder does)")
-    records = read_rows(file)
+    records = [(where, public_fields(item)) for where, item in read_rows(file)]
     for where, item in records:
-        if missing := [f for f in ("instance_id", "repo") if f not in item]:
+        if missing := [f for f in ("instance_id", "repo") if not item[f]]:
             raise ValueError(f"{where}: missing field {missing[0]!r} (an instance needs instance_id, repo)")
     pool = []
     template = AGENT_PROMPT if agentic else PROMPT
     for _, item in records:
-        prompt = template.format(repo=item["repo"], problem=item.get("problem_statement", "").strip())
+        prompt = template.format(repo=item["repo"], problem=item["problem_statement"].strip())
         pool.append(Task(task_id=f"{folder.name}/{item['instance_id']}", prompt=prompt, tests=(), solution=""))
     if not pool:
         raise ValueError(f"{file} holds no instance")
     return draw(pool, n, f"swe:{folder.name}:{seed}")
+
+
+def public_fields(row: dict) -> dict[str, str]:
+    """instance_id, repo and problem_statement of a row; an R2E-Gym row (docker_image without
+    install_config) has neither id nor repo column: its docker_image is its id and repo_name its
+    repository, as the sandbox reads it (services/sandbox/swe_formats.py)."""
+    r2e = "docker_image" in row and "install_config" not in row and "image_name" not in row
+    return {
+        "instance_id": str(row.get("instance_id") or (row.get("docker_image") if r2e else "") or ""),
+        "repo": str(row.get("repo") or (row.get("repo_name") if r2e else "") or ""),
+        "problem_statement": str(row.get("problem_statement") or ""),
+    }
 
 
 def split_task_id(task_id: str) -> tuple[str, str]:

@@ -84,12 +84,19 @@ def make_swe_scorer(settings: SandboxSettings, backend):
                 return None
             return await asyncio.to_thread(ensure_env_image, client, settings.image, list(instance.requirements))
 
+    image_trees = None
+    if image_for is not None:
+        from services.sandbox.swe_image_trees import ImageTrees
+
+        pull = {"registry": settings.image_registry, "auth_file": settings.image_registry_auth_file}
+        image_trees = ImageTrees(client, settings.work_root, **pull)
     return SweScorer(
         backend,
         TaskSets(settings.task_root),
         log_cap_bytes=settings.max_output_bytes,
         checkout_root=settings.work_root,
         image_for=image_for,
+        image_trees=image_trees,
     )
 
 

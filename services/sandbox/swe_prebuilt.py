@@ -7,7 +7,8 @@
       else PrebuiltImageError naming the instance, the image and the engine's answer
     image ──fit──> dockyard/swe-prebuilt:<hash of its id, repo_dir, env_bin>:  FROM image; repo_dir -> a link
            to /work (the run's checkout of base_commit), env_bin first on PATH (the driver's and a session's
-           `python` is the image's environment's), USER 1000:1000, WORKDIR /work   (built once, offline)
+           `python` is the image's environment's), the format's hidden paths removed (R2E-Gym's /r2e_tests),
+           USER 1000:1000, WORKDIR /work   (built once, offline)
 
 Guarantees: a present image is never pulled again; the pull's credentials come only from the
 auth file the deployment names (JSON: {"username": ..., "password": ...}), never from a job or a
@@ -15,8 +16,10 @@ row; nothing but the pull reaches a network (the fit builds with --network none,
 image's environment (e.g. SWE-bench's conda env, installed editable at /testbed) then finds the run's
 checkout where it expects the repository.
 
-Not covered: what the image built inside its repository folder (compiled extensions built in place,
-as astropy or scikit-learn do) is hidden by the checkout; such rows fail their tests rather than pass.
+Not covered: for a row started from base_commit (swe-bench, swe-gym, swe-rebench), what the image
+built inside its repository folder (compiled extensions built in place, as astropy or scikit-learn
+do) is hidden by the checkout; such rows fail their tests rather than pass. Rows started from their
+image (swe-smith, r2e-gym) keep it: their checkout is the image's folder (swe_image_trees.py).
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ FROM ${BASE_IMAGE}
 USER root
 ARG REPO_DIR
 ARG ENV_BIN
-RUN rm -rf "$REPO_DIR" && mkdir -p "$(dirname "$REPO_DIR")" && ln -s /work "$REPO_DIR"
+ARG HIDDEN=""
+RUN rm -rf "$REPO_DIR" $HIDDEN && mkdir -p "$(dirname "$REPO_DIR")" && ln -s /work "$REPO_DIR"
 ENV PATH=${ENV_BIN}:${PATH}
 USER 1000:1000
 WORKDIR /work
@@ -103,14 +107,15 @@ def resolve(client, instance_id: str, image: str, *, registry: str = "", auth_fi
 
 def fit(client, image: str, env: PrebuiltEnv) -> str:
     """The run image of a resolved prebuilt image: its repository folder a link to /work (built once)."""
-    parts = [client.images.get(image).id, env.repo_dir, env.env_bin, FIT_DOCKERFILE]
+    hidden = " ".join(env.hidden)  # the format's own absolute paths (swe_formats.py), never a row's
+    parts = [client.images.get(image).id, env.repo_dir, env.env_bin, hidden, FIT_DOCKERFILE]
     digest = hashlib.sha256("\0".join(parts).encode())
     tag = f"{FITTED_REPOSITORY}:{digest.hexdigest()[:20]}"
     with _lock(tag):
         if _label(client, tag) is None:
             with tempfile.TemporaryDirectory(prefix="dockyard-swe-prebuilt-") as tmp:
                 (Path(tmp) / "Dockerfile").write_text(FIT_DOCKERFILE)
-                args = {"REPO_DIR": env.repo_dir, "ENV_BIN": env.env_bin}
+                args = {"REPO_DIR": env.repo_dir, "ENV_BIN": env.env_bin, "HIDDEN": hidden}
                 _build(client, Path(tmp), tag, image, tag.rsplit(":", 1)[1], args)
     return tag
 

@@ -1,6 +1,7 @@
 """Rows of SWE-bench, SWE-Gym, SWE-rebench, SWE-smith and R2E-Gym (tests/fixtures/swe_formats, written by
-hand in each dataset's columns) loaded as the sandbox loads a task set: the format, the image, the test
-command, and the refusals, each naming the instance (or the line) and what is wrong."""
+hand in each dataset's columns) loaded as the sandbox loads a task set: the format, the image, the start
+state, the test command, the grading rule, and the refusals, each naming the instance (or the line) and
+what is wrong. No docker here; test_swe_image_rows.py scores such rows in images built on the spot."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ from pathlib import Path
 import pytest
 
 from services.sandbox.swe import TaskSetError, TaskSets, load_instances
-from services.sandbox.swe_formats import ENV_BIN, REPO_DIR, detect
+from services.sandbox.swe_formats import (
+    ENV_BIN,
+    REPO_DIR,
+    SWE_SMITH_TEST_CMD,
+    detect,
+    grade_expected,
+    r2e_key,
+    reverse_patch,
+)
 from services.sandbox.swe_prebuilt import qualified
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "swe_formats"
@@ -73,19 +82,108 @@ def test_swe_rebench_install_config_as_json_text_is_read_too(tmp_path):
     assert only(path).test_cmd[:2] == ["pytest", "--no-header"]
 
 
+def test_swe_smith_rows_start_from_their_image_with_the_bug_applied(tmp_path):
+    row = json.loads((FIXTURES / "swe-smith.jsonl").read_text())
+    instance = only(task_set(tmp_path, "swe-smith.jsonl"))
+    env = instance.prebuilt
+    assert env.image == row["image_name"] and env.start == "image" and env.repo_dir == REPO_DIR
+    assert env.start_patch == row["patch"] and env.held_out == ("tests/test_core.py",)
+    assert instance.patch == reverse_patch(row["patch"]) and "+    return a + b" in instance.patch
+    assert (instance.repo, instance.base_commit) == ("swesmith/example-org__calc.1a2b3c4d", "1a2b3c4d")
+    assert instance.test_cmd == [*SWE_SMITH_TEST_CMD, "tests/test_core.py"]
+    assert instance.test_patch == "" and instance.log_parser == "parse_log_pytest"
+
+
+def test_a_swe_smith_test_cmd_column_wins(tmp_path):
+    instance = only(task_set(tmp_path, "swe-smith.jsonl", edit=lambda r: {**r, "test_cmd": "pytest test.py -rA"}))
+    assert instance.test_cmd == ["pytest", "test.py", "-rA"]
+
+
+def test_r2e_gym_rows_compare_every_status_with_the_expectation(tmp_path):
+    instance = only(task_set(tmp_path, "r2e-gym.jsonl"))
+    env = instance.prebuilt
+    assert instance.instance_id == env.image == "namanjain12/calc_final:1a2b3c4d5e6f"
+    assert (env.start, env.env_bin, env.hidden, env.untracked) == (
+        "image",
+        "/testbed/.venv/bin",
+        ("/r2e_tests",),
+        (".venv",),
+    )
+    assert env.held_out == ("run_tests.sh", "r2e_tests") and env.held_out_from == (("/r2e_tests", "r2e_tests"),)
+    assert instance.test_cmd == ["bash", "run_tests.sh"] and instance.repo == "r2e-gym/calc"
+    assert instance.expected_statuses == {
+        "TestCore.test_add": "PASSED",
+        "test_zero": "PASSED",
+        "test_known_bug": "FAILED",
+    }
+    assert instance.fail_to_pass == sorted(instance.expected_statuses) and instance.pass_to_pass == []
+
+
+def test_image_started_rows_need_no_mirror(tmp_path):
+    for name in ("swe-smith", "r2e-gym"):
+        task_set(tmp_path / name, f"{name}.jsonl")
+        assert len(TaskSets(str(tmp_path / name)).instances("set")) == 1
+
+
 @pytest.mark.parametrize(
-    ("fixture", "words"),
+    ("fixture", "edit", "words"),
     [
-        ("swe-smith.jsonl", ["example-org__calc.1a2b3c4d.func_pm_op_swap__k3j2", "swe-smith", "image_name"]),
-        ("r2e-gym.jsonl", ["namanjain12/calc_final:1a2b3c4d5e6f", "r2e-gym", "/r2e_tests"]),
+        (
+            "r2e-gym.jsonl",
+            lambda r: {**r, "expected_output_json": ""},
+            ["calc_final:1a2b3c4d5e6f", "expected_output_json"],
+        ),
+        ("r2e-gym.jsonl", lambda r: {**r, "expected_output_json": "{not json"}, ["calc_final", "not JSON"]),
+        ("r2e-gym.jsonl", lambda r: {**r, "commit_hash": None}, ["calc_final:1a2b3c4d5e6f", "commit_hash"]),
+        (
+            "swe-smith.jsonl",
+            lambda r: {**r, "patch": ""},
+            ["example-org__calc.1a2b3c4d.func_pm_op_swap__k3j2", "patch"],
+        ),
+        ("swe-smith.jsonl", lambda r: {**r, "FAIL_TO_PASS": []}, ["func_pm_op_swap__k3j2", "FAIL_TO_PASS"]),
+        ("swe-smith.jsonl", lambda r: {**r, "FAIL_TO_PASS": ["../x.py::t"]}, ["k3j2", "outside the repository"]),
     ],
 )
-def test_formats_that_cannot_be_scored_are_refused_by_name(tmp_path, fixture, words):
+def test_rows_missing_what_their_format_needs_are_refused_by_name(tmp_path, fixture, edit, words):
     with pytest.raises(ValueError) as info:
-        load_instances(task_set(tmp_path, fixture))
+        load_instances(task_set(tmp_path, fixture, edit=edit))
     message = str(info.value)
     assert message.startswith(f"{tmp_path / 'set' / 'instances.jsonl'}:1:"), message
     assert all(word in message for word in words), message
+
+
+def test_grade_expected_is_r2e_gyms_rule():
+    expected = {"TestCore.test_add": "PASSED", "test_known_bug": "FAILED"}
+    log = {"r2e_tests/test_1.py::TestCore::test_add": "PASSED", "r2e_tests/test_1.py::test_known_bug": "FAILED"}
+    assert grade_expected(log, expected) == (True, {"TestCore.test_add": True, "test_known_bug": True})
+    fixed_too = {**log, "r2e_tests/test_1.py::test_known_bug": "PASSED"}  # a status other than expected
+    assert grade_expected(fixed_too, expected) == (False, {"TestCore.test_add": True, "test_known_bug": False})
+    extra = {**log, "r2e_tests/test_1.py::test_new": "PASSED"}  # a test R2E-Gym did not expect
+    assert grade_expected(extra, expected)[0] is False
+    assert grade_expected({"r2e_tests/test_1.py::TestCore::test_add": "PASSED"}, expected)[0] is False
+    assert r2e_key("\x1b[1mr2e_tests/t.py::A::b\x1b[0m - AssertionError") == "A.b"
+
+
+def test_reverse_patch_undoes_modifications_creations_and_modes(tmp_path):
+    import subprocess
+
+    tree = tmp_path / "t"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "core.py").write_text("def add(a, b):\n    return a + b\n")
+    (tree / "old.txt").write_text("-- a line that looks like a header\n")
+    bug = (
+        json.loads((FIXTURES / "swe-smith.jsonl").read_text())["patch"]
+        + "diff --git a/old.txt b/old.txt\ndeleted file mode 100644\n--- a/old.txt\n+++ /dev/null\n"
+        "@@ -1 +0,0 @@\n--- a line that looks like a header\n"
+        "diff --git a/new.sh b/new.sh\nnew file mode 100755\n--- /dev/null\n+++ b/new.sh\n@@ -0,0 +1 @@\n+echo\n"
+    )
+    before = {p.relative_to(tree): p.read_bytes() for p in tree.rglob("*") if p.is_file()}
+    run = lambda patch: subprocess.run(["git", "apply", "-"], cwd=tree, input=patch.encode(), check=True)  # noqa: E731
+    run(bug)
+    assert (tree / "pkg" / "core.py").read_text().endswith("a - b\n") and (tree / "new.sh").exists()
+    run(reverse_patch(bug))
+    assert {p.relative_to(tree): p.read_bytes() for p in tree.rglob("*") if p.is_file()} == before
+    assert reverse_patch(reverse_patch(bug)) == bug
 
 
 def test_a_task_set_holds_one_format(tmp_path):
@@ -135,3 +233,13 @@ def test_the_driver_parses_as_python_3_5():
     from services.sandbox.swe import DRIVER_SOURCE
 
     ast.parse(DRIVER_SOURCE, feature_version=(3, 5))  # SyntaxError (e.g. an f-string) fails the test
+
+
+@pytest.mark.parametrize("fixture", ["swe-smith.jsonl", "r2e-gym.jsonl", "swe-rebench.jsonl"])
+def test_the_coordinator_names_each_row_as_the_sandbox_does(tmp_path, fixture):
+    from dockyard.tasks.swe import load_tasks, split_task_id
+
+    instance = only(task_set(tmp_path, fixture))
+    (task,) = load_tasks(tmp_path / "set", 1, agentic=True)
+    assert split_task_id(task.task_id) == ("set", instance.instance_id)
+    assert "add() subtracts" in task.prompt
