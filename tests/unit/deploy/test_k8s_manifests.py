@@ -269,9 +269,9 @@ def test_volumes_configmaps_secrets_and_claims_exist(docs) -> None:
 def test_every_dockyard_pod_authenticates_and_only_the_buffer_and_its_data_plane_read_the_redis_password(
     docs,
 ) -> None:
-    # The data plane's clients: the coordinator and the rollout replicas stage payloads in Redis, the trainer
-    # reads them.
-    readers = {"buffer", "coordinator", "rollout", "trainer"}
+    # The data plane's clients: the coordinator, the rollout replicas and the policy endpoint (agent trials'
+    # parts) stage payloads in Redis, the trainer reads them.
+    readers = {"buffer", "coordinator", "rollout", "endpoint", "trainer"}
     for workload, template in pod_specs(docs):
         if workload["kind"] == "StatefulSet":
             continue
