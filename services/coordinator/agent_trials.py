@@ -24,12 +24,11 @@ refused, becomes an invalid trajectory (ERROR verdict, masked); a trial that ran
 time is scored as it stands, and its finish_reason says which budget; both sessions are closed
 whatever happens, and a trial's recorded tokens are cut to grpo.max_trial_tokens. An external
 scaffold's failure (a non-zero exit, the time limit, garbage output, or no model call: its session
-has nothing recorded) is a masked trial of no tokens, its
-verdict ERROR with SCAFFOLD_ERROR_PREFIX and Trial.scaffold_error / output_tail saying why; it is
-counted (scaffold_errors.py), and only too many of them in a step fail the job (ScaffoldFailing).
-A trial's staged part is held by its Trial until the group is assembled; a part no group will take
-(a trial left without tokens, the finished trials of a group made again) is deleted here, or, where
-that fails or its trial was cancelled, expires.
+has nothing recorded) is a masked trial of no tokens, its verdict ERROR with SCAFFOLD_ERROR_PREFIX
+and Trial.scaffold_error / output_tail saying why; it is counted (scaffold_errors.py), and only too
+many of them in a step fail the job (ScaffoldFailing). A trial's staged part is held by its Trial
+until the group is assembled; a part no group will take (a trial left without tokens, the finished
+trials of a group made again) is deleted here, or, where that fails or its trial was cancelled, expires.
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ import httpx
 import openai
 import structlog
 
-from dockyard.agents.contract import SESSION_HEADER, SESSION_ID_CHARS, SessionStatus
+from dockyard.agents.contract import SESSION_HEADER, SESSION_ID_CHARS, SessionStatus, TrialStaging
 from dockyard.agents.external import SCAFFOLD_ERROR_PREFIX, ScaffoldRun, run_external, scaffold_name
 from dockyard.agents.scaffold import Budget, Outcome, TrialLost, TrialRefused, run_scaffold
 from dockyard.agents.session import SandboxSession
@@ -58,7 +57,7 @@ from dockyard.experience.data_plane import DataPlane
 from dockyard.rpc.retry import OVERLOADED, PEER_LOST
 from dockyard.tasks import swe
 from dockyard.tasks.task import Task
-from services.coordinator.endpoint_sessions import EndpointSessions, discard, staging_for
+from services.coordinator.endpoint_sessions import EndpointSessions, Recording, discard, staging_for
 from services.coordinator.fleet import Fleet, Member
 from services.coordinator.job_buffer import StagedPayload
 from services.coordinator.scaffold_errors import ScaffoldErrors
@@ -220,7 +219,7 @@ class AgentTrials:
         sandbox: SandboxSession,
         session_id: str,
         api_key: str,
-        staging,
+        staging: TrialStaging | None,
     ) -> Trial:
         grpo, tools = self.config.grpo, self.config.env.tools
         seconds = min(grpo.max_trial_seconds, task.max_seconds or grpo.max_trial_seconds)  # the task's own limit
@@ -239,41 +238,41 @@ class AgentTrials:
         except grpc.aio.AioRpcError as exc:
             return Trial(_invalid(trajectory_id, f"the sandbox session failed: {exc.code().name}: {exc.details()}"))
         # The session was opened before the scaffold ran: a 404 here means the endpoint lost it (TrialLost).
-        tokens = await self._sessions.recording(session_id, grpo.max_trial_tokens, staged=staging is not None)
-        if tokens.status != SessionStatus.OK:
-            raise TrialLost(f"trial {trajectory_id}: {tokens.error or 'the endpoint session ended'}")
+        recorded = await self._sessions.recording(session_id, grpo.max_trial_tokens, staged=staging is not None)
+        if recorded.status != SessionStatus.OK:
+            raise TrialLost(f"trial {trajectory_id}: {recorded.error or 'the endpoint session ended'}")
         if run is not None:
             error = run.error or (
-                "" if tokens.sampled else "made no model call (the endpoint recorded no sampled token)"
+                "" if recorded.sampled else "made no model call (the endpoint recorded no sampled token)"
             )
             if error:
-                return _scaffold_error(trajectory_id, run, error, scaffold_name(self.config.env.scaffold), tokens)
-            outcome.turns = tokens.turns  # the endpoint counted the scaffold's calls
-        if not tokens.segments:
+                return _scaffold_error(trajectory_id, run, error, scaffold_name(self.config.env.scaffold), recorded)
+            outcome.turns = recorded.turns  # the endpoint counted the scaffold's calls
+        if not recorded.segments:
             return Trial(_invalid(trajectory_id, "the trial recorded no sampled token"))
         verdict, scored_text = await self._verdict(task, outcome, sandbox, trajectory_id)
         self._stats.append(
             {
                 "turns": float(outcome.turns),
-                "tokens": float(tokens.total_tokens),
-                "sampled_tokens": float(tokens.sampled_tokens),
-                "segments": float(tokens.segments),
+                "tokens": float(recorded.total_tokens),
+                "sampled_tokens": float(recorded.sampled_tokens),
+                "segments": float(recorded.segments),
                 "model_seconds": outcome.model_seconds,
                 "tool_seconds": outcome.tool_seconds,
-                "finish_reason": "tokens" if tokens.truncated else outcome.finish_reason,
+                "finish_reason": "tokens" if recorded.truncated else outcome.finish_reason,
             }
         )
-        trajectory = tokens.message(
+        trajectory = recorded.message(
             trajectory_id=trajectory_id,
             completion_text=scored_text,
             verdict=verdict,
-            finish_reason="tokens" if tokens.truncated else outcome.finish_reason,
+            finish_reason="tokens" if recorded.truncated else outcome.finish_reason,
             num_turns=outcome.turns,
             # Trained turns the endpoint found malformed (unparsable tool call, unclosed thinking block),
             # plus replies the scaffold dropped (docs/agents.md, "Trained tokens").
-            invalid_actions=tokens.invalid_actions,
+            invalid_actions=recorded.invalid_actions,
         )
-        return Trial(trajectory, tokens.conversation, part=tokens.part, received_bytes=tokens.received_bytes)
+        return Trial(trajectory, recorded.conversation, part=recorded.part, received_bytes=recorded.received_bytes)
 
     async def _external(
         self, task: Task, sandbox: SandboxSession, api_key: str, budget: Budget, sampling: SamplingConfig
@@ -383,7 +382,9 @@ def _invalid(trajectory_id: str, error: str) -> common_pb2.Trajectory:
     )
 
 
-def _scaffold_error(trajectory_id: str, run: ScaffoldRun, error: str, scaffold: str, tokens=None) -> Trial:
+def _scaffold_error(
+    trajectory_id: str, run: ScaffoldRun, error: str, scaffold: str, recorded: Recording | None = None
+) -> Trial:
     """The scaffold's own failure: masked like an infrastructure error (no tokens, out of every statistic),
     marked so that it is counted as the scaffold's, with the tail of its output."""
     log.warning("an external scaffold failed", trajectory=trajectory_id, error=error, output=run.output_tail[-500:])
@@ -395,5 +396,5 @@ def _scaffold_error(trajectory_id: str, run: ScaffoldRun, error: str, scaffold: 
         ),
         finish_reason=run.outcome.finish_reason,
     )
-    part = tokens.part if tokens is not None else None
+    part = recorded.part if recorded is not None else None  # staged, but no group will take it
     return Trial(trajectory, scaffold_error=error, output_tail=run.output_tail, recorded_part=part)
