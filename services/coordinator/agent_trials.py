@@ -187,8 +187,8 @@ class AgentTrials:
         async with self._slots:
             session_id = f"{re.sub(f'[^{SESSION_ID_CHARS}]', '.', trajectory_id)[-90:]}.{uuid.uuid4().hex[:12]}"
             api_key = ""
-            staging = staging_for(self._plane(), self.job_id, trajectory_id, self.config.grpo.max_trial_tokens)
-            staging = staging if stage else None
+            plane = self._plane() if stage else None  # validation trials are never put: nothing to stage
+            staging = staging_for(plane, self.job_id, trajectory_id, self.config.grpo.max_trial_tokens)
             if self.config.env.scaffold is not None or staging is not None:
                 # An unchanged client sends no session header: the session's own key binds its calls.
                 # A validation trial's session is opened greedy: the scaffold holds only the key and
@@ -203,8 +203,7 @@ class AgentTrials:
             with self.fleet.calling(worker):
                 try:
                     trial = await self._run(task, trajectory_id, seed, sampling, sandbox, session_id, api_key, staging)
-                    if trial.part is None and trial.recorded_part is not None:  # a part no group will take
-                        await discard(self._plane(), [trial.recorded_part])
+                    await discard(self._plane(), [trial.recorded_part])  # a part no group will take (or None)
                     return trial
                 finally:
                     await sandbox.close()
