@@ -2,6 +2,8 @@
 
     endpoint (services/endpoint) ──builds──> TrajectoryDocument ──JSON, GET /v1/sessions/{id}/trajectory──>
         coordinator (services/coordinator/agent_trials.py) ──TrajectoryDocument.parse──> trial_tokens
+    coordinator ──POST /v1/sessions {SessionOpen: staging: TrialStaging}──> endpoint (where to stage, once)
+    endpoint ──stages the cut tokens──> StagedTrial ──JSON, POST /v1/sessions/{id}/stage──> coordinator
 
 The endpoint and the coordinator are separate services that may not import each other, so the
 shapes both sides rely on, the session header and the session id's alphabet live here, once.
