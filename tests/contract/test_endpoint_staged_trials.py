@@ -117,9 +117,8 @@ async def test_the_trainers_batch_is_the_same_whether_the_coordinator_carried_th
             staged = StagedPayloads(job_buffer)
             if job_id == "job-a":  # the coordinator-carried path: the trials' arrays come here, put whole
                 trials = [trial(i, r) for i, r in enumerate(await recorded(job_id, None))]
-                for t in trials:
-                    staged._received["trial_arrays"] += t.received_bytes
                 await job_buffer.put(group(job_id, trials))
+                received[job_id] = {"trial_arrays": sum(t.received_bytes for t in trials), "endpoint_staged": 0}
             else:
                 recordings = await recorded(job_id, plane, unreachable={1} if job_id == "job-c" else set())
                 agent = RecordedAgent([trial(i, r) for i, r in enumerate(recordings)])
@@ -129,7 +128,8 @@ async def test_the_trainers_batch_is_the_same_whether_the_coordinator_carried_th
                 assert not any(t.prompt_token_ids or t.later_segments for t in metadata.trajectories)
                 reply = await job_buffer.put(metadata, staged=payload)
                 assert not reply.duplicate and not reply.dropped_stale
-            received[job_id], sent[job_id] = staged.received(), job_buffer.sent()
+                received[job_id] = staged.received()
+            sent[job_id] = job_buffer.sent()
             consumer = BufferConsumer(stub, "trainer-0", job_id, TrainedLedger(tmp_path / job_id), ack_timeout=10)
             [got] = (await consumer.lease(7, 1)).groups
             leased[job_id] = got
