@@ -16,9 +16,9 @@ failure leaves it to its expiry, logged by JobBuffer); `forget` drops it without
 (a cancelled making), leaving it to expire. An agent group with a data plane is put only as one
 assembled payload, its trials' parts in trajectory order, so its metadata carries no token array: a
 trial whose endpoint could not stage is staged from here (the same agent_trial.stage_part, checked
-the same way), and a group whose parts could not be assembled (one expired, the Redis failed) is made
-again, at most max_regenerations times (counted in the agent's regenerated_groups), its leftover parts
-deleted. `received()` counts the payload bytes that came to the coordinator (`arrays`: token arrays in
+the same way: one it refuses fails the group, its parts deleted), and a group whose parts could not
+be assembled (one expired, the Redis failed) is made again, at most max_regenerations times (counted
+in the agent's regenerated_groups), its leftover parts deleted. `received()` counts the payload bytes that came to the coordinator (`arrays`: token arrays in
 Generate replies, 4 per prompt id, completion id and logprob; `trial_arrays`: those of trajectories
 read from the endpoint, endpoint_sessions.py) and those staged elsewhere instead (`rollout_staged`,
 `endpoint_staged`).
@@ -38,6 +38,7 @@ from dockyard.experience import payload as packed
 from dockyard.experience import single_turn
 from dockyard.experience.agent_trial import PartGone, assemble, stage_part
 from dockyard.experience.data_plane import DataPlane
+from dockyard.rpc.errors import InvalidArgument
 from dockyard.tasks.task import Task
 from services.coordinator.agent_trials import AgentTrials, Trial
 from services.coordinator.endpoint_sessions import discard
@@ -94,6 +95,9 @@ class StagedPayloads:
                 return trials, None
             try:
                 return trials, await self._assemble(plane, group_id, trials)
+            except InvalidArgument:  # a carried trial the buffer would refuse: the group fails, named by it
+                await discard(plane, [t.part for t in trials])
+                raise
             except (PartGone, RedisError, OSError) as exc:
                 await discard(plane, [t.part for t in trials])
                 if attempt == retries:
@@ -108,10 +112,8 @@ class StagedPayloads:
             if trial.part is None and packed.has_tokens(trial.trajectory):  # the endpoint could not stage it
                 key, size = await stage_part(plane, self._buffer.job_id, trial.trajectory)
                 self._buffer.sent_bytes["staged"] += size
-                trial.part, trial.trajectory = (
-                    StagedPayload(key, size),
-                    packed.split(common_pb2.Group(trajectories=[trial.trajectory]))[0].trajectories[0],
-                )
+                metadata, _ = packed.split(common_pb2.Group(trajectories=[trial.trajectory]))
+                trial.part, trial.trajectory = StagedPayload(key, size), metadata.trajectories[0]
             parts.append(trial.part.key if trial.part else None)
         key, size = await assemble(plane, self._buffer.job_id, group_id, parts)
         for trial in trials:
