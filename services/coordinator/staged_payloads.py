@@ -12,16 +12,16 @@ its rollout replica, an agent group's by the policy endpoint, one part per trial
 
 Guarantees: at most one staged payload is held per group id, the latest attempt's: keeping another
 deletes the one before; `take` hands it out once; `discard` deletes it from the data plane (a Redis
-failure leaves it to its expiry, logged by JobBuffer); `forget` drops it without awaiting anything
-(a cancelled making), leaving it to expire. An agent group with a data plane is put only as one
-assembled payload, its trials' parts in trajectory order, so its metadata carries no token array: a
-trial whose endpoint could not stage is staged from here (the same agent_trial.stage_part, checked
-the same way: one it refuses fails the group, its parts deleted), and a group whose parts could not
-be assembled (one expired, the Redis failed) is made again, at most max_regenerations times (counted
-in the agent's regenerated_groups), its leftover parts deleted. `received()` counts the payload bytes that came to the coordinator (`arrays`: token arrays in
-Generate replies, 4 per prompt id, completion id and logprob; `trial_arrays`: those of trajectories
-read from the endpoint, endpoint_sessions.py) and those staged elsewhere instead (`rollout_staged`,
-`endpoint_staged`).
+failure leaves it to its expiry, logged by JobBuffer); `forget` drops it without awaiting anything (a
+cancelled making), leaving it to expire. An agent group with a data plane is put only as one assembled
+payload, its trials' parts in trajectory order, so its metadata carries no token array: a trial whose
+endpoint could not stage is staged from here (the same agent_trial.stage_part, checked the same way: one
+it refuses fails the group, its parts deleted), and a group whose parts could not be assembled (one
+expired, the Redis failed) is made again, at most max_regenerations times (counted in the agent's
+regenerated_groups), its leftover parts deleted. `received()` counts the payload bytes that came to the
+coordinator (`arrays`: token arrays in Generate replies, 4 per prompt id, completion id and logprob;
+`trial_arrays`: those of trajectories read from the endpoint, endpoint_sessions.py) and those staged
+elsewhere instead (`rollout_staged`, `endpoint_staged`).
 """
 
 from __future__ import annotations
