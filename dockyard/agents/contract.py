@@ -2,6 +2,8 @@
 
     endpoint (services/endpoint) ──builds──> TrajectoryDocument ──JSON, GET /v1/sessions/{id}/trajectory──>
         coordinator (services/coordinator/agent_trials.py) ──TrajectoryDocument.parse──> trial_tokens
+    coordinator ──POST /v1/sessions {SessionOpen: staging: TrialStaging}──> endpoint (where to stage, once)
+    endpoint ──stages the cut tokens──> StagedTrial ──JSON, POST /v1/sessions/{id}/stage──> coordinator
 
 The endpoint and the coordinator are separate services that may not import each other, so the
 shapes both sides rely on, the session header and the session id's alphabet live here, once.
@@ -204,6 +206,51 @@ class SessionOpened(_Document):
 
     session_id: str
     api_key: str
+
+
+class TrialStaging(BaseModel):
+    """Where the endpoint stages a session's trial tokens (docs/buffer.md, "Data plane"): sent only by the
+    service token, when it opens the session (POST /v1/sessions, body `{"staging": ...}`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data_plane: str  # the buffer's GetDataPlane answer (serialized protobuf, base64): never a password
+    job_id: str
+    trajectory_id: str  # the trial's id in its group
+    max_tokens: int  # grpo.max_trial_tokens: the trial's tokens are cut to this many (trial_tokens)
+
+
+class SessionOpen(BaseModel):
+    """The optional body of POST /v1/sessions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    staging: TrialStaging | None = None
+
+
+class StagedTrial(_Document):
+    """POST /v1/sessions/{id}/stage: a finished trial's recording without its token arrays, which the
+    endpoint staged in the data plane (`part_key`, `part_bytes`), cut to the session's `max_tokens`."""
+
+    what: ClassVar[str] = "staged trial"
+
+    session_id: str
+    status: SessionStatus
+    error: str
+    turns: int
+    invalid_actions: int
+    sampled: bool  # whether any recorded segment holds a sampled token (before the cut)
+    conversation: list[dict[str, Any]]  # per recorded segment: its messages and tools
+    # False: the endpoint could not stage (its Redis unreachable, the part refused): read the trajectory.
+    staged: bool
+    part_key: str  # "" when the cut left no segment (nothing staged)
+    part_bytes: int
+    # The cut trial's figures (dockyard/agents/trajectory.py TrialTokens).
+    segments: int
+    sampled_tokens: int
+    total_tokens: int
+    truncated: bool
+    weight_version: int
 
 
 class SessionDeleted(_Document):

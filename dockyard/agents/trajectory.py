@@ -4,7 +4,9 @@
         ──trial_tokens──> first segment: prompt = tokens before the first sampled one, completion = the rest
                           later segments: the same, each on its own
         ──trajectory_message──> common_pb2.Trajectory (first segment in its own fields, the rest as
-                                later_segments; weight_version), what an agent trial puts in its group
+                                later_segments; weight_version, sampled_tokens), what an agent trial puts in
+                                its group; with a data plane the endpoint runs both (services/endpoint/staging.py)
+                                and stages the arrays, and the coordinator makes metadata_message's
 
 Guarantees: token ids, the loss mask (1 exactly on the sampled tokens of each segment's kept path) and
 the sampled tokens' logprobs are taken as the endpoint recorded them, never re-tokenized; context tokens
@@ -85,8 +87,14 @@ def trial_tokens(recorded: TrajectoryDocument | RecordedTokens | dict[str, Any],
     return out
 
 
+def metadata_message(weight_version: int, sampled_tokens: int, **fields: Any) -> common_pb2.Trajectory:
+    """A trial's Trajectory without token arrays (they are staged): its version, sampled count and `fields`."""
+    return common_pb2.Trajectory(weight_version=weight_version, sampled_tokens=sampled_tokens, **fields)
+
+
 def trajectory_message(tokens: TrialTokens, **fields: Any) -> common_pb2.Trajectory:
-    """The trial's tokens as the common Trajectory, with `fields` (its id, verdict, ...) set beside them."""
+    """The trial's tokens as the common Trajectory, with `fields` (its id, verdict, ...) set beside them:
+    metadata_message's fields plus the arrays, so the two paths' metadata are the same."""
     first, *later = tokens.segments
     return common_pb2.Trajectory(
         prompt_token_ids=first.prompt_ids,
@@ -103,6 +111,7 @@ def trajectory_message(tokens: TrialTokens, **fields: Any) -> common_pb2.Traject
             for s in later
         ],
         weight_version=tokens.weight_version,
+        sampled_tokens=tokens.sampled_tokens,
         **fields,
     )
 

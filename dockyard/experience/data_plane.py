@@ -28,6 +28,7 @@ lists it, or, with that unset, while no password is set: no caller can draw the 
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Sequence
 from urllib.parse import urlsplit
@@ -102,7 +103,8 @@ class DataPlane:
         self._redis = client
         self.advertised = limits  # the GetDataPlane answer it was made from, to name it to another writer
         self._prefix = limits.key_prefix
-        self._ttl = limits.staging_ttl_seconds or 600
+        self.ttl = limits.staging_ttl_seconds or 600
+        self._scripts: dict[str, object] = {}
         self._max_tokens = limits.max_trajectory_tokens
         self.max_group_bytes = limits.max_group_bytes
 
@@ -178,13 +180,23 @@ class DataPlane:
                 f"{self.max_group_bytes / 2**20:.1f} MiB (DOCKYARD_BUFFER_MAX_GROUP_MB)"
             )
         check_payload(metadata, payload, self._max_tokens)
-        key = f"{staging_base(self._prefix, metadata.job_id)}{metadata.group_id}:{uuid.uuid4().hex}"
-        await self._redis.set(key, payload, ex=self._ttl)
+        key = self.staging_key(metadata.job_id, metadata.group_id)
+        await self._redis.set(key, payload, ex=self.ttl)
         return key
+
+    def staging_key(self, job_id: str, name: str) -> str:
+        """A fresh staging key of the job for `name` (a group or trajectory id): unique per call."""
+        return f"{staging_base(self._prefix, job_id)}{name}:{uuid.uuid4().hex}"
+
+    async def run_script(self, script: str, keys: Sequence[str], args: Sequence[str | int]):
+        """A Lua script over keys of one job (one cluster slot), by EVALSHA (loaded again after a restart)."""
+        if script not in self._scripts:
+            self._scripts[script] = self._redis.register_script(script)
+        return await self._scripts[script](keys=list(keys), args=list(args))
 
     async def renew(self, key: str) -> bool:
         """Restart a staged key's expiry before a put is retried; False if it is gone (expired: stage again)."""
-        return bool(await self._redis.expire(key, self._ttl))
+        return bool(await self._redis.expire(key, self.ttl))
 
     async def discard(self, key: str) -> None:
         """Delete a staged key whose put will not come (the writer dropped its group); gone already is fine."""
@@ -202,3 +214,38 @@ class DataPlane:
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+class Planes:
+    """The data planes one writer was told of (by a Generate, by a session's opening), connected once each.
+
+    Guarantees: one connection per advertised data plane, kept until `close`, and only to one the
+    writer allows (`DataPlane.connect_named`); one that could not be reached is not tried again for RETRY_AFTER_S, so an unreachable Redis delays at most one call in
+    that time (the caller then hands its arrays back instead)."""
+
+    RETRY_AFTER_S = 30.0
+
+    def __init__(self) -> None:
+        self._planes: dict[bytes, DataPlane] = {}  # by the serialized GetDataPlane answer
+        self._unreachable_until: dict[bytes, float] = {}
+
+    async def get(self, advertised: buffer_pb2.GetDataPlaneResponse) -> DataPlane | None:
+        which = advertised.SerializeToString(deterministic=True)
+        if (plane := self._planes.get(which)) is not None:
+            return plane
+        if time.monotonic() < self._unreachable_until.get(which, 0.0):
+            return None
+        plane = await DataPlane.connect_named(advertised)
+        if plane is None:
+            self._unreachable_until[which] = time.monotonic() + self.RETRY_AFTER_S
+            return None
+        if (raced := self._planes.get(which)) is not None:  # another call connected while this one waited
+            await plane.close()
+            return raced
+        self._planes[which] = plane
+        return plane
+
+    async def close(self) -> None:
+        planes, self._planes = list(self._planes.values()), {}
+        for plane in planes:
+            await plane.close()

@@ -9,7 +9,10 @@
         score: the answer as env.score scores a completion (expr, program synthesis), or
                ScoreSession (swe: the work folder's diff against the base commit; terminal_bench: the
                task's tests, run in the session after the agent; gdpval: the deliverables, then the checker)
-        GET /v1/sessions/{id}/trajectory ──trial_tokens, trajectory_message──> Trajectory (loss mask, later segments)
+        the recording (endpoint_sessions.py): with the buffer's data plane, the session was opened with where
+            to stage and the endpoint stages the trial's tokens itself (a part of the group's payload, assembled
+            by staged_payloads.py): metadata only comes here; without one, GET /v1/sessions/{id}/trajectory
+            ──trial_tokens, trajectory_message──> Trajectory (loss mask, later segments)
             + the conversation of each segment (messages and tools), which a run keeps for export-sft
         close both sessions
 
@@ -21,13 +24,11 @@ refused, becomes an invalid trajectory (ERROR verdict, masked); a trial that ran
 time is scored as it stands, and its finish_reason says which budget; both sessions are closed
 whatever happens, and a trial's recorded tokens are cut to grpo.max_trial_tokens. An external
 scaffold's failure (a non-zero exit, the time limit, garbage output, or no model call: its session
-has nothing recorded) is a masked trial of no tokens, its
-verdict ERROR with SCAFFOLD_ERROR_PREFIX and Trial.scaffold_error / output_tail saying why; it is
-counted (scaffold_errors.py), and only too many of them in a step fail the job (ScaffoldFailing).
-
-Why over 400 lines: a trial's steps (open the sandbox and endpoint sessions, run
-the scaffold, read the trajectory, score, close) share one set of clients, budgets and counters, and
-the order of their cleanup is the guarantee above; split apart, each step would reach into the others.
+has nothing recorded) is a masked trial of no tokens, its verdict ERROR with SCAFFOLD_ERROR_PREFIX
+and Trial.scaffold_error / output_tail saying why; it is counted (scaffold_errors.py), and only too
+many of them in a step fail the job (ScaffoldFailing). A trial's staged part is held by its Trial
+until the group is assembled; a part no group will take (a trial left without tokens, the finished
+trials of a group made again) is deleted here, or, where that fails or its trial was cancelled, expires.
 """
 
 from __future__ import annotations
@@ -44,27 +45,21 @@ import httpx
 import openai
 import structlog
 
-from dockyard.agents.contract import (
-    SAMPLING_GREEDY,
-    SAMPLING_HEADER,
-    SESSION_HEADER,
-    SESSION_ID_CHARS,
-    SessionOpened,
-    SessionStatus,
-    TrajectoryDocument,
-)
+from dockyard.agents.contract import SESSION_HEADER, SESSION_ID_CHARS, SessionStatus, TrialStaging
 from dockyard.agents.external import SCAFFOLD_ERROR_PREFIX, ScaffoldRun, run_external, scaffold_name
 from dockyard.agents.scaffold import Budget, Outcome, TrialLost, TrialRefused, run_scaffold
 from dockyard.agents.session import SandboxSession
 from dockyard.agents.tools import Toolbox
-from dockyard.agents.trajectory import trajectory_message, trial_tokens
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2
 from dockyard.config import STATE_SCORED_ENVS, MasterConfig, SamplingConfig
+from dockyard.experience.data_plane import DataPlane
 from dockyard.rpc.retry import OVERLOADED, PEER_LOST
 from dockyard.tasks import swe
 from dockyard.tasks.task import Task
+from services.coordinator.endpoint_sessions import EndpointSessions, Recording, discard, staging_for
 from services.coordinator.fleet import Fleet, Member
+from services.coordinator.job_buffer import StagedPayload
 from services.coordinator.scaffold_errors import ScaffoldErrors
 
 # A full (RESOURCE_EXHAUSTED) or unreachable sandbox worker frees up or comes back: wait for it.
@@ -95,16 +90,17 @@ class AgentTrials:
         max_regenerations: int,
         wait_timeout: float,
         transport: httpx.AsyncBaseTransport | None = None,  # the endpoint's session reads; None: the network
+        plane: Callable[[], DataPlane | None] = lambda: None,  # the buffer's data plane: trials stage there
     ) -> None:
         self.job_id, self.config, self.fleet = job_id, config, fleet
         self._score, self._limits = score, limits
         self._base = endpoint_url(endpoint_address).rstrip("/")
         self._token = token or "none"
+        self._sessions = EndpointSessions(self._base, self._token, transport)
+        self._plane = plane
         self._max_regenerations = max_regenerations
         self._wait_timeout = wait_timeout
-        self._transport = transport
         self._slots = asyncio.Semaphore(config.grpo.max_concurrent_trials)
-        self._http: httpx.AsyncClient | None = None
         self._client: openai.AsyncOpenAI | None = None
         self.regenerated_groups = 0
         scaffold, grpo = config.env.scaffold, config.grpo
@@ -121,33 +117,24 @@ class AgentTrials:
         # Figures of finished trials since the last take_stats: turns, tokens, masked fraction, budgets hit.
         self._stats: list[dict[str, float | str]] = []
 
-    def _clients(self) -> tuple[httpx.AsyncClient, openai.AsyncOpenAI]:
+    def _openai(self) -> openai.AsyncOpenAI:
+        """Model calls go through the openai client, as any scaffold makes them (session calls: EndpointSessions)."""
         if self._client is None:
-            grpo = self.config.grpo
-            # Model calls through the openai client (as any scaffold makes them); session reads through httpx.
-            self._http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, connect=10.0), transport=self._transport)
+            timeout = self.config.grpo.max_trial_seconds + 60.0
             self._client = openai.AsyncOpenAI(
-                base_url=f"{self._base}/v1", api_key=self._token, max_retries=0, timeout=grpo.max_trial_seconds + 60.0
+                base_url=f"{self._base}/v1", api_key=self._token, max_retries=0, timeout=timeout
             )
-        assert self._http is not None
-        return self._http, self._client
+        return self._client
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
-        if self._http is not None:
-            await self._http.aclose()
-        self._client = self._http = None
+        self._client = None
+        await self._sessions.close()
 
     async def routing(self) -> dict | None:
-        """The endpoint's routing state (GET /v1/routing: admission queue, sessions and KV pressure per
-        replica); None when the endpoint does not answer (the step goes without those figures)."""
-        http, _ = self._clients()
-        try:
-            reply = await http.get(f"{self._base}/v1/routing", headers={"authorization": f"Bearer {self._token}"})
-        except httpx.HTTPError:
-            return None
-        return reply.json() if reply.status_code == 200 else None
+        """The endpoint's routing state; None when it does not answer (the step goes without those figures)."""
+        return await self._sessions.routing()
 
     def take_stats(self) -> list[dict[str, float | str]]:
         stats, self._stats = self._stats, []
@@ -157,14 +144,17 @@ class AgentTrials:
         """n scored trials of `task`; the whole group again when a trial lost its endpoint or replica."""
         for attempt in range(self._max_regenerations + 1):
             trials = [
-                asyncio.create_task(self.trial(task, f"{group_id}/{i}", seed * 1_000 + i, sampling)) for i in range(n)
+                asyncio.create_task(self.trial(task, f"{group_id}/{i}", seed * 1_000 + i, sampling, stage=True))
+                for i in range(n)
             ]
             try:
                 finished = list(await asyncio.gather(*trials))
             except TrialLost as exc:
                 for t in trials:
                     t.cancel()
-                await asyncio.gather(*trials, return_exceptions=True)
+                ended = await asyncio.gather(*trials, return_exceptions=True)
+                # The trials that finished staged parts no group will take (a cancelled one's expires).
+                await discard(self._plane(), [t.part for t in ended if isinstance(t, Trial)])
                 if attempt == self._max_regenerations:
                     raise
                 self.regenerated_groups += 1
@@ -189,30 +179,46 @@ class AgentTrials:
                 log.warning("a validation trial lost its endpoint or replica; trying it again", error=str(exc))
         raise AssertionError("unreachable")
 
-    async def trial(self, task: Task, trajectory_id: str, seed: int | None, sampling: SamplingConfig) -> Trial:
-        """One scored trial; TrialLost when the endpoint or its replica failed."""
+    async def trial(
+        self, task: Task, trajectory_id: str, seed: int | None, sampling: SamplingConfig, stage: bool = False
+    ) -> Trial:
+        """One scored trial, its tokens staged in the buffer's data plane by the endpoint when `stage` and
+        there is one; TrialLost when the endpoint or its replica failed."""
         async with self._slots:
             session_id = f"{re.sub(f'[^{SESSION_ID_CHARS}]', '.', trajectory_id)[-90:]}.{uuid.uuid4().hex[:12]}"
             api_key = ""
-            if self.config.env.scaffold is not None:
+            plane = self._plane() if stage else None  # validation trials are never put: nothing to stage
+            staging = staging_for(plane, self.job_id, trajectory_id, self.config.grpo.max_trial_tokens)
+            if self.config.env.scaffold is not None or staging is not None:
                 # An unchanged client sends no session header: the session's own key binds its calls.
                 # A validation trial's session is opened greedy: the scaffold holds only the key and
                 # cannot ask for (or undo) greedy decoding itself; training sessions keep the job's law.
-                session_id, api_key = await self._new_endpoint_session(greedy=sampling.temperature == 0)
+                # Where to stage is said here, by the service token, and nowhere else.
+                session_id, api_key = await self._sessions.open(sampling.temperature == 0, staging)
             opened = await self._open(task, session_id)
             if isinstance(opened, str):
-                await self._forget(session_id)
+                await self._sessions.forget(session_id)
                 return Trial(_invalid(trajectory_id, opened))
             worker, sandbox = opened
             with self.fleet.calling(worker):
                 try:
-                    return await self._run(task, trajectory_id, seed, sampling, sandbox, session_id, api_key)
+                    trial = await self._run(task, trajectory_id, seed, sampling, sandbox, session_id, api_key, staging)
+                    await discard(self._plane(), [trial.recorded_part])  # a part no group will take (or None)
+                    return trial
                 finally:
                     await sandbox.close()
-                    await self._forget(session_id)
+                    await self._sessions.forget(session_id)
 
     async def _run(
-        self, task: Task, trajectory_id: str, seed, sampling, sandbox: SandboxSession, session_id: str, api_key: str
+        self,
+        task: Task,
+        trajectory_id: str,
+        seed,
+        sampling,
+        sandbox: SandboxSession,
+        session_id: str,
+        api_key: str,
+        staging: TrialStaging | None,
     ) -> Trial:
         grpo, tools = self.config.grpo, self.config.env.tools
         seconds = min(grpo.max_trial_seconds, task.max_seconds or grpo.max_trial_seconds)  # the task's own limit
@@ -223,8 +229,7 @@ class AgentTrials:
                 run = await self._external(task, sandbox, api_key, budget, sampling)
                 outcome = run.outcome
             else:
-                _, base = self._clients()
-                client = base.with_options(default_headers={SESSION_HEADER: session_id})
+                client = self._openai().with_options(default_headers={SESSION_HEADER: session_id})
                 toolbox = Toolbox(tools, sandbox, max_output_chars=self.config.env.sandbox.max_output_bytes or 4096)
                 outcome = await run_scaffold(client, self.job_id, task.prompt, tools, toolbox, sampling, budget, seed)
         except TrialRefused as exc:
@@ -232,43 +237,41 @@ class AgentTrials:
         except grpc.aio.AioRpcError as exc:
             return Trial(_invalid(trajectory_id, f"the sandbox session failed: {exc.code().name}: {exc.details()}"))
         # The session was opened before the scaffold ran: a 404 here means the endpoint lost it (TrialLost).
-        recorded = await self._recorded(session_id)
+        recorded = await self._sessions.recording(session_id, grpo.max_trial_tokens, staged=staging is not None)
         if recorded.status != SessionStatus.OK:
             raise TrialLost(f"trial {trajectory_id}: {recorded.error or 'the endpoint session ended'}")
         if run is not None:
-            sampled = any(1 in s.loss_mask for s in recorded.segments)
-            error = run.error or ("" if sampled else "made no model call (the endpoint recorded no sampled token)")
+            error = run.error or (
+                "" if recorded.sampled else "made no model call (the endpoint recorded no sampled token)"
+            )
             if error:
-                return _scaffold_error(trajectory_id, run, error, scaffold_name(self.config.env.scaffold))
+                return _scaffold_error(trajectory_id, run, error, scaffold_name(self.config.env.scaffold), recorded)
             outcome.turns = recorded.turns  # the endpoint counted the scaffold's calls
-        tokens = trial_tokens(recorded, grpo.max_trial_tokens)
-        if not tokens.segments:
+        if not recorded.segments:
             return Trial(_invalid(trajectory_id, "the trial recorded no sampled token"))
         verdict, scored_text = await self._verdict(task, outcome, sandbox, trajectory_id)
         self._stats.append(
             {
                 "turns": float(outcome.turns),
-                "tokens": float(tokens.total_tokens),
-                "sampled_tokens": float(tokens.sampled_tokens),
-                "segments": float(len(tokens.segments)),
+                "tokens": float(recorded.total_tokens),
+                "sampled_tokens": float(recorded.sampled_tokens),
+                "segments": float(recorded.segments),
                 "model_seconds": outcome.model_seconds,
                 "tool_seconds": outcome.tool_seconds,
-                "finish_reason": "tokens" if tokens.truncated else outcome.finish_reason,
+                "finish_reason": "tokens" if recorded.truncated else outcome.finish_reason,
             }
         )
-        conversation = [{"messages": g.messages, "tools": g.tools} for g in recorded.segments]
-        trajectory = trajectory_message(
-            tokens,
+        trajectory = recorded.message(
             trajectory_id=trajectory_id,
             completion_text=scored_text,
             verdict=verdict,
-            finish_reason="tokens" if tokens.truncated else outcome.finish_reason,
+            finish_reason="tokens" if recorded.truncated else outcome.finish_reason,
             num_turns=outcome.turns,
             # Trained turns the endpoint found malformed (unparsable tool call, unclosed thinking block),
             # plus replies the scaffold dropped (docs/agents.md, "Trained tokens").
             invalid_actions=recorded.invalid_actions,
         )
-        return Trial(trajectory, conversation)
+        return Trial(trajectory, recorded.conversation, part=recorded.part, received_bytes=recorded.received_bytes)
 
     async def _external(
         self, task: Task, sandbox: SandboxSession, api_key: str, budget: Budget, sampling: SamplingConfig
@@ -289,20 +292,6 @@ class AgentTrials:
             max_new=sampling.max_new_tokens,
         )
         return run
-
-    async def _new_endpoint_session(self, greedy: bool) -> tuple[str, str]:
-        """(session id, its key) from POST /v1/sessions, greedy for all its turns when `greedy`; TrialLost
-        when the endpoint cannot open one."""
-        http, _ = self._clients()
-        headers = {"authorization": f"Bearer {self._token}", **({SAMPLING_HEADER: SAMPLING_GREEDY} if greedy else {})}
-        try:
-            reply = await http.post(f"{self._base}/v1/sessions", headers=headers)
-        except httpx.HTTPError as exc:
-            raise TrialLost(f"opening an endpoint session: {exc}") from exc
-        if reply.status_code != 200:
-            raise TrialLost(f"opening an endpoint session: {reply.status_code} {reply.text[:200]}")
-        opened = SessionOpened.parse(reply.content)
-        return opened.session_id, opened.api_key
 
     def _endpoint_address(self) -> str:
         """host:port the sandbox routes a session's calls to: the address this coordinator calls."""
@@ -361,30 +350,6 @@ class AgentTrials:
             await asyncio.sleep(pause)  # sessions close as trials end
             pause = min(pause * 2, 1.0)
 
-    async def _recorded(self, session_id: str) -> TrajectoryDocument:
-        """The session's trajectory document (an opened session that recorded no call has one too);
-        TrialLost when the endpoint cannot give it, ContractError when its reply is not one."""
-        http, _ = self._clients()
-        try:
-            reply = await http.get(
-                f"{self._base}/v1/sessions/{session_id}/trajectory", headers={"authorization": f"Bearer {self._token}"}
-            )
-        except httpx.HTTPError as exc:
-            raise TrialLost(f"reading session {session_id}'s trajectory: {exc}") from exc
-        if reply.status_code != 200:
-            raise TrialLost(f"reading session {session_id}'s trajectory: {reply.status_code} {reply.text[:200]}")
-        return TrajectoryDocument.parse(reply.content)
-
-    async def _forget(self, session_id: str) -> None:
-        if self._http is None:
-            return
-        try:
-            await self._http.delete(
-                f"{self._base}/v1/sessions/{session_id}", headers={"authorization": f"Bearer {self._token}"}
-            )
-        except httpx.HTTPError:
-            pass  # the endpoint drops idle sessions itself
-
 
 @dataclass
 class Trial:
@@ -394,6 +359,9 @@ class Trial:
     conversation: list[dict] = field(default_factory=list)
     scaffold_error: str = ""  # why the external scaffold failed ("": it did not), its output's tail below
     output_tail: str = ""
+    part: StagedPayload | None = None  # its token arrays, staged by the endpoint (None: in `trajectory`, or none)
+    received_bytes: int = 0  # bytes of token arrays that came here from the endpoint
+    recorded_part: StagedPayload | None = None  # a part the endpoint staged for a trial left without tokens
 
     def error_line(self) -> str:
         """The scaffold error with the end of its output, as the job's message would give it ("" if none)."""
@@ -413,7 +381,9 @@ def _invalid(trajectory_id: str, error: str) -> common_pb2.Trajectory:
     )
 
 
-def _scaffold_error(trajectory_id: str, run: ScaffoldRun, error: str, scaffold: str) -> Trial:
+def _scaffold_error(
+    trajectory_id: str, run: ScaffoldRun, error: str, scaffold: str, recorded: Recording | None = None
+) -> Trial:
     """The scaffold's own failure: masked like an infrastructure error (no tokens, out of every statistic),
     marked so that it is counted as the scaffold's, with the tail of its output."""
     log.warning("an external scaffold failed", trajectory=trajectory_id, error=error, output=run.output_tail[-500:])
@@ -425,4 +395,5 @@ def _scaffold_error(trajectory_id: str, run: ScaffoldRun, error: str, scaffold: 
         ),
         finish_reason=run.outcome.finish_reason,
     )
-    return Trial(trajectory, scaffold_error=error, output_tail=run.output_tail)
+    part = recorded.part if recorded is not None else None  # staged, but no group will take it
+    return Trial(trajectory, scaffold_error=error, output_tail=run.output_tail, recorded_part=part)

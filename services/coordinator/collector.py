@@ -216,6 +216,7 @@ class Collector:
                 token=endpoint_token,
                 max_regenerations=max_regenerations,
                 wait_timeout=wait_timeout,
+                plane=lambda: buffer.data_plane,
             )
 
     def counters(self) -> CollectionCounters:
@@ -442,7 +443,8 @@ class Collector:
     async def _make_group_once(self, task: Task, group_id: str, seed: int) -> common_pb2.Group:
         n = self.config.grpo.num_generations_per_prompt
         if self.agent is not None:
-            trials = await self.agent.group(task, group_id, seed, n, self.config.policy.generation)
+            sampling, retries = self.config.policy.generation, self._max_regenerations
+            trials, payload = await self._staged.agent_trials(self.agent, task, group_id, seed, n, sampling, retries)
             for trial in trials:
                 if trial.scaffold_error:
                     trajectory = trial.trajectory
@@ -451,6 +453,7 @@ class Collector:
                         group_id, task.prompt, trajectory.trajectory_id, error, trial.output_tail
                     )
             group = await self._group(task, group_id, [t.trajectory for t in trials])
+            await self._staged.hold(group_id, payload, task, seed)
             self._keep_passing(group, trials)
             return group
         plane = self.buffer.data_plane

@@ -29,7 +29,8 @@ plane whose Redis
 is down is waited out as the buffer is (UNAVAILABLE). `stats` never raises for
 a buffer that is restarting: it answers None. `sent_bytes` counts what this side sent the buffer
 service (metadata, payload), what it staged in the data plane (staged), and the payloads the rollout
-staged that its puts committed (rollout_staged, bytes this side never held); `sent()` is a copy for readers.
+staged that its puts committed (rollout_staged, bytes this side never held: a single-turn group's, or an
+agent group's assembled from the parts the endpoint staged); `sent()` is a copy for readers.
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ class JobBuffer:
                 if staged:
                     if plane is not None and not await plane.renew(key):
                         raise StagedPayloadGone(
-                            f"group {metadata.group_id!r}: the payload the rollout staged ({key!r}) expired before "
+                            f"group {metadata.group_id!r}: the payload staged for it ({key!r}) expired before "
                             "its put; raise DOCKYARD_BUFFER_STAGING_TTL_SECONDS above the time a group takes to score"
                         )
                 elif not key or not await plane.renew(key):

@@ -1,27 +1,50 @@
-"""The payloads rollout replicas staged for the collector's single-turn groups, from Generate to the put.
+"""The payloads staged for the collector's groups, from their making to the put: a single-turn group's by
+its rollout replica, an agent group's by the policy endpoint, one part per trial.
 
     Collector._make_group_once ─received(reply)─> byte counters (arrays here, or staged there)
                                ─keep(group, reply, task, seed)─> held by group id
+    agent groups: agent_trials(agent, ...) ─AgentTrials.group─> trials (each with its staged part, or its
+        arrays where the endpoint could not stage: staged from here) ─agent_trial.assemble─> the group's
+        payload, held as above (hold); a part gone before the assembly: the group is made again
     Collector.deliver ─take(group)─> JobBuffer.put(metadata, staged)   (StagedPayloadGone: make it again)
     a group that will not be put (dropped, made again, unscorable) ─discard(group)─> JobBuffer.discard: DEL
     (a group the buffer refused: Collector.deliver discards what it took)
 
 Guarantees: at most one staged payload is held per group id, the latest attempt's: keeping another
 deletes the one before; `take` hands it out once; `discard` deletes it from the data plane (a Redis
-failure leaves it to its expiry, logged by JobBuffer); `forget` drops it without awaiting anything
-(a cancelled making), leaving it to expire. `received()` counts the payload bytes replicas sent the
-coordinator (token arrays in replies: 4 per prompt id, completion id and logprob) and those they
-staged instead.
+failure leaves it to its expiry, logged by JobBuffer); `forget` drops it without awaiting anything (a
+cancelled making), leaving it to expire. An agent group with a data plane is put only as one assembled
+payload, its trials' parts in trajectory order, so its metadata carries no token array: a trial whose
+endpoint could not stage is staged from here (the same agent_trial.stage_part, checked the same way: one
+it refuses fails the group, its parts deleted), and a group whose parts could not be assembled (one
+expired, the Redis failed) is made again, at most max_regenerations times (counted in the agent's
+regenerated_groups), its leftover parts deleted. `received()` counts the payload bytes that came to the
+coordinator (`arrays`: token arrays in Generate replies, 4 per prompt id, completion id and logprob;
+`trial_arrays`: those of trajectories read from the endpoint, endpoint_sessions.py) and those staged
+elsewhere instead (`rollout_staged`, `endpoint_staged`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import structlog
+from redis.exceptions import RedisError
+
+from dockyard.api.common.v1 import common_pb2
 from dockyard.api.rollout.v1 import rollout_pb2
+from dockyard.config import SamplingConfig
+from dockyard.experience import payload as packed
 from dockyard.experience import single_turn
+from dockyard.experience.agent_trial import PartGone, assemble, stage_part
+from dockyard.experience.data_plane import DataPlane
+from dockyard.rpc.errors import InvalidArgument
 from dockyard.tasks.task import Task
+from services.coordinator.agent_trials import AgentTrials, Trial
+from services.coordinator.endpoint_sessions import discard
 from services.coordinator.job_buffer import JobBuffer, StagedPayload
+
+log = structlog.get_logger()
 
 
 @dataclass(frozen=True)
@@ -37,7 +60,7 @@ class StagedPayloads:
     def __init__(self, buffer: JobBuffer) -> None:
         self._buffer = buffer
         self._held: dict[str, Staged] = {}
-        self._received = {"arrays": 0, "rollout_staged": 0}
+        self._received = {"arrays": 0, "rollout_staged": 0, "trial_arrays": 0, "endpoint_staged": 0}
 
     def received(self, reply: rollout_pb2.GenerateResponse | None = None) -> dict[str, int]:
         """Count `reply`'s payload bytes (if given); a copy of the counts so far."""
@@ -48,9 +71,54 @@ class StagedPayloads:
 
     async def keep(self, group_id: str, reply: rollout_pb2.GenerateResponse, task: Task, seed: int) -> None:
         """Hold the payload `reply` staged (if it did) for the group's put; an earlier attempt's is deleted."""
+        await self.hold(
+            group_id, StagedPayload(reply.payload_key, reply.payload_bytes) if reply.payload_key else None, task, seed
+        )
+
+    async def hold(self, group_id: str, payload: StagedPayload | None, task: Task, seed: int) -> None:
+        """Hold a payload staged for the group (if any) for its put; an earlier attempt's is deleted."""
         await self.discard(group_id)
-        if reply.payload_key:
-            self._held[group_id] = Staged(StagedPayload(reply.payload_key, reply.payload_bytes), task, seed)
+        if payload is not None:
+            self._held[group_id] = Staged(payload, task, seed)
+
+    async def agent_trials(
+        self, agent: AgentTrials, task: Task, group_id: str, seed: int, n: int, sampling: SamplingConfig, retries: int
+    ) -> tuple[list[Trial], StagedPayload | None]:
+        """The group's scored trials and, with a data plane, their payload assembled there (None without one)."""
+        for attempt in range(retries + 1):
+            trials = await agent.group(task, group_id, seed, n, sampling)
+            for trial in trials:
+                self._received["trial_arrays"] += trial.received_bytes
+                self._received["endpoint_staged"] += trial.part.size if trial.part else 0
+            plane = self._buffer.data_plane
+            if plane is None:
+                return trials, None
+            try:
+                return trials, await self._assemble(plane, group_id, trials)
+            except InvalidArgument:  # a carried trial the buffer would refuse: the group fails, named by it
+                await discard(plane, [t.part for t in trials])
+                raise
+            except (PartGone, RedisError, OSError) as exc:
+                await discard(plane, [t.part for t in trials])
+                if attempt == retries:
+                    raise
+                agent.regenerated_groups += 1
+                log.warning("an agent group's parts could not be assembled; making it again", error=repr(exc))
+        raise AssertionError("unreachable")
+
+    async def _assemble(self, plane: DataPlane, group_id: str, trials: list[Trial]) -> StagedPayload:
+        parts: list[str | None] = []
+        for trial in trials:
+            if trial.part is None and packed.has_tokens(trial.trajectory):  # the endpoint could not stage it
+                key, size = await stage_part(plane, self._buffer.job_id, trial.trajectory)
+                self._buffer.sent_bytes["staged"] += size
+                metadata, _ = packed.split(common_pb2.Group(trajectories=[trial.trajectory]))
+                trial.part, trial.trajectory = StagedPayload(key, size), metadata.trajectories[0]
+            parts.append(trial.part.key if trial.part else None)
+        key, size = await assemble(plane, self._buffer.job_id, group_id, parts)
+        for trial in trials:
+            trial.part = None  # the parts are gone: the group's payload holds them
+        return StagedPayload(key, size)
 
     def take(self, group_id: str) -> Staged | None:
         return self._held.pop(group_id, None)

@@ -4,7 +4,7 @@
                                 integrity_violations, invalid_action_trajectories, reward_function_errors,
                                 verdict_<status>
     JobBuffer.stats ─buffer()─> buffer_held, buffer_pending, ..., buffer_age_<a>, buffer_sent_<kind>_bytes,
-                                coordinator_received_<arrays|rollout_staged>_bytes
+                                coordinator_received_<arrays|rollout_staged|trial_arrays|endpoint_staged>_bytes
     collector timeline + fleet ─fleet(step)─> replica_<name>_*, sandbox_<name>_*, regenerated_groups,
                                               scaffold_errors (an external scaffold's failed trials), ...
     agent trials ─trial_metrics─> agent_turns_mean, agent_tokens_mean, agent_masked_fraction, agent_finish_<why>

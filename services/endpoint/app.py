@@ -5,6 +5,7 @@
     GET  /v1/models             running jobs (a model id is a job id)
     POST /v1/sessions           a new session id and its session-scoped API key (the service token)
     GET  /v1/sessions/{id}/trajectory (the token, or that session's key), DELETE /v1/sessions/{id} (the token)
+    POST /v1/sessions/{id}/stage  the finished trial's tokens staged in the data plane its opener named (the token)
     GET  /v1/routing            sessions, admission queue and KV pressure per replica (the token)
     GET  /openapi.json          the generated schema (the token)
     GET  /health                liveness, no auth
@@ -63,6 +64,7 @@ from dockyard.agents.contract import (
     SAMPLING_HEADER,
     SESSION_HEADER,
     SessionDeleted,
+    SessionOpen,
     SessionOpened,
 )
 from services.endpoint.auth import Forbidden, Gate, Unauthorized
@@ -76,6 +78,7 @@ from services.endpoint.schemas import ChatCompletionRequest, CountTokensRequest,
 from services.endpoint.sessions import SessionEnded, SessionLimit, SessionStore, UnknownSession
 from services.endpoint.settings import EndpointSettings
 from services.endpoint.sse import EventStream, Failed, anthropic_events, openai_chunks
+from services.endpoint.staging import TrialStager, advertised
 from services.endpoint.streaming import LiveTurn
 from services.endpoint.turns import TurnSampling, prompt_tokens, take_turn
 
@@ -134,6 +137,7 @@ def describe_model(job, request: Request) -> dict:
 
 def create_app(settings: EndpointSettings, token: str, backend: Backend | None = None) -> FastAPI:
     gate = Gate(token)  # first: no app exists without a service token
+    stager = TrialStager()  # the data planes sessions were opened with (staging.py)
     store = SessionStore(
         settings.max_sessions,
         settings.session_idle_seconds,
@@ -148,6 +152,7 @@ def create_app(settings: EndpointSettings, token: str, backend: Backend | None =
             app.state.backend = Backend.from_settings(settings)
         yield
         await app.state.backend.close()
+        await stager.close()
 
     # The schema is served below, behind the service token; no interactive docs pages.
     app = FastAPI(title="dockyard policy endpoint", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
@@ -312,12 +317,22 @@ def create_app(settings: EndpointSettings, token: str, backend: Backend | None =
         return app.state.backend.router.snapshot()
 
     @app.post("/v1/sessions")
-    async def new_session(request: Request):
+    async def new_session(request: Request, body: SessionOpen | None = None):
         session_id, api_key = gate.open_session(request)
         # Held from now on: its key's calls find it (SessionLimit when full). Opened greedy (a validation
         # trial's), every turn of it is greedy, whatever its key's calls send.
-        store.open(session_id, greedy=greedy(request))
+        session = store.open(session_id, greedy=greedy(request))
+        if body is not None and body.staging is not None:
+            advertised(body.staging)  # a 400 now, not when the trial ends
+            session.staging = body.staging  # only the service token gets here (open_session)
         return SessionOpened(session_id=session_id, api_key=api_key).to_json()
+
+    @app.post("/v1/sessions/{session_id}/stage")
+    async def stage(session_id: str, request: Request):
+        gate.admin(request, "staging a session's trial")
+        if (session := store.get(session_id)) is None:
+            raise HTTPException(404, f"no session {session_id!r}")
+        return (await stager.stage(session)).to_json()
 
     @app.get("/v1/sessions/{session_id}/trajectory")
     async def trajectory(session_id: str, request: Request):

@@ -55,7 +55,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dockyard.agents.contract import SessionStatus, TrajectoryDocument
+from dockyard.agents.contract import SessionStatus, TrajectoryDocument, TrialStaging
 from services.endpoint import kept_path
 from services.endpoint.reasoning import without_reasoning
 from services.endpoint.rendering import Message, Renderer, bridge
@@ -171,6 +171,9 @@ class Session:
         self.last_used = now
         self.replica: str | None = None
         self.ended: str | None = None
+        # Where its trial's tokens are staged (services/endpoint/staging.py): set only by the service token's
+        # POST /v1/sessions, never by a call of the session.
+        self.staging: TrialStaging | None = None
         self.lock = asyncio.Lock()
 
     def _check(self) -> None:

@@ -7,14 +7,12 @@
 Guarantees: one connection per advertised data plane, kept for the replica's life (closed by
 `close`); the password is read here (DOCKYARD_DATA_PLANE_REDIS_PASSWORD[_FILE]), never carried by an
 RPC, and sent only to a Redis DOCKYARD_DATA_PLANE_REDIS_HOSTS lists (DataPlane.connect_named); a data
-plane that could not be reached is not tried again for RETRY_AFTER_S, so an unreachable
-Redis delays no more than one Generate in that time; every failure to stage is logged with its
-cause and answered with None, so the caller gets the arrays and nothing generated is lost.
+plane that could not be reached is not tried again for Planes.RETRY_AFTER_S, so an unreachable Redis
+delays no more than one Generate in that time; every failure to stage is logged with its cause and answered with None, so the caller gets the arrays and nothing generated is lost.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import structlog
@@ -22,18 +20,15 @@ from redis.exceptions import RedisError
 
 from dockyard.api.rollout.v1 import rollout_pb2
 from dockyard.experience import single_turn
-from dockyard.experience.data_plane import DataPlane
+from dockyard.experience.data_plane import Planes
 from dockyard.rpc.errors import InvalidArgument
 
 log = structlog.get_logger()
 
-RETRY_AFTER_S = 30.0  # how long a data plane that did not answer is left alone
-
 
 class PayloadStager:
     def __init__(self) -> None:
-        self._planes: dict[bytes, DataPlane] = {}  # by the serialized GetDataPlane answer
-        self._unreachable_until: dict[bytes, float] = {}
+        self._planes = Planes()
 
     async def stage(
         self,
@@ -43,7 +38,7 @@ class PayloadStager:
         completions: Sequence[single_turn.Sampled],
     ) -> tuple[str, int] | None:
         """The group's payload staged where `staging` says: (key, bytes); None where it could not be."""
-        plane = await self._plane(staging)
+        plane = await self._planes.get(staging.data_plane)
         if plane is None:
             return None
         try:
@@ -55,23 +50,5 @@ class PayloadStager:
             log.warning("payload not staged: the data plane's Redis failed", group=staging.group_id, error=repr(exc))
         return None
 
-    async def _plane(self, staging: rollout_pb2.PayloadStaging) -> DataPlane | None:
-        which = staging.data_plane.SerializeToString(deterministic=True)
-        if (plane := self._planes.get(which)) is not None:
-            return plane
-        if time.monotonic() < self._unreachable_until.get(which, 0.0):
-            return None
-        plane = await DataPlane.connect_named(staging.data_plane)
-        if plane is None:
-            self._unreachable_until[which] = time.monotonic() + RETRY_AFTER_S
-            return None
-        if (raced := self._planes.get(which)) is not None:  # another Generate connected while this one waited
-            await plane.close()
-            return raced
-        self._planes[which] = plane
-        return plane
-
     async def close(self) -> None:
-        planes, self._planes = list(self._planes.values()), {}
-        for plane in planes:
-            await plane.close()
+        await self._planes.close()

@@ -37,6 +37,7 @@ CONFIG = (
     "grpo: {num_prompts_per_step: 2, num_generations_per_prompt: 4, dynamic_sampling: {enabled: true}}\n"
 )
 TASK = Task(task_id="t0", prompt="1+2=", tests=(), solution="3")
+NO_TRIALS = {"trial_arrays": 0, "endpoint_staged": 0}  # a single-turn job has no agent trial
 
 
 class Replica:
@@ -141,7 +142,7 @@ async def test_rollout_staged_groups_are_committed_regenerated_when_expired_and_
         assert all(not t.prompt_token_ids and not t.completion_token_ids for t in first.trajectories)
         assert [t.sampled_tokens for t in first.trajectories] == [3, 4, 5, 6]
         assert await collector.deliver(first, stats)
-        assert collector.received() == {"arrays": 0, "rollout_staged": replica.sizes[0]}
+        assert collector.received() == {"arrays": 0, "rollout_staged": replica.sizes[0]} | NO_TRIALS
         assert job_buffer.sent() == {
             "metadata": first.ByteSize(),
             "payload": 0,
@@ -196,7 +197,7 @@ async def test_rollout_staged_groups_are_committed_regenerated_when_expired_and_
         assert await collector.deliver(third, stats)
         generated = replica.calls[7]
         arrays = 4 * (len(generated.prompt_token_ids) + 2 * sum(len(c.token_ids) for c in generated.completions))
-        assert collector.received() == {"arrays": arrays, "rollout_staged": sum(replica.sizes)}
+        assert collector.received() == {"arrays": arrays, "rollout_staged": sum(replica.sizes)} | NO_TRIALS
         # The expired stage was sent once and never committed; the regenerated one was.
         sent = job_buffer.sent()
         assert sent["rollout_staged"] == replica.sizes[0] + replica.sizes[2] + replica.sizes[5]

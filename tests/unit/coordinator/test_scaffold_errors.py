@@ -183,7 +183,7 @@ def collector_of(config, trials: AgentTrials, fleet: Fleet) -> Collector:
         "job",
         config,
         fleet,
-        SimpleNamespace(put=put),
+        SimpleNamespace(put=put, data_plane=None),  # no data plane: the trials' arrays come here
         routing=SimpleNamespace(required_version=0),
         max_generations=1,
         max_scoring=1,

@@ -269,9 +269,9 @@ def test_volumes_configmaps_secrets_and_claims_exist(docs) -> None:
 def test_every_dockyard_pod_authenticates_and_only_the_buffer_and_its_data_plane_read_the_redis_password(
     docs,
 ) -> None:
-    # The data plane's clients: the coordinator and the rollout replicas stage payloads in Redis, the trainer
-    # reads them.
-    readers = {"buffer", "coordinator", "rollout", "trainer"}
+    # The data plane's clients: the coordinator, the rollout replicas and the policy endpoint (agent trials'
+    # parts) stage payloads in Redis, the trainer reads them.
+    readers = {"buffer", "coordinator", "rollout", "endpoint", "trainer"}
     for workload, template in pod_specs(docs):
         if workload["kind"] == "StatefulSet":
             continue
@@ -282,8 +282,9 @@ def test_every_dockyard_pod_authenticates_and_only_the_buffer_and_its_data_plane
             assert reads_password == (workload["metadata"]["name"] in readers), workload["metadata"]["name"]
 
 
-def test_the_rollout_sends_its_data_plane_password_only_to_the_buffers_redis(docs) -> None:
-    [container] = by_kind(docs, "Deployment")["rollout"]["spec"]["template"]["spec"]["containers"]
+@pytest.mark.parametrize("told", ["rollout", "endpoint"])
+def test_services_told_of_the_data_plane_send_its_password_only_to_the_buffers_redis(docs, told: str) -> None:
+    [container] = by_kind(docs, "Deployment")[told]["spec"]["template"]["spec"]["containers"]
     [buffer] = by_kind(docs, "Deployment")["buffer"]["spec"]["template"]["spec"]["containers"]
     allowed = env_of(container)["DOCKYARD_DATA_PLANE_REDIS_HOSTS"].split(",")
     assert allowed == [redis_host(env_of(buffer)["DOCKYARD_BUFFER_REDIS_URL"])]
