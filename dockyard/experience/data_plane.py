@@ -219,9 +219,10 @@ class DataPlane:
 class Planes:
     """The data planes one writer was told of (by a Generate, by a session's opening), connected once each.
 
-    Guarantees: one connection per advertised data plane, kept until `close`, and only to one the
-    writer allows (`DataPlane.connect_named`); one that could not be reached is not tried again for RETRY_AFTER_S, so an unreachable Redis delays at most one call in
-    that time (the caller then hands its arrays back instead)."""
+    Guarantees: one connection per advertised data plane, kept until `close`, and only to one the writer
+    allows (`DataPlane.connect_named`); one that could not be reached is not tried again for RETRY_AFTER_S,
+    so an unreachable Redis delays at most one call in that time (the caller then hands its arrays back
+    instead)."""
 
     RETRY_AFTER_S = 30.0
 

@@ -4,11 +4,12 @@
         ─PayloadStager.stage─> single_turn.stage (pack, check, SET EX ttl) ─> (key, bytes) for the response
                               └ None: no connection, Redis error, payload refused ─> arrays in the response
 
-Guarantees: one connection per advertised data plane, kept for the replica's life (closed by
-`close`); the password is read here (DOCKYARD_DATA_PLANE_REDIS_PASSWORD[_FILE]), never carried by an
-RPC, and sent only to a Redis DOCKYARD_DATA_PLANE_REDIS_HOSTS lists (DataPlane.connect_named); a data
-plane that could not be reached is not tried again for Planes.RETRY_AFTER_S, so an unreachable Redis
-delays no more than one Generate in that time; every failure to stage is logged with its cause and answered with None, so the caller gets the arrays and nothing generated is lost.
+Guarantees: one connection per advertised data plane, kept for the replica's life (closed by `close`); the
+password is read here (DOCKYARD_DATA_PLANE_REDIS_PASSWORD[_FILE]), never carried by an RPC, and sent only to
+a Redis DOCKYARD_DATA_PLANE_REDIS_HOSTS lists (DataPlane.connect_named); a data plane that could not be
+reached is not tried again for Planes.RETRY_AFTER_S, so an unreachable Redis delays no more than one
+Generate in that time; every failure to stage is logged with its cause and answered with None, so the caller
+gets the arrays and nothing generated is lost.
 """
 
 from __future__ import annotations
