@@ -8,6 +8,7 @@ Reward             --> reward_runner.run_reward (the function through the backen
 ListInstances      --> the instances of the task sets under the task root (held-out parts omitted)
 OpenSession, SessionExec, ReadFile, WriteFile, CloseSession, ScoreSession
                    --> session_api.SessionService (its checks, the store, the backend's session)
+PrepareSessions / ReleaseSessions --> the backend's warm sessions of a job (docker: docker_warm.py)
 
 Requests are bounded before any work: at most MAX_FILES files under paths of at most
 MAX_PATH_CHARS characters and MAX_PATH_DEPTH parts, at most MAX_ARGS command arguments
@@ -281,6 +282,33 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             idle_timeout_seconds=session.idle_timeout,
             endpoint_url=session.handle.endpoint_url,
         )
+
+    async def PrepareSessions(
+        self, request: sandbox_pb2.PrepareSessionsRequest, context: grpc.aio.ServicerContext
+    ) -> sandbox_pb2.PrepareSessionsResponse:
+        if not request.job_id:
+            raise InvalidArgument("job_id is required")
+        if not 0 <= request.size <= self._settings.max_sessions:
+            raise InvalidArgument(f"size must be 0..{self._settings.max_sessions} (max_sessions), got {request.size}")
+        if any(not p.strip() or p.strip().startswith("-") or "\n" in p for p in request.packages):
+            raise InvalidArgument(f"packages: {list(request.packages)[:8]!r}: each must be a pip requirement")
+        limits = resolve_limits(request.limits, self._settings)
+        job = {"packages": list(request.packages), "routed": request.routed, "images": list(request.images)}
+        try:
+            warm = await self._backend.prepare_sessions(request.job_id, request.size, limits, **job)
+        except (FailedPrecondition, InvalidArgument):
+            raise
+        except Exception as exc:  # a pull, a build or a start that failed: nothing the caller can fix by retrying
+            raise FailedPrecondition(f"cannot prepare the job's sessions: {type(exc).__name__}: {exc}") from None
+        return sandbox_pb2.PrepareSessionsResponse(warm=warm)
+
+    async def ReleaseSessions(
+        self, request: sandbox_pb2.ReleaseSessionsRequest, context: grpc.aio.ServicerContext
+    ) -> sandbox_pb2.ReleaseSessionsResponse:
+        if not request.job_id:
+            raise InvalidArgument("job_id is required")
+        await self._backend.release_sessions(request.job_id)
+        return sandbox_pb2.ReleaseSessionsResponse()
 
     async def SessionExec(
         self, request: sandbox_pb2.SessionExecRequest, context: grpc.aio.ServicerContext
