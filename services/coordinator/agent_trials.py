@@ -66,6 +66,7 @@ from dockyard.tasks import swe
 from dockyard.tasks.task import Task
 from services.coordinator.fleet import Fleet, Member
 from services.coordinator.scaffold_errors import ScaffoldErrors
+from services.coordinator.session_warmer import SessionWarmer
 
 # A full (RESOURCE_EXHAUSTED) or unreachable sandbox worker frees up or comes back: wait for it.
 OPEN_RETRIABLE = OVERLOADED | PEER_LOST
@@ -120,6 +121,11 @@ class AgentTrials:
         )
         # Figures of finished trials since the last take_stats: turns, tokens, masked fraction, budgets hit.
         self._stats: list[dict[str, float | str]] = []
+        packages = (scaffold.package,) if scaffold is not None and scaffold.package else ()
+        self.warmer = SessionWarmer(
+            job_id, fleet, grpo.max_concurrent_trials, limits, packages=packages, routed=scaffold is not None
+        )  # sessions started ahead on every sandbox worker; a task set's sessions have their own images
+        self._warm = config.env.name not in STATE_SCORED_ENVS
 
     def _clients(self) -> tuple[httpx.AsyncClient, openai.AsyncOpenAI]:
         if self._client is None:
@@ -133,6 +139,7 @@ class AgentTrials:
         return self._http, self._client
 
     async def close(self) -> None:
+        await self.warmer.release()
         if self._client is not None:
             await self._client.close()
         if self._http is not None:
@@ -155,6 +162,8 @@ class AgentTrials:
 
     async def group(self, task: Task, group_id: str, seed: int, n: int, sampling: SamplingConfig) -> list[Trial]:
         """n scored trials of `task`; the whole group again when a trial lost its endpoint or replica."""
+        if self._warm:
+            await self.warmer.ensure()
         for attempt in range(self._max_regenerations + 1):
             trials = [
                 asyncio.create_task(self.trial(task, f"{group_id}/{i}", seed * 1_000 + i, sampling)) for i in range(n)

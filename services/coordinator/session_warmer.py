@@ -1,0 +1,95 @@
+"""A job's sandbox sessions started ahead: each sandbox worker told the job's share before its trials open sessions.
+
+    AgentTrials.group / validation_trial --> SessionWarmer.ensure()
+        each alive sandbox worker not yet told (one joining later too):
+            PrepareSessions(job, size = ceil(max_concurrent_trials / alive workers), the job's limits,
+                            the scaffold's package, routed = an external scaffold)
+    AgentTrials.close (the job's end) --> release(): ReleaseSessions(job) on every worker told
+
+Guarantees: warming is an optimisation, never a job's failure: a worker that refuses or does not
+answer is logged and its trials open their sessions cold, as before; each worker is told once per job
+(and again after it was lost and came back); release is attempted on every worker told, whatever
+happened. Sessions of a task set (SWE, terminal tasks) are not warmed: each instance has its image
+and checkout, so no two trials share a key (docker_warm.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import grpc
+import structlog
+
+from dockyard.api.sandbox.v1 import sandbox_pb2
+from services.coordinator.fleet import Fleet
+
+log = structlog.get_logger()
+
+PREPARE_TIMEOUT_SECONDS = 900.0  # a scaffold's package image is built the first time
+RELEASE_TIMEOUT_SECONDS = 30.0
+
+
+class SessionWarmer:
+    def __init__(
+        self,
+        job_id: str,
+        fleet: Fleet,
+        concurrency: int,
+        limits: sandbox_pb2.Limits,
+        *,
+        packages: tuple[str, ...] = (),
+        routed: bool = False,
+    ) -> None:
+        self.job_id, self.fleet, self.concurrency = job_id, fleet, concurrency
+        self._limits, self._packages, self._routed = limits, packages, routed
+        self._told: dict[str, object] = {}  # worker name -> the stub it was told on
+        self._lock = asyncio.Lock()
+
+    def size_per_worker(self, workers: int) -> int:
+        return math.ceil(self.concurrency / max(workers, 1))
+
+    async def ensure(self) -> None:
+        """PrepareSessions on every alive sandbox worker not yet told (a worker back with a new stub again)."""
+        workers = self.fleet.alive("sandbox")
+        if all(self._told.get(w.name) is w.stub for w in workers):
+            return
+        async with self._lock:
+            size = self.size_per_worker(len(workers))
+            request = sandbox_pb2.PrepareSessionsRequest(
+                job_id=self.job_id, size=size, limits=self._limits, packages=self._packages, routed=self._routed
+            )
+            todo = [w for w in workers if self._told.get(w.name) is not w.stub]
+            results = await asyncio.gather(*(_call(w.stub, "PrepareSessions", request) for w in todo))
+            for worker, result in zip(todo, results, strict=True):
+                self._told[worker.name] = worker.stub  # once, answered or not: its trials open cold meanwhile
+                if isinstance(result, grpc.aio.AioRpcError):
+                    log.warning(
+                        "a sandbox worker keeps no sessions started for the job; its trials open them cold",
+                        worker=worker.name,
+                        code=result.code().name,
+                        details=result.details(),
+                    )
+                elif isinstance(result, BaseException):
+                    log.warning("could not prepare a job's sessions", worker=worker.name, error=repr(result))
+                else:
+                    log.info("sandbox sessions started ahead", worker=worker.name, job_id=self.job_id, warm=result.warm)
+
+    async def release(self) -> None:
+        """ReleaseSessions(job) on every worker told; one that does not answer keeps the job's containers
+        until it stops (its close removes them) or its next start (the reaper)."""
+        told, self._told = self._told, {}
+        request = sandbox_pb2.ReleaseSessionsRequest(job_id=self.job_id)
+        results = await asyncio.gather(*(_call(stub, "ReleaseSessions", request) for stub in told.values()))
+        for name, result in zip(told, results, strict=True):
+            if isinstance(result, Exception):
+                log.warning("could not release a job's warm sessions", worker=name, error=repr(result)[:300])
+
+
+async def _call(stub, method: str, request):
+    """The reply, or the exception the call ended with (a worker's failure is logged, never the job's)."""
+    timeout = PREPARE_TIMEOUT_SECONDS if method == "PrepareSessions" else RELEASE_TIMEOUT_SECONDS
+    try:
+        return await getattr(stub, method)(request, timeout=timeout)
+    except Exception as exc:  # noqa: BLE001 -- warming is an optimisation: every failure is logged by the caller
+        return exc
