@@ -27,9 +27,10 @@ root, cap_drop ALL, no-new-privileges, network none, non-root user, pids / memor
 /work tmpfs of max_disk_mb, the /tmp tmpfs) and has run nothing but its PID 1; it serves one
 session and is removed with it, never given back. A container that died while waiting is never
 handed out: the copy of the files into it is its liveness check (an exec into a stopped container
-fails), and one that fails is removed and the next taken. After release of the last job of a key,
-and after close(), no warm container of that pool is left (WarmPool.close awaits starts under way),
-and a service killed outright leaves them to the next start's reaper (they carry the session label).
+fails; with no files to copy, an inspect of its state), and one that fails is removed and the next
+taken. After release of the last job of a key, and after close(), no warm container of that pool is
+left (WarmPool.close awaits starts under way), and a service killed outright leaves them to the next
+start's reaper (they carry the session label).
 Every docker call runs in a worker thread.
 """
 
@@ -148,7 +149,9 @@ class WarmSessions:
         if pool is None:
             cold = open_docker_session(config, files, limits, seed_dir=seed_dir, endpoint_address=endpoint_address)
             return await cold
-        archive = await asyncio.to_thread(_stage_archive, config, checked_files(files), seed_dir)
+        checked = checked_files(files)
+        # Nothing to copy in: an inspect, not an exec, tells whether the container still runs.
+        archive = await asyncio.to_thread(_stage_archive, config, checked, seed_dir) if checked or seed_dir else None
         problem = ""
         for _ in range(TAKE_TRIES):
             warm = await pool.take()
@@ -241,11 +244,15 @@ def _stage_archive(config: DockerSessionConfig, checked, seed_dir: str | None) -
         remove_tree(stage)
 
 
-def _copy_in(config: DockerSessionConfig, container_id: str, archive: bytes) -> str:
-    """Unpack `archive` into the container's /work as the session's user; "" when done, else why not."""
+def _copy_in(config: DockerSessionConfig, container_id: str, archive: bytes | None) -> str:
+    """Unpack `archive` into the container's /work as the session's user; "" when done (None: when the
+    container runs), else why not."""
     import docker.errors
 
     try:
+        if archive is None:
+            running = config.client.api.inspect_container(container_id)["State"]["Running"]
+            return "" if running else "the container is not running"
         _, err, code, _ = DockerSession(config, container_id)._run(["tar", "-x", "-f", "-"], archive, COPY_LIMITS)
     except (docker.errors.DockerException, OSError) as exc:
         return f"the container is gone: {exc}"  # an exec into a stopped container is refused
