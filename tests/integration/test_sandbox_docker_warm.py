@@ -104,6 +104,24 @@ async def test_a_warm_container_is_locked_down_as_a_cold_one(backend):
         await cold.close()
 
 
+async def test_a_sessions_writes_stay_in_its_bounded_tmpfs_folders_never_on_the_hosts_disk(backend):
+    await backend.prepare_sessions("job-a", 1, LIMITS)
+    await until(lambda: backend.warm.waiting() == 1)
+    session = await backend.open_session({}, LIMITS)
+    try:
+        folders = "/ /etc /home /opt /root /run /var /var/tmp /usr /work /tmp /dev/shm"
+        probe = f"for d in {folders}; do head -c 1048576 /dev/zero >$d/fill 2>/dev/null && echo $d; done"
+        outcome = await session.exec(["sh", "-c", probe], None, LIMITS)
+        assert outcome.stdout.split() == ["/work", "/tmp", "/dev/shm"], outcome  # all three tmpfs (memory)
+        # /work holds at most max_disk_mb (16): more is refused and the command FAILED, disk limit.
+        outcome = await session.exec(["sh", "-c", "head -c 20000000 /dev/zero >big"], None, LIMITS)
+        assert outcome.status is Status.FAILED and "disk limit" in outcome.error_message, outcome
+        sizes = subprocess.run(["docker", "inspect", "-s", "-f", "{{.SizeRw}}", session._id], capture_output=True)
+        assert sizes.stdout.strip() == b"0"  # the container's writable layer: nothing written
+    finally:
+        await session.close()
+
+
 async def test_each_session_gets_its_own_limits(backend):
     small, large = LIMITS, ResourceLimits(30.0, 384, 20.0, 65536)
     await backend.prepare_sessions("job-a", 1, small)
