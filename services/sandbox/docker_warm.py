@@ -145,16 +145,25 @@ class WarmSessions:
         endpoint_address: str = "",
     ) -> DockerSession:
         """A session: from its key's pool when there is one, else a container started for it."""
-        pool = self._pools.get(key_of(config, limits, bool(endpoint_address)))
+
+        def cold():  # a container started for the session, as without warm sessions
+            return open_docker_session(config, files, limits, seed_dir=seed_dir, endpoint_address=endpoint_address)
+
+        key = key_of(config, limits, bool(endpoint_address))
+        pool = self._pools.get(key)
         if pool is None:
-            cold = open_docker_session(config, files, limits, seed_dir=seed_dir, endpoint_address=endpoint_address)
-            return await cold
+            return await cold()
         checked = checked_files(files)
         # Nothing to copy in: an inspect, not an exec, tells whether the container still runs.
         archive = await asyncio.to_thread(_stage_archive, config, checked, seed_dir) if checked or seed_dir else None
         problem = ""
         for _ in range(TAKE_TRIES):
-            warm = await pool.take()
+            try:
+                warm = await pool.take()
+            except OSError:
+                if self._pools.get(key) is pool:
+                    raise
+                return await cold()  # its last job released the pool meanwhile
             try:
                 problem = await asyncio.to_thread(_copy_in, config, warm.container_id, archive)
                 if not problem:
