@@ -128,6 +128,7 @@ class WarmSessions:
                 else:
                     del self._shares[key], self._pools[key]
                     await pool.close()
+                log.info("warm sessions released", job_id=job_id, image=key.image, size=pool.size if shares else 0)
 
     async def close(self) -> None:
         async with self._lock:
