@@ -163,7 +163,7 @@ class AgentTrials:
     async def group(self, task: Task, group_id: str, seed: int, n: int, sampling: SamplingConfig) -> list[Trial]:
         """n scored trials of `task`; the whole group again when a trial lost its endpoint or replica."""
         if self._warm:
-            await self.warmer.ensure()
+            self.warmer.ensure_soon()
         for attempt in range(self._max_regenerations + 1):
             trials = [
                 asyncio.create_task(self.trial(task, f"{group_id}/{i}", seed * 1_000 + i, sampling)) for i in range(n)

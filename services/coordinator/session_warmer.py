@@ -1,13 +1,15 @@
 """A job's sandbox sessions started ahead: each sandbox worker told the job's share before its trials open sessions.
 
-    AgentTrials.group / validation_trial --> SessionWarmer.ensure()
+    AgentTrials.group --> SessionWarmer.ensure_soon(): ensure() in the background, no trial waits for it:
         each alive sandbox worker not yet told (one joining later too):
             PrepareSessions(job, size = ceil(max_concurrent_trials / alive workers), the job's limits,
                             the scaffold's package, routed = an external scaffold)
-    AgentTrials.close (the job's end) --> release(): ReleaseSessions(job) on every worker told
+    AgentTrials.close (the job's end) --> release(): a preparation under way awaited (at most
+        RELEASE_TIMEOUT_SECONDS, then cancelled), then ReleaseSessions(job) on every worker told
 
 Guarantees: warming is an optimisation, never a job's failure: a worker that refuses or does not
-answer is logged and its trials open their sessions cold, as before; each worker is told once per job
+answer is logged and its trials open their sessions cold, as before (a slow one holds no trial up:
+the first trials open cold while their worker prepares); each worker is told once per job
 (and again after it was lost and came back); release is attempted on every worker told, whatever
 happened. Sessions of a task set (SWE, terminal tasks) are not warmed: each instance has its image
 and checkout, so no two trials share a key (docker_warm.py).
@@ -45,9 +47,15 @@ class SessionWarmer:
         self._limits, self._packages, self._routed = limits, packages, routed
         self._told: dict[str, object] = {}  # worker name -> the stub it was told on
         self._lock = asyncio.Lock()
+        self._preparing: asyncio.Task | None = None
 
     def size_per_worker(self, workers: int) -> int:
         return math.ceil(self.concurrency / max(workers, 1))
+
+    def ensure_soon(self) -> None:
+        """ensure() in the background, unless one is under way."""
+        if self._preparing is None or self._preparing.done():
+            self._preparing = asyncio.ensure_future(self.ensure())
 
     async def ensure(self) -> None:
         """PrepareSessions on every alive sandbox worker not yet told (a worker back with a new stub again)."""
@@ -60,9 +68,10 @@ class SessionWarmer:
                 job_id=self.job_id, size=size, limits=self._limits, packages=self._packages, routed=self._routed
             )
             todo = [w for w in workers if self._told.get(w.name) is not w.stub]
+            for worker in todo:  # told before the answer: a release at any point reaches it
+                self._told[worker.name] = worker.stub
             results = await asyncio.gather(*(_call(w.stub, "PrepareSessions", request) for w in todo))
             for worker, result in zip(todo, results, strict=True):
-                self._told[worker.name] = worker.stub  # once, answered or not: its trials open cold meanwhile
                 if isinstance(result, grpc.aio.AioRpcError):
                     log.warning(
                         "a sandbox worker keeps no sessions started for the job; its trials open them cold",
@@ -78,6 +87,11 @@ class SessionWarmer:
     async def release(self) -> None:
         """ReleaseSessions(job) on every worker told; one that does not answer keeps the job's containers
         until it stops (its close removes them) or its next start (the reaper)."""
+        if self._preparing is not None and not self._preparing.done():
+            try:  # its answer first: a release that overtook a PrepareSessions would leave a pool behind
+                await asyncio.wait_for(asyncio.shield(self._preparing), RELEASE_TIMEOUT_SECONDS)
+            except TimeoutError:
+                self._preparing.cancel()
         told, self._told = self._told, {}
         request = sandbox_pb2.ReleaseSessionsRequest(job_id=self.job_id)
         results = await asyncio.gather(*(_call(stub, "ReleaseSessions", request) for stub in told.values()))

@@ -3,6 +3,7 @@ each, told once per worker, a failing worker logged and left cold, and every wor
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import grpc
@@ -67,3 +68,25 @@ async def test_a_worker_that_refuses_is_left_cold_and_the_job_goes_on():
     assert len(bad.prepared) == 1 and len(good.prepared) == 1  # told once, answered or not
     await warmer.release()
     assert bad.released == good.released == ["job-2"]
+
+
+class HangingWorker(Worker):
+    async def PrepareSessions(self, request, timeout=None):  # noqa: N802
+        self.prepared.append(request)
+        await asyncio.Event().wait()  # never answers
+
+
+async def test_a_hung_worker_holds_no_trial_up_and_is_still_released(monkeypatch):
+    monkeypatch.setattr("services.coordinator.session_warmer.RELEASE_TIMEOUT_SECONDS", 0.2)
+    hung, good = HangingWorker(), Worker()
+    warmer = SessionWarmer("job-3", Fleet(hung=hung, good=good), 2, sandbox_pb2.Limits())
+    warmer.ensure_soon()  # returns at once: the trials go on while the workers prepare
+    await asyncio.sleep(0.05)
+    assert len(hung.prepared) == 1 and len(good.prepared) == 1
+    warmer.ensure_soon()  # one under way: no second call
+    await asyncio.sleep(0.05)
+    assert len(hung.prepared) == 1
+    started = asyncio.get_running_loop().time()
+    await warmer.release()  # waits for the preparation at most the bound, then releases both
+    assert asyncio.get_running_loop().time() - started < 5
+    assert hung.released == good.released == ["job-3"]
