@@ -121,11 +121,11 @@ class AgentTrials:
         )
         # Figures of finished trials since the last take_stats: turns, tokens, masked fraction, budgets hit.
         self._stats: list[dict[str, float | str]] = []
+        # Sessions started ahead on every sandbox worker; a task set's have an image per instance, made ahead.
+        self._warm, self._task_images = config.env.name not in STATE_SCORED_ENVS, config.env.name == "swe"
         packages = (scaffold.package,) if scaffold is not None and scaffold.package else ()
-        self.warmer = SessionWarmer(
-            job_id, fleet, grpo.max_concurrent_trials, limits, packages=packages, routed=scaffold is not None
-        )  # sessions started ahead on every sandbox worker; a task set's sessions have their own images
-        self._warm = config.env.name not in STATE_SCORED_ENVS
+        size = grpo.max_concurrent_trials if self._warm else 0
+        self.warmer = SessionWarmer(job_id, fleet, size, limits, packages=packages, routed=scaffold is not None)
 
     def _clients(self) -> tuple[httpx.AsyncClient, openai.AsyncOpenAI]:
         if self._client is None:
@@ -162,8 +162,8 @@ class AgentTrials:
 
     async def group(self, task: Task, group_id: str, seed: int, n: int, sampling: SamplingConfig) -> list[Trial]:
         """n scored trials of `task`; the whole group again when a trial lost its endpoint or replica."""
-        if self._warm:
-            self.warmer.ensure_soon()
+        if self._warm or self._task_images:
+            self.warmer.ensure_soon(swe.split_task_id(task.task_id)[0] if self._task_images else "")
         for attempt in range(self._max_regenerations + 1):
             trials = [
                 asyncio.create_task(self.trial(task, f"{group_id}/{i}", seed * 1_000 + i, sampling)) for i in range(n)

@@ -1,9 +1,11 @@
 """A job's sandbox sessions started ahead: each sandbox worker told the job's share before its trials open sessions.
 
-    AgentTrials.group --> SessionWarmer.ensure_soon(): ensure() in the background, no trial waits for it:
+    AgentTrials.group --> SessionWarmer.ensure_soon(task_set): ensure() in the background, no trial waits:
         each alive sandbox worker not yet told (one joining later too):
             PrepareSessions(job, size = ceil(max_concurrent_trials / alive workers), the job's limits,
-                            the scaffold's package, routed = an external scaffold)
+                            the scaffold's package, routed = an external scaffold;
+                            a swe job: size 0 and the task set of its first group, whose instances'
+                            images the worker makes now)
     AgentTrials.close (the job's end) --> release(): a preparation under way awaited (at most
         RELEASE_TIMEOUT_SECONDS, then cancelled), then ReleaseSessions(job) on every worker told
 
@@ -12,7 +14,8 @@ answer is logged and its trials open their sessions cold, as before (a slow one 
 the first trials open cold while their worker prepares); each worker is told once per job
 (and again after it was lost and came back); release is attempted on every worker told, whatever
 happened. Sessions of a task set (SWE, terminal tasks) are not warmed: each instance has its image
-and checkout, so no two trials share a key (docker_warm.py).
+and checkout, so no two trials share a key (docker_warm.py); a SWE set's images are made ahead instead
+(terminal tasks' images are built at their first session, as before).
 """
 
 from __future__ import annotations
@@ -48,12 +51,14 @@ class SessionWarmer:
         self._told: dict[str, object] = {}  # worker name -> the stub it was told on
         self._lock = asyncio.Lock()
         self._preparing: asyncio.Task | None = None
+        self._task_set = ""
 
     def size_per_worker(self, workers: int) -> int:
         return math.ceil(self.concurrency / max(workers, 1))
 
-    def ensure_soon(self) -> None:
-        """ensure() in the background, unless one is under way."""
+    def ensure_soon(self, task_set: str = "") -> None:
+        """ensure() in the background, unless one is under way; `task_set`: the job's (its first one counts)."""
+        self._task_set = self._task_set or task_set
         if self._preparing is None or self._preparing.done():
             self._preparing = asyncio.ensure_future(self.ensure())
 
@@ -65,7 +70,12 @@ class SessionWarmer:
         async with self._lock:
             size = self.size_per_worker(len(workers))
             request = sandbox_pb2.PrepareSessionsRequest(
-                job_id=self.job_id, size=size, limits=self._limits, packages=self._packages, routed=self._routed
+                job_id=self.job_id,
+                size=size,
+                limits=self._limits,
+                packages=self._packages,
+                routed=self._routed,
+                task_set=self._task_set,
             )
             todo = [w for w in workers if self._told.get(w.name) is not w.stub]
             for worker in todo:  # told before the answer: a release at any point reaches it
@@ -82,7 +92,8 @@ class SessionWarmer:
                 elif isinstance(result, BaseException):
                     log.warning("could not prepare a job's sessions", worker=worker.name, error=repr(result))
                 else:
-                    log.info("sandbox sessions started ahead", worker=worker.name, job_id=self.job_id, warm=result.warm)
+                    images = result.instance_images
+                    log.info("sandbox sessions prepared", worker=worker.name, warm=result.warm, instance_images=images)
 
     async def release(self) -> None:
         """ReleaseSessions(job) on every worker told; one that does not answer keeps the job's containers

@@ -367,8 +367,13 @@ class SweScorer:
                 f"instance {instance.instance_id!r} runs in its image {instance.prebuilt.image!r}, which only "
                 "the docker backend provides (DOCKYARD_SANDBOX_BACKEND=docker)"
             )
-        image = await self._image_for(instance, mirror) if self._image_for else None
-        return checkout, image
+        return checkout, await self.image(task_set, instance)
+
+    async def image(self, task_set: str, instance: SweInstance) -> str | None:
+        """The image `instance` runs in (pulled and fitted, or built, once); None: the backend's own."""
+        if self._image_for is None:
+            return None
+        return await self._image_for(instance, self.task_sets.mirror(task_set, instance.repo))
 
     async def score(self, task_set: str, instance: SweInstance, patch: str, limits: ResourceLimits) -> SweResult:
         total = len(instance.fail_to_pass) + len(instance.pass_to_pass)

@@ -483,6 +483,7 @@ async def _sandbox_session_cases(stub, probe: Prober, deep: str) -> None:
     await probe.expect(prepare(packages=["--index-url=http://x"]), INVALID, "packages")
     await probe.expect(prepare(limits=sandbox.Limits(memory_mb=-1)), INVALID, "memory_mb")
     await probe.expect(stub.ReleaseSessions(sandbox.ReleaseSessionsRequest()), INVALID, "job_id")
+    await probe.expect(prepare(task_set="t"), PRECONDITION, "DOCKYARD_SANDBOX_TASK_ROOT")  # no task root here
     # The local backend keeps no session started ahead: it answers 0, and releasing is harmless.
     assert (await prepare(size=2)).warm == 0
     await stub.ReleaseSessions(sandbox.ReleaseSessionsRequest(job_id="j"))

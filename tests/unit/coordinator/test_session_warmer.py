@@ -90,3 +90,14 @@ async def test_a_hung_worker_holds_no_trial_up_and_is_still_released(monkeypatch
     await warmer.release()  # waits for the preparation at most the bound, then releases both
     assert asyncio.get_running_loop().time() - started < 5
     assert hung.released == good.released == ["job-3"]
+
+
+async def test_a_swe_job_asks_for_its_task_sets_images_and_no_warm_container():
+    worker = Worker()
+    warmer = SessionWarmer("job-4", Fleet(sandbox=worker), 0, sandbox_pb2.Limits())
+    warmer.ensure_soon("bugs")
+    warmer.ensure_soon("other")  # the first group's task set counts
+    await asyncio.sleep(0.05)
+    [request] = worker.prepared
+    assert (request.size, request.task_set) == (0, "bugs")
+    await warmer.release()
