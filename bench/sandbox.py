@@ -1,6 +1,8 @@
 """The sandbox service's docker backend vs a bare `docker run`, on the same command, in one run.
 
     service     client --Execute(command)--> sandbox service --docker SDK--> one locked-down container
+    session     client --OpenSession--> a warm session container (PrepareSessions sized the pool)
+                       --SessionExec(command)--> docker exec in it   (timed: open + exec; CloseSession after)
     docker run  subprocess: docker run --rm --network none IMAGE command
 
 The script starts the sandbox service (`python -m services.sandbox`, docker
@@ -13,8 +15,12 @@ At concurrency 1 the two paths alternate run by run, --runs times each, after
 Then each path runs --runs tasks at concurrency 2 and 4 (that many callers at
 once) for tasks/s. Prints a table, then `sandbox_vs_docker_run: R`, R = the
 service's per-task time / bare docker run's at concurrency 1 (1.0 is parity,
-lower is better). The service adds the locked-down settings (read-only root,
-no capabilities, limits, a work folder, output capture) and a gRPC hop.
+lower is better), and `session_open_vs_docker_run: R`, R = the session path's
+per-task time (OpenSession from the warm pool + SessionExec of the command) /
+bare docker run's. The service adds the locked-down settings (read-only root,
+no capabilities, limits, a work folder, output capture) and a gRPC hop; the
+session path's container was started ahead (its pool holds WARM sessions, and
+a taken one is replaced in the background while the other paths run).
 """
 
 from __future__ import annotations
@@ -49,8 +55,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+WARM = 4  # warm session containers: one per caller at the highest concurrency
+
+
 def start_sandbox(image: str, concurrency: int, workdir: str) -> tuple[subprocess.Popen, str, Path]:
     settings = {"BACKEND": "docker", "IMAGE": image, "MAX_CONCURRENCY": str(concurrency)}
+    settings |= {"WARM_SESSIONS_MAX": str(WARM), "MAX_SESSIONS": str(2 * WARM)}
     return start_service(settings, workdir)
 
 
@@ -95,6 +105,25 @@ async def service_task(stub) -> float:
     return elapsed
 
 
+OPEN_TIMES: list[float] = []  # OpenSession alone, of the session path's timed runs at concurrency 1
+
+
+async def session_task(stub, opens: list[float] | None = None) -> float:
+    """OpenSession (from the warm pool) + SessionExec of the command: what a trial waits for; closed untimed."""
+    start = time.perf_counter()
+    opened = await stub.OpenSession(sandbox_pb2.OpenSessionRequest(request_id="bench"), timeout=120)
+    if opens is not None:
+        opens.append(time.perf_counter() - start)
+    reply = await stub.SessionExec(
+        sandbox_pb2.SessionExecRequest(session_id=opened.session_id, command=COMMAND), timeout=120
+    )
+    elapsed = time.perf_counter() - start
+    await stub.CloseSession(sandbox_pb2.CloseSessionRequest(session_id=opened.session_id), timeout=120)
+    if reply.verdict.status != common_pb2.VERDICT_STATUS_PASSED or reply.verdict.stdout != "ok\n":
+        raise RuntimeError(f"the session's command failed: {reply.verdict}")
+    return elapsed
+
+
 async def bare_task(image: str) -> float:
     start = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
@@ -124,14 +153,20 @@ async def throughput(task, runs: int, concurrency: int) -> float:
 async def bench(address: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
     async with connect(address, service="dockyard.sandbox.v1.SandboxService", default_timeout=120.0) as channel:
         stub = sandbox_pb2_grpc.SandboxServiceStub(channel)
-        paths = {"service": lambda: service_task(stub), "docker run": lambda: bare_task(args.image)}
+        prepare = sandbox_pb2.PrepareSessionsRequest(job_id="bench", size=WARM)  # default limits, as OpenSession's
+        await stub.PrepareSessions(prepare, timeout=300)
+        paths = {
+            "service": lambda: service_task(stub),
+            "session": lambda: session_task(stub),
+            "docker run": lambda: bare_task(args.image),
+        }
         for _ in range(args.warmup):
             for task in paths.values():
                 await task()
         times: dict[str, list[float]] = {name: [] for name in paths}
         for _ in range(args.runs):
             for name, task in paths.items():
-                times[name].append(await task())
+                times[name].append(await (session_task(stub, OPEN_TIMES) if name == "session" else task()))
         results = {name: {"per_task": sum(t) / len(t), "c1": len(t) / sum(t)} for name, t in times.items()}
         for concurrency in (2, 4):
             for name, task in paths.items():
@@ -161,7 +196,11 @@ def main() -> None:
     print(f"{'path':<12} {'per task (s)':>13} {'tasks/s c=1':>12} {'c=2':>8} {'c=4':>8}")
     for name, r in results.items():
         print(f"{name:<12} {r['per_task']:>13.3f} {r['c1']:>12.2f} {r['c2']:>8.2f} {r['c4']:>8.2f}")
-    print(f"sandbox_vs_docker_run: {results['service']['per_task'] / results['docker run']['per_task']:.3f}")
+    bare = results["docker run"]["per_task"]
+    print(f"sandbox_vs_docker_run: {results['service']['per_task'] / bare:.3f}")
+    print(f"session_open_vs_docker_run: {results['session']['per_task'] / bare:.3f}")
+    opened = sum(OPEN_TIMES) / len(OPEN_TIMES)
+    print(f"  of which OpenSession alone: {opened:.3f} s, {opened / bare:.3f} of docker run's per-task time")
 
 
 if __name__ == "__main__":

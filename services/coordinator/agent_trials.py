@@ -61,6 +61,7 @@ from services.coordinator.endpoint_sessions import EndpointSessions, Recording, 
 from services.coordinator.fleet import Fleet, Member
 from services.coordinator.job_buffer import StagedPayload
 from services.coordinator.scaffold_errors import ScaffoldErrors
+from services.coordinator.session_warmer import SessionWarmer
 
 # A full (RESOURCE_EXHAUSTED) or unreachable sandbox worker frees up or comes back: wait for it.
 OPEN_RETRIABLE = OVERLOADED | PEER_LOST
@@ -116,6 +117,11 @@ class AgentTrials:
         )
         # Figures of finished trials since the last take_stats: turns, tokens, masked fraction, budgets hit.
         self._stats: list[dict[str, float | str]] = []
+        # Sessions started ahead on every sandbox worker; a task set's have an image per instance, made ahead.
+        self._warm, self._task_images = config.env.name not in STATE_SCORED_ENVS, config.env.name == "swe"
+        packages = (scaffold.package,) if scaffold is not None and scaffold.package else ()
+        size = grpo.max_concurrent_trials if self._warm else 0
+        self.warmer = SessionWarmer(job_id, fleet, size, limits, packages=packages, routed=scaffold is not None)
 
     def _openai(self) -> openai.AsyncOpenAI:
         """Model calls go through the openai client, as any scaffold makes them (session calls: EndpointSessions)."""
@@ -127,6 +133,7 @@ class AgentTrials:
         return self._client
 
     async def close(self) -> None:
+        await self.warmer.release()
         if self._client is not None:
             await self._client.close()
         self._client = None
@@ -142,6 +149,8 @@ class AgentTrials:
 
     async def group(self, task: Task, group_id: str, seed: int, n: int, sampling: SamplingConfig) -> list[Trial]:
         """n scored trials of `task`; the whole group again when a trial lost its endpoint or replica."""
+        if self._warm or self._task_images:
+            self.warmer.ensure_soon(swe.split_task_id(task.task_id)[0] if self._task_images else "")
         for attempt in range(self._max_regenerations + 1):
             trials = [
                 asyncio.create_task(self.trial(task, f"{group_id}/{i}", seed * 1_000 + i, sampling, stage=True))

@@ -34,6 +34,8 @@ async def make_backend(settings: SandboxSettings):
                 tmp_mb=settings.docker_tmp_mb,
                 user=settings.docker_user,
                 work_root=settings.work_root,
+                warm_max=settings.warm_sessions_max,
+                image_cache_gb=settings.image_cache_gb,
             )
         except DockerException as exc:  # no engine: one line that says what to do, not the client's traceback
             raise SystemExit(f"sandbox: {docker_problem(exc, any_job=True)}") from None

@@ -162,6 +162,17 @@ class SandboxBackend(abc.ABC):
             "use the docker backend (DOCKYARD_SANDBOX_BACKEND=docker)"
         )
 
+    async def prepare_sessions(
+        self, job_id: str, size: int, limits: ResourceLimits, *, packages: Sequence[str] = (), routed: bool = False,
+        images: Sequence[str] = (),
+    ) -> int:  # fmt: skip
+        """A job's start: `images` pulled when missing, and `size` of its sessions (these limits, packages and
+        route kind) started ahead where the backend can; returns how many it keeps started (0: none)."""
+        return 0
+
+    async def release_sessions(self, job_id: str) -> None:
+        """A job's end: the sessions started ahead for it removed."""
+
     def reap_sessions(self) -> int:
         """Remove the sessions a dead predecessor of this service left; returns how many. Blocks."""
         return 0

@@ -39,7 +39,8 @@ code that introspects the harness's own memory could recover the nonce.
 The container's host config, its shell wrapper and the tar that carries the
 work folder live in docker_container.py; the staging shared with local.py in
 staging.py; sessions (one long-lived container each, same host config) in
-docker_sessions.py, whose containers this reaper leaves to reap_sessions.
+docker_sessions.py (warm ones: docker_warm.py; images: image_cache.py), whose containers this reaper
+leaves to reap_sessions.
 
 Not covered: the report file must be a path the docker engine sees at the same
 place (a service that runs in a container needs `work_root` bind-mounted at the
@@ -53,6 +54,7 @@ report and cleanup (which a session's container shares), and they read as one se
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import secrets
@@ -81,13 +83,15 @@ from services.sandbox.docker_container import (
     STAGE_COMMAND,
     create_container,
     folder_bytes,
-    host_config,
     owner_is_dead,
     owner_label,
     read_report,
     send_work_folder,
 )
+from services.sandbox.docker_sessions import DockerSessionConfig
+from services.sandbox.docker_warm import WarmSessions, prepare_job
 from services.sandbox.harness import HARNESS_SOURCE
+from services.sandbox.image_cache import ImageCache
 from services.sandbox.staging import Capped, Writes, checked_files, parse_report, remove_tree, stage_files
 from services.sandbox.verdicts import command_verdict, tests_verdict
 from services.sandbox.work_folders import WorkFolders
@@ -123,6 +127,8 @@ class DockerBackend(SandboxBackend):
         tmp_mb: int = 64,
         user: str = "1000:1000",
         work_root: str | None = None,
+        warm_max: int = 0,
+        image_cache_gb: float = 0.0,
         client=None,
     ) -> None:
         import docker
@@ -130,19 +136,20 @@ class DockerBackend(SandboxBackend):
         # Each running container holds one connection (its attach stream) and makes a few calls.
         self._client = client or docker.from_env(timeout=120, max_pool_size=2 * max_concurrency + 4)
         self._image = image
-        self._cpus = cpus
-        self._pids_limit = pids_limit
-        self._max_file_bytes = max_file_mb * 1024 * 1024
         self._max_disk_mb = max_disk_mb
-        self._tmp_mb = tmp_mb
         self._uid, self._gid = (int(part) for part in user.split(":"))
-        self._work_root = work_root
         self._folders = WorkFolders(work_root)
         self._slots = asyncio.Semaphore(max_concurrency)
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency + 1, thread_name_prefix="sandbox-docker")
         self._owner = owner_label()
         self._live: set[str] = set()
         self._live_lock = threading.Lock()
+        # What every container of the backend shares (its host config), and sessions their image too.
+        mb = 1024 * 1024
+        limits = (cpus, pids_limit, max_file_mb * mb, max_disk_mb, tmp_mb, work_root)
+        self.sessions = DockerSessionConfig(self._client, image, self._container_user(), self._owner, *limits)
+        self.warm = WarmSessions(warm_max)  # session containers started ahead (docker_warm.py)
+        self.images = ImageCache(self._client, image_cache_gb, work_root, keep={image})  # (image_cache.py)
 
     @classmethod
     async def open(cls, **kwargs) -> DockerBackend:
@@ -247,27 +254,22 @@ class DockerBackend(SandboxBackend):
         image: str | None = None,
         endpoint_address: str = "",
     ):
-        from services.sandbox.docker_sessions import DockerSessionConfig, open_docker_session
+        config = dataclasses.replace(self.sessions, image=image or self._image)
+        return await self.warm.open(config, files, limits, seed_dir=seed_dir, endpoint_address=endpoint_address)
 
-        config = DockerSessionConfig(
-            client=self._client,
-            image=image or self._image,
-            user=self._container_user(),
-            owner=self._owner,
-            cpus=self._cpus,
-            pids_limit=self._pids_limit,
-            max_file_bytes=self._max_file_bytes,
-            max_disk_mb=self._max_disk_mb,
-            tmp_mb=self._tmp_mb,
-            work_root=self._work_root,
-        )
-        return await open_docker_session(config, files, limits, seed_dir=seed_dir, endpoint_address=endpoint_address)
+    async def prepare_sessions(self, job_id: str, size: int, limits: ResourceLimits, **job) -> int:
+        return await prepare_job(self, job_id, size, limits, **job)
+
+    async def release_sessions(self, job_id: str) -> None:
+        await self.warm.release(job_id)
 
     async def packages_image(self, requirements: Sequence[str]) -> str:
         from services.sandbox.images import ensure_env_image
 
         # Content-addressed: built once per requirement set from the wheelhouse (--network none), then reused.
-        return await asyncio.to_thread(ensure_env_image, self._client, self._image, list(requirements))
+        tag = await asyncio.to_thread(ensure_env_image, self._client, self._image, list(requirements))
+        await asyncio.to_thread(self.images.added, tag)  # built by this service: the cache's, kept in bounds
+        return tag
 
     def reap_sessions(self) -> int:
         from services.sandbox.docker_sessions import reap_session_containers
@@ -275,7 +277,8 @@ class DockerBackend(SandboxBackend):
         return reap_session_containers(self._client, self._owner)
 
     async def close(self) -> None:
-        """Remove the containers still running (their calls end as errors or timeouts)."""
+        """Remove the warm session containers and those still running (their calls end as errors or timeouts)."""
+        await self.warm.close()
 
         def remove_live() -> None:
             with self._live_lock:
@@ -342,17 +345,7 @@ class DockerBackend(SandboxBackend):
         import docker.errors
 
         api = self._client.api
-        config = host_config(
-            api,
-            work=work,
-            limits=limits,
-            user=self._container_user(),
-            cpus=self._cpus,
-            pids_limit=self._pids_limit,
-            max_file_bytes=self._max_file_bytes,
-            max_disk_mb=self._max_disk_mb,
-            tmp_mb=self._tmp_mb,
-        )
+        config = self.sessions.host(work=work, limits=limits)
         container_id = None
         start = time.monotonic()
         try:

@@ -97,6 +97,22 @@ class DockerSessionConfig:
     tmp_mb: int
     work_root: str | None
 
+    def host(self, *, work: str, limits: ResourceLimits, report: bool = True, route: str | None = None) -> dict:
+        """docker_container.host_config with these settings: every container's, a run's, a session's, a warm one's."""
+        return host_config(
+            self.client.api,
+            work=work,
+            limits=limits,
+            user=self.user,
+            cpus=self.cpus,
+            pids_limit=self.pids_limit,
+            max_file_bytes=self.max_file_bytes,
+            max_disk_mb=self.max_disk_mb,
+            tmp_mb=self.tmp_mb,
+            report=report,
+            route=route,
+        )
+
 
 class DockerSession(SessionHandle):
     def __init__(self, config: DockerSessionConfig, container_id: str, route: EndpointRoute | None = None) -> None:
@@ -302,19 +318,7 @@ def _open(
         size = folder_bytes(stage)
         if size > config.max_disk_mb * 1024 * 1024:
             raise FailedPrecondition(f"the session's files ({size} bytes) exceed DOCKYARD_SANDBOX_MAX_DISK_MB")
-        host = host_config(
-            api,
-            work=stage,
-            limits=limits,
-            user=config.user,
-            cpus=config.cpus,
-            pids_limit=config.pids_limit,
-            max_file_bytes=config.max_file_bytes,
-            max_disk_mb=config.max_disk_mb,
-            tmp_mb=config.tmp_mb,
-            report=False,
-            route=route.folder if route else None,
-        )
+        host = config.host(work=stage, limits=limits, report=False, route=route.folder if route else None)
         command = ["sh", "-c", OPEN_COMMAND, ROUTED_PID1_SOURCE if route else REAPER_SOURCE]
         container_id = create_container(
             api,
@@ -329,14 +333,7 @@ def _open(
         stdin = api.attach_socket(container_id, params={"stdin": 1, "stream": 1})
         api.start(container_id)
         send_work_folder(stdin, stage)
-        said = b""
-        for chunk_out, chunk_err in stream:
-            said = (said + (chunk_out or b"") + (chunk_err or b""))[-4096:]
-            if READY in said:
-                break
-        stream.close()
-        if READY not in said:
-            raise RuntimeError(f"the session's container did not start: {said[-500:]!r}")
+        wait_ready(stream)
         return DockerSession(config, container_id, route)
     except BaseException as exc:
         if container_id is not None:
@@ -350,6 +347,18 @@ def _open(
         raise
     finally:
         remove_tree(stage)
+
+
+def wait_ready(stream) -> None:
+    """Read a starting session container's attach stream until its PID 1 says READY; then close it."""
+    said = b""
+    for chunk_out, chunk_err in stream:
+        said = (said + (chunk_out or b"") + (chunk_err or b""))[-4096:]
+        if READY in said:
+            break
+    stream.close()
+    if READY not in said:
+        raise RuntimeError(f"the session's container did not start: {said[-500:]!r}")
 
 
 def reap_session_containers(client, owner: str) -> int:

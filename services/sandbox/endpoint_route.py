@@ -91,13 +91,20 @@ class EndpointRoute:
     """The host end: a unix socket in its own folder, each connection forwarded to one address."""
 
     def __init__(self, address: str, work_root: str | None) -> None:
-        self._host, self._port = split_address(address)
+        # address "": a route made ahead of its session (a warm container's, docker_warm.py); bind() names it.
+        self._host, self._port = split_address(address) if address else ("", 0)
         self.folder = tempfile.mkdtemp(prefix="dockyard-route-", dir=work_root)
         os.chmod(self.folder, 0o755)
         self._server: asyncio.AbstractServer | None = None
         self._live: set[asyncio.Task] = set()
 
+    def bind(self, address: str) -> None:
+        """The one address of a route made ahead of its session, before start()."""
+        self._host, self._port = split_address(address)
+
     async def start(self) -> None:
+        if not self._port:
+            raise RuntimeError("the route has no address: bind() it first")
         path = os.path.join(self.folder, SOCKET_NAME)
         self._server = await asyncio.start_unix_server(self._serve, path)
         os.chmod(path, 0o666)  # the container's non-root user connects

@@ -8,6 +8,8 @@ Reward             --> reward_runner.run_reward (the function through the backen
 ListInstances      --> the instances of the task sets under the task root (held-out parts omitted)
 OpenSession, SessionExec, ReadFile, WriteFile, CloseSession, ScoreSession
                    --> session_api.SessionService (its checks, the store, the backend's session)
+PrepareSessions / ReleaseSessions --> the backend's warm sessions of a job (docker: docker_warm.py); a SWE
+                   task set's instance images made (SweScorer.image, as a first run would)
 
 Requests are bounded before any work: at most MAX_FILES files under paths of at most
 MAX_PATH_CHARS characters and MAX_PATH_DEPTH parts, at most MAX_ARGS command arguments
@@ -24,6 +26,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import grpc
+import structlog
 
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
@@ -49,6 +52,8 @@ _STATUS = {
     Status.ERROR: common_pb2.VERDICT_STATUS_ERROR,
     Status.TIMEOUT: common_pb2.VERDICT_STATUS_TIMEOUT,
 }
+
+log = structlog.get_logger()
 
 
 def resolve_limits(limits: sandbox_pb2.Limits, settings: SandboxSettings) -> ResourceLimits:
@@ -281,6 +286,45 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             idle_timeout_seconds=session.idle_timeout,
             endpoint_url=session.handle.endpoint_url,
         )
+
+    async def PrepareSessions(
+        self, request: sandbox_pb2.PrepareSessionsRequest, context: grpc.aio.ServicerContext
+    ) -> sandbox_pb2.PrepareSessionsResponse:
+        if not request.job_id:
+            raise InvalidArgument("job_id is required")
+        if not 0 <= request.size <= self._settings.max_sessions:
+            raise InvalidArgument(f"size must be 0..{self._settings.max_sessions} (max_sessions), got {request.size}")
+        if any(not p.strip() or p.strip().startswith("-") or "\n" in p for p in request.packages):
+            raise InvalidArgument(f"packages: {list(request.packages)[:8]!r}: each must be a pip requirement")
+        limits = resolve_limits(request.limits, self._settings)
+        instances = {}
+        if request.task_set:
+            try:
+                instances = self._swe.task_sets.instances(request.task_set)
+            except TaskSetError as exc:
+                raise _TASK_SET_ERRORS[exc.kind](str(exc)) from None
+        job = {"packages": list(request.packages), "routed": request.routed, "images": list(request.images)}
+        try:
+            warm = await self._backend.prepare_sessions(request.job_id, request.size, limits, **job)
+        except (FailedPrecondition, InvalidArgument):
+            raise
+        except Exception as exc:  # a pull, a build or a start that failed: nothing the caller can fix by retrying
+            raise FailedPrecondition(f"cannot prepare the job's sessions: {type(exc).__name__}: {exc}") from None
+        ready = 0
+        for instance in instances.values():  # one after another: pulls and builds are the engine's work anyway
+            try:
+                ready += await self._swe.image(request.task_set, instance) is not None
+            except Exception as exc:  # noqa: BLE001 -- its first run reports it, as without a preparation
+                log.warning("an instance's image is not ready", instance=instance.instance_id, error=str(exc)[:300])
+        return sandbox_pb2.PrepareSessionsResponse(warm=warm, instance_images=ready)
+
+    async def ReleaseSessions(
+        self, request: sandbox_pb2.ReleaseSessionsRequest, context: grpc.aio.ServicerContext
+    ) -> sandbox_pb2.ReleaseSessionsResponse:
+        if not request.job_id:
+            raise InvalidArgument("job_id is required")
+        await self._backend.release_sessions(request.job_id)
+        return sandbox_pb2.ReleaseSessionsResponse()
 
     async def SessionExec(
         self, request: sandbox_pb2.SessionExecRequest, context: grpc.aio.ServicerContext

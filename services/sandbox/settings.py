@@ -47,6 +47,18 @@ class SandboxSettings(ServiceSettings):
         pattern=r"^[1-9][0-9]*:[1-9][0-9]*$",
         description="Docker backend: uid:gid the code runs as when the service is root (never 0).",
     )
+    warm_sessions_max: int = Field(
+        16,
+        ge=0,
+        description="Docker backend: most session containers kept started ahead per key (image, memory, CPU "
+        "seconds, route) for the jobs that asked (PrepareSessions); 0: every session starts its own.",
+    )
+    image_cache_gb: float = Field(
+        0.0,
+        ge=0,
+        description="Docker backend: most GB of images this service pulled or built that it keeps; beyond it the "
+        "least recently used ones no container uses are removed; 0: none removed.",
+    )
 
     default_timeout_seconds: float = Field(10.0, gt=0, description="Wall-clock limit when a request gives 0.")
     default_memory_mb: int = Field(512, gt=0, description="Address-space limit when a request gives 0.")

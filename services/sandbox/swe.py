@@ -175,8 +175,13 @@ class SweScorer:
             checkout, test_patch = tree.checkout, tree.test_patch
         else:
             checkout, test_patch = await self._checkouts.get(mirror, instance.base_commit), instance.test_patch
-        image = await self._image_for(instance, mirror) if self._image_for else None
-        return checkout, image, test_patch
+        return checkout, await self.image(task_set, instance), test_patch
+
+    async def image(self, task_set: str, instance: SweInstance) -> str | None:
+        """The image `instance` runs in (pulled and fitted, or built, once); None: the backend's own."""
+        if self._image_for is None:
+            return None
+        return await self._image_for(instance, self.task_sets.mirror(task_set, instance.repo))
 
     async def score(self, task_set: str, instance: SweInstance, patch: str, limits: ResourceLimits) -> SweResult:
         total = len(instance.fail_to_pass) + len(instance.pass_to_pass)

@@ -7,6 +7,8 @@
       one-call pool (reuse=False): the caller runs its one call in it, then ends it; never given back
       reusable pool: give_back(sandbox, reusable) --> waiting again when `reusable`, alive and within
                    `size`; discarded otherwise
+      resize(n) --> `size` becomes n: waiting sandboxes beyond it discarded, new ones started up to it
+                   (resize to the same size fills a pool no take() has filled yet)
       close()  --> starts under way awaited, every waiting sandbox discarded; take() refuses after,
                    and a sandbox given back then is discarded
 
@@ -89,6 +91,24 @@ class WarmPool(Generic[T]):
             await self._discard(taken)
             self._top_up()
 
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def waiting(self) -> int:
+        """Sandboxes started and waiting for a take()."""
+        return len(self._waiting)
+
+    async def resize(self, size: int) -> None:
+        """Hold `size` sandboxes from now on: the newest waiting ones beyond it are discarded, and starts
+        begin in the background up to it (a fresh pool fills here, before its first take())."""
+        if size < 0:
+            raise ValueError(f"size: must be 0 or more, got {size}")
+        self._size = size
+        while self._waiting and len(self._waiting) + len(self._starting) + self._out > size:
+            await self._discard(self._waiting.pop())
+        self._top_up()
+
     def _top_up(self) -> None:
         while not self._closed and len(self._waiting) + len(self._starting) + self._out < self._size:
             task = asyncio.ensure_future(self._start_one())
@@ -101,7 +121,7 @@ class WarmPool(Generic[T]):
         except Exception as exc:  # noqa: BLE001 -- a warm start is an optimisation; take() starts its own
             log.warning("could not start a warm sandbox", error=f"{type(exc).__name__}: {exc}")
             return
-        if self._closed:
+        if self._closed or len(self._waiting) + self._out >= self._size:  # closed, or shrunk meanwhile
             await self._discard(started)
         else:
             self._waiting.append(started)

@@ -464,7 +464,8 @@ async def _sandbox_reward_cases(stub, probe: Prober) -> None:
 
 
 async def _sandbox_session_cases(stub, probe: Prober, deep: str) -> None:
-    """OpenSession, SessionExec, ReadFile, WriteFile, CloseSession, ScoreSession: ids, paths, sizes, timeouts."""
+    """OpenSession, SessionExec, ReadFile, WriteFile, CloseSession, ScoreSession, PrepareSessions,
+    ReleaseSessions: ids, paths, sizes, timeouts."""
     sandbox = sandbox_pb2
 
     def open_(**fields):
@@ -472,6 +473,20 @@ async def _sandbox_session_cases(stub, probe: Prober, deep: str) -> None:
 
     for idle in (-1.0, float("nan"), 1e12):
         await probe.expect(open_(idle_timeout_seconds=idle), INVALID, "idle_timeout_seconds")
+
+    def prepare(**fields):
+        return stub.PrepareSessions(sandbox.PrepareSessionsRequest(**{"job_id": "j", **fields}))
+
+    await probe.expect(prepare(job_id=""), INVALID, "job_id")
+    await probe.expect(prepare(size=-1), INVALID, "size")
+    await probe.expect(prepare(size=10**6), INVALID, "size")
+    await probe.expect(prepare(packages=["--index-url=http://x"]), INVALID, "packages")
+    await probe.expect(prepare(limits=sandbox.Limits(memory_mb=-1)), INVALID, "memory_mb")
+    await probe.expect(stub.ReleaseSessions(sandbox.ReleaseSessionsRequest()), INVALID, "job_id")
+    await probe.expect(prepare(task_set="t"), PRECONDITION, "DOCKYARD_SANDBOX_TASK_ROOT")  # no task root here
+    # The local backend keeps no session started ahead: it answers 0, and releasing is harmless.
+    assert (await prepare(size=2)).warm == 0
+    await stub.ReleaseSessions(sandbox.ReleaseSessionsRequest(job_id="j"))
     await probe.expect(open_(task_set="t"), INVALID, "instance_id")
     await probe.expect(open_(instance_id="i"), INVALID, "task_set")
     await probe.expect(open_(task_set="t", instance_id="i"), PRECONDITION, "DOCKYARD_SANDBOX_TASK_ROOT")

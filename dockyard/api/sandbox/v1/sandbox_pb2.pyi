@@ -278,3 +278,39 @@ class RewardResponse(_message.Message):
     verdict: _common_pb2.Verdict
     reward: float
     def __init__(self, verdict: _Optional[_Union[_common_pb2.Verdict, _Mapping]] = ..., reward: _Optional[float] = ...) -> None: ...
+
+class PrepareSessionsRequest(_message.Message):
+    __slots__ = ("job_id", "size", "limits", "packages", "routed", "images", "task_set")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    PACKAGES_FIELD_NUMBER: _ClassVar[int]
+    ROUTED_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    TASK_SET_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    size: int
+    limits: Limits
+    packages: _containers.RepeatedScalarFieldContainer[str]
+    routed: bool
+    images: _containers.RepeatedScalarFieldContainer[str]
+    task_set: str
+    def __init__(self, job_id: _Optional[str] = ..., size: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., packages: _Optional[_Iterable[str]] = ..., routed: _Optional[bool] = ..., images: _Optional[_Iterable[str]] = ..., task_set: _Optional[str] = ...) -> None: ...
+
+class PrepareSessionsResponse(_message.Message):
+    __slots__ = ("warm", "instance_images")
+    WARM_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_IMAGES_FIELD_NUMBER: _ClassVar[int]
+    warm: int
+    instance_images: int
+    def __init__(self, warm: _Optional[int] = ..., instance_images: _Optional[int] = ...) -> None: ...
+
+class ReleaseSessionsRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseSessionsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

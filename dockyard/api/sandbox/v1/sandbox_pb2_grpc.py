@@ -91,6 +91,16 @@ class SandboxServiceStub:
                 request_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.RewardRequest.SerializeToString,
                 response_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.RewardResponse.FromString,
                 _registered_method=True)
+        self.PrepareSessions = channel.unary_unary(
+                '/dockyard.sandbox.v1.SandboxService/PrepareSessions',
+                request_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.PrepareSessionsRequest.SerializeToString,
+                response_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.PrepareSessionsResponse.FromString,
+                _registered_method=True)
+        self.ReleaseSessions = channel.unary_unary(
+                '/dockyard.sandbox.v1.SandboxService/ReleaseSessions',
+                request_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ReleaseSessionsRequest.SerializeToString,
+                response_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ReleaseSessionsResponse.FromString,
+                _registered_method=True)
 
 
 class SandboxServiceServicer:
@@ -186,6 +196,23 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrepareSessions(self, request, context):
+        """A job's start: pull its images when missing and keep `size` of its
+        sessions' containers started ahead (docker backend; the local backend
+        keeps none), so OpenSession takes one at once. Idempotent: a second call
+        of the job sets its share again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseSessions(self, request, context):
+        """A job's end: the containers started ahead for it are removed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -243,6 +270,16 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.Reward,
                     request_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.RewardRequest.FromString,
                     response_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.RewardResponse.SerializeToString,
+            ),
+            'PrepareSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareSessions,
+                    request_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.PrepareSessionsRequest.FromString,
+                    response_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.PrepareSessionsResponse.SerializeToString,
+            ),
+            'ReleaseSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseSessions,
+                    request_deserializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ReleaseSessionsRequest.FromString,
+                    response_serializer=dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ReleaseSessionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -544,6 +581,60 @@ class SandboxService:
             '/dockyard.sandbox.v1.SandboxService/Reward',
             dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.RewardRequest.SerializeToString,
             dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.RewardResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrepareSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.sandbox.v1.SandboxService/PrepareSessions',
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.PrepareSessionsRequest.SerializeToString,
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.PrepareSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockyard.sandbox.v1.SandboxService/ReleaseSessions',
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ReleaseSessionsRequest.SerializeToString,
+            dockyard_dot_sandbox_dot_v1_dot_sandbox__pb2.ReleaseSessionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,120 @@
+"""A job's sandbox sessions started ahead: each sandbox worker told the job's share before its trials open sessions.
+
+    AgentTrials.group --> SessionWarmer.ensure_soon(task_set): ensure() in the background, no trial waits:
+        each alive sandbox worker not yet told (one joining later too):
+            PrepareSessions(job, size = ceil(max_concurrent_trials / alive workers), the job's limits,
+                            the scaffold's package, routed = an external scaffold;
+                            a swe job: size 0 and the task set of its first group, whose instances'
+                            images the worker makes now)
+    AgentTrials.close (the job's end) --> release(): a preparation under way awaited (at most
+        RELEASE_TIMEOUT_SECONDS, then cancelled), then ReleaseSessions(job) on every worker told
+
+Guarantees: warming is an optimisation, never a job's failure: a worker that refuses or does not
+answer is logged and its trials open their sessions cold, as before (a slow one holds no trial up:
+the first trials open cold while their worker prepares); each worker is told once per job
+(and again after it was lost and came back); release is attempted on every worker told, whatever
+happened. Sessions of a task set (SWE, terminal tasks) are not warmed: each instance has its image
+and checkout, so no two trials share a key (docker_warm.py); a SWE set's images are made ahead instead
+(terminal tasks' images are built at their first session, as before).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import grpc
+import structlog
+
+from dockyard.api.sandbox.v1 import sandbox_pb2
+from services.coordinator.fleet import Fleet
+
+log = structlog.get_logger()
+
+PREPARE_TIMEOUT_SECONDS = 900.0  # a scaffold's package image is built the first time
+RELEASE_TIMEOUT_SECONDS = 30.0
+
+
+class SessionWarmer:
+    def __init__(
+        self,
+        job_id: str,
+        fleet: Fleet,
+        concurrency: int,
+        limits: sandbox_pb2.Limits,
+        *,
+        packages: tuple[str, ...] = (),
+        routed: bool = False,
+    ) -> None:
+        self.job_id, self.fleet, self.concurrency = job_id, fleet, concurrency
+        self._limits, self._packages, self._routed = limits, packages, routed
+        self._told: dict[str, object] = {}  # worker name -> the stub it was told on
+        self._lock = asyncio.Lock()
+        self._preparing: asyncio.Task | None = None
+        self._task_set = ""
+
+    def size_per_worker(self, workers: int) -> int:
+        return math.ceil(self.concurrency / max(workers, 1))
+
+    def ensure_soon(self, task_set: str = "") -> None:
+        """ensure() in the background, unless one is under way; `task_set`: the job's (its first one counts)."""
+        self._task_set = self._task_set or task_set
+        if self._preparing is None or self._preparing.done():
+            self._preparing = asyncio.ensure_future(self.ensure())
+
+    async def ensure(self) -> None:
+        """PrepareSessions on every alive sandbox worker not yet told (a worker back with a new stub again)."""
+        workers = self.fleet.alive("sandbox")
+        if all(self._told.get(w.name) is w.stub for w in workers):
+            return
+        async with self._lock:
+            size = self.size_per_worker(len(workers))
+            request = sandbox_pb2.PrepareSessionsRequest(
+                job_id=self.job_id,
+                size=size,
+                limits=self._limits,
+                packages=self._packages,
+                routed=self._routed,
+                task_set=self._task_set,
+            )
+            todo = [w for w in workers if self._told.get(w.name) is not w.stub]
+            for worker in todo:  # told before the answer: a release at any point reaches it
+                self._told[worker.name] = worker.stub
+            results = await asyncio.gather(*(_call(w.stub, "PrepareSessions", request) for w in todo))
+            for worker, result in zip(todo, results, strict=True):
+                if isinstance(result, grpc.aio.AioRpcError):
+                    log.warning(
+                        "a sandbox worker keeps no sessions started for the job; its trials open them cold",
+                        worker=worker.name,
+                        code=result.code().name,
+                        details=result.details(),
+                    )
+                elif isinstance(result, BaseException):
+                    log.warning("could not prepare a job's sessions", worker=worker.name, error=repr(result))
+                else:
+                    images = result.instance_images
+                    log.info("sandbox sessions prepared", worker=worker.name, warm=result.warm, instance_images=images)
+
+    async def release(self) -> None:
+        """ReleaseSessions(job) on every worker told; one that does not answer keeps the job's containers
+        until it stops (its close removes them) or its next start (the reaper)."""
+        if self._preparing is not None and not self._preparing.done():
+            try:  # its answer first: a release that overtook a PrepareSessions would leave a pool behind
+                await asyncio.wait_for(asyncio.shield(self._preparing), RELEASE_TIMEOUT_SECONDS)
+            except TimeoutError:
+                self._preparing.cancel()
+        told, self._told = self._told, {}
+        request = sandbox_pb2.ReleaseSessionsRequest(job_id=self.job_id)
+        results = await asyncio.gather(*(_call(stub, "ReleaseSessions", request) for stub in told.values()))
+        for name, result in zip(told, results, strict=True):
+            if isinstance(result, Exception):
+                log.warning("could not release a job's warm sessions", worker=name, error=repr(result)[:300])
+
+
+async def _call(stub, method: str, request):
+    """The reply, or the exception the call ended with (a worker's failure is logged, never the job's)."""
+    timeout = PREPARE_TIMEOUT_SECONDS if method == "PrepareSessions" else RELEASE_TIMEOUT_SECONDS
+    try:
+        return await getattr(stub, method)(request, timeout=timeout)
+    except Exception as exc:  # noqa: BLE001 -- warming is an optimisation: every failure is logged by the caller
+        return exc

@@ -1,0 +1,134 @@
+"""Images a docker sandbox pulled or built, kept within DOCKYARD_SANDBOX_IMAGE_CACHE_GB, least recently used out first.
+
+    pull_missing(images)  --> each one not present pulled (a job's start: docker_warm.prepare_job) --> record
+    record(image)         --> the image is the cache's (pulled or built by this service); its last use = now
+    touch(image)          --> a use of a cached image (a session opened on it)
+    evict()               --> while the cached images' sizes add up to more than max_gb: the least recently
+                              used one that no container (running or not) uses, and that is not kept, is
+                              removed (its tag: layers other images share stay)
+
+The record (image -> last use, seconds since the epoch) is a JSON file in the work root
+(`dockyard-image-cache.json`), so a restarted service still knows what it pulled.
+
+Guarantees: only images this service recorded are ever removed, never one in `keep` (the default
+sandbox image), never one a container uses, so a session's or run's image is not pulled from under
+it; max_gb 0 evicts nothing. Not covered: an image's size is docker's size of it, layers shared
+with other images counted in each, so the cache may hold less than max_gb on disk; images another
+engineer or service pulled are not the cache's and are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+
+import structlog
+
+log = structlog.get_logger()
+
+STATE_NAME = "dockyard-image-cache.json"
+
+
+class ImageCache:
+    def __init__(self, client, max_gb: float, work_root: str | None, *, keep: Iterable[str] = ()) -> None:
+        self._client = client
+        self._max_bytes = int(max_gb * 1024**3)
+        self._path = os.path.join(work_root or tempfile.gettempdir(), STATE_NAME)
+        self._keep = set(keep)
+        self._lock = threading.Lock()
+
+    def _load(self) -> dict[str, float]:
+        try:
+            with open(self._path) as file:
+                state = json.load(file)
+        except (OSError, ValueError):
+            return {}
+        return {str(k): float(v) for k, v in state.items()} if isinstance(state, dict) else {}
+
+    def _save(self, state: dict[str, float]) -> None:
+        partial = f"{self._path}.{os.getpid()}"
+        with open(partial, "w") as file:
+            json.dump(state, file)
+        os.replace(partial, self._path)
+
+    def recorded(self) -> dict[str, float]:
+        with self._lock:
+            return self._load()
+
+    def record(self, image: str) -> None:
+        with self._lock:
+            state = self._load()
+            state[image] = time.time()
+            self._save(state)
+
+    def added(self, image: str) -> None:
+        """An image this service built or pulled: recorded, then the cache kept within max_gb. Blocks."""
+        self.record(image)
+        self.evict()
+
+    def touch(self, image: str) -> None:
+        with self._lock:
+            state = self._load()
+            if image in state:
+                state[image] = time.time()
+                self._save(state)
+
+    def pull_missing(self, images: Iterable[str]) -> list[str]:
+        """Pull each image not present; returns those pulled (recorded as the cache's). Blocks."""
+        import docker.errors
+
+        pulled = []
+        for image in dict.fromkeys(images):
+            try:
+                self._client.images.get(image)
+                self.touch(image)
+                continue
+            except docker.errors.ImageNotFound:
+                pass
+            self._client.images.pull(image)
+            self.record(image)
+            pulled.append(image)
+            log.info("pulled a job's image", image=image)
+        if pulled:
+            self.evict()
+        return pulled
+
+    def evict(self) -> list[str]:
+        """Remove least recently used cached images until the cache fits max_gb; returns those removed. Blocks."""
+        import docker.errors
+
+        if self._max_bytes <= 0:
+            return []
+        with self._lock:
+            state = self._load()
+            sizes = {}
+            for image in list(state):
+                try:
+                    sizes[image] = self._client.images.get(image).attrs.get("Size", 0)
+                except docker.errors.ImageNotFound:
+                    del state[image]  # removed by someone else: no longer the cache's
+            total, removed = sum(sizes.values()), []
+            for image in sorted(sizes, key=lambda name: state[name]):
+                if total <= self._max_bytes:
+                    break
+                if image in self._keep or self._in_use(image):
+                    continue
+                try:
+                    self._client.images.remove(image)
+                except docker.errors.APIError as exc:  # a container took it meanwhile
+                    log.warning("could not evict an image", image=image, error=str(exc))
+                    continue
+                total -= sizes[image]
+                del state[image]
+                removed.append(image)
+            self._save(state)
+        if removed:
+            log.info("evicted images from the sandbox's cache", images=removed, bytes_left=total)
+        return removed
+
+    def _in_use(self, image: str) -> bool:
+        return bool(self._client.containers.list(all=True, sparse=True, filters={"ancestor": image}))
