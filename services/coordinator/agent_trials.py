@@ -105,23 +105,14 @@ class AgentTrials:
         self._client: openai.AsyncOpenAI | None = None
         self.regenerated_groups = 0
         scaffold, grpo = config.env.scaffold, config.grpo
+        per_step = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
         # The external scaffold's failures: counted, and the job's end when too many (None: built-in scaffold).
         self.scaffold_errors = (
-            ScaffoldErrors(
-                scaffold_name(scaffold),
-                scaffold.max_error_fraction,
-                grpo.num_prompts_per_step * grpo.num_generations_per_prompt,
-            )
-            if scaffold is not None
-            else None
+            ScaffoldErrors(scaffold_name(scaffold), scaffold.max_error_fraction, per_step) if scaffold else None
         )
         # Figures of finished trials since the last take_stats: turns, tokens, masked fraction, budgets hit.
         self._stats: list[dict[str, float | str]] = []
-        # Sessions started ahead on every sandbox worker; a task set's have an image per instance, made ahead.
-        self._warm, self._task_images = config.env.name not in STATE_SCORED_ENVS, config.env.name == "swe"
-        packages = (scaffold.package,) if scaffold is not None and scaffold.package else ()
-        size = grpo.max_concurrent_trials if self._warm else 0
-        self.warmer = SessionWarmer(job_id, fleet, size, limits, packages=packages, routed=scaffold is not None)
+        self.warmer = SessionWarmer.for_job(job_id, fleet, config, limits)  # sessions started ahead, per worker
 
     def _openai(self) -> openai.AsyncOpenAI:
         """Model calls go through the openai client, as any scaffold makes them (session calls: EndpointSessions)."""
@@ -149,8 +140,7 @@ class AgentTrials:
 
     async def group(self, task: Task, group_id: str, seed: int, n: int, sampling: SamplingConfig) -> list[Trial]:
         """n scored trials of `task`; the whole group again when a trial lost its endpoint or replica."""
-        if self._warm or self._task_images:
-            self.warmer.ensure_soon(swe.split_task_id(task.task_id)[0] if self._task_images else "")
+        self.warmer.on_group(task.task_id)
         for attempt in range(self._max_regenerations + 1):
             trials = [
                 asyncio.create_task(self.trial(task, f"{group_id}/{i}", seed * 1_000 + i, sampling, stage=True))

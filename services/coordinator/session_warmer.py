@@ -27,6 +27,8 @@ import grpc
 import structlog
 
 from dockyard.api.sandbox.v1 import sandbox_pb2
+from dockyard.config import STATE_SCORED_ENVS, MasterConfig
+from dockyard.tasks import swe
 from services.coordinator.fleet import Fleet
 
 log = structlog.get_logger()
@@ -52,6 +54,29 @@ class SessionWarmer:
         self._lock = asyncio.Lock()
         self._preparing: asyncio.Task | None = None
         self._task_set = ""
+        self._on_groups, self._task_images = True, False  # for_job sets them from the job's env
+
+    @classmethod
+    def for_job(cls, job_id: str, fleet: Fleet, config: MasterConfig, limits: sandbox_pb2.Limits) -> SessionWarmer:
+        """An agent job's warmer: its sessions warmed, unless each task has an image of its own
+        (STATE_SCORED_ENVS); a swe job's instance images made ahead instead."""
+        scaffold, name = config.env.scaffold, config.env.name
+        warm = name not in STATE_SCORED_ENVS
+        warmer = cls(
+            job_id,
+            fleet,
+            config.grpo.max_concurrent_trials if warm else 0,
+            limits,
+            packages=(scaffold.package,) if scaffold is not None and scaffold.package else (),
+            routed=scaffold is not None,
+        )
+        warmer._on_groups, warmer._task_images = warm or name == "swe", name == "swe"
+        return warmer
+
+    def on_group(self, task_id: str) -> None:
+        """A group of `task_id` starts: warm ahead (in the background) where this job warms anything."""
+        if self._on_groups:
+            self.ensure_soon(swe.split_task_id(task_id)[0] if self._task_images else "")
 
     def size_per_worker(self, workers: int) -> int:
         return math.ceil(self.concurrency / max(workers, 1))
