@@ -14,11 +14,19 @@ from typing import NoReturn
 
 import grpc
 import pytest
+from grpc.experimental.aio import init_grpc_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.sandbox.images import SANDBOX_IMAGE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# grpc.aio stops its poller thread when its last object is freed. In a test process that object may be
+# freed by the garbage collector inside a later test, after the event loop that read the poller's socket
+# has closed, and the join then waits forever (grpc/grpc#40989: seen as a unit test hung in
+# `torch.manual_seed`, its stack in Thread.join). One reference held here, from the main thread, for the
+# process's life keeps grpc.aio from shutting down between tests.
+init_grpc_aio()
 
 
 def free_port() -> int:
