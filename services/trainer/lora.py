@@ -16,7 +16,8 @@ state-dict entry) of the plain model under its plain name and shape, in the
 plain model's order, so a receiver built from the base config cannot tell a
 LoRA policy from a fully trained one. A target list that matches no linear
 layer, or matches anything but linear layers or a tied weight, raises
-ConfigError at load.
+ConfigError at load. On a mixture-of-experts policy that leaves the attention
+projections: the experts' fused 3-D weights and the router take no adapters.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dockyard.config import ConfigError, LoraConfig
+from dockyard.models.moe import moe_family
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -65,7 +67,10 @@ def add_adapters(model: torch.nn.Module, lora: LoraConfig) -> PeftModel:
     layers = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
     odd = sorted(name for name, m in layers.items() if not isinstance(m, LoraLinear) or m.fan_in_fan_out)
     if odd:
-        raise ConfigError(f"policy.lora.target_modules: only nn.Linear layers take adapters here, not {odd[:4]}")
+        hint = ""
+        if moe_family(model.config) is not None:  # fused 3-D expert weights, and a router that is no nn.Linear
+            hint = "; on a mixture-of-experts policy only attention takes adapters: [q_proj, k_proj, v_proj, o_proj]"
+        raise ConfigError(f"policy.lora.target_modules: only nn.Linear layers take adapters here, not {odd[:4]}{hint}")
     # A tied weight (lm_head with tied embeddings) is sent once under its other name: its merge would be lost.
     names: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):

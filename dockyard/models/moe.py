@@ -1,0 +1,101 @@
+"""Mixture-of-experts policies: which families dockyard runs, and what it refuses about them.
+
+    transformers config ──moe_family──> "qwen3_moe" / "mixtral" (checked end to end) / None (dense)
+    loaded model ──check_moe_model──> ConfigError for an MoE it cannot keep token-faithful, else
+        the router's load-balancing loss switched off (GRPO's loss is the only objective)
+
+Guarantees:
+- A dense model passes through untouched: nothing here changes a model without routed experts.
+- An MoE model of a family outside `MOE_FAMILIES` is refused with a ConfigError naming the families
+  that are supported: the engine and trainer were checked to route and score tokens alike only for those.
+- Router jitter (Mixtral's `router_jitter_noise`, noise on the router input in training mode only)
+  is refused: the trainer's routing would differ from the engine's by construction.
+- `output_router_logits` is set False on every MoE model loaded: the trainer's loss is the GRPO
+  loss alone (no auxiliary load-balancing term), and no forward spends time collecting router logits.
+- `TINY_MOE` holds the small shapes the tests and examples/configs/tiny_moe.yaml build (head_dim 32:
+  vLLM's CPU attention takes no smaller head).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dockyard.config import ConfigError
+
+# Families whose generation, training, weight sync and checkpoints are tested (tests/unit/test_moe_policies.py).
+MOE_FAMILIES = ("qwen3_moe", "mixtral")
+
+# Config fields holding the number of routed experts, across transformers' MoE families.
+_EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
+TINY_MOE: dict[str, dict[str, Any]] = {
+    "qwen3_moe": {
+        "model_type": "qwen3_moe",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "moe_intermediate_size": 32,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "max_position_embeddings": 128,
+        "tie_word_embeddings": True,
+    },
+    "mixtral": {
+        "model_type": "mixtral",
+        "hidden_size": 64,
+        "intermediate_size": 32,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "max_position_embeddings": 128,
+        "tie_word_embeddings": True,
+    },
+}
+
+
+def num_experts(config: Any) -> int:
+    """The number of routed experts per MoE layer of a transformers config (its text config); 0 for a dense model."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for field in _EXPERT_FIELDS:
+        value = getattr(text, field, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
+def moe_family(config: Any) -> str | None:
+    """The model_type of an MoE config, or None for a dense one."""
+    if num_experts(config) == 0:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return str(text.model_type)
+
+
+def check_moe_config(config: Any) -> None:
+    """Refuse the config of an MoE policy dockyard cannot keep token-faithful (ConfigError); a dense one passes."""
+    family = moe_family(config)
+    if family is None:
+        return
+    if family not in MOE_FAMILIES:
+        raise ConfigError(
+            f"policy: a mixture-of-experts {family!r} model is not supported; supported MoE families are "
+            f"{', '.join(MOE_FAMILIES)} (engine and trainer are checked to compute the same logprobs only for those)"
+        )
+    text = config.get_text_config()
+    if getattr(text, "router_jitter_noise", 0.0):
+        raise ConfigError(
+            f"policy: router_jitter_noise={text.router_jitter_noise} perturbs the router in training only, so the "
+            "trainer would route tokens to other experts than the engine did; set it to 0"
+        )
+
+
+def check_moe_model(model: Any) -> None:
+    """check_moe_config on the model's config, then its auxiliary router loss switched off."""
+    check_moe_config(model.config)
+    if moe_family(model.config) is not None:
+        model.config.get_text_config().output_router_logits = False
