@@ -60,6 +60,8 @@ def add_adapters(model: torch.nn.Module, lora: LoraConfig) -> PeftModel:
         bias="none",
         task_type="CAUSAL_LM",
     )
+    if moe_family(model.config) is not None:
+        _check_moe_targets(model, lora)
     try:
         wrapped = peft.get_peft_model(model, config)
     except ValueError as exc:  # peft: "Target modules {...} not found in the base model" and the like
@@ -67,10 +69,7 @@ def add_adapters(model: torch.nn.Module, lora: LoraConfig) -> PeftModel:
     layers = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
     odd = sorted(name for name, m in layers.items() if not isinstance(m, LoraLinear) or m.fan_in_fan_out)
     if odd:
-        hint = ""
-        if moe_family(model.config) is not None:  # fused 3-D expert weights, and a router that is no nn.Linear
-            hint = "; on a mixture-of-experts policy only attention takes adapters: [q_proj, k_proj, v_proj, o_proj]"
-        raise ConfigError(f"policy.lora.target_modules: only nn.Linear layers take adapters here, not {odd[:4]}{hint}")
+        raise ConfigError(f"policy.lora.target_modules: only nn.Linear layers take adapters here, not {odd[:4]}")
     # A tied weight (lm_head with tied embeddings) is sent once under its other name: its merge would be lost.
     names: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
@@ -79,6 +78,20 @@ def add_adapters(model: torch.nn.Module, lora: LoraConfig) -> PeftModel:
     if tied:
         raise ConfigError(f"policy.lora.target_modules: {tied[:4]} share their weight with another layer (tied)")
     return wrapped
+
+
+def _check_moe_targets(model: torch.nn.Module, lora: LoraConfig) -> None:
+    """Every target of an MoE policy names nn.Linear layers: its experts are fused 3-D weights, its router no Linear.
+
+    peft would otherwise wrap the experts with a parameter adapter (its merge and names are not the plain
+    model's) or, for a family it knows no mapping for, match nothing and silently train attention only.
+    """
+    linear = {name.rpartition(".")[2] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    if missing := sorted(set(lora.target_modules) - linear):
+        raise ConfigError(
+            f"policy.lora.target_modules: {missing} name no nn.Linear layer of this mixture-of-experts policy; "
+            "only attention takes adapters: [q_proj, k_proj, v_proj, o_proj]"
+        )
 
 
 def scalings(model: torch.nn.Module) -> dict[str, float]:
