@@ -1,5 +1,6 @@
 """Mixture-of-experts policies: which families dockyard runs, and what it refuses about them.
 
+    trainer tensors (fused experts) ──checkpoint_layout(family)──> the HF files' names, one tensor per expert
     transformers config ──moe_family──> "qwen3_moe" / "mixtral" (checked end to end) / None (dense)
     loaded model ──check_moe_model──> ConfigError for an MoE it cannot keep token-faithful, else
         the router's load-balancing loss switched off (GRPO's loss is the only objective)
@@ -12,13 +13,19 @@ Guarantees:
   is refused: the trainer's routing would differ from the engine's by construction.
 - `output_router_logits` is set False on every MoE model loaded: the trainer's loss is the GRPO
   loss alone (no auxiliary load-balancing term), and no forward spends time collecting router logits.
+- `checkpoint_layout` maps the trainer's tensors (transformers' fused 3-D experts) onto the names and
+  shapes `save_pretrained` writes (one tensor per expert; Mixtral's `block_sparse_moe`), views of the
+  same memory and the same values: what an engine that loads checkpoint files (vLLM) takes unambiguously.
 - `TINY_MOE` holds the small shapes the tests and examples/configs/tiny_moe.yaml build (head_dim 32:
   vLLM's CPU attention takes no smaller head).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
+
+import torch
 
 from dockyard.config import ConfigError
 
@@ -99,3 +106,38 @@ def check_moe_model(model: Any) -> None:
     check_moe_config(model.config)
     if moe_family(model.config) is not None:
         model.config.get_text_config().output_router_logits = False
+
+
+# Per family: (the layer's MoE module on disk, names of gate, up and down on disk).
+_ON_DISK = {
+    "qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "mixtral": ("block_sparse_moe", "w1", "w3", "w2"),
+}
+
+
+def checkpoint_layout(
+    family: str | None, items: Iterable[tuple[str, torch.Tensor]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`items` under the checkpoint files' names and shapes; a dense model's (family None) pass unchanged.
+
+    transformers holds `<layer>.mlp.experts.gate_up_proj` [experts, 2·ffn, hidden] (gate rows first) and
+    `down_proj` [experts, hidden, ffn]; the files hold `<layer>.<module>.experts.<i>.<gate|up|down>.weight`.
+    """
+    if family not in _ON_DISK:
+        yield from items
+        return
+    module, gate, up, down = _ON_DISK[family]
+    for name, tensor in items:
+        layer, sep, rest = name.partition(".mlp.")
+        if not sep:
+            yield name, tensor
+        elif rest == "experts.gate_up_proj":
+            ffn = tensor.shape[1] // 2
+            for i in range(tensor.shape[0]):
+                yield f"{layer}.{module}.experts.{i}.{gate}.weight", tensor[i, :ffn]
+                yield f"{layer}.{module}.experts.{i}.{up}.weight", tensor[i, ffn:]
+        elif rest == "experts.down_proj":
+            for i in range(tensor.shape[0]):
+                yield f"{layer}.{module}.experts.{i}.{down}.weight", tensor[i]
+        else:  # the router (`gate.weight`), or a dense MLP layer of a model that mixes both
+            yield f"{layer}.{module}.{rest}", tensor

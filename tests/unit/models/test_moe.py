@@ -6,11 +6,12 @@ import asyncio
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoConfig
 
 from dockyard.config import ConfigError
 from dockyard.models.load import load_policy
-from dockyard.models.moe import MOE_FAMILIES, TINY_MOE, check_moe_config, moe_family, num_experts
+from dockyard.models.moe import MOE_FAMILIES, TINY_MOE, check_moe_config, checkpoint_layout, moe_family, num_experts
 from dockyard.rpc.errors import InvalidArgument
 from services.rollout.job_engines import build_engine
 from services.rollout.torch_engine import _moe_refusals
@@ -59,3 +60,16 @@ def test_the_engine_refuses_graphs_and_fp8_for_moe() -> None:
     cfg = moe_config("qwen3_moe", "policy.generation.precision=fp8", "cluster.device=cuda")
     with pytest.raises(InvalidArgument, match="fp8: not supported for mixture-of-experts"):
         asyncio.run(build_engine(cfg, "cpu"))
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_checkpoint_layout_is_what_save_pretrained_writes(family: str, tmp_path) -> None:
+    model, _ = load_policy(moe_config(family).policy)
+    model.save_pretrained(tmp_path)
+    files = load_file(tmp_path / "model.safetensors")
+    mapped = dict(checkpoint_layout(family, model.named_parameters()))
+    assert mapped.keys() == files.keys()  # per-expert names (Mixtral: block_sparse_moe.experts.<i>.w1/w2/w3)
+    for name, tensor in files.items():
+        assert torch.equal(mapped[name], tensor), name
+    dense = [("model.layers.0.mlp.gate_proj.weight", torch.zeros(2, 2))]
+    assert list(checkpoint_layout(None, dense)) == dense
