@@ -89,8 +89,9 @@ class TorchEngine(GenerationEngine):
         if max_batch_rows < 1:
             raise ValueError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
         graphs = kv_cache in ("static", "auto")
-        if moe_family(model.config) is not None:
-            graphs = _moe_refusals(kv_cache, precision, torch.device(device)) and graphs
+        if moe_family(model.config) is not None:  # decoded eagerly, or refused (_check_moe)
+            _check_moe(kv_cache, precision, torch.device(device))
+            graphs = False
         self.kv_cache = kv_cache
         self.in_flight_weight_updates = in_flight_weight_updates
         self.model = model.to(device).eval()
@@ -351,8 +352,8 @@ class TorchEngine(GenerationEngine):
         )
 
 
-def _moe_refusals(kv_cache: str, precision: str, device: torch.device) -> bool:
-    """What a mixture-of-experts policy cannot run here (ConfigError); False: its decode step runs without graphs.
+def _check_moe(kv_cache: str, precision: str, device: torch.device) -> None:
+    """ConfigError for what a mixture-of-experts policy cannot run here; otherwise its decode step runs eagerly.
 
     Graphs: transformers' grouped-expert forward falls back, under torch.compile in float32, to a per-expert
     loop that reads the routing counts on the host, which a CUDA graph capture cannot hold, and no graph
@@ -367,7 +368,6 @@ def _moe_refusals(kv_cache: str, precision: str, device: torch.device) -> bool:
             "policy.generation.kv_cache=static: the torch engine captures no CUDA graphs of a mixture-of-experts "
             "decode step (data-dependent expert routing); use dynamic or auto (auto decodes it eagerly)"
         )
-    return False
 
 
 def _merged(first: list[TokenDelta], then: list[TokenDelta]) -> list[TokenDelta]:

@@ -14,7 +14,7 @@ from dockyard.models.load import load_policy
 from dockyard.models.moe import MOE_FAMILIES, TINY_MOE, check_moe_config, checkpoint_layout, moe_family, num_experts
 from dockyard.rpc.errors import InvalidArgument
 from services.rollout.job_engines import build_engine
-from services.rollout.torch_engine import _moe_refusals
+from services.rollout.torch_engine import _check_moe
 from tests.unit.rollout.test_moe_engine import moe_config
 
 
@@ -51,11 +51,11 @@ def test_the_router_aux_loss_is_switched_off_at_load(family: str) -> None:
 
 def test_the_engine_refuses_graphs_and_fp8_for_moe() -> None:
     with pytest.raises(ConfigError, match="kv_cache=static: the torch engine captures no CUDA graphs"):
-        _moe_refusals("static", "auto", torch.device("cuda"))
+        _check_moe("static", "auto", torch.device("cuda"))
     with pytest.raises(ConfigError, match="precision=fp8: not supported for mixture-of-experts"):
-        _moe_refusals("auto", "fp8", torch.device("cuda"))
-    assert _moe_refusals("auto", "auto", torch.device("cuda")) is False  # auto: eager decode, no refusal
-    assert _moe_refusals("static", "auto", torch.device("cpu")) is False  # CPU never captures graphs
+        _check_moe("auto", "fp8", torch.device("cuda"))
+    _check_moe("auto", "auto", torch.device("cuda"))  # auto: eager decode, no refusal
+    _check_moe("static", "auto", torch.device("cpu"))  # CPU never captures graphs
     # What LoadPolicy answers (fp8 parses only for cluster.device=cuda; the refusal comes before any device use).
     cfg = moe_config("qwen3_moe", "policy.generation.precision=fp8", "cluster.device=cuda")
     with pytest.raises(InvalidArgument, match="fp8: not supported for mixture-of-experts"):
