@@ -29,7 +29,7 @@ import torch
 
 from dockyard.config import ConfigError
 
-# Families whose generation, training, weight sync and checkpoints are tested (tests/unit/test_moe_policies.py).
+# Families whose generation, training, sync and checkpoints are tested (tests/unit/*/test_moe*.py).
 MOE_FAMILIES = ("qwen3_moe", "mixtral")
 
 # Config fields holding the number of routed experts, across transformers' MoE families.
