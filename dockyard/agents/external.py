@@ -96,11 +96,14 @@ async def run_external(
     prompt: str,
     budget: Budget,
     max_new: int,
+    extra: dict[str, str] | None = None,
 ) -> ScaffoldRun:
-    """Run the scaffold to its end (or the trial's time limit): its outcome, output tail and error, if any."""
+    """Run the scaffold to its end (or the trial's time limit): its outcome, output tail and error, if any.
+    `extra`: the trial's own variables besides the scaffold's (env verifiers: the runner and its row)."""
     environment = scaffold_environment(
         scaffold, endpoint_url=endpoint_url, api_key=api_key, model=model, prompt=prompt, budget=budget, max_new=max_new
     )
+    environment.update(extra or {})
     start = time.monotonic()
     result = await sandbox.run(shell=shell_line(scaffold, environment), timeout=budget.seconds)
     seconds = time.monotonic() - start

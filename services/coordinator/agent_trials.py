@@ -62,7 +62,7 @@ from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2
 from dockyard.config import STATE_SCORED_ENVS, MasterConfig, SamplingConfig
 from dockyard.rpc.retry import OVERLOADED, PEER_LOST
-from dockyard.tasks import swe
+from dockyard.tasks import swe, verifiers_rows
 from dockyard.tasks.task import Task
 from services.coordinator.fleet import Fleet, Member
 from services.coordinator.scaffold_errors import ScaffoldErrors
@@ -111,7 +111,7 @@ class AgentTrials:
         # The external scaffold's failures: counted, and the job's end when too many (None: built-in scaffold).
         self.scaffold_errors = (
             ScaffoldErrors(
-                scaffold_name(scaffold),
+                self._scaffold_name(),
                 scaffold.max_error_fraction,
                 grpo.num_prompts_per_step * grpo.num_generations_per_prompt,
             )
@@ -238,8 +238,10 @@ class AgentTrials:
         if run is not None:
             sampled = any(1 in s.loss_mask for s in recorded.segments)
             error = run.error or ("" if sampled else "made no model call (the endpoint recorded no sampled token)")
+            if not error and self.config.env.name == "verifiers":  # the rubric's failure is the environment's
+                error = verifiers_rows.result_error(run.outcome.answer)
             if error:
-                return _scaffold_error(trajectory_id, run, error, scaffold_name(self.config.env.scaffold))
+                return _scaffold_error(trajectory_id, run, error, self._scaffold_name())
             outcome.turns = recorded.turns  # the endpoint counted the scaffold's calls
         tokens = trial_tokens(recorded, grpo.max_trial_tokens)
         if not tokens.segments:
@@ -287,6 +289,9 @@ class AgentTrials:
             prompt=task.prompt,
             budget=budget,
             max_new=sampling.max_new_tokens,
+            extra=verifiers_rows.runner_environment(verifiers, task)
+            if (verifiers := self.config.env.verifiers)
+            else None,
         )
         return run
 
@@ -347,7 +352,7 @@ class AgentTrials:
                             instance_id=instance_id,
                             idle_timeout_seconds=min(self.config.grpo.max_trial_seconds + 120.0, 3600.0),
                             endpoint_address=self._endpoint_address() if scaffold else "",
-                            packages=(scaffold.package,) if scaffold and scaffold.package else (),
+                            packages=self._packages(),
                         )
                     return worker, sandbox
                 except grpc.aio.AioRpcError as exc:
@@ -360,6 +365,21 @@ class AgentTrials:
                 return f"{error} (waited {self._wait_timeout:.0f} s)"
             await asyncio.sleep(pause)  # sessions close as trials end
             pause = min(pause * 2, 1.0)
+
+    def _packages(self) -> tuple[str, ...]:
+        """What the session's image installs: a verifiers environment's requirements, or the scaffold's package."""
+        env = self.config.env
+        if env.verifiers is not None:
+            return env.verifiers.requirements
+        return (env.scaffold.package,) if env.scaffold and env.scaffold.package else ()
+
+    def _scaffold_name(self) -> str:
+        """How scaffold errors name the scaffold: the verifiers environment's module, or scaffold_name."""
+        env = self.config.env
+        if env.verifiers is not None:
+            return f"verifiers environment {env.verifiers.module}"
+        assert env.scaffold is not None
+        return scaffold_name(env.scaffold)
 
     async def _recorded(self, session_id: str) -> TrajectoryDocument:
         """The session's trajectory document (an opened session that recorded no call has one too);
