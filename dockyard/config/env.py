@@ -153,7 +153,7 @@ class EnvConfig(Section):
             "launch, a stated skip in preflight, [osworld.md](osworld.md)), `verifiers` (a verifiers "
             "environment, `env.verifiers`: each trial is one rollout of one of its rows, run in the "
             "trial's session by its own code, scored by its rubric; docker backend, "
-            "[environments.md](environments.md#verifiers)). Each takes its own "
+            "[environments.md](environments.md#verifiers-environments-of-the-verifiers-package)). Each takes its own "
             "`data.*.source`: `expr`, `humaneval`, `program_bench`, `swe`, `expr_agent`, "
             "`terminal_bench`, `qa`, `gdpval`, `osworld`, `verifiers`."
         ),
@@ -189,7 +189,7 @@ class EnvConfig(Section):
     verifiers: VerifiersConfig | None = Field(
         None,
         description="The verifiers environment of env.name verifiers (required there, refused elsewhere): "
-        "[environments.md](environments.md#verifiers).",
+        "[environments.md](environments.md#verifiers-environments-of-the-verifiers-package).",
     )
 
     @model_validator(mode="after")
