@@ -4,7 +4,7 @@
     import module; load_environment(**args) ──> a vf.Env (its .taskset) or a vf.Taskset
         task = the taskset's tasks[row % their number]   (the env's own rows, in load() order)
         tools = the @vf.tool methods of the task's and the taskset's toolsets, set up for this task
-            (setup, setup_task), served in this process by an in-process MCP server (no transport)
+            (setup, setup_task), each toolset registered on an in-process MCP server (no transport)
     rollout: AsyncOpenAI(OPENAI_BASE_URL, OPENAI_API_KEY).chat.completions, model DOCKYARD_MODEL:
         [system_prompt] + prompt, then each reply; its tool calls run and answer as role "tool";
         the rollout ends on a reply without a tool call, after DOCKYARD_MAX_TURNS calls, or when the
@@ -22,7 +22,7 @@ records its exact tokens); sampling settings are the job's (none are sent: the e
 them); a failure before scoring (the module, load_environment, the endpoint) exits non-zero with its
 traceback on stderr (a scaffold error, masked); a rubric that raises is written as an error, so its
 trial is masked, never scored 0. Not covered: the environment's code is trusted, and runs in the same
-process as the tools the policy calls (docs/environments.md#verifiers says what that means).
+process as the tools the policy calls (docs/environments.md, "What it means that the reward is computed in the container").
 """
 
 from __future__ import annotations
@@ -80,31 +80,40 @@ def environment_tasks(spec: dict):
     return taskset, tasks[spec["row"] % len(tasks)]
 
 
-async def tool_server(taskset, task):
-    """An in-process MCP server of the task's and the taskset's toolsets, set up for this task."""
-    from mcp.server.mcpserver import MCPServer
+class Tools:
+    """The task's tools as verifiers serves them: each toolset registered on its own in-process MCP server,
+    advertised as <server>_<tool> (bare when the toolset's TOOL_PREFIX is None)."""
 
-    server = MCPServer()
-    toolsets = [*type(task).toolsets(task.config), *type(taskset).toolsets(taskset.config)]
-    for toolset in toolsets:
-        await toolset.setup()
-        await toolset.setup_task(task)
-        prefix = toolset.server_name
-        # verifiers advertises a toolset's tools as <server>_<tool> unless its TOOL_PREFIX is None.
-        for fn in _tools(toolset):
-            name = getattr(fn, "tool_name", None) or fn.__name__
-            server.add_tool(
-                toolset._with_state(fn),
-                name=f"{prefix}_{name}" if prefix else name,
-                description=(fn.__doc__ or "").strip() or None,
-            )
-    return server, toolsets
+    def __init__(self) -> None:
+        self.schemas: list[dict] = []
+        self._dispatch: dict[str, tuple[object, str]] = {}
 
+    @classmethod
+    async def of(cls, taskset, task) -> Tools:
+        from mcp.server.mcpserver import MCPServer
 
-def _tools(toolset):
-    from verifiers.v1.utils.decorators import discover_decorated
+        tools = cls()
+        for toolset in [*type(task).toolsets(task.config), *type(taskset).toolsets(taskset.config)]:
+            await toolset.setup()
+            await toolset.setup_task(task)
+            server = MCPServer()
+            toolset.register(server)
+            prefix = toolset.server_name
+            for tool in await server.list_tools():
+                name = f"{prefix}_{tool.name}" if prefix else tool.name
+                if name in tools._dispatch:
+                    raise ValueError(f"two tools are named {name!r}")
+                tools._dispatch[name] = (server, tool.name)
+                function = {"name": name, "description": tool.description or "", "parameters": tool.input_schema}
+                tools.schemas.append({"type": "function", "function": function})
+        return tools
 
-    return discover_decorated(toolset, "tool")
+    async def call(self, name: str, arguments: dict) -> str:
+        if name not in self._dispatch:
+            raise ValueError(f"no tool is named {name!r}")
+        server, raw = self._dispatch[name]
+        result = await server.call_tool(raw, arguments)
+        return "\n".join(getattr(block, "text", str(block)) for block in result.content)
 
 
 def first_messages(task) -> list[dict]:
@@ -115,23 +124,18 @@ def first_messages(task) -> list[dict]:
     return [*messages, *(m.model_dump(exclude_none=True) for m in data.prompt or [])]
 
 
-async def rollout(client, model: str, messages: list[dict], server, max_turns: int, max_tokens: int) -> int:
+async def rollout(client, model: str, messages: list[dict], tools: Tools, max_turns: int, max_tokens: int) -> int:
     """The conversation, extended in place; the number of model calls made."""
     import openai
 
-    listed = await server.list_tools()
-    tools = [
-        {
-            "type": "function",
-            "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema},
-        }
-        for t in listed
-    ]
     turns = 0
     while turns < max_turns:
         try:
             reply = await client.chat.completions.create(
-                model=model, messages=messages, max_tokens=max_tokens, **({"tools": tools} if tools else {})
+                model=model,
+                messages=messages,
+                max_tokens=max_tokens,
+                **({"tools": tools.schemas} if tools.schemas else {}),
             )
         except openai.APIStatusError as exc:
             if exc.status_code in REFUSED_TURN:
@@ -150,18 +154,16 @@ async def rollout(client, model: str, messages: list[dict], server, max_turns: i
         if not calls:
             break
         for call in calls:
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": await _call(server, call)})
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": await _call(tools, call)})
     return turns
 
 
-async def _call(server, call) -> str:
+async def _call(tools: Tools, call) -> str:
     """A tool's text result; what went wrong, as text, when the call is not one the tools take."""
     try:
-        arguments = json.loads(call.function.arguments or "{}")
-        result = await server.call_tool(call.function.name, arguments)
+        return await tools.call(call.function.name, json.loads(call.function.arguments or "{}"))
     except Exception as exc:  # the policy's mistake (bad arguments, unknown tool) or the tool's: its reply
         return f"error: {exc}"
-    return "\n".join(getattr(block, "text", str(block)) for block in result.content)
 
 
 def trace_messages(messages: list[dict]) -> list[dict]:
@@ -195,14 +197,14 @@ async def main() -> None:
 
     spec = json.loads(os.environ["DOCKYARD_VERIFIERS_ENV"])
     taskset, task = environment_tasks(spec)
-    server, _ = await tool_server(taskset, task)
+    tools = await Tools.of(taskset, task)
     messages = first_messages(task)
     client = AsyncOpenAI(max_retries=0)  # OPENAI_BASE_URL and OPENAI_API_KEY: the trial's endpoint session
     turns = await rollout(
         client,
         os.environ["DOCKYARD_MODEL"],
         messages,
-        server,
+        tools,
         int(os.environ["DOCKYARD_MAX_TURNS"]),
         int(os.environ["DOCKYARD_MAX_NEW_TOKENS"]),
     )

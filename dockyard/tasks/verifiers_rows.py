@@ -22,13 +22,13 @@ import math
 import random
 from pathlib import Path
 
-from dockyard.agents import verifiers_runner
 from dockyard.api.common.v1 import common_pb2
 from dockyard.config.verifiers import RESULT_FILE, VerifiersConfig
 from dockyard.tasks.task import Task
 
 REWARD_DENOMINATOR = 1_000_000  # a reward's resolution in tests_passed / tests_total
-RUNNER_SOURCE = Path(verifiers_runner.__file__).read_text()
+# The runner is data here, never imported: its source runs in the session, under the environment's interpreter.
+RUNNER_SOURCE = (Path(__file__).resolve().parents[1] / "agents" / "verifiers_runner.py").read_text()
 _PREFIX = "verifiers-"
 
 
