@@ -22,7 +22,7 @@ records its exact tokens); sampling settings are the job's (none are sent: the e
 them); a failure before scoring (the module, load_environment, the endpoint) exits non-zero with its
 traceback on stderr (a scaffold error, masked); a rubric that raises is written as an error, so its
 trial is masked, never scored 0. Not covered: the environment's code is trusted, and runs in the same
-process as the tools the policy calls (docs/environments.md, "What it means that the reward is computed in the container").
+process as the tools the policy calls (docs/environments.md says what scoring in the container means).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class Tools:
 
     def __init__(self) -> None:
         self.schemas: list[dict] = []
-        self._dispatch: dict[str, tuple[object, str]] = {}
+        self.dispatch: dict[str, tuple[object, str]] = {}  # advertised name -> (its server, its own name)
 
     @classmethod
     async def of(cls, taskset, task) -> Tools:
@@ -101,17 +101,17 @@ class Tools:
             prefix = toolset.server_name
             for tool in await server.list_tools():
                 name = f"{prefix}_{tool.name}" if prefix else tool.name
-                if name in tools._dispatch:
+                if name in tools.dispatch:
                     raise ValueError(f"two tools are named {name!r}")
-                tools._dispatch[name] = (server, tool.name)
+                tools.dispatch[name] = (server, tool.name)
                 function = {"name": name, "description": tool.description or "", "parameters": tool.input_schema}
                 tools.schemas.append({"type": "function", "function": function})
         return tools
 
     async def call(self, name: str, arguments: dict) -> str:
-        if name not in self._dispatch:
+        if name not in self.dispatch:
             raise ValueError(f"no tool is named {name!r}")
-        server, raw = self._dispatch[name]
+        server, raw = self.dispatch[name]
         result = await server.call_tool(raw, arguments)
         return "\n".join(getattr(block, "text", str(block)) for block in result.content)
 
