@@ -33,7 +33,7 @@ import grpc
 from dockyard.agents.scaffold import Budget, Outcome, TrialRefused
 from dockyard.agents.session import SandboxSession
 from dockyard.api.common.v1 import common_pb2
-from dockyard.config import ScaffoldConfig
+from dockyard.config import EnvConfig, ScaffoldConfig
 
 TAIL_CHARS = 2000  # of the scaffold's stderr (its stdout when stderr is empty): samples.jsonl, the job's error
 ANSWER_BYTES = 64 * 1024  # an answer file longer than this is not an answer
@@ -54,6 +54,21 @@ class ScaffoldRun:
 def scaffold_name(scaffold: ScaffoldConfig) -> str:
     """How errors name the scaffold: its package, else the command's first word."""
     return scaffold.package or scaffold.command.split()[0]
+
+
+def env_scaffold_name(env: EnvConfig) -> str:
+    """How an env's scaffold errors name what failed: a verifiers environment's module, else scaffold_name."""
+    if env.verifiers is not None:
+        return f"verifiers environment {env.verifiers.module}"
+    assert env.scaffold is not None
+    return scaffold_name(env.scaffold)
+
+
+def session_packages(env: EnvConfig) -> tuple[str, ...]:
+    """What an env's session image installs: a verifiers environment's requirements, or the scaffold's package."""
+    if env.verifiers is not None:
+        return env.verifiers.requirements
+    return (env.scaffold.package,) if env.scaffold and env.scaffold.package else ()
 
 
 def is_scaffold_error(trajectory: common_pb2.Trajectory) -> bool:
@@ -96,11 +111,14 @@ async def run_external(
     prompt: str,
     budget: Budget,
     max_new: int,
+    extra: dict[str, str] | None = None,
 ) -> ScaffoldRun:
-    """Run the scaffold to its end (or the trial's time limit): its outcome, output tail and error, if any."""
+    """Run the scaffold to its end (or the trial's time limit): its outcome, output tail and error, if any.
+    `extra`: the trial's own variables besides the scaffold's (env verifiers: the runner and its row)."""
     environment = scaffold_environment(
         scaffold, endpoint_url=endpoint_url, api_key=api_key, model=model, prompt=prompt, budget=budget, max_new=max_new
     )
+    environment.update(extra or {})
     start = time.monotonic()
     result = await sandbox.run(shell=shell_line(scaffold, environment), timeout=budget.seconds)
     seconds = time.monotonic() - start

@@ -30,7 +30,7 @@ def prepare(cfg) -> None:
     boot = policy.bootstrap
     build = warm_start_agent if boot.recipe == "tiny_agent" else warm_start
     # Only the agent warm start has a scaffold's format to demonstrate.
-    extra = {"scaffold": boot.scaffold} if boot.recipe == "tiny_agent" else {}
+    extra = {"scaffold": boot.scaffold} if boot.recipe == "tiny_agent" else {"chat": boot.chat}
     with Progress(
         TextColumn("warm start"),
         BarColumn(),
@@ -64,7 +64,7 @@ def bootstrap_differences(folder: Path, policy) -> str:
     boot = policy.bootstrap
     wanted = {
         name: getattr(boot, name)
-        for name in ("recipe", "steps", "lr", "batch_size", "seed", "shortcut_rate", "scaffold")
+        for name in ("recipe", "steps", "lr", "batch_size", "seed", "shortcut_rate", "scaffold", "chat")
     }
     wanted |= {f"model.{k}": v for k, v in (policy.model or {}).items()}
     built = {**meta, **{f"model.{k}": v for k, v in (meta.get("model") or {}).items()}}

@@ -71,7 +71,16 @@ class SourceConfig(Section):
 
 class DatasetConfig(Section):
     source: Literal[
-        "expr", "expr_agent", "humaneval", "program_bench", "swe", "terminal_bench", "qa", "gdpval", "osworld"
+        "expr",
+        "expr_agent",
+        "humaneval",
+        "program_bench",
+        "swe",
+        "terminal_bench",
+        "qa",
+        "gdpval",
+        "osworld",
+        "verifiers",
     ] = Field(
         "expr",
         description=(
@@ -85,7 +94,9 @@ class DatasetConfig(Section):
             "questions, `dockyard/tasks/qa.py`), "
             "`gdpval` (a folder of file-producing task folders, `dockyard/tasks/gdpval.py`), "
             "`osworld` (OSWorld task JSON files, `dockyard/tasks/osworld.py`; the prompt is the "
-            "task's `instruction`)."
+            "task's `instruction`), `verifiers` (the rows of `env.verifiers`' environment: `size` row "
+            "indices in a seeded order, each trial's prompt the row's own, "
+            "`dockyard/tasks/verifiers_rows.py`)."
         ),
     )
     path: str | None = Field(

@@ -15,6 +15,7 @@ from dockyard.config.reward_spec import syntax_error as reward_syntax_error
 from dockyard.config.sampling import MIN_TEMPERATURE, OPENAI_MAX_TEMPERATURE
 from dockyard.config.section import Section
 from dockyard.config.tools import ScaffoldConfig, ToolConfig
+from dockyard.config.verifiers import VerifiersConfig, runner_scaffold
 
 MAX_REWARD_TERMS = 16
 
@@ -118,7 +119,16 @@ class JudgeConfig(Section):
 
 class EnvConfig(Section):
     name: Literal[
-        "expr", "expr_agent", "program_synthesis", "program_bench", "swe", "terminal_bench", "hle", "gdpval", "osworld"
+        "expr",
+        "expr_agent",
+        "program_synthesis",
+        "program_bench",
+        "swe",
+        "terminal_bench",
+        "hle",
+        "gdpval",
+        "osworld",
+        "verifiers",
     ] = Field(
         "expr",
         description=(
@@ -140,9 +150,12 @@ class EnvConfig(Section):
             "`env.tools` with a file-changing tool), both in [environments.md](environments.md), "
             "`osworld` (computer use: OSWorld task files, screenshots through the multimodal gate, "
             "pyautogui-style actions; needs a desktop VM provider, which is not available: refused at "
-            "launch, a stated skip in preflight, [osworld.md](osworld.md). Each takes its own "
+            "launch, a stated skip in preflight, [osworld.md](osworld.md)), `verifiers` (a verifiers "
+            "environment, `env.verifiers`: each trial is one rollout of one of its rows, run in the "
+            "trial's session by its own code, scored by its rubric; docker backend, "
+            "[environments.md](environments.md#verifiers-environments-of-the-verifiers-package)). Each takes its own "
             "`data.*.source`: `expr`, `humaneval`, `program_bench`, `swe`, `expr_agent`, "
-            "`terminal_bench`, `qa`, `gdpval`, `osworld`."
+            "`terminal_bench`, `qa`, `gdpval`, `osworld`, `verifiers`."
         ),
     )
     reward: str | list[RewardTerm] = Field(
@@ -170,7 +183,13 @@ class EnvConfig(Section):
     scaffold: ScaffoldConfig | None = Field(
         None,
         description="Set: each trial runs this external scaffold in its sandbox session (docker backend), whose "
-        "only network route is the policy endpoint (docs/agents.md#external-scaffolds).",
+        "only network route is the policy endpoint (docs/agents.md#external-scaffolds). With env.name verifiers it "
+        "is dockyard's verifiers runner, set by dockyard (`null` or that runner).",
+    )
+    verifiers: VerifiersConfig | None = Field(
+        None,
+        description="The verifiers environment of env.name verifiers (required there, refused elsewhere): "
+        "[environments.md](environments.md#verifiers-environments-of-the-verifiers-package).",
     )
 
     @model_validator(mode="after")
@@ -199,6 +218,21 @@ class EnvConfig(Section):
             raise ValueError(f"env.judge grades question answering (env.name=hle), not env.name={self.name}")
         if self.tools and self.scaffold is not None:
             raise ValueError("env.tools are the built-in scaffold's; an external env.scaffold brings its own tools")
+        return self
+
+    @model_validator(mode="after")
+    def _verifiers(self) -> EnvConfig:
+        if (self.name == "verifiers") != (self.verifiers is not None):
+            raise ValueError("env.verifiers names the environment of env.name verifiers, and only there")
+        if self.verifiers is None:
+            return self
+        if self.tools:
+            raise ValueError("env.tools are the built-in scaffold's; a verifiers environment brings its own tools")
+        runner = runner_scaffold()
+        if self.scaffold is not None and self.scaffold != runner:
+            raise ValueError("env.scaffold: env.name verifiers runs dockyard's verifiers runner, not another scaffold")
+        # Every external-scaffold path (session route, image, errors) then serves it; set without re-validating.
+        self.__dict__["scaffold"] = runner
         return self
 
     @property

@@ -34,6 +34,7 @@ ENV_SOURCES = {
     "hle": "qa",
     "gdpval": "gdpval",
     "osworld": "osworld",
+    "verifiers": "verifiers",
 }
 # Environments whose agent trials are scored from the state the agent leaves in its session (the
 # repository's diff, the task's tests, the deliverables), not from an answer it hands in: their

@@ -82,6 +82,14 @@ class BootstrapConfig(Section):
             "the reference: an imperfect demonstrator that GRPO must learn to beat."
         ),
     )
+    chat: bool = Field(
+        False,
+        description=(
+            "`tiny_expr` only: each demonstration's prompt rendered as one user turn of the chat template "
+            "(`user: <prompt>`, then the generation prompt), as the policy endpoint renders a single-turn "
+            "chat trial (env verifiers); `false`: the prompt as it is, as the rollout service completes it."
+        ),
+    )
     scaffold: Literal["built_in", "mini_swe_agent"] = Field(
         "built_in",
         description=(

@@ -81,6 +81,13 @@ def encode_sft_batch(tokenizer: PreTrainedTokenizerFast, tasks: Sequence[Task]) 
     return pad_rows(rows, tokenizer.pad_token_id)
 
 
+def chat_prompt(tokenizer: PreTrainedTokenizerFast, prompt: str) -> str:
+    """``prompt`` as the policy endpoint renders a chat of one user message, up to the generation prompt."""
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
+
+
 def pad_rows(rows: Sequence[tuple[list[int], list[int]]], pad: int) -> dict[str, torch.Tensor]:
     """Right-padded ids, attention mask and labels from ``(ids, labels)`` rows (-100: no loss)."""
     width = max(len(ids) for ids, _ in rows)
@@ -140,14 +147,16 @@ def warm_start(
     num_threads: int | None = None,
     progress: Callable[[int, float], None] | None = None,
     shortcut_rate: float = SHORTCUT_RATE,
+    chat: bool = False,
 ) -> Path:
-    """Train the SFT warm start and write it to ``out_dir``; returns ``out_dir``."""
+    """Train the SFT warm start and write it to ``out_dir``; returns ``out_dir``. With ``chat``, each
+    prompt is rendered as one user turn of the tokenizer's chat template (``chat_prompt``)."""
     check_settings(steps, batch_size, shortcut_rate)
     out_dir = Path(out_dir)
     with torch_threads(num_threads):
         started = time.monotonic()
         policy, tokenizer = new_policy(model, seed)
-        losses = _train(policy, tokenizer, steps, lr, batch_size, seed, progress, shortcut_rate)
+        losses = _train(policy, tokenizer, steps, lr, batch_size, seed, progress, shortcut_rate, chat)
         elapsed = time.monotonic() - started
 
     policy.generation_config = generation_config(tokenizer, MAX_NEW_TOKENS)
@@ -159,6 +168,7 @@ def warm_start(
         "batch_size": batch_size,
         "seed": seed,
         "shortcut_rate": shortcut_rate,
+        "chat": chat,
         "num_threads": num_threads,
         "first_loss": losses[0],
         "final_loss": sum(losses[-10:]) / len(losses[-10:]),
@@ -221,8 +231,11 @@ def _train(
     seed: int,
     progress: Callable[[int, float], None] | None,
     shortcut_rate: float,
+    chat: bool = False,
 ) -> list[float]:
     tasks = make_tasks("train", steps * batch_size, seed=seed)
+    if chat:
+        tasks = [replace(t, prompt=chat_prompt(tokenizer, t.prompt)) for t in tasks]
     rng = random.Random(seed)
     # make_tasks walks permutations of the pool; shuffle once more so a batch
     # mixes the end of one permutation with others deterministically.

@@ -19,6 +19,9 @@
                         producing task folders)    (deliverables checked, then checker.py in the session)
     osworld             osworld (OSWorld task      desktop trials in a VM: no provider here, refused at launch
                         JSON files)                (dockyard/tasks/osworld.py; docs/osworld.md)
+    verifiers           verifiers (row indices of  agent trials only: the environment's runner in the session
+                        env.verifiers' own rows)   rolls the row out and scores it with its rubric; its result
+                                                   file ─> a verdict (dockyard/tasks/verifiers_rows.py)
 
 An agent environment's trials (env.tools or env.scaffold set) end with an answer that is scored like a
 completion (swe, terminal_bench and gdpval trials are scored from their session instead:
@@ -38,7 +41,7 @@ from pathlib import Path
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.config import JUDGE_TEMPLATE, DatasetConfig, MasterConfig
-from dockyard.tasks import expr, gdpval, osworld, programs, qa, swe, terminal_sets
+from dockyard.tasks import expr, gdpval, osworld, programs, qa, swe, terminal_sets, verifiers_rows
 from dockyard.tasks.instructions import HandIn, agent_prompt, hand_in
 from dockyard.tasks.qa_judge import Judge
 from dockyard.tasks.task import Task
@@ -56,6 +59,7 @@ class Environment:
     judge: Judge | None = None  # hle with env.judge.enabled: asked about what the answer rules reject
     # Agent trials: how the trial's scaffold hands its work in, which every prompt says (instructions.py).
     hand_in: HandIn | None = None
+    module: str = ""  # env verifiers: the environment's module (its rows' labels)
 
     def load(self, split: str, dataset: DatasetConfig, other: DatasetConfig | None = None) -> list[Task]:
         """The tasks of `split`; `other` is the other split's config (program tasks: which files serve both).
@@ -67,6 +71,8 @@ class Environment:
         return [replace(task, prompt=agent_prompt(self.name, task.prompt, how)) for task in tasks]
 
     def _tasks(self, split: str, dataset: DatasetConfig, other: DatasetConfig | None) -> list[Task]:
+        if self.name == "verifiers":
+            return verifiers_rows.make_tasks(split, dataset.size, dataset.seed, self.module)
         if self.name == "expr":
             return expr.make_tasks(split, dataset.size, dataset.seed)
         if self.name == "expr_agent":
@@ -98,6 +104,8 @@ class Environment:
             raise ValueError(f"{self.name} tasks are scored from their agent session (ScoreSession), not an answer")
         if self.name == "osworld":
             raise osworld.DesktopUnavailable(osworld.DESKTOP_REQUIREMENTS)
+        if self.name == "verifiers":  # scored in the session by the environment's rubric: its result file
+            return verifiers_rows.verdict(completion)
         if self.name == "swe":
             task_set, instance_id = swe.split_task_id(task.task_id)
             request = sandbox_pb2.ScorePatchRequest(
@@ -126,7 +134,8 @@ class Environment:
 
 
 def environment(config: MasterConfig, judge: Judge | None = None) -> Environment:
-    return Environment(config.env.name, config.env.agentic, judge, hand_in(config.env))
+    module = config.env.verifiers.module if config.env.verifiers is not None else ""
+    return Environment(config.env.name, config.env.agentic, judge, hand_in(config.env), module)
 
 
 def judge_for(config: MasterConfig, job_id: str, endpoint_address: str, endpoint_token: str) -> Judge | None:
@@ -164,6 +173,8 @@ def split_tasks(config: MasterConfig, split: str) -> list[Task]:
 
 def docker_required(config: MasterConfig) -> str | None:
     """Why a local stack runs this config's sandbox on the docker backend (sandbox_env sets it), or None."""
+    if config.env.name == "verifiers":
+        return "env verifiers runs its environment in a session whose only network route is the policy endpoint"
     if config.env.scaffold is not None:
         return "env.scaffold runs an external scaffold, whose session's only network route is the policy endpoint"
     if config.env.name == "terminal_bench":

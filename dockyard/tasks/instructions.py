@@ -48,6 +48,8 @@ class HandIn:
 
 def hand_in(env: EnvConfig) -> HandIn | None:
     """How the config's trials hand their work in; None when a sample is one completion, not a trial."""
+    if env.name == "verifiers":  # the environment gives each trial its row's own prompt, in the session
+        return None
     if env.scaffold is not None:
         return HandIn(external=True, answer_file=env.scaffold.answer_file or "")
     if env.tools:

@@ -38,7 +38,6 @@ import re
 import urllib.parse
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 import grpc
 import httpx
@@ -46,7 +45,12 @@ import openai
 import structlog
 
 from dockyard.agents.contract import SESSION_HEADER, SESSION_ID_CHARS, SessionStatus, TrialStaging
-from dockyard.agents.external import SCAFFOLD_ERROR_PREFIX, ScaffoldRun, run_external, scaffold_name
+from dockyard.agents.external import (
+    ScaffoldRun,
+    env_scaffold_name,
+    run_external,
+    session_packages,
+)
 from dockyard.agents.scaffold import Budget, Outcome, TrialLost, TrialRefused, run_scaffold
 from dockyard.agents.session import SandboxSession
 from dockyard.agents.tools import Toolbox
@@ -55,13 +59,13 @@ from dockyard.api.sandbox.v1 import sandbox_pb2
 from dockyard.config import STATE_SCORED_ENVS, MasterConfig, SamplingConfig
 from dockyard.experience.data_plane import DataPlane
 from dockyard.rpc.retry import OVERLOADED, PEER_LOST
-from dockyard.tasks import swe
+from dockyard.tasks import swe, verifiers_rows
 from dockyard.tasks.task import Task
-from services.coordinator.endpoint_sessions import EndpointSessions, Recording, discard, staging_for
+from services.coordinator.endpoint_sessions import EndpointSessions, discard, staging_for
 from services.coordinator.fleet import Fleet, Member
-from services.coordinator.job_buffer import StagedPayload
 from services.coordinator.scaffold_errors import ScaffoldErrors
 from services.coordinator.session_warmer import SessionWarmer
+from services.coordinator.trials import Trial, invalid, scaffold_error
 
 # A full (RESOURCE_EXHAUSTED) or unreachable sandbox worker frees up or comes back: wait for it.
 OPEN_RETRIABLE = OVERLOADED | PEER_LOST
@@ -108,7 +112,7 @@ class AgentTrials:
         per_step = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
         # The external scaffold's failures: counted, and the job's end when too many (None: built-in scaffold).
         self.scaffold_errors = (
-            ScaffoldErrors(scaffold_name(scaffold), scaffold.max_error_fraction, per_step) if scaffold else None
+            ScaffoldErrors(env_scaffold_name(config.env), scaffold.max_error_fraction, per_step) if scaffold else None
         )
         # Figures of finished trials since the last take_stats: turns, tokens, masked fraction, budgets hit.
         self._stats: list[dict[str, float | str]] = []
@@ -197,7 +201,7 @@ class AgentTrials:
             opened = await self._open(task, session_id)
             if isinstance(opened, str):
                 await self._sessions.forget(session_id)
-                return Trial(_invalid(trajectory_id, opened))
+                return Trial(invalid(trajectory_id, opened))
             worker, sandbox = opened
             with self.fleet.calling(worker):
                 try:
@@ -232,9 +236,9 @@ class AgentTrials:
                 toolbox = Toolbox(tools, sandbox, max_output_chars=self.config.env.sandbox.max_output_bytes or 4096)
                 outcome = await run_scaffold(client, self.job_id, task.prompt, tools, toolbox, sampling, budget, seed)
         except TrialRefused as exc:
-            return Trial(_invalid(trajectory_id, str(exc)))
+            return Trial(invalid(trajectory_id, str(exc)))
         except grpc.aio.AioRpcError as exc:
-            return Trial(_invalid(trajectory_id, f"the sandbox session failed: {exc.code().name}: {exc.details()}"))
+            return Trial(invalid(trajectory_id, f"the sandbox session failed: {exc.code().name}: {exc.details()}"))
         # The session was opened before the scaffold ran: a 404 here means the endpoint lost it (TrialLost).
         recorded = await self._sessions.recording(session_id, grpo.max_trial_tokens, staged=staging is not None)
         if recorded.status != SessionStatus.OK:
@@ -243,11 +247,13 @@ class AgentTrials:
             error = run.error or (
                 "" if recorded.sampled else "made no model call (the endpoint recorded no sampled token)"
             )
+            if not error and self.config.env.name == "verifiers":  # the rubric's failure is the environment's
+                error = verifiers_rows.result_error(run.outcome.answer)
             if error:
-                return _scaffold_error(trajectory_id, run, error, scaffold_name(self.config.env.scaffold), recorded)
+                return scaffold_error(trajectory_id, run, error, env_scaffold_name(self.config.env), recorded)
             outcome.turns = recorded.turns  # the endpoint counted the scaffold's calls
         if not recorded.segments:
-            return Trial(_invalid(trajectory_id, "the trial recorded no sampled token"))
+            return Trial(invalid(trajectory_id, "the trial recorded no sampled token"))
         verdict, scored_text = await self._verdict(task, outcome, sandbox, trajectory_id)
         self._stats.append(
             {
@@ -289,6 +295,9 @@ class AgentTrials:
             prompt=task.prompt,
             budget=budget,
             max_new=sampling.max_new_tokens,
+            extra=verifiers_rows.runner_environment(verifiers, task)
+            if (verifiers := self.config.env.verifiers)
+            else None,
         )
         return run
 
@@ -335,7 +344,7 @@ class AgentTrials:
                             instance_id=instance_id,
                             idle_timeout_seconds=min(self.config.grpo.max_trial_seconds + 120.0, 3600.0),
                             endpoint_address=self._endpoint_address() if scaffold else "",
-                            packages=(scaffold.package,) if scaffold and scaffold.package else (),
+                            packages=session_packages(self.config.env),
                         )
                     return worker, sandbox
                 except grpc.aio.AioRpcError as exc:
@@ -348,51 +357,3 @@ class AgentTrials:
                 return f"{error} (waited {self._wait_timeout:.0f} s)"
             await asyncio.sleep(pause)  # sessions close as trials end
             pause = min(pause * 2, 1.0)
-
-
-@dataclass
-class Trial:
-    """A scored trial, and its conversation per segment as the endpoint rendered it ({messages, tools})."""
-
-    trajectory: common_pb2.Trajectory
-    conversation: list[dict] = field(default_factory=list)
-    scaffold_error: str = ""  # why the external scaffold failed ("": it did not), its output's tail below
-    output_tail: str = ""
-    part: StagedPayload | None = None  # its token arrays, staged by the endpoint (None: in `trajectory`, or none)
-    received_bytes: int = 0  # bytes of token arrays that came here from the endpoint
-    recorded_part: StagedPayload | None = None  # a part the endpoint staged for a trial left without tokens
-
-    def error_line(self) -> str:
-        """The scaffold error with the end of its output, as the job's message would give it ("" if none)."""
-        if not self.scaffold_error:
-            return ""
-        return f"{self.scaffold_error}; its output ends: {self.output_tail[-500:]!r}"
-
-
-def _invalid(trajectory_id: str, error: str) -> common_pb2.Trajectory:
-    """An infrastructure failure: no tokens, no learning signal, masked from every statistic."""
-    log.warning("an agent trial failed", trajectory=trajectory_id, error=error)
-    return common_pb2.Trajectory(
-        trajectory_id=trajectory_id,
-        valid=False,
-        verdict=common_pb2.Verdict(status=common_pb2.VERDICT_STATUS_ERROR, error_message=error),
-        finish_reason="error",
-    )
-
-
-def _scaffold_error(
-    trajectory_id: str, run: ScaffoldRun, error: str, scaffold: str, recorded: Recording | None = None
-) -> Trial:
-    """The scaffold's own failure: masked like an infrastructure error (no tokens, out of every statistic),
-    marked so that it is counted as the scaffold's, with the tail of its output."""
-    log.warning("an external scaffold failed", trajectory=trajectory_id, error=error, output=run.output_tail[-500:])
-    trajectory = common_pb2.Trajectory(
-        trajectory_id=trajectory_id,
-        valid=False,
-        verdict=common_pb2.Verdict(
-            status=common_pb2.VERDICT_STATUS_ERROR, error_message=f"{SCAFFOLD_ERROR_PREFIX}{scaffold}: {error}"
-        ),
-        finish_reason=run.outcome.finish_reason,
-    )
-    part = recorded.part if recorded is not None else None  # staged, but no group will take it
-    return Trial(trajectory, scaffold_error=error, output_tail=run.output_tail, recorded_part=part)

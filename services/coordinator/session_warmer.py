@@ -26,6 +26,7 @@ import math
 import grpc
 import structlog
 
+from dockyard.agents.external import session_packages
 from dockyard.api.sandbox.v1 import sandbox_pb2
 from dockyard.config import STATE_SCORED_ENVS, MasterConfig
 from dockyard.tasks import swe
@@ -67,7 +68,7 @@ class SessionWarmer:
             fleet,
             config.grpo.max_concurrent_trials if warm else 0,
             limits,
-            packages=(scaffold.package,) if scaffold is not None and scaffold.package else (),
+            packages=session_packages(config.env),
             routed=scaffold is not None,
         )
         warmer._on_groups, warmer._task_images = warm or name == "swe", name == "swe"

@@ -40,9 +40,10 @@ from dockyard.experience.agent_trial import PartGone, assemble, stage_part
 from dockyard.experience.data_plane import DataPlane
 from dockyard.rpc.errors import InvalidArgument
 from dockyard.tasks.task import Task
-from services.coordinator.agent_trials import AgentTrials, Trial
+from services.coordinator.agent_trials import AgentTrials
 from services.coordinator.endpoint_sessions import discard
 from services.coordinator.job_buffer import JobBuffer, StagedPayload
+from services.coordinator.trials import Trial
 
 log = structlog.get_logger()
 

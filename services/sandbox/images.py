@@ -25,6 +25,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from dockyard.config.verifiers import is_project_folder
+
 BASE_IMAGE = "dockyard/sandbox-base:bookworm"
 SANDBOX_IMAGE = "dockyard/sandbox:latest"
 ENV_IMAGE_REPOSITORY = "dockyard/env"
@@ -175,11 +177,49 @@ def ensure_sandbox_image(
         return tag
 
 
+SKIPPED_PARTS = frozenset({"__pycache__", "build", "dist"})  # build outputs and caches, never a project's input
+
+
+def project_digest(folder: str | os.PathLike) -> str:
+    """A hash of a project folder's files (build outputs and caches left out)."""
+    digest = hashlib.sha256()
+    root = Path(folder)
+    for path in sorted(root.rglob("*")):
+        parts = path.relative_to(root).parts
+        if path.is_file() and not any(p in SKIPPED_PARTS or p.endswith(".egg-info") for p in parts):
+            digest.update("/".join(parts).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _identity(requirement: str) -> str:
+    """What the image tag hashes of a requirement: the string, and a local folder's contents."""
+    return f"{requirement}@{project_digest(requirement)}" if is_project_folder(requirement) else requirement
+
+
+def build_project_wheels(folders: Sequence[str], wheelhouse_dir: Path) -> list[str]:
+    """Each local project folder built into a wheel in `wheelhouse_dir` (from a copy, so the folder gets no
+    build output); their distribution names, which the image's requirements then name."""
+    names = []
+    for folder in folders:
+        with tempfile.TemporaryDirectory(prefix="dockyard-project-") as tmp:
+            source, out = Path(tmp) / "src", Path(tmp) / "out"
+            shutil.copytree(folder, source, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "dist"))
+            subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps"]
+                + ["--wheel-dir", str(out), str(source)],
+                check=True,
+            )
+            [wheel] = out.glob("*.whl")
+            shutil.copy2(wheel, wheelhouse_dir / wheel.name)
+            names.append(wheel.name.split("-", 1)[0])
+    return names
+
+
 def env_image_tag(client, base_image: str, requirements: Sequence[str]) -> str:
     """The tag ensure_env_image gives these inputs: a hash of the base image id, the sorted
-    requirements and the recipe."""
+    requirements (a local project folder with its contents) and the recipe."""
     base_id = client.images.get(base_image).id
-    parts = [base_id, ENV_DOCKERFILE, *sorted({r.strip() for r in requirements if r.strip()})]
+    parts = [base_id, ENV_DOCKERFILE, *sorted({_identity(r.strip()) for r in requirements if r.strip()})]
     return f"{ENV_IMAGE_REPOSITORY}:{hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:20]}"
 
 
@@ -194,7 +234,9 @@ def ensure_env_image(
     - `client`: a docker.DockerClient. `base_image`: normally SANDBOX_IMAGE (it must exist; any
       Debian-like image with python3 works, /opt/venv is made when missing).
     - `requirements`: pip requirement strings ("six==1.16.0", "attrs>=23"); order and duplicates
-      do not matter. Pin them: the tag hashes the strings, not what they resolved to.
+      do not matter. Pin them: the tag hashes the strings, not what they resolved to. A local project
+      folder (`/`, `./` or `../`) is built into a wheel of the wheelhouse (its dependencies downloaded
+      like any requirement's), and the tag hashes its files.
     - `wheelhouse_dir`: host folder of wheels. Missing wheels are fetched into it with
       `pip download` (binary wheels for the image's Python 3.11, x86_64) only when the image must be
       built; the build itself runs with `--network none` and installs with `--no-index`.
@@ -212,11 +254,13 @@ def ensure_env_image(
             return tag
         wheels = Path(wheelhouse_dir) / "env" / digest
         if wanted:
-            download_wheels(wanted, wheels)
+            download_wheels(wanted, wheels)  # a project folder's dependencies too (pip saves not the folder)
         else:
             wheels.mkdir(parents=True, exist_ok=True)
+        folders = [r for r in wanted if is_project_folder(r)]
+        installed = [r for r in wanted if not is_project_folder(r)] + build_project_wheels(folders, wheels)
         with tempfile.TemporaryDirectory(prefix="dockyard-build-") as tmp:
-            _build(client, _context(Path(tmp), ENV_DOCKERFILE, wanted, wheels), tag, base_image, digest)
+            _build(client, _context(Path(tmp), ENV_DOCKERFILE, installed, wheels), tag, base_image, digest)
         return tag
 
 

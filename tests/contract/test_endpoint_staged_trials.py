@@ -20,10 +20,10 @@ from dockyard.api.buffer.v1 import buffer_pb2, buffer_pb2_grpc
 from dockyard.api.common.v1 import common_pb2
 from dockyard.config import SamplingConfig
 from dockyard.rpc.client import connect
-from services.coordinator.agent_trials import Trial
 from services.coordinator.endpoint_sessions import EndpointSessions, Recording, staging_for
 from services.coordinator.job_buffer import JobBuffer
 from services.coordinator.staged_payloads import StagedPayloads
+from services.coordinator.trials import Trial
 from services.endpoint.app import create_app
 from services.endpoint.settings import EndpointSettings
 from services.trainer.consumer import BufferConsumer

@@ -82,6 +82,21 @@ def scaffold_image(docker_sandbox_image: str) -> str:
 
 
 @pytest.fixture(scope="session")
+def verifiers_image(docker_sandbox_image: str) -> str:
+    """The tiny verifiers recipe's session image (the sandbox image plus verifiers and the example
+    environment's wheel), built as the sandbox would build it on the first trial, so no trial waits."""
+    import docker
+
+    from dockyard.config import load_config
+    from services.sandbox.images import ensure_env_image
+
+    config = load_config(REPO_ROOT / "examples" / "configs" / "tiny_verifiers.yaml")
+    assert config.env.verifiers is not None
+    requirements = list(config.env.verifiers.requirements)
+    return ensure_env_image(docker.from_env(timeout=900), docker_sandbox_image, requirements)
+
+
+@pytest.fixture(scope="session")
 def tiny_policy_folder() -> Path:
     return warm_policy("examples/configs/tiny_expr.yaml")
 

@@ -17,10 +17,11 @@ from dockyard.experience import payload as packed
 from dockyard.experience.agent_trial import stage_part
 from dockyard.experience.data_plane import DataPlane
 from dockyard.tasks.task import Task
-from services.coordinator.agent_trials import AgentTrials, Trial
+from services.coordinator.agent_trials import AgentTrials
 from services.coordinator.fleet import Fleet
 from services.coordinator.job_buffer import StagedPayload
 from services.coordinator.staged_payloads import StagedPayloads
+from services.coordinator.trials import Trial
 from tests.conftest import REPO_ROOT
 from tests.unit.test_experience_agent_trial import trajectory
 

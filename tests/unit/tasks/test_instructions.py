@@ -66,6 +66,12 @@ def tool_names(text: str) -> Counter:
 
 @pytest.mark.parametrize("env", ENV_NAMES)
 def test_an_external_scaffolds_prompt_names_no_built_in_tool_and_says_how_to_hand_in(env, tmp_path):
+    if env == "verifiers":  # its scaffold is dockyard's runner, which gives each trial the row's own prompt
+        with pytest.raises(ConfigError, match="env.verifiers names the environment of env.name verifiers"):
+            external_config(env, tmp_path)
+        tasks = split_tasks(load_config(REPO_ROOT / "examples" / "configs" / "tiny_verifiers.yaml"), "train")
+        assert tasks and not any(tool_names(t.prompt) or "When you are done" in t.prompt for t in tasks)
+        return
     config = external_config(env, tmp_path)
     if env == "osworld":  # desktop trials: no provider, so no trial of any scaffold runs (docs/osworld.md)
         with pytest.raises(ValueError, match="desktop"):
