@@ -48,6 +48,8 @@ class SessionWarmer:
         *,
         packages: tuple[str, ...] = (),
         routed: bool = False,
+        on_groups: bool = True,
+        task_images: bool = False,
     ) -> None:
         self.job_id, self.fleet, self.concurrency = job_id, fleet, concurrency
         self._limits, self._packages, self._routed = limits, packages, routed
@@ -55,7 +57,8 @@ class SessionWarmer:
         self._lock = asyncio.Lock()
         self._preparing: asyncio.Task | None = None
         self._task_set = ""
-        self._on_groups, self._task_images = True, False  # for_job sets them from the job's env
+        # on_group warms (a job that warms nothing: False); a swe job's first task set named to the workers.
+        self._on_groups, self._task_images = on_groups, task_images
 
     @classmethod
     def for_job(cls, job_id: str, fleet: Fleet, config: MasterConfig, limits: sandbox_pb2.Limits) -> SessionWarmer:
@@ -63,16 +66,16 @@ class SessionWarmer:
         (STATE_SCORED_ENVS); a swe job's instance images made ahead instead."""
         scaffold, name = config.env.scaffold, config.env.name
         warm = name not in STATE_SCORED_ENVS
-        warmer = cls(
+        return cls(
             job_id,
             fleet,
             config.grpo.max_concurrent_trials if warm else 0,
             limits,
             packages=session_packages(config.env),
             routed=scaffold is not None,
+            on_groups=warm or name == "swe",
+            task_images=name == "swe",
         )
-        warmer._on_groups, warmer._task_images = warm or name == "swe", name == "swe"
-        return warmer
 
     def on_group(self, task_id: str) -> None:
         """A group of `task_id` starts: warm ahead (in the background) where this job warms anything."""

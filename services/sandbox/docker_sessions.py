@@ -137,7 +137,7 @@ class DockerSession(SessionHandle):
 
         start = time.monotonic()
         try:
-            out, err, code, timed_out = self._run(["sh", "-c", EXEC_WRAPPER, "sh", *argv], stdin, limits)
+            out, err, code, timed_out = self.exec_raw(["sh", "-c", EXEC_WRAPPER, "sh", *argv], stdin, limits)
             if code != 0 and not self._container_running(killed=code in (-1, 137) and not timed_out):
                 raise OSError("the container stopped")  # killed under the command: not the command's failure
             disk_full = not timed_out and self._disk_full(limits)
@@ -163,8 +163,9 @@ class DockerSession(SessionHandle):
             error_message=DISK_FULL_MESSAGE if disk_full else "",
         )
 
-    def _run(self, argv: list[str], stdin: bytes, limits: ResourceLimits) -> tuple[Capped, Capped, int, bool]:
-        """One docker exec: (stdout, stderr, exit code, killed at the wall-clock limit)."""
+    def exec_raw(self, argv: list[str], stdin: bytes, limits: ResourceLimits) -> tuple[Capped, Capped, int, bool]:
+        """One docker exec of `argv` as it is (no wrapper, no disk check): (stdout, stderr, exit code, killed at
+        the wall-clock limit)."""
         from docker.utils.socket import frames_iter
 
         exec_id = self._api.exec_create(
@@ -199,7 +200,7 @@ class DockerSession(SessionHandle):
         return False
 
     def _disk_full(self, limits: ResourceLimits) -> bool:
-        free = self._run(["stat", "-f", "-c", "%a", WORK], b"", limits)[0]
+        free = self.exec_raw(["stat", "-f", "-c", "%a", WORK], b"", limits)[0]
         return bytes(free.data).strip() == b"0"
 
     def _kill_commands(self, timed_out: threading.Event) -> None:
