@@ -222,7 +222,7 @@ class DockerSession(SessionHandle):
     async def _files(self, args: list[str], stdin: bytes, cap: int) -> bytes:
         limits = ResourceLimits(timeout_seconds=60, memory_mb=0, cpu_seconds=0, max_output_bytes=cap)
         argv = ["python3", "-I", "-S", "-c", FILES_SOURCE, *args]
-        out, err, code, _ = await asyncio.to_thread(self._run, argv, stdin, limits)
+        out, err, code, _ = await asyncio.to_thread(self.exec_raw, argv, stdin, limits)
         if code == session_files.EXIT_PROBLEM:
             kind, _, message = bytes(err.data).decode("utf-8", "replace").strip().partition(" ")
             raise session_files.FileProblem(kind, message)
