@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -53,17 +54,20 @@ async def until(condition, seconds: float = 60.0) -> None:
 
 
 @pytest.fixture
-async def backend(docker_sandbox_image, tmp_path):
+async def backend(docker_sandbox_image):
     require_docker()
     from services.sandbox.docker_backend import DockerBackend
 
-    backend = await DockerBackend.open(
-        image=docker_sandbox_image, max_concurrency=4, warm_max=4, max_disk_mb=16, work_root=str(tmp_path)
-    )
-    yield backend
-    owner = backend.sessions.owner
-    await backend.close()
-    assert warm_containers(owner) == [], "the service's stop left warm containers"
+    # A short work root: a routed session's socket path (work root + its folder) must fit a unix socket's
+    # 108 bytes, which a test's tmp_path under a long test name does not.
+    with tempfile.TemporaryDirectory(prefix="dyw-") as root:
+        backend = await DockerBackend.open(
+            image=docker_sandbox_image, max_concurrency=4, warm_max=4, max_disk_mb=16, work_root=root
+        )
+        yield backend
+        owner = backend.sessions.owner
+        await backend.close()
+        assert warm_containers(owner) == [], "the service's stop left warm containers"
 
 
 async def test_a_session_is_taken_warm_and_replaced_in_the_background(backend):

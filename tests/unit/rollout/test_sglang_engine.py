@@ -411,8 +411,9 @@ def test_a_replica_that_cannot_join_fails_the_send_with_its_reason(monkeypatch, 
 
     async def scenario():
         engine = await SglangEngine.create(_config(model_dir, stand_in_fail_init="no NCCL here"), "cuda")
-        # Its rendezvous would wait this long for the replica; the replica's reason ends it sooner.
-        trainer = _Trainer(timeout=timedelta(seconds=30))
+        # Its rendezvous would wait this long for the replica; the replica's reason ends it sooner (a loaded
+        # machine once took over 30 s to get the replica that far).
+        trainer = _Trainer(timeout=timedelta(seconds=90))
         trainer.send(1, [("lm_head.weight", torch.ones(6, 4))], group)
         with pytest.raises(SyncFailed, match="no NCCL here"):
             await engine.receive_weights(WholeTensorTransport(TIMEOUT, 100), 1, group, TIMEOUT)
