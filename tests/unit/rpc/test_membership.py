@@ -51,6 +51,8 @@ async def test_register_heartbeat_reregister_after_a_coordinator_restart_and_lea
     # A new coordinator knows nothing: the member's heartbeat is NOT_FOUND and it registers again.
     server, servicer = await start_coordinator(port)
     await until(lambda: servicer.fleet.get("sandbox-7") is not None)
+    # The coordinator holds it before the member has read the reply that counts it: wait for that too.
+    await until(lambda: member.registrations >= 2)
     assert member.registrations == 2
 
     await member.stop()
