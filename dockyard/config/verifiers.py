@@ -83,7 +83,8 @@ class VerifiersConfig(Section):
 
 
 def is_project_folder(requirement: str) -> bool:
-    """A requirement that names a local project folder rather than a package of the index."""
+    """A requirement that names a local project folder rather than a package of the index (the sandbox, which
+    builds it, has the same rule in services/sandbox/images.py: its image carries no config package)."""
     return requirement.startswith(("/", "./", "../"))
 
 

@@ -25,8 +25,6 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from dockyard.config.verifiers import is_project_folder
-
 BASE_IMAGE = "dockyard/sandbox-base:bookworm"
 SANDBOX_IMAGE = "dockyard/sandbox:latest"
 ENV_IMAGE_REPOSITORY = "dockyard/env"
@@ -61,6 +59,12 @@ WORKDIR /work
 
 _build_locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
+
+
+def is_project_folder(requirement: str) -> bool:
+    """A requirement that names a local project folder (built into a wheel here) rather than an index package.
+    The config checks the same rule (dockyard/config/verifiers.py): this service's image has no config package."""
+    return requirement.startswith(("/", "./", "../"))
 
 
 def _lock(tag: str) -> threading.Lock:

@@ -77,8 +77,9 @@ async def test_chat_completions_anthropic_and_responses_stream_text_as_it_is_gen
             text += event.delta
     ratios["responses"] = first[0] / (time.monotonic() - start)
     assert text == LONG
-    # 89 tokens 10 ms apart: the first text comes after a few of them, not after all.
-    assert all(r < 0.5 for r in ratios.values()), ratios
+    # 89 tokens 10 ms apart: the first text comes after a few of them, not after all (a stream sent at its end
+    # gives about 1.0; a loaded machine once gave the Responses stream 0.52).
+    assert all(r < 0.8 for r in ratios.values()), ratios
     assert backend.streamed == 3
 
 
