@@ -115,6 +115,9 @@ def main(out: Path, overrides: list[str]) -> None:
     if dist.get_rank() == 0:
         torch.save({"weights": weights, "grads": grads}, out / "weights.pt")
         (out / "metrics.json").write_text(json.dumps(metrics))
+    # Both ranks leave together: a rank that tore its group down while the other still wrote once aborted
+    # ("terminate called without an active exception", exit -6).
+    dist.barrier()
     dist.destroy_process_group()
 
 
