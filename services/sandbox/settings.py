@@ -99,6 +99,12 @@ class SandboxSettings(ServiceSettings):
     work_root: str | None = Field(
         None, description="Folder under which work folders are made; None is the system temp."
     )
+    project_root: str | None = Field(
+        None,
+        description="Docker backend: folder inside which a session's packages may name local project folders "
+        "(built into wheels on this host, their build code run here: only trusted projects belong there); "
+        "None: local project folders are refused. `dockyard run` sets its working directory.",
+    )
     task_root: str | None = Field(
         None,
         description="Folder of SWE task sets (<task_root>/<name>/instances.jsonl and repos/); None: ScorePatch "

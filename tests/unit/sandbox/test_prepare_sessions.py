@@ -1,5 +1,6 @@
-"""PrepareSessions in the servicer (services/sandbox/servicer.py): the backend's share of a job's sessions,
-and a SWE task set's instance images made ahead through SweScorer.image, a failing one logged, not fatal."""
+"""PrepareSessions in the servicer (services/sandbox/servicer.py): the backend's share of a job's sessions (at
+most this worker's max_sessions), and a SWE task set's instance images made ahead through SweScorer.image, a
+failing one logged, not fatal."""
 
 from __future__ import annotations
 
@@ -71,3 +72,12 @@ async def test_an_unknown_task_set_is_not_found_before_anything_is_prepared():
     with pytest.raises(NotFound, match="nope"):
         await servicer(backend, swe).PrepareSessions(request, None)
     assert backend.prepared == [] and swe.asked == []
+
+
+async def test_a_share_above_max_sessions_warms_up_to_it_instead_of_nothing():
+    backend = Backend()
+    settings = SandboxSettings(coordinator_address="", max_sessions=4)
+    reply = await SandboxServicer(backend, settings, swe=Swe()).PrepareSessions(
+        sandbox_pb2.PrepareSessionsRequest(job_id="j", size=64), None
+    )
+    assert reply.warm == 4 and [size for _, size, _, _ in backend.prepared] == [4]
