@@ -163,6 +163,7 @@ class Collector:
         on_group: Callable[..., None] = lambda *_: None,  # (group id, outcome, weight version[, error])
         endpoint_address: str = "",
         endpoint_token: str = "",
+        task_ids: Sequence[str] = (),  # the job's training tasks (a swe job's images are made ahead)
     ) -> None:
         self.job_id = job_id
         self.config = config
@@ -209,6 +210,7 @@ class Collector:
                 max_regenerations=max_regenerations,
                 wait_timeout=wait_timeout,
                 plane=lambda: buffer.data_plane,
+                task_ids=task_ids,
             )
 
     def counters(self) -> CollectionCounters:

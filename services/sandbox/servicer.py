@@ -313,12 +313,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             raise
         except Exception as exc:  # a pull, a build or a start that failed: nothing the caller can fix by retrying
             raise FailedPrecondition(f"cannot prepare the job's sessions: {type(exc).__name__}: {exc}") from None
-        ready = 0
-        for instance in instances.values():  # one after another: pulls and builds are the engine's work anyway
-            try:
-                ready += await self._swe.image(request.task_set, instance) is not None
-            except Exception as exc:  # noqa: BLE001 -- its first run reports it, as without a preparation
-                log.warning("an instance's image is not ready", instance=instance.instance_id, error=str(exc)[:300])
+        wanted = [instances[i] for i in dict.fromkeys(request.instance_ids) if i in instances]
+        ready = await self._swe.prepare_images(request.task_set, wanted)
         return sandbox_pb2.PrepareSessionsResponse(warm=warm, instance_images=ready)
 
     async def ReleaseSessions(
