@@ -18,13 +18,16 @@ import yaml
 
 from dockyard.config import ConfigError, load_config_text
 from dockyard.experience.routing_layout import RoutingShape, from_bytes, to_bytes
+from dockyard.experience.trainable import BatchError, validate_groups
 from dockyard.models.load import load_policy
 from dockyard.models.moe import MOE_FAMILIES
 from dockyard.models.routing import NOT_RECORDED, RoutingRecorder, RoutingReplay, routers
 from services.rollout.decoding import DecodingParams
 from services.rollout.torch_engine import TorchEngine
+from services.trainer.batch import build_batch
 from services.trainer.experience import Sample, TrainingGroup
 from services.trainer.logprobs import sampled_logprobs
+from services.trainer.micro_batches import plan
 from services.trainer.policy import PolicyTrainer
 from tests.unit.rollout.test_moe_engine import PROMPTS, moe_config, moe_engine
 
@@ -182,3 +185,25 @@ def test_the_engine_records_what_the_trainer_compares(family: str) -> None:
     assert metrics["gen_train_logprob_abs_diff"] < 1e-5
     sample = group.samples[0]
     assert sample.routing.shape[0] == len(sample.prompt_ids) + len(sample.completion_ids) - 1
+
+
+def routed_sample(prompt: int, completion: int, value: int) -> Sample:
+    routing = np.full((prompt + completion - 1, 2, 2), value, dtype=np.uint8)
+    return Sample(f"g/{value}", [1] * prompt, [2] * completion, [-0.5] * completion, 1.0, True, routing=routing)
+
+
+def test_the_batch_lays_routing_out_like_the_tokens_and_micro_batches_keep_it() -> None:
+    samples = [routed_sample(3, 4, 5), routed_sample(2, 2, 6)]
+    batch = build_batch([TrainingGroup("g", samples)], pad_token_id=0)
+    assert batch.routing.shape == (2, 7, 2, 2)
+    assert (batch.routing[0, :6] == 5).all() and (batch.routing[0, 6] == NOT_RECORDED).all()  # last token: none
+    assert (batch.routing[1, :3] == 6).all() and (batch.routing[1, 3:] == NOT_RECORDED).all()  # and padding
+    for packing in (False, True):
+        micro = plan(batch, torch.zeros(2), rank=0, world=1, max_rows=2, max_tokens=64, packing=packing)
+        [mb] = micro
+        assert mb.routing.shape[:2] == mb.input_ids.shape  # one row of routing per input position
+        assert int((mb.routing[..., 0, 0] == 5).sum()) == 6 and int((mb.routing[..., 0, 0] == 6).sum()) == 3
+    short = routed_sample(3, 4, 5)
+    short.routing = short.routing[:-1]
+    with pytest.raises(BatchError, match=r"routing of 5 positions; its tokens need 6 \(all but the last\)"):
+        validate_groups([TrainingGroup("g", [short])], vocab_size=10, max_length=64)
