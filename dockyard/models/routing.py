@@ -99,8 +99,9 @@ class RoutingReplay:
         self._routers = routers(model)
         self._routing: torch.Tensor | None = None  # [tokens, moe_layers, k] int64, NOT_RECORDED where none
         self._replay = False
-        self.mismatched = 0  # (position, layer) decisions that differ from the recorded ones
-        self.decisions = 0  # recorded (position, layer) decisions compared
+        # (position, layer) decisions that differ from the recorded ones, and those compared: summed on the
+        # device, read once per take_counts (no host sync per router call).
+        self._counts: torch.Tensor | None = None
         self._layer: dict[int, int] = {id(r): i for i, r in enumerate(self._routers)}
         self._handles = [r.register_forward_hook(self._hook) for r in self._routers]
 
@@ -120,9 +121,11 @@ class RoutingReplay:
 
     def take_counts(self) -> tuple[int, int]:
         """(mismatched, decisions) since the last call."""
-        counts = (self.mismatched, self.decisions)
-        self.mismatched = self.decisions = 0
-        return counts
+        if self._counts is None:
+            return 0, 0
+        mismatched, decisions = self._counts.tolist()
+        self._counts = None
+        return int(mismatched), int(decisions)
 
     def _hook(self, module: torch.nn.Module, _args: Any, output: Any) -> Any:
         if self._routing is None:
@@ -134,8 +137,8 @@ class RoutingReplay:
         where = recorded[:, 0] >= 0
         with torch.no_grad():
             differs = (own.sort(dim=-1).values != recorded).any(-1) & where
-            self.mismatched += int(differs.sum())
-            self.decisions += int(where.sum())
+            counts = torch.stack([differs.sum(), where.sum()])
+            self._counts = counts if self._counts is None else self._counts + counts
         if not self._replay:
             return None
         chosen = torch.where(where[:, None], recorded, own)

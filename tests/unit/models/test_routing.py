@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from dockyard.config import ConfigError, load_config_text
+from dockyard.config import ConfigError, load_config, load_config_text
 from dockyard.experience.routing_layout import RoutingShape, from_bytes, to_bytes
 from dockyard.experience.trainable import BatchError, validate_groups
 from dockyard.models.load import load_policy
@@ -207,3 +207,22 @@ def test_the_batch_lays_routing_out_like_the_tokens_and_micro_batches_keep_it() 
     short.routing = short.routing[:-1]
     with pytest.raises(BatchError, match=r"routing of 5 positions; its tokens need 6 \(all but the last\)"):
         validate_groups([TrainingGroup("g", [short])], vocab_size=10, max_length=64)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        (["policy.generation.backend=vllm"], "the vllm engine does not capture expert routing"),
+        (["policy.generation.backend=sglang"], "the sglang engine does not capture expert routing"),
+        (["policy.backend=jax"], "the jax trainer backend cannot replay routing"),
+    ],
+)
+def test_what_cannot_record_routing_is_refused_at_launch_naming_the_setting(overrides, words) -> None:
+    for setting in ("policy.record_routing", "policy.routing_replay"):
+        with pytest.raises(ConfigError, match=rf"{setting}.*{words}"):
+            moe_config("qwen3_moe", f"{setting}=true", *overrides)
+
+
+def test_multi_turn_jobs_refuse_routing_until_the_endpoint_records_it() -> None:
+    with pytest.raises(ConfigError, match="policy.routing_replay: multi-turn trials .* do not record routing"):
+        load_config("examples/configs/tiny_agent.yaml", ["policy.routing_replay=true"])
