@@ -24,9 +24,12 @@ on the device; the host reads each step's tokens once, and writes the rows' star
 joined or left or the batch moved. With a recorder (a mixture-of-experts policy), every forward's
 expert ids are kept: a request's `prompt_routing` has one row per prompt position (a reused prefix's
 rows from the prefix cache, the rest from its prefill; each row keeps the one it joined from), a row's
-`routing` one per sampled token that a
-decode step ran (all but the last), each routed by the weights of the step that ran it; a kept prefix
-cache entry holds the rows of its ids.
+`routing` one per sampled token that a decode step ran (all but the last), each routed by the weights
+of the step that ran it; a kept prefix cache entry holds the rows of its ids.
+
+Why over 400 lines: admission, prefill, decode, finishing and the prefix cache's and routing's bookkeeping
+all act on one batch's state (slots, columns, rows) between two steps; split apart they would share that
+state through each other's fields.
 """
 
 from __future__ import annotations

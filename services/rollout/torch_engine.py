@@ -24,6 +24,10 @@ precision fp8 are refused with ConfigError, "auto" runs without graphs; every re
 experts each position was routed to (services/rollout/decode_batch.py, dockyard/models/routing.py).
 `generate_stream` streams per decode step (an ImagePrompt's result comes alone); a request that
 does not stream costs the scheduler one attribute check per row and step.
+
+Why over 400 lines: one class holds the whole GenerationEngine contract for the built-in engine (requests,
+results with their routing, streaming, weights, the MoE refusals); the scheduling itself already lives in
+decode_batch.py, kv_slots.py and prefix_cache.py, and what remains reads top to bottom as one interface.
 """
 
 from __future__ import annotations
