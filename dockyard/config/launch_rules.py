@@ -352,6 +352,13 @@ def _routing_errors(config: Any) -> list[tuple[str, str]]:
         )
     if policy.backend != "torch":
         errors.append((field, f"the {policy.backend} trainer backend cannot replay routing; use policy.backend=torch"))
+    if policy.compile_layers:
+        errors.append(
+            (
+                field,
+                "the routers' replay hooks run eagerly, not inside compiled layers: set policy.compile_layers=false",
+            )
+        )
     if config.env.agentic:
         errors.append(
             (

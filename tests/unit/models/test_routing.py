@@ -215,6 +215,7 @@ def test_the_batch_lays_routing_out_like_the_tokens_and_micro_batches_keep_it() 
         (["policy.generation.backend=vllm"], "the vllm engine does not capture expert routing"),
         (["policy.generation.backend=sglang"], "the sglang engine does not capture expert routing"),
         (["policy.backend=jax"], "the jax trainer backend cannot replay routing"),
+        (["policy.compile_layers=true"], "not inside compiled layers: set policy.compile_layers=false"),
     ],
 )
 def test_what_cannot_record_routing_is_refused_at_launch_naming_the_setting(overrides, words) -> None:
