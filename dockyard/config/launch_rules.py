@@ -346,8 +346,9 @@ def _routing_errors(config: Any) -> list[tuple[str, str]]:
         errors.append(
             (
                 field,
-                f"the {policy.generation.backend} engine does not capture expert routing here (vLLM's "
-                "enable_return_routed_experts is not wired yet); use policy.generation.backend=torch",
+                f"the {policy.generation.backend} engine does not capture expert routing here (vLLM 0.32's "
+                "enable_return_routed_experts needs its V2 model runner, dockyard's vLLM worker runs V1); "
+                "use policy.generation.backend=torch",
             )
         )
     if policy.backend != "torch":
