@@ -316,6 +316,7 @@ class Collector:
             num_samples=n,
             sampling=sampling_params(sampling, seed),
             staging=staging,
+            return_routing=self.config.policy.records_routing,
         )
         # A conversation is rendered by the rollout's chat template; the rendered ids come back in
         # prompt_token_ids, which the trajectory carries: the trainer trains on exactly what was generated from.

@@ -34,6 +34,7 @@ class MicroBatch:
     generation_logprobs: torch.Tensor
     advantages: torch.Tensor  # per token
     num_sequences: int
+    routing: torch.Tensor | None = None  # [rows, L, moe_layers, k] recorded expert ids (batch.py), or None
 
     @property
     def num_tokens(self) -> int:
@@ -101,14 +102,17 @@ def _padded(batch: Batch, advantages: torch.Tensor, rows: list[int], lengths: li
         batch.generation_logprobs[index, : width - 1],
         advantages[index, None].expand_as(mask).contiguous(),
         len(rows),
+        None if batch.routing is None else batch.routing[index, :width],
     )
 
 
 def _packed(batch: Batch, advantages: torch.Tensor, rows: list[int], lengths: list[int]) -> MicroBatch:
-    ids, pos, mask, gen, adv = [], [], [], [], []
+    ids, pos, mask, gen, adv, routing = [], [], [], [], [], []
     for i in rows:
         n = lengths[i]
         ids.append(batch.input_ids[i, :n])
+        if batch.routing is not None:
+            routing.append(batch.routing[i, :n])
         pos.append(torch.arange(n))
         # Position n-1 of a segment would predict the next segment's first token: masked out.
         mask.append(torch.cat([batch.token_mask[i, : n - 1], torch.zeros(1)]))
@@ -122,4 +126,5 @@ def _packed(batch: Batch, advantages: torch.Tensor, rows: list[int], lengths: li
         torch.cat(gen)[None, :-1],
         torch.cat(adv)[None, :-1],
         len(rows),
+        torch.cat(routing)[None] if routing else None,
     )
