@@ -21,10 +21,13 @@ class AdvantageConfig(Section):
 
 
 class AdvantageEstimatorConfig(Section):
-    name: Literal["grpo", "opd"] = Field(
+    name: Literal["grpo", "rloo", "reinforce++", "reinforce++-baseline", "opd"] = Field(
         "grpo",
         description=(
-            "`grpo`: group-relative advantages of the rewards (`grpo.advantage`); `opd`: on-policy "
+            "`grpo`: group-relative advantages of the rewards (`grpo.advantage`); `rloo`: reward minus the "
+            "mean of the group's other rewards, unscaled; `reinforce++`: the reward normalised over the "
+            "step's tokens (`reinforce++-baseline`: minus its group's mean first; "
+            "[algorithms.md](algorithms.md#advantage-estimators)); `opd`: on-policy "
             "distillation, the advantage of each student token is sg[log π_teacher − log π_student] "
             "on the student's own rollouts, with the teacher of `on_policy_distillation` (the "
             "token-level estimator, not a full-vocabulary KL; "

@@ -5,7 +5,8 @@
         ─> each minibatch: this rank's micro-batches (micro_batches.plan)
         ─(more than one minibatch or epoch)─> π_old (and π_ref) logprobs of every micro-batch, no grad,
                                               by the policy that starts the step
-        ─> per epoch, per minibatch: logprobs of π_θ (logprobs.py) ─> clipped_pg_loss ─backward─>
+        ─> per epoch, per minibatch: logprobs of π_θ (logprobs.py) ─> clipped_pg_loss (loss_fn.name's
+           objective) ─backward─>
            clip grad norm ─> AdamW step
         ─> scheduler step, weight_version += 1 (once per trainer step)
     [(prompt ids, completion ids)] ─validate_rows─> build_row_batch ─> the same micro-batches
@@ -81,11 +82,14 @@ from services.trainer.minibatches import (
     Minibatch,
     Step,
     count,
+    loss_options,
+    loss_share,
     prepare_step,
     step_metrics,
 )
 from services.trainer.sharded_checkpoint import ShardedCheckpoints
 from services.trainer.sharding import (
+    extremes_over_ranks,
     full_state,
     load_full_optimizer_state,
     max_over_ranks,
@@ -355,6 +359,7 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums = dict.fromkeys(("loss", *LOSS_STATS, *(("teacher_kl",) if self.teacher is not None else ())), 0.0)
         scale = float(self.world)  # FSDP averages gradients over ranks; the step's loss is their sum.
+        low, high = float("inf"), float("-inf")  # the ratio's extremes over the minibatch
         for i in range(mini.count):
             if i >= len(mini.micro):
                 self._idle_pass(reference=frozen is None, teacher=True)
@@ -382,28 +387,22 @@ class PolicyTrainer:
                 mask,
                 generation_logprobs=mb.generation_logprobs,
                 reference_logprobs=reference,
-                clip_low=loss_cfg.clip_low,
-                clip_high=loss_cfg.clip_high,
-                dual_clip_c=loss_cfg.dual_clip_c,
-                kl_penalty=loss_cfg.kl_penalty,
-                kl_type=loss_cfg.kl_type,
-                is_correction=loss_cfg.is_correction,
-                is_min=loss_cfg.is_min,
-                is_max=loss_cfg.is_max,
-                reduction=loss_cfg.reduction,
+                **loss_options(loss_cfg),
             )
             # Weight each micro-batch by its share, so the sum is the minibatch's reduction.
-            if loss_cfg.reduction == "token":
-                share = float(mask.sum()) / mini.tokens
-            else:
-                share = float((mask.sum(-1) > 0).sum()) / mini.sequences
+            share = loss_share(loss_cfg, mask, mini)
             (loss * (share * scale)).backward()
             sums["loss"] += float(loss.detach()) * share
             for key in LOSS_STATS:
                 sums[key] += stats[key] * share
+            if stats["num_tokens"] > 0:
+                low, high = min(low, stats["ratio_min"]), max(high, stats["ratio_max"])
             if tally is not None:
                 count(tally, mb, old, entropy)
-        return dict(zip(sums, sum_over_ranks(list(sums.values()), self.world), strict=True))
+        totals = dict(zip(sums, sum_over_ranks(list(sums.values()), self.world), strict=True))
+        low, high = extremes_over_ranks(low, high, self.world)
+        # No valid token anywhere (every row masked): the extremes are 0, as in clipped_pg_loss.
+        return totals | {"ratio_min": low if low <= high else 0.0, "ratio_max": high if low <= high else 0.0}
 
     def _logprobs(self, model: torch.nn.Module, mb: MicroBatch, entropy: bool):
         temperature = self.config.policy.generation.temperature

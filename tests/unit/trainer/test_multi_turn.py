@@ -54,7 +54,7 @@ def test_each_segment_is_a_row_and_a_trajectory_counts_once_in_its_group() -> No
     assert len(batch) == 5
     assert batch.sample_index.tolist() == [0, 0, 0, 1, 2]
     assert batch.first_segment.tolist() == [True, False, False, True, True]
-    cfg = load_config_text(CONFIG).grpo.advantage
+    cfg = load_config_text(CONFIG).grpo
     got = trajectory_advantages(batch, cfg)
     want = trajectory_advantages(build_batch([whole], pad_token_id=0), cfg).tolist()
     # The split trajectory's segments all carry the advantage it has when whole; the others are unchanged.
