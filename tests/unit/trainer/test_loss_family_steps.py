@@ -1,0 +1,54 @@
+"""Trainer steps under every loss_fn.name and advantage estimator: the gradient does not depend on how the
+minibatch is cut into micro-batches (or packed), and the step reports gate and ratio statistics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dockyard.config import load_config_text
+from dockyard.config.choices import LOSS_NAMES
+from services.trainer.policy import PolicyTrainer
+from tests.unit.trainer.test_minibatches import CONFIG, _groups
+
+# The shared tiny setup without its loss_fn line, so each preset fills its own knobs.
+BARE = CONFIG.replace("loss_fn: {clip_low: 0.2, clip_high: 0.2}\n", "")
+ESTIMATORS = ["rloo", "reinforce++", "reinforce++-baseline"]
+CASES = [[f"loss_fn.name={name}"] for name in LOSS_NAMES]
+CASES += [[f"grpo.adv_estimator.name={name}"] for name in ESTIMATORS]
+PACKED = ["policy.sequence_packing=true", "policy.max_tokens_per_micro_batch=40"]
+
+
+def _gradient(overrides: list[str]) -> torch.Tensor:
+    """The gradient of one minibatch of all 8 trajectories (no update)."""
+    policy = PolicyTrainer(load_config_text(BARE, ["policy.train_global_batch_size=8", *overrides]))
+    policy.accumulate_gradients(_groups())
+    return torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None])
+
+
+def _ids(overrides: list[str]) -> str:
+    return overrides[0].split("=")[1]
+
+
+@pytest.mark.parametrize("overrides", CASES, ids=_ids)
+def test_micro_batching_leaves_the_gradient_unchanged(overrides) -> None:
+    whole = _gradient(overrides)
+    torch.testing.assert_close(_gradient([*overrides, "policy.train_micro_batch_size=1"]), whole, rtol=1e-4, atol=1e-7)
+    assert whole.abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("overrides", [["loss_fn.name=cispo"], ["grpo.adv_estimator.name=reinforce++"]], ids=_ids)
+def test_packed_rows_give_the_padded_gradient(overrides) -> None:
+    torch.testing.assert_close(_gradient([*overrides, *PACKED]), _gradient(overrides), rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("overrides", CASES, ids=_ids)
+def test_an_off_policy_step_reports_gate_and_ratio_statistics(overrides) -> None:
+    # Two minibatches: the second sees ρ ≠ 1, so clips and gates act.
+    metrics = PolicyTrainer(load_config_text(BARE, overrides)).train_step(_groups())
+    assert math.isfinite(metrics["loss"]) and metrics["optimizer_steps"] == 2
+    assert 0 <= metrics["gate_mean"] <= 1
+    assert 0 < metrics["ratio_min"] < metrics["ratio_max"]
+    assert metrics["ratio_min"] <= metrics["ratio_mean"] <= metrics["ratio_max"]
