@@ -34,6 +34,16 @@ class AdvantageEstimatorConfig(Section):
             "[algorithms.md](algorithms.md#on-policy-distillation))."
         ),
     )
+    kl_in_reward: float = Field(
+        0.0,
+        ge=0.0,
+        le=1e3,
+        description=(
+            "`reinforce++` and `reinforce++-baseline`: β of the per-token KL (k1, log π_old − log π_ref) each "
+            "token pays in the reward, summed into its return to go; 0 = none, > 0 loads the reference. "
+            "Torch backend, unpacked rows."
+        ),
+    )
 
 
 class ToggleConfig(Section):

@@ -235,6 +235,27 @@ def _loss_family_errors(config: Any) -> list[tuple[str, str]]:
                 "loss_fn.dual_clip_c=null",
             )
         )
+    if config.grpo.adv_estimator.kl_in_reward > 0:
+        estimator = config.grpo.adv_estimator.name
+        field = "grpo.adv_estimator.kl_in_reward"
+        if estimator not in ("reinforce++", "reinforce++-baseline"):
+            errors.append(
+                (
+                    field,
+                    f"the KL in the reward is REINFORCE++'s; grpo.adv_estimator.name={estimator} "
+                    "does not read it: set it to 0 or the estimator to reinforce++",
+                )
+            )
+        if config.policy.backend == "jax":
+            errors.append(
+                (
+                    field,
+                    "the JAX backend does not put the KL in the reward; use policy.backend=torch, "
+                    "or the KL in the loss (loss_fn.kl_penalty)",
+                )
+            )
+        if config.policy.sequence_packing:
+            errors.append((field, "the KL in the reward needs unpacked rows: set policy.sequence_packing=false"))
     if name == "dapo" and config.grpo.async_grpo.enabled:
         errors.append(
             (

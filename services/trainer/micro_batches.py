@@ -34,6 +34,7 @@ class MicroBatch:
     generation_logprobs: torch.Tensor
     advantages: torch.Tensor  # per token
     num_sequences: int
+    rows: tuple[int, ...] = ()  # the batch rows it holds, in order (one per padded row)
 
     @property
     def num_tokens(self) -> int:
@@ -102,6 +103,7 @@ def _padded(batch: Batch, advantages: torch.Tensor, rows: list[int], lengths: li
         batch.generation_logprobs[index, : width - 1],
         _row_advantages(advantages, index, width - 1).expand_as(mask).contiguous(),
         len(rows),
+        tuple(rows),
     )
 
 
@@ -131,4 +133,5 @@ def _packed(batch: Batch, advantages: torch.Tensor, rows: list[int], lengths: li
         torch.cat(gen)[None, :-1],
         torch.cat(adv)[None, :-1],
         len(rows),
+        tuple(rows),
     )

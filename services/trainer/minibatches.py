@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from dockyard.algorithms import compute_advantages, reinforce_pp_advantages, rloo_advantages
 from dockyard.config import GRPOConfig, LossConfig, MasterConfig
@@ -48,6 +49,7 @@ class Minibatch:
     count: int  # forward/backward passes every rank runs (the most micro-batches of any rank)
     tokens: float  # valid tokens of the minibatch, all ranks (the token reduction's denominator)
     sequences: float  # rows with a valid token, all ranks (the sequence reduction's denominator)
+    first_row: int = 0  # its first row in the step's batch
 
 
 @dataclass
@@ -57,11 +59,12 @@ class Step:
     minibatches: list[Minibatch]
 
 
-def trajectory_advantages(batch: Batch, grpo: GRPOConfig) -> torch.Tensor:
+def trajectory_advantages(batch: Batch, grpo: GRPOConfig, kl: torch.Tensor | None = None) -> torch.Tensor:
     """Advantages of every row, by `grpo.adv_estimator.name`: one per row for the group estimators (its
     trajectory's, computed once per trajectory: its first row stands for it, so a trajectory of several
     segments counts once in its group's statistics), one per token for REINFORCE++ (normalised over
-    every valid token of the step)."""
+    every valid token of the step; `kl` [rows, L-1], with `grpo.adv_estimator.kl_in_reward`, is the
+    per-token KL each token pays, to the end of its trajectory: later segments' too)."""
     first = batch.first_segment
     rewards, groups, valid = batch.rewards[first], batch.group_ids[first], batch.valid[first]
     estimator, advantage = grpo.adv_estimator.name, grpo.advantage
@@ -70,10 +73,24 @@ def trajectory_advantages(batch: Batch, grpo: GRPOConfig) -> torch.Tensor:
     if estimator in ("reinforce++", "reinforce++-baseline"):
         if estimator == "reinforce++-baseline":
             rewards = compute_advantages(rewards, groups, valid, leave_one_out=False, scale="none")
-        return reinforce_pp_advantages(rewards[batch.sample_index], batch.token_mask, batch.valid)
+        per_row = rewards[batch.sample_index]
+        beta = grpo.adv_estimator.kl_in_reward
+        if kl is not None and beta > 0:
+            per_row = per_row - beta * _later_segments(kl, batch.token_mask, batch.sample_index)
+        return reinforce_pp_advantages(per_row, batch.token_mask, batch.valid, kl=kl, kl_coef=beta)
     return compute_advantages(rewards, groups, valid, leave_one_out=advantage.leave_one_out, scale=advantage.scale)[
         batch.sample_index
     ]
+
+
+def _later_segments(kl: torch.Tensor, mask: torch.Tensor, sample_index: torch.Tensor) -> torch.Tensor:
+    """Per row: the KL summed over the later rows of its trajectory (rows of a sample are consecutive)."""
+    totals = torch.where(mask.bool(), kl, 0.0).sum(-1)
+    later = torch.zeros_like(totals)
+    for row in range(len(totals) - 2, -1, -1):
+        if sample_index[row + 1] == sample_index[row]:
+            later[row] = later[row + 1] + totals[row + 1]
+    return later
 
 
 def loss_options(loss: LossConfig) -> dict:
@@ -125,9 +142,31 @@ def prepare_step(
                 max_over_ranks(len(micro), world),
                 float(part.token_mask.sum().clamp(min=1)),
                 float((part.token_mask.sum(-1) > 0).sum().clamp(min=1)),
+                rows.start,
             )
         )
     return Step(batch, advantages, minibatches)
+
+
+def put_kl_in_rewards(step: Step, frozen: list[list[Frozen]], grpo: GRPOConfig, world: int) -> None:
+    """REINFORCE++ with `kl_in_reward`: the step's advantages again, each token paying β·(log π_old − log π_ref)
+    to the end of its trajectory, from the π_old and π_ref of every micro-batch of every rank; each
+    micro-batch's advantages replaced in place (padded rows: the launch rules refuse packing)."""
+    kl = torch.zeros_like(step.batch.token_mask)
+    for mini, parts in zip(step.minibatches, frozen, strict=True):
+        for mb, (old, reference) in zip(mini.micro, parts, strict=True):
+            assert reference is not None, "kl_in_reward loads the reference"
+            rows = [mini.first_row + r for r in mb.rows]
+            width = mb.token_mask.shape[1]
+            paid = torch.where(mb.token_mask.bool(), (old - reference).float().cpu(), 0.0)
+            kl[rows, :width] = paid
+    if world > 1:  # every row is one rank's: the sum is the whole step's
+        dist.all_reduce(kl)
+    step.advantages = trajectory_advantages(step.batch, grpo, kl)
+    for mini in step.minibatches:
+        for mb in mini.micro:
+            rows = [mini.first_row + r for r in mb.rows]
+            mb.advantages = step.advantages[rows, : mb.token_mask.shape[1]].to(mb.advantages.device)
 
 
 def count(tally: dict[str, float], mb: MicroBatch, old: torch.Tensor, entropy: torch.Tensor | None) -> None:

@@ -33,7 +33,9 @@ Guarantees:
   stay fp32 and forward/backward run in bf16 (autocast on one rank, FSDP2's
   mixed-precision policy on many, gradients reduced in fp32).
 - Logprobs come from logits divided by the sampling temperature, as the rollout
-  engine reports them; no reference model is held when kl_penalty is 0; the
+  engine reports them; no reference model is held when kl_penalty and
+  grpo.adv_estimator.kl_in_reward are 0 (the latter: REINFORCE++'s KL in the
+  reward, with π_old and π_ref of the whole step taken before its first update); the
   reference is the job's initial policy, also after a resume.
 - With on-policy distillation (teachers.py) the advantage of every token is
   sg[log π_teacher − log π_old] on the student's own rollout, in place of the
@@ -85,6 +87,7 @@ from services.trainer.minibatches import (
     loss_options,
     loss_share,
     prepare_step,
+    put_kl_in_rewards,
     step_metrics,
 )
 from services.trainer.sharded_checkpoint import ShardedCheckpoints
@@ -143,7 +146,7 @@ class PolicyTrainer:
             compile_decoder_layers(self.model)
         self.reference: torch.nn.Module | None = None
         # With LoRA the reference is the base with its adapters off (_reference_model), no second copy.
-        if config.loss_fn.kl_penalty > 0 and self.peft is None:
+        if self.uses_reference and self.peft is None:
             # The reference is the job's starting policy, also when resuming from a later checkpoint.
             self.reference, _ = load_policy(pcfg, device, dtype=master)
             self.reference.eval().requires_grad_(False)
@@ -184,7 +187,8 @@ class PolicyTrainer:
 
     @property
     def uses_reference(self) -> bool:
-        return self.config.loss_fn.kl_penalty > 0
+        """The KL in the loss, or REINFORCE++'s KL in the reward, needs π_ref."""
+        return self.config.loss_fn.kl_penalty > 0 or self.config.grpo.adv_estimator.kl_in_reward > 0
 
     def _reference_model(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
         """π_ref for the KL term: the frozen copy, or with LoRA the policy's own base with adapters off."""
@@ -226,9 +230,12 @@ class PolicyTrainer:
         tally = dict.fromkeys(TALLY, 0.0)
         t1 = time.perf_counter()
         frozen: list[list[Frozen]] | list[None] = [None]
-        if len(step.minibatches) * pcfg.num_epochs > 1:
+        kl_in_reward = self.config.grpo.adv_estimator.kl_in_reward > 0
+        if len(step.minibatches) * pcfg.num_epochs > 1 or kl_in_reward:
             # The policy that starts the step is π_old of every minibatch: later ones see ρ ≠ 1.
             frozen = self._old_logprobs(step.minibatches, tally)
+        if kl_in_reward:  # REINFORCE++: the advantages need π_old and π_ref of the whole step first
+            put_kl_in_rewards(step, frozen, self.config.grpo, self.world)
         updates: list[dict[str, float]] = []
         optimizer_seconds = 0.0
         for _ in range(pcfg.num_epochs):

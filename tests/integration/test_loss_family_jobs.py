@@ -1,10 +1,11 @@
 """Every loss_fn.name and advantage estimator runs as a real job: the tiny recipe, a few steps each, one stack.
 
-The tiny recipe (examples/configs/tiny_expr.yaml) without its `loss_fn` and `grpo.advantage` lines, so each
-preset fills its own knobs, on a briefly warm-started model; two minibatches a step, so the second is
-off-policy and the clip or gate acts. Each job must succeed, and its per-step gate and ratio statistics must
-reach the run's metrics.jsonl (the tracker every run writes). One job runs asynchronously (GSPO-token with an
-IS correction) and DAPO, whose dynamic sampling async mode refuses, is refused at CreateJob naming the field.
+The tiny recipe (examples/configs/tiny_expr.yaml) without its `loss_fn` and `grpo.advantage` lines, so
+each preset fills its own knobs, on a briefly warm-started model; two minibatches a step, so the second
+is off-policy and the clip or gate acts (REINFORCE++ with the KL in its reward). Each job must succeed,
+and its per-step gate and ratio statistics must reach the run's metrics.jsonl (the tracker every run
+writes). One job runs asynchronously (GSPO-token with an IS correction), and DAPO, whose dynamic
+sampling async mode refuses, is refused at CreateJob naming the field.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ SHORT = [
 ]
 CHOICES = [[f"loss_fn.name={name}"] for name in LOSS_NAMES]
 CHOICES += [[f"grpo.adv_estimator.name={name}"] for name in ADV_ESTIMATORS if name not in ("grpo", "opd")]
+CHOICES[CHOICES.index(["grpo.adv_estimator.name=reinforce++"])].append("grpo.adv_estimator.kl_in_reward=0.1")
 ASYNC = ["loss_fn.name=gspo-token", "grpo.async_grpo.enabled=true", "loss_fn.is_correction=tis", "loss_fn.is_max=2"]
 
 

@@ -93,3 +93,15 @@ def test_an_unknown_name_is_refused_naming_the_field():
         load("loss_fn.name=ppo")
     with pytest.raises(ConfigError, match="grpo.adv_estimator.name"):
         load("grpo.adv_estimator.name=vtrace")
+
+
+def test_the_kl_in_the_reward_is_reinforce_pps_on_the_torch_backend_unpacked():
+    assert load("grpo.adv_estimator.name=reinforce++", "grpo.adv_estimator.kl_in_reward=0.01")
+    field = "grpo.adv_estimator.kl_in_reward"
+    with pytest.raises(ConfigError, match=f"{field}: the KL in the reward is REINFORCE.*'s; .*name=rloo"):
+        load("grpo.adv_estimator.name=rloo", f"{field}=0.01")
+    with pytest.raises(ConfigError, match=f"{field}: the JAX backend"):
+        load("grpo.adv_estimator.name=reinforce++", f"{field}=0.01", "policy.backend=jax")
+    packed = ["policy.sequence_packing=true", "policy.max_tokens_per_micro_batch=256"]
+    with pytest.raises(ConfigError, match=f"{field}: the KL in the reward needs unpacked rows"):
+        load("grpo.adv_estimator.name=reinforce++-baseline", f"{field}=0.01", *packed)

@@ -52,3 +52,19 @@ def test_an_off_policy_step_reports_gate_and_ratio_statistics(overrides) -> None
     assert 0 <= metrics["gate_mean"] <= 1
     assert 0 < metrics["ratio_min"] < metrics["ratio_max"]
     assert metrics["ratio_min"] <= metrics["ratio_mean"] <= metrics["ratio_max"]
+
+
+def _weights_after(overrides: list[str], steps: int) -> torch.Tensor:
+    policy = PolicyTrainer(load_config_text(BARE, ["policy.optimizer.lr=0.01", *overrides]))
+    for _ in range(steps):
+        policy.train_step(_groups())
+    return torch.cat([p.detach().flatten() for p in policy.model.parameters()])
+
+
+def test_the_kl_in_reward_acts_once_the_policy_left_the_reference() -> None:
+    kl = ["grpo.adv_estimator.name=reinforce++", "grpo.adv_estimator.kl_in_reward=2.0"]
+    plain = kl[:1]
+    # Step 1: π_old is π_ref, every KL is 0, the update is REINFORCE++'s without it.
+    torch.testing.assert_close(_weights_after(kl, 1), _weights_after(plain, 1), rtol=1e-5, atol=1e-7)
+    # Step 2: the policy moved, the tokens pay their KL and the update differs.
+    assert not torch.allclose(_weights_after(kl, 2), _weights_after(plain, 2), rtol=1e-4, atol=1e-6)
