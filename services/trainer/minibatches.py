@@ -8,7 +8,9 @@
            per step: the tally of π_old ────────┴─step_metrics─> the step's metrics
 
 Guarantees: advantages are computed once per step, over every trajectory of
-the step, whatever the minibatches, by the job's estimator (`grpo.adv_estimator.name`); a group is never split across
+the step, whatever the minibatches, by the job's estimator
+(`grpo.adv_estimator.name`; with REINFORCE++'s KL in the reward, again once π_old
+and π_ref of the whole step are known); a group is never split across
 minibatches; the tally (sampled-token NLL, entropy, generation-vs-training
 mismatch) is taken once per step, on the policy that starts it; loss
 statistics (loss, clip fractions, ...) are means over the step's optimizer
@@ -78,9 +80,8 @@ def trajectory_advantages(batch: Batch, grpo: GRPOConfig, kl: torch.Tensor | Non
         if kl is not None and beta > 0:
             per_row = per_row - beta * _later_segments(kl, batch.token_mask, batch.sample_index)
         return reinforce_pp_advantages(per_row, batch.token_mask, batch.valid, kl=kl, kl_coef=beta)
-    return compute_advantages(rewards, groups, valid, leave_one_out=advantage.leave_one_out, scale=advantage.scale)[
-        batch.sample_index
-    ]
+    grouped = compute_advantages(rewards, groups, valid, leave_one_out=advantage.leave_one_out, scale=advantage.scale)
+    return grouped[batch.sample_index]
 
 
 def _later_segments(kl: torch.Tensor, mask: torch.Tensor, sample_index: torch.Tensor) -> torch.Tensor:
