@@ -10,7 +10,11 @@ held-out tasks at the start and the end. The start is the same policy for every 
 what the choice's training bought in the same budget. One run per choice: on this recipe run-to-run
 noise is a few hundredths of pass rate, so differences below that are not differences.
 
-    python bench/loss_family.py --work runs/loss-family [--steps 10] [--only gspo dapo ...]
+    python bench/loss_family.py --work runs/loss-family [--steps 10] [--only gspo dapo ...] [section.key=value ...]
+
+The recipe takes one optimizer step per step (ρ = 1: no clip or gate acts, the objectives differ by
+their reduction and on-policy gradient only); `policy.train_global_batch_size=16` makes four, so three
+of them are off-policy.
 
 Prints one Markdown row per choice (choice, start, end, gain, wall seconds) as each job ends, then,
 against GRPO's gain in the same run (the baseline; run with it), `gain_minus_grpo_<choice>: D` for each
@@ -72,6 +76,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True, help="warm start, runs and logs go here")
     parser.add_argument("--steps", type=int, default=10, help="GRPO steps of each job")
     parser.add_argument("--only", nargs="*", choices=sorted(CHOICES), help="run these choices only")
+    parser.add_argument("overrides", nargs="*", help="config overrides for every job (section.key=value)")
     args = parser.parse_args()
     text = recipe_without_loss_knobs()
     work = args.work.resolve()
@@ -82,6 +87,7 @@ def main() -> None:
         "checkpointing.enabled=false",
         "logger.plot=false",
         f"logger.log_dir={work / 'runs'}",
+        *args.overrides,
     ]
     prepare(load_config_text(text, common))  # the recipe's warm start, once
     stack = LocalStack(work / "logs", free_ports=True)
