@@ -63,6 +63,11 @@ def _value(value: Any | Callable[[Any], Any], config: Any) -> Any:
     return value(config) if callable(value) else value
 
 
+def _shown(value: Any) -> str:
+    """A value as an override spells it (true, not True)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def apply_presets(config: Any) -> None:
     """Fill the knobs of `config.loss_fn.name` that the config leaves unset (in place)."""
     name = config.loss_fn.name
@@ -85,9 +90,9 @@ def preset_errors(config: Any) -> list[tuple[str, str]]:
             errors.append(
                 (
                     path,
-                    f"loss_fn.name={name} sets {path}={value} (docs/algorithms.md, the policy-gradient family), "
-                    f"but the config sets it to {getattr(owner, field)}: remove it from the config, set it to "
-                    f"{value}, or use loss_fn.name=grpo with the knobs you want",
+                    f"loss_fn.name={name} sets {path}={_shown(value)} (docs/algorithms.md, the policy-gradient "
+                    f"family), but the config sets it to {_shown(getattr(owner, field))}: remove it from the "
+                    f"config, set it to {_shown(value)}, or use loss_fn.name=grpo with the knobs you want",
                 )
             )
     return errors
