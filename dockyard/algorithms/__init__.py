@@ -1,13 +1,16 @@
 """GRPO math as a pure torch library: advantages, losses, reward shaping.
 
-    rewards ─> rewards.* (shaping) ─> dynamic_sampling.dynamic_sampling_mask ─> advantages.compute_advantages
-            ─> loss.clipped_pg_loss (with loss.kl_estimate) ─> scalar loss + metrics
+    rewards ─> rewards.* (shaping) ─> dynamic_sampling.dynamic_sampling_mask
+            ─> advantages.compute_advantages | rloo_advantages | reinforce_pp_advantages
+            ─> loss.clipped_pg_loss (surrogates.surrogate: GRPO, GSPO, CISPO, SAPO; loss.kl_estimate)
+            ─> scalar loss + metrics
 
 Guarantees: every name below is public API with a stable signature; nothing here holds state,
 touches a device other than its inputs', or does I/O. Formulas and defaults: docs/algorithms.md.
 Names load on first use (PEP 562). The names the config chooses among (SCALES, IS_CORRECTIONS,
-KL_TYPES, REDUCTIONS) live in dockyard.config.choices, and the launch rules that check a config
-against this math in dockyard.config.launch_rules: the config layer validates without torch.
+KL_TYPES, REDUCTIONS, POLICY_LOSSES, ADV_ESTIMATORS) live in dockyard.config.choices, and the
+launch rules that check a config against this math in dockyard.config.launch_rules: the config
+layer validates without torch.
 """
 
 from __future__ import annotations
@@ -20,7 +23,12 @@ _HOMES = {
     "IS_CORRECTIONS": "dockyard.config.choices",
     "KL_TYPES": "dockyard.config.choices",
     "REDUCTIONS": "dockyard.config.choices",
+    "POLICY_LOSSES": "dockyard.config.choices",
+    "ADV_ESTIMATORS": "dockyard.config.choices",
     "compute_advantages": "advantages",
+    "rloo_advantages": "advantages",
+    "reinforce_pp_advantages": "advantages",
+    "surrogate": "surrogates",
     "opd_advantages": "advantages",
     "dynamic_sampling_mask": "dynamic_sampling",
     "clipped_pg_loss": "loss",

@@ -1,8 +1,11 @@
-"""Group-relative advantages for GRPO and on-policy distillation.
+"""Advantages: group-relative (GRPO, RLOO), batch-normalised (REINFORCE++) and on-policy distillation.
 
     rewards [B] ─┐
-    group_ids [B]├─> compute_advantages ─> advantages [B]   (one scalar per sample)
+    group_ids [B]├─> compute_advantages | rloo_advantages ─> advantages [B]   (one scalar per sample)
     valid [B] ───┘
+
+    rewards [B], mask [B, T], valid [B], kl [B, T] (optional)
+        ─> reinforce_pp_advantages ─> advantages [B, T]   (return to go, normalised over the batch's tokens)
 
     teacher_logprobs [B, T] ─┐
     student_logprobs [B, T] ─┼─> opd_advantages ─> advantages [B, T]   (detached)
@@ -14,6 +17,8 @@ Guarantees:
 - A group whose baseline rewards are all equal gets exactly the unscaled difference from that
   baseline; a group whose valid rewards are all equal gets exactly 0, whatever the dtype.
 - A group with at most one valid sample gets advantage 0.
+- reinforce_pp_advantages: valid tokens of valid samples have mean 0 and (population) std 1
+  over the batch unless they are all equal, when they are exactly 0; everything else is 0.
 - Inputs of any float dtype are accepted; statistics are computed in at least float32 and the
   result has dtype ``promote_types(rewards.dtype, float32)``.
 """
@@ -99,6 +104,64 @@ def compute_advantages(
     keep = present & (present.sum(-1, keepdim=True) > 1)
     advantage = torch.where(keep, advantage, torch.zeros((), dtype=dtype, device=r.device))
     return advantage[inverse, slot]
+
+
+def rloo_advantages(rewards: Tensor, group_ids: Tensor, valid: Tensor | None = None) -> Tensor:
+    """RLOO: A_i = r_i − the mean of the other valid rewards of i's group, unscaled.
+
+    The leave-one-out baseline without std scaling: ``compute_advantages(leave_one_out=True,
+    scale="none")``, with the same guarantees for invalid samples and groups of one.
+    """
+    return compute_advantages(rewards, group_ids, valid, leave_one_out=True, scale="none")
+
+
+def reinforce_pp_advantages(
+    rewards: Tensor,
+    mask: Tensor,
+    valid: Tensor | None = None,
+    *,
+    kl: Tensor | None = None,
+    kl_coef: float = 0.0,
+    eps: float = 1e-6,
+) -> Tensor:
+    """REINFORCE++: the return to go of each token, normalised over every valid token of the batch.
+
+    The reward r_i comes at the sequence's last token and each token t pays −β·kl_t, so (γ = 1)
+    G_t = r_i − β Σ_{s ≥ t} kl_s over the valid tokens s of the row; then A_t = (G_t − μ) / (σ + eps)
+    with μ and σ (population std) over the valid tokens of valid rows, divided only where σ > 0.
+
+    Args:
+        rewards: [B], one per row (for REINFORCE++-baseline, pass r − the group mean:
+            ``compute_advantages(..., leave_one_out=False, scale="none")``).
+        mask: [B, T], 1 on the tokens the policy sampled.
+        valid: [B]; False rows (infrastructure failures) get 0 and enter no statistic.
+        kl: [B, T] per-token KL estimate (log π_old − log π_ref, k1), or None for none.
+        kl_coef: β.
+    """
+    if rewards.dim() != 1 or mask.dim() != 2 or mask.shape[0] != rewards.shape[0]:
+        raise ValueError(f"rewards must be [B] and mask [B, T], got {tuple(rewards.shape)}, {tuple(mask.shape)}")
+    if kl is not None and kl.shape != mask.shape:
+        raise ValueError(f"kl shape {tuple(kl.shape)} != mask shape {tuple(mask.shape)}")
+    dtype = torch.promote_types(rewards.dtype, torch.float32)
+    zero = torch.zeros((), dtype=dtype, device=rewards.device)
+    rows = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid.to(torch.bool)
+    tokens = mask.to(torch.bool) & rows.unsqueeze(-1)
+    r = torch.where(rows, rewards.to(dtype), zero)
+    returns = r.unsqueeze(-1).expand(mask.shape)
+    if kl is not None and kl_coef != 0:
+        paid = torch.where(tokens, kl.to(dtype), zero)
+        to_go = paid.flip(-1).cumsum(-1).flip(-1)  # Σ_{s ≥ t} kl_s
+        returns = returns - kl_coef * to_go
+    returns = torch.where(tokens, returns, zero)
+    if not tokens.any():
+        return returns
+    _, spread, _ = _masked_stats(returns.flatten(), tokens.flatten())
+    if not spread:
+        return torch.zeros_like(returns)
+    n = tokens.sum()
+    mean = returns.sum() / n
+    std = (torch.where(tokens, returns - mean, zero).square().sum() / n).sqrt()
+    return torch.where(tokens, (returns - mean) / (std + eps), zero)
 
 
 def _masked_stats(values: Tensor, used: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -1,16 +1,18 @@
-"""Clipped policy-gradient loss with reference KL and importance-sampling correction.
+"""The policy-gradient loss of the GRPO family, with reference KL and importance-sampling correction.
 
     logprobs [B, T] (grad) ──┐
-    old_logprobs [B, T] ─────┤   ratio ρ = exp(logprobs − old)      L = max(−Aρ, −A·clip(ρ))
-    advantages [B] | [B, T] ─┼─> dual clip ─> × IS weight w ─> reduce ─┐
-    generation_logprobs ─────┤   w from exp(old − generation)          ├─> loss, metrics
-    reference_logprobs ──────┴─> kl_estimate ─────────────────> reduce ─┘ × kl_penalty
+    old_logprobs [B, T] ─────┤   surrogates.surrogate(policy_loss): GRPO's clip, GSPO, CISPO or SAPO
+    advantages [B] | [B, T] ─┼─> per-token L_t ─> × IS weight w ─> reduce ─┐
+    generation_logprobs ─────┤   w from exp(old − generation)             ├─> loss, metrics
+    reference_logprobs ──────┴─> kl_estimate ────────────────────> reduce ─┘ × kl_penalty
 
 Guarantees:
 - Tokens where ``mask`` is 0 contribute nothing to the loss, its gradient or any metric, even when
   they hold ±inf or NaN logprobs (padding); rows with no valid token are ignored.
 - Advantages and importance weights are constants: gradient flows only through ``logprobs``.
 - The KL term is never importance-weighted.
+- ``policy_loss="grpo"`` (the default) is the clipped surrogate as it always was, bit for bit.
+- A sequence is a row: GSPO's sequence ratio is taken over a row's valid tokens.
 - Arithmetic runs in at least float32 (bfloat16 inputs are upcast; their gradient comes back in
   bfloat16); the loss is a 0-d tensor and every metric a Python float.
 """
@@ -22,11 +24,13 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from dockyard.config.choices import IS_CORRECTIONS, KL_TYPES, REDUCTIONS
+from dockyard.algorithms.surrogates import surrogate
+from dockyard.config.choices import CLIPPED_LOSSES, IS_CORRECTIONS, KL_TYPES, POLICY_LOSSES, REDUCTIONS
 
 KlType = Literal["k1", "k2", "k3"]
 IsCorrection = Literal["plain", "tis", "icepop", "seq-mask-tis"]
-Reduction = Literal["token", "sequence"]
+Reduction = Literal["token", "sequence", "constant"]
+PolicyLoss = Literal["grpo", "gspo", "gspo-token", "cispo", "sapo"]
 
 
 def kl_estimate(
@@ -76,8 +80,12 @@ def clipped_pg_loss(
     is_min: float | None = None,
     is_max: float | None = None,
     reduction: Reduction = "token",
+    policy_loss: PolicyLoss = "grpo",
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    length_normaliser: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """GRPO/PPO clipped surrogate loss; formulas and defaults in docs/algorithms.md.
+    """The policy-gradient loss of `policy_loss`; formulas and defaults in docs/algorithms.md.
 
     Args:
         logprobs: [B, T] log π_θ of the sampled tokens, with grad.
@@ -88,19 +96,26 @@ def clipped_pg_loss(
             ``is_correction`` is set.
         reference_logprobs: [B, T] log π_ref; required when ``kl_penalty`` != 0, and used for
             the ``kl`` metric whenever given.
-        clip_low, clip_high: ρ is clipped to [1 − clip_low, 1 + clip_high].
+        clip_low, clip_high: ρ is clipped to [1 − clip_low, 1 + clip_high] (clip_low = 1: no lower bound).
         dual_clip_c: where A < 0, L = min(L, −c·A); must be > 1. None disables.
         kl_penalty: β, the weight of the reduced KL estimate added to the loss.
         kl_type: estimator passed to :func:`kl_estimate`.
         is_correction: None, "plain", "tis", "icepop" or "seq-mask-tis".
         is_min, is_max: bounds of the importance weight used by the truncating corrections.
-        reduction: "token" (mean over every valid token of the batch) or "sequence" (mean over
-            sequences with a valid token of each sequence's token mean).
+        reduction: "token" (mean over every valid token of the batch), "sequence" (mean over
+            sequences with a valid token of each sequence's token mean) or "constant" (Dr.GRPO:
+            the token sum over sequences with a valid token × ``length_normaliser``).
+        policy_loss: the per-token objective: "grpo" (clipped ρ), "gspo" or "gspo-token" (clipped
+            length-normalised sequence ratio), "cispo" (clipped, detached ρ times log π) or
+            "sapo" (soft gate); see dockyard.algorithms.surrogates.
+        tau_pos, tau_neg: SAPO's gate temperatures where A > 0 and where A ≤ 0.
+        length_normaliser: the constant length of the "constant" reduction (required by it).
 
     Returns:
-        The loss and a dict with pg_loss, kl, clip_fraction, dual_clip_fraction,
-        is_weight_mean, is_oob_fraction, ratio_mean, num_tokens and num_sequences. Fractions and
-        means are over valid tokens; pg_loss and kl are reduced like the loss.
+        The loss and a dict with pg_loss, kl, clip_fraction, dual_clip_fraction, gate_mean,
+        is_weight_mean, is_oob_fraction, ratio_mean, ratio_min, ratio_max, num_tokens and
+        num_sequences. Fractions and means are over valid tokens (ratio_min and ratio_max over
+        them too, 0 when there is none); pg_loss and kl are reduced like the loss.
     """
     shape = logprobs.shape
     if logprobs.dim() != 2:
@@ -115,14 +130,22 @@ def clipped_pg_loss(
             raise ValueError(f"{name} shape {tuple(tensor.shape)} != logprobs shape {tuple(shape)}")
     if advantages.shape not in (shape, shape[:1]):
         raise ValueError(f"advantages must be [B] or [B, T] for logprobs {tuple(shape)}, got {tuple(advantages.shape)}")
-    if not 0 <= clip_low < 1 or clip_high < 0:
-        raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
+    if not 0 <= clip_low <= 1 or clip_high < 0:
+        raise ValueError(f"need 0 <= clip_low <= 1 and clip_high >= 0, got {clip_low}, {clip_high}")
     if dual_clip_c is not None and dual_clip_c <= 1:
         raise ValueError(f"dual_clip_c must be > 1 (or None), got {dual_clip_c}")
     if kl_penalty != 0 and reference_logprobs is None:
         raise ValueError("kl_penalty != 0 needs reference_logprobs")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if reduction == "constant" and (length_normaliser is None or length_normaliser <= 0):
+        raise ValueError(f"reduction='constant' needs a length_normaliser > 0, got {length_normaliser}")
+    if policy_loss not in POLICY_LOSSES:
+        raise ValueError(f"policy_loss must be one of {POLICY_LOSSES}, got {policy_loss!r}")
+    if dual_clip_c is not None and policy_loss not in CLIPPED_LOSSES:
+        raise ValueError(f"dual_clip_c applies to {', '.join(CLIPPED_LOSSES)}, not to policy_loss={policy_loss!r}")
+    if tau_pos <= 0 or tau_neg <= 0:
+        raise ValueError(f"tau_pos and tau_neg must be > 0, got {tau_pos}, {tau_neg}")
     _check_is_correction(is_correction, is_min, is_max)
     if is_correction is not None and generation_logprobs is None:
         raise ValueError(f"is_correction={is_correction!r} needs generation_logprobs")
@@ -141,6 +164,8 @@ def clipped_pg_loss(
         if reduction == "token":
             return x.sum() / validf.sum().clamp(min=1)
         per_sequence = validf.sum(-1)
+        if reduction == "constant":
+            return x.sum() / ((per_sequence > 0).to(dtype).sum().clamp(min=1) * length_normaliser)
         means = x.sum(-1) / per_sequence.clamp(min=1)
         has_tokens = (per_sequence > 0).to(dtype)
         return (means * has_tokens).sum() / has_tokens.sum().clamp(min=1)
@@ -149,25 +174,26 @@ def clipped_pg_loss(
         return float(masked(x).sum() / validf.sum().clamp(min=1))
 
     lp = logprobs.to(dtype)
-    ratio = torch.exp(masked(lp - old_logprobs.to(dtype)))
     adv = advantages.detach().to(dtype)
     adv = masked(adv.unsqueeze(-1).expand(shape) if adv.dim() == 1 else adv)
-
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)
-    per_token = torch.maximum(unclipped, clipped)
-    clip_active = clipped > unclipped
-    if dual_clip_c is None:
-        dual_active = torch.zeros_like(valid)
-    else:
-        cap = -dual_clip_c * adv
-        dual_active = (adv < 0) & (per_token > cap)
-        per_token = torch.where(dual_active, cap, per_token)
+    terms = surrogate(
+        policy_loss,
+        masked(lp),
+        masked(old_logprobs),
+        adv,
+        valid,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        dual_clip_c=dual_clip_c,
+        tau_pos=tau_pos,
+        tau_neg=tau_neg,
+    )
+    ratio = terms.ratio.detach()
 
     weights, out_of_bounds = _is_weights(
         is_correction, masked(old_logprobs), generation_logprobs, valid, is_min, is_max, dtype
     )
-    pg_loss = reduce(weights * per_token)
+    pg_loss = reduce(weights * terms.per_token)
 
     if reference_logprobs is not None:
         kl = reduce(kl_estimate(masked(lp), masked(reference_logprobs), kl_type))
@@ -180,11 +206,14 @@ def clipped_pg_loss(
             "loss": float(loss),
             "pg_loss": float(pg_loss),
             "kl": float(kl),
-            "clip_fraction": token_mean(clip_active),
-            "dual_clip_fraction": token_mean(dual_active),
+            "clip_fraction": token_mean(terms.clipped),
+            "dual_clip_fraction": token_mean(terms.dual_clipped),
+            "gate_mean": token_mean(terms.gate),
             "is_weight_mean": token_mean(weights),
             "is_oob_fraction": token_mean(out_of_bounds),
             "ratio_mean": token_mean(ratio),
+            "ratio_min": float(torch.where(valid, ratio, torch.inf).amin()) if valid.any() else 0.0,
+            "ratio_max": float(torch.where(valid, ratio, -torch.inf).amax()) if valid.any() else 0.0,
             "num_tokens": float(validf.sum()),
             "num_sequences": float(valid.any(-1).sum()),
         }

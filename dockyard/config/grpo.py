@@ -21,14 +21,27 @@ class AdvantageConfig(Section):
 
 
 class AdvantageEstimatorConfig(Section):
-    name: Literal["grpo", "opd"] = Field(
+    name: Literal["grpo", "rloo", "reinforce++", "reinforce++-baseline", "opd"] = Field(
         "grpo",
         description=(
-            "`grpo`: group-relative advantages of the rewards (`grpo.advantage`); `opd`: on-policy "
+            "`grpo`: group-relative advantages of the rewards (`grpo.advantage`); `rloo`: reward minus the "
+            "mean of the group's other rewards, unscaled; `reinforce++`: the reward normalised over the "
+            "step's tokens (`reinforce++-baseline`: minus its group's mean first; "
+            "[algorithms.md](algorithms.md#advantage-estimators)); `opd`: on-policy "
             "distillation, the advantage of each student token is sg[log π_teacher − log π_student] "
             "on the student's own rollouts, with the teacher of `on_policy_distillation` (the "
             "token-level estimator, not a full-vocabulary KL; "
             "[algorithms.md](algorithms.md#on-policy-distillation))."
+        ),
+    )
+    kl_in_reward: float = Field(
+        0.0,
+        ge=0.0,
+        le=1e3,
+        description=(
+            "`reinforce++` and `reinforce++-baseline`: β of the per-token KL (k1, log π_old − log π_ref) each "
+            "token pays in the reward, summed into its return to go; 0 = none, > 0 loads the reference. "
+            "Torch backend, unpacked rows."
         ),
     )
 

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dockyard.config.choices import IS_CORRECTIONS
+from dockyard.config.choices import CLIPPED_LOSSES, IS_CORRECTIONS, POLICY_LOSS_OF, SEQUENCE_RATIO_LOSSES
+from dockyard.config.presets import preset_errors
 from dockyard.config.tools import FILE_CHANGING_TOOLS
 
 # Config fields holding the number of routed experts (dockyard/models/moe.py reads the same).
@@ -217,6 +218,59 @@ def _opd_errors(
     return errors
 
 
+def _loss_family_errors(config: Any) -> list[tuple[str, str]]:
+    """What a `loss_fn.name` does not combine with (docs/algorithms.md, the policy-gradient family)."""
+    loss, name = config.loss_fn, config.loss_fn.name
+    errors = preset_errors(config)
+    if config.policy.sequence_packing and name in SEQUENCE_RATIO_LOSSES:
+        errors.append(
+            (
+                "policy.sequence_packing",
+                f"loss_fn.name={name} takes each sequence's ratio over its row, and a packed row holds several "
+                "sequences; set policy.sequence_packing=false or use another loss_fn.name",
+            )
+        )
+    if loss.dual_clip_c is not None and POLICY_LOSS_OF[name] not in CLIPPED_LOSSES:
+        errors.append(
+            (
+                "loss_fn.dual_clip_c",
+                f"the dual clip caps the hard-clipped objective; loss_fn.name={name} has none: set "
+                "loss_fn.dual_clip_c=null",
+            )
+        )
+    if config.grpo.adv_estimator.kl_in_reward > 0:
+        estimator = config.grpo.adv_estimator.name
+        field = "grpo.adv_estimator.kl_in_reward"
+        if estimator not in ("reinforce++", "reinforce++-baseline"):
+            errors.append(
+                (
+                    field,
+                    f"the KL in the reward is REINFORCE++'s; grpo.adv_estimator.name={estimator} "
+                    "does not read it: set it to 0 or the estimator to reinforce++",
+                )
+            )
+        if config.policy.backend == "jax":
+            errors.append(
+                (
+                    field,
+                    "the JAX backend does not put the KL in the reward; use policy.backend=torch, "
+                    "or the KL in the loss (loss_fn.kl_penalty)",
+                )
+            )
+        if config.policy.sequence_packing:
+            errors.append((field, "the KL in the reward needs unpacked rows: set policy.sequence_packing=false"))
+    if name == "dapo" and config.grpo.async_grpo.enabled:
+        errors.append(
+            (
+                "loss_fn.name",
+                f"loss_fn.name=dapo turns on dynamic sampling and overlong reward shaping, which async GRPO "
+                f"({_ASYNC}=true) refuses; for DAPO's clip-higher token-level loss on the async path use "
+                f"loss_fn.name=grpo with loss_fn.clip_high=0.28, or set {_ASYNC}=false",
+            )
+        )
+    return errors
+
+
 def config_errors(config: Any) -> list[tuple[str, str]]:
     """Every rule `config` (a MasterConfig, whose validator calls this: hence no import of it) breaks:
     launch_errors's, then what the system does not build (yet)."""
@@ -303,6 +357,7 @@ def config_errors(config: Any) -> list[tuple[str, str]]:
         errors.append(
             ("policy.sequence_packing", "packed rows need loss_fn.reduction=token and no seq-mask-tis correction")
         )
+    errors += _loss_family_errors(config)
     if config.cluster.device == "cpu" and config.cluster.weight_sync_backend == "nccl":
         errors.append(("cluster.weight_sync_backend", "nccl needs cluster.device=cuda; use gloo on CPU"))
     gen = config.policy.generation

@@ -1,6 +1,7 @@
 """MasterConfig: one job config, assembled from its sections.
 
-Guarantees: every section validates on its own first, then the cross-field rules
+Guarantees: every section validates on its own first, then the knobs `loss_fn.name` presets are
+filled where the config leaves them unset (presets.py), then the cross-field rules
 (launch_rules.py) run once and report every broken rule together; `resolved_yaml()` is the exact
 config a job ran with, and parses back to an equal MasterConfig; `unknown_keys()` lists the keys
 no section defines (kept, never read).
@@ -23,6 +24,7 @@ from dockyard.config.launch_rules import config_errors
 from dockyard.config.logger import LoggerConfig
 from dockyard.config.loss import LossConfig
 from dockyard.config.policy import PolicyConfig
+from dockyard.config.presets import apply_presets
 from dockyard.config.section import Section
 from dockyard.config.sft import SFTConfig
 
@@ -47,6 +49,11 @@ class MasterConfig(Section):
     def teacher_model(self) -> str | None:
         """The teacher folder of this job's rollouts (their agent name is env.name); None without OPD."""
         return self.on_policy_distillation.teacher_model_by_agent_name.get(self.env.name) if self.opd else None
+
+    @model_validator(mode="after")
+    def _presets(self) -> MasterConfig:
+        apply_presets(self)
+        return self
 
     @model_validator(mode="after")
     def _launch_rules(self) -> MasterConfig:

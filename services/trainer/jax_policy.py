@@ -50,7 +50,7 @@ from services.trainer.batch import Batch, build_row_batch
 from services.trainer.experience import Row, TrainingGroup
 from services.trainer.jax_loss import clipped_pg_loss
 from services.trainer.micro_batches import MicroBatch, plan
-from services.trainer.minibatches import LOSS_STATS, TALLY, Minibatch, count, prepare_step, step_metrics
+from services.trainer.minibatches import LOSS_STATS, TALLY, Minibatch, count, loss_share, prepare_step, step_metrics
 from services.trainer.policy import Weights, lr_factor
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -226,22 +226,22 @@ class JaxPolicyTrainer:
         """The summed gradients of one minibatch's loss and its loss statistics."""
         loss_cfg = self.config.loss_fn
         grads, sums = None, dict.fromkeys(("loss", *LOSS_STATS), 0.0)
+        low, high = float("inf"), float("-inf")  # the ratio's extremes over the minibatch
         for i, mb in enumerate(mini.micro):
             b = self._arrays(mb)
             old, reference = (None, self._reference(b)) if frozen is None else frozen[i]
-            mask = mb.token_mask
-            if loss_cfg.reduction == "token":
-                share = float(mask.sum()) / mini.tokens
-            else:
-                share = float((mask.sum(-1) > 0).sum()) / mini.sequences
+            share = loss_share(loss_cfg, mb.token_mask, mini)
             (_, (loss, stats, old_lp, entropy)), g = self._pg_grad(self.params, b, old, reference, share)
             grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
             sums["loss"] += float(loss) * share
             for key in LOSS_STATS:
                 sums[key] += float(stats[key]) * share
+            if mb.token_mask.any():
+                low, high = min(low, float(stats["ratio_min"])), max(high, float(stats["ratio_max"]))
             if tally is not None:
                 self._count(tally, mb, old_lp, entropy)
-        return grads, sums
+        # No valid token anywhere: the extremes are 0, as in the torch backend.
+        return grads, sums | {"ratio_min": low if low <= high else 0.0, "ratio_max": high if low <= high else 0.0}
 
     def _count(self, tally, mb: MicroBatch, old, entropy) -> None:
         rows, width = mb.token_mask.shape

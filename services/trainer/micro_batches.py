@@ -35,6 +35,7 @@ class MicroBatch:
     advantages: torch.Tensor  # per token
     num_sequences: int
     routing: torch.Tensor | None = None  # [rows, L, moe_layers, k] recorded expert ids (batch.py), or None
+    rows: tuple[int, ...] = ()  # the batch rows it holds, in order (one per padded row)
 
     @property
     def num_tokens(self) -> int:
@@ -54,7 +55,8 @@ def plan(
     max_tokens: int | None,
     packing: bool,
 ) -> list[MicroBatch]:
-    """This rank's micro-batches; `advantages` holds one value per row of `batch`."""
+    """This rank's micro-batches; `advantages` holds one value per row of `batch`, or one per token
+    ([rows, L-1], aligned with `batch.token_mask`)."""
     lengths = batch.attention_mask.sum(-1).tolist()
     # Longest first, ties by position: deterministic, and rows of a micro-batch have similar lengths.
     order = sorted(range(len(batch)), key=lambda i: (-lengths[i], i))
@@ -100,10 +102,16 @@ def _padded(batch: Batch, advantages: torch.Tensor, rows: list[int], lengths: li
         None,
         mask,
         batch.generation_logprobs[index, : width - 1],
-        advantages[index, None].expand_as(mask).contiguous(),
+        _row_advantages(advantages, index, width - 1).expand_as(mask).contiguous(),
         len(rows),
         None if batch.routing is None else batch.routing[index, :width],
+        tuple(rows),
     )
+
+
+def _row_advantages(advantages: torch.Tensor, index: torch.Tensor, width: int) -> torch.Tensor:
+    """The rows' advantages: [rows, 1] of per-row values, or [rows, width] of per-token ones."""
+    return advantages[index, :width] if advantages.dim() == 2 else advantages[index, None]
 
 
 def _packed(batch: Batch, advantages: torch.Tensor, rows: list[int], lengths: list[int]) -> MicroBatch:
@@ -117,7 +125,10 @@ def _packed(batch: Batch, advantages: torch.Tensor, rows: list[int], lengths: li
         # Position n-1 of a segment would predict the next segment's first token: masked out.
         mask.append(torch.cat([batch.token_mask[i, : n - 1], torch.zeros(1)]))
         gen.append(torch.cat([batch.generation_logprobs[i, : n - 1], torch.zeros(1)]))
-        adv.append(torch.full((n,), float(advantages[i])))
+        if advantages.dim() == 2:  # per token; the position that would predict the next segment gets 0
+            adv.append(torch.cat([advantages[i, : n - 1], torch.zeros(1)]))
+        else:
+            adv.append(torch.full((n,), float(advantages[i])))
     return MicroBatch(
         torch.cat(ids)[None],
         None,
@@ -127,4 +138,5 @@ def _packed(batch: Batch, advantages: torch.Tensor, rows: list[int], lengths: li
         torch.cat(adv)[None, :-1],
         len(rows),
         torch.cat(routing)[None] if routing else None,
+        tuple(rows),
     )

@@ -5,7 +5,8 @@
         ─> each minibatch: this rank's micro-batches (micro_batches.plan)
         ─(more than one minibatch or epoch)─> π_old (and π_ref) logprobs of every micro-batch, no grad,
                                               by the policy that starts the step
-        ─> per epoch, per minibatch: logprobs of π_θ (logprobs.py) ─> clipped_pg_loss ─backward─>
+        ─> per epoch, per minibatch: logprobs of π_θ (logprobs.py) ─> clipped_pg_loss (loss_fn.name's
+           objective) ─backward─>
            clip grad norm ─> AdamW step
         ─> scheduler step, weight_version += 1 (once per trainer step)
     [(prompt ids, completion ids)] ─validate_rows─> build_row_batch ─> the same micro-batches
@@ -32,7 +33,9 @@ Guarantees:
   stay fp32 and forward/backward run in bf16 (autocast on one rank, FSDP2's
   mixed-precision policy on many, gradients reduced in fp32).
 - Logprobs come from logits divided by the sampling temperature, as the rollout
-  engine reports them; no reference model is held when kl_penalty is 0; the
+  engine reports them; no reference model is held when kl_penalty and
+  grpo.adv_estimator.kl_in_reward are 0 (the latter: REINFORCE++'s KL in the
+  reward, with π_old and π_ref of the whole step taken before its first update); the
   reference is the job's initial policy, also after a resume.
 - With on-policy distillation (teachers.py) the advantage of every token is
   sg[log π_teacher − log π_old] on the student's own rollout, in place of the
@@ -82,11 +85,15 @@ from services.trainer.minibatches import (
     Minibatch,
     Step,
     count,
+    loss_options,
+    loss_share,
     prepare_step,
+    put_kl_in_rewards,
     step_metrics,
 )
 from services.trainer.sharded_checkpoint import ShardedCheckpoints
 from services.trainer.sharding import (
+    extremes_over_ranks,
     full_state,
     load_full_optimizer_state,
     max_over_ranks,
@@ -140,7 +147,7 @@ class PolicyTrainer:
             compile_decoder_layers(self.model)
         self.reference: torch.nn.Module | None = None
         # With LoRA the reference is the base with its adapters off (_reference_model), no second copy.
-        if config.loss_fn.kl_penalty > 0 and self.peft is None:
+        if self.uses_reference and self.peft is None:
             # The reference is the job's starting policy, also when resuming from a later checkpoint.
             self.reference, _ = load_policy(pcfg, device, dtype=master)
             self.reference.eval().requires_grad_(False)
@@ -186,7 +193,8 @@ class PolicyTrainer:
 
     @property
     def uses_reference(self) -> bool:
-        return self.config.loss_fn.kl_penalty > 0
+        """The KL in the loss, or REINFORCE++'s KL in the reward, needs π_ref."""
+        return self.config.loss_fn.kl_penalty > 0 or self.config.grpo.adv_estimator.kl_in_reward > 0
 
     def _reference_model(self) -> contextlib.AbstractContextManager[torch.nn.Module]:
         """π_ref for the KL term: the frozen copy, or with LoRA the policy's own base with adapters off."""
@@ -228,9 +236,12 @@ class PolicyTrainer:
         tally = dict.fromkeys(TALLY, 0.0)
         t1 = time.perf_counter()
         frozen: list[list[Frozen]] | list[None] = [None]
-        if len(step.minibatches) * pcfg.num_epochs > 1:
+        kl_in_reward = self.config.grpo.adv_estimator.kl_in_reward > 0
+        if len(step.minibatches) * pcfg.num_epochs > 1 or kl_in_reward:
             # The policy that starts the step is π_old of every minibatch: later ones see ρ ≠ 1.
             frozen = self._old_logprobs(step.minibatches, tally)
+        if kl_in_reward:  # REINFORCE++: the advantages need π_old and π_ref of the whole step first
+            put_kl_in_rewards(step, frozen, self.config.grpo, self.world)
         updates: list[dict[str, float]] = []
         optimizer_seconds = 0.0
         for _ in range(pcfg.num_epochs):
@@ -364,6 +375,7 @@ class PolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         sums = dict.fromkeys(("loss", *LOSS_STATS, *(("teacher_kl",) if self.teacher is not None else ())), 0.0)
         scale = float(self.world)  # FSDP averages gradients over ranks; the step's loss is their sum.
+        low, high = float("inf"), float("-inf")  # the ratio's extremes over the minibatch
         for i in range(mini.count):
             if i >= len(mini.micro):
                 self._idle_pass(reference=frozen is None, teacher=True)
@@ -394,28 +406,22 @@ class PolicyTrainer:
                     mask,
                     generation_logprobs=mb.generation_logprobs,
                     reference_logprobs=reference,
-                    clip_low=loss_cfg.clip_low,
-                    clip_high=loss_cfg.clip_high,
-                    dual_clip_c=loss_cfg.dual_clip_c,
-                    kl_penalty=loss_cfg.kl_penalty,
-                    kl_type=loss_cfg.kl_type,
-                    is_correction=loss_cfg.is_correction,
-                    is_min=loss_cfg.is_min,
-                    is_max=loss_cfg.is_max,
-                    reduction=loss_cfg.reduction,
+                    **loss_options(loss_cfg),
                 )
                 # Weight each micro-batch by its share, so the sum is the minibatch's reduction.
-                if loss_cfg.reduction == "token":
-                    share = float(mask.sum()) / mini.tokens
-                else:
-                    share = float((mask.sum(-1) > 0).sum()) / mini.sequences
+                share = loss_share(loss_cfg, mask, mini)
                 (loss * (share * scale)).backward()
             sums["loss"] += float(loss.detach()) * share
             for key in LOSS_STATS:
                 sums[key] += stats[key] * share
+            if stats["num_tokens"] > 0:
+                low, high = min(low, stats["ratio_min"]), max(high, stats["ratio_max"])
             if tally is not None:
                 count(tally, mb, old, entropy)
-        return dict(zip(sums, sum_over_ranks(list(sums.values()), self.world), strict=True))
+        totals = dict(zip(sums, sum_over_ranks(list(sums.values()), self.world), strict=True))
+        low, high = extremes_over_ranks(low, high, self.world)
+        # No valid token anywhere (every row masked): the extremes are 0, as in clipped_pg_loss.
+        return totals | {"ratio_min": low if low <= high else 0.0, "ratio_max": high if low <= high else 0.0}
 
     def _routed(self, mb: MicroBatch) -> contextlib.AbstractContextManager[None]:
         """The micro-batch's recorded routing, on the policy's routers (replayed with policy.routing_replay)."""

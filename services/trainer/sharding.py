@@ -55,6 +55,15 @@ def max_over_ranks(value: int, world_size: int) -> int:
     return int(n)
 
 
+def extremes_over_ranks(low: float, high: float, world_size: int) -> tuple[float, float]:
+    """(the least `low`, the greatest `high`) over the ranks."""
+    if world_size == 1:
+        return low, high
+    both = torch.tensor([-low, high], dtype=torch.float64)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    return -float(both[0]), float(both[1])
+
+
 def sum_over_ranks(values: list[float], world_size: int) -> list[float]:
     if world_size == 1:
         return values

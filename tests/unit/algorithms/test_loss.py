@@ -403,7 +403,11 @@ def test_gradcheck_float64(reduction, is_correction):
         ({"is_correction": "plain"}, "generation_logprobs"),
         ({"kl_penalty": 0.1}, "reference_logprobs"),
         ({"reduction": "sum"}, "reduction"),
-        ({"clip_low": 1.0}, "clip_low"),
+        ({"clip_low": 1.5}, "clip_low"),
+        ({"reduction": "constant"}, "length_normaliser"),
+        ({"policy_loss": "ppo"}, "policy_loss"),
+        ({"policy_loss": "cispo", "dual_clip_c": 3.0}, "dual_clip_c"),
+        ({"policy_loss": "sapo", "tau_neg": 0.0}, "tau_neg"),
         ({"reference_logprobs": torch.zeros(2, 2)}, "reference_logprobs"),
     ],
 )

@@ -20,6 +20,7 @@ from dockyard.models.build import build_random_model
 from dockyard.models.tokenizer import build_char_tokenizer
 from dockyard.weights.fingerprint import fingerprint
 from services.trainer.experience import Sample, TrainingGroup
+from services.trainer.minibatches import loss_options
 from services.trainer.policy import PolicyTrainer
 from services.trainer.ranks import make_policy
 from tests.conftest import missing
@@ -128,6 +129,14 @@ def test_one_jax_step_is_the_torch_step(tmp_path, model_type, global_batch, epoc
         dict(is_correction="tis", is_min=0.5, is_max=1.5, kl_penalty=0.1, kl_type="k1"),
         dict(is_correction="icepop", is_min=0.6, is_max=1.4, kl_penalty=0.1, kl_type="k2", reduction="sequence"),
         dict(is_correction="seq-mask-tis", is_min=0.8, is_max=1.2, kl_penalty=0.1, kl_type="k3", dual_clip_c=2.0),
+        # The policy-gradient family (docs/algorithms.md): each objective, with the knobs it reads.
+        dict(name="gspo", reduction="sequence", clip_low=0.05, clip_high=0.1, dual_clip_c=3.0, is_correction="plain"),
+        dict(name="gspo-token", reduction="token", clip_low=0.05, clip_high=0.1, kl_penalty=0.1),
+        dict(name="cispo", clip_low=1.0, clip_high=0.28, is_correction="tis", is_max=2.0, dual_clip_c=None),
+        dict(
+            name="sapo", reduction="sequence", tau_pos=0.5, tau_neg=2.0, kl_penalty=0.1, kl_type="k2", dual_clip_c=None
+        ),
+        dict(name="dr-grpo", reduction="constant", length_normaliser=12, clip_high=0.28),
     ],
 )
 def test_the_jax_loss_and_its_gradient_are_the_torch_ones(options) -> None:
@@ -139,8 +148,7 @@ def test_the_jax_loss_and_its_gradient_are_the_torch_ones(options) -> None:
     mask = (torch.rand(5, 7, generator=gen) > 0.3).double()
     mask[4] = 0  # a row with no valid token
     lp[~mask.bool()] = float("nan")  # padding may hold NaN
-    kwargs = {k: getattr(cfg, k) for k in ("clip_low", "clip_high", "dual_clip_c", "kl_penalty", "kl_type")}
-    kwargs |= {k: getattr(cfg, k) for k in ("is_correction", "is_min", "is_max", "reduction")}
+    kwargs = loss_options(cfg)
     lp_t = lp.float().requires_grad_()
     loss_t, stats_t = torch_loss(
         lp_t, old.float(), adv.float(), mask, generation_logprobs=gen_lp.float(), reference_logprobs=ref.float(),

@@ -54,7 +54,7 @@ def test_each_segment_is_a_row_and_a_trajectory_counts_once_in_its_group() -> No
     assert len(batch) == 5
     assert batch.sample_index.tolist() == [0, 0, 0, 1, 2]
     assert batch.first_segment.tolist() == [True, False, False, True, True]
-    cfg = load_config_text(CONFIG).grpo.advantage
+    cfg = load_config_text(CONFIG).grpo
     got = trajectory_advantages(batch, cfg)
     want = trajectory_advantages(build_batch([whole], pad_token_id=0), cfg).tolist()
     # The split trajectory's segments all carry the advantage it has when whole; the others are unchanged.
@@ -138,3 +138,29 @@ def test_a_failed_trial_without_tokens_gets_no_row_and_leaves_the_others_alone()
     # A valid sample without tokens is still refused.
     with pytest.raises(BatchError, match="empty prompt_token_ids"):
         validate_groups([TrainingGroup("g", [Sample("g/0", [], [], [], 1.0, True)])], vocab_size=100, max_length=64)
+
+
+def test_a_segments_tokens_pay_the_kl_of_the_later_segments_of_their_trajectory() -> None:
+    later = [Segment([4, 4], [6, 7], [-1.0, -1.0], [1, 1])]
+    group = TrainingGroup("g", [_sample(0, 1.0, later=later), _sample(1, 0.0), _sample(2, 0.5)])
+    batch = build_batch([group], pad_token_id=0)
+    grpo = load_config_text(CONFIG, ["grpo.adv_estimator.name=reinforce++"]).grpo
+    grpo.adv_estimator.kl_in_reward = 0.5
+    kl = torch.where(batch.token_mask.bool(), 0.1, 0.0)
+    got = trajectory_advantages(batch, grpo, kl)
+    # By hand: each token's return is r − β·(the KL of this and every later token of its trajectory).
+    returns = {}
+    for row in range(len(batch)):
+        tokens = batch.token_mask[row].nonzero().flatten().tolist()
+        after = sum(
+            int(batch.token_mask[r].sum())
+            for r in range(row + 1, len(batch))
+            if batch.sample_index[r] == batch.sample_index[row]
+        )
+        for k, t in enumerate(tokens):
+            returns[row, t] = float(batch.rewards[row]) - 0.5 * 0.1 * (len(tokens) - k + after)
+    values = torch.tensor(list(returns.values()))
+    mean, std = values.mean(), values.std(unbiased=False)
+    for (row, t), g in returns.items():
+        assert float(got[row, t]) == pytest.approx(float((g - mean) / (std + 1e-6)), abs=1e-5)
+    assert batch.sample_index.tolist()[:2] == [0, 0]  # the first trajectory has two rows
