@@ -4,7 +4,8 @@
         ─> this rank's rows ─┬─ padded: consecutive rows while ≤ max_rows rows and
                              │          rows × the first (longest) row's length ≤ max_tokens
                              └─ packed: first fit into rows of ≤ max_tokens tokens, position
-                                        ids restarting per sequence, no attention mask
+                                        ids restarting per sequence, no attention mask, the
+                                        sequences' bounds (Segments) for the varlen attention
         ─> [MicroBatch]
 
 Guarantees: every row of the batch lands in exactly one micro-batch of exactly
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from services.trainer.batch import Batch
+from services.trainer.packed_attention import Segments
 
 
 @dataclass
@@ -34,13 +36,25 @@ class MicroBatch:
     generation_logprobs: torch.Tensor
     advantages: torch.Tensor  # per token
     num_sequences: int
+    segments: Segments | None = None  # packed rows: where each sequence starts (packed_attention.py)
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.numel()) if self.attention_mask is None else int(self.attention_mask.sum())
 
+    @property
+    def loss_tokens(self) -> float:
+        """Tokens the loss counts (token_mask's sum), read before the tensors leave the host."""
+        return float(self.token_mask.sum())
+
+    @property
+    def loss_sequences(self) -> float:
+        """Sequences with at least one loss token."""
+        return float((self.token_mask.sum(-1) > 0).sum())
+
     def to(self, device: str) -> MicroBatch:
-        return MicroBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()})
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor | Segments) else v for k, v in vars(self).items()}
+        return MicroBatch(**moved)
 
 
 def plan(
@@ -122,4 +136,5 @@ def _packed(batch: Batch, advantages: torch.Tensor, rows: list[int], lengths: li
         torch.cat(gen)[None, :-1],
         torch.cat(adv)[None, :-1],
         len(rows),
+        Segments.of([lengths[i] for i in rows]),
     )

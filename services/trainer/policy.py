@@ -68,7 +68,7 @@ from dockyard.experience.trainable import CheckedRows, validate_rows
 from dockyard.export.hf_export import is_sharded
 from dockyard.models.load import DTYPES, load_policy
 from dockyard.weights import arena
-from services.trainer import checkpoint, lora, teachers
+from services.trainer import checkpoint, lora, packed_attention, teachers
 from services.trainer.batch import Batch, build_row_batch
 from services.trainer.compiled_layers import compile_decoder_layers
 from services.trainer.experience import Row, TrainingGroup
@@ -119,6 +119,8 @@ class PolicyTrainer:
         source = pcfg if use_base else pcfg.model_copy(update={"model_name": str(resume.path)})
         self.model, self.tokenizer = load_policy(source, device, dtype=master)
         self.model.train()
+        # Packed rows through a varlen kernel and padded rows without a mask, where the model allows.
+        packed_attention.install(self.model)
         self.aliases: arena.Aliases | None = None  # what the sync sends, when the parameters go as they are
         if self._sends_parameters_as_they_are(config, master):
             # One arena, before anything holds the parameters: a replica packed alike refits in one memcpy.
@@ -143,8 +145,11 @@ class PolicyTrainer:
             # The reference is the job's starting policy, also when resuming from a later checkpoint.
             self.reference, _ = load_policy(pcfg, device, dtype=master)
             self.reference.eval().requires_grad_(False)
+            packed_attention.install(self.reference)
         # On-policy distillation: the teacher of this job's rollouts, frozen like the reference, no optimizer.
         self.teacher = teachers.load_teacher(config, device, master, self.model.config.vocab_size)
+        if self.teacher is not None:
+            packed_attention.install(self.teacher)
         self.autocast = master != self.compute_dtype
         if self.world > 1:
             models = [m for m in (self.model, self.reference, self.teacher) if m is not None]
@@ -152,8 +157,10 @@ class PolicyTrainer:
             self.autocast = False  # FSDP casts the gathered parameters itself
         opt = pcfg.optimizer
         trainable = [p for p in self.model.parameters() if p.requires_grad]  # all, or the adapters alone
+        # One fused kernel for the whole update on one GPU (a foreach chain of kernels otherwise).
+        fused = torch.device(device).type == "cuda" and self.world == 1
         self.optimizer = torch.optim.AdamW(
-            trainable, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
+            trainable, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay, fused=fused or None
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         ck = config.checkpointing
@@ -261,9 +268,7 @@ class PolicyTrainer:
             mb = micro_batches[i].to(self.device)
             sequence_tokens += mb.num_tokens
             with self._autocast():
-                logprobs, _ = sampled_logprobs(
-                    self.model, mb.input_ids, mb.attention_mask, mb.position_ids, 0.0, False, scored=mb.token_mask
-                )
+                logprobs, _ = self._logprobs(self.model, mb, entropy=False, temperature=0.0)
             nll = -torch.where(mb.token_mask.bool(), logprobs, 0.0).sum()
             (nll * (self.world / total_tokens)).backward()
             nll_sum += float(nll.detach())
@@ -359,6 +364,11 @@ class PolicyTrainer:
             if i >= len(mini.micro):
                 self._idle_pass(reference=frozen is None, teacher=True)
                 continue
+            # The micro-batch's share of the minibatch, read on the host: no wait for the device.
+            if loss_cfg.reduction == "token":
+                share = mini.micro[i].loss_tokens / mini.tokens
+            else:
+                share = mini.micro[i].loss_sequences / mini.sequences
             mb = mini.micro[i].to(self.device)
             with self._autocast():
                 logprobs, entropy = self._logprobs(self.model, mb, entropy=tally is not None)
@@ -393,10 +403,6 @@ class PolicyTrainer:
                 reduction=loss_cfg.reduction,
             )
             # Weight each micro-batch by its share, so the sum is the minibatch's reduction.
-            if loss_cfg.reduction == "token":
-                share = float(mask.sum()) / mini.tokens
-            else:
-                share = float((mask.sum(-1) > 0).sum()) / mini.sequences
             (loss * (share * scale)).backward()
             sums["loss"] += float(loss.detach()) * share
             for key in LOSS_STATS:
@@ -405,10 +411,20 @@ class PolicyTrainer:
                 count(tally, mb, old, entropy)
         return dict(zip(sums, sum_over_ranks(list(sums.values()), self.world), strict=True))
 
-    def _logprobs(self, model: torch.nn.Module, mb: MicroBatch, entropy: bool):
-        temperature = self.config.policy.generation.temperature
+    def _logprobs(self, model: torch.nn.Module, mb: MicroBatch, entropy: bool, temperature: float | None = None):
+        """Logprobs (and entropy) of `mb` under `model` at `temperature` (default: the sampling one)."""
+        if temperature is None:
+            temperature = self.config.policy.generation.temperature
+        segments = mb.segments if packed_attention.installed(model) else None
         return sampled_logprobs(
-            model, mb.input_ids, mb.attention_mask, mb.position_ids, temperature, entropy, scored=mb.token_mask
+            model,
+            mb.input_ids,
+            mb.attention_mask,
+            mb.position_ids,
+            temperature,
+            entropy,
+            scored=mb.token_mask,
+            segments=segments,
         )
 
     def _reference_logprobs(self, mb: MicroBatch) -> torch.Tensor | None:
