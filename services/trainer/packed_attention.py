@@ -115,6 +115,10 @@ def packed_attention(
     if cu_seq_lens_q is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     batch, heads, length, dim = query.shape
+    kind = query.device.type
+    if torch.is_autocast_enabled(kind):  # as SDPA runs under autocast (rotary leaves q, k in fp32 there)
+        dtype = torch.get_autocast_dtype(kind)
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
     # The sequences run end to end over the flattened rows: [B·T, H, D].
     q, k, v = (x.transpose(1, 2).reshape(batch * length, x.shape[1], dim) for x in (query, key, value))
     scale = dim**-0.5 if scaling is None else scaling

@@ -415,11 +415,14 @@ class PolicyTrainer:
         """Logprobs (and entropy) of `mb` under `model` at `temperature` (default: the sampling one)."""
         if temperature is None:
             temperature = self.config.policy.generation.temperature
-        segments = mb.segments if packed_attention.installed(model) else None
+        mask, segments = mb.attention_mask, None
+        if packed_attention.installed(model):
+            # Packed rows by their segments; padded rows are right-padded (batch.py), so causal needs no mask.
+            mask, segments = None, mb.segments
         return sampled_logprobs(
             model,
             mb.input_ids,
-            mb.attention_mask,
+            mask,
             mb.position_ids,
             temperature,
             entropy,

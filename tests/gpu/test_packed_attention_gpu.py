@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
@@ -19,12 +22,19 @@ SHAPE = {
 }
 
 
-def test_varlen_packed_row_matches_the_sequences_alone() -> None:
+@pytest.mark.parametrize("autocast", [False, True], ids=["bf16-weights", "fp32-weights-bf16-autocast"])
+def test_varlen_packed_row_matches_the_sequences_alone(autocast: bool) -> None:
     assert torch.cuda.is_available()
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(**SHAPE), attn_implementation="sdpa")
-    model = model.to("cuda", torch.bfloat16)
+    model = model.to("cuda", torch.float32 if autocast else torch.bfloat16)
     assert packed_attention.install(model)
+    context = torch.autocast("cuda", torch.bfloat16) if autocast else contextlib.nullcontext()
+    with context:
+        _compare(model)
+
+
+def _compare(model) -> None:
     lengths = [300, 17, 513, 128]
     seqs = [torch.randint(0, SHAPE["vocab_size"], (n,), device="cuda") for n in lengths]
     ids = torch.cat(seqs)[None]
