@@ -35,8 +35,11 @@ CHUNK_ELEMENTS = 1 << 28
 
 
 def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float) -> torch.Tensor:
-    """[B, L-1] logprob of each next token under `model`, at the sampling temperature."""
-    logprobs, _ = sampled_logprobs(model, batch.input_ids, batch.attention_mask, None, temperature, entropy=False)
+    """[B, L-1] logprob of each next token under `model`, at the sampling temperature; 0 where that token is padding."""
+    real = batch.attention_mask[:, 1:].bool()
+    logprobs, _ = sampled_logprobs(
+        model, batch.input_ids, batch.attention_mask, None, temperature, entropy=False, scored=real
+    )
     return logprobs
 
 
