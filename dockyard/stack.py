@@ -231,6 +231,8 @@ class LocalStack:
             env[f"{prefix}REPLICA_NAME"] = name
         if kind == "sandbox":
             env[f"{prefix}NAME"] = name
+            # One user's machine: the projects a job names (./my_env) are the ones beside its config.
+            env.setdefault(f"{prefix}PROJECT_ROOT", os.getcwd())
         # Each service reads only the peer addresses it needs (one process per fixed service).
         for peer in SERVICES:
             if peer != kind and peer in self.ports:

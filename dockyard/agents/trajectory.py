@@ -52,6 +52,24 @@ class TrialTokens:
         return sum(len(s.prompt_ids) + len(s.completion_ids) for s in self.segments)
 
 
+def trial_summary(document: TrajectoryDocument, tokens: TrialTokens) -> dict[str, Any]:
+    """What a finished trial is reported by, wherever its token arrays go: the document's outcome and
+    conversation, and the figures of `tokens` (the document cut to its budget by trial_tokens)."""
+    return {
+        "status": document.status,
+        "error": document.error,
+        "turns": document.turns,
+        "invalid_actions": document.invalid_actions,
+        "sampled": any(1 in s.loss_mask for s in document.segments),  # before the cut
+        "conversation": [{"messages": s.messages, "tools": s.tools} for s in document.segments],
+        "segments": len(tokens.segments),
+        "sampled_tokens": tokens.sampled_tokens,
+        "total_tokens": tokens.total_tokens,
+        "truncated": tokens.truncated,
+        "weight_version": tokens.weight_version,
+    }
+
+
 def trial_tokens(recorded: TrajectoryDocument | RecordedTokens | dict[str, Any], max_tokens: int) -> TrialTokens:
     """The segments of a recorded session (a document, or its decoded JSON), cut to `max_tokens` unique tokens."""
     if isinstance(recorded, dict):

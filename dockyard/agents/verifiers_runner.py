@@ -8,7 +8,8 @@
     rollout: AsyncOpenAI(OPENAI_BASE_URL, OPENAI_API_KEY).chat.completions, model DOCKYARD_MODEL:
         [system_prompt] + prompt, then each reply; its tool calls run and answer as role "tool";
         the rollout ends on a reply without a tool call, after DOCKYARD_MAX_TURNS calls, or when the
-        endpoint refuses a turn for the trial's budget (429, or a 400 for a prompt past the context)
+        endpoint refuses a turn for the trial's budget (429, or a 400 generate_refused for a prompt past
+        the context); any other refusal is the runner's failure (a scaffold error, masked)
     score: task.score(trace) (the task's @vf.reward / @vf.metric functions and judges that need no
         runtime) on a trace of the rollout's messages ──> sum of weighted rewards
     ──> DOCKYARD_VERIFIERS_RESULT (a JSON file in the work folder): {"reward", "rewards", "turns"}, or
@@ -34,7 +35,9 @@ import os
 import sys
 import traceback
 
-REFUSED_TURN = (400, 429)  # the endpoint's answer to a turn past the trial's budget
+# The endpoint's answers to a turn past the trial's budget: too many turns (429), or a prompt the engine
+# refuses for its context (400, code generate_refused). Any other 400 is a request this runner got wrong.
+BUDGET_REFUSALS = {429: None, 400: "generate_refused"}
 
 
 class Trace:
@@ -138,7 +141,7 @@ async def rollout(client, model: str, messages: list[dict], tools: Tools, max_tu
                 **({"tools": tools.schemas} if tools.schemas else {}),
             )
         except openai.APIStatusError as exc:
-            if exc.status_code in REFUSED_TURN:
+            if exc.status_code in BUDGET_REFUSALS and BUDGET_REFUSALS[exc.status_code] in (None, exc.code):
                 break  # the trial's budget: scored as it stands
             raise
         turns += 1

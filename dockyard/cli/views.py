@@ -68,6 +68,7 @@ _SUMMARY = (
             ("|Δlogprob|", "gen_train_logprob_abs_diff", ".4f"),
             ("prob error", "gen_train_prob_error", ".4f"),
             ("kl", "gen_train_kl", ".4f"),
+            ("routing mismatch", "routing_mismatch_fraction", ".4f"),
         ],
     ),
     (

@@ -23,6 +23,9 @@ from typing import Any
 from dockyard.config.choices import IS_CORRECTIONS
 from dockyard.config.tools import FILE_CHANGING_TOOLS
 
+# Config fields holding the number of routed experts (dockyard/models/moe.py reads the same).
+EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+
 # The task source each environment takes (data.train.source and data.validation.source).
 ENV_SOURCES = {
     "expr": "expr",
@@ -318,12 +321,51 @@ def config_errors(config: Any) -> list[tuple[str, str]]:
         errors.append(("checkpointing.format", "the JAX backend runs on one device and writes HF folders: use hf"))
     if ckpt.async_save and ckpt.format != "sharded":
         errors.append(("checkpointing.async_save", "background writes are for checkpointing.format=sharded"))
+    errors += _routing_errors(config)
     if config.cluster.weight_sync_transport == "colocated" and config.policy.generation.backend == "sglang":
         errors.append(
             (
                 "cluster.weight_sync_transport",
                 "SGLang receives whole tensors over its own process group; colocated needs the torch or "
                 "vllm backend (or use collective)",
+            )
+        )
+    return errors
+
+
+def _routing_errors(config: Any) -> list[tuple[str, str]]:
+    """What recording and replaying a mixture-of-experts policy's routing needs (docs/moe-routing.md)."""
+    policy = config.policy
+    if not policy.records_routing:
+        return []
+    field = "policy.routing_replay" if policy.routing_replay else "policy.record_routing"
+    errors = []
+    if policy.model is not None and not any(policy.model.get(k) for k in EXPERT_FIELDS):
+        errors.append((field, f"policy.model ({policy.model.get('model_type')}) is a dense model: it has no routing"))
+    if policy.generation.backend != "torch":
+        errors.append(
+            (
+                field,
+                f"the {policy.generation.backend} engine does not capture expert routing here (vLLM 0.32's "
+                "enable_return_routed_experts needs its V2 model runner, dockyard's vLLM worker runs V1); "
+                "use policy.generation.backend=torch",
+            )
+        )
+    if policy.backend != "torch":
+        errors.append((field, f"the {policy.backend} trainer backend cannot replay routing; use policy.backend=torch"))
+    if policy.compile_layers:
+        errors.append(
+            (
+                field,
+                "the routers' replay hooks run eagerly, not inside compiled layers: set policy.compile_layers=false",
+            )
+        )
+    if config.env.agentic:
+        errors.append(
+            (
+                field,
+                "multi-turn trials (env.tools or a scaffold) do not record routing through the policy endpoint "
+                "yet; routing is recorded for single-turn generation only",
             )
         )
     return errors

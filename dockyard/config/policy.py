@@ -286,9 +286,35 @@ class PolicyConfig(Section):
             "[endpoint-api.md](endpoint-api.md#tool-call-formats)"
         ),
     )
+    record_routing: bool = Field(
+        False,
+        description=(
+            "Mixture-of-experts policies: the rollout returns the experts every position was routed to with "
+            "its tokens, they travel to the trainer, and each step reports `routing_mismatch_fraction` (the "
+            "share of (position, MoE layer) top-k choices where the trainer's router picks another expert set). "
+            "Needs `generation.backend: torch`, `backend: torch`, `compile_layers: false` and single-turn "
+            "generation (no `env.tools`). "
+            "[moe-routing.md](moe-routing.md)"
+        ),
+    )
+    routing_replay: bool = Field(
+        False,
+        description=(
+            "Routing replay (R3) for mixture-of-experts policies: the trainer's forwards (the logprob "
+            "recompute and the training pass) use the experts the engine chose for every recorded position; "
+            "the chosen experts' weights come from the trainer's own router logits, so the router still "
+            "trains. Implies `record_routing`, with its requirements; refused for a dense policy. "
+            "[moe-routing.md](moe-routing.md)"
+        ),
+    )
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     lora: LoraConfig = Field(default_factory=LoraConfig)
+
+    @property
+    def records_routing(self) -> bool:
+        """Whether the job's rollouts return routing (record_routing, or routing_replay which needs it)."""
+        return self.record_routing or self.routing_replay
 
     @model_validator(mode="after")
     def _one_source(self) -> PolicyConfig:

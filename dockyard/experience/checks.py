@@ -7,7 +7,8 @@
 
 Guarantees: the same rules as services/buffer/validation.py's checks of a whole Group (a non-empty
 prompt per segment, no negative token id, finite logprobs <= 0, a 0/1 loss mask, at most
-max_tokens per trajectory), applied with numpy to the arrays as stored, so a payload the buffer
+max_tokens per trajectory, routing naming only experts of its shape), applied with numpy to the
+arrays as stored, so a payload the buffer
 accepts is one the trainer can train on; a payload that is not of the layout, whose trajectory count
 differs from the metadata's, or beside metadata that still carries token arrays, is refused.
 """
@@ -52,6 +53,12 @@ def check_payload(group: common_pb2.Group, data: bytes, max_tokens: int) -> None
         or (lp.size and not (lp.max() <= 0.0 and lp.min() > -np.inf))  # NaN fails `<=` too
         or any(n > max_tokens for n in per_trajectory)
     )
+    if c.routing is not None and c.routing.size and c.routing_shape is not None:
+        if (high := int(c.routing.max())) >= c.routing_shape.num_experts:
+            raise InvalidArgument(
+                f"group {group.group_id!r}: its routing names expert {high}; the policy has "
+                f"{c.routing_shape.num_experts} (0..{c.routing_shape.num_experts - 1})"
+            )
     if bad:
         for i, (trajectory, segments) in enumerate(zip(group.trajectories, packed.unpack(data), strict=True)):
             where = f"group {group.group_id!r} trajectories[{i}] ({trajectory.trajectory_id!r})"

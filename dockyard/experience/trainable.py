@@ -9,7 +9,8 @@ Guarantees: `validate_groups` rejects every batch the trainer cannot learn
 from (no trajectories, no sampled token, a logprob or loss-mask count that
 differs from the token count, a mask value other than 0/1, a non-finite
 reward or logprob, a token id outside the vocabulary, a segment longer than
-the model's positions), naming the group, trajectory and segment; it raises
+the model's positions, recorded routing that is not one row per position but
+the last), naming the group, trajectory and segment; it raises
 BatchError. An invalid sample without tokens (`hollow`: an agent trial that
 failed before its first turn) is left out of the checks: it gets no row.
 `validate_rows` applies the same checks to supervised (prompt, completion)
@@ -125,6 +126,11 @@ def _check_segment(where: str, segment: SegmentLike, vocab_size: int, max_length
     if not all(math.isfinite(x) for x in segment.generation_logprobs):
         raise BatchError(f"{where}: completion_logprobs hold a non-finite value")
     _check_ids(where, [*segment.prompt_ids, *segment.completion_ids], vocab_size, max_length)
+    routing = getattr(segment, "routing", None)
+    positions = len(segment.prompt_ids) + count - 1
+    if routing is not None and len(routing) != positions:
+        need = f"its tokens need {positions} (all but the last)"
+        raise BatchError(f"{where}: routing of {len(routing)} positions; {need}")
     return count if mask is None else sum(mask)
 
 

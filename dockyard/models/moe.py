@@ -28,12 +28,13 @@ from typing import Any
 import torch
 
 from dockyard.config import ConfigError
+from dockyard.config.launch_rules import EXPERT_FIELDS
 
 # Families whose generation, training, sync and checkpoints are tested (tests/unit/*/test_moe*.py).
 MOE_FAMILIES = ("qwen3_moe", "mixtral")
 
 # Config fields holding the number of routed experts, across transformers' MoE families.
-_EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+_EXPERT_FIELDS = EXPERT_FIELDS
 
 TINY_MOE: dict[str, dict[str, Any]] = {
     "qwen3_moe": {

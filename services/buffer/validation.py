@@ -8,7 +8,9 @@
 Guarantees: every refusal is InvalidArgument naming the group, trajectory and field (or the request's
 field: OpenJob's bounds, a consumer's name, a lease id's length); the rules
 are the trainer's own (services/trainer/batch.py) minus the vocabulary, which the buffer does not
-know, so a group accepted here never fails a batch.
+know, so a group accepted here never fails a batch. A segment's routing (a mixture-of-experts
+policy's) must hold one row of its trajectory's routing_shape per position but the last: a length
+that disagrees with the tokens is refused, naming both (in a payload, the layout itself fixes it).
 """
 
 from __future__ import annotations
@@ -85,8 +87,15 @@ def _check_trajectory(where: str, trajectory: common_pb2.Trajectory, max_tokens:
     ):
         return  # an infrastructure failure before any token (a failed agent trial): nothing to check
     tokens = 0
+    shape = packed.shape_of(trajectory.routing_shape) if trajectory.HasField("routing_shape") else None
     for k, segment in enumerate([trajectory, *trajectory.later_segments]):
-        tokens += _check_segment(where if k == 0 else f"{where} later_segments[{k - 1}]", segment)
+        at = where if k == 0 else f"{where} later_segments[{k - 1}]"
+        tokens += _check_segment(at, segment)
+        routing = packed.routing_error(
+            shape, segment.routing, len(segment.prompt_token_ids), len(segment.completion_token_ids)
+        )
+        if routing:
+            raise InvalidArgument(f"{at}: {routing}")
     if tokens > max_tokens:
         raise InvalidArgument(
             f"{where}: {tokens} tokens (prompt_token_ids + completion_token_ids over its segments); "

@@ -37,7 +37,7 @@ import asyncio
 import re
 import urllib.parse
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 import httpx
@@ -96,6 +96,7 @@ class AgentTrials:
         wait_timeout: float,
         transport: httpx.AsyncBaseTransport | None = None,  # the endpoint's session reads; None: the network
         plane: Callable[[], DataPlane | None] = lambda: None,  # the buffer's data plane: trials stage there
+        task_ids: Sequence[str] = (),  # the job's training tasks
     ) -> None:
         self.job_id, self.config, self.fleet = job_id, config, fleet
         self._score, self._limits = score, limits
@@ -116,7 +117,8 @@ class AgentTrials:
         )
         # Figures of finished trials since the last take_stats: turns, tokens, masked fraction, budgets hit.
         self._stats: list[dict[str, float | str]] = []
-        self.warmer = SessionWarmer.for_job(job_id, fleet, config, limits)  # sessions started ahead, per worker
+        # Sessions started ahead, per worker (a swe job: the images of the instances it draws).
+        self.warmer = SessionWarmer.for_job(job_id, fleet, config, limits, task_ids)
 
     def _openai(self) -> openai.AsyncOpenAI:
         """Model calls go through the openai client, as any scaffold makes them (session calls: EndpointSessions)."""

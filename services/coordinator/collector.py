@@ -72,6 +72,7 @@ from dockyard.tasks.envs import environment, judge_for
 from dockyard.tasks.task import Task
 from services.coordinator.agent_trials import AgentTrials
 from services.coordinator.fleet import Fleet, Member, NoReplica
+from services.coordinator.group_errors import GroupUnscorable
 from services.coordinator.job_buffer import JobBuffer, StagedPayloadGone
 from services.coordinator.reward_functions import REWARD_ERROR_PREFIX, RewardFunctions
 from services.coordinator.rewards import has_signal, reward_of, sampled_tokens, shape_rewards
@@ -134,15 +135,6 @@ class ReplicaLost(Exception):
     """The replica serving a Generate expired (no heartbeat) while the call ran."""
 
 
-class GroupUnscorable(Exception):
-    """Most of a group's trajectories kept failing in the sandbox: it is not trained on. `first` names
-    the first failed trajectory and its verdict's error (a reward function's: its type and message)."""
-
-    def __init__(self, message: str, first: str = "") -> None:
-        super().__init__(message)
-        self.first = first
-
-
 class Routing(Protocol):
     """Which replicas may generate (services/coordinator/weight_sync.py implements it)."""
 
@@ -171,6 +163,7 @@ class Collector:
         on_group: Callable[..., None] = lambda *_: None,  # (group id, outcome, weight version[, error])
         endpoint_address: str = "",
         endpoint_token: str = "",
+        task_ids: Sequence[str] = (),  # the job's training tasks (a swe job's images are made ahead)
     ) -> None:
         self.job_id = job_id
         self.config = config
@@ -217,6 +210,7 @@ class Collector:
                 max_regenerations=max_regenerations,
                 wait_timeout=wait_timeout,
                 plane=lambda: buffer.data_plane,
+                task_ids=task_ids,
             )
 
     def counters(self) -> CollectionCounters:
@@ -322,6 +316,7 @@ class Collector:
             num_samples=n,
             sampling=sampling_params(sampling, seed),
             staging=staging,
+            return_routing=self.config.policy.records_routing,
         )
         # A conversation is rendered by the rollout's chat template; the rendered ids come back in
         # prompt_token_ids, which the trajectory carries: the trainer trains on exactly what was generated from.
@@ -445,6 +440,8 @@ class Collector:
         if self.agent is not None:
             sampling, retries = self.config.policy.generation, self._max_regenerations
             trials, payload = await self._staged.agent_trials(self.agent, task, group_id, seed, n, sampling, retries)
+            # Held at once, so that make_group's discard deletes it if anything below raises.
+            await self._staged.hold(group_id, payload, task, seed)
             for trial in trials:
                 if trial.scaffold_error:
                     trajectory = trial.trajectory
@@ -453,7 +450,6 @@ class Collector:
                         group_id, task.prompt, trajectory.trajectory_id, error, trial.output_tail
                     )
             group = await self._group(task, group_id, [t.trajectory for t in trials])
-            await self._staged.hold(group_id, payload, task, seed)
             self._keep_passing(group, trials)
             return group
         plane = self.buffer.data_plane
@@ -555,8 +551,11 @@ class Collector:
         try:
             reply = await self.buffer.put(group, staged=staged.payload if staged else None)
         except StagedPayloadGone as exc:
-            if expired >= self._max_regenerations:
-                raise
+            if expired >= self._max_regenerations:  # a failed group, as on any other transport
+                log.warning("a staged payload kept expiring before its put; the group is dropped", error=str(exc))
+                stats.failed += 1
+                self._on_group(group.group_id, "failed", group.weight_version)
+                return False
             self.regenerated_groups += 1
             log.warning("a staged payload expired before its put; generating the group again", error=str(exc))
             again = await self.make_group(staged.task, group.group_id, staged.seed)

@@ -38,7 +38,13 @@ from dockyard.agents.contract import (
     TrialStaging,
 )
 from dockyard.agents.scaffold import TrialLost
-from dockyard.agents.trajectory import TrialTokens, metadata_message, trajectory_message, trial_tokens
+from dockyard.agents.trajectory import (
+    TrialTokens,
+    metadata_message,
+    trajectory_message,
+    trial_summary,
+    trial_tokens,
+)
 from dockyard.api.common.v1 import common_pb2
 from dockyard.experience.data_plane import DataPlane
 from services.coordinator.job_buffer import StagedPayload
@@ -75,17 +81,7 @@ class Recording:
 def _carried(document: TrajectoryDocument, max_tokens: int) -> Recording:
     tokens = trial_tokens(document, max_tokens)
     return Recording(
-        status=document.status,
-        error=document.error,
-        turns=document.turns,
-        invalid_actions=document.invalid_actions,
-        sampled=any(1 in s.loss_mask for s in document.segments),
-        conversation=[{"messages": s.messages, "tools": s.tools} for s in document.segments],
-        segments=len(tokens.segments),
-        sampled_tokens=tokens.sampled_tokens,
-        total_tokens=tokens.total_tokens,
-        truncated=tokens.truncated,
-        weight_version=tokens.weight_version,
+        **trial_summary(document, tokens),
         tokens=tokens,
         received_bytes=sum(
             4 * (len(s.token_ids) + len(s.logprobs) + len(s.weight_versions)) + len(s.loss_mask)

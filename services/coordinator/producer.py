@@ -31,7 +31,8 @@ from collections.abc import Callable
 import structlog
 
 from dockyard.config import GRPOConfig
-from services.coordinator.collector import Collector, CollectStats, GroupUnscorable
+from services.coordinator.collector import Collector, CollectStats
+from services.coordinator.group_errors import GroupUnscorable
 from services.coordinator.job_buffer import JobBuffer
 from services.coordinator.task_stream import TaskStream
 

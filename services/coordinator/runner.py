@@ -116,7 +116,8 @@ class JobRunner:
         self.recovering = recovering
         # Tasks read at submit (CreateJob checks the data there), else read here (a recovered job).
         self._val_tasks = tasks["validation"] if tasks else None
-        self.tasks = TaskStream(tasks["train"] if tasks else load_tasks(cfg, "train"), grpo.seed)
+        train_tasks = tasks["train"] if tasks else load_tasks(cfg, "train")
+        self.tasks = TaskStream(train_tasks, grpo.seed)
         self.ids = GroupIds(record.job_id, grpo.seed)
         # Synchronous GRPO trains at age 0 only: the buffer drops anything older (a resumed run's leftovers).
         max_age = grpo.max_trajectory_age_steps if grpo.async_grpo.enabled else 0
@@ -162,6 +163,7 @@ class JobRunner:
             on_group=self.folder.record_group,
             endpoint_address=settings.endpoint_address,
             endpoint_token=AuthSettings().token or "",
+            task_ids=[task.task_id for task in train_tasks],
         )
         self.sync_producer = SyncProducer(self.collector, self.tasks, self.ids, grpo)
         self.async_producer = AsyncProducer(

@@ -4,8 +4,8 @@
         each alive sandbox worker not yet told (one joining later too):
             PrepareSessions(job, size = ceil(max_concurrent_trials / alive workers), the job's limits,
                             the scaffold's package, routed = an external scaffold;
-                            a swe job: size 0 and the task set of its first group, whose instances'
-                            images the worker makes now)
+                            a swe job: size 0, the task set of its first group and the instances of
+                            it the job draws, whose images the worker makes now)
     AgentTrials.close (the job's end) --> release(): a preparation under way awaited (at most
         RELEASE_TIMEOUT_SECONDS, then cancelled), then ReleaseSessions(job) on every worker told
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Sequence
 
 import grpc
 import structlog
@@ -50,6 +51,7 @@ class SessionWarmer:
         routed: bool = False,
         on_groups: bool = True,
         task_images: bool = False,
+        instances: dict[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.job_id, self.fleet, self.concurrency = job_id, fleet, concurrency
         self._limits, self._packages, self._routed = limits, packages, routed
@@ -59,13 +61,23 @@ class SessionWarmer:
         self._task_set = ""
         # on_group warms (a job that warms nothing: False); a swe job's first task set named to the workers.
         self._on_groups, self._task_images = on_groups, task_images
+        # A swe job's instances per task set, those it draws: only their images are made ahead.
+        self._instances = instances or {}
 
     @classmethod
-    def for_job(cls, job_id: str, fleet: Fleet, config: MasterConfig, limits: sandbox_pb2.Limits) -> SessionWarmer:
+    def for_job(
+        cls, job_id: str, fleet: Fleet, config: MasterConfig, limits: sandbox_pb2.Limits, task_ids: Sequence[str] = ()
+    ) -> SessionWarmer:
         """An agent job's warmer: its sessions warmed, unless each task has an image of its own
-        (STATE_SCORED_ENVS); a swe job's instance images made ahead instead."""
+        (STATE_SCORED_ENVS); a swe job's instance images made ahead instead, those of `task_ids` (its
+        training tasks)."""
         scaffold, name = config.env.scaffold, config.env.name
         warm = name not in STATE_SCORED_ENVS
+        instances: dict[str, dict[str, None]] = {}  # per task set, its instances once each, in order
+        if name == "swe":
+            for task_id in task_ids:
+                task_set, instance = swe.split_task_id(task_id)
+                instances.setdefault(task_set, {})[instance] = None
         return cls(
             job_id,
             fleet,
@@ -75,6 +87,7 @@ class SessionWarmer:
             routed=scaffold is not None,
             on_groups=warm or name == "swe",
             task_images=name == "swe",
+            instances={task_set: tuple(ids) for task_set, ids in instances.items()},
         )
 
     def on_group(self, task_id: str) -> None:
@@ -105,6 +118,7 @@ class SessionWarmer:
                 packages=self._packages,
                 routed=self._routed,
                 task_set=self._task_set,
+                instance_ids=self._instances.get(self._task_set, ()),
             )
             todo = [w for w in workers if self._told.get(w.name) is not w.stub]
             for worker in todo:  # told before the answer: a release at any point reaches it

@@ -18,7 +18,8 @@ payload, its trials' parts in trajectory order, so its metadata carries no token
 endpoint could not stage is staged from here (the same agent_trial.stage_part, checked the same way: one
 it refuses fails the group, its parts deleted), and a group whose parts could not be assembled (one
 expired, the Redis failed) is made again, at most max_regenerations times (counted in the agent's
-regenerated_groups), its leftover parts deleted. `received()` counts the payload bytes that came to the
+regenerated_groups), its leftover parts deleted. Either failure ends as GroupUnscorable: one failed group,
+never the job. `received()` counts the payload bytes that came to the
 coordinator (`arrays`: token arrays in Generate replies, 4 per prompt id, completion id and logprob;
 `trial_arrays`: those of trajectories read from the endpoint, endpoint_sessions.py) and those staged
 elsewhere instead (`rollout_staged`, `endpoint_staged`).
@@ -42,6 +43,7 @@ from dockyard.rpc.errors import InvalidArgument
 from dockyard.tasks.task import Task
 from services.coordinator.agent_trials import AgentTrials
 from services.coordinator.endpoint_sessions import discard
+from services.coordinator.group_errors import GroupUnscorable
 from services.coordinator.job_buffer import JobBuffer, StagedPayload
 from services.coordinator.trials import Trial
 
@@ -96,13 +98,16 @@ class StagedPayloads:
                 return trials, None
             try:
                 return trials, await self._assemble(plane, group_id, trials)
-            except InvalidArgument:  # a carried trial the buffer would refuse: the group fails, named by it
+            except InvalidArgument as exc:  # a carried trial the buffer would refuse: the group fails, named by it
                 await discard(plane, [t.part for t in trials])
-                raise
+                raise GroupUnscorable(f"group {group_id!r}: the buffer refuses a trial: {exc}", str(exc)) from None
             except (PartGone, RedisError, OSError) as exc:
                 await discard(plane, [t.part for t in trials])
                 if attempt == retries:
-                    raise
+                    raise GroupUnscorable(
+                        f"group {group_id!r}: its parts could not be assembled in {retries + 1} attempts",
+                        f"{type(exc).__name__}: {exc}",
+                    ) from None
                 agent.regenerated_groups += 1
                 log.warning("an agent group's parts could not be assembled; making it again", error=repr(exc))
         raise AssertionError("unreachable")

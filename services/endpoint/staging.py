@@ -26,7 +26,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from dockyard.agents.contract import SessionStatus, StagedTrial, TrialStaging
-from dockyard.agents.trajectory import trajectory_message, trial_tokens
+from dockyard.agents.trajectory import trajectory_message, trial_summary, trial_tokens
 from dockyard.api.buffer.v1 import buffer_pb2
 from dockyard.experience.agent_trial import stage_part
 from dockyard.experience.data_plane import Planes
@@ -59,21 +59,7 @@ class TrialStager:
         # Nothing to stage: no tokens left after the cut, or a session that ended (the trial is lost anyway).
         nothing = not tokens.segments or document.status != SessionStatus.OK
         reply = StagedTrial(
-            session_id=session.id,
-            status=document.status,
-            error=document.error,
-            turns=document.turns,
-            invalid_actions=document.invalid_actions,
-            sampled=any(1 in s.loss_mask for s in document.segments),
-            conversation=[{"messages": s.messages, "tools": s.tools} for s in document.segments],
-            staged=nothing,
-            part_key="",
-            part_bytes=0,
-            segments=len(tokens.segments),
-            sampled_tokens=tokens.sampled_tokens,
-            total_tokens=tokens.total_tokens,
-            truncated=tokens.truncated,
-            weight_version=tokens.weight_version,
+            session_id=session.id, **trial_summary(document, tokens), staged=nothing, part_key="", part_bytes=0
         )
         if nothing:
             return reply

@@ -21,7 +21,15 @@ cancelled request's rows leave at the next step boundary, the others go on, and 
 GenerationCancelled. An error in a step fails the requests in the batch, not the scheduler. All model
 work, and CUDA graph capture and replay, run in the scheduler thread. Sampled tokens feed the next step
 on the device; the host reads each step's tokens once, and writes the rows' starts only when a row
-joined or left or the batch moved.
+joined or left or the batch moved. With a recorder (a mixture-of-experts policy), every forward's
+expert ids are kept: a request's `prompt_routing` has one row per prompt position (a reused prefix's
+rows from the prefix cache, the rest from its prefill; each row keeps the one it joined from), a row's
+`routing` one per sampled token that a decode step ran (all but the last), each routed by the weights
+of the step that ran it; a kept prefix cache entry holds the rows of its ids.
+
+Why over 400 lines: admission, prefill, decode, finishing and the prefix cache's and routing's bookkeeping
+all act on one batch's state (slots, columns, rows) between two steps; split apart they would share that
+state through each other's fields.
 """
 
 from __future__ import annotations
@@ -35,10 +43,12 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import structlog
 import torch
 from transformers.cache_utils import DynamicCache
 
+from dockyard.models.routing import RoutingRecorder, as_numpy, routers
 from services.rollout.decoding import DecodingParams
 from services.rollout.engine import GenerationCancelled, TopLogprobs
 from services.rollout.kv_slots import DecodeStep, SlotCache, length_for
@@ -59,6 +69,8 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[TopLogprobs] = field(default_factory=list)  # per token, when params.top_logprobs > 0
     versions: set[int] = field(default_factory=set)
+    routing: list[np.ndarray] = field(default_factory=list)  # per decoded position: [moe_layers, k] expert ids
+    prompt_routing: np.ndarray | None = None  # its request's prompt routing as of the prefill it joined from
     finish_reason: str = ""
     start: int = 0  # cache column of its first prompt token
     index: int = 0  # its completion's place in the request's result
@@ -81,6 +93,7 @@ class Request:
     steps: int = 0  # decode steps its rows took part in
     # (weight version, KV of one prefill pass, this prompt's row in it, its last logits (1, vocab))
     prefill: tuple[int, DynamicCache, int, torch.Tensor] | None = None
+    prompt_routing: np.ndarray | None = None  # [prompt positions, moe_layers, k], with the prefill's version
 
     @property
     def cancelled(self) -> bool:
@@ -127,6 +140,8 @@ class DecodeBatch:
         self.weight_version, self.in_flight = weight_version, in_flight
         self.cache = SlotCache(slots, device)
         self.step = DecodeStep(model, self.cache, pad_token_id, graphs, compile)
+        # A mixture-of-experts policy: each forward's expert ids (eager forwards only: MoE never runs graphs).
+        self.recorder = RoutingRecorder(model) if routers(model) else None
         self.stats = BatchStats()
         self.column = 0  # the cache column the next decode step writes
         self._starts_dirty = False  # a row joined or the batch moved: the step's starts need writing
@@ -243,13 +258,19 @@ class DecodeBatch:
         """One forward pass over the prompts of `requests`, all of one length (no padding)."""
         version = self.weight_version()
         past, reused = DynamicCache(), 0
+        reused_routing = None
         if self.prefix is not None and len(requests) == 1:
-            past, reused = self.prefix.past_for(requests[0].prompt_ids, version)
+            past, reused, reused_routing = self.prefix.past_for(requests[0].prompt_ids, version)
         ids = torch.tensor([r.prompt_ids[reused:] for r in requests], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, past_key_values=past, use_cache=True, logits_to_keep=1)
+        with self._recording() as layers:
+            out = self.model(input_ids=ids, past_key_values=past, use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1].float()
+        routing = self._routed(layers)
         for i, request in enumerate(requests):
             request.prefill = (version, out.past_key_values, i, logits[i : i + 1])
+            if routing is not None:
+                rows = routing.reshape(len(requests), ids.shape[1], *routing.shape[1:])[i]
+                request.prompt_routing = rows if reused_routing is None else np.concatenate([reused_routing, rows])
 
     def _prefill_together(self, first: Request) -> None:
         """Prefill `first` with the requests queued right behind it whose prompts have its length and
@@ -294,6 +315,7 @@ class DecodeBatch:
             row = request.rows[request.admitted]
             request.admitted += 1
             row.start = self.column - prompt_len
+            row.prompt_routing = request.prompt_routing
             joined.append((heapq.heappop(self._free), row))
         self.cache.load_prompt([slot for slot, _ in joined], kv, self.column, index)
         params = [r.params for _, r in joined]
@@ -324,7 +346,9 @@ class DecodeBatch:
             self._starts_dirty = False
         self.cache.column.fill_(self.column)
         order = sorted(self._active)
-        logits = self.step.run(order[-1] + 1, self.column)
+        with self._recording() as layers:
+            logits = self.step.run(order[-1] + 1, self.column)
+        routing = self._routed(layers)
         self.column += 1
         version = self.weight_version()
         rows = [self._active[s] for s in order]
@@ -340,8 +364,22 @@ class DecodeBatch:
             request.steps += 1
         for (_, row), token, logprob, top in zip(rows, new, logprobs, tops, strict=True):
             self._append(row, token, logprob, top, version)
+        if routing is not None:  # the step ran each row's last token: its position's experts
+            for slot, (_, row) in zip(order, rows, strict=True):
+                row.routing.append(routing[slot])
         self._finish_rows([(s, r, row) for s, (r, row) in zip(order, rows, strict=True)])
         self._report(rows)
+
+    def _recording(self) -> contextlib.AbstractContextManager[list[torch.Tensor] | None]:
+        return self.recorder.recording() if self.recorder is not None else contextlib.nullcontext()
+
+    def _routed(self, layers: list[torch.Tensor] | None) -> np.ndarray | None:
+        """A forward's [tokens, moe_layers, k] expert ids on the host; None for a dense policy."""
+        if self.recorder is None or layers is None:
+            return None
+        stacked = self.recorder.stacked(layers)
+        assert stacked is not None and self.recorder.shape is not None
+        return as_numpy(stacked, self.recorder.shape)
 
     def _feed(self, slots: list[int], tokens: torch.Tensor) -> None:
         """The next step's input tokens of `slots`, written on the device (no round trip through the host)."""
@@ -398,7 +436,10 @@ class DecodeBatch:
         if row.versions != {version} or request.prefill[0] != version or self.column - row.start != len(ids):
             return
         live = self._live_tokens() - len(ids) - 1
-        self.prefix.keep_slot(self.cache, slot, row.start, ids, version, live)
+        routing = None
+        if row.prompt_routing is not None:
+            routing = np.concatenate([row.prompt_routing, *(r[None] for r in row.routing)])
+        self.prefix.keep_slot(self.cache, slot, row.start, ids, version, live, routing)
 
     def _leave(self, slot: int) -> None:
         request, _ = self._active.pop(slot)

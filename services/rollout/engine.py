@@ -35,6 +35,11 @@ Guarantees of every engine:
   its `prompt_token_ids` are the ids the model saw, image tokens included;
 - a generation whose caller gave up (its `generate` task cancelled) stops
   within a decode step and yields no result;
+- an engine whose `captures_routing` is True returns, for a mixture-of-experts policy, the experts
+  every position it ran was routed to: `prompt_routing` (each prompt position, as prefilled or as
+  the prefix cache kept it) then each completion's `routing` (its tokens but the last, which no
+  forward ran), so prompt + completion routing has one row per position but the last; None for a
+  dense policy;
 - `generate_stream` yields lists of TokenDelta (tokens appended to each
   completion since the last list), then the GenerationResult `generate` would
   return, whose completions' token_ids/logprobs begin with the concatenation of
@@ -83,6 +88,12 @@ class Completion(NamedTuple):
     weight_versions: tuple[int, ...] = ()  # versions its tokens came from, oldest first
     # Per sampled token, with decoding.top_logprobs > 0: its step's alternatives; else empty.
     top_logprobs: Sequence[TopLogprobs] = ()
+    # A mixture-of-experts policy on an engine that captures routing: [len(token_ids) - 1, moe_layers, k]
+    # expert ids (dockyard/models/routing.py) of the positions of token_ids[:-1]; None otherwise.
+    routing: Any = None
+    # Its prompt's [len(prompt_token_ids), moe_layers, k] routing, as of the prefill its KV came from (the
+    # result's `prompt_routing` unless weights changed between the joins of a group's rows); None otherwise.
+    prompt_routing: Any = None
 
 
 @dataclass
@@ -90,6 +101,10 @@ class GenerationResult:
     prompt_token_ids: list[int]
     completions: list[Completion] = field(default_factory=list)
     weight_version: int = 0  # the oldest version any completion's token came from
+    # With routing captured: the first completion's prompt routing ([len(prompt_token_ids), moe_layers, k]
+    # expert ids) and the RoutingShape; each completion's `routing` continues its `prompt_routing`.
+    prompt_routing: Any = None
+    routing_shape: Any = None
 
     @property
     def weight_versions(self) -> list[int]:
@@ -125,6 +140,7 @@ class GenerationEngine(abc.ABC):
 
     name: str = "engine"
     streams: bool = False  # whether generate_stream yields tokens as they are sampled
+    captures_routing: bool = False  # whether results carry a mixture-of-experts policy's routing
     tokenizer: Any  # the policy's Hugging Face tokenizer: text prompts, chat templates, context checks
 
     @abc.abstractmethod

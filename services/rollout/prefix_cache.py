@@ -18,6 +18,8 @@ Guarantees:
 - at least the prompt's last token is always prefilled, so the next token's logits come from
   the model as they would without the cache; the KV of position i depends only on tokens <= i,
   so a reused prefix equals a fresh prefill of it up to floating-point rounding;
+- an entry of a mixture-of-experts policy keeps the routing of its positions beside their KV
+  (one row per id, as they were routed when first computed), and a reused prefix hands back its rows;
 - `stats()` reports prefill tokens computed and saved, hits, evictions, entries and the
   pressure: (live + kept tokens) / capacity.
 """
@@ -38,6 +40,7 @@ class Entry:
     version: int
     keys: list[torch.Tensor]  # per layer (1, kv_heads, len(ids), head_dim)
     values: list[torch.Tensor]
+    routing: Any = None  # [len(ids), moe_layers, k] expert ids (numpy) of a mixture-of-experts policy; else None
 
 
 @dataclass
@@ -109,20 +112,25 @@ class PrefixCache:
         self.counters.hits += 1
         return best, self.entries[found]
 
-    def past_for(self, prompt: list[int], version: int) -> tuple[DynamicCache, int]:
-        """The KV to prefill `prompt` after (empty on a miss) and how many of its tokens it covers; counted."""
+    def past_for(self, prompt: list[int], version: int) -> tuple[DynamicCache, int, Any]:
+        """The KV to prefill `prompt` after (empty on a miss), how many of its tokens it covers and their
+        routing (None on a miss or for a dense policy); counted."""
         reused, entry = self.lookup(prompt, version)
         past = self.prefix_kv(entry, reused) if entry is not None else DynamicCache()
         self.counted_prefill(len(prompt) - reused, reused)
-        return past, reused
+        routing = entry.routing[:reused] if entry is not None and entry.routing is not None else None
+        return past, reused, routing
 
-    def keep_slot(self, cache: Any, slot: int, start: int, ids: list[int], version: int, live: int) -> None:
-        """Keep the KV of `ids`, in columns [start, start + len(ids)) of `slot` of a SlotCache (copied)."""
+    def keep_slot(
+        self, cache: Any, slot: int, start: int, ids: list[int], version: int, live: int, routing: Any = None
+    ) -> None:
+        """Keep the KV of `ids`, in columns [start, start + len(ids)) of `slot` of a SlotCache (copied),
+        with their routing (one row per id) for a mixture-of-experts policy."""
         cut = slice(start, start + len(ids))
         keys = [k[slot : slot + 1, :, cut].clone() for k in cache.keys]
         values = [v[slot : slot + 1, :, cut].clone() for v in cache.values]
         self.see_version(version)
-        self.keep(ids, version, keys, values, live)
+        self.keep(ids, version, keys, values, live, routing)
 
     def prefix_kv(self, entry: Entry, n: int) -> DynamicCache:
         """A fresh DynamicCache holding the first n positions of `entry` (copies: the entry stays intact)."""
@@ -142,7 +150,13 @@ class PrefixCache:
             self.counters.evictions += 1
 
     def keep(
-        self, ids: list[int], version: int, keys: list[torch.Tensor], values: list[torch.Tensor], live: int
+        self,
+        ids: list[int],
+        version: int,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        live: int,
+        routing: Any = None,
     ) -> None:
         """Keep a finished row's KV (ids[i]'s KV at position i); entries it extends are superseded."""
         if version != self.version or not ids or len(ids) + live > self.capacity_tokens:
@@ -150,7 +164,7 @@ class PrefixCache:
         for key in [k for k, e in self.entries.items() if len(e.ids) <= len(ids) and ids[: len(e.ids)] == e.ids]:
             self._drop(key)
         self.make_room(live, len(ids))
-        self.entries[self._next] = Entry(list(ids), version, keys, values)
+        self.entries[self._next] = Entry(list(ids), version, keys, values, routing)
         self.cached_tokens += len(ids)
         self._next += 1
 

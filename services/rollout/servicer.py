@@ -32,7 +32,9 @@ too many, too large or unreadable is INVALID_ARGUMENT; an engine that takes no i
 SGLang, a text-only policy) is FAILED_PRECONDITION; the text path never touches the gate.
 A Generate naming a staging destination answers either with the staged key and no token arrays
 (every completion's num_tokens set), or, where staging failed (logged), with the arrays; an empty
-staging field is INVALID_ARGUMENT, and GenerateStream refuses staging.
+staging field is INVALID_ARGUMENT, and GenerateStream refuses staging. With return_routing a
+mixture-of-experts policy's routing comes back (or is staged) beside its tokens, position for position
+(services/rollout/engine.py); an engine that cannot capture it is FAILED_PRECONDITION.
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ from collections.abc import AsyncIterator, Iterator
 import grpc
 import structlog
 
+from dockyard.api.common.v1 import common_pb2
 from dockyard.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from dockyard.config import ConfigError, MasterConfig, parse_config_text
+from dockyard.experience.routing_layout import RoutingShape, to_bytes
 from dockyard.images import ImageLimits, ImageRejected, gate_images
 from dockyard.jobs import job_id_error
 from dockyard.rpc.completion import run_to_completion
@@ -85,9 +89,12 @@ def kv_cache_proto(stats) -> rollout_pb2.KvCacheStats | None:
     )
 
 
-def completion_proto(completion: Completion, *, staged: bool = False) -> rollout_pb2.Completion:
-    """`completion` on the wire; `staged`: its token ids and logprobs are in a staged payload, not here."""
-    return rollout_pb2.Completion(
+def completion_proto(
+    completion: Completion, *, staged: bool = False, routing: GenerationResult | None = None
+) -> rollout_pb2.Completion:
+    """`completion` on the wire; `staged`: its token ids and logprobs are in a staged payload, not here;
+    `routing`: the result whose routing goes back (GenerateRequest.return_routing), None: none."""
+    message = rollout_pb2.Completion(
         token_ids=() if staged else completion.token_ids,
         logprobs=() if staged else completion.logprobs,
         num_tokens=len(completion.token_ids),
@@ -97,6 +104,16 @@ def completion_proto(completion: Completion, *, staged: bool = False) -> rollout
             rollout_pb2.TopLogprobs(token_ids=top.token_ids, logprobs=top.logprobs) for top in completion.top_logprobs
         ],
     )
+    shape = routing.routing_shape if routing is not None else None
+    if shape is not None and not staged and completion.routing is not None:
+        message.routing = to_bytes(completion.routing, shape)
+        if completion.prompt_routing is not routing.prompt_routing:
+            message.prompt_routing = to_bytes(completion.prompt_routing, shape)
+    return message
+
+
+def routing_shape_proto(shape: RoutingShape) -> common_pb2.RoutingShape:
+    return common_pb2.RoutingShape(moe_layers=shape.moe_layers, top_k=shape.top_k, num_experts=shape.num_experts)
 
 
 def _delta(index: int, token_ids: list[int], logprobs: list[float]) -> rollout_pb2.CompletionDelta:
@@ -178,10 +195,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 result = await engine.generate(prompt, num_samples, decoding)
         staged = None
         if request.HasField("staging"):
-            staged = await self.stager.stage(
-                request.job_id, request.staging, result.prompt_token_ids, result.completions
-            )
-        return self._response(engine, result, staged)
+            routing = result if request.return_routing else None
+            staged = await self.stager.stage(request.job_id, request.staging, result, routing)
+        return self._response(engine, result, staged, request.return_routing)
 
     async def GenerateStream(
         self, request: rollout_pb2.GenerateStreamRequest, context: grpc.aio.ServicerContext
@@ -216,7 +232,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             for i, c in enumerate(result.completions)
             if len(c.token_ids) > sent.get(i, 0)
         ]
-        yield rollout_pb2.GenerateStreamResponse(deltas=rest, result=self._response(engine, result))
+        response = self._response(engine, result, routing=request.request.return_routing)
+        yield rollout_pb2.GenerateStreamResponse(deltas=rest, result=response)
 
     @contextlib.contextmanager
     def _generating(self) -> Iterator[None]:
@@ -249,6 +266,11 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                 request.sampling, max_new_tokens_ceiling=self.settings.max_new_tokens_ceiling
             )
         engine = self.engine(request.job_id)
+        if request.return_routing and not engine.captures_routing:
+            raise FailedPrecondition(
+                f"return_routing: the {engine.name} engine does not capture expert routing; "
+                "use policy.generation.backend=torch"
+            )
         if decoding is None:
             decoding = self._default_decoding(request.job_id)
         decoding = dataclasses.replace(decoding, top_logprobs=top_logprobs)
@@ -265,19 +287,32 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         return engine, prompt, num_samples, decoding, remaining
 
     def _response(
-        self, engine: GenerationEngine, result: GenerationResult, staged: tuple[str, int] | None = None
+        self,
+        engine: GenerationEngine,
+        result: GenerationResult,
+        staged: tuple[str, int] | None = None,
+        routing: bool = False,
     ) -> rollout_pb2.GenerateResponse:
-        """The result on the wire; with `staged` (key, bytes), its token arrays are in that payload instead."""
+        """The result on the wire; with `staged` (key, bytes), its token arrays are in that payload instead;
+        `routing`: with the experts each position was routed to (a mixture-of-experts policy's)."""
         key, size = staged or ("", 0)
-        return rollout_pb2.GenerateResponse(
+        shape = result.routing_shape if routing else None
+        response = rollout_pb2.GenerateResponse(
             prompt_token_ids=() if staged else result.prompt_token_ids,
-            completions=[completion_proto(c, staged=bool(staged)) for c in result.completions],
+            completions=[
+                completion_proto(c, staged=bool(staged), routing=result if shape else None) for c in result.completions
+            ],
             weight_version=result.weight_version,
             weight_versions=result.weight_versions,
             kv_cache=kv_cache_proto(engine.kv_cache_stats),
             payload_key=key,
             payload_bytes=size,
         )
+        if shape is not None:
+            response.routing_shape.CopyFrom(routing_shape_proto(shape))
+            if not staged and result.prompt_routing is not None:
+                response.prompt_routing = to_bytes(result.prompt_routing, shape)
+        return response
 
     async def _gate_images(self, request: rollout_pb2.GenerateRequest, engine: GenerationEngine) -> list:
         """The request's images through the job's gate (dockyard/images.py), decoded off the event loop."""

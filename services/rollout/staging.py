@@ -14,17 +14,29 @@ gets the arrays and nothing generated is lost.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import structlog
 from redis.exceptions import RedisError
 
+from dockyard.api.common.v1 import common_pb2
 from dockyard.api.rollout.v1 import rollout_pb2
 from dockyard.experience import single_turn
 from dockyard.experience.data_plane import Planes
+from dockyard.experience.routing_layout import to_bytes
 from dockyard.rpc.errors import InvalidArgument
+from services.rollout.engine import GenerationResult
 
 log = structlog.get_logger()
+
+
+def result_routing(result: GenerationResult | None) -> single_turn.Routing | None:
+    """A result's routing as the trajectories carry it (each completion's prompt and completion rows); None
+    for no result or a dense policy's."""
+    if result is None or result.routing_shape is None:
+        return None
+    shape = result.routing_shape
+    wire = common_pb2.RoutingShape(moe_layers=shape.moe_layers, top_k=shape.top_k, num_experts=shape.num_experts)
+    rows = [to_bytes(c.prompt_routing, shape) + to_bytes(c.routing, shape) for c in result.completions]
+    return wire, rows
 
 
 class PayloadStager:
@@ -35,15 +47,18 @@ class PayloadStager:
         self,
         job_id: str,
         staging: rollout_pb2.PayloadStaging,
-        prompt_token_ids: Sequence[int],
-        completions: Sequence[single_turn.Sampled],
+        result: GenerationResult,
+        routing: GenerationResult | None = None,
     ) -> tuple[str, int] | None:
-        """The group's payload staged where `staging` says: (key, bytes); None where it could not be."""
+        """The group's payload staged where `staging` says: (key, bytes); None where it could not be.
+        `routing`: the result, when its routing goes with the tokens (GenerateRequest.return_routing)."""
         plane = await self._planes.get(staging.data_plane)
         if plane is None:
             return None
         try:
-            return await single_turn.stage(plane, job_id, staging.group_id, prompt_token_ids, completions)
+            return await single_turn.stage(
+                plane, job_id, staging.group_id, result.prompt_token_ids, result.completions, result_routing(routing)
+            )
         except InvalidArgument as exc:
             # The caller's own check (without a data plane, the buffer's) refuses it again, naming the same fault.
             log.warning("payload not staged: it fails the buffer's checks", group=staging.group_id, error=str(exc))

@@ -32,6 +32,8 @@ MOUNT = "/run/dockyard"  # where the socket's folder appears in the container
 SOCKET_NAME = "endpoint.sock"
 ENDPOINT_PORT = 8080  # on the container's own loopback
 MAX_CONNECTIONS = 16
+# sockaddr_un's sun_path holds 108 bytes on Linux, the terminating NUL included.
+MAX_SOCKET_PATH_BYTES = 107
 CHUNK = 64 * 1024
 
 # What PID 1 of a session's container writes once the session may run commands.
@@ -77,6 +79,13 @@ asyncio.run(main())
 
 def endpoint_url() -> str:
     return f"http://127.0.0.1:{ENDPOINT_PORT}"
+
+
+def socket_path_excess(work_root: str | None) -> int:
+    """Bytes by which a route's socket path under `work_root` (None: the system temp) would exceed what a
+    unix socket allows; 0 or less when every route fits. mkdtemp names the folder with 8 random characters."""
+    folder = os.path.join(os.path.abspath(work_root or tempfile.gettempdir()), "dockyard-route-" + "x" * 8)
+    return len(os.path.join(folder, SOCKET_NAME).encode()) - MAX_SOCKET_PATH_BYTES
 
 
 def split_address(address: str) -> tuple[str, int]:

@@ -67,6 +67,26 @@ def is_project_folder(requirement: str) -> bool:
     return requirement.startswith(("/", "./", "../"))
 
 
+def package_error(packages: Sequence[str], project_root: str | None) -> str | None:
+    """Why a session may not have `packages` (None: it may). A local project folder is built on this host, its
+    build code run here, so it must lie inside `project_root` (DOCKYARD_SANDBOX_PROJECT_ROOT), which the
+    deployment fills with projects it trusts; with no root, every folder is refused."""
+    for package in packages:
+        if not package.strip() or package.strip().startswith("-") or "\n" in package:
+            return f"packages: {list(packages)[:8]!r}: each must be a pip requirement"
+        if not is_project_folder(package):
+            continue
+        if project_root is None:
+            return (
+                f"packages: {package!r} is a local project folder, built on the sandbox host: it is accepted only "
+                "inside DOCKYARD_SANDBOX_PROJECT_ROOT, which is unset"
+            )
+        root = os.path.realpath(project_root)
+        if os.path.commonpath([os.path.realpath(package), root]) != root:
+            return f"packages: {package!r} is outside DOCKYARD_SANDBOX_PROJECT_ROOT ({project_root})"
+    return None
+
+
 def _lock(tag: str) -> threading.Lock:
     with _locks_guard:
         return _build_locks.setdefault(tag, threading.Lock())
@@ -181,17 +201,20 @@ def ensure_sandbox_image(
         return tag
 
 
-SKIPPED_PARTS = frozenset({"__pycache__", "build", "dist"})  # build outputs and caches, never a project's input
+# Build outputs, caches, history and environments: never a project's input, and costly to read at each open.
+SKIPPED_PARTS = frozenset({"__pycache__", "build", "dist", ".git", ".venv"})
 
 
 def project_digest(folder: str | os.PathLike) -> str:
     """A hash of a project folder's files (build outputs and caches left out)."""
     digest = hashlib.sha256()
     root = Path(folder)
-    for path in sorted(root.rglob("*")):
-        parts = path.relative_to(root).parts
-        if path.is_file() and not any(p in SKIPPED_PARTS or p.endswith(".egg-info") for p in parts):
-            digest.update("/".join(parts).encode() + b"\0" + path.read_bytes() + b"\0")
+    for here, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if d not in SKIPPED_PARTS and not d.endswith(".egg-info"))
+        for name in sorted(files):
+            path = Path(here, name)
+            if path.is_file():
+                digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 

@@ -34,6 +34,7 @@ from dockyard.rpc.errors import FailedPrecondition, InvalidArgument, NotFound
 from services.sandbox.admission import Admission
 from services.sandbox.backend import Outcome, ResourceLimits, SandboxBackend, Status
 from services.sandbox.endpoint_route import split_address
+from services.sandbox.images import package_error
 from services.sandbox.reward_runner import reward_arguments, run_reward
 from services.sandbox.session_api import SessionService
 from services.sandbox.settings import SandboxSettings
@@ -292,10 +293,10 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
     ) -> sandbox_pb2.PrepareSessionsResponse:
         if not request.job_id:
             raise InvalidArgument("job_id is required")
-        if not 0 <= request.size <= self._settings.max_sessions:
-            raise InvalidArgument(f"size must be 0..{self._settings.max_sessions} (max_sessions), got {request.size}")
-        if any(not p.strip() or p.strip().startswith("-") or "\n" in p for p in request.packages):
-            raise InvalidArgument(f"packages: {list(request.packages)[:8]!r}: each must be a pip requirement")
+        if request.size < 0:
+            raise InvalidArgument(f"size must be 0 or more, got {request.size}")
+        if problem := package_error(request.packages, self._settings.project_root):
+            raise InvalidArgument(problem)
         limits = resolve_limits(request.limits, self._settings)
         instances = {}
         if request.task_set:
@@ -305,17 +306,15 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
                 raise _TASK_SET_ERRORS[exc.kind](str(exc)) from None
         job = {"packages": list(request.packages), "routed": request.routed, "images": list(request.images)}
         try:
-            warm = await self._backend.prepare_sessions(request.job_id, request.size, limits, **job)
+            # A share above what this worker may hold is warmed up to its own bound: warming only saves time.
+            size = min(request.size, self._settings.max_sessions)
+            warm = await self._backend.prepare_sessions(request.job_id, size, limits, **job)
         except (FailedPrecondition, InvalidArgument):
             raise
         except Exception as exc:  # a pull, a build or a start that failed: nothing the caller can fix by retrying
             raise FailedPrecondition(f"cannot prepare the job's sessions: {type(exc).__name__}: {exc}") from None
-        ready = 0
-        for instance in instances.values():  # one after another: pulls and builds are the engine's work anyway
-            try:
-                ready += await self._swe.image(request.task_set, instance) is not None
-            except Exception as exc:  # noqa: BLE001 -- its first run reports it, as without a preparation
-                log.warning("an instance's image is not ready", instance=instance.instance_id, error=str(exc)[:300])
+        wanted = [instances[i] for i in dict.fromkeys(request.instance_ids) if i in instances]
+        ready = await self._swe.prepare_images(request.task_set, wanted)
         return sandbox_pb2.PrepareSessionsResponse(warm=warm, instance_images=ready)
 
     async def ReleaseSessions(

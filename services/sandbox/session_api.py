@@ -42,6 +42,7 @@ from services.sandbox.endpoint_route import split_address
 from services.sandbox.gdpval import FileTasks
 from services.sandbox.gdpval import score as score_file_task
 from services.sandbox.harbor import score as score_harbor
+from services.sandbox.images import package_error
 from services.sandbox.session_files import FileProblem
 from services.sandbox.sessions import Session, SessionStore
 from services.sandbox.settings import SandboxSettings
@@ -158,8 +159,8 @@ class SessionService:
             except ValueError as exc:
                 raise InvalidArgument(str(exc)) from None
         if packages:
-            if any(not p.strip() or p.strip().startswith("-") or "\n" in p for p in packages):
-                raise InvalidArgument(f"packages: {list(packages)[:8]!r}: each must be a pip requirement")
+            if problem := package_error(packages, self._settings.project_root):
+                raise InvalidArgument(problem)
             required = [*(instance.requirements if swe else ()), *packages]
             try:
                 image = await self._backend.packages_image(required)

@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from dockyard.rpc.settings import ServiceSettings, default_address, member_name_pattern
+from services.sandbox.endpoint_route import MAX_SOCKET_PATH_BYTES, socket_path_excess
 from services.sandbox.images import SANDBOX_IMAGE
 
 
@@ -98,6 +99,12 @@ class SandboxSettings(ServiceSettings):
     work_root: str | None = Field(
         None, description="Folder under which work folders are made; None is the system temp."
     )
+    project_root: str | None = Field(
+        None,
+        description="Docker backend: folder inside which a session's packages may name local project folders "
+        "(built into wheels on this host, their build code run here: only trusted projects belong there); "
+        "None: local project folders are refused. `dockyard run` sets its working directory.",
+    )
     task_root: str | None = Field(
         None,
         description="Folder of SWE task sets (<task_root>/<name>/instances.jsonl and repos/); None: ScorePatch "
@@ -140,5 +147,13 @@ class SandboxSettings(ServiceSettings):
         if self.session_idle_seconds > self.max_session_idle_seconds:
             raise ValueError(
                 f"session_idle_seconds={self.session_idle_seconds} is above its ceiling {self.max_session_idle_seconds}"
+            )
+        # A routed session's socket lives under work_root: a path too long for a unix socket would fail
+        # every external scaffold's session at open, so refuse it here, at start.
+        excess = socket_path_excess(self.work_root) if self.backend == "docker" else 0
+        if excess > 0:
+            raise ValueError(
+                f"work_root {self.work_root!r} is {excess} bytes too long: a session's endpoint socket under it "
+                f"would exceed the {MAX_SOCKET_PATH_BYTES} bytes a unix socket path may have; choose a shorter folder"
             )
         return self

@@ -44,7 +44,7 @@ import dataclasses
 import json
 import re
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -182,6 +182,18 @@ class SweScorer:
         if self._image_for is None:
             return None
         return await self._image_for(instance, self.task_sets.mirror(task_set, instance.repo))
+
+    async def prepare_images(self, task_set: str, instances: Sequence[SweInstance]) -> int:
+        """Each instance's image made now, as its first run would, one after another (pulls and builds are
+        the engine's work anyway); returns how many are ready. One that fails is logged and left to its
+        first run, which reports it."""
+        ready = 0
+        for instance in instances:
+            try:
+                ready += await self.image(task_set, instance) is not None
+            except Exception as exc:  # noqa: BLE001 -- its first run reports it, as without a preparation
+                log.warning("an instance's image is not ready", instance=instance.instance_id, error=str(exc)[:300])
+        return ready
 
     async def score(self, task_set: str, instance: SweInstance, patch: str, limits: ResourceLimits) -> SweResult:
         total = len(instance.fail_to_pass) + len(instance.pass_to_pass)

@@ -1,8 +1,8 @@
 """Start trees taken from a row's image (SWE-smith, R2E-Gym): image + row -> checkout + held-out test patch.
 
     resolved image ──create (never started)──> get_archive(repo_dir), get_archive(each held_out_from folder)
-        ──untar (the "tar" filter: no path outside the folder)──> tree (the image's .git dropped)
-        ──git apply start_patch (SWE-smith's bug)──> held_out paths moved out of the tree
+        ──untar (no path, and no hard link, outside the folder)──> tree (the image's .git dropped)
+        ──git apply start_patch (SWE-smith's bug)──> held_out paths (and their bytecode) moved out of the tree
         ──git init; add --all; commit-tree (no parent); HEAD detached──> checkout, cached per (image id, instance)
     held-out files ──new-file diffs──> test patch (the driver applies it after the solution, before the tests)
 
@@ -12,7 +12,9 @@ it (environment and build outputs included; what the repository's .gitignore ign
 format's `untracked` paths such as R2E-Gym's /testbed/.venv, stay out of the commit and so out of a
 session's diff); the start patch must apply whole, else
 ImageTreeError naming the instance; a held-out file that is not UTF-8 text is refused the same way
-(a test patch is text). Host-side git gets only paths of the tree and fixed arguments.
+(a test patch is text). Host-side git gets only paths of the tree and fixed arguments. Nothing here
+follows a link of the image's out of the tree: a hard link to a file outside it is refused at untar, and
+a held-out path through a symbolic link is an ImageTreeError.
 
 Cost, not covered: the whole folder is copied into each run's work folder, as a checkout is; an
 image whose repository folder holds a large environment (R2E-Gym's /testbed/.venv) copies it too.
@@ -69,8 +71,22 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path)
 
 
+def _image_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+    """The "tar" filter (no name outside `dest`), and no hard link to a file outside it: a hard link is
+    made on this host, so one naming /etc/passwd would put the host's file in every session's copy.
+    Symbolic links (a venv's interpreter) are kept as they are: sessions copy them as links, which resolve
+    inside the container, and the host side below never follows one."""
+    member = tarfile.tar_filter(member, dest)
+    if member.islnk():
+        root = os.path.realpath(dest)
+        target = os.path.realpath(os.path.join(dest, member.linkname))
+        if os.path.isabs(member.linkname) or os.path.commonpath([target, root]) != root:
+            raise tarfile.LinkOutsideDestinationError(member, target)
+    return member
+
+
 def _copy_out(client, image: str, folder: str, dest: Path) -> Path:
-    """`folder` of `image` extracted under `dest`; returns where it landed. No container is started."""
+    """`folder` of `image` extracted under `dest`; returns where it landed (never a link). No container is started."""
     container = client.containers.create(image, command=["true"])
     try:
         stream, _ = container.get_archive(folder)
@@ -79,11 +95,33 @@ def _copy_out(client, image: str, folder: str, dest: Path) -> Path:
                 archive.write(chunk)
             archive.seek(0)
             with tarfile.open(fileobj=archive) as tar:
-                # "tar": names outside dest are refused; links (a venv's interpreter) are kept as they are.
-                tar.extractall(dest, filter="tar")
+                tar.extractall(dest, filter=_image_member)
     finally:
         container.remove(force=True)
-    return dest / Path(folder).name
+    landed = dest / Path(folder).name
+    if landed.is_symlink():
+        raise ValueError(f"{folder} is a symbolic link in the image")
+    return landed
+
+
+def _within(tree: Path, rel: str) -> Path:
+    """`tree / rel`, refused when a folder on the way is a symbolic link (the host would follow it out)."""
+    path = tree
+    for part in Path(rel).parts[:-1]:
+        path = path / part
+        if path.is_symlink():
+            raise ValueError(f"{rel} passes through the symbolic link {path.relative_to(tree)}")
+    return tree / rel
+
+
+def _drop_caches(tree: Path, rel: str) -> None:
+    """What would give a held-out test away beside the file: its bytecode, and pytest's cache."""
+    path = _within(tree, rel)
+    cache = path.parent / "__pycache__"
+    if cache.is_dir() and not cache.is_symlink():
+        for compiled in cache.glob(f"{path.stem}.*.pyc"):
+            compiled.unlink()
+    _remove(tree / ".pytest_cache")
 
 
 def new_file_diff(path: str, data: bytes, executable: bool) -> str:
@@ -129,10 +167,12 @@ def build_tree(client, image: str, instance_id: str, env: PrebuiltEnv, target: P
             away.mkdir()
             given_back = {rel for _, rel in env.held_out_from}
             for n, rel in enumerate(env.held_out):
-                if rel in given_back or (tree / rel).is_symlink():  # R2E-Gym's r2e_tests: the image's folder, below
-                    _remove(tree / rel)
-                elif os.path.lexists(tree / rel):
-                    os.replace(tree / rel, away / str(n))
+                path = _within(tree, rel)
+                _drop_caches(tree, rel)
+                if rel in given_back or path.is_symlink():  # R2E-Gym's r2e_tests: the image's folder, below
+                    _remove(path)
+                elif os.path.lexists(path):
+                    os.replace(path, away / str(n))
                     patches.append(_held_out_patch(away / str(n), rel))
             for folder, rel in env.held_out_from:
                 step = f"copy the held-out {folder} out of {image}"

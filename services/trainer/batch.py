@@ -19,6 +19,10 @@ Every row of a sample carries the sample's reward, validity and group, and
 row), so statistics over trajectories count each once; a batch is built
 only from groups dockyard.experience.trainable's `validate_groups` accepted
 (`validate_rows` for supervised rows): the rule lives there, once.
+A segment's recorded routing (a mixture-of-experts policy's, [positions - 1, moe_layers, k]) lands in
+`routing` [B, L, moe_layers, k] at the positions its tokens sit at; every other place (the last token,
+padding, segments without routing) holds NOT_RECORDED, which replay leaves to the trainer's own router;
+`routing` is None when no segment of the batch has any.
 `minibatch_rows` cuts a step's rows into minibatches of whole groups, in
 order, each with at least `size` trajectories but the last (`size` divides
 the step in a valid config: exact).
@@ -29,9 +33,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from dockyard.experience.trainable import hollow
+from dockyard.models.routing import NOT_RECORDED
 from services.trainer.experience import Row, Segment, TrainingGroup
 
 
@@ -46,12 +52,13 @@ class Batch:
     group_ids: torch.Tensor
     sample_index: torch.Tensor  # [B]: the sample (trajectory) each row is a segment of, counted from 0
     first_segment: torch.Tensor  # [B] bool: the row is its sample's first segment
+    routing: torch.Tensor | None = None  # [B, L, moe_layers, k] recorded expert ids, NOT_RECORDED elsewhere
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def slice(self, start: int, stop: int) -> Batch:
-        return Batch(**{name: value[start:stop] for name, value in vars(self).items()})
+        return Batch(**{name: None if v is None else v[start:stop] for name, v in vars(self).items()})
 
 
 def build_batch(groups: Sequence[TrainingGroup], pad_token_id: int) -> Batch:
@@ -142,5 +149,21 @@ def _layout(rows: list[Segment], pad_token_id: int, **per_row: torch.Tensor) -> 
         attention_mask=attention_mask,
         token_mask=token_mask,
         generation_logprobs=gen_logprobs,
+        routing=_routing(rows, length),
         **per_row,
     )
+
+
+def _routing(rows: list[Segment], length: int) -> torch.Tensor | None:
+    """The rows' recorded routing laid out like input_ids; None when no row has any."""
+    routed = [r.routing for r in rows if getattr(r, "routing", None) is not None]
+    if not routed:
+        return None
+    wide = any(a.dtype.itemsize > 1 for a in routed)  # uint16 ids: int32 holds every one
+    out = torch.full(
+        (len(rows), length, *routed[0].shape[1:]), NOT_RECORDED, dtype=torch.int32 if wide else torch.int16
+    )
+    for row, r in enumerate(rows):
+        if getattr(r, "routing", None) is not None and len(r.routing):
+            out[row, : len(r.routing)] = torch.from_numpy(np.asarray(r.routing).astype(np.int32))
+    return out

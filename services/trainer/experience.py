@@ -33,6 +33,9 @@ class Segment:
     completion_ids: list[int]
     generation_logprobs: list[float]  # one per completion token; 0.0 where the mask is 0
     loss_mask: list[int] | None = None  # 1: sampled by the policy, 0: context; None: all sampled
+    # A mixture-of-experts policy's recorded routing: [len(prompt_ids) + len(completion_ids) - 1, moe_layers, k]
+    # expert ids (numpy) of every position but the last; None: not recorded.
+    routing: Any = None
 
 
 @dataclass
@@ -52,10 +55,11 @@ class Sample:
     weight_version: int = 0  # the policy version that generated it (the oldest, over turns)
     loss_mask: list[int] | None = None  # of the completion tokens; None: every one was sampled
     later_segments: list[Segment] = field(default_factory=list)
+    routing: Any = None  # the first segment's routing (Segment.routing)
 
     def segments(self) -> list[Segment]:
         """The first segment (the fields above), then the later ones."""
-        first = Segment(self.prompt_ids, self.completion_ids, self.generation_logprobs, self.loss_mask)
+        first = Segment(self.prompt_ids, self.completion_ids, self.generation_logprobs, self.loss_mask, self.routing)
         return [first, *self.later_segments]
 
 

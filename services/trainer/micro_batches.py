@@ -36,6 +36,7 @@ class MicroBatch:
     generation_logprobs: torch.Tensor
     advantages: torch.Tensor  # per token
     num_sequences: int
+    routing: torch.Tensor | None = None  # [rows, L, moe_layers, k] recorded expert ids (batch.py), or None
     segments: Segments | None = None  # packed rows: where each sequence starts (packed_attention.py)
 
     @property
@@ -115,14 +116,17 @@ def _padded(batch: Batch, advantages: torch.Tensor, rows: list[int], lengths: li
         batch.generation_logprobs[index, : width - 1],
         advantages[index, None].expand_as(mask).contiguous(),
         len(rows),
+        None if batch.routing is None else batch.routing[index, :width],
     )
 
 
 def _packed(batch: Batch, advantages: torch.Tensor, rows: list[int], lengths: list[int]) -> MicroBatch:
-    ids, pos, mask, gen, adv = [], [], [], [], []
+    ids, pos, mask, gen, adv, routing = [], [], [], [], [], []
     for i in rows:
         n = lengths[i]
         ids.append(batch.input_ids[i, :n])
+        if batch.routing is not None:
+            routing.append(batch.routing[i, :n])
         pos.append(torch.arange(n))
         # Position n-1 of a segment would predict the next segment's first token: masked out.
         mask.append(torch.cat([batch.token_mask[i, : n - 1], torch.zeros(1)]))
@@ -136,5 +140,6 @@ def _packed(batch: Batch, advantages: torch.Tensor, rows: list[int], lengths: li
         torch.cat(gen)[None, :-1],
         torch.cat(adv)[None, :-1],
         len(rows),
+        torch.cat(routing)[None] if routing else None,
         Segments.of([lengths[i] for i in rows]),
     )

@@ -63,10 +63,11 @@ import torch
 import torch.distributed as dist
 
 from dockyard.algorithms import clipped_pg_loss, opd_advantages
-from dockyard.config import MasterConfig
+from dockyard.config import ConfigError, MasterConfig
 from dockyard.experience.trainable import CheckedRows, validate_rows
 from dockyard.export.hf_export import is_sharded
 from dockyard.models.load import DTYPES, load_policy
+from dockyard.models.routing import RoutingReplay, routers
 from dockyard.weights import arena
 from services.trainer import checkpoint, lora, packed_attention, teachers
 from services.trainer.batch import Batch, build_row_batch
@@ -151,6 +152,11 @@ class PolicyTrainer:
         if self.teacher is not None:
             packed_attention.install(self.teacher)
         self.autocast = master != self.compute_dtype
+        # A mixture-of-experts policy: recorded routing is compared (and with routing_replay, replayed).
+        self.routing = RoutingReplay(self.model) if routers(self.model) else None
+        if pcfg.records_routing and self.routing is None:
+            field = "policy.routing_replay" if pcfg.routing_replay else "policy.record_routing"
+            raise ConfigError(f"{field}: the policy is a dense model (no mixture-of-experts router): turn it off")
         if self.world > 1:
             models = [m for m in (self.model, self.reference, self.teacher) if m is not None]
             shard(models, self.compute_dtype if self.autocast else None)
@@ -243,6 +249,7 @@ class PolicyTrainer:
         passes = time.perf_counter() - t1 - optimizer_seconds
         metrics = step_metrics(step, updates, tally, self.world, t1 - start, passes)
         metrics["optimizer_seconds"] = optimizer_seconds
+        self._routing_metrics(metrics)
         return self._finish(metrics, start)
 
     def sft_step(self, demonstrations: Sequence[Row]) -> dict[str, float]:
@@ -317,7 +324,9 @@ class PolicyTrainer:
         tally = dict.fromkeys(TALLY, 0.0)
         t1 = time.perf_counter()
         update = self._gradients(step.minibatches[0], None, tally)
-        return step_metrics(step, [update], tally, self.world, t1 - start, time.perf_counter() - t1)
+        metrics = step_metrics(step, [update], tally, self.world, t1 - start, time.perf_counter() - t1)
+        self._routing_metrics(metrics)
+        return metrics
 
     def _prepare(self, groups: Sequence[TrainingGroup], minibatch_size: int | None) -> Step:
         """Validate and lay out a step, its advantages (over the whole step) and its minibatches (None: one)."""
@@ -343,7 +352,7 @@ class PolicyTrainer:
                     self._idle_pass(grad=False)
                     continue
                 mb = mini.micro[i].to(self.device)
-                with self._autocast():
+                with self._autocast(), self._routed(mb):
                     old, entropy = self._logprobs(self.model, mb, entropy=True)
                     reference = self._reference_logprobs(mb)
                 count(tally, mb, old, entropy)
@@ -370,46 +379,63 @@ class PolicyTrainer:
             else:
                 share = mini.micro[i].loss_sequences / mini.sequences
             mb = mini.micro[i].to(self.device)
-            with self._autocast():
-                logprobs, entropy = self._logprobs(self.model, mb, entropy=tally is not None)
-                if frozen is None:
-                    old, reference = logprobs.detach(), self._reference_logprobs(mb)
-                else:
-                    old, reference = frozen[i]
-            mask = mb.token_mask
-            advantages = mb.advantages
-            if self.teacher is not None:
-                # The student's logprobs are π_old's (the previous logprobs), as the IS weight compares them.
-                with torch.no_grad(), self._autocast():
-                    teacher = self._logprobs(self.teacher, mb, entropy=False)[0]
-                advantages = opd_advantages(teacher, old, mask)
-                # k1 estimate of KL(π_student ‖ π_teacher) on the student's own tokens: what OPD drives down.
-                sums["teacher_kl"] += float(torch.where(mask.bool(), old - teacher, 0.0).sum()) / mini.tokens
-            loss, stats = clipped_pg_loss(
-                logprobs,
-                old,
-                advantages,
-                mask,
-                generation_logprobs=mb.generation_logprobs,
-                reference_logprobs=reference,
-                clip_low=loss_cfg.clip_low,
-                clip_high=loss_cfg.clip_high,
-                dual_clip_c=loss_cfg.dual_clip_c,
-                kl_penalty=loss_cfg.kl_penalty,
-                kl_type=loss_cfg.kl_type,
-                is_correction=loss_cfg.is_correction,
-                is_min=loss_cfg.is_min,
-                is_max=loss_cfg.is_max,
-                reduction=loss_cfg.reduction,
-            )
-            # Weight each micro-batch by its share, so the sum is the minibatch's reduction.
-            (loss * (share * scale)).backward()
+            # Held until this micro-batch's backward ran: forwards recomputed there (activation
+            # checkpointing) see the same routing.
+            with self._routed(mb):
+                with self._autocast():
+                    logprobs, entropy = self._logprobs(self.model, mb, entropy=tally is not None)
+                    if frozen is None:
+                        old, reference = logprobs.detach(), self._reference_logprobs(mb)
+                    else:
+                        old, reference = frozen[i]
+                mask = mb.token_mask
+                advantages = mb.advantages
+                if self.teacher is not None:
+                    # The student's logprobs are π_old's (the previous logprobs), as the IS weight compares them.
+                    with torch.no_grad(), self._autocast():
+                        teacher = self._logprobs(self.teacher, mb, entropy=False)[0]
+                    advantages = opd_advantages(teacher, old, mask)
+                    # k1 estimate of KL(π_student ‖ π_teacher) on the student's own tokens: what OPD drives down.
+                    sums["teacher_kl"] += float(torch.where(mask.bool(), old - teacher, 0.0).sum()) / mini.tokens
+                loss, stats = clipped_pg_loss(
+                    logprobs,
+                    old,
+                    advantages,
+                    mask,
+                    generation_logprobs=mb.generation_logprobs,
+                    reference_logprobs=reference,
+                    clip_low=loss_cfg.clip_low,
+                    clip_high=loss_cfg.clip_high,
+                    dual_clip_c=loss_cfg.dual_clip_c,
+                    kl_penalty=loss_cfg.kl_penalty,
+                    kl_type=loss_cfg.kl_type,
+                    is_correction=loss_cfg.is_correction,
+                    is_min=loss_cfg.is_min,
+                    is_max=loss_cfg.is_max,
+                    reduction=loss_cfg.reduction,
+                )
+                # Weight each micro-batch by its share, so the sum is the minibatch's reduction.
+                (loss * (share * scale)).backward()
             sums["loss"] += float(loss.detach()) * share
             for key in LOSS_STATS:
                 sums[key] += stats[key] * share
             if tally is not None:
                 count(tally, mb, old, entropy)
         return dict(zip(sums, sum_over_ranks(list(sums.values()), self.world), strict=True))
+
+    def _routed(self, mb: MicroBatch) -> contextlib.AbstractContextManager[None]:
+        """The micro-batch's recorded routing, on the policy's routers (replayed with policy.routing_replay)."""
+        if self.routing is None:
+            return contextlib.nullcontext()
+        return self.routing.applied(mb.routing, replay=self.config.policy.routing_replay)
+
+    def _routing_metrics(self, metrics: dict[str, float]) -> None:
+        """`routing_mismatch_fraction` of the step's forwards (summed over ranks), where routing was recorded."""
+        if self.routing is None:
+            return
+        mismatched, decisions = sum_over_ranks([float(n) for n in self.routing.take_counts()], self.world)
+        if decisions:
+            metrics["routing_mismatch_fraction"] = mismatched / decisions
 
     def _logprobs(self, model: torch.nn.Module, mb: MicroBatch, entropy: bool, temperature: float | None = None):
         """Logprobs (and entropy) of `mb` under `model` at `temperature` (default: the sampling one)."""

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.trainer.v1 import trainer_pb2
 from dockyard.experience import payload as packed
+from dockyard.experience.routing_layout import RoutingShape, from_bytes
 from dockyard.jobs import job_id_error
 from dockyard.rpc.errors import FailedPrecondition, InvalidArgument
 from services.trainer.experience import Sample, Segment, TrainingGroup
@@ -63,16 +64,20 @@ def training_group(group: common_pb2.Group, payload: bytes = b"") -> TrainingGro
     """A buffer group as the trainer trains on it; `payload`, when given, holds its token arrays (packed)."""
     if payload:
         return _from_payload(group, payload)
-    samples = [_sample(t, [_segment(t), *map(_segment, t.later_segments)]) for t in group.trajectories]
+    samples = []
+    for t in group.trajectories:
+        shape = packed.shape_of(t.routing_shape) if t.HasField("routing_shape") else None
+        samples.append(_sample(t, [_segment(part, shape) for part in (t, *t.later_segments)]))
     return TrainingGroup(group.group_id, samples)
 
 
-def _segment(part: common_pb2.Trajectory | common_pb2.Segment) -> Segment:
+def _segment(part: common_pb2.Trajectory | common_pb2.Segment, shape: RoutingShape | None) -> Segment:
     return Segment(
         list(part.prompt_token_ids),
         list(part.completion_token_ids),
         list(part.completion_logprobs),
         list(part.completion_loss_mask) or None,
+        from_bytes(part.routing, shape) if part.routing and shape is not None else None,
     )
 
 
@@ -89,6 +94,7 @@ def _sample(t: common_pb2.Trajectory, rows: list[Segment]) -> Sample:
         weight_version=t.weight_version,
         loss_mask=first.loss_mask,
         later_segments=rows[1:],
+        routing=first.routing,
     )
 
 
@@ -111,6 +117,7 @@ def _from_payload(group: common_pb2.Group, payload: bytes) -> TrainingGroup:
                 s.completion.tolist(),
                 s.logprobs.tolist(),
                 s.mask.tolist() if s.mask is not None else None,
+                s.routing,
             )
             for s in segments
         ] or [Segment([], [], [])]  # a trial that failed before any token: an empty, invalid sample

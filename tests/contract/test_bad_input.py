@@ -479,7 +479,6 @@ async def _sandbox_session_cases(stub, probe: Prober, deep: str) -> None:
 
     await probe.expect(prepare(job_id=""), INVALID, "job_id")
     await probe.expect(prepare(size=-1), INVALID, "size")
-    await probe.expect(prepare(size=10**6), INVALID, "size")
     await probe.expect(prepare(packages=["--index-url=http://x"]), INVALID, "packages")
     await probe.expect(prepare(limits=sandbox.Limits(memory_mb=-1)), INVALID, "memory_mb")
     await probe.expect(stub.ReleaseSessions(sandbox.ReleaseSessionsRequest()), INVALID, "job_id")

@@ -103,6 +103,17 @@ def _bad_group(name: str):
         segments = group.trajectories[1].later_segments
         segments.add(prompt_token_ids=[1], completion_token_ids=[2], completion_logprobs=[-0.5])
         segments.add(prompt_token_ids=[1], completion_token_ids=[2, 3], completion_logprobs=[-0.5])
+    elif name == "routing holds 8 bytes; its 2 prompt and 3 completion tokens need 4 positions":
+        # A mixture-of-experts policy's routing (2 layers x top 2 of 8 experts) one position short.
+        group.trajectories[0].routing_shape.moe_layers = 2
+        group.trajectories[0].routing_shape.top_k = 2
+        group.trajectories[0].routing_shape.num_experts = 8
+        group.trajectories[0].routing = bytes(8)
+    elif name == "routing names expert 9; the policy has 8":
+        group.trajectories[0].routing_shape.moe_layers = 1
+        group.trajectories[0].routing_shape.top_k = 1
+        group.trajectories[0].routing_shape.num_experts = 8
+        group.trajectories[0].routing = bytes([0, 1, 9, 2])
     elif name == "MiB; the limit is":
         group = make_group("g", version=0, tokens=4000)
     return group
@@ -119,6 +130,8 @@ BAD_GROUPS = [
     "completion_loss_mask holds 2; 0 or 1",
     "later_segments[0]: prompt_token_ids is empty",
     "later_segments[1]: 1 completion_logprobs for 2 completion_token_ids",
+    "routing holds 8 bytes; its 2 prompt and 3 completion tokens need 4 positions",
+    "routing names expert 9; the policy has 8",
     "MiB; the limit is",
 ]
 

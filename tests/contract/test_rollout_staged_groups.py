@@ -4,7 +4,8 @@ The replica here answers Generate as services/rollout/servicer.py does (it stage
 dockyard.experience.single_turn.stage when told to, else returns the arrays), so the collector and
 JobBuffer are exercised as in a job: a staged group is committed by PutGroup(metadata, key) with no
 token array passing through the coordinator, and the trainer leases exactly the arrays generated; a
-group whose staged payload expired before its put is generated again; one dropped (uniform rewards),
+group whose staged payload expired before its put is generated again (one that keeps expiring is one failed
+group); one dropped (uniform rewards),
 made again (its sandbox failed) or refused by the buffer has its staged payload deleted; without a data plane the arrays
 come back and the payload goes through the buffer service, as before.
 """
@@ -190,12 +191,25 @@ async def test_rollout_staged_groups_are_committed_regenerated_when_expired_and_
         assert outcomes[f"{JOB}/s1/g5"] == "refused" and client.exists(replica.keys[6]) == 0
         replica.text_chars = 1
 
+        # A staged payload that expires before every put, the regenerations' too: one failed group, the job goes on.
+        async def expiring(*args, **kwargs):
+            reply = await replica.generate(*args, **kwargs)
+            client.delete(replica.keys[-1])
+            return reply
+
+        collector.generate, regenerated, failed = expiring, collector.regenerated_groups, stats.failed
+        lost = await collector.make_group(TASK, f"{JOB}/s1/g6", 7)
+        assert not await collector.deliver(lost, stats)
+        assert (collector.regenerated_groups - regenerated, stats.failed - failed) == (3, 1)
+        assert outcomes[f"{JOB}/s1/g6"] == "failed"
+        collector.generate = replica.generate
+
         # Without a data plane, the replica is not asked to stage: arrays here, the payload through the service.
         await job_buffer.close_plane()
         third = await collector.make_group(TASK, f"{JOB}/s1/g2", 3)
-        assert len(replica.calls) == 8 and len(replica.keys) == 7
+        assert len(replica.calls) == 12 and len(replica.keys) == 11
         assert await collector.deliver(third, stats)
-        generated = replica.calls[7]
+        generated = replica.calls[11]
         arrays = 4 * (len(generated.prompt_token_ids) + 2 * sum(len(c.token_ids) for c in generated.completions))
         assert collector.received() == {"arrays": arrays, "rollout_staged": sum(replica.sizes)} | NO_TRIALS
         # The expired stage was sent once and never committed; the regenerated one was.

@@ -4,6 +4,9 @@ A short warm start, then two sync-mode GRPO steps of 2 x 2 samples through every
 sandbox, buffer, trainer, weight sync), and the final checkpoint loads in transformers. Sync mode syncs the
 trainer's weights before each generation, so the engine's logprobs and the trainer's recompute must agree to
 float32 rounding at every step: the run's own `gen_train_logprob_abs_diff` says how far they are apart.
+It runs twice, with routing recorded (replay off) and with routing replay on (the second reuses the first's
+warm-started model): the engine's expert choices reach the trainer through Generate, the buffer and the
+payload, and every step reports `routing_mismatch_fraction` (0 here: same weights, float32).
 """
 
 from __future__ import annotations
@@ -29,9 +32,16 @@ SHORT = [
 ]
 
 
-def test_the_tiny_moe_recipe_trains_end_to_end(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """One warm-started model for both runs (the first run writes it, the second finds it there)."""
+    return tmp_path_factory.mktemp("tiny-moe") / "model"
+
+
+@pytest.mark.parametrize("routing", ["policy.record_routing=true", "policy.routing_replay=true"])
+def test_the_tiny_moe_recipe_trains_end_to_end(tmp_path: Path, model_dir: Path, routing: str) -> None:
     runs, checkpoints = tmp_path / "runs", tmp_path / "checkpoints"
-    overrides = [*SHORT, f"policy.model_name={tmp_path / 'model'}", f"logger.log_dir={runs}"]
+    overrides = [*SHORT, f"policy.model_name={model_dir}", f"logger.log_dir={runs}", routing]
     overrides.append(f"checkpointing.checkpoint_dir={checkpoints}")
     result = dockyard_run("examples/configs/tiny_moe.yaml", overrides)
     assert "SUCCEEDED" in result.stdout
@@ -42,5 +52,6 @@ def test_the_tiny_moe_recipe_trains_end_to_end(tmp_path: Path) -> None:
     for step in steps:
         assert step["num_trajectories"] == 4 and step["invalid_trajectories"] == 0, step
         assert step["gen_train_logprob_abs_diff"] < 1e-4, step  # engine and trainer score the MoE alike
+        assert step["routing_mismatch_fraction"] == 0.0, step  # recorded, and the trainer routes alike
     loaded = AutoModelForCausalLM.from_pretrained(checkpoints / "step-2")
     assert loaded.config.model_type == "qwen3_moe" and loaded.config.num_experts == 8

@@ -34,7 +34,7 @@ from dockyard.rpc.client import connect
 from dockyard.tasks import verifiers_rows
 from services.endpoint.app import create_app
 from services.endpoint.settings import EndpointSettings
-from tests.conftest import docker_sandbox_env
+from tests.conftest import REPO_ROOT, docker_sandbox_env
 from tests.unit.endpoint.scripted import TOKEN, ScriptedBackend
 
 # The image is built on first use (about 2 minutes: verifiers' 98 wheels); each run imports verifiers.
@@ -93,7 +93,7 @@ def endpoint():
 
 @pytest.fixture
 def sandbox(start_service, docker_sandbox_image):
-    return start_service("sandbox", docker_sandbox_env(docker_sandbox_image))
+    return start_service("sandbox", docker_sandbox_env(docker_sandbox_image, project_root=str(REPO_ROOT / "examples")))
 
 
 def trial(sandbox_address: str, port: int, verifiers: VerifiersConfig, row: int):

@@ -73,3 +73,46 @@ def test_chunks_cover_the_bytes_in_order() -> None:
     assert b"".join(payload.chunks(data, 1000)) == data
     assert [len(c) for c in payload.chunks(data, 1000)] == [1000, 1000, 560]
     assert list(payload.chunks(b"")) == [b""]
+
+
+SHAPE = common_pb2.RoutingShape(moe_layers=2, top_k=2, num_experts=8)
+
+
+def routed_group(num_experts: int = 8) -> common_pb2.Group:
+    """mixed_group with routing on its single-turn trajectory and on both segments of the multi-turn one."""
+    group = mixed_group()
+    shape = common_pb2.RoutingShape(moe_layers=2, top_k=2, num_experts=num_experts)
+    width = 1 if num_experts <= 256 else 2
+    rng = np.random.default_rng(0)
+    for trajectory in group.trajectories[:2]:
+        trajectory.routing_shape.CopyFrom(shape)
+        for part in (trajectory, *trajectory.later_segments):
+            positions = len(part.prompt_token_ids) + len(part.completion_token_ids) - 1
+            ids = rng.integers(0, num_experts, size=(positions, 2, 2))
+            part.routing = ids.astype("<u2" if width == 2 else np.uint8).tobytes()
+    return group
+
+
+@pytest.mark.parametrize("experts", [8, 300])
+def test_routing_travels_in_version_2_and_merges_back_exactly(experts: int) -> None:
+    group = routed_group(experts)
+    metadata, data = payload.split(group)
+    assert data[3] == 2 and len(data) % 4 == 0
+    assert not any(payload.has_tokens(t) for t in metadata.trajectories)
+    assert payload.merge(metadata, data) == group
+    single, multi, failed = payload.unpack(data)
+    assert single[0].routing.shape == (6, 2, 2) and multi[1].routing.shape == (2, 2, 2)
+    assert single[0].routing.tobytes() == group.trajectories[0].routing
+
+
+def test_a_payload_without_routing_is_still_version_1_byte_for_byte() -> None:
+    data = payload.pack(mixed_group().trajectories)
+    assert data[3] == 1  # what readers of version 1 (the agent-trial assembler among them) read
+    assert payload.unpack(data)[0][0].routing is None
+
+
+def test_routing_that_does_not_fit_its_tokens_is_refused_when_packed() -> None:
+    group = routed_group()
+    group.trajectories[0].routing = group.trajectories[0].routing[:-4]  # one position short
+    with pytest.raises(payload.PayloadError, match="routing holds 20 bytes; its 2 prompt and 5 completion tokens"):
+        payload.pack(group.trajectories)

@@ -11,8 +11,9 @@ from types import SimpleNamespace
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.rollout.v1 import rollout_pb2
 from dockyard.config import load_config
-from services.coordinator.collector import Collector, GroupUnscorable
+from services.coordinator.collector import Collector
 from services.coordinator.fleet import Fleet
+from services.coordinator.group_errors import GroupUnscorable
 from services.coordinator.producer import GroupIds, SyncProducer
 from services.coordinator.run_folder import RunFolder
 from services.coordinator.task_stream import TaskStream, load_tasks

@@ -12,8 +12,9 @@ import pytest
 from dockyard.api.common.v1 import common_pb2
 from dockyard.api.rollout.v1 import rollout_pb2
 from dockyard.config import load_config
-from services.coordinator.collector import Collector, GroupUnscorable
+from services.coordinator.collector import Collector
 from services.coordinator.fleet import ROLLOUT, SANDBOX, Fleet, FleetError
+from services.coordinator.group_errors import GroupUnscorable
 from services.coordinator.rewards import reward_of
 from services.coordinator.task_stream import load_tasks
 from tests.conftest import REPO_ROOT

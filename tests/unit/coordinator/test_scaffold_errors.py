@@ -28,8 +28,9 @@ from dockyard.api.sandbox.v1 import sandbox_pb2
 from dockyard.cli.views import fleet_summary
 from dockyard.config import load_config
 from services.coordinator.agent_trials import AgentTrials
-from services.coordinator.collector import Collector, CollectStats, GroupUnscorable
+from services.coordinator.collector import Collector, CollectStats
 from services.coordinator.fleet import Fleet
+from services.coordinator.group_errors import GroupUnscorable
 from services.coordinator.producer import GroupIds, SyncProducer
 from services.coordinator.run_folder import RunFolder
 from services.coordinator.scaffold_errors import ScaffoldErrors, ScaffoldFailing

@@ -9,7 +9,9 @@ from types import SimpleNamespace
 import grpc
 
 from dockyard.api.sandbox.v1 import sandbox_pb2
+from dockyard.config import load_config
 from services.coordinator.session_warmer import SessionWarmer
+from tests.conftest import REPO_ROOT
 
 
 class Worker:
@@ -92,12 +94,15 @@ async def test_a_hung_worker_holds_no_trial_up_and_is_still_released(monkeypatch
     assert hung.released == good.released == ["job-3"]
 
 
-async def test_a_swe_job_asks_for_its_task_sets_images_and_no_warm_container():
+async def test_a_swe_job_asks_for_the_images_of_the_instances_it_draws_and_no_warm_container():
     worker = Worker()
-    warmer = SessionWarmer("job-4", Fleet(sandbox=worker), 0, sandbox_pb2.Limits())
-    warmer.ensure_soon("bugs")
-    warmer.ensure_soon("other")  # the first group's task set counts
+    config = load_config(REPO_ROOT / "examples" / "configs" / "grpo_swe.yaml", ["policy.bootstrap=null"])
+    task_ids = ["bugs/a", "bugs/b", "other/c", "bugs/a"]
+    warmer = SessionWarmer.for_job("job-4", Fleet(sandbox=worker), config, sandbox_pb2.Limits(), task_ids)
+    warmer.on_group("bugs/b")
+    warmer.on_group("other/c")  # the first group's task set counts
     await asyncio.sleep(0.05)
     [request] = worker.prepared
     assert (request.size, request.task_set) == (0, "bugs")
+    assert list(request.instance_ids) == ["a", "b"]  # the job's instances of that set, once each
     await warmer.release()

@@ -1,12 +1,15 @@
 """The coordinator's side of agent trials' staged parts (real redis-server): a group whose parts cannot be
 assembled is made again and its leftover parts deleted; a group made again after a lost trial deletes the
-parts its finished trials staged; a trial the endpoint could not stage is staged from here."""
+parts its finished trials staged; a trial the endpoint could not stage is staged from here. A group whose
+parts never assemble, or that carries a trial the buffer refuses, is one unscorable group (the producer
+counts it and the job goes on), never an error that ends the job."""
 
 from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
 
+import pytest
 import redis
 
 from dockyard.agents.scaffold import TrialLost
@@ -19,6 +22,7 @@ from dockyard.experience.data_plane import DataPlane
 from dockyard.tasks.task import Task
 from services.coordinator.agent_trials import AgentTrials
 from services.coordinator.fleet import Fleet
+from services.coordinator.group_errors import GroupUnscorable
 from services.coordinator.job_buffer import StagedPayload
 from services.coordinator.staged_payloads import StagedPayloads
 from services.coordinator.trials import Trial
@@ -127,6 +131,56 @@ def test_a_lost_trial_deletes_the_parts_its_group_had_staged(redis_server: str) 
         assert agent.regenerated_groups == 1 and len(made) == 5
         assert not any(client.exists(t.part.key) for t in made[:2])  # the lost group's parts
         assert all(client.exists(t.part.key) for t in trials)  # the group made again keeps its own
+        await plane.close()
+
+    asyncio.run(go())
+
+
+def test_parts_that_never_assemble_end_as_one_unscorable_group(redis_server: str) -> None:
+    client = redis.Redis.from_url(redis_server)
+    client.flushdb()
+
+    async def go() -> None:
+        plane = await connected(redis_server)
+        buffer = SimpleNamespace(data_plane=plane, job_id=JOB, sent_bytes={"staged": 0})
+
+        async def make(attempt: int) -> list[Trial]:
+            trials = [await staged_trial(plane, 10 * attempt + i) for i in range(2)]
+            client.delete(trials[0].part.key)  # expired every time
+            return trials
+
+        agent = Agent(make)
+        with pytest.raises(GroupUnscorable, match="could not be assembled in 3 attempts") as failed:
+            await StagedPayloads(buffer).agent_trials(agent, TASK, "g", 0, 2, None, 2)
+        assert "PartGone" in failed.value.first
+        assert (agent.attempts, agent.regenerated_groups) == (3, 2)
+        assert client.keys() == []  # every attempt's parts deleted
+        await plane.close()
+
+    asyncio.run(go())
+
+
+def test_a_carried_trial_the_buffer_refuses_is_an_unscorable_group(redis_server: str) -> None:
+    client = redis.Redis.from_url(redis_server)
+    client.flushdb()
+
+    async def go() -> None:
+        plane = await connected(redis_server)
+        buffer = SimpleNamespace(data_plane=plane, job_id=JOB, sent_bytes={"staged": 0})
+        refused = trajectory(1, 1)
+        long = 65_537  # past the data plane's max_trajectory_tokens: the buffer's check refuses it
+        refused.completion_token_ids.extend([7] * long)
+        refused.completion_logprobs.extend([-1.0] * long)
+        refused.completion_loss_mask.extend([1] * long)
+
+        async def make(attempt: int) -> list[Trial]:
+            return [await staged_trial(plane, 0), Trial(refused)]
+
+        agent = Agent(make)
+        with pytest.raises(GroupUnscorable, match="the buffer refuses a trial"):
+            await StagedPayloads(buffer).agent_trials(agent, TASK, "g", 0, 2, None, 2)
+        assert agent.attempts == 1  # no regeneration makes a refused trial acceptable
+        assert client.keys() == []
         await plane.close()
 
     asyncio.run(go())

@@ -147,9 +147,11 @@ def test_unknown_finish_reason_is_an_error_not_a_guess() -> None:
     stopped = SimpleNamespace(
         token_ids=[4, 5], logprobs=[{4: SimpleNamespace(logprob=-0.5)}, {5: SimpleNamespace(logprob=-1.0)}]
     )
-    assert completion_from_vllm(
+    completion = completion_from_vllm(
         SimpleNamespace(**vars(stopped), text="ab", finish_reason="stop", stop_reason="b"), (0,)
-    ) == ([4, 5], [-0.5, -1.0], "ab", "stop", (0,), [])
+    )
+    assert completion[:6] == ([4, 5], [-0.5, -1.0], "ab", "stop", (0,), [])
+    assert completion.routing is None and completion.prompt_routing is None  # vLLM's routing is not captured
     assert (
         completion_from_vllm(
             SimpleNamespace(**vars(stopped), text="ab", finish_reason="stop", stop_reason=None), (1,)

@@ -1,5 +1,6 @@
-"""PrepareSessions in the servicer (services/sandbox/servicer.py): the backend's share of a job's sessions,
-and a SWE task set's instance images made ahead through SweScorer.image, a failing one logged, not fatal."""
+"""PrepareSessions in the servicer (services/sandbox/servicer.py): the backend's share of a job's sessions (at
+most this worker's max_sessions), and a SWE task set's instance images made ahead through SweScorer.image, a
+failing one logged, not fatal."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dockyard.rpc.errors import NotFound
 from services.sandbox.backend import SandboxBackend
 from services.sandbox.servicer import SandboxServicer
 from services.sandbox.settings import SandboxSettings
-from services.sandbox.swe import TaskSetError
+from services.sandbox.swe import SweScorer, TaskSetError
 
 
 class Backend(SandboxBackend):
@@ -39,6 +40,7 @@ class TaskSets:
 
 class Swe:
     task_sets = TaskSets()
+    prepare_images = SweScorer.prepare_images  # the real loop, over this fake's image()
 
     def __init__(self) -> None:
         self.asked: list[tuple[str, str]] = []
@@ -54,15 +56,28 @@ def servicer(backend: Backend, swe: Swe) -> SandboxServicer:
     return SandboxServicer(backend, SandboxSettings(coordinator_address=""), swe=swe)
 
 
-async def test_a_job_share_reaches_the_backend_and_a_task_sets_images_are_made():
+async def test_a_job_share_reaches_the_backend_and_the_images_of_its_instances_are_made():
     backend, swe = Backend(), Swe()
     request = sandbox_pb2.PrepareSessionsRequest(
-        job_id="j", size=3, limits=sandbox_pb2.Limits(memory_mb=300), packages=["x==1"], routed=True, task_set="bugs"
+        job_id="j",
+        size=3,
+        limits=sandbox_pb2.Limits(memory_mb=300),
+        packages=["x==1"],
+        routed=True,
+        task_set="bugs",
+        instance_ids=["a", "broken", "not-in-the-set", "a"],
     )
     reply = await servicer(backend, swe).PrepareSessions(request, None)
-    assert (reply.warm, reply.instance_images) == (3, 2)  # the broken one logged, not counted, not fatal
+    assert (reply.warm, reply.instance_images) == (3, 1)  # the broken one logged, not counted, not fatal
     assert backend.prepared == [("j", 3, 300, {"packages": ["x==1"], "routed": True, "images": []})]
-    assert sorted(swe.asked) == [("bugs", "a"), ("bugs", "b"), ("bugs", "broken")]
+    assert swe.asked == [("bugs", "a"), ("bugs", "broken")]  # only the job's instances, each once (b is not)
+
+
+async def test_a_task_set_named_without_instances_makes_no_image():
+    backend, swe = Backend(), Swe()
+    request = sandbox_pb2.PrepareSessionsRequest(job_id="j", size=0, task_set="bugs")
+    assert (await servicer(backend, swe).PrepareSessions(request, None)).instance_images == 0
+    assert swe.asked == []
 
 
 async def test_an_unknown_task_set_is_not_found_before_anything_is_prepared():
@@ -71,3 +86,12 @@ async def test_an_unknown_task_set_is_not_found_before_anything_is_prepared():
     with pytest.raises(NotFound, match="nope"):
         await servicer(backend, swe).PrepareSessions(request, None)
     assert backend.prepared == [] and swe.asked == []
+
+
+async def test_a_share_above_max_sessions_warms_up_to_it_instead_of_nothing():
+    backend = Backend()
+    settings = SandboxSettings(coordinator_address="", max_sessions=4)
+    reply = await SandboxServicer(backend, settings, swe=Swe()).PrepareSessions(
+        sandbox_pb2.PrepareSessionsRequest(job_id="j", size=64), None
+    )
+    assert reply.warm == 4 and [size for _, size, _, _ in backend.prepared] == [4]

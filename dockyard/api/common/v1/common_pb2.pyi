@@ -67,7 +67,7 @@ class Verdict(_message.Message):
     def __init__(self, status: _Optional[_Union[VerdictStatus, str]] = ..., tests_passed: _Optional[int] = ..., tests_total: _Optional[int] = ..., exit_code: _Optional[int] = ..., stdout: _Optional[str] = ..., stderr: _Optional[str] = ..., output_truncated: _Optional[bool] = ..., duration_seconds: _Optional[float] = ..., error_message: _Optional[str] = ..., integrity_violation: _Optional[bool] = ..., protected_paths_touched: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("trajectory_id", "prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_text", "weight_version", "reward", "valid", "verdict", "finish_reason", "completion_loss_mask", "later_segments", "num_turns", "invalid_actions", "sampled_tokens")
+    __slots__ = ("trajectory_id", "prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_text", "weight_version", "reward", "valid", "verdict", "finish_reason", "completion_loss_mask", "later_segments", "num_turns", "invalid_actions", "sampled_tokens", "routing", "routing_shape")
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +83,8 @@ class Trajectory(_message.Message):
     NUM_TURNS_FIELD_NUMBER: _ClassVar[int]
     INVALID_ACTIONS_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_SHAPE_FIELD_NUMBER: _ClassVar[int]
     trajectory_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     completion_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -98,19 +100,33 @@ class Trajectory(_message.Message):
     num_turns: int
     invalid_actions: int
     sampled_tokens: int
-    def __init__(self, trajectory_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., completion_token_ids: _Optional[_Iterable[int]] = ..., completion_logprobs: _Optional[_Iterable[float]] = ..., completion_text: _Optional[str] = ..., weight_version: _Optional[int] = ..., reward: _Optional[float] = ..., valid: _Optional[bool] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., finish_reason: _Optional[str] = ..., completion_loss_mask: _Optional[_Iterable[int]] = ..., later_segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., num_turns: _Optional[int] = ..., invalid_actions: _Optional[int] = ..., sampled_tokens: _Optional[int] = ...) -> None: ...
+    routing: bytes
+    routing_shape: RoutingShape
+    def __init__(self, trajectory_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., completion_token_ids: _Optional[_Iterable[int]] = ..., completion_logprobs: _Optional[_Iterable[float]] = ..., completion_text: _Optional[str] = ..., weight_version: _Optional[int] = ..., reward: _Optional[float] = ..., valid: _Optional[bool] = ..., verdict: _Optional[_Union[Verdict, _Mapping]] = ..., finish_reason: _Optional[str] = ..., completion_loss_mask: _Optional[_Iterable[int]] = ..., later_segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., num_turns: _Optional[int] = ..., invalid_actions: _Optional[int] = ..., sampled_tokens: _Optional[int] = ..., routing: _Optional[bytes] = ..., routing_shape: _Optional[_Union[RoutingShape, _Mapping]] = ...) -> None: ...
+
+class RoutingShape(_message.Message):
+    __slots__ = ("moe_layers", "top_k", "num_experts")
+    MOE_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    moe_layers: int
+    top_k: int
+    num_experts: int
+    def __init__(self, moe_layers: _Optional[int] = ..., top_k: _Optional[int] = ..., num_experts: _Optional[int] = ...) -> None: ...
 
 class Segment(_message.Message):
-    __slots__ = ("prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_loss_mask")
+    __slots__ = ("prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_loss_mask", "routing")
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_LOSS_MASK_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     completion_token_ids: _containers.RepeatedScalarFieldContainer[int]
     completion_logprobs: _containers.RepeatedScalarFieldContainer[float]
     completion_loss_mask: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., completion_token_ids: _Optional[_Iterable[int]] = ..., completion_logprobs: _Optional[_Iterable[float]] = ..., completion_loss_mask: _Optional[_Iterable[int]] = ...) -> None: ...
+    routing: bytes
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., completion_token_ids: _Optional[_Iterable[int]] = ..., completion_logprobs: _Optional[_Iterable[float]] = ..., completion_loss_mask: _Optional[_Iterable[int]] = ..., routing: _Optional[bytes] = ...) -> None: ...
 
 class Group(_message.Message):
     __slots__ = ("group_id", "job_id", "task_id", "prompt", "weight_version", "trajectories")

@@ -26,7 +26,7 @@ from dockyard.api.buffer.v1 import buffer_pb2 as dockyard_dot_buffer_dot_v1_dot_
 from dockyard.api.common.v1 import common_pb2 as dockyard_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!dockyard/rollout/v1/rollout.proto\x12\x13\x64ockyard.rollout.v1\x1a\x1f\x64ockyard/buffer/v1/buffer.proto\x1a\x1f\x64ockyard/common/v1/common.proto\"8\n\x11LoadPolicyRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\"<\n\x12LoadPolicyResponse\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\"\xba\x02\n\x0fGenerateRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x13\n\x0bnum_samples\x18\x04 \x01(\x05\x12\x34\n\x08sampling\x18\x05 \x01(\x0b\x32\".dockyard.common.v1.SamplingParams\x12\x18\n\x10prompt_token_ids\x18\x06 \x03(\x05\x12\x32\n\x08messages\x18\x07 \x03(\x0b\x32 .dockyard.rollout.v1.ChatMessage\x12\x0e\n\x06images\x18\x08 \x03(\x0c\x12\x14\n\x0ctop_logprobs\x18\t \x01(\x05\x12\x34\n\x07staging\x18\n \x01(\x0b\x32#.dockyard.rollout.v1.PayloadStaging\"`\n\x0ePayloadStaging\x12<\n\ndata_plane\x18\x01 \x01(\x0b\x32(.dockyard.buffer.v1.GetDataPlaneResponse\x12\x10\n\x08group_id\x18\x02 \x01(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xa2\x01\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x36\n\x0ctop_logprobs\x18\x05 \x03(\x0b\x32 .dockyard.rollout.v1.TopLogprobs\x12\x12\n\nnum_tokens\x18\x06 \x01(\x05\"2\n\x0bTopLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\"\xf4\x01\n\x10GenerateResponse\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x34\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x1f.dockyard.rollout.v1.Completion\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x17\n\x0fweight_versions\x18\x04 \x03(\x03\x12\x33\n\x08kv_cache\x18\x05 \x01(\x0b\x32!.dockyard.rollout.v1.KvCacheStats\x12\x13\n\x0bpayload_key\x18\x06 \x01(\t\x12\x15\n\rpayload_bytes\x18\x07 \x01(\x03\"N\n\x15GenerateStreamRequest\x12\x35\n\x07request\x18\x01 \x01(\x0b\x32$.dockyard.rollout.v1.GenerateRequest\"\x85\x01\n\x16GenerateStreamResponse\x12\x34\n\x06\x64\x65ltas\x18\x01 \x03(\x0b\x32$.dockyard.rollout.v1.CompletionDelta\x12\x35\n\x06result\x18\x02 \x01(\x0b\x32%.dockyard.rollout.v1.GenerateResponse\"E\n\x0f\x43ompletionDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\"\xcf\x01\n\x0cKvCacheStats\x12\x17\n\x0f\x63\x61pacity_tokens\x18\x01 \x01(\x03\x12\x13\n\x0blive_tokens\x18\x02 \x01(\x03\x12\x15\n\rcached_tokens\x18\x03 \x01(\x03\x12\x16\n\x0e\x63\x61\x63hed_entries\x18\x04 \x01(\x03\x12\x1f\n\x17prefill_tokens_computed\x18\x05 \x01(\x03\x12\x1c\n\x14prefill_tokens_saved\x18\x06 \x01(\x03\x12\x11\n\tevictions\x18\x07 \x01(\x03\x12\x10\n\x08pressure\x18\x08 \x01(\x01\"?\n\x15ReceiveWeightsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\"f\n\x16ReceiveWeightsResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x11\n\tnum_bytes\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\"&\n\x14GetEngineInfoRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"f\n\x15GetEngineInfoResponse\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x16\n\x0enum_parameters\x18\x04 \x01(\x03\"%\n\x13UnloadPolicyRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x16\n\x14UnloadPolicyResponse2\xed\x04\n\x0eRolloutService\x12]\n\nLoadPolicy\x12&.dockyard.rollout.v1.LoadPolicyRequest\x1a\'.dockyard.rollout.v1.LoadPolicyResponse\x12W\n\x08Generate\x12$.dockyard.rollout.v1.GenerateRequest\x1a%.dockyard.rollout.v1.GenerateResponse\x12k\n\x0eGenerateStream\x12*.dockyard.rollout.v1.GenerateStreamRequest\x1a+.dockyard.rollout.v1.GenerateStreamResponse0\x01\x12i\n\x0eReceiveWeights\x12*.dockyard.rollout.v1.ReceiveWeightsRequest\x1a+.dockyard.rollout.v1.ReceiveWeightsResponse\x12\x66\n\rGetEngineInfo\x12).dockyard.rollout.v1.GetEngineInfoRequest\x1a*.dockyard.rollout.v1.GetEngineInfoResponse\x12\x63\n\x0cUnloadPolicy\x12(.dockyard.rollout.v1.UnloadPolicyRequest\x1a).dockyard.rollout.v1.UnloadPolicyResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!dockyard/rollout/v1/rollout.proto\x12\x13\x64ockyard.rollout.v1\x1a\x1f\x64ockyard/buffer/v1/buffer.proto\x1a\x1f\x64ockyard/common/v1/common.proto\"8\n\x11LoadPolicyRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\"<\n\x12LoadPolicyResponse\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\"\xd2\x02\n\x0fGenerateRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x13\n\x0bnum_samples\x18\x04 \x01(\x05\x12\x34\n\x08sampling\x18\x05 \x01(\x0b\x32\".dockyard.common.v1.SamplingParams\x12\x18\n\x10prompt_token_ids\x18\x06 \x03(\x05\x12\x32\n\x08messages\x18\x07 \x03(\x0b\x32 .dockyard.rollout.v1.ChatMessage\x12\x0e\n\x06images\x18\x08 \x03(\x0c\x12\x14\n\x0ctop_logprobs\x18\t \x01(\x05\x12\x34\n\x07staging\x18\n \x01(\x0b\x32#.dockyard.rollout.v1.PayloadStaging\x12\x16\n\x0ereturn_routing\x18\x0b \x01(\x08\"`\n\x0ePayloadStaging\x12<\n\ndata_plane\x18\x01 \x01(\x0b\x32(.dockyard.buffer.v1.GetDataPlaneResponse\x12\x10\n\x08group_id\x18\x02 \x01(\t\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xcb\x01\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x36\n\x0ctop_logprobs\x18\x05 \x03(\x0b\x32 .dockyard.rollout.v1.TopLogprobs\x12\x12\n\nnum_tokens\x18\x06 \x01(\x05\x12\x0f\n\x07routing\x18\x07 \x01(\x0c\x12\x16\n\x0eprompt_routing\x18\x08 \x01(\x0c\"2\n\x0bTopLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\"\xc5\x02\n\x10GenerateResponse\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x34\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x1f.dockyard.rollout.v1.Completion\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x17\n\x0fweight_versions\x18\x04 \x03(\x03\x12\x33\n\x08kv_cache\x18\x05 \x01(\x0b\x32!.dockyard.rollout.v1.KvCacheStats\x12\x13\n\x0bpayload_key\x18\x06 \x01(\t\x12\x15\n\rpayload_bytes\x18\x07 \x01(\x03\x12\x16\n\x0eprompt_routing\x18\x08 \x01(\x0c\x12\x37\n\rrouting_shape\x18\t \x01(\x0b\x32 .dockyard.common.v1.RoutingShape\"N\n\x15GenerateStreamRequest\x12\x35\n\x07request\x18\x01 \x01(\x0b\x32$.dockyard.rollout.v1.GenerateRequest\"\x85\x01\n\x16GenerateStreamResponse\x12\x34\n\x06\x64\x65ltas\x18\x01 \x03(\x0b\x32$.dockyard.rollout.v1.CompletionDelta\x12\x35\n\x06result\x18\x02 \x01(\x0b\x32%.dockyard.rollout.v1.GenerateResponse\"E\n\x0f\x43ompletionDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x10\n\x08logprobs\x18\x03 \x03(\x02\"\xcf\x01\n\x0cKvCacheStats\x12\x17\n\x0f\x63\x61pacity_tokens\x18\x01 \x01(\x03\x12\x13\n\x0blive_tokens\x18\x02 \x01(\x03\x12\x15\n\rcached_tokens\x18\x03 \x01(\x03\x12\x16\n\x0e\x63\x61\x63hed_entries\x18\x04 \x01(\x03\x12\x1f\n\x17prefill_tokens_computed\x18\x05 \x01(\x03\x12\x1c\n\x14prefill_tokens_saved\x18\x06 \x01(\x03\x12\x11\n\tevictions\x18\x07 \x01(\x03\x12\x10\n\x08pressure\x18\x08 \x01(\x01\"?\n\x15ReceiveWeightsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\"f\n\x16ReceiveWeightsResponse\x12\x16\n\x0eweight_version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x11\n\tnum_bytes\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\"&\n\x14GetEngineInfoRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"f\n\x15GetEngineInfoResponse\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x16\n\x0enum_parameters\x18\x04 \x01(\x03\"%\n\x13UnloadPolicyRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x16\n\x14UnloadPolicyResponse2\xed\x04\n\x0eRolloutService\x12]\n\nLoadPolicy\x12&.dockyard.rollout.v1.LoadPolicyRequest\x1a\'.dockyard.rollout.v1.LoadPolicyResponse\x12W\n\x08Generate\x12$.dockyard.rollout.v1.GenerateRequest\x1a%.dockyard.rollout.v1.GenerateResponse\x12k\n\x0eGenerateStream\x12*.dockyard.rollout.v1.GenerateStreamRequest\x1a+.dockyard.rollout.v1.GenerateStreamResponse0\x01\x12i\n\x0eReceiveWeights\x12*.dockyard.rollout.v1.ReceiveWeightsRequest\x1a+.dockyard.rollout.v1.ReceiveWeightsResponse\x12\x66\n\rGetEngineInfo\x12).dockyard.rollout.v1.GetEngineInfoRequest\x1a*.dockyard.rollout.v1.GetEngineInfoResponse\x12\x63\n\x0cUnloadPolicy\x12(.dockyard.rollout.v1.UnloadPolicyRequest\x1a).dockyard.rollout.v1.UnloadPolicyResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,37 +38,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOADPOLICYRESPONSE']._serialized_start=182
   _globals['_LOADPOLICYRESPONSE']._serialized_end=242
   _globals['_GENERATEREQUEST']._serialized_start=245
-  _globals['_GENERATEREQUEST']._serialized_end=559
-  _globals['_PAYLOADSTAGING']._serialized_start=561
-  _globals['_PAYLOADSTAGING']._serialized_end=657
-  _globals['_CHATMESSAGE']._serialized_start=659
-  _globals['_CHATMESSAGE']._serialized_end=703
-  _globals['_COMPLETION']._serialized_start=706
-  _globals['_COMPLETION']._serialized_end=868
-  _globals['_TOPLOGPROBS']._serialized_start=870
-  _globals['_TOPLOGPROBS']._serialized_end=920
-  _globals['_GENERATERESPONSE']._serialized_start=923
-  _globals['_GENERATERESPONSE']._serialized_end=1167
-  _globals['_GENERATESTREAMREQUEST']._serialized_start=1169
-  _globals['_GENERATESTREAMREQUEST']._serialized_end=1247
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1250
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1383
-  _globals['_COMPLETIONDELTA']._serialized_start=1385
-  _globals['_COMPLETIONDELTA']._serialized_end=1454
-  _globals['_KVCACHESTATS']._serialized_start=1457
-  _globals['_KVCACHESTATS']._serialized_end=1664
-  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_start=1666
-  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_end=1729
-  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_start=1731
-  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_end=1833
-  _globals['_GETENGINEINFOREQUEST']._serialized_start=1835
-  _globals['_GETENGINEINFOREQUEST']._serialized_end=1873
-  _globals['_GETENGINEINFORESPONSE']._serialized_start=1875
-  _globals['_GETENGINEINFORESPONSE']._serialized_end=1977
-  _globals['_UNLOADPOLICYREQUEST']._serialized_start=1979
-  _globals['_UNLOADPOLICYREQUEST']._serialized_end=2016
-  _globals['_UNLOADPOLICYRESPONSE']._serialized_start=2018
-  _globals['_UNLOADPOLICYRESPONSE']._serialized_end=2040
-  _globals['_ROLLOUTSERVICE']._serialized_start=2043
-  _globals['_ROLLOUTSERVICE']._serialized_end=2664
+  _globals['_GENERATEREQUEST']._serialized_end=583
+  _globals['_PAYLOADSTAGING']._serialized_start=585
+  _globals['_PAYLOADSTAGING']._serialized_end=681
+  _globals['_CHATMESSAGE']._serialized_start=683
+  _globals['_CHATMESSAGE']._serialized_end=727
+  _globals['_COMPLETION']._serialized_start=730
+  _globals['_COMPLETION']._serialized_end=933
+  _globals['_TOPLOGPROBS']._serialized_start=935
+  _globals['_TOPLOGPROBS']._serialized_end=985
+  _globals['_GENERATERESPONSE']._serialized_start=988
+  _globals['_GENERATERESPONSE']._serialized_end=1313
+  _globals['_GENERATESTREAMREQUEST']._serialized_start=1315
+  _globals['_GENERATESTREAMREQUEST']._serialized_end=1393
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1396
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1529
+  _globals['_COMPLETIONDELTA']._serialized_start=1531
+  _globals['_COMPLETIONDELTA']._serialized_end=1600
+  _globals['_KVCACHESTATS']._serialized_start=1603
+  _globals['_KVCACHESTATS']._serialized_end=1810
+  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_start=1812
+  _globals['_RECEIVEWEIGHTSREQUEST']._serialized_end=1875
+  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_start=1877
+  _globals['_RECEIVEWEIGHTSRESPONSE']._serialized_end=1979
+  _globals['_GETENGINEINFOREQUEST']._serialized_start=1981
+  _globals['_GETENGINEINFOREQUEST']._serialized_end=2019
+  _globals['_GETENGINEINFORESPONSE']._serialized_start=2021
+  _globals['_GETENGINEINFORESPONSE']._serialized_end=2123
+  _globals['_UNLOADPOLICYREQUEST']._serialized_start=2125
+  _globals['_UNLOADPOLICYREQUEST']._serialized_end=2162
+  _globals['_UNLOADPOLICYRESPONSE']._serialized_start=2164
+  _globals['_UNLOADPOLICYRESPONSE']._serialized_end=2186
+  _globals['_ROLLOUTSERVICE']._serialized_start=2189
+  _globals['_ROLLOUTSERVICE']._serialized_end=2810
 # @@protoc_insertion_point(module_scope)

@@ -25,7 +25,7 @@ class LoadPolicyResponse(_message.Message):
     def __init__(self, engine: _Optional[str] = ..., weight_version: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("job_id", "request_id", "prompt", "num_samples", "sampling", "prompt_token_ids", "messages", "images", "top_logprobs", "staging")
+    __slots__ = ("job_id", "request_id", "prompt", "num_samples", "sampling", "prompt_token_ids", "messages", "images", "top_logprobs", "staging", "return_routing")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class GenerateRequest(_message.Message):
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     STAGING_FIELD_NUMBER: _ClassVar[int]
+    RETURN_ROUTING_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     request_id: str
     prompt: str
@@ -46,7 +47,8 @@ class GenerateRequest(_message.Message):
     images: _containers.RepeatedScalarFieldContainer[bytes]
     top_logprobs: int
     staging: PayloadStaging
-    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., num_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., images: _Optional[_Iterable[bytes]] = ..., top_logprobs: _Optional[int] = ..., staging: _Optional[_Union[PayloadStaging, _Mapping]] = ...) -> None: ...
+    return_routing: bool
+    def __init__(self, job_id: _Optional[str] = ..., request_id: _Optional[str] = ..., prompt: _Optional[str] = ..., num_samples: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., images: _Optional[_Iterable[bytes]] = ..., top_logprobs: _Optional[int] = ..., staging: _Optional[_Union[PayloadStaging, _Mapping]] = ..., return_routing: _Optional[bool] = ...) -> None: ...
 
 class PayloadStaging(_message.Message):
     __slots__ = ("data_plane", "group_id")
@@ -65,20 +67,24 @@ class ChatMessage(_message.Message):
     def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("token_ids", "logprobs", "text", "finish_reason", "top_logprobs", "num_tokens")
+    __slots__ = ("token_ids", "logprobs", "text", "finish_reason", "top_logprobs", "num_tokens", "routing", "prompt_routing")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_ROUTING_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     text: str
     finish_reason: str
     top_logprobs: _containers.RepeatedCompositeFieldContainer[TopLogprobs]
     num_tokens: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    routing: bytes
+    prompt_routing: bytes
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., text: _Optional[str] = ..., finish_reason: _Optional[str] = ..., top_logprobs: _Optional[_Iterable[_Union[TopLogprobs, _Mapping]]] = ..., num_tokens: _Optional[int] = ..., routing: _Optional[bytes] = ..., prompt_routing: _Optional[bytes] = ...) -> None: ...
 
 class TopLogprobs(_message.Message):
     __slots__ = ("token_ids", "logprobs")
@@ -89,7 +95,7 @@ class TopLogprobs(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("prompt_token_ids", "completions", "weight_version", "weight_versions", "kv_cache", "payload_key", "payload_bytes")
+    __slots__ = ("prompt_token_ids", "completions", "weight_version", "weight_versions", "kv_cache", "payload_key", "payload_bytes", "prompt_routing", "routing_shape")
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +103,8 @@ class GenerateResponse(_message.Message):
     KV_CACHE_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_KEY_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_ROUTING_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_SHAPE_FIELD_NUMBER: _ClassVar[int]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     completions: _containers.RepeatedCompositeFieldContainer[Completion]
     weight_version: int
@@ -104,7 +112,9 @@ class GenerateResponse(_message.Message):
     kv_cache: KvCacheStats
     payload_key: str
     payload_bytes: int
-    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., weight_version: _Optional[int] = ..., weight_versions: _Optional[_Iterable[int]] = ..., kv_cache: _Optional[_Union[KvCacheStats, _Mapping]] = ..., payload_key: _Optional[str] = ..., payload_bytes: _Optional[int] = ...) -> None: ...
+    prompt_routing: bytes
+    routing_shape: _common_pb2.RoutingShape
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., weight_version: _Optional[int] = ..., weight_versions: _Optional[_Iterable[int]] = ..., kv_cache: _Optional[_Union[KvCacheStats, _Mapping]] = ..., payload_key: _Optional[str] = ..., payload_bytes: _Optional[int] = ..., prompt_routing: _Optional[bytes] = ..., routing_shape: _Optional[_Union[_common_pb2.RoutingShape, _Mapping]] = ...) -> None: ...
 
 class GenerateStreamRequest(_message.Message):
     __slots__ = ("request",)

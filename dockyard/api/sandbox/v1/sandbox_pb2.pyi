@@ -280,7 +280,7 @@ class RewardResponse(_message.Message):
     def __init__(self, verdict: _Optional[_Union[_common_pb2.Verdict, _Mapping]] = ..., reward: _Optional[float] = ...) -> None: ...
 
 class PrepareSessionsRequest(_message.Message):
-    __slots__ = ("job_id", "size", "limits", "packages", "routed", "images", "task_set")
+    __slots__ = ("job_id", "size", "limits", "packages", "routed", "images", "task_set", "instance_ids")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     LIMITS_FIELD_NUMBER: _ClassVar[int]
@@ -288,6 +288,7 @@ class PrepareSessionsRequest(_message.Message):
     ROUTED_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     TASK_SET_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_IDS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     size: int
     limits: Limits
@@ -295,7 +296,8 @@ class PrepareSessionsRequest(_message.Message):
     routed: bool
     images: _containers.RepeatedScalarFieldContainer[str]
     task_set: str
-    def __init__(self, job_id: _Optional[str] = ..., size: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., packages: _Optional[_Iterable[str]] = ..., routed: _Optional[bool] = ..., images: _Optional[_Iterable[str]] = ..., task_set: _Optional[str] = ...) -> None: ...
+    instance_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., size: _Optional[int] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., packages: _Optional[_Iterable[str]] = ..., routed: _Optional[bool] = ..., images: _Optional[_Iterable[str]] = ..., task_set: _Optional[str] = ..., instance_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PrepareSessionsResponse(_message.Message):
     __slots__ = ("warm", "instance_images")
