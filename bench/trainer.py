@@ -32,6 +32,7 @@ the same model (the same random init), config and batch, and prints, last:
     python bench/trainer.py            # one GPU: the Qwen2.5-0.5B shape, 32 sequences
     python bench/trainer.py --smoke    # CPU, a tiny model, seconds
     python bench/trainer.py --backend jax [--smoke]
+    python bench/trainer.py --packing --profile 25   # packed rows; the top 25 ops of one step
 """
 
 from __future__ import annotations
@@ -139,12 +140,14 @@ def main() -> None:
         "--minibatch", type=int, default=None, help="trajectories per optimizer step (default: all, one step)"
     )
     parser.add_argument("--skip-full-logits", action="store_true", help="no full-logits baseline (saves its time)")
+    parser.add_argument("--skip-plain", action="store_true", help="no plain LM step (its full logits may not fit)")
     parser.add_argument("--activation-checkpointing", action="store_true")
     parser.add_argument("--compile-layers", action="store_true", help="policy.compile_layers (the GRPO step only)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (after --warmup)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--backend", default="torch", choices=["torch", "jax"], help="jax: JAX vs torch step")
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="peak of the device (H200 bf16 dense)")
+    parser.add_argument("--profile", type=int, default=0, help="after timing, profile one GRPO step: top N ops")
     args = parser.parse_args()
     if args.smoke:
         args.device = args.device or "cpu"
@@ -155,6 +158,8 @@ def main() -> None:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     args.dtype = args.dtype or "bfloat16"
 
+    from services.trainer import packed_attention
+    from services.trainer.packed_attention import forward_kwargs
     from services.trainer.policy import PolicyTrainer
 
     model = TINY if args.smoke else QWEN25_05B
@@ -206,6 +211,8 @@ def main() -> None:
 
     ours = timed(grpo_step)
     peaks = {"dockyard GRPO step": torch.cuda.max_memory_allocated() if cuda else None}
+    if args.profile:
+        profile_step(grpo_step, sync, args.profile, cuda)
     seconds = {"dockyard GRPO step": ours}
     ours_last = dict(last)
     if not args.skip_full_logits:
@@ -214,7 +221,7 @@ def main() -> None:
         from services.trainer.logprobs import full_logits_logprobs
 
         chunked = policy_module.sampled_logprobs
-        policy_module.sampled_logprobs = lambda *a, scored=None: full_logits_logprobs(*a)
+        policy_module.sampled_logprobs = lambda *a, scored=None, segments=None: full_logits_logprobs(*a, segments)
         try:
             seconds["full-logits GRPO step"] = timed(grpo_step)
             peaks["full-logits GRPO step"] = torch.cuda.max_memory_allocated() if cuda else None
@@ -226,6 +233,7 @@ def main() -> None:
     batch = build_batch(groups, policy.tokenizer.pad_token_id)
     advantages = torch.zeros(len(batch))
     micro = [mb.to(device) for mb in policy._plan(batch, advantages)]
+    varlen = packed_attention.installed(policy.model)
 
     def plain_step() -> None:
         policy.optimizer.zero_grad(set_to_none=True)
@@ -233,21 +241,25 @@ def main() -> None:
             labels = (
                 mb.input_ids if mb.attention_mask is None else mb.input_ids.masked_fill(mb.attention_mask == 0, -100)
             )
+            # Packed rows go through the same varlen attention as the trainer's.
+            packed = {} if mb.segments is None or not varlen else forward_kwargs(mb.segments, mb.input_ids)
             with policy._autocast():
                 out = policy.model(
                     input_ids=mb.input_ids,
-                    attention_mask=mb.attention_mask,
                     position_ids=mb.position_ids,
                     labels=labels,
                     use_cache=False,
+                    **({"attention_mask": mb.attention_mask} | packed),
                 )
             (out.loss / len(micro)).backward()
         torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
         policy.optimizer.step()
 
-    plain = timed(plain_step)
-    peaks["plain LM step"] = torch.cuda.max_memory_allocated() if cuda else None
-    seconds["plain LM step"] = plain
+    plain = None
+    if not args.skip_plain:
+        plain = timed(plain_step)
+        peaks["plain LM step"] = torch.cuda.max_memory_allocated() if cuda else None
+        seconds["plain LM step"] = plain
     for name, took in seconds.items():
         tflops = flops[name] / took / 1e12
         peak = "" if peaks[name] is None else f"  peak {peaks[name] / 2**30:6.1f} GiB"
@@ -268,7 +280,22 @@ def main() -> None:
     else:
         print("peak_memory_vs_full_logits: n/a (CUDA only, and not with --skip-full-logits)")
     print(f"trainer_mfu: {flops['dockyard GRPO step'] / ours / 1e12 / args.peak_tflops:.3f}")
-    print(f"trainer_vs_plain_step: {plain / ours:.3f}")
+    if plain is not None:
+        print(f"trainer_vs_plain_step: {plain / ours:.3f}")
+
+
+def profile_step(step, sync, rows: int, cuda: bool) -> None:
+    """One step under torch.profiler: the top `rows` ops by their own device time (CPU time without CUDA)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync()
+    with profile(activities=activities) as prof:
+        step()
+        sync()
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    print(f"profile of one GRPO step, top {rows} ops by {key}:")
+    print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
 
 
 def jax_versus_torch(args: argparse.Namespace, config, device: str) -> None:

@@ -258,7 +258,8 @@ class PolicyConfig(Section):
         description=(
             "Concatenate several sequences into one row of at most `max_tokens_per_micro_batch` "
             "tokens (first fit, longest first; position ids restart per sequence and attention stays "
-            "within each sequence), so no padding is computed. Needs `max_tokens_per_micro_batch`, "
+            "within each sequence, through varlen flash attention on CUDA), so no padding is computed. "
+            "Needs `max_tokens_per_micro_batch`, "
             "`loss_fn.reduction: token` and no `seq-mask-tis` correction."
         ),
     )

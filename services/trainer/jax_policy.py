@@ -230,7 +230,7 @@ class JaxPolicyTrainer:
         for i, mb in enumerate(mini.micro):
             b = self._arrays(mb)
             old, reference = (None, self._reference(b)) if frozen is None else frozen[i]
-            share = loss_share(loss_cfg, mb.token_mask, mini)
+            share = loss_share(loss_cfg, mb, mini)
             (_, (loss, stats, old_lp, entropy)), g = self._pg_grad(self.params, b, old, reference, share)
             grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
             sums["loss"] += float(loss) * share

@@ -28,14 +28,18 @@ import contextlib
 import torch
 
 from services.trainer.batch import Batch
+from services.trainer.packed_attention import Segments, forward_kwargs
 
 # Elements of one chunk of logits: 2^28 fp32 values (1 GiB), ~1.8k positions at a 150k vocabulary.
 CHUNK_ELEMENTS = 1 << 28
 
 
 def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float) -> torch.Tensor:
-    """[B, L-1] logprob of each next token under `model`, at the sampling temperature."""
-    logprobs, _ = sampled_logprobs(model, batch.input_ids, batch.attention_mask, None, temperature, entropy=False)
+    """[B, L-1] logprob of each next token under `model`, at the sampling temperature; 0 where that token is padding."""
+    real = batch.attention_mask[:, 1:].bool()
+    logprobs, _ = sampled_logprobs(
+        model, batch.input_ids, batch.attention_mask, None, temperature, entropy=False, scored=real
+    )
     return logprobs
 
 
@@ -47,15 +51,18 @@ def sampled_logprobs(
     temperature: float,
     entropy: bool,
     scored: torch.Tensor | None = None,
+    segments: Segments | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Sampled-token logprobs [B, L-1] and, when asked, the policy's entropy per position (no grad).
 
     `scored`: [B, L-1], the positions to compute (e.g. the token mask); the others hold 0.
-    None scores every position.
+    None scores every position. `segments`: the sequences of a packed row, for a model whose
+    attention packed_attention.install switched (their varlen kernel); None: the mask and
+    position ids say everything.
     """
     config = getattr(model, "config", None)
     if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
-        return full_logits_logprobs(model, input_ids, attention_mask, position_ids, temperature, entropy)
+        return full_logits_logprobs(model, input_ids, attention_mask, position_ids, temperature, entropy, segments)
     head = model.get_output_embeddings()
     targets = input_ids[:, 1:]
     where = torch.ones_like(targets, dtype=torch.bool) if scored is None else scored.bool()
@@ -74,10 +81,10 @@ def sampled_logprobs(
         nothing = torch.zeros(0, dtype=torch.long, device=input_ids.device)
         model(
             input_ids=input_ids,
-            attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=False,
             logits_to_keep=nothing,
+            **_mask_kwargs(input_ids, attention_mask, segments),
         )
     finally:
         handle.remove()
@@ -96,10 +103,12 @@ def full_logits_logprobs(
     position_ids: torch.Tensor | None,
     temperature: float,
     entropy: bool,
+    segments: Segments | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The plain computation through the model's full [B, L, vocab] logits: the reference and the baseline."""
     # use_cache=False: with a cache, transformers would ignore the packed-sequence position ids.
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    kwargs = _mask_kwargs(input_ids, attention_mask, segments)
+    out = model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **kwargs)
     logits = out.logits[:, :-1].float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
@@ -110,6 +119,10 @@ def full_logits_logprobs(
             flat = log_probs.detach().flatten(0, 1)
             ent = torch.cat([-(c.exp() * c).sum(-1) for c in flat.split(1024)]).view(log_probs.shape[:2])
     return log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1), ent
+
+
+def _mask_kwargs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, segments: Segments | None) -> dict:
+    return {"attention_mask": attention_mask} if segments is None else forward_kwargs(segments, input_ids)
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:

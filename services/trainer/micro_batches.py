@@ -4,7 +4,8 @@
         ─> this rank's rows ─┬─ padded: consecutive rows while ≤ max_rows rows and
                              │          rows × the first (longest) row's length ≤ max_tokens
                              └─ packed: first fit into rows of ≤ max_tokens tokens, position
-                                        ids restarting per sequence, no attention mask
+                                        ids restarting per sequence, no attention mask, the
+                                        sequences' bounds (Segments) for the varlen attention
         ─> [MicroBatch]
 
 Guarantees: every row of the batch lands in exactly one micro-batch of exactly
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from services.trainer.batch import Batch
+from services.trainer.packed_attention import Segments
 
 
 @dataclass
@@ -36,13 +38,25 @@ class MicroBatch:
     num_sequences: int
     routing: torch.Tensor | None = None  # [rows, L, moe_layers, k] recorded expert ids (batch.py), or None
     rows: tuple[int, ...] = ()  # the batch rows it holds, in order (one per padded row)
+    segments: Segments | None = None  # packed rows: where each sequence starts (packed_attention.py)
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.numel()) if self.attention_mask is None else int(self.attention_mask.sum())
 
+    @property
+    def loss_tokens(self) -> float:
+        """Tokens the loss counts (token_mask's sum), read before the tensors leave the host."""
+        return float(self.token_mask.sum())
+
+    @property
+    def loss_sequences(self) -> float:
+        """Sequences with at least one loss token."""
+        return float((self.token_mask.sum(-1) > 0).sum())
+
     def to(self, device: str) -> MicroBatch:
-        return MicroBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()})
+        moved = {k: v.to(device) if isinstance(v, torch.Tensor | Segments) else v for k, v in vars(self).items()}
+        return MicroBatch(**moved)
 
 
 def plan(
@@ -139,4 +153,5 @@ def _packed(batch: Batch, advantages: torch.Tensor, rows: list[int], lengths: li
         len(rows),
         torch.cat(routing)[None] if routing else None,
         tuple(rows),
+        Segments.of([lengths[i] for i in rows]),
     )

@@ -107,11 +107,12 @@ def loss_options(loss: LossConfig) -> dict:
     }
 
 
-def loss_share(loss: LossConfig, mask: torch.Tensor, mini: Minibatch) -> float:
-    """A micro-batch's weight in its minibatch's loss: its share of the reduction's denominator."""
+def loss_share(loss: LossConfig, micro: MicroBatch, mini: Minibatch) -> float:
+    """A micro-batch's weight in its minibatch's loss: its share of the reduction's denominator (its tokens,
+    or its sequences for the sequence and constant reductions), read on the host: no wait for the device."""
     if loss.reduction == "token":
-        return float(mask.sum()) / mini.tokens
-    return float((mask.sum(-1) > 0).sum()) / mini.sequences
+        return micro.loss_tokens / mini.tokens
+    return micro.loss_sequences / mini.sequences
 
 
 def prepare_step(

@@ -72,7 +72,7 @@ from dockyard.export.hf_export import is_sharded
 from dockyard.models.load import DTYPES, load_policy
 from dockyard.models.routing import RoutingReplay, routers
 from dockyard.weights import arena
-from services.trainer import checkpoint, lora, teachers
+from services.trainer import checkpoint, lora, packed_attention, teachers
 from services.trainer.batch import Batch, build_row_batch
 from services.trainer.compiled_layers import compile_decoder_layers
 from services.trainer.experience import Row, TrainingGroup
@@ -127,6 +127,8 @@ class PolicyTrainer:
         source = pcfg if use_base else pcfg.model_copy(update={"model_name": str(resume.path)})
         self.model, self.tokenizer = load_policy(source, device, dtype=master)
         self.model.train()
+        # Packed rows through a varlen kernel and padded rows without a mask, where the model allows.
+        packed_attention.install(self.model)
         self.aliases: arena.Aliases | None = None  # what the sync sends, when the parameters go as they are
         if self._sends_parameters_as_they_are(config, master):
             # One arena, before anything holds the parameters: a replica packed alike refits in one memcpy.
@@ -151,8 +153,11 @@ class PolicyTrainer:
             # The reference is the job's starting policy, also when resuming from a later checkpoint.
             self.reference, _ = load_policy(pcfg, device, dtype=master)
             self.reference.eval().requires_grad_(False)
+            packed_attention.install(self.reference)
         # On-policy distillation: the teacher of this job's rollouts, frozen like the reference, no optimizer.
         self.teacher = teachers.load_teacher(config, device, master, self.model.config.vocab_size)
+        if self.teacher is not None:
+            packed_attention.install(self.teacher)
         self.autocast = master != self.compute_dtype
         # A mixture-of-experts policy: recorded routing is compared (and with routing_replay, replayed).
         self.routing = RoutingReplay(self.model) if routers(self.model) else None
@@ -165,8 +170,10 @@ class PolicyTrainer:
             self.autocast = False  # FSDP casts the gathered parameters itself
         opt = pcfg.optimizer
         trainable = [p for p in self.model.parameters() if p.requires_grad]  # all, or the adapters alone
+        # One fused kernel for the whole update on one GPU (a foreach chain of kernels otherwise).
+        fused = torch.device(device).type == "cuda" and self.world == 1
         self.optimizer = torch.optim.AdamW(
-            trainable, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
+            trainable, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay, fused=fused or None
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         ck = config.checkpointing
@@ -279,9 +286,7 @@ class PolicyTrainer:
             mb = micro_batches[i].to(self.device)
             sequence_tokens += mb.num_tokens
             with self._autocast():
-                logprobs, _ = sampled_logprobs(
-                    self.model, mb.input_ids, mb.attention_mask, mb.position_ids, 0.0, False, scored=mb.token_mask
-                )
+                logprobs, _ = self._logprobs(self.model, mb, entropy=False, temperature=0.0)
             nll = -torch.where(mb.token_mask.bool(), logprobs, 0.0).sum()
             (nll * (self.world / total_tokens)).backward()
             nll_sum += float(nll.detach())
@@ -380,6 +385,7 @@ class PolicyTrainer:
             if i >= len(mini.micro):
                 self._idle_pass(reference=frozen is None, teacher=True)
                 continue
+            share = loss_share(loss_cfg, mini.micro[i], mini)
             mb = mini.micro[i].to(self.device)
             # Held until this micro-batch's backward ran: forwards recomputed there (activation
             # checkpointing) see the same routing.
@@ -409,7 +415,6 @@ class PolicyTrainer:
                     **loss_options(loss_cfg),
                 )
                 # Weight each micro-batch by its share, so the sum is the minibatch's reduction.
-                share = loss_share(loss_cfg, mask, mini)
                 (loss * (share * scale)).backward()
             sums["loss"] += float(loss.detach()) * share
             for key in LOSS_STATS:
@@ -437,10 +442,23 @@ class PolicyTrainer:
         if decisions:
             metrics["routing_mismatch_fraction"] = mismatched / decisions
 
-    def _logprobs(self, model: torch.nn.Module, mb: MicroBatch, entropy: bool):
-        temperature = self.config.policy.generation.temperature
+    def _logprobs(self, model: torch.nn.Module, mb: MicroBatch, entropy: bool, temperature: float | None = None):
+        """Logprobs (and entropy) of `mb` under `model` at `temperature` (default: the sampling one)."""
+        if temperature is None:
+            temperature = self.config.policy.generation.temperature
+        mask, segments = mb.attention_mask, None
+        if packed_attention.installed(model):
+            # Packed rows by their segments; padded rows are right-padded (batch.py), so causal needs no mask.
+            mask, segments = None, mb.segments
         return sampled_logprobs(
-            model, mb.input_ids, mb.attention_mask, mb.position_ids, temperature, entropy, scored=mb.token_mask
+            model,
+            mb.input_ids,
+            mask,
+            mb.position_ids,
+            temperature,
+            entropy,
+            scored=mb.token_mask,
+            segments=segments,
         )
 
     def _reference_logprobs(self, mb: MicroBatch) -> torch.Tensor | None:

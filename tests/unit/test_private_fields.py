@@ -25,6 +25,7 @@ ALLOWED = {
     ("services/rollout/vllm_engine.py", "_replace"): "namedtuple API",
     # transformers' config field that selects the attention kernel; it has no public setter.
     ("services/rollout/kv_slots.py", "_attn_implementation"): "transformers config",
+    ("services/trainer/packed_attention.py", "_attn_implementation"): "transformers config",
     # torch's handle of a storage: the one identity that survives sharing a CPU storage.
     ("dockyard/weights/colocated.py", "_cdata"): "torch storage identity",
     # torch's ProcessGroupNCCL.Options has no public field for the watchdog timeout.
