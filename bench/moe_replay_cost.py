@@ -15,6 +15,7 @@ python bench/moe_replay_cost.py --smoke         # CPU, a tiny shape, seconds (ch
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 
 import numpy as np
@@ -90,7 +91,12 @@ def timed(args: argparse.Namespace, routing: str | None, device: str) -> float:
         trainer.train_step(batch)
     if device == "cuda":
         torch.cuda.synchronize()
-    return (time.perf_counter() - start) / args.steps
+    seconds = (time.perf_counter() - start) / args.steps
+    del trainer, batch  # the next shape's model and optimizer need the memory
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return seconds
 
 
 def main() -> None:
