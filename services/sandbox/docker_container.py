@@ -147,11 +147,14 @@ def folder_bytes(path: str) -> int:
     return total
 
 
-def send_work_folder(sock, work: str) -> None:
-    """`work` (but the report file, which is bind-mounted) as a tar on the container's stdin, then EOF."""
+def send_work_folder(sock, work: str, header: bytes = b"") -> None:
+    """`header` (a warm container's command: docker_warm_runs.launch_header), then `work` (but the report
+    file, which is bind-mounted) as a tar on the container's stdin, then EOF."""
     raw = getattr(sock, "_sock", sock)
-    with raw.makefile("wb") as stream, tarfile.open(fileobj=stream, mode="w|") as tar:
-        tar.add(work, arcname=".", filter=lambda info: None if info.name == f"./{REPORT_NAME}" else info)
+    with raw.makefile("wb") as stream:
+        stream.write(header)
+        with tarfile.open(fileobj=stream, mode="w|") as tar:
+            tar.add(work, arcname=".", filter=lambda info: None if info.name == f"./{REPORT_NAME}" else info)
     raw.shutdown(socket.SHUT_WR)
     raw.close()
 
