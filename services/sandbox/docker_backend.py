@@ -1,6 +1,9 @@
-"""The docker backend: each run is one fresh container from a prebuilt image.
+"""The docker backend: each run is one fresh container from a prebuilt image, most often started ahead.
 
-    request --> host work folder (mkdtemp) <-- seed_dir copy, then files; chowned to the sandbox user
+    request --> a warm container of the run's key (docker_warm_runs.py: made as below, attached and
+                started ahead, its launcher waiting on stdin; the run's argv goes first on stdin and the
+                launcher execs it), or none: a container made for the run
+            --> host work folder (mkdtemp; a warm container's own) <-- seed_dir copy, then files; chowned
             --> container: image (default SANDBOX_IMAGE), /work a tmpfs of max_disk_mb (the host
                   folder arrives as a tar on stdin), /work/.dockyard-report a bind of one host file,
                   tmpfs /tmp,
@@ -10,7 +13,8 @@
             --> attach (before start) streams stdout / stderr: the first max_output_bytes of each
                   are kept, the rest drained and dropped
             --> exit, or wall-clock limit: the container is killed
-            --> Outcome; the container and the work folder are removed whatever happened
+            --> Outcome; the work folder removed, then (after the verdict, the call's slot still held)
+                  the container, whatever happened
 
 Guarantees: the code cannot reach any network (no interface but loopback), cannot
 write anywhere but /work (its own copy, at most `max_disk_mb` in total) and a
@@ -47,8 +51,9 @@ place (a service that runs in a container needs `work_root` bind-mounted at the
 same path).
 
 Why over 400 lines: the container plumbing lives in docker_container.py, the file staging in
-staging.py and the sessions' own steps in docker_sessions.py; what is left is one backend's run,
-report and cleanup (which a session's container shares), and they read as one sequence.
+staging.py, the sessions' own steps in docker_sessions.py and the warm run containers' in
+docker_warm_runs.py; what is left is one backend's run (cold or warm), report and cleanup (which a
+session's container shares), and they read as one sequence.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ LIMITS = ResourceLimits(timeout_seconds=30.0, memory_mb=256, cpu_seconds=7.0, ma
 OWNER = "dockyard.sandbox.owner"
 
 # What the code can see of its confinement: signal dispositions (from grep, as Python ignores SIGPIPE and
-# SIGXFSZ itself: a launcher that left them ignored would show in grep's), identity, capabilities, rlimits, the memory cgroup, mounts, network, processes.
+# SIGXFSZ itself: a launcher that left them ignored would show in grep's), identity, capabilities, rlimits,
+# the memory cgroup, mounts, network, processes.
 PROBE = r"""
 import os, resource, socket
 status = dict(line.split(":", 1) for line in open("/proc/self/status"))
@@ -38,7 +39,8 @@ for line in open("/proc/self/mountinfo"):
         print("mount", fields[4], fields[5], line.split(" - ")[1].split()[0])
 print("interfaces", sorted(name for _, name in socket.if_nameindex()))
 print("cwd", os.getcwd(), "home", os.environ.get("HOME"), "hostname", socket.gethostname())
-print("processes", sum(p.isdigit() for p in os.listdir("/proc")), "pid 1", open("/proc/1/cmdline").read().split("\0")[:3])
+print("processes", sum(p.isdigit() for p in os.listdir("/proc")))
+print("pid 1", open("/proc/1/cmdline").read().split("\0")[:3])
 print("ppid", os.getppid(), "umask", oct(os.umask(0o022)))
 print("files", sorted(os.listdir(".")))
 """
