@@ -88,6 +88,7 @@ from services.sandbox.docker_container import (
     SESSION_LABEL,
     STAGE_COMMAND,
     create_container,
+    exit_state,
     folder_bytes,
     owner_is_dead,
     owner_label,
@@ -429,6 +430,7 @@ class DockerBackend(SandboxBackend):
                     api.start(container_id)
                 else:
                     stream, stdin = warm.stream, warm.stdin
+                exited = exit_state(api, container_id, max(limits.timeout_seconds, 30) + 30)
                 send_work_folder(stdin, work, launch_header(command) if warm else b"")
             except (docker.errors.DockerException, OSError) as exc:
                 run.error = f"cannot start the container: {exc}"
@@ -448,7 +450,7 @@ class DockerBackend(SandboxBackend):
                         out.add(chunk_out)
                     if chunk_err:
                         err.add(chunk_err)
-                state = api.wait(container_id, timeout=max(limits.timeout_seconds, 30) + 30)
+                state = exited.result()
                 run.exit_code = state.get("StatusCode", -1)
                 if run.exit_code == 137 and not run.timed_out:
                     if api.inspect_container(container_id)["State"].get("OOMKilled"):

@@ -25,6 +25,8 @@ import os
 import socket
 import stat
 import tarfile
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 from services.sandbox.backend import ResourceLimits
@@ -136,6 +138,21 @@ def create_container(
         labels={LABEL: owner, **(labels or {})},
         host_config=config,
     )["Id"]
+
+
+def exit_state(api, container_id: str, timeout: float) -> Future:
+    """The engine's wait for the container's exit, asked now in a thread of its own (so the answer is there
+    as soon as its output ends, not a round trip later): a Future of the wait's reply."""
+    answer: Future = Future()
+
+    def wait() -> None:
+        try:
+            answer.set_result(api.wait(container_id, timeout=timeout))
+        except BaseException as exc:  # noqa: BLE001 -- handed to the caller
+            answer.set_exception(exc)
+
+    threading.Thread(target=wait, name="sandbox-wait", daemon=True).start()
+    return answer
 
 
 def folder_bytes(path: str) -> int:
