@@ -23,7 +23,8 @@ in it; the launcher's GO is the first output and is not the code's (it is cut of
 run that never saw it (the container died while waiting) is retried cold, never scored. Per-call limits
 that a container does not fix (the wall-clock limit, the output cap) apply from take() on, as for a cold
 run from its start. A key gets a pool only on its second run, so an image used once (a SWE instance's)
-starts no container that never serves; at most MAX_KEYS pools, the least recently used closed beyond
+starts no container that never serves; a key whose container would not start (an image without python3)
+runs cold for REFUSED_SECONDS before it is tried again; at most MAX_KEYS pools, the least recently used closed beyond
 that, and every pool closed (its waiting containers and their folders removed) by close().
 
 Not covered: a waiting container holds its launcher (a Python process, a few MB) and two engine connections.
@@ -34,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -52,6 +54,7 @@ READY = b"dockyard-run-ready\n"
 GO = b"dockyard-run-go\n"  # the launcher read its command: the first bytes of stdout, never the code's
 MAX_KEYS = 4  # pools kept at once (keys beyond: the least recently used pool is closed)
 SEEN_KEYS = 256  # keys remembered for the second-run rule
+REFUSED_SECONDS = 300.0  # a key whose container would not start runs cold this long before a new try
 HEADER_DIGITS = 10
 
 # PID 1 of a waiting container: READY, then read the command (a length, then JSON argv) from stdin, GO,
@@ -136,7 +139,7 @@ class WarmRuns:
         self._start_blocking, self._discard_blocking = start, discard
         self._pools: OrderedDict[RunKey, WarmPool[WarmRun]] = OrderedDict()
         self._seen: OrderedDict[RunKey, None] = OrderedDict()
-        self._refused: set[RunKey] = set()  # keys whose container would not start: their runs stay cold
+        self._refused: dict[RunKey, float] = {}  # keys whose container would not start: cold until then
         self._closed = False
 
     def waiting(self) -> int:
@@ -144,7 +147,7 @@ class WarmRuns:
 
     async def take(self, key: RunKey) -> WarmRun | None:
         """A started container of `key` for one run, or None: run cold."""
-        if self._size == 0 or self._closed or key in self._refused:
+        if self._size == 0 or self._closed or self._refused.get(key, 0.0) > time.monotonic():
             return None
         pool = self._pools.get(key)
         if pool is None:
@@ -165,7 +168,7 @@ class WarmRuns:
             return None
         except Exception as exc:  # noqa: BLE001 -- a warm start is an optimisation; the run goes cold
             log.warning("no warm run container; this key's runs start their own", image=key.image, error=str(exc))
-            self._refused.add(key)
+            self._refused[key] = time.monotonic() + REFUSED_SECONDS
             if self._pools.get(key) is pool:
                 del self._pools[key]
                 await pool.close()
