@@ -10,8 +10,11 @@ backend, max_concurrency 4) on a free port and stops it at the end. The image
 must exist (deploy/images/build.sh). Both paths run the same argv in the same
 image: a small Python test that imports pytest and checks a few assertions.
 
-At concurrency 1 the two paths alternate run by run, --runs times each, after
---warmup runs of each; the per-task time is the mean wall time a caller sees.
+At concurrency 1 the paths alternate run by run, --runs times each, after
+--warmup runs of each (--settle S seconds apart: the service's warm pools start a
+taken container's replacement, and remove an ended container, after the call has
+its reply, so without it that work lands on the next path's timed task); the
+per-task time is the mean wall time a caller sees.
 Then each path runs --runs tasks at concurrency 2 and 4 (that many callers at
 once) for tasks/s. Prints a table, then `sandbox_vs_docker_run: R`, R = the
 service's per-task time / bare docker run's at concurrency 1 (1.0 is parity,
@@ -169,6 +172,7 @@ async def bench(address: str, args: argparse.Namespace) -> dict[str, dict[str, f
         for _ in range(args.runs):
             for name, task in paths.items():
                 times[name].append(await (session_task(stub, OPEN_TIMES) if name == "session" else task()))
+                await asyncio.sleep(args.settle)  # what a task left running in the background ends before the next
         results = {name: {"per_task": sum(t) / len(t), "c1": len(t) / sum(t)} for name, t in times.items()}
         for concurrency in (2, 4):
             for name, task in paths.items():
@@ -181,6 +185,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20, help="tasks per path and concurrency level")
     parser.add_argument("--warmup", type=int, default=2, help="untimed runs per path first")
     parser.add_argument("--image", default=SANDBOX_IMAGE, help="built by deploy/images/build.sh")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=0.0,
+        help="seconds between timed tasks at concurrency 1, so the work a path leaves in the background (a warm "
+        "container's replacement, an ended one's removal) does not land on the next path's timed task",
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 

@@ -35,6 +35,7 @@ async def make_backend(settings: SandboxSettings):
                 user=settings.docker_user,
                 work_root=settings.work_root,
                 warm_max=settings.warm_sessions_max,
+                warm_runs=settings.warm_runs,
                 image_cache_gb=settings.image_cache_gb,
             )
         except DockerException as exc:  # no engine: one line that says what to do, not the client's traceback

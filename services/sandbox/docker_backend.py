@@ -1,6 +1,9 @@
-"""The docker backend: each run is one fresh container from a prebuilt image.
+"""The docker backend: each run is one fresh container from a prebuilt image, most often started ahead.
 
-    request --> host work folder (mkdtemp) <-- seed_dir copy, then files; chowned to the sandbox user
+    request --> a warm container of the run's key (docker_warm_runs.py: made as below, attached and
+                started ahead, its launcher waiting on stdin; the run's argv goes first on stdin and the
+                launcher execs it), or none: a container made for the run
+            --> host work folder (mkdtemp; a warm container's own) <-- seed_dir copy, then files; chowned
             --> container: image (default SANDBOX_IMAGE), /work a tmpfs of max_disk_mb (the host
                   folder arrives as a tar on stdin), /work/.dockyard-report a bind of one host file,
                   tmpfs /tmp,
@@ -10,7 +13,8 @@
             --> attach (before start) streams stdout / stderr: the first max_output_bytes of each
                   are kept, the rest drained and dropped
             --> exit, or wall-clock limit: the container is killed
-            --> Outcome; the container and the work folder are removed whatever happened
+            --> Outcome; the work folder removed, then (after the verdict, the call's slot still held)
+                  the container, whatever happened
 
 Guarantees: the code cannot reach any network (no interface but loopback), cannot
 write anywhere but /work (its own copy, at most `max_disk_mb` in total) and a
@@ -47,13 +51,15 @@ place (a service that runs in a container needs `work_root` bind-mounted at the
 same path).
 
 Why over 400 lines: the container plumbing lives in docker_container.py, the file staging in
-staging.py and the sessions' own steps in docker_sessions.py; what is left is one backend's run,
-report and cleanup (which a session's container shares), and they read as one sequence.
+staging.py, the sessions' own steps in docker_sessions.py and the warm run containers' in
+docker_warm_runs.py; what is left is one backend's run (cold or warm), report and cleanup (which a
+session's container shares), and they read as one sequence.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -82,6 +88,7 @@ from services.sandbox.docker_container import (
     SESSION_LABEL,
     STAGE_COMMAND,
     create_container,
+    exit_state,
     folder_bytes,
     owner_is_dead,
     owner_label,
@@ -90,6 +97,15 @@ from services.sandbox.docker_container import (
 )
 from services.sandbox.docker_sessions import DockerSessionConfig
 from services.sandbox.docker_warm import WarmSessions, prepare_job
+from services.sandbox.docker_warm_runs import (
+    Launched,
+    RunKey,
+    WarmRun,
+    WarmRuns,
+    discard_run,
+    launch_header,
+    start_run_container,
+)
 from services.sandbox.harness import HARNESS_SOURCE
 from services.sandbox.image_cache import ImageCache
 from services.sandbox.staging import Capped, Writes, checked_files, parse_report, remove_tree, stage_files
@@ -112,6 +128,7 @@ class _Run:
     container_id: str | None = None
     cancelled: bool = False  # the caller gave up: do not start, or kill now
     disk_full: bool = False  # /work was full when the command ended
+    warm_gone: bool = False  # its warm container had died while waiting: nothing ran, the run goes cold
 
 
 class DockerBackend(SandboxBackend):
@@ -128,6 +145,7 @@ class DockerBackend(SandboxBackend):
         user: str = "1000:1000",
         work_root: str | None = None,
         warm_max: int = 0,
+        warm_runs: int = 0,
         image_cache_gb: float = 0.0,
         client=None,
     ) -> None:
@@ -149,6 +167,8 @@ class DockerBackend(SandboxBackend):
         limits = (cpus, pids_limit, max_file_mb * mb, max_disk_mb, tmp_mb, work_root)
         self.sessions = DockerSessionConfig(self._client, image, self._container_user(), self._owner, *limits)
         self.warm = WarmSessions(warm_max)  # session containers started ahead (docker_warm.py)
+        # Run containers started ahead, `warm_runs` per key (docker_warm_runs.py).
+        self.runs = WarmRuns(warm_runs, self._start_warm_run, lambda warm: discard_run(self._client, warm))
         self.images = ImageCache(self._client, image_cache_gb, work_root, keep={image})  # (image_cache.py)
 
     @classmethod
@@ -168,20 +188,37 @@ class DockerBackend(SandboxBackend):
     async def _call(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    async def _run_in_slot(self, *args) -> _Run:
-        """One run on a worker thread, holding a concurrency slot until its container is gone."""
+    async def _run_in_slot(self, writes, command, limits: ResourceLimits, seed_dir, image: str, nonce) -> _Run:
+        """One run on a worker thread, in a warm container of its key when one is there, holding a
+        concurrency slot until its container is gone; the verdict does not wait for that removal."""
+        await self._slots.acquire()
+        runs: list[_Run] = []
+        key = RunKey(image, limits.memory_mb, limits.cpu_seconds)
+        try:
+            warm = await self.runs.take(key)
+            run = await self._run_once(runs, warm, writes, command, limits, seed_dir, image, nonce)
+            if run.warm_gone:  # nothing ran: the same run in a container made for it
+                run = await self._run_once(runs, None, writes, command, limits, seed_dir, image, nonce)
+        finally:
+            self.runs.refill(key)
+            ended = [r.container_id for r in runs if r.container_id is not None]
+            removing = asyncio.get_running_loop().run_in_executor(self._pool, self._remove_runs, ended)
+            removing.add_done_callback(lambda _: self._slots.release())
+        return run
+
+    async def _run_once(self, runs: list[_Run], warm: WarmRun | None, *args) -> _Run:
         run = _Run()
-        async with self._slots:
-            future = asyncio.get_running_loop().run_in_executor(self._pool, self._run, run, *args)
-            try:
-                await asyncio.shield(future)
-            except asyncio.CancelledError:
-                # The caller gave up (deadline, shutdown): end the container now, not at its timeout.
-                run.cancelled = True
-                if run.container_id is not None:
-                    await asyncio.to_thread(self._kill_quietly, run.container_id)
-                await asyncio.wait([future])
-                raise
+        runs.append(run)
+        future = asyncio.get_running_loop().run_in_executor(self._pool, self._run, run, warm, *args)
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The caller gave up (deadline, shutdown): end the container now, not at its timeout.
+            run.cancelled = True
+            if run.container_id is not None:
+                await asyncio.to_thread(self._kill_quietly, run.container_id)
+            await asyncio.wait([future])
+            raise
         return run
 
     def _check_ready(self) -> None:
@@ -277,8 +314,9 @@ class DockerBackend(SandboxBackend):
         return reap_session_containers(self._client, self._owner)
 
     async def close(self) -> None:
-        """Remove the warm session containers and those still running (their calls end as errors or timeouts)."""
+        """Remove the warm containers and those still running (their calls end as errors or timeouts)."""
         await self.warm.close()
+        await self.runs.close()
 
         def remove_live() -> None:
             with self._live_lock:
@@ -295,8 +333,9 @@ class DockerBackend(SandboxBackend):
 
     # -- the blocking part, run in a worker thread -------------------------------------------------
 
-    def _prepare(self, writes: Writes, seed_dir: str | None) -> str:
-        work = self._folders.make()
+    def _prepare(self, writes: Writes, seed_dir: str | None, work: str | None = None) -> str:
+        """The run's host folder (`work`: a warm container's, its report file in it already), files staged."""
+        work = work or self._folders.make()
         stage_files(work, writes, seed_dir)
         Path(work, REPORT_NAME).touch()  # bind-mounted into /work: the run's one file on the host's disk
         if os.geteuid() == 0:
@@ -310,9 +349,19 @@ class DockerBackend(SandboxBackend):
         # the service's own (non-root) user, who owns the work folder.
         return f"{self._uid}:{self._gid}" if os.geteuid() == 0 else f"{os.getuid()}:{os.getgid()}"
 
+    def _start_warm_run(self, key: RunKey) -> WarmRun:
+        """A run container of `key` started ahead, with its own host folder (the report file); blocks."""
+        work = self._prepare([], None)
+        try:
+            return start_run_container(self.sessions, work, key)
+        except BaseException:
+            remove_tree(work)
+            raise
+
     def _run(
         self,
         run: _Run,
+        warm: WarmRun | None,
         writes: Writes,
         command: list[str],
         limits: ResourceLimits,
@@ -321,16 +370,21 @@ class DockerBackend(SandboxBackend):
         nonce: bytes | None,
     ) -> _Run:
         try:
-            work = self._prepare(writes, seed_dir)
+            work = self._prepare(writes, seed_dir, warm.work if warm else None)
         except OSError as exc:
+            if warm is not None:
+                discard_run(self._client, warm)
             run.error = f"cannot prepare the work folder: {exc}"
             return run
         try:
             staged = folder_bytes(work)
             if staged > self._max_disk_mb * 1024 * 1024:
+                if warm is not None:
+                    discard_run(self._client, warm)
                 run.error = f"the work folder's files ({staged} bytes) exceed DOCKYARD_SANDBOX_MAX_DISK_MB"
                 return run
-            self._run_container(run, work, ["sh", "-c", STAGE_COMMAND, "sh", *command], limits, image, nonce)
+            argv = ["sh", "-c", STAGE_COMMAND, "sh", *command]
+            self._run_container(run, warm, work, argv, limits, image, nonce)
             report = read_report(os.path.join(work, REPORT_NAME))
             run.disk_full = f"\n{DISK_FULL_FLAG}\n".encode() in b"\n" + report
             if nonce is not None and not run.error:
@@ -340,32 +394,47 @@ class DockerBackend(SandboxBackend):
         return run
 
     def _run_container(
-        self, run: _Run, work: str, command: list[str], limits: ResourceLimits, image: str, nonce: bytes | None
+        self,
+        run: _Run,
+        warm: WarmRun | None,
+        work: str,
+        command: list[str],
+        limits: ResourceLimits,
+        image: str,
+        nonce: bytes | None,
     ) -> None:
+        """`command` in a container made now, or in `warm` (started ahead: its launcher execs `command`)."""
         import docker.errors
 
         api = self._client.api
-        config = self.sessions.host(work=work, limits=limits)
-        container_id = None
+        container_id = warm.container_id if warm else None
+        launched = Launched() if warm else None  # a warm launcher's GO comes first on stdout
         start = time.monotonic()
         try:
             try:
-                container_id = create_container(
-                    api, image, command, user=self._container_user(), owner=self._owner, config=config
-                )
+                if warm is None:
+                    config = self.sessions.host(work=work, limits=limits)
+                    container_id = create_container(
+                        api, image, command, user=self._container_user(), owner=self._owner, config=config
+                    )
                 with self._live_lock:
                     self._live.add(container_id)
                 run.container_id = container_id
                 if run.cancelled:
                     run.error = "the call was cancelled before the container started"
                     return
-                # Attach before start: nothing the code prints is missed, and nothing goes to a log file.
-                stream = api.attach(container_id, stdout=True, stderr=True, stream=True, logs=False, demux=True)
-                stdin = api.attach_socket(container_id, params={"stdin": 1, "stream": 1})
-                api.start(container_id)
-                send_work_folder(stdin, work)
+                if warm is None:
+                    # Attach before start: nothing the code prints is missed, and nothing goes to a log file.
+                    stream = api.attach(container_id, stdout=True, stderr=True, stream=True, logs=False, demux=True)
+                    stdin = api.attach_socket(container_id, params={"stdin": 1, "stream": 1})
+                    api.start(container_id)
+                else:
+                    stream, stdin = warm.stream, warm.stdin
+                exited = exit_state(api, container_id, max(limits.timeout_seconds, 30) + 30)
+                send_work_folder(stdin, work, launch_header(command) if warm else b"")
             except (docker.errors.DockerException, OSError) as exc:
                 run.error = f"cannot start the container: {exc}"
+                run.warm_gone = warm is not None
                 return
             killer = threading.Timer(limits.timeout_seconds, self._kill, (run, container_id))
             killer.daemon = True
@@ -375,11 +444,13 @@ class DockerBackend(SandboxBackend):
             err = Capped(limits.max_output_bytes + (len(nonce) + 7 if nonce is not None else 0))
             try:
                 for chunk_out, chunk_err in stream:
+                    if chunk_out and launched is not None:
+                        chunk_out = launched.code_output(chunk_out)
                     if chunk_out:
                         out.add(chunk_out)
                     if chunk_err:
                         err.add(chunk_err)
-                state = api.wait(container_id, timeout=max(limits.timeout_seconds, 30) + 30)
+                state = exited.result()
                 run.exit_code = state.get("StatusCode", -1)
                 if run.exit_code == 137 and not run.timed_out:
                     if api.inspect_container(container_id)["State"].get("OOMKilled"):
@@ -390,23 +461,32 @@ class DockerBackend(SandboxBackend):
             finally:
                 killer.cancel()
                 stream.close()
+            if launched is not None and not launched.ok and not run.timed_out and not run.cancelled:
+                run.error, run.warm_gone = "the warm container was gone before its command started", True
             if run.timed_out:
                 run.exit_code = -9
             run.stdout, run.stderr = bytes(out.data), bytes(err.data)
             run.truncated = out.truncated or err.truncated
         finally:
             run.duration = time.monotonic() - start
-            if container_id is not None:
-                try:
-                    api.remove_container(container_id, force=True)
-                except docker.errors.NotFound:
-                    pass
-                except Exception as exc:
-                    log.warning(
-                        "container not removed; the next service start reaps it", id=container_id[:12], error=str(exc)
-                    )
-                with self._live_lock:
-                    self._live.discard(container_id)
+            if warm is not None:  # its attach connections, when an early return left them open
+                for closable in (warm.stdin, warm.stream):
+                    with contextlib.suppress(Exception):
+                        closable.close()
+
+    def _remove_runs(self, container_ids: list[str]) -> None:
+        """Remove ended runs' containers (a killed one's included)."""
+        import docker.errors
+
+        for container_id in container_ids:
+            try:
+                self._client.api.remove_container(container_id, force=True)
+            except docker.errors.NotFound:
+                pass
+            except Exception as exc:
+                log.warning("container not removed; the next start reaps it", id=container_id[:12], error=str(exc))
+            with self._live_lock:
+                self._live.discard(container_id)
 
     def _kill(self, run: _Run, container_id: str) -> None:
         run.timed_out = True

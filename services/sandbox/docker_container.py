@@ -25,6 +25,8 @@ import os
 import socket
 import stat
 import tarfile
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 from services.sandbox.backend import ResourceLimits
@@ -138,6 +140,21 @@ def create_container(
     )["Id"]
 
 
+def exit_state(api, container_id: str, timeout: float) -> Future:
+    """The engine's wait for the container's exit, asked now in a thread of its own (so the answer is there
+    as soon as its output ends, not a round trip later): a Future of the wait's reply."""
+    answer: Future = Future()
+
+    def wait() -> None:
+        try:
+            answer.set_result(api.wait(container_id, timeout=timeout))
+        except BaseException as exc:  # noqa: BLE001 -- handed to the caller
+            answer.set_exception(exc)
+
+    threading.Thread(target=wait, name="sandbox-wait", daemon=True).start()
+    return answer
+
+
 def folder_bytes(path: str) -> int:
     """Bytes of the regular files under `path` (links not followed)."""
     total = 0
@@ -147,11 +164,14 @@ def folder_bytes(path: str) -> int:
     return total
 
 
-def send_work_folder(sock, work: str) -> None:
-    """`work` (but the report file, which is bind-mounted) as a tar on the container's stdin, then EOF."""
+def send_work_folder(sock, work: str, header: bytes = b"") -> None:
+    """`header` (a warm container's command: docker_warm_runs.launch_header), then `work` (but the report
+    file, which is bind-mounted) as a tar on the container's stdin, then EOF."""
     raw = getattr(sock, "_sock", sock)
-    with raw.makefile("wb") as stream, tarfile.open(fileobj=stream, mode="w|") as tar:
-        tar.add(work, arcname=".", filter=lambda info: None if info.name == f"./{REPORT_NAME}" else info)
+    with raw.makefile("wb") as stream:
+        stream.write(header)
+        with tarfile.open(fileobj=stream, mode="w|") as tar:
+            tar.add(work, arcname=".", filter=lambda info: None if info.name == f"./{REPORT_NAME}" else info)
     raw.shutdown(socket.SHUT_WR)
     raw.close()
 

@@ -54,6 +54,12 @@ class SandboxSettings(ServiceSettings):
         description="Docker backend: most session containers kept started ahead per key (image, memory, CPU "
         "seconds, route) for the jobs that asked (PrepareSessions); 0: every session starts its own.",
     )
+    warm_runs: int = Field(
+        2,
+        ge=0,
+        description="Docker backend: run containers (Execute, RunTests) kept started ahead per key (image, memory, "
+        "CPU seconds), for a key's runs after its first, at most 4 keys at once; 0: every run starts its own.",
+    )
     image_cache_gb: float = Field(
         0.0,
         ge=0,

@@ -3,7 +3,8 @@
     WarmPool(start, discard, alive, size, reuse=False)
       take()   --> a waiting sandbox that is still alive, else one started now;
                    and in the background new ones started until `size` wait, are starting or
-                   (reuse) are out at a call
+                   (reuse) are out at a call (take(top_up=False): not now, but at the caller's top_up(),
+                   e.g. once its call ended, so the starts do not compete with the call for the CPU)
       one-call pool (reuse=False): the caller runs its one call in it, then ends it; never given back
       reusable pool: give_back(sandbox, reusable) --> waiting again when `reusable`, alive and within
                    `size`; discarded otherwise
@@ -54,8 +55,9 @@ class WarmPool(Generic[T]):
         self._out = 0  # reusable sandboxes taken and not yet given back
         self._closed = False
 
-    async def take(self) -> T:
-        """A started sandbox for a call; raises what `start` raises when none waits."""
+    async def take(self, *, top_up: bool = True) -> T:
+        """A started sandbox for a call; raises what `start` raises when none waits. Replacements start now,
+        or with `top_up=False` at the caller's top_up()."""
         if self._closed:
             raise OSError("the sandbox service is stopping")
         taken = None
@@ -68,7 +70,8 @@ class WarmPool(Generic[T]):
         if self._reuse:
             self._out += 1
         # Replacements start now, alongside the call: calls in a burst then find theirs under way.
-        self._top_up()
+        if top_up:
+            self._top_up()
         if taken is not None:
             return taken
         try:
@@ -107,6 +110,10 @@ class WarmPool(Generic[T]):
         self._size = size
         while self._waiting and len(self._waiting) + len(self._starting) + self._out > size:
             await self._discard(self._waiting.pop())
+        self._top_up()
+
+    def top_up(self) -> None:
+        """Start sandboxes in the background until `size` wait, are starting or are out."""
         self._top_up()
 
     def _top_up(self) -> None:

@@ -2,12 +2,15 @@
 
 Each test starts the service on the docker backend, runs one attack, checks the
 one property it is about, and then checks that the same service still scores an
-ordinary task correctly.
+ordinary task correctly. The attacks run in warm run containers (docker_warm_runs.py: the fixture, and
+the memory test for its own limit, warm their key first and wait for a waiting container), the path a
+scored task takes; a service's first run of a key, and still_serves' first calls, start their own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import time
 import uuid
@@ -20,6 +23,7 @@ from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.rpc.client import connect
 from services.sandbox.backend import DISK_FULL_MESSAGE
+from services.sandbox.docker_warm_runs import LAUNCHER_COMMAND, WARM_RUN_LABEL
 from tests.conftest import docker_sandbox_env
 
 pytestmark = pytest.mark.slow
@@ -57,29 +61,84 @@ def still_serves(service) -> None:
     assert (verdict.status, verdict.stdout) == (PASSED, "still here\n"), verdict
 
 
-def our_containers(service) -> list[str]:
-    """Ids of containers the service (by its pid) still has."""
+def waiting_warm_run(container: dict) -> bool:
+    """Whether a container is a warm run container still waiting for its run: running, and its PID 1 still
+    the launcher (a run's execs the run's command, and an ended one runs nothing)."""
+    if WARM_RUN_LABEL not in (container["Config"]["Labels"] or {}) or not container["State"]["Running"]:
+        return False
+    cmdline = Path(f"/proc/{container['State']['Pid']}/cmdline").read_bytes().split(b"\0")
+    return cmdline[:5] == [arg.encode() for arg in LAUNCHER_COMMAND]
+
+
+def our_containers(service, seconds: float = 15.0) -> list[str]:
+    """Ids of containers the service (by its pid) still has, other than warm run containers still waiting
+    for their run; waits up to `seconds` for the list to empty (an ended run's container is removed right
+    after its verdict is sent)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        out = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"label={LABEL}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        owned = []
+        for cid in out:
+            found = subprocess.run(["docker", "inspect", cid], capture_output=True, text=True)
+            if found.returncode != 0:
+                continue  # removed meanwhile
+            container = json.loads(found.stdout)[0]
+            if f"/{service.proc.pid}/" in container["Config"]["Labels"].get(LABEL, ""):
+                if not waiting_warm_run(container):
+                    owned.append(cid)
+        if not owned or time.monotonic() > deadline:
+            return owned
+        time.sleep(0.2)
+
+
+def waiting_for(service, memory_mb: int) -> set[str]:
+    """Ids of the service's warm run containers of `memory_mb` waiting for their run."""
     out = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label={LABEL}"],
-        capture_output=True,
-        text=True,
-        check=True,
+        ["docker", "ps", "-q", "--filter", f"label={WARM_RUN_LABEL}"], capture_output=True, text=True, check=True
     ).stdout.split()
-    owned = []
-    for cid in out:
-        label = subprocess.run(
-            ["docker", "inspect", "-f", f'{{{{index .Config.Labels "{LABEL}"}}}}', cid], capture_output=True, text=True
-        ).stdout
-        if f"/{service.proc.pid}/" in label:
-            owned.append(cid)
-    return owned
+    if not out:
+        return set()
+    found = subprocess.run(["docker", "inspect", *out], capture_output=True, text=True)
+    return {
+        c["Id"]
+        for c in json.loads(found.stdout or "[]")
+        if f"/{service.proc.pid}/" in c["Config"]["Labels"].get(LABEL, "")
+        and c["HostConfig"]["Memory"] == memory_mb * 1024 * 1024
+        and waiting_warm_run(c)
+    }
+
+
+def warm_up(service, memory_mb: int = 512) -> set[str]:
+    """Runs of the key (the default image, `memory_mb`, default CPU seconds) until one waits warm; its ids."""
+    for _ in range(2):  # a key gets its pool at its second run
+        assert python(service, "pass", memory_mb=memory_mb).status == PASSED
+    deadline = time.monotonic() + 60
+    while not (waiting := waiting_for(service, memory_mb)):
+        assert time.monotonic() < deadline, "no warm run container came"
+        time.sleep(0.2)
+    return waiting
 
 
 @pytest.fixture
 def sandbox(start_service, docker_sandbox_image):
-    return start_service(
+    service = start_service(
         "sandbox", docker_sandbox_env(docker_sandbox_image, docker_pids_limit="64", max_disk_mb=str(DISK_MB))
     )
+    warm_up(service)
+    return service
+
+
+def test_a_run_takes_a_waiting_container_and_is_removed(sandbox):
+    waiting = waiting_for(sandbox, 512)
+    verdict = python(sandbox, "print('warm')")
+    assert (verdict.status, verdict.stdout) == (PASSED, "warm\n"), verdict  # the launcher's GO is not output
+    assert waiting - waiting_for(sandbox, 512), "the run did not take a waiting container"
+    assert our_containers(sandbox) == []
 
 
 def test_no_network(sandbox):
@@ -184,6 +243,7 @@ while True:
 
 
 def test_memory_hog_is_killed(sandbox):
+    warm_up(sandbox, memory_mb=128)
     source = """
 chunks = []
 while True:
@@ -293,8 +353,5 @@ def test_a_caller_that_gives_up_ends_its_container(sandbox):
             assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
 
     asyncio.run(give_up())
-    deadline = time.monotonic() + 15
-    while our_containers(sandbox) and time.monotonic() < deadline:
-        time.sleep(0.5)
     assert our_containers(sandbox) == [], "the container outlived its cancelled call"
     still_serves(sandbox)
