@@ -304,8 +304,14 @@ class DockerBackend(SandboxBackend):
         from services.sandbox.images import ensure_env_image
 
         # Content-addressed: built once per requirement set from the wheelhouse (--network none), then reused.
-        tag = await asyncio.to_thread(ensure_env_image, self._client, self._image, list(requirements))
-        await asyncio.to_thread(self.images.added, tag)  # built by this service: the cache's, kept in bounds
+        built: list[str] = []
+        tag = await asyncio.to_thread(
+            ensure_env_image, self._client, self._image, list(requirements), on_build=built.append
+        )
+        if built:  # built by this service: the cache's, kept in bounds
+            await asyncio.to_thread(self.images.added, tag)
+        else:  # a use (of a cached image; one made elsewhere is not the cache's and stays untouched)
+            await asyncio.to_thread(self.images.touch, tag)
         return tag
 
     def reap_sessions(self) -> int:

@@ -11,8 +11,9 @@ The record (image -> last use, seconds since the epoch) is a JSON file in the wo
 (`dockyard-image-cache.json`), so a restarted service still knows what it pulled.
 
 Guarantees: only images this service recorded are ever removed, never one in `keep` (the default
-sandbox image), never one a container uses, so a session's or run's image is not pulled from under
-it; max_gb 0 evicts nothing. Not covered: an image's size is docker's size of it, layers shared
+sandbox image), never one a container uses, nor one used within the last `grace_seconds` (a session
+handed the image whose container is not created yet), so a session's or run's image is not pulled from
+under it; max_gb 0 evicts nothing. Not covered: an image's size is docker's size of it, layers shared
 with other images counted in each, so the cache may hold less than max_gb on disk; images another
 engineer or service pulled are not the cache's and are never touched.
 """
@@ -31,11 +32,22 @@ import structlog
 log = structlog.get_logger()
 
 STATE_NAME = "dockyard-image-cache.json"
+# How long after its last use an image is safe from eviction: a session opening on it creates its container within.
+GRACE_SECONDS = 300.0
 
 
 class ImageCache:
-    def __init__(self, client, max_gb: float, work_root: str | None, *, keep: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        client,
+        max_gb: float,
+        work_root: str | None,
+        *,
+        keep: Iterable[str] = (),
+        grace_seconds: float = GRACE_SECONDS,
+    ) -> None:
         self._client = client
+        self._grace = grace_seconds
         self._max_bytes = int(max_gb * 1024**3)
         self._path = os.path.join(work_root or tempfile.gettempdir(), STATE_NAME)
         self._keep = set(keep)
@@ -111,11 +123,11 @@ class ImageCache:
                     sizes[image] = self._client.images.get(image).attrs.get("Size", 0)
                 except docker.errors.ImageNotFound:
                     del state[image]  # removed by someone else: no longer the cache's
-            total, removed = sum(sizes.values()), []
+            total, removed, now = sum(sizes.values()), [], time.time()
             for image in sorted(sizes, key=lambda name: state[name]):
                 if total <= self._max_bytes:
                     break
-                if image in self._keep or self._in_use(image):
+                if image in self._keep or now - state[image] < self._grace or self._in_use(image):
                     continue
                 try:
                     self._client.images.remove(image)

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 BASE_IMAGE = "dockyard/sandbox-base:bookworm"
@@ -255,6 +255,8 @@ def ensure_env_image(
     base_image: str,
     requirements: Sequence[str],
     wheelhouse_dir: str | os.PathLike = DEFAULT_WHEELHOUSE,
+    *,
+    on_build: Callable[[str], None] | None = None,
 ) -> str:
     """A per-repository environment image: `base_image` plus `requirements` in /opt/venv. Returns its tag.
 
@@ -269,7 +271,8 @@ def ensure_env_image(
       built; the build itself runs with `--network none` and installs with `--no-index`.
     - The tag is `dockyard/env:<hash>` of (base image id, sorted requirements, recipe): the same
       inputs give the same tag and the image is built once; later calls return at once.
-      Thread-safe: concurrent calls for one tag build it once.
+      Thread-safe: concurrent calls for one tag build it once. `on_build(tag)` is called when this call
+      built the image (not when it was there already).
     - The image runs as uid 1000 in /work, like the sandbox image, so DockerBackend can use it as
       `image=`. Raises docker.errors.BuildError or subprocess.CalledProcessError on failure.
     """
@@ -288,6 +291,8 @@ def ensure_env_image(
         installed = [r for r in wanted if not is_project_folder(r)] + build_project_wheels(folders, wheels)
         with tempfile.TemporaryDirectory(prefix="dockyard-build-") as tmp:
             _build(client, _context(Path(tmp), ENV_DOCKERFILE, installed, wheels), tag, base_image, digest)
+        if on_build is not None:  # told of a build only, under the lock: a concurrent caller found it built
+            on_build(tag)
         return tag
 
 

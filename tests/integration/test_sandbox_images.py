@@ -28,15 +28,22 @@ def test_env_image_is_content_addressed_built_once_and_runs(docker_sandbox_image
     assert tag.startswith("dockyard/env:")
     # Same requirements in any order, duplicated: same tag, nothing rebuilt, no download.
     start = time.monotonic()
-    again = ensure_env_image(client, docker_sandbox_image, [*reversed(requirements), "six==1.16.0"], tmp_path / "none")
+    built: list[str] = []
+    again = ensure_env_image(
+        client, docker_sandbox_image, [*reversed(requirements), "six==1.16.0"], tmp_path / "none", on_build=built.append
+    )
     assert again == tag and time.monotonic() - start < 5
-    assert not (tmp_path / "none").exists()
+    assert not (tmp_path / "none").exists() and built == []  # found, not built: on_build is not called
     # Different requirements: a different tag.
     assert env_image_tag(client, docker_sandbox_image, ["six==1.16.0"]) != tag
 
     async def run() -> list:
-        backend = await DockerBackend.open(image=docker_sandbox_image, max_concurrency=2)
+        work = tmp_path / "work"
+        work.mkdir()
+        backend = await DockerBackend.open(image=docker_sandbox_image, max_concurrency=2, work_root=str(work))
         try:
+            # An image this backend did not build is never the image cache's (its eviction cannot remove it).
+            assert await backend.packages_image(requirements) == tag and tag not in backend.images.recorded()
             source = "import six, attrs, pytest, os; print(six.__version__, attrs.__version__, os.getuid())"
             in_env = await backend.execute({}, ["python", "-c", source], LIMITS, image=tag)
             in_default = await backend.execute({}, ["python", "-c", "import six"], LIMITS)

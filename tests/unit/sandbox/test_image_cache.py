@@ -59,12 +59,14 @@ def test_pull_missing_pulls_only_absent_images_and_records_them(tmp_path, clock)
 def test_eviction_removes_the_least_recently_used_unused_images_until_the_cache_fits(tmp_path, clock):
     engine = FakeEngine({"a": 2 * GB, "b": 2 * GB, "c": 2 * GB, "d": 2 * GB, "default": 5 * GB, "foreign": 9 * GB})
     engine.used = {"a"}  # a container uses the oldest
-    cache = ImageCache(engine, 9.5, str(tmp_path), keep={"default"})
+    cache = ImageCache(engine, 9.5, str(tmp_path), keep={"default"}, grace_seconds=60)
     for name in ("default", "a", "b", "c", "d"):
         clock[0] += 1
         cache.record(name)
     clock[0] += 1
     cache.touch("b")  # b used last: c is now the least recently used unused one
+    assert cache.evict() == []  # all used within the grace: a session may be opening on any of them
+    clock[0] += 60
     assert cache.evict() == ["c", "d"]  # 13 GB recorded: default kept, a in use, c then d out: 9 GB fit 9.5
     assert engine.removed == ["c", "d"] and "foreign" in engine.present
     assert set(cache.recorded()) == {"default", "a", "b"}
