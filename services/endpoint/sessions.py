@@ -47,6 +47,9 @@ Guarantees:
 - A session's sampling law is fixed when it opens: a greedy session (opened greedy by the service
   token, for validation) decodes every turn greedily; any other samples under the job's law. Nothing
   a later request sends changes it.
+
+Why over 400 lines: planning a turn (the three ways it extends a recorded turn) and recording it share
+the Plan and Turn shapes, whose fields each side reads; the store is the sessions' lifetime, a page.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ import openai
 
 from dockyard.api.rollout.v1 import rollout_pb2
 from dockyard.config import SamplingConfig
-from dockyard.models.tokenizer import build_char_tokenizer
 from dockyard.experience.routing_layout import RoutingShape
+from dockyard.models.tokenizer import build_char_tokenizer
 from services.endpoint.backend import Generated, JobModel, ReplicaLost, UnknownModel
 from services.endpoint.rendering import Renderer
 from services.endpoint.routing import Replica, Router

@@ -133,7 +133,9 @@ async def test_an_edited_history_opens_a_segment_that_carries_its_own_turns_rows
     assert message.routing == base64.b64decode(first["routing"])
     assert message.later_segments[0].routing == base64.b64decode(second["routing"])
     later = message.later_segments[0]
-    assert packed.routing_error(SHAPE, later.routing, len(later.prompt_token_ids), len(later.completion_token_ids)) is None
+    assert (
+        packed.routing_error(SHAPE, later.routing, len(later.prompt_token_ids), len(later.completion_token_ids)) is None
+    )
 
 
 async def test_a_dense_job_records_no_routing() -> None:
