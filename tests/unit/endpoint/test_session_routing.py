@@ -26,8 +26,9 @@ from dockyard.experience.routing_layout import RoutingShape
 from services.endpoint.app import create_app
 from services.endpoint.settings import EndpointSettings
 from services.trainer.requests import training_group
-from tests.unit.endpoint.scripted import TOKEN, ScriptedBackend, oa
+from tests.unit.endpoint.scripted import TOKEN, ScriptedBackend, an, oa
 from tests.unit.endpoint.test_trial_staging import ADMIN, JOB, staging
+from tests.unit.endpoint.thinking_tokenizer import build_thinking_tokenizer
 from tests.unit.endpoint.trials import VariedBackend, record
 
 SHAPE = RoutingShape(moe_layers=2, top_k=2, num_experts=256)
@@ -194,3 +195,26 @@ async def test_staged_trials_with_routing_assemble_into_the_groups_payload(redis
             assert later.routing.tobytes() == segment.routing
     assert len(expected[2].later_segments) == 1  # the edited history's segment came with its own routing
     await plane.close()
+
+
+async def test_a_budgeted_reply_has_its_first_calls_rows_then_the_answer_calls() -> None:
+    backend = routed(ScriptedBackend(build_thinking_tokenizer(), reasoning=True, limits=True))
+    backend.script = ["<think>long long reasoning</think>never", "the answer"]
+    app, http = app_of(backend)
+    opened = (await http.post("/v1/sessions", headers=ADMIN)).json()
+    await an(app, key=opened["api_key"]).messages.create(
+        model="job-1",
+        max_tokens=40,
+        messages=[{"role": "user", "content": "q"}],
+        thinking={"type": "enabled", "budget_tokens": 12},
+    )
+    got = (await http.get(f"/v1/sessions/{opened['session_id']}/trajectory", headers=ADMIN)).json()
+    [segment] = got["segments"]
+    [completion] = segment["turns"][0]["completions"]
+    assert completion["forced"]  # the budget ran out: the endpoint wrote the closing tag, a second call answered
+    prompt = len(backend.prompts[0])
+    routing = rows(segment)
+    assert len(routing) == len(segment["token_ids"]) - 1
+    # Call 0 ran the prompt and the 12 reasoning tokens but the last; call 1 ran that one, the forced tag and
+    # the answer but its last token.
+    assert ran_by(routing) == [0] * (prompt + 11) + [1] * (len(routing) - prompt - 11)
