@@ -13,9 +13,10 @@ import base64
 
 import httpx
 import numpy as np
+import pytest
 import redis
 
-from dockyard.agents.contract import StagedTrial, TrajectoryDocument
+from dockyard.agents.contract import ContractError, StagedTrial, TrajectoryDocument
 from dockyard.agents.trajectory import trajectory_message, trial_tokens
 from dockyard.api.buffer.v1 import buffer_pb2
 from dockyard.api.common.v1 import common_pb2
@@ -218,3 +219,18 @@ async def test_a_budgeted_reply_has_its_first_calls_rows_then_the_answer_calls()
     # Call 0 ran the prompt and the 12 reasoning tokens but the last; call 1 ran that one, the forced tag and
     # the answer but its last token.
     assert ran_by(routing) == [0] * (prompt + 11) + [1] * (len(routing) - prompt - 11)
+
+
+def test_a_recording_whose_routing_does_not_fit_its_tokens_is_a_contract_error() -> None:
+    segment = {"token_ids": [1, 2, 3], "loss_mask": [0, 1, 1], "logprobs": [0.0, -1.0, -1.0]}
+    segment["weight_versions"] = [-1, 0, 0]
+    shape = {"moe_layers": 2, "top_k": 2, "num_experts": 256}
+    fits = base64.b64encode(rows_of(2)).decode()
+    assert trial_tokens({"segments": [{**segment, "routing": fits}], "routing_shape": shape}, 64).segments[0].routing
+    for routing, recorded_shape in ((base64.b64encode(rows_of(3)).decode(), shape), (fits, None), ("%%", shape)):
+        with pytest.raises(ContractError, match="routing"):
+            trial_tokens({"segments": [{**segment, "routing": routing}], "routing_shape": recorded_shape}, 64)
+
+
+def rows_of(n: int) -> bytes:
+    return bytes(4 * n)
