@@ -111,5 +111,5 @@ def test_replaying_a_multi_turn_trials_routing_matches_the_recorded_logprobs(fam
     on = PolicyTrainer(config).train_step([group])
     assert 0 < off["routing_mismatch_fraction"] < 1 and 0 < on["routing_mismatch_fraction"] < 1
     assert on["gen_train_logprob_abs_diff"] < 1e-5
-    assert off["gen_train_logprob_abs_diff"] > 10 * on["gen_train_logprob_abs_diff"]
+    assert off["gen_train_logprob_abs_diff"] > 100 * on["gen_train_logprob_abs_diff"]
     assert np.isfinite(on["loss"])
