@@ -13,6 +13,10 @@ Guarantees:
 - The JSON of each model is exactly what `model_dump(mode="json")` gives: its fields in the order
   declared here, nothing renamed. Within schema version 1 (`TRAJECTORY_SCHEMA_VERSION`) fields may
   be added, never removed, renamed or given another meaning; a reader ignores fields it does not know.
+- A mixture-of-experts job that records routing (policy.record_routing, policy.routing_replay) has each
+  segment's `routing`: base64 of the expert ids of every kept position but the last, laid out as
+  common.v1.Trajectory.routing (dockyard/experience/routing_layout.py) with the document's
+  `routing_shape`; "" and null elsewhere (a document without them reads as one without routing).
 - `TrajectoryDocument.parse` and `SessionOpened.parse` accept a document only when every field is
   present with its type (a field added within the version takes its default when absent: the value
   that states what a document before it meant) and a segment's token lists are the same length; anything else (another
@@ -91,6 +95,14 @@ def _same_lengths(segment: SegmentTokens | Segment) -> None:
         raise ValueError("token_ids, loss_mask, logprobs and weight_versions differ in length")
 
 
+class RoutingShape(BaseModel):
+    """The layout of the segments' routing: per position, `moe_layers` × `top_k` expert ids of `num_experts`."""
+
+    moe_layers: int
+    top_k: int
+    num_experts: int
+
+
 class Completion(BaseModel):
     """One sampled completion of a turn."""
 
@@ -141,6 +153,9 @@ class Segment(BaseModel):
     logprobs: list[float]
     weight_versions: list[int]
     turns: list[Turn]
+    # The experts each kept position but the last was routed to, by the turn that first ran it (base64 of
+    # the packed ids, the document's routing_shape); "": none recorded.
+    routing: str = ""
 
     @model_validator(mode="after")
     def _aligned(self) -> Self:
@@ -166,6 +181,8 @@ class TrajectoryDocument(_Document):
     segments: list[Segment]
     # Completions in no segment's tokens (not trained), per reason (ABANDONED_REASONS).
     abandoned: dict[str, int] = {}
+    # The layout of the segments' routing; None: no routing recorded.
+    routing_shape: RoutingShape | None = None
 
     @field_validator("schema_version")
     @classmethod
@@ -184,6 +201,7 @@ class SegmentTokens(BaseModel):
     loss_mask: list[int]
     logprobs: list[float]
     weight_versions: list[int]
+    routing: str = ""
 
     @model_validator(mode="after")
     def _aligned(self) -> Self:
@@ -197,6 +215,7 @@ class RecordedTokens(_Document):
     what: ClassVar[str] = "recorded trajectory"
 
     segments: list[SegmentTokens]
+    routing_shape: RoutingShape | None = None
 
 
 class SessionOpened(_Document):

@@ -14,18 +14,24 @@ get logprob 0.0; the whole trajectory is cut to at most `max_tokens` unique toke
 count from where it stops sharing a prefix with an earlier segment (so a history the scaffold edited
 counts its repeated context once, and each row still fits `max_tokens` positions); the cut keeps time
 order (after a cut segment nothing later is kept; one left with no sampled token is dropped); the weight
-version is the oldest that sampled any kept token. A recording is read through the contract's models
+version is the oldest that sampled any kept token. A segment's routing (a mixture-of-experts job's:
+one row per position but the last, base64 in the document) is cut with its tokens, so a kept segment
+of n tokens keeps n - 1 rows, and travels as the Trajectory's `routing` (the first segment) and each
+later Segment's, with the document's `routing_shape`. A recording is read through the contract's models
 (dockyard/agents/contract.py): one that does not fit is a ContractError.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
-from dockyard.agents.contract import RecordedTokens, TrajectoryDocument
+from dockyard.agents.contract import ContractError, RecordedTokens, TrajectoryDocument
 from dockyard.api.common.v1 import common_pb2
+from dockyard.experience.routing_layout import RoutingShape
 
 
 @dataclass
@@ -34,11 +40,13 @@ class TrialSegment:
     completion_ids: list[int]
     logprobs: list[float]
     loss_mask: list[int]
+    routing: bytes = b""  # the expert ids of every position but the last (routing_shape); b"": none recorded
 
 
 @dataclass
 class TrialTokens:
     segments: list[TrialSegment] = field(default_factory=list)
+    routing_shape: RoutingShape | None = None  # the layout of the segments' routing; None: none recorded
     weight_version: int = 0
     truncated: bool = False
     unique_tokens: int = 0  # what the budget counts: each token of the rows' common prefixes once
@@ -75,17 +83,23 @@ def trial_tokens(recorded: TrajectoryDocument | RecordedTokens | dict[str, Any],
     if isinstance(recorded, dict):
         recorded = RecordedTokens.parse(recorded)
     out = TrialTokens()
+    shape = recorded.routing_shape
+    if shape is not None:
+        out.routing_shape = RoutingShape(shape.moe_layers, shape.top_k, shape.num_experts)
     versions: list[int] = []
     rows: list[list[int]] = []  # every segment's kept ids, sorted: the longest shared prefix is a neighbour's
     for segment in recorded.segments:
         ids, mask = list(segment.token_ids), list(segment.loss_mask)
         logprobs, kept_versions = list(segment.logprobs), list(segment.weight_versions)
+        routing = _routing(segment.routing, len(ids), out.routing_shape)
         at = bisect.bisect(rows, ids)
         shared = max((_common_prefix(ids, row) for row in rows[max(at - 1, 0) : at + 1]), default=0)
         room = shared + max_tokens - out.unique_tokens
         if len(ids) > room:
             out.truncated = True
             ids, mask, logprobs, kept_versions = ids[:room], mask[:room], logprobs[:room], kept_versions[:room]
+            if routing:  # one row per kept position but the last
+                routing = routing[: max(room - 1, 0) * out.routing_shape.bytes_per_position]
         out.unique_tokens += max(len(ids) - shared, 0)
         bisect.insort(rows, ids)
         start = next((i for i, m in enumerate(mask) if m), None)
@@ -96,6 +110,7 @@ def trial_tokens(recorded: TrajectoryDocument | RecordedTokens | dict[str, Any],
                     completion_ids=ids[start:],
                     logprobs=[lp if m else 0.0 for lp, m in zip(logprobs[start:], mask[start:], strict=True)],
                     loss_mask=mask[start:],
+                    routing=routing,
                 )
             )
             versions += [v for v, m in zip(kept_versions, mask, strict=True) if m and v >= 0]
@@ -103,6 +118,23 @@ def trial_tokens(recorded: TrajectoryDocument | RecordedTokens | dict[str, Any],
             break  # the budget ran out here: what the trial did after is not kept
     out.weight_version = min(versions, default=0)
     return out
+
+
+def _routing(encoded: str, tokens: int, shape: RoutingShape | None) -> bytes:
+    """A recorded segment's routing bytes; ContractError unless they are one row of `shape` per token but the last."""
+    if not encoded:
+        return b""
+    try:
+        data = base64.b64decode(encoded, validate=True)
+    except binascii.Error as exc:
+        raise ContractError(f"not a recorded trajectory: a segment's routing is not base64 ({exc})") from None
+    rows = max(tokens - 1, 0)
+    if shape is None or len(data) != rows * shape.bytes_per_position:
+        raise ContractError(
+            f"not a recorded trajectory: a segment of {tokens} tokens has {len(data)} bytes of routing; it needs "
+            f"{rows} rows of the routing_shape ({shape})"
+        )
+    return data
 
 
 def metadata_message(weight_version: int, sampled_tokens: int, **fields: Any) -> common_pb2.Trajectory:
@@ -114,17 +146,19 @@ def trajectory_message(tokens: TrialTokens, **fields: Any) -> common_pb2.Traject
     """The trial's tokens as the common Trajectory, with `fields` (its id, verdict, ...) set beside them:
     metadata_message's fields plus the arrays, so the two paths' metadata are the same."""
     first, *later = tokens.segments
-    return common_pb2.Trajectory(
+    message = common_pb2.Trajectory(
         prompt_token_ids=first.prompt_ids,
         completion_token_ids=first.completion_ids,
         completion_logprobs=first.logprobs,
         completion_loss_mask=first.loss_mask,
+        routing=first.routing,
         later_segments=[
             common_pb2.Segment(
                 prompt_token_ids=s.prompt_ids,
                 completion_token_ids=s.completion_ids,
                 completion_logprobs=s.logprobs,
                 completion_loss_mask=s.loss_mask,
+                routing=s.routing,
             )
             for s in later
         ],
@@ -132,6 +166,12 @@ def trajectory_message(tokens: TrialTokens, **fields: Any) -> common_pb2.Traject
         sampled_tokens=tokens.sampled_tokens,
         **fields,
     )
+    shape = tokens.routing_shape
+    if shape is not None and any(s.routing for s in tokens.segments):
+        message.routing_shape.CopyFrom(
+            common_pb2.RoutingShape(moe_layers=shape.moe_layers, top_k=shape.top_k, num_experts=shape.num_experts)
+        )
+    return message
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -415,12 +415,4 @@ def _routing_errors(config: Any) -> list[tuple[str, str]]:
                 "the routers' replay hooks run eagerly, not inside compiled layers: set policy.compile_layers=false",
             )
         )
-    if config.env.agentic:
-        errors.append(
-            (
-                field,
-                "multi-turn trials (env.tools or a scaffold) do not record routing through the policy endpoint "
-                "yet; routing is recorded for single-turn generation only",
-            )
-        )
     return errors

@@ -10,8 +10,12 @@ A part is the payload (payload.py) of one trajectory; `assemble` lays the group'
 payload of the whole group, byte for byte what `payload.pack` makes of the same trajectories (the
 columns of each part, one after the other), so the buffer and the trainer read an agent group exactly
 as they read any group. A trial with no tokens (it failed before its first sampled token) has no part
-and no segment in the group's payload. The assembly copies the bytes once inside Redis (no client
-holds them); a 16 MiB group blocks Redis for a few milliseconds.
+and no segment in the group's payload. Parts of payload versions 1 and 2 are read: a mixture-of-experts
+job's parts carry routing (version 2: per-segment flags, the routing shape, the routed segments' ids),
+and the group's payload is version 2, with the one shape and the parts' routing in order, as soon as
+one part is (a version 1 part's mask flags are version 2's flags as they are; a part of another
+routing shape than an earlier one is PartGone: the two cannot be one payload). The assembly copies the
+bytes once inside Redis (no client holds them); a 16 MiB group blocks Redis for a few milliseconds.
 
 Guarantees: a part is checked before it is staged (dockyard.experience.checks, as a valid trajectory:
 the strictest case), so an assembled payload holds only what the trainer can train on; `assemble` is
@@ -35,25 +39,50 @@ from dockyard.experience.data_plane import DataPlane, PayloadGone
 # KEYS[1]: the group's new staged key; KEYS[2..]: the parts, in trajectory order. ARGV[1]: the expiry in
 # seconds; ARGV[2]: one character per trajectory, '1' when it has a part (the next key), '0' when not.
 ASSEMBLE = """
-local has, k, nmask = ARGV[2], 2, 0
-local counts, tables, ids, logprobs, masks = {}, {}, {}, {}, {}
+local has, k, nmask, nrouting = ARGV[2], 2, 0, 0
+local version, shape = 1, nil
+local counts, tables, ids, logprobs, masks, routings = {}, {}, {}, {}, {}, {}
 for t = 1, #has do
   if string.sub(has, t, t) == '1' then
     local p = redis.call('GET', KEYS[k])
     if not p then return redis.error_reply('PARTGONE ' .. KEYS[k]) end
-    if string.len(p) < 12 or string.sub(p, 1, 4) ~= 'DYP\\1' or struct.unpack('<I4', p, 5) ~= 1 then
+    local v = string.sub(p, 1, 4)
+    if string.len(p) < 12 or (v ~= 'DYP\\1' and v ~= 'DYP\\2') or struct.unpack('<I4', p, 5) ~= 1 then
       return redis.error_reply('PARTGONE not a one-trajectory payload: ' .. KEYS[k])
     end
     local nseg = struct.unpack('<I4', p, 9)
-    local at, nid, nlp, nm = 13, 0, 0, 0
+    local at, nid, nlp, nm, nr = 13, 0, 0, 0, 0
     for s = 1, nseg do
-      local prompt, completion, has_mask = struct.unpack('<I4I4I4', p, at)
+      local prompt, completion, flags = struct.unpack('<I4I4I4', p, at)
       at = at + 12
       nid = nid + prompt + completion
       nlp = nlp + completion
-      if has_mask ~= 0 then nm = nm + completion end
+      if v == 'DYP\\1' then
+        if flags ~= 0 then nm = nm + completion end
+      else
+        if flags % 2 == 1 then nm = nm + completion end
+        if math.floor(flags / 2) % 2 == 1 then nr = nr + math.max(prompt + completion - 1, 0) end
+      end
     end
-    if string.len(p) ~= at - 1 + 4 * (nid + nlp) + nm + (4 - nm % 4) % 4 then
+    local size = at - 1 + 4 * (nid + nlp) + nm + (4 - nm % 4) % 4
+    local routing = ''
+    if v == 'DYP\\2' then
+      if string.len(p) < size + 12 then
+        return redis.error_reply('PARTGONE its length does not match its header: ' .. KEYS[k])
+      end
+      local this = string.sub(p, size + 1, size + 12)
+      if shape and shape ~= this then
+        return redis.error_reply('PARTGONE its routing shape differs from an earlier one: ' .. KEYS[k])
+      end
+      shape, version = this, 2
+      local layers, topk, experts = struct.unpack('<I4I4I4', this, 1)
+      local width = 1
+      if experts > 256 then width = 2 end
+      local nbytes = nr * layers * topk * width
+      routing = string.sub(p, size + 13, size + 12 + nbytes)
+      size = size + 12 + nbytes + (4 - nbytes % 4) % 4
+    end
+    if string.len(p) ~= size then
       return redis.error_reply('PARTGONE its length does not match its header: ' .. KEYS[k])
     end
     counts[#counts + 1] = struct.pack('<I4', nseg)
@@ -63,14 +92,22 @@ for t = 1, #has do
     logprobs[#logprobs + 1] = string.sub(p, at, at + 4 * nlp - 1)
     at = at + 4 * nlp
     masks[#masks + 1] = string.sub(p, at, at + nm - 1)
+    routings[#routings + 1] = routing
     nmask = nmask + nm
+    nrouting = nrouting + string.len(routing)
     k = k + 1
   else
     counts[#counts + 1] = struct.pack('<I4', 0)
   end
 end
-local out = table.concat({'DYP\\1', struct.pack('<I4', #has), table.concat(counts), table.concat(tables),
-  table.concat(ids), table.concat(logprobs), table.concat(masks), string.rep('\\0', (4 - nmask % 4) % 4)})
+local parts = {'DYP' .. string.char(version), struct.pack('<I4', #has), table.concat(counts), table.concat(tables),
+  table.concat(ids), table.concat(logprobs), table.concat(masks), string.rep('\\0', (4 - nmask % 4) % 4)}
+if version == 2 then
+  parts[#parts + 1] = shape
+  parts[#parts + 1] = table.concat(routings)
+  parts[#parts + 1] = string.rep('\\0', (4 - nrouting % 4) % 4)
+end
+local out = table.concat(parts)
 redis.call('SET', KEYS[1], out, 'EX', ARGV[1])
 for i = 2, #KEYS do redis.call('DEL', KEYS[i]) end
 return string.len(out)

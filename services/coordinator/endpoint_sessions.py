@@ -13,9 +13,10 @@ Guarantees: the data plane a session stages to is named only here, by the servic
 session opens; the cut (grpo.max_trial_tokens) is trial_tokens' on either path, so a Recording's
 message and staged part hold the same tokens the carried path would have (tests/contract: the
 trainer's batch compared exactly); `received_bytes` counts the token arrays that came here (4 per
-token id, logprob and weight version, 1 per loss-mask value, over the recorded segments; 0 when the
-endpoint staged them). An endpoint that cannot be reached or answers an error is TrialLost; a reply
-that is not the contract's is a ContractError. `discard` never raises: a part it cannot delete expires.
+token id, logprob and weight version, 1 per loss-mask value, plus a routed segment's routing as it
+came, base64, over the recorded segments; 0 when the endpoint staged them). An endpoint that cannot be
+reached or answers an error is TrialLost; a reply that is not the contract's is a ContractError.
+`discard` never raises: a part it cannot delete expires.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def _carried(document: TrajectoryDocument, max_tokens: int) -> Recording:
         **trial_summary(document, tokens),
         tokens=tokens,
         received_bytes=sum(
-            4 * (len(s.token_ids) + len(s.logprobs) + len(s.weight_versions)) + len(s.loss_mask)
+            4 * (len(s.token_ids) + len(s.logprobs) + len(s.weight_versions)) + len(s.loss_mask) + len(s.routing)
             for s in document.segments
         ),
     )

@@ -3,9 +3,10 @@
     model (= job id) ──Jobs.renderer──> GetJob ─> <run_dir>/config.yaml ─> load_tokenizer ─> Renderer (cached)
                                                                        └─> policy.tool_call_format ─> format
                                                                        └─> policy.generation (the sampling law)
+                                                                       └─> policy.records_routing (routing)
     session ──pick──> ListMembers: ALIVE rollout replicas holding the job ──Router.route──> sticky, else least
         loaded (services/endpoint/routing.py; a new session may wait for admission)
-    prompt ids ──complete──> RolloutService.Generate(prompt_token_ids, top_logprobs) on that replica
+    prompt ids ──complete──> RolloutService.Generate(prompt_token_ids, top_logprobs, return_routing) on that replica
         (GenerateStream for a streamed reply: tokens passed on as they are sampled)
         ──replica fails the call──> left out; the call goes to another live replica (the session moves)
 
@@ -39,6 +40,8 @@ from dockyard.api.common.v1 import common_pb2
 from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from dockyard.config import SamplingConfig, load_config_text
+from dockyard.experience.payload import shape_of
+from dockyard.experience.routing_layout import RoutingShape
 from dockyard.images import ImageLimits
 from dockyard.models.load import load_tokenizer
 from dockyard.rpc.client import connect
@@ -75,6 +78,8 @@ class JobModel:
     sampling: SamplingConfig | None = None
     # Whether the model writes a thinking block (policy.reasoning, services/endpoint/reasoning.py).
     reasoning: bool = False
+    # Whether the job records its mixture-of-experts routing (policy.records_routing): every Generate asks for it.
+    routing: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,9 @@ class Generated:
     weight_version: int
     weight_versions: list[int]
     replica: str
+    # With routing asked for (a mixture-of-experts policy's): every prompt position's expert ids, and their layout.
+    prompt_routing: bytes = b""
+    routing_shape: RoutingShape | None = None
 
 
 def load_job_model(job_id: str, folder: Path) -> JobModel:
@@ -106,6 +114,7 @@ def load_job_model(job_id: str, folder: Path) -> JobModel:
         ImageLimits.from_generation(cfg.policy.generation),
         sampling=cfg.policy.generation,
         reasoning=reasoning_enabled(cfg.policy.reasoning, str(tokenizer.chat_template)),
+        routing=cfg.policy.records_routing,
     )
 
 
@@ -226,8 +235,10 @@ class Backend:
         on_tokens: TokenSink | None = None,
         *,
         top_logprobs: int = 0,
+        routing: bool = False,
     ) -> Generated:
-        """Generate on the session's replica (top_logprobs: Generate's alternatives per sampled token); a
+        """Generate on the session's replica (top_logprobs: Generate's alternatives per sampled token;
+        routing: Generate's return_routing); a
         replica that fails the call is left and the call goes to another live one (safe: nothing of a
         failed call was recorded), else ReplicaLost. With `on_tokens`
         the call streams (GenerateStream), each completion's tokens passed on as they come; a replica that
@@ -259,6 +270,7 @@ class Backend:
                     images,
                     passed_on if on_tokens else None,
                     top_logprobs=top_logprobs,
+                    routing=routing,
                 )
             except ReplicaLost as exc:
                 lost = exc
@@ -283,6 +295,7 @@ class Backend:
         on_tokens: TokenSink | None = None,
         *,
         top_logprobs: int = 0,
+        routing: bool = False,
     ) -> Generated:
         """One Generate call on `replica` (GenerateStream with `on_tokens`): GenerateRefused for the caller's
         fault, ReplicaLost for the replica's.
@@ -297,6 +310,7 @@ class Backend:
             num_samples=n,
             sampling=sampling,
             top_logprobs=top_logprobs,
+            return_routing=routing,
         )
         if images is None:
             request.prompt_token_ids.extend(prompt_ids)
@@ -324,6 +338,8 @@ class Backend:
             reply.weight_version,
             list(reply.weight_versions),
             name,
+            reply.prompt_routing,
+            shape_of(reply.routing_shape) if reply.HasField("routing_shape") else None,
         )
 
     async def _stream(

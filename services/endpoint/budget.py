@@ -9,7 +9,10 @@ logprob 0.0, weight version -1 and no top_logprobs alternatives), so the recorde
 never as an action; s2 is
 sampled in exactly the context recorded before it (the prompt, s1 and the forced tag); a first call
 that ends the reply itself (eos, or a stop string of the request's) is the whole reply; the budget
-and the answer share the reply's token limit (forced tokens do not count against it).
+and the answer share the reply's token limit (forced tokens do not count against it). With routing,
+the reply's rows are s1's, then the second call's prompt rows from where s1's end (s1's last token and
+the forced tag, routed by its prefill), then s2's: one row per reply position but the last, as a
+single call's.
 """
 
 from __future__ import annotations
@@ -39,11 +42,22 @@ class Reply:
     versions: list[int] = field(default_factory=list)  # per token; empty: the turn's weight version
     # Per token when top_logprobs was asked: its step's (token ids, logprobs); a forced id has none.
     top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    # With routing: the rows of token_ids' positions but the last, and the completion's own prompt rows where
+    # its prompt was routed otherwise than the call's (Completion.prompt_routing; b"": the call's).
+    routing: bytes = b""
+    prompt_routing: bytes = b""
 
     @classmethod
     def sampled(cls, completion) -> Reply:
         tops = [(list(top.token_ids), list(top.logprobs)) for top in completion.top_logprobs]
-        return cls(list(completion.token_ids), list(completion.logprobs), completion.finish_reason, top_logprobs=tops)
+        return cls(
+            list(completion.token_ids),
+            list(completion.logprobs),
+            completion.finish_reason,
+            top_logprobs=tops,
+            routing=completion.routing,
+            prompt_routing=completion.prompt_routing,
+        )
 
 
 def _params(params: common_pb2.SamplingParams, **changes) -> common_pb2.SamplingParams:
@@ -69,6 +83,7 @@ async def complete_budgeted(
     opened: bool,
     *,
     top_logprobs: int = 0,
+    routing: bool = False,
 ) -> tuple[Generated, list[Reply]]:
     """The first call's Generated (its replica and weight version) and each completion as a Reply (both calls
     ask Generate for `top_logprobs` alternatives per sampled token)."""
@@ -76,7 +91,9 @@ async def complete_budgeted(
         most = MAX_STOP_STRINGS - 1
         raise BadRequest(f"stop: a thinking budget needs one stop string of its own; send at most {most}")
     first = _params(params, max_new_tokens=budget, stop=[*params.stop, CLOSE])
-    generated = await backend.complete(model_id, session_id, prompt_ids, n, first, top_logprobs=top_logprobs)
+    generated = await backend.complete(
+        model_id, session_id, prompt_ids, n, first, top_logprobs=top_logprobs, routing=routing
+    )
 
     async def finish(completion) -> Reply:
         reply = Reply.sampled(completion)
@@ -95,8 +112,15 @@ async def complete_budgeted(
             1,
             _params(params, max_new_tokens=left),
             top_logprobs=top_logprobs,
+            routing=routing,
         )
         answer = more.completions[0]
+        if routing and more.routing_shape is not None:
+            per = more.routing_shape.bytes_per_position
+            ran = len(prompt_ids) + len(reply.routing) // per  # positions with a row so far
+            reply.routing += (answer.prompt_routing or more.prompt_routing)[ran * per :] + answer.routing
+        else:
+            reply.routing = b""
         start = len(reply.token_ids)
         reply.token_ids += [*forced, *answer.token_ids]
         reply.logprobs += [0.0] * len(forced) + list(answer.logprobs)

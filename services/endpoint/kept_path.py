@@ -15,27 +15,36 @@ Guarantees:
   `dropped` (the next prompt went on from the reply's context without it), `unchosen` (another choice
   of an n > 1 turn was taken), `branch` (the scaffold went back to an earlier point). Abandoned
   completions stay listed in their turn (`trained` false, `abandoned` saying why) and in no row.
+- Routing (with a routing shape): a segment's `routing` holds one row per kept position but the last,
+  each the row of the first turn on the kept path that ran that position (its prefill, or its prefix
+  cache's row, and its sampled tokens), so it is aligned with `token_ids` position by position. A
+  segment one of whose kept turns returned no routing carries none ("").
 - Invalid actions: each trained completion that is malformed, plus each turn whose reply was dropped
   (the scaffold refused it as an action: mini-swe-agent's format error).
 """
 
 from __future__ import annotations
 
+import base64
 from collections import Counter
 from typing import Any
 
 from dockyard.agents import contract
 from dockyard.agents.contract import ABANDONED_REASONS
+from dockyard.experience.routing_layout import RoutingShape
 
 # sessions.Segment, which imports this module (so it is not imported here).
 Segment = Any
 
 
-def segments(recorded: list[Segment]) -> tuple[list[contract.Segment], dict[str, int], int]:
+def segments(
+    recorded: list[Segment], routing_shape: RoutingShape | None = None
+) -> tuple[list[contract.Segment], dict[str, int], int]:
     """(the contract's segments, abandoned completions by why, invalid actions) of a session's segments."""
     out, abandoned, invalid = [], Counter[str](), 0
+    per = routing_shape.bytes_per_position if routing_shape is not None else 0
     for segment in recorded:
-        document, left, bad = _segment(segment)
+        document, left, bad = _segment(segment, per)
         out.append(document)
         abandoned.update(left)
         invalid += bad
@@ -53,7 +62,7 @@ def _path(segment: Segment) -> dict[int, tuple[str, int]]:
     return path
 
 
-def _segment(segment: Segment) -> tuple[contract.Segment, Counter[str], int]:
+def _segment(segment: Segment, per: int) -> tuple[contract.Segment, Counter[str], int]:
     path = _path(segment) if segment.turns else {}
     # Why each turn off the kept path, or whose reply the path does not take, was left.
     left_as = {i: {"retry": "retry", "context": "dropped"}.get(use, "") for i, (use, _) in path.items()}
@@ -64,6 +73,8 @@ def _segment(segment: Segment) -> tuple[contract.Segment, Counter[str], int]:
     mask: list[int] = []
     logprobs: list[float] = []
     versions: list[int] = []
+    routing = bytearray()  # one row per kept position run so far (per bytes each)
+    routed = per > 0
     abandoned: Counter[str] = Counter()
     invalid = 0
     turns = []
@@ -80,6 +91,12 @@ def _segment(segment: Segment) -> tuple[contract.Segment, Counter[str], int]:
             logprobs += [0.0] * len(new)
             versions += [-1] * len(new)
             sampled = turn.completions[choice]
+            if routed:
+                # Rows this turn holds from routing_from on; those the path already has are an earlier turn's.
+                rows = sampled.prompt_routing or turn.prompt_routing
+                skip = len(routing) // per - turn.routing_from
+                routed = bool(rows) and skip >= 0
+                routing += rows[skip * per :] + sampled.routing
             forced = set(sampled.forced)
             ids += sampled.token_ids
             mask += [int(k not in forced) for k in range(len(sampled.token_ids))]
@@ -120,4 +137,6 @@ def _segment(segment: Segment) -> tuple[contract.Segment, Counter[str], int]:
         weight_versions=versions,
         turns=turns,
     )
+    if routed and len(routing) >= (need := max(len(ids) - 1, 0) * per):
+        document.routing = base64.b64encode(bytes(routing[:need])).decode()
     return document, abandoned, invalid

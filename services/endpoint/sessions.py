@@ -39,9 +39,17 @@ Guarantees:
   (SessionLimit). A session takes at most `max_turns` turns (SessionLimit). A session that is not
   held is created only when the caller may open one (`open(create=True)`: the service token's
   calls); otherwise it is UnknownSession, so a deleted or idle-dropped session's key revives nothing.
+- Routing (a mixture-of-experts job that records it, docs/moe-routing.md): each turn keeps the expert
+  ids of the positions it may be the first on its segment's kept path to run: the prompt from where
+  its parent's kept row ends (`routing_from`: 0 at a segment's start, the parent's last sampled token
+  after a reply, the parent's own start after a retry or a dropped reply) and each completion's
+  sampled tokens but the last; so a turn holds the rows of its new positions, not its whole prompt.
 - A session's sampling law is fixed when it opens: a greedy session (opened greedy by the service
   token, for validation) decodes every turn greedily; any other samples under the job's law. Nothing
   a later request sends changes it.
+
+Why over 400 lines: planning a turn (the three ways it extends a recorded turn) and recording it share
+the Plan and Turn shapes, whose fields each side reads; the store is the sessions' lifetime, a page.
 """
 
 from __future__ import annotations
@@ -55,7 +63,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dockyard.agents.contract import RoutingShape as ContractShape
 from dockyard.agents.contract import SessionStatus, TrajectoryDocument, TrialStaging
+from dockyard.experience.routing_layout import RoutingShape
 from services.endpoint import kept_path
 from services.endpoint.reasoning import without_reasoning
 from services.endpoint.rendering import Message, Renderer, bridge
@@ -107,6 +117,11 @@ class Sampled:
     forced: list[int] = field(default_factory=list)
     # Per token, the weight version that sampled it (-1 at forced ones); empty: the turn's weight_version.
     versions: list[int] = field(default_factory=list)
+    # Routing: the expert ids of token_ids' positions but the last (packed, the session's routing_shape),
+    # and this completion's own prompt rows where its prompt was routed otherwise (from the turn's
+    # routing_from once recorded; b"": the turn's). Both b"" without routing.
+    routing: bytes = b""
+    prompt_routing: bytes = b""
 
 
 @dataclass
@@ -128,6 +143,9 @@ class Turn:
     parent: int = -1
     extends: str = "start"
     parent_choice: int = 0
+    # The expert ids of prompt positions routing_from.. (packed; b"" without routing): see the module docstring.
+    routing_from: int = 0
+    prompt_routing: bytes = b""
 
 
 @dataclass
@@ -168,6 +186,7 @@ class Session:
         self.segments: list[Segment] = []
         self.splits: Counter[str] = Counter()
         self.turns = 0
+        self.routing_shape: RoutingShape | None = None  # set by the first turn that returns routing
         self.last_used = now
         self.replica: str | None = None
         self.ended: str | None = None
@@ -263,12 +282,35 @@ class Session:
         ids = [*turn.prompt_ids[:end], *renderer.encode(tail)]
         return Plan(ids, tail, messages, tools, None, 0, end, i, "context", digest)
 
-    def record(self, plan: Plan, completions: list[Sampled], weight_version: int, weight_versions: list[int]) -> None:
+    def record(
+        self,
+        plan: Plan,
+        completions: list[Sampled],
+        weight_version: int,
+        weight_versions: list[int],
+        prompt_routing: bytes = b"",
+        routing_shape: RoutingShape | None = None,
+    ) -> None:
+        """Record a finished turn; with routing, `prompt_routing` holds every prompt position's row and each
+        completion's (its prompt_routing too, where set) is kept from the turn's routing_from on."""
         if plan.new_segment is not None:
             if self.segments:
                 self.splits[plan.new_segment] += 1
             self.segments.append(Segment(reason=plan.new_segment, tools=plan.tools))
         segment = self.segments[-1]
+        start, per = 0, 0
+        if routing_shape is not None and prompt_routing:
+            self.routing_shape = self.routing_shape or routing_shape
+            per = routing_shape.bytes_per_position
+            if plan.new_segment is None and plan.extends == "reply":
+                start = max(plan.tail_from - 1, 0)  # the parent's last sampled token: no forward of its turn ran it
+            elif plan.new_segment is None:  # a retry or a dropped reply: the kept row before it is its parent's
+                start = segment.turns[plan.parent].routing_from
+            for c in completions:
+                c.prompt_routing = c.prompt_routing[start * per :]
+        else:
+            for c in completions:
+                c.routing = c.prompt_routing = b""
         segment.messages = list(plan.messages)
         segment.turns.append(
             Turn(
@@ -284,13 +326,15 @@ class Session:
                 parent=plan.parent,
                 extends=plan.extends,
                 parent_choice=plan.chosen,
+                routing_from=start,
+                prompt_routing=prompt_routing[start * per :] if per else b"",
             )
         )
         self.turns += 1
 
     def document(self) -> TrajectoryDocument:
         """The session's recording as the contract's trajectory document (kept_path.py: what is trained)."""
-        segments, abandoned, invalid = kept_path.segments(self.segments)
+        segments, abandoned, invalid = kept_path.segments(self.segments, self.routing_shape)
         return TrajectoryDocument(
             session_id=self.id,
             invalid_actions=invalid,
@@ -300,6 +344,7 @@ class Session:
             splits=dict(self.splits),
             segments=segments,
             abandoned=abandoned,
+            routing_shape=None if self.routing_shape is None else ContractShape(**vars(self.routing_shape)),
         )
 
     def trajectory(self) -> dict[str, Any]:

@@ -139,6 +139,7 @@ async def take_turn(
                     images,
                     on_tokens,
                     top_logprobs=chat.top_logprobs,
+                    routing=job.routing,
                 )
                 replies = [Reply.sampled(c) for c in generated.completions]
             else:
@@ -153,6 +154,7 @@ async def take_turn(
                     job.renderer,
                     opened,
                     top_logprobs=chat.top_logprobs,
+                    routing=job.routing,
                 )
         except ReplicaLost as exc:
             if session.turns:  # mid-session and no replica to go on with: the trial ends
@@ -167,7 +169,9 @@ async def take_turn(
             backend.router.note_size(session_id, len(plan.prompt_ids) + longest)
         choices, sampled = await asyncio.to_thread(choices_of, job, chat, plan.prompt_text_tail, replies, opened)
         versions = sorted({*generated.weight_versions, *(v for r in replies for v in r.versions if v >= 0)})
-        session.record(plan, sampled, generated.weight_version, versions)
+        session.record(
+            plan, sampled, generated.weight_version, versions, generated.prompt_routing, generated.routing_shape
+        )
     usage = {
         "prompt_tokens": len(plan.prompt_ids),
         "completion_tokens": sum(len(r.token_ids) - len(r.forced) for r in replies),
@@ -252,6 +256,17 @@ def choices_of(
         malformed = parsed.malformed or unclosed or not made_required_call(chat, parsed.tool_calls)
         message = reply_message(choice)
         sampled.append(
-            Sampled(ids, list(c.logprobs), decoded, c.finish_reason, message, malformed, c.forced, c.versions)
+            Sampled(
+                ids,
+                list(c.logprobs),
+                decoded,
+                c.finish_reason,
+                message,
+                malformed,
+                c.forced,
+                c.versions,
+                c.routing,
+                c.prompt_routing,
+            )
         )
     return choices, sampled

@@ -5,6 +5,9 @@ ScriptedBackend serves one job ("job-1") on the character tokenizer (or the one 
 With `limits`, a call also ends as a replica's would: at the first of its stop strings (kept, "stop") or
 after its max_new_tokens ("length"). Asked for top_logprobs = k, each token's alternatives are itself at
 -0.25 then the first letters of ALTERNATIVES that differ from it, at -2.5, -3.5, ... (k in all).
+With `routing_shape` set, a call that asks for routing returns a row for every prompt position and every
+completion token but the last, each naming its position (layer 0: position % 256, position // 256) and the
+call that ran it (layer 1: the call's number, from 0, twice): a replica without a prefix cache.
 A streamed call (`on_tokens`) passes each completion's tokens on one at a time, `token_seconds` apart, as
 a replica's GenerateStream would, then answers the same.
 """
@@ -20,6 +23,7 @@ import openai
 
 from dockyard.api.rollout.v1 import rollout_pb2
 from dockyard.config import SamplingConfig
+from dockyard.experience.routing_layout import RoutingShape
 from dockyard.models.tokenizer import build_char_tokenizer
 from services.endpoint.backend import Generated, JobModel, ReplicaLost, UnknownModel
 from services.endpoint.rendering import Renderer
@@ -48,6 +52,8 @@ class ScriptedBackend:
         self.cancelled = 0  # streamed calls cancelled before their last token
         self.lose_after: int | None = None  # a streamed call's replica dies after this many tokens
         self.router = Router()
+        self.routing_shape: RoutingShape | None = None
+        self.calls = 0  # calls answered (the routing rows' call number)
 
     async def close(self) -> None: ...
 
@@ -62,7 +68,7 @@ class ScriptedBackend:
         return self.model_
 
     async def complete(
-        self, job_id, session, prompt_ids, n, sampling, images=None, on_tokens=None, *, top_logprobs=0
+        self, job_id, session, prompt_ids, n, sampling, images=None, on_tokens=None, *, top_logprobs=0, routing=False
     ) -> Generated:
         self.router.route(session, [Replica("rollout", "127.0.0.1:1")], len(prompt_ids))
         if self.lose:
@@ -99,12 +105,24 @@ class ScriptedBackend:
             except asyncio.CancelledError:
                 self.cancelled += 1
                 raise
-        return Generated(list(prompt_ids), completions, 7, [7], "rollout")
+        call, self.calls = self.calls, self.calls + 1
+        if not (routing and self.routing_shape):
+            return Generated(list(prompt_ids), completions, 7, [7], "rollout")
+        for c in completions:
+            c.routing = rows(range(len(prompt_ids), len(prompt_ids) + len(c.token_ids) - 1), call)
+        return Generated(
+            list(prompt_ids), completions, 7, [7], "rollout", rows(range(len(prompt_ids)), call), self.routing_shape
+        )
 
     def _alternatives(self, token: int, k: int) -> rollout_pb2.TopLogprobs:
         others = [t for t in self.model_.renderer.encode(ALTERNATIVES) if t != token][: k - 1]
         logprobs = [-0.25] + [-2.5 - i for i in range(len(others))]
         return rollout_pb2.TopLogprobs(token_ids=[token, *others], logprobs=logprobs)
+
+
+def rows(positions: range, call: int) -> bytes:
+    """The scripted routing rows of `positions` run by call number `call` (shape 2 layers × top 2 of 256)."""
+    return b"".join(bytes([p % 256, p // 256, call, call]) for p in positions)
 
 
 def _limited(text: str, ids: list[int], sampling, renderer: Renderer) -> tuple[list[int], str]:

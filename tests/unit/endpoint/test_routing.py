@@ -93,7 +93,9 @@ class FakeFleet(Backend):
     async def _replicas(self, job_id):
         return list(self.listed)
 
-    async def generate(self, job_id, replica, prompt_ids, n, sampling, images=None, on_tokens=None, *, top_logprobs=0):
+    async def generate(
+        self, job_id, replica, prompt_ids, n, sampling, images=None, on_tokens=None, *, top_logprobs=0, routing=False
+    ):
         self.calls.append(replica.name)
         if on_tokens is not None and replica.name in self.dies_streaming:  # a token out, then the replica dies
             on_tokens(0, [1], [-0.5])

@@ -33,11 +33,9 @@ class RecordingBackend(ScriptedBackend):
         self.model_.sampling = JOB
         self.sampled: list = []
 
-    async def complete(self, job_id, session, prompt_ids, n, sampling, images=None, on_tokens=None, *, top_logprobs=0):
+    async def complete(self, job_id, session, prompt_ids, n, sampling, images=None, on_tokens=None, **options):
         self.sampled.append(sampling)
-        return await super().complete(
-            job_id, session, prompt_ids, n, sampling, images, on_tokens, top_logprobs=top_logprobs
-        )
+        return await super().complete(job_id, session, prompt_ids, n, sampling, images, on_tokens, **options)
 
     def law(self) -> tuple[float, float, int]:
         last = self.sampled[-1]

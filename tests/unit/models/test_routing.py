@@ -224,6 +224,8 @@ def test_what_cannot_record_routing_is_refused_at_launch_naming_the_setting(over
             moe_config("qwen3_moe", f"{setting}=true", *overrides)
 
 
-def test_multi_turn_jobs_refuse_routing_until_the_endpoint_records_it() -> None:
-    with pytest.raises(ConfigError, match="policy.routing_replay: multi-turn trials .* do not record routing"):
-        load_config("examples/configs/tiny_agent.yaml", ["policy.routing_replay=true"])
+def test_multi_turn_jobs_may_record_and_replay_routing() -> None:
+    agent = load_config("examples/configs/tiny_agent.yaml")  # its env: tools, so trials go through the endpoint
+    for setting in ("policy.record_routing", "policy.routing_replay"):
+        config = moe_config("qwen3_moe", f"{setting}=true", f"env.tools={agent.env.model_dump()['tools']}")
+        assert config.env.agentic and config.policy.records_routing
