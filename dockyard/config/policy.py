@@ -292,8 +292,8 @@ class PolicyConfig(Section):
             "Mixture-of-experts policies: the rollout returns the experts every position was routed to with "
             "its tokens, they travel to the trainer, and each step reports `routing_mismatch_fraction` (the "
             "share of (position, MoE layer) top-k choices where the trainer's router picks another expert set). "
-            "Needs `generation.backend: torch`, `backend: torch`, `compile_layers: false` and single-turn "
-            "generation (no `env.tools`). "
+            "Needs `generation.backend: torch`, `backend: torch` and `compile_layers: false`; agent jobs "
+            "(`env.tools`, a scaffold) record it through the policy endpoint's sessions. "
             "[moe-routing.md](moe-routing.md)"
         ),
     )
