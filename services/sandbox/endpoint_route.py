@@ -11,10 +11,11 @@ The container keeps `network_mode: none`: it has no interface but its loopback, 
 socket, and the host end of the socket opens connections to one address only, the policy endpoint
 the session was opened for; what the container sends cannot choose another.
 
-Guarantees: at most MAX_CONNECTIONS connections of a session are forwarded at once (more are
-closed at once); the host folder holds only the socket, is mounted read-only, and is removed with
-the session; closing the route ends its connections. Not covered: what the endpoint itself accepts
-(its own auth and limits apply: the session's key binds calls to the trial's endpoint session).
+Guarantees: a work root too long for the socket's path is refused when a route is made (FailedPrecondition
+naming DOCKYARD_SANDBOX_WORK_ROOT), never a bind error later; at most MAX_CONNECTIONS connections of a session
+are forwarded at once (more are closed at once); the host folder holds only the socket, is mounted read-only,
+and is removed with the session; closing the route ends its connections. Not covered: what the endpoint itself
+accepts (its own auth and limits apply: the session's key binds calls to the trial's endpoint session).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import os
 import tempfile
 
 import structlog
+
+from dockyard.rpc.errors import FailedPrecondition
 
 log = structlog.get_logger()
 
@@ -100,6 +103,12 @@ class EndpointRoute:
     """The host end: a unix socket in its own folder, each connection forwarded to one address."""
 
     def __init__(self, address: str, work_root: str | None) -> None:
+        if (excess := socket_path_excess(work_root)) > 0:
+            raise FailedPrecondition(
+                f"DOCKYARD_SANDBOX_WORK_ROOT ({work_root or tempfile.gettempdir()}) is {excess} bytes too long for "
+                f"a routed session: its endpoint socket's path would exceed the {MAX_SOCKET_PATH_BYTES} bytes a "
+                "unix socket allows; choose a shorter folder"
+            )
         # address "": a route made ahead of its session (a warm container's, docker_warm.py); bind() names it.
         self._host, self._port = split_address(address) if address else ("", 0)
         self.folder = tempfile.mkdtemp(prefix="dockyard-route-", dir=work_root)

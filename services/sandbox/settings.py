@@ -13,7 +13,6 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from dockyard.rpc.settings import ServiceSettings, default_address, member_name_pattern
-from services.sandbox.endpoint_route import MAX_SOCKET_PATH_BYTES, socket_path_excess
 from services.sandbox.images import SANDBOX_IMAGE
 
 
@@ -153,13 +152,5 @@ class SandboxSettings(ServiceSettings):
         if self.session_idle_seconds > self.max_session_idle_seconds:
             raise ValueError(
                 f"session_idle_seconds={self.session_idle_seconds} is above its ceiling {self.max_session_idle_seconds}"
-            )
-        # A routed session's socket lives under work_root: a path too long for a unix socket would fail
-        # every external scaffold's session at open, so refuse it here, at start.
-        excess = socket_path_excess(self.work_root) if self.backend == "docker" else 0
-        if excess > 0:
-            raise ValueError(
-                f"work_root {self.work_root!r} is {excess} bytes too long: a session's endpoint socket under it "
-                f"would exceed the {MAX_SOCKET_PATH_BYTES} bytes a unix socket path may have; choose a shorter folder"
             )
         return self

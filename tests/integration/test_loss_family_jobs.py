@@ -71,6 +71,7 @@ async def _refused(address: str, config_yaml: str, *words: str) -> None:
         await expect_code(stub.CreateJob(request), grpc.StatusCode.INVALID_ARGUMENT, *words)
 
 
+# Eleven jobs on one stack: about 130 s alone, up to 400 s beside a loaded suite's other workers.
 @pytest.mark.timeout(900)
 def test_every_choice_trains_a_few_steps_and_reports_its_statistics(tmp_path: Path) -> None:
     text = recipe_without_loss_knobs()

@@ -1,5 +1,6 @@
-"""A work_root too long for a routed session's unix socket is refused when the sandbox starts, at the
-exact bound the kernel enforces."""
+"""A work_root too long for a routed session's unix socket is refused when a route is made, naming the
+setting, at the exact bound the kernel enforces; the service still starts with it (sessions without a route
+and runs need no socket)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
+from dockyard.rpc.errors import FailedPrecondition
 from services.sandbox.endpoint_route import EndpointRoute, socket_path_excess
 from services.sandbox.settings import SandboxSettings
 
@@ -39,16 +40,25 @@ async def _bind(root: Path) -> None:
         await route.close()
 
 
-def test_a_root_at_the_bound_binds_and_one_byte_more_cannot(base: Path) -> None:
+def test_a_root_at_the_bound_binds_and_one_byte_more_is_refused_by_name(base: Path) -> None:
     asyncio.run(_bind(_root_with_excess(base, 0)))
-    with pytest.raises(OSError):
-        asyncio.run(_bind(_root_with_excess(base, 1)))
+    with pytest.raises(FailedPrecondition, match="DOCKYARD_SANDBOX_WORK_ROOT .* is 1 bytes too long"):
+        EndpointRoute("127.0.0.1:9", str(_root_with_excess(base, 1)))
 
 
-def test_the_docker_backend_refuses_a_work_root_too_long_for_its_routes(base: Path) -> None:
+def test_the_bound_is_the_kernels(base: Path) -> None:
+    """One byte past it, a unix socket cannot bind at all: the refusal above stands in for that failure."""
     root = _root_with_excess(base, 1)
-    with pytest.raises(ValidationError, match="work_root .* 1 bytes too long"):
-        SandboxSettings(backend="docker", work_root=str(root))
-    SandboxSettings(backend="docker", work_root=str(_root_with_excess(base, 0)))
-    # The local backend opens no routed session, so its work folders may be deeper.
-    SandboxSettings(backend="local", work_root=str(root))
+    path = root / ("dockyard-route-" + "x" * 8)
+    path.mkdir()
+
+    async def bind() -> None:
+        server = await asyncio.start_unix_server(lambda r, w: None, str(path / "endpoint.sock"))
+        server.close()
+
+    with pytest.raises(OSError):
+        asyncio.run(bind())
+
+
+def test_the_service_starts_with_a_long_work_root(base: Path) -> None:
+    SandboxSettings(backend="docker", work_root=str(_root_with_excess(base, 30)))
