@@ -12,6 +12,11 @@ Guarantees:
   ``loss_fn.is_correction``, ...); a message says what is wrong and how to fix it.
 - A new cross-field rule goes here and nowhere else (docs/configuration.md and
   docs/algorithms.md list them).
+
+Why over 400 lines: the module's promise is that every cross-field rule is in this one file, read in
+one order; the loss family's and routing's rules joined the GRPO and system rules here. Split by
+section, a reader would have to know which file holds which rule, and a rule spanning two sections
+(a preset with async mode, replay with an agent job) would have no home.
 """
 
 from __future__ import annotations
