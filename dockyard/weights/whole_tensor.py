@@ -17,7 +17,8 @@ epoch e, backend b, secret) this module speaks instead:
                {"version": v, "index": i, "last": bool, "tensors": [[name, dtype, shape], ...]},
                then broadcasts every tensor of the bucket whole, in that order; after the last
                bucket it waits for ".../whole-tensor/v<v>/loaded/<r>" = "ok" or "failed: <why>"
-               from every rank r > 0
+               from every rank r > 0, then deletes the version's keys (so a version sent
+               again is read from its new manifests, never from a key deleted mid-read)
 
 Guarantees (rank 0, `WholeTensorTransport.send`):
 - no tensor moves and no group is formed unless every member proved the
@@ -145,7 +146,6 @@ class WholeTensorSender:
         else:
             self.device = torch.device("cpu")
         self.pg: Any = None
-        self._sent: list[str] = []  # the keys of the last version sent, dropped when the next one starts
         self._root = host_store(group, timeout)
         self.store = scoped(self._root, group.epoch)
         try:
@@ -200,13 +200,10 @@ class WholeTensorSender:
         start = time.perf_counter()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # each send may run on another worker thread
-        acks = [loaded_key(version, r) for r in range(1, self.group.world_size)]
-        for key in self._sent + acks:  # a version sent again: only new acknowledgements count
-            self.store.delete_key(key)
-        self._sent = list(acks)
         if self.pg is None:
             self._form(version)
         seen: set[str] = set()
+        sent: list[str] = []
         total = index = 0
         for bucket, last in buckets(tensors, bucket_bytes):
             self._raise_if_failed(version)
@@ -217,7 +214,7 @@ class WholeTensorSender:
             entries = [[n, str(t.dtype).removeprefix("torch."), list(t.shape)] for n, t in moving]
             manifest = {"version": version, "index": index, "last": last, "tensors": entries}
             self.store.set(bucket_key(version, index), json.dumps(manifest))
-            self._sent.append(bucket_key(version, index))
+            sent.append(bucket_key(version, index))
             try:
                 works = [self.pg.broadcast(t, 0) for _, t in moving]
                 for work in works:
@@ -230,6 +227,11 @@ class WholeTensorSender:
         if index == 0:
             raise RefitError("the trainer has no weights to send")
         self._await_acknowledgements(version)
+        # Dropped only now, when every replica has read them: a replica may ask for the first
+        # manifest of a version sent again before this send starts, and a key deleted between
+        # its wait and its get would read as empty.
+        for key in sent + [loaded_key(version, r) for r in range(1, self.group.world_size)]:
+            self.store.delete_key(key)
         return SyncReport("", total, time.perf_counter() - start)
 
     def _wait(self, work: dist.Work) -> None:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from PIL import Image
 
 from dockyard.config import load_config_text
@@ -42,7 +43,7 @@ from dockyard.rpc.errors import FailedPrecondition, InvalidArgument
 from dockyard.weights.group import SyncFailed, WeightSyncGroup
 from dockyard.weights.group_source import transport_for
 from dockyard.weights.transports import CheckpointTransport, CollectiveTransport
-from dockyard.weights.whole_tensor import WholeTensorTransport, buckets, decode_bucket
+from dockyard.weights.whole_tensor import WholeTensorTransport, bucket_key, buckets, decode_bucket, loaded_key, scoped
 from services.rollout.decoding import DecodingParams
 from services.rollout.engine import ImagePrompt, UnsupportedRequest
 from services.rollout.sglang_engine import (
@@ -353,6 +354,10 @@ def test_weights_arrive_over_the_store_and_sglangs_group(monkeypatch, model_dir)
         assert (await generating).weight_version == 0
         report = await loading
         assert await trainer.outcome() == ("ok", "", 6 * 4 * 2 + 6 * 4 * 4, True)
+        # The version's manifests and acknowledgements are gone once it is sent: the same version sent
+        # again is read from its new keys, never from one rank 0 deletes between a replica's wait and get.
+        store = scoped(dist.TCPStore(group.master_address, group.master_port, is_master=False, timeout=TIMEOUT), 1)
+        assert not store.check([bucket_key(2, 0)]) and not store.check([loaded_key(2, 1)])
 
         init, first, last = manager.calls
         name = f"dockyard-{group.master_port}-epoch-1"
