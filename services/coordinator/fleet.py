@@ -174,6 +174,12 @@ class Fleet:
         member.versions[job_id] = version
         self._notify()
 
+    def unsync(self, member: Member, job_id: str) -> None:
+        """`member` took part in a weight sync of the job that failed: its weights may be part old,
+        part new, so it gets no work of the job until a sync succeeds on it."""
+        if member.versions.pop(job_id, None) is not None:
+            self._notify()
+
     def forget_job(self, job_id: str) -> None:
         for member in self._members.values():
             member.versions.pop(job_id, None)

@@ -5,18 +5,19 @@
              ─> PushWeights ‖ ReceiveWeights(v) on each ─> checksums agree ─> replicas routed to at v
     admit(): when no replica can generate, replicas that joined are loaded and synced to the current version
 
-Guarantees: every replica that took part in a sync holds exactly the trainer's
-weights (the checksums must agree); a replica that registers later is loaded
-and joins the next sync (or `admit` syncs it at once when no replica is
-ready), and only then gets work. With no replica alive a sync waits for one
-to come back, up to the fleet wait timeout. A sync that failed on the weight-sync group
-(UNAVAILABLE) because replicas died is tried once more without them (at most
-SYNC_ATTEMPTS in all). One whose trainer side failed with every replica alive
-asks the trainer for the policy again (LoadPolicy waits out a trainer that is
-still coming back) and is tried once more if the trainer still holds the
-version; otherwise, or when PushWeights answers NOT_FOUND, TrainerRestarted.
-`required_version` is what generation must use: the synced version in sync
-mode (on-policy), None (any synced version) in async mode.
+Guarantees: every replica that took part in a sync holds exactly the trainer's weights (the
+checksums must agree); a replica that registers later is loaded and joins the next sync (or `admit`
+syncs it at once when no replica is ready), and only then gets work. Every replica of a sync attempt
+that failed gets no work of the job until a later sync succeeds on it: its receive may have stopped
+part-way (the replica refuses to generate meanwhile too, services/rollout/weight_receiver.py), nor
+does one whose checksum differs or that received another version than it was asked for. With
+no replica alive a sync waits for one to come back, up to the fleet wait timeout. A sync that failed
+on the weight-sync group (UNAVAILABLE) because replicas died is tried once more without them (at
+most SYNC_ATTEMPTS in all). One whose trainer side failed with every replica alive asks the trainer
+for the policy again (LoadPolicy waits out a trainer that is still coming back) and is tried once
+more if the trainer still holds the version; otherwise, or when PushWeights answers NOT_FOUND,
+TrainerRestarted. `required_version` is what generation must use: the synced version in sync mode
+(on-policy), None (any synced version) in async mode.
 """
 
 from __future__ import annotations
@@ -146,6 +147,8 @@ class WeightSync:
                 failures = [r for r in (pushed, *received) if isinstance(r, BaseException)]
                 if not failures:
                     break
+                for member in replicas:  # a receive cut short leaves weights part old, part new
+                    self.fleet.unsync(member, self.job_id)
                 retriable = await self._retriable(version, pushed, failures, replicas)
                 if attempt == SYNC_ATTEMPTS or not retriable:
                     raise failures[0]
@@ -191,14 +194,20 @@ class WeightSync:
         labelled = pushed.weight_version == version
         if not labelled:
             log.warning("the trainer pushed another version; replicas join at the next sync", asked=version)
+        corrupt = []
         for member, reply in zip(replicas, received, strict=True):
             if pushed.checksum != reply.checksum or reply.weight_version != version:
-                raise RuntimeError(
-                    f"weight sync of version {version} is corrupt: trainer sent {pushed.checksum[:12]}, "
-                    f"replica {member.name} holds {reply.checksum[:12]} at version {reply.weight_version}"
+                corrupt.append(
+                    f"trainer sent {pushed.checksum[:12]}, replica {member.name} holds "
+                    f"{reply.checksum[:12]} at version {reply.weight_version}"
                 )
-            if labelled:
+                self.fleet.unsync(member, self.job_id)
+            elif labelled:
                 self.fleet.set_version(member, self.job_id, version)
+            else:  # it holds the trainer's newer weights under the label it was asked for
+                self.fleet.unsync(member, self.job_id)
+        if corrupt:
+            raise RuntimeError(f"weight sync of version {version} is corrupt: {'; '.join(corrupt)}")
 
     async def _retriable(self, version: int, pushed, failures: list[BaseException], replicas: list[Member]) -> bool:
         """After a failed sync: whether to try again (replicas that died are dropped first), or

@@ -18,7 +18,9 @@ nothing. A Generate without a `sampling` message uses the job's
 temperature is 0, greedy). Weight versions are set only by the weight sync.
 A failed weight sync is UNAVAILABLE with its cause, within the sync timeout;
 the weight-sync group has then been torn down and the next ReceiveWeights forms the
-coordinator's next epoch. backend=vllm on a replica without vLLM is
+coordinator's next epoch. Until a ReceiveWeights of the job succeeds again, its Generate
+and GenerateStream are UNAVAILABLE saying why (the failed receive may have replaced part
+of the weights), and so is a generation that a failed receive overlapped. backend=vllm on a replica without vLLM is
 FAILED_PRECONDITION naming the missing package. A job id outside
 dockyard.jobs.JOB_ID, a config beyond the config bounds (parsed off the event
 loop) and a prompt beyond the bounds of services/rollout/prompts.py are INVALID_ARGUMENT; a Generate whose
@@ -68,7 +70,7 @@ from services.rollout.job_engines import JobEngines, build_engine
 from services.rollout.prompts import check_context, prompt_from_request
 from services.rollout.settings import RolloutSettings
 from services.rollout.staging import PayloadStager
-from services.rollout.weight_receiver import WeightReceiver
+from services.rollout.weight_receiver import WeightReceiver, WeightsTorn
 
 log = structlog.get_logger()
 
@@ -190,7 +192,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     ) -> rollout_pb2.GenerateResponse:
         engine, prompt, num_samples, decoding, remaining = await self._prepare(request, context)
         # grpc.aio cancels this handler when the caller cancels; the deadline is enforced here too.
-        with self._generating():
+        with self._generating(request.job_id):
             async with asyncio.timeout(remaining):
                 result = await engine.generate(prompt, num_samples, decoding)
         staged = None
@@ -209,7 +211,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         result = None
         sent: dict[int, int] = {}  # tokens sent as deltas, per completion
         try:
-            with self._generating():
+            with self._generating(request.request.job_id):
                 # As Generate: the caller going away cancels this handler; aclosing then closes the engine's
                 # stream, which stops the rows. The deadline bounds each wait for the engine, never a write.
                 events = engine.generate_stream(prompt, num_samples, decoding)
@@ -236,12 +238,16 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         yield rollout_pb2.GenerateStreamResponse(deltas=rest, result=response)
 
     @contextlib.contextmanager
-    def _generating(self) -> Iterator[None]:
+    def _generating(self, job_id: str) -> Iterator[None]:
         """One generation in flight (counted): the engine's refusal is INVALID_ARGUMENT, a deadline that
-        passed during it DEADLINE_EXCEEDED."""
+        passed during it DEADLINE_EXCEEDED, weights a failed receive may have mixed UNAVAILABLE."""
         self.in_flight += 1
         try:
+            failed = self.weights.check(job_id)
             yield
+            self.weights.check(job_id, since=failed)
+        except WeightsTorn as exc:
+            raise Unavailable(f"job {job_id}: {exc}") from None
         except UnsupportedRequest as exc:
             raise InvalidArgument(str(exc)) from None
         except TimeoutError:

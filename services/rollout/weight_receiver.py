@@ -12,7 +12,11 @@ Guarantees:
 - a failed sync raises WeightSyncFailed with its cause; the synchronizer has then
   torn the group down, and the next receive forms the coordinator's next epoch;
 - a forgotten job's synchronizer is closed and the coordinator told the replica
-  left its group; a coordinator that does not answer within 5 s is not waited for.
+  left its group; a coordinator that does not answer within 5 s is not waited for;
+- a failed receive may have written part of the tensors in place: from then on
+  `check` raises WeightsTorn for the job until a receive succeeds, and a generation
+  that a failed receive overlapped (in-flight updates) is refused at its end, so no
+  token sampled from part-old, part-new weights leaves the replica under a version.
 
 Imports: dockyard.weights (synchronizer, group_source), the coordinator's stubs,
 dockyard.rpc.client; never an engine module (engines come in as arguments).
@@ -36,6 +40,10 @@ from services.rollout.settings import RolloutSettings
 LEAVE_TIMEOUT_SECONDS = 5.0
 
 
+class WeightsTorn(Exception):
+    """The job's weights may be part old, part new: its last weight receive failed."""
+
+
 class WeightReceiver:
     """Each job's WeightSynchronizer, formed at the job's first sync; the coordinator channel they share."""
 
@@ -43,6 +51,8 @@ class WeightReceiver:
         self.settings = settings
         self.timeout = timedelta(seconds=settings.weight_sync_timeout_seconds)
         self._syncs: dict[str, WeightSynchronizer] = {}
+        self._torn: dict[str, str] = {}  # job -> why its weights may be mixed, until a receive succeeds
+        self._failed: dict[str, int] = {}  # job -> receives failed so far
         self._sync_lock = asyncio.Lock()
         self._coordinator_channel = connect(
             settings.coordinator_address,
@@ -61,7 +71,27 @@ class WeightReceiver:
             async def load(transport, version, group):
                 return await engine.receive_weights(transport, version, group, timeout)
 
-            return await sync.sync_weights(load, version)
+            try:
+                report = await sync.sync_weights(load, version)
+            except BaseException as exc:
+                self._failed[job_id] = self._failed.get(job_id, 0) + 1
+                self._torn[job_id] = (
+                    f"the receive of weight version {version} failed and may have replaced part of the weights "
+                    f"({exc}); this replica generates for the job again once a ReceiveWeights succeeds"
+                )
+                raise
+            self._torn.pop(job_id, None)
+            return report
+
+    def check(self, job_id: str, since: int | None = None) -> int:
+        """The job's count of failed receives, for a later `check(job_id, since=count)` when a generation
+        ends; WeightsTorn while the last receive failed, or when one failed since `since`."""
+        if (why := self._torn.get(job_id)) is not None:
+            raise WeightsTorn(why)
+        failed = self._failed.get(job_id, 0)
+        if since is not None and failed != since:
+            raise WeightsTorn("a weight receive failed while this generation ran: its tokens may be of mixed weights")
+        return failed
 
     def _synchronizer(self, job_id: str, cfg: MasterConfig) -> WeightSynchronizer:
         sync = self._syncs.get(job_id)
@@ -74,6 +104,8 @@ class WeightReceiver:
 
     async def forget(self, job_id: str) -> None:
         """Close the job's synchronizer, if it has one, and leave its group (best effort)."""
+        self._torn.pop(job_id, None)
+        self._failed.pop(job_id, None)
         if (sync := self._syncs.pop(job_id, None)) is not None:
             sync.close()
             await self._leave(job_id)

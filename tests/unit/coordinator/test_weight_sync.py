@@ -165,9 +165,30 @@ async def test_a_trainer_that_lost_the_policy_is_a_restart_not_a_failed_sync():
 
 async def test_checksums_that_differ_on_any_replica_fail_the_sync():
     bad = rollout_pb2.ReceiveWeightsResponse(checksum="xyz", weight_version=3)
-    sync, _ = make_sync([pushed()], {"rollout-a": [received()], "rollout-b": [bad]})
+    sync, _ = make_sync(
+        [pushed(version=2), pushed()], {"rollout-a": [received(2), received()], "rollout-b": [received(2), bad]}
+    )
+    await sync.sync(2)
     with pytest.raises(RuntimeError, match="corrupt.*rollout-b"):
         await sync.sync(3)
+    # The replica that holds other bytes than the trainer sent gets no more work, not even at version 2.
+    assert [m.name for m in sync.fleet.replicas("job")] == ["rollout-a"]
+
+
+async def test_replicas_of_a_failed_sync_get_no_work_until_a_sync_succeeds_on_them():
+    refused = rpc_error(grpc.StatusCode.FAILED_PRECONDITION)
+    sync, _ = make_sync(
+        [pushed(version=2), pushed(), pushed(version=4)],
+        {"rollout-a": [received(2), received(), received(4)], "rollout-b": [received(2), refused, received(4)]},
+    )
+    await sync.sync(2)
+    with pytest.raises(grpc.aio.AioRpcError):
+        await sync.sync(3)
+    # Both took part: rollout-a's receive may have ended and rollout-b's stopped part-way; neither is
+    # routed to at version 2 (async mode's "any version") with weights that may be part version 3.
+    assert sync.fleet.replicas("job") == []
+    await sync.sync(4)
+    assert [m.name for m in sync.fleet.replicas("job", 4)] == ["rollout-a", "rollout-b"]
 
 
 async def test_every_alive_replica_receives_and_the_side_group_has_exactly_them():
@@ -212,9 +233,10 @@ async def test_a_replica_that_registers_later_is_loaded_and_joins_the_next_sync(
 
 async def test_replicas_synced_to_another_version_than_asked_are_not_routed_to():
     # An asynchronous trainer stepped before the push: the weights are version 4, not 3.
-    sync, _ = make_sync([pushed(version=4)], {"rollout-a": [received(3)]})
+    sync, _ = make_sync([pushed(version=2), pushed(version=4)], {"rollout-a": [received(2), received(3)]})
+    await sync.sync(2)
     await sync.sync(3)
-    assert sync.fleet.replicas("job") == []
+    assert sync.fleet.replicas("job") == []  # not at 3, and no longer at 2: it holds version 4's weights
 
 
 async def test_a_sync_with_no_replica_alive_waits_for_one_to_come_back():
