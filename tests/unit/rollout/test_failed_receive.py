@@ -14,17 +14,10 @@ from dockyard.rpc.errors import Unavailable
 from dockyard.weights.transports import CheckpointTransport
 from services.rollout.servicer import RolloutServicer
 from services.rollout.settings import RolloutSettings
+from tests.unit.rollout.test_stream_coalescing import Context
 from tests.unit.rollout.test_torch_engine import PROMPT, tiny_engine
 
 TIMEOUT_S = 0.5  # how long a receive waits for a version that never appears
-
-
-class Context:
-    def cancelled(self) -> bool:
-        return False
-
-    def time_remaining(self) -> None:
-        return None
 
 
 @pytest.fixture
