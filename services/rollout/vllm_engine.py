@@ -362,7 +362,7 @@ class VllmEngine(OutOfProcessEngine):
             replies = await self.llm.collective_rpc(
                 "dockyard_receive", timeout=timeout.total_seconds() * 2 + 30, args=args
             )
-            report = agreed_report(replies, version)
+            report = agreed_report(replies)
         except Exception as exc:  # noqa: BLE001 - any worker failure fails the sync
             with contextlib.suppress(Exception):
                 await self.llm.collective_rpc("dockyard_reset", timeout=30)

@@ -45,6 +45,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import structlog
 import torch
 
 from dockyard.models.moe import checkpoint_layout, moe_family
@@ -53,6 +54,8 @@ from dockyard.weights.group import WeightSyncGroup
 from dockyard.weights.transport import Transport
 from dockyard.weights.transports import transport_from_spec
 from services.rollout.worker_relay import DriverRelay, follow
+
+log = structlog.get_logger()
 
 
 def untruncated(stage_forward: Any) -> Any:
@@ -126,8 +129,21 @@ class WeightLoaderExtension:
         return self._dockyard_transport
 
     def dockyard_receive(self, spec: dict, version: int, group: dict | None) -> dict[str, Any]:
-        """Load `version`: the driver (tensor-parallel rank 0) through the transport, relaying every tensor to
-        the other workers (worker_relay.py); every worker loads the whole tensors, keeping its shard."""
+        """Load `version`; this worker's report, or {"error": ...}: it never raises.
+
+        vLLM 0.32's `MultiprocExecutor.collective_rpc` raises at the first worker that failed and leaves the
+        later workers' replies in their queues, where the next call reads them as its own: with two workers
+        a failed sync would make every later one read stale replies.
+        """
+        try:
+            return self._dockyard_load(spec, version, group)
+        except Exception as exc:  # noqa: BLE001 - answered, so every worker's reply is read
+            log.warning("loading weights failed", version=version, exc_info=True)
+            return {"error": f"{type(exc).__name__}: {exc}"}
+
+    def _dockyard_load(self, spec: dict, version: int, group: dict | None) -> dict[str, Any]:
+        """The driver (tensor-parallel rank 0) receives through the transport, relaying every tensor to the
+        other workers (worker_relay.py); every worker loads the whole tensors, keeping its shard."""
         from vllm.distributed import get_tp_group
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 

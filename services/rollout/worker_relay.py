@@ -128,15 +128,17 @@ def _check(done: dict[str, Any], relayed: str, tensors: int, received: int, rank
         raise SyncFailed(f"tensor-parallel worker {rank} holds other bytes than the driver relayed (fingerprint)")
 
 
-def agreed_report(replies: list[dict[str, Any]], version: int) -> SyncReport:
-    """The driver's report once every worker answered the same checksum and tensor count; else SyncFailed."""
-    if not replies:
-        raise SyncFailed(f"no vLLM worker answered the load of version {version}")
+def agreed_report(replies: list[dict[str, Any]]) -> SyncReport:
+    """The driver's report once every worker loaded the same checksum and tensor count; else SyncFailed naming
+    each worker that failed (a reply {"error": ...}) or differs from the driver."""
+    failed = [f"worker {rank}: {answer['error']}" for rank, answer in enumerate(replies) if "error" in answer]
+    if failed or not replies:
+        raise SyncFailed("; ".join(failed) or "no worker answered")
     first = replies[0]
     for rank, answer in enumerate(replies[1:], start=1):
         if (answer["checksum"], answer["tensors"]) != (first["checksum"], first["tensors"]):
             raise SyncFailed(
-                f"vLLM worker {rank} loaded {answer['tensors']} tensors with checksum {answer['checksum'][:12]}, "
-                f"the driver {first['tensors']} with {first['checksum'][:12]} (version {version})"
+                f"worker {rank} loaded {answer['tensors']} tensors with checksum {answer['checksum'][:12]}, "
+                f"the driver {first['tensors']} with {first['checksum'][:12]}"
             )
     return SyncReport(first["checksum"], int(first["num_bytes"]), float(first["seconds"]))

@@ -137,10 +137,14 @@ def test_a_count_that_differs_from_the_drivers_fails() -> None:
 
 def test_the_engine_reports_a_version_only_when_every_worker_agrees() -> None:
     answer = {"checksum": "abc", "num_bytes": 10, "seconds": 0.1, "tensors": 3}
-    assert agreed_report([answer, dict(answer)], 4) == SyncReport("abc", 10, 0.1)
-    with pytest.raises(SyncFailed, match=r"worker 1 loaded 2 tensors .* the driver 3 .*version 4"):
-        agreed_report([answer, {**answer, "tensors": 2}], 4)
-    with pytest.raises(SyncFailed, match="worker 2 loaded 3 tensors with checksum other"):
-        agreed_report([answer, answer, {**answer, "checksum": "other"}], 4)
-    with pytest.raises(SyncFailed, match="no vLLM worker answered"):
-        agreed_report([], 4)
+    assert agreed_report([answer, dict(answer)]) == SyncReport("abc", 10, 0.1)
+    with pytest.raises(SyncFailed, match=r"^worker 1 loaded 2 tensors .* the driver 3 "):
+        agreed_report([answer, {**answer, "tensors": 2}])
+    with pytest.raises(SyncFailed, match="^worker 2 loaded 3 tensors with checksum other"):
+        agreed_report([answer, answer, {**answer, "checksum": "other"}])
+    # Workers answer a failure instead of raising; every failure is named.
+    failed = {"error": "AssertionError: shape"}
+    with pytest.raises(SyncFailed, match=r"^worker 0: AssertionError: shape; worker 1: SyncFailed: relay$"):
+        agreed_report([failed, {"error": "SyncFailed: relay"}])
+    with pytest.raises(SyncFailed, match="^no worker answered"):
+        agreed_report([])
