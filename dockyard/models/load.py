@@ -111,7 +111,8 @@ def load_processor(policy: PolicyConfig) -> Any:
 
 
 def folder_parameters(folder: str | Path) -> int:
-    """The number of parameters in a model folder's safetensors files (their headers only)."""
+    """The number of parameters in a model folder's safetensors files (their headers only); 0 (unknown) for a
+    folder without any (weights in .bin files)."""
     from safetensors import safe_open
 
     total = 0
