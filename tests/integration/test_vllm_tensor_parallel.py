@@ -5,8 +5,8 @@ heads and MLP split across the two workers. The tests check that it generates wh
 computes from the same weights, and that weights sent by a real sender over a gloo weight-sync
 group (this process is rank 0, as the trainer is; the replica is one rank whatever its
 tensor-parallel size) reach both workers: after the sync the greedy tokens and the logprobs are
-the new weights', and the checksum is the sender's. A sync whose tensors one worker cannot load
-fails on every worker, and the next one succeeds.
+the new weights', and the checksum is the sender's; the same through a checkpoint folder. A sync
+whose tensors the workers cannot load fails on every worker, and the next one succeeds.
 
 On a machine with fewer NUMA nodes than workers vLLM cannot bind each worker's threads itself
 ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers"), so the test binds
@@ -34,7 +34,7 @@ from dockyard.config import load_config_text
 from dockyard.models import build_char_tokenizer, build_random_model
 from dockyard.models.load import folder_parameters
 from dockyard.weights.group import SyncFailed, WeightSyncGroup
-from dockyard.weights.transports import CollectiveTransport
+from dockyard.weights.transports import CheckpointTransport, CollectiveTransport
 from services.rollout.decoding import DecodingParams
 from services.trainer.logprobs import sampled_logprobs
 from tests.conftest import free_port, missing
@@ -196,3 +196,19 @@ def test_a_sync_that_fails_in_the_workers_fails_whole_and_the_next_one_loads(hos
     assert greedy.token_ids == host.greedy(host.tokenizer(PROMPT)["input_ids"], 16)
     expected = host.trainer_logprobs(host.tokenizer(PROMPT)["input_ids"], greedy.token_ids, 0.0)
     torch.testing.assert_close(torch.tensor(greedy.logprobs), expected, atol=1e-3, rtol=0)
+
+
+def test_weights_from_a_checkpoint_folder_reach_both_workers(host: Host, tmp_path) -> None:
+    """Another transport, the same relay: the driver reads the folder, both workers load."""
+    version = host.engine.weight_version + 1
+    new = _model(13, host.tokenizer)
+    host.reference.load_state_dict(new.state_dict())
+    transport = CheckpointTransport(tmp_path, timedelta(seconds=30), shard_bytes=1 << 18)
+    sent = transport.send(list(new.named_parameters()), version)
+    received = host.run(host.engine.receive_weights(transport, version, None, timedelta(seconds=30)))
+    assert received.checksum == sent.checksum != "" and host.engine.weight_version == version
+    prompt_ids = host.tokenizer(PROMPT)["input_ids"]
+    after = host.generate(2, temperature=0.8, max_new_tokens=16, ignore_eos=True, seed=3)
+    for c in after.completions:
+        expected = host.trainer_logprobs(prompt_ids, c.token_ids, 0.8)
+        torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-3, rtol=0)
