@@ -5,8 +5,9 @@ heads and MLP split across the two workers. The tests check that it generates wh
 computes from the same weights, and that weights sent by a real sender over a gloo weight-sync
 group (this process is rank 0, as the trainer is; the replica is one rank whatever its
 tensor-parallel size) reach both workers: after the sync the greedy tokens and the logprobs are
-the new weights', and the checksum is the sender's; the same through a checkpoint folder. A sync
-whose tensors the workers cannot load fails on every worker, and the next one succeeds.
+the new weights', and the checksum is the sender's; the same through a checkpoint folder, and in
+flight between the steps of a running generation. A sync whose tensors the workers cannot load fails
+on every worker, and the next one succeeds.
 
 On a machine with fewer NUMA nodes than workers vLLM cannot bind each worker's threads itself
 ("Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers"), so the test binds
@@ -212,3 +213,24 @@ def test_weights_from_a_checkpoint_folder_reach_both_workers(host: Host, tmp_pat
     for c in after.completions:
         expected = host.trainer_logprobs(prompt_ids, c.token_ids, 0.8)
         torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-3, rtol=0)
+
+
+def test_an_in_flight_load_lands_between_steps_of_both_workers(host: Host) -> None:
+    """With in-flight updates the load runs between engine steps: the generation spans both versions."""
+    host.engine.in_flight_weight_updates = True
+    old = host.engine.weight_version
+    decoding = DecodingParams(temperature=1.0, max_new_tokens=104, ignore_eos=True, seed=2)  # to max_model_len
+    generating = asyncio.run_coroutine_threadsafe(host.engine.generate(PROMPT, 64, decoding), host.loop)
+    while host.engine._active == 0 and not generating.done():
+        time.sleep(0.01)
+    time.sleep(0.2)  # into the decode steps (64 x 104 tokens take seconds, the sync a fraction of one)
+    assert not generating.done()
+    new = _model(17, host.tokenizer)
+    host.reference.load_state_dict(new.state_dict())
+    sent, received = host.sync(list(new.named_parameters()), version=old + 1)
+    result = generating.result(300)
+    assert not isinstance(received, Exception), received
+    assert received.checksum == sent.checksum and host.engine.weight_version == old + 1
+    assert result.weight_version == old and result.weight_versions == [old, old + 1]
+    greedy = host.generate(1, temperature=0.0, max_new_tokens=16, ignore_eos=True).completions[0]
+    assert greedy.token_ids == host.greedy(host.tokenizer(PROMPT)["input_ids"], 16)
