@@ -40,7 +40,7 @@ Guarantees:
   (tests/integration/test_vllm_moe.py);
 - weights load by checkpoint name through vLLM's `load_weights` in each worker (at
   tensor_parallel_size N, each keeps its shard of the whole tensors; pipeline or data parallelism
-  inside one engine is ConfigError); the version is reported only once every worker answered the
+  inside one engine is InvalidArgument); the version is reported only once every worker answered the
   trainer's checksum; afterwards the prefix cache is reset (prepare_for_generation);
 - without in-flight updates a load waits until no generation runs; with
   them it lands between vLLM's engine steps and each result lists every
