@@ -133,8 +133,10 @@ class GenerationConfig(SamplingConfig):
             "`max_model_len`, `enforce_eager`), plus `env_vars`, a mapping set in the environment of "
             "vLLM's worker processes (on CPU e.g. `VLLM_CPU_KVCACHE_SPACE`, the KV cache in GiB). "
             "`model`, `worker_extension_cls`, `logprobs_mode`, `tokenizer`, `skip_tokenizer_init`, "
-            "`env_vars.VLLM_USE_V2_MODEL_RUNNER` and `tensor_parallel_size` > 1 are refused (the "
-            "engine sets the others; weight-sync group loading needs one worker)."
+            "`env_vars.VLLM_USE_V2_MODEL_RUNNER`, `pipeline_parallel_size` > 1 and `data_parallel_size` > 1 "
+            "are refused (the engine sets the others; the weights reach one tensor-parallel group: run more "
+            "replicas for data parallelism). `tensor_parallel_size` N > 1 shards the policy over N workers "
+            "(on CPU with fewer NUMA nodes than workers, bind them: `env_vars.VLLM_CPU_OMP_THREADS_BIND`)."
         ),
     )
     sglang_cfg: dict[str, Any] = Field(

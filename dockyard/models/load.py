@@ -10,10 +10,12 @@ built raises ConfigError (it never will). A vision-language folder (a config tha
 AutoModelForImageTextToText knows, e.g. LLaVA) loads through that class, and `load_processor`
 gives its processor (None for a text-only folder). A mixture-of-experts model passes
 dockyard/models/moe.py's check (supported families, no router jitter) or raises ConfigError.
+`folder_parameters` counts a folder's parameters from its safetensors headers, loading no tensor.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -106,3 +108,16 @@ def load_processor(policy: PolicyConfig) -> Any:
         return None
     processor = AutoProcessor.from_pretrained(path)
     return processor if hasattr(processor, "image_processor") else None
+
+
+def folder_parameters(folder: str | Path) -> int:
+    """The number of parameters in a model folder's safetensors files (their headers only); 0 (unknown) for a
+    folder without any (weights in .bin files)."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                total += math.prod(f.get_slice(name).get_shape())
+    return total

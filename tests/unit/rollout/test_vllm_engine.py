@@ -3,9 +3,9 @@
 Generation, weight loading, seeds, stop strings, eos, token-id prompts and
 worker environments run against real vLLM in tests/integration/test_vllm_engine.py.
 What stays here runs before vLLM is reached or without it: the refusal when
-vLLM is missing, the job-config translation (tensor_parallel_size > 1 is
-refused by the engine itself, since the weight-sync group takes one member
-per worker: no vLLM run is needed to show it), the sampler-stage wrap on
+vLLM is missing, the job-config translation (tensor_parallel_size passes
+through; pipeline and data parallelism inside one engine are refused by the
+engine itself: no vLLM run is needed to show it), the sampler-stage wrap on
 plain tensors, and an unknown finish reason.
 """
 
@@ -23,14 +23,8 @@ from dockyard.models import build_char_tokenizer
 from dockyard.rpc.errors import FailedPrecondition
 from services.rollout.decoding import DecodingParams
 from services.rollout.engine import ImagePrompt, UnsupportedRequest
-from services.rollout.vllm_engine import (
-    VllmEngine,
-    VllmUnavailable,
-    completion_from_vllm,
-    engine_arguments,
-    import_vllm,
-    vllm_sampling,
-)
+from services.rollout.vllm_engine import VllmEngine, VllmUnavailable, engine_arguments, import_vllm, vllm_sampling
+from services.rollout.vllm_outputs import completion_from_vllm
 from services.rollout.vllm_worker import WeightLoaderExtension, untruncated
 
 
@@ -96,8 +90,11 @@ def test_job_config_becomes_engine_arguments_and_worker_environment(model_dir, d
         engine_arguments(_config(model_dir, logprobs_mode="raw_logprobs"))
     with pytest.raises(ValueError, match="env_vars.VLLM_USE_V2_MODEL_RUNNER is set by the engine"):
         engine_arguments(_config(model_dir, env_vars={"VLLM_USE_V2_MODEL_RUNNER": "1"}))
-    with pytest.raises(ValueError, match="tensor_parallel_size"):
-        engine_arguments(_config(model_dir, tensor_parallel_size=2))
+    # Tensor parallelism goes to vLLM as given (the driver worker relays the weights); one engine is one stage.
+    assert engine_arguments(_config(model_dir, device, tensor_parallel_size=2))[0]["tensor_parallel_size"] == 2
+    for field in ("pipeline_parallel_size", "data_parallel_size"):
+        with pytest.raises(ValueError, match=rf"^policy.generation.vllm_cfg.{field}: only 1 is supported"):
+            engine_arguments(_config(model_dir, **{field: 2}))
     with pytest.raises(ValueError, match="env_vars"):
         engine_arguments(_config(model_dir, env_vars=["A=1"]))
 
