@@ -12,7 +12,8 @@
                   log driver none, label dockyard.sandbox.owner = host/pid/start-time
             --> attach (before start) streams stdout / stderr: the first max_output_bytes of each
                   are kept, the rest drained and dropped
-            --> exit, or wall-clock limit: the container is killed
+            --> the wrapping shell's end line on both streams (exit code, /work full): the run is over,
+                  its container's teardown not waited for; or wall-clock limit: the container is killed
             --> Outcome; the work folder removed, then (after the verdict, the call's slot still held)
                   the container, whatever happened
 
