@@ -4,6 +4,7 @@
         ──TerminalTasks.prepare──> (the task's image, its WORKDIR's files as the seed, the WORKDIR)
                                    (terminal_images.TerminalImages: built offline once, then reused)
         ──> a docker session of that image: the agent starts in WORKDIR (a link to /work)
+    PrepareSessions(task_set, instance_ids = task ids the job draws) ──prepare_images──> those images built now
     ScoreSession (after the agent) ──score──> run-tests.sh + tests/* as a tar into /tests (a fresh folder)
         ──> `cd WORKDIR && bash /tests/run-tests.sh` (TEST_DIR=/tests), at most max_test_timeout_sec
         ──> the pytest summary ──> SweResult: passed iff at least one test ran and all passed;
@@ -120,17 +121,16 @@ class TerminalTasks:
     async def prepare_images(self, task_set: str, task_ids: Sequence[str]) -> int:
         """The image of each of `task_set`'s tasks named in `task_ids` built now, as its first session would,
         one after another; returns how many are ready. An id the set does not hold is skipped; an image that
-        cannot be built is logged and left to the task's first session, which reports it."""
+        cannot be built is logged and left to the task's first session, which reports it. Without containers
+        (the local backend) there is no image to make: 0."""
         ready = 0
-        for task_id in dict.fromkeys(task_ids):
+        for task_id in dict.fromkeys(task_ids) if self._images is not None else ():
             try:
                 await self.prepare(self.task(task_set, task_id))
                 ready += 1
-            except TaskSetError as exc:
-                if exc.kind != "not_found":
-                    log.warning("a terminal task's image is not ready", task=task_id, error=str(exc)[:300])
             except Exception as exc:  # noqa: BLE001 -- its first session reports it, as without a preparation
-                log.warning("a terminal task's image is not ready", task=task_id, error=str(exc)[:300])
+                if not (isinstance(exc, TaskSetError) and exc.kind == "not_found"):
+                    log.warning("a terminal task's image is not ready", task=task_id, error=str(exc)[:300])
         return ready
 
 

@@ -123,3 +123,12 @@ async def test_a_terminal_task_sets_images_are_built_ahead_only_for_the_tasks_th
     reply = await SandboxServicer(backend, settings, swe=swe, terminal=terminal).PrepareSessions(request, None)
     assert reply.instance_images == 1  # the failed build logged, not counted, not fatal; the unknown id skipped
     assert images.built == ["count-errors"] and swe.asked == []  # each once; not a SWE set
+
+
+async def test_a_terminal_task_set_on_a_backend_without_containers_makes_no_image():
+    from services.sandbox.terminal import TerminalTasks
+
+    settings = SandboxSettings(coordinator_address="", task_root=str(REPO_ROOT / "examples" / "tasks"))
+    request = sandbox_pb2.PrepareSessionsRequest(job_id="j", task_set="terminal", instance_ids=["count-errors"])
+    servicer = SandboxServicer(Backend(), settings, swe=Swe(), terminal=TerminalTasks(settings.task_root, None))
+    assert (await servicer.PrepareSessions(request, None)).instance_images == 0
