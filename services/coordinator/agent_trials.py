@@ -37,7 +37,7 @@ import asyncio
 import re
 import urllib.parse
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
 import grpc
 import httpx
@@ -64,7 +64,6 @@ from dockyard.tasks.task import Task
 from services.coordinator.endpoint_sessions import EndpointSessions, discard, staging_for
 from services.coordinator.fleet import Fleet, Member
 from services.coordinator.scaffold_errors import ScaffoldErrors
-from services.coordinator.session_warmer import SessionWarmer
 from services.coordinator.trials import Trial, invalid, scaffold_error
 
 # A full (RESOURCE_EXHAUSTED) or unreachable sandbox worker frees up or comes back: wait for it.
@@ -96,7 +95,6 @@ class AgentTrials:
         wait_timeout: float,
         transport: httpx.AsyncBaseTransport | None = None,  # the endpoint's session reads; None: the network
         plane: Callable[[], DataPlane | None] = lambda: None,  # the buffer's data plane: trials stage there
-        task_ids: Sequence[str] = (),  # the job's training tasks
     ) -> None:
         self.job_id, self.config, self.fleet = job_id, config, fleet
         self._score, self._limits = score, limits
@@ -117,8 +115,6 @@ class AgentTrials:
         )
         # Figures of finished trials since the last take_stats: turns, tokens, masked fraction, budgets hit.
         self._stats: list[dict[str, float | str]] = []
-        # Sessions started ahead, per worker (a swe job: the images of the instances it draws).
-        self.warmer = SessionWarmer.for_job(job_id, fleet, config, limits, task_ids)
 
     def _openai(self) -> openai.AsyncOpenAI:
         """Model calls go through the openai client, as any scaffold makes them (session calls: EndpointSessions)."""
@@ -130,7 +126,6 @@ class AgentTrials:
         return self._client
 
     async def close(self) -> None:
-        await self.warmer.release()
         if self._client is not None:
             await self._client.close()
         self._client = None
@@ -146,7 +141,6 @@ class AgentTrials:
 
     async def group(self, task: Task, group_id: str, seed: int, n: int, sampling: SamplingConfig) -> list[Trial]:
         """n scored trials of `task`; the whole group again when a trial lost its endpoint or replica."""
-        self.warmer.on_group(task.task_id)
         for attempt in range(self._max_regenerations + 1):
             trials = [
                 asyncio.create_task(self.trial(task, f"{group_id}/{i}", seed * 1_000 + i, sampling, stage=True))

@@ -10,6 +10,8 @@
     and so the Group, carry metadata only, and the put commits the replica's staged key
     with env.tools set, the n samples are agent trials instead (services/coordinator/agent_trials.py), each
     scored by its own answer; the rest of the path is the same.
+    a group's start tells the sandbox workers what the job will use, in the background
+    (services/coordinator/session_warmer.py): agent trials' sessions started ahead, a task set's images made
 
 Routing (services/coordinator/fleet.py): a group goes whole to one replica
 (sticky per group id, least loaded when assigned) that holds the job's policy
@@ -77,6 +79,7 @@ from services.coordinator.job_buffer import JobBuffer, StagedPayloadGone
 from services.coordinator.reward_functions import REWARD_ERROR_PREFIX, RewardFunctions
 from services.coordinator.rewards import has_signal, reward_of, sampled_tokens, shape_rewards
 from services.coordinator.samples import SampleReservoir
+from services.coordinator.session_warmer import SessionWarmer
 from services.coordinator.staged_payloads import StagedPayloads
 
 # Sandbox failures that another worker may not have: try the call there.
@@ -163,7 +166,7 @@ class Collector:
         on_group: Callable[..., None] = lambda *_: None,  # (group id, outcome, weight version[, error])
         endpoint_address: str = "",
         endpoint_token: str = "",
-        task_ids: Sequence[str] = (),  # the job's training tasks (a swe job's images are made ahead)
+        task_ids: Sequence[str] = (),  # the job's training tasks (a task set's images are made ahead)
     ) -> None:
         self.job_id = job_id
         self.config = config
@@ -196,6 +199,8 @@ class Collector:
             max_output_bytes=limits.max_output_bytes,
         )
         self.rewards = RewardFunctions(config.env, self._limits, self.on_sandbox)
+        # Sandbox sessions started ahead and the images of the job's tasks made ahead, per worker.
+        self.warmer = SessionWarmer.for_job(job_id, fleet, config, self._limits, task_ids)
         # Multi-turn agent trials (env.tools set) instead of one Generate per group.
         self.agent: AgentTrials | None = None
         if config.env.agentic:
@@ -210,7 +215,6 @@ class Collector:
                 max_regenerations=max_regenerations,
                 wait_timeout=wait_timeout,
                 plane=lambda: buffer.data_plane,
-                task_ids=task_ids,
             )
 
     def counters(self) -> CollectionCounters:
@@ -235,7 +239,8 @@ class Collector:
         return self.agent.take_stats() if self.agent is not None else []
 
     async def close(self) -> None:
-        """Close the agent trials' endpoint clients, if any; the collector holds nothing else to close."""
+        """Release what the job's sandbox workers prepared for it, and close the agent trials' endpoint clients."""
+        await self.warmer.release()
         if self.agent is not None:
             await self.agent.close()
 
@@ -437,6 +442,7 @@ class Collector:
 
     async def _make_group_once(self, task: Task, group_id: str, seed: int) -> common_pb2.Group:
         n = self.config.grpo.num_generations_per_prompt
+        self.warmer.on_group(task.task_id)
         if self.agent is not None:
             sampling, retries = self.config.policy.generation, self._max_regenerations
             trials, payload = await self._staged.agent_trials(self.agent, task, group_id, seed, n, sampling, retries)

@@ -1,12 +1,14 @@
-"""A job's sandbox sessions started ahead: each sandbox worker told the job's share before its trials open sessions.
+"""What a job's sandbox workers need, made ahead: sessions started before its trials open them, its tasks' images.
 
-    AgentTrials.group --> SessionWarmer.ensure_soon(task_set): ensure() in the background, no trial waits:
+    Collector, a group's start --> SessionWarmer.ensure_soon(task_set): ensure() in the background, no group waits:
         each alive sandbox worker not yet told (one joining later too):
             PrepareSessions(job, size = ceil(max_concurrent_trials / alive workers), the job's limits,
                             the scaffold's package, routed = an external scaffold;
-                            a swe job: size 0, the task set of its first group and the instances of
-                            it the job draws, whose images the worker makes now)
-    AgentTrials.close (the job's end) --> release(): a preparation under way awaited (at most
+                            a job on a task set (swe, terminal_bench; agent trials or single-turn
+                            ScorePatch): size 0, the task set of its first group and the tasks of it
+                            the job draws, whose images the worker makes now)
+        a single-turn job on no task set tells no worker anything (it opens no session)
+    Collector.close (the job's end) --> release(): a preparation under way awaited (at most
         RELEASE_TIMEOUT_SECONDS, then cancelled), then ReleaseSessions(job) on every worker told
 
 Guarantees: warming is an optimisation, never a job's failure: a worker that refuses or does not
@@ -14,8 +16,8 @@ answer is logged and its trials open their sessions cold, as before (a slow one 
 the first trials open cold while their worker prepares); each worker is told once per job
 (and again after it was lost and came back); release is attempted on every worker told, whatever
 happened. Sessions of a task set (SWE, terminal tasks) are not warmed: each instance has its image
-and checkout, so no two trials share a key (docker_warm.py); a SWE set's images are made ahead instead
-(terminal tasks' images are built at their first session, as before).
+and checkout, so no two trials share a key (docker_warm.py); the set's images are made ahead instead,
+only those of the tasks the job draws.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from services.coordinator.fleet import Fleet
 
 log = structlog.get_logger()
 
+TASK_IMAGE_ENVS = ("swe", "terminal_bench")  # a task set whose tasks each run in an image of their own
 PREPARE_TIMEOUT_SECONDS = 900.0  # a scaffold's package image is built the first time
 RELEASE_TIMEOUT_SECONDS = 30.0
 
@@ -68,13 +71,14 @@ class SessionWarmer:
     def for_job(
         cls, job_id: str, fleet: Fleet, config: MasterConfig, limits: sandbox_pb2.Limits, task_ids: Sequence[str] = ()
     ) -> SessionWarmer:
-        """An agent job's warmer: its sessions warmed, unless each task has an image of its own
-        (STATE_SCORED_ENVS); a swe job's instance images made ahead instead, those of `task_ids` (its
-        training tasks)."""
+        """A job's warmer: an agent job's sessions warmed, unless each task has an image of its own
+        (STATE_SCORED_ENVS); a task set's images (swe, terminal_bench) made ahead instead, those of
+        `task_ids` (its training tasks), for agent and single-turn jobs alike."""
         scaffold, name = config.env.scaffold, config.env.name
-        warm = name not in STATE_SCORED_ENVS
+        warm = config.env.agentic and name not in STATE_SCORED_ENVS
+        task_images = name in TASK_IMAGE_ENVS
         instances: dict[str, dict[str, None]] = {}  # per task set, its instances once each, in order
-        if name == "swe":
+        if task_images:
             for task_id in task_ids:
                 task_set, instance = swe.split_task_id(task_id)
                 instances.setdefault(task_set, {})[instance] = None
@@ -85,8 +89,8 @@ class SessionWarmer:
             limits,
             packages=session_packages(config.env),
             routed=scaffold is not None,
-            on_groups=warm or name == "swe",
-            task_images=name == "swe",
+            on_groups=warm or task_images,
+            task_images=task_images,
             instances={task_set: tuple(ids) for task_set, ids in instances.items()},
         )
 

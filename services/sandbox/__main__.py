@@ -64,28 +64,29 @@ def make_swe_scorer(settings: SandboxSettings, backend):
         from services.sandbox.images import ensure_env_image
 
         client = docker.from_env(timeout=600)
+        cache = backend.images  # what is pulled or built here is the image cache's (image_cache.py)
 
-        async def image_for(instance, mirror):
+        def make(instance, mirror) -> str | None:
             # Built once per (repo, version, spec) or per requirement set (content-hashed tags), then reused;
             # a row's prebuilt image is pulled once, and fitted once.
             if instance.prebuilt is not None:
                 from services.sandbox.swe_prebuilt import ensure_prebuilt
 
-                return await asyncio.to_thread(
-                    ensure_prebuilt,
-                    client,
-                    instance.instance_id,
-                    instance.prebuilt,
-                    registry=settings.image_registry,
-                    auth_file=settings.image_registry_auth_file,
-                )
+                pull = {"registry": settings.image_registry, "auth_file": settings.image_registry_auth_file}
+                return ensure_prebuilt(client, instance.instance_id, instance.prebuilt, **pull, on_made=cache.added)
             if instance.recipe is not None:
                 from services.sandbox.swe_images import ensure_swe_env_image
 
-                return await asyncio.to_thread(ensure_swe_env_image, client, settings.image, instance, mirror)
+                return ensure_swe_env_image(client, settings.image, instance, mirror, on_build=cache.added)
             if not instance.requirements:
                 return None
-            return await asyncio.to_thread(ensure_env_image, client, settings.image, list(instance.requirements))
+            return ensure_env_image(client, settings.image, list(instance.requirements), on_build=cache.added)
+
+        async def image_for(instance, mirror):
+            image = await asyncio.to_thread(make, instance, mirror)
+            if image is not None:  # a use: the least recently used images go first
+                await asyncio.to_thread(cache.touch, image)
+            return image
 
     image_trees = None
     if image_for is not None:
@@ -103,7 +104,7 @@ def make_swe_scorer(settings: SandboxSettings, backend):
     )
 
 
-def make_terminal_tasks(settings: SandboxSettings):
+def make_terminal_tasks(settings: SandboxSettings, backend):
     """Terminal task sets under the task root; with docker, each task runs in its own image (built offline)."""
     from services.sandbox.terminal import TerminalTasks
 
@@ -117,7 +118,7 @@ def make_terminal_tasks(settings: SandboxSettings):
 
         seeds = Path(settings.work_root or tempfile.gettempdir()) / "dockyard-terminal-seeds"
         seeds.mkdir(parents=True, exist_ok=True)
-        images = TerminalImages(docker.from_env(timeout=600), settings.image, seeds)
+        images = TerminalImages(docker.from_env(timeout=600), settings.image, seeds, cache=backend.images)
     return TerminalTasks(settings.task_root, images)
 
 
@@ -135,7 +136,7 @@ def main() -> None:
         folders = await asyncio.to_thread(reap_dead_work_folders, settings.work_root)
         log.info("removed the work folders of a previous run", count=folders, backend=settings.backend)
         servicer = SandboxServicer(
-            backend, settings, swe=make_swe_scorer(settings, backend), terminal=make_terminal_tasks(settings)
+            backend, settings, swe=make_swe_scorer(settings, backend), terminal=make_terminal_tasks(settings, backend)
         )
         servicer.start()
         service = Service(

@@ -91,6 +91,7 @@ class SessionHandle(abc.ABC):
 
     work_dir: str  # the work folder as commands see it (cwd, HOME)
     endpoint_url: str = ""  # the policy endpoint's URL as commands see it; "" without a route
+    warm: bool = False  # taken from sandboxes started ahead of the session (docker_warm.py), not started for it
 
     @abc.abstractmethod
     async def exec(self, argv: Sequence[str], stdin: bytes | None, limits: ResourceLimits) -> Outcome:

@@ -12,7 +12,8 @@
                   log driver none, label dockyard.sandbox.owner = host/pid/start-time
             --> attach (before start) streams stdout / stderr: the first max_output_bytes of each
                   are kept, the rest drained and dropped
-            --> exit, or wall-clock limit: the container is killed
+            --> the wrapping shell's end line on both streams (exit code, /work full): the run is over,
+                  its container's teardown not waited for; or wall-clock limit: the container is killed
             --> Outcome; the work folder removed, then (after the verdict, the call's slot still held)
                   the container, whatever happened
 
@@ -80,19 +81,19 @@ from services.sandbox.backend import (
     SandboxBackend,
 )
 from services.sandbox.docker_container import (
-    DISK_FULL_FLAG,
     INPUT_NAME,
     LABEL,
     REPORT_NAME,
     RUN_TESTS_COMMAND,
     SESSION_LABEL,
     STAGE_COMMAND,
+    EndLine,
     create_container,
-    exit_state,
     folder_bytes,
     owner_is_dead,
     owner_label,
     read_report,
+    run_header,
     send_work_folder,
 )
 from services.sandbox.docker_sessions import DockerSessionConfig
@@ -391,10 +392,8 @@ class DockerBackend(SandboxBackend):
                 return run
             argv = ["sh", "-c", STAGE_COMMAND, "sh", *command]
             self._run_container(run, warm, work, argv, limits, image, nonce)
-            report = read_report(os.path.join(work, REPORT_NAME))
-            run.disk_full = f"\n{DISK_FULL_FLAG}\n".encode() in b"\n" + report
             if nonce is not None and not run.error:
-                run.report = report
+                run.report = read_report(os.path.join(work, REPORT_NAME))
         finally:
             remove_tree(work)
         return run
@@ -436,8 +435,9 @@ class DockerBackend(SandboxBackend):
                     api.start(container_id)
                 else:
                     stream, stdin = warm.stream, warm.stdin
-                exited = exit_state(api, container_id, max(limits.timeout_seconds, 30) + 30)
-                send_work_folder(stdin, work, launch_header(command) if warm else b"")
+                token = secrets.token_hex(16).encode()  # STAGE_COMMAND's end line, on each stream
+                header, files = run_header(token, work)
+                send_work_folder(stdin, work, (launch_header(command) if warm else b"") + header, tar=files)
             except (docker.errors.DockerException, OSError) as exc:
                 run.error = f"cannot start the container: {exc}"
                 run.warm_gone = warm is not None
@@ -448,19 +448,21 @@ class DockerBackend(SandboxBackend):
             # The ready line is not the code's output: room for it on top of the cap.
             out = Capped(limits.max_output_bytes)
             err = Capped(limits.max_output_bytes + (len(nonce) + 7 if nonce is not None else 0))
+            ends = EndLine(token), EndLine(token)
             try:
                 for chunk_out, chunk_err in stream:
                     if chunk_out and launched is not None:
                         chunk_out = launched.code_output(chunk_out)
                     if chunk_out:
-                        out.add(chunk_out)
+                        out.add(ends[0].code_output(chunk_out))
                     if chunk_err:
-                        err.add(chunk_err)
-                state = exited.result()
-                run.exit_code = state.get("StatusCode", -1)
-                if run.exit_code == 137 and not run.timed_out:
-                    if api.inspect_container(container_id)["State"].get("OOMKilled"):
-                        run.exit_code = -9  # killed by the kernel for using too much memory
+                        err.add(ends[1].code_output(chunk_err))
+                    if ends[0].end and ends[1].end:
+                        break  # the command ended: the engine's teardown of the container is not waited for
+                else:  # killed (wall clock, cancelled) before the end line: the engine says how it ended
+                    out.add(ends[0].rest())
+                    err.add(ends[1].rest())
+                self._exit_state(run, ends[0].end if ends[1].end else None, container_id, limits)
             except Exception as exc:  # the engine went away mid-run
                 if not run.timed_out:
                     run.error = f"lost the container: {type(exc).__name__}: {exc}"
@@ -479,6 +481,19 @@ class DockerBackend(SandboxBackend):
                 for closable in (warm.stdin, warm.stream):
                     with contextlib.suppress(Exception):
                         closable.close()
+
+    def _exit_state(self, run: _Run, end: tuple[int, bool] | None, container_id: str, limits) -> None:
+        """The run's exit code and full /work, from its end line or, without one, from the engine."""
+        api = self._client.api
+        if end is None:
+            run.exit_code = api.wait(container_id, timeout=max(limits.timeout_seconds, 30) + 30).get("StatusCode", -1)
+        else:
+            run.exit_code, run.disk_full = end
+        if run.exit_code == 137 and not run.timed_out:
+            if end is not None:  # the container is told to have been killed for memory once it stopped
+                api.wait(container_id, timeout=30)
+            if api.inspect_container(container_id)["State"].get("OOMKilled"):
+                run.exit_code = -9  # killed by the kernel for using too much memory
 
     def _remove_runs(self, container_ids: list[str]) -> None:
         """Remove ended runs' containers (a killed one's included)."""

@@ -5,9 +5,13 @@
                             /work a tmpfs of max_disk_mb, tmpfs /tmp, /work/REPORT_NAME a bind of one
                             host file, log driver none
            --create_container--> created, not started; user, label dockyard.sandbox.owner = owner_label()
-    command --STAGE_COMMAND--> sh: untar stdin into /work, run, flag a full /work in the report file
+    command --STAGE_COMMAND--> sh: read the run's end token (one line of stdin), untar the rest of stdin
+            into /work (a call without files sends none), run, then write the end line
+            `<token> <exit code> <1 if /work is full>` on stdout and on stderr
             (RunTests: RUN_TESTS_COMMAND opens and unlinks the input, then execs the harness)
-    host work folder --send_work_folder--> a tar on the container's stdin (the report file left out), EOF
+            --EndLine--> the code's output of each stream, and the end line cut off it
+    host work folder --send_work_folder--> a header, then a tar on the container's stdin (the report file
+            left out), EOF
     host report file --read_report--> at most REPORT_CAP_BYTES, never through a link
     owner_is_dead(label) --> the reaper removes a dead predecessor's containers
 
@@ -15,18 +19,21 @@ Guarantees: every container gets the same locked-down host config, whatever the
 command; the only host path it sees is the report file; reading the report never
 follows a link the code planted and never blocks on a fifo; a label names a dead
 owner only for this host and only when that process (pid and start time) is gone,
-so a reused pid never passes for its predecessor.
+so a reused pid never passes for its predecessor. The end line comes after everything the command
+wrote to that stream before it ended, so once both streams brought it the run's output and exit code are
+known without waiting for the engine's teardown of the container (which the run's removal then ends). The
+line is only ever a claim about the code's own run: code that found the token (in the shell's memory) and
+printed the line itself would end its own output early, with an exit code it could as well have exited with.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 import stat
 import tarfile
-import threading
-from concurrent.futures import Future
 from pathlib import Path
 
 from services.sandbox.backend import ResourceLimits
@@ -37,12 +44,13 @@ SESSION_LABEL = "dockyard.sandbox.session"  # on a session's container (docker_s
 WORK = "/work"
 REPORT_NAME = ".dockyard-report"
 INPUT_NAME = ".dockyard-input"
-# Around every command: unpack the work folder from stdin into the /work tmpfs, run, and flag a
-# /work left full in the report file (the only channel back that the host can read afterwards).
-DISK_FULL_FLAG = "dockyard-disk-full"
+# Around every command: read the end token and whether a tar follows (dash's read takes stdin byte by byte:
+# the tar stays whole), unpack the work folder from stdin into the /work tmpfs, run, and end each stream with
+# the end line. The token is never in an argv or the environment, so a command that prints its processes'
+# does not end early; a call without files starts no tar.
 STAGE_COMMAND = (
-    f'tar -x -f - && "$@" </dev/null; rc=$?; [ "$(stat -f -c %a .)" != 0 ] || echo {DISK_FULL_FLAG} >>{REPORT_NAME}; '
-    "exit $rc"
+    'read -r end files && { [ "$files" = 0 ] || tar -x -f -; } && "$@" </dev/null; rc=$?; full=0; '
+    '[ "$(stat -f -c %a .)" != 0 ] || full=1; echo "$end $rc $full"; echo "$end $rc $full" >&2; exit $rc'
 )
 # The shell opens the input (then unlinks it) and the report file, then execs the harness with
 # stdin = input, fd 3 = report, ready line on fd 2.
@@ -140,21 +148,6 @@ def create_container(
     )["Id"]
 
 
-def exit_state(api, container_id: str, timeout: float) -> Future:
-    """The engine's wait for the container's exit, asked now in a thread of its own (so the answer is there
-    as soon as its output ends, not a round trip later): a Future of the wait's reply."""
-    answer: Future = Future()
-
-    def wait() -> None:
-        try:
-            answer.set_result(api.wait(container_id, timeout=timeout))
-        except BaseException as exc:  # noqa: BLE001 -- handed to the caller
-            answer.set_exception(exc)
-
-    threading.Thread(target=wait, name="sandbox-wait", daemon=True).start()
-    return answer
-
-
 def folder_bytes(path: str) -> int:
     """Bytes of the regular files under `path` (links not followed)."""
     total = 0
@@ -164,16 +157,53 @@ def folder_bytes(path: str) -> int:
     return total
 
 
-def send_work_folder(sock, work: str, header: bytes = b"") -> None:
-    """`header` (a warm container's command: docker_warm_runs.launch_header), then `work` (but the report
-    file, which is bind-mounted) as a tar on the container's stdin, then EOF."""
+def send_work_folder(sock, work: str, header: bytes = b"", *, tar: bool = True) -> None:
+    """`header` (a run's: a warm container's command, docker_warm_runs.launch_header, then run_header), then
+    (`tar`) `work` (but the report file, which is bind-mounted) as a tar on the container's stdin, then EOF."""
     raw = getattr(sock, "_sock", sock)
     with raw.makefile("wb") as stream:
         stream.write(header)
-        with tarfile.open(fileobj=stream, mode="w|") as tar:
-            tar.add(work, arcname=".", filter=lambda info: None if info.name == f"./{REPORT_NAME}" else info)
+        if tar:
+            with tarfile.open(fileobj=stream, mode="w|") as archive:
+                archive.add(work, arcname=".", filter=lambda i: None if i.name == f"./{REPORT_NAME}" else i)
     raw.shutdown(socket.SHUT_WR)
     raw.close()
+
+
+def run_header(token: bytes, work: str) -> tuple[bytes, bool]:
+    """STAGE_COMMAND's first line of stdin (the end token, whether a tar follows), and whether one does: not
+    when `work` holds nothing but the report file."""
+    files = any(name != REPORT_NAME for name in os.listdir(work))
+    return token + (b" 1\n" if files else b" 0\n"), files
+
+
+class EndLine:
+    """One output stream of a run: the code's output passed on, STAGE_COMMAND's end line for `token` cut off.
+
+    `end` is (exit code, /work full) once the line came; what follows it (a leftover process's) is dropped.
+    A few bytes are held back until the next chunk shows they do not start the end line; `rest()` gives them
+    when the stream ended without one (the container was killed)."""
+
+    def __init__(self, token: bytes) -> None:
+        self._line = re.compile(re.escape(token) + rb" (\d{1,3}) ([01])\n")
+        self._hold = len(token) + len(b" 255 1\n")
+        self._pending = b""
+        self.end: tuple[int, bool] | None = None
+
+    def code_output(self, chunk: bytes) -> bytes:
+        if self.end is not None:
+            return b""
+        self._pending += chunk
+        if found := self._line.search(self._pending):
+            self.end = (int(found[1]), found[2] == b"1")
+            output, self._pending = self._pending[: found.start()], b""
+            return output
+        output, self._pending = self._pending[: -self._hold], self._pending[-self._hold :]
+        return output
+
+    def rest(self) -> bytes:
+        output, self._pending = self._pending, b""
+        return output
 
 
 def read_report(path: str) -> bytes:

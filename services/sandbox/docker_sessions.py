@@ -115,8 +115,11 @@ class DockerSessionConfig:
 
 
 class DockerSession(SessionHandle):
-    def __init__(self, config: DockerSessionConfig, container_id: str, route: EndpointRoute | None = None) -> None:
+    def __init__(
+        self, config: DockerSessionConfig, container_id: str, route: EndpointRoute | None = None, *, warm: bool = False
+    ) -> None:
         self._config = config
+        self.warm = warm
         self._api = config.client.api
         self._id = container_id
         self._route = route

@@ -171,7 +171,7 @@ class WarmSessions:
                     if warm.route is not None:
                         warm.route.bind(endpoint_address)
                         await warm.route.start()
-                    return DockerSession(config, warm.container_id, warm.route)
+                    return DockerSession(config, warm.container_id, warm.route, warm=True)
             except BaseException:
                 await _discard(warm)
                 raise

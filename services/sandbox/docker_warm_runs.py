@@ -7,11 +7,11 @@
             and waits on stdin; READY read, nothing else run
     a run of that key --> take(): a waiting container (the pool starts a replacement meanwhile), or None
             (no pool yet: the key's first run, an image that cannot start one, the pool is closed): a cold run
-        the call's files staged in its work folder --> stdin: launch_header(argv), then the tar as a cold
-            run sends it --> the launcher reads the header, says GO on stdout, restores the signal
-            dispositions Python changed and execs argv: `sh -c STAGE_COMMAND sh CMD...`, the same PID 1
-            a cold run's container starts with, reading the same tar from the same stdin
-        --> output, exit, wall-clock kill, OOM check and removal exactly as a cold run's (docker_backend.py)
+        the call's files staged in its work folder --> stdin: launch_header(argv), then the end token's line
+            and the tar as a cold run sends them --> the launcher reads the header, says GO on stdout, restores
+            the signal dispositions Python changed and execs argv: `sh -c STAGE_COMMAND sh CMD...`, the same
+            PID 1 a cold run's container starts with, reading the same token and tar from the same stdin
+        --> output, end line, exit, wall-clock kill, OOM check and removal exactly as a cold run's (docker_backend.py)
 
 Guarantees: a warm container has the host config, user, limits, mounts and labels (plus the warm-run label)
 of the cold container its run would have had, because the run's key holds everything of them that a
@@ -59,7 +59,8 @@ HEADER_DIGITS = 10
 
 # PID 1 of a waiting container: READY, then read the command (a length, then JSON argv) from stdin, GO,
 # and exec it with the signal dispositions of a process the engine started (Python ignores SIGPIPE and
-# SIGXFSZ; an exec keeps what is ignored). The rest of stdin is the work folder's tar, read by the command.
+# SIGXFSZ; an exec keeps what is ignored). The rest of stdin (the end token's line, the work folder's tar) is the
+# command's.
 LAUNCHER_SOURCE = rf"""
 import json, os, signal
 os.write(1, {READY!r})

@@ -177,7 +177,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             log_cap_bytes=settings.max_output_bytes,
             checkout_root=settings.work_root,
         )
-        self._sessions = SessionService(backend, settings, self._swe, self._admission, terminal)
+        self._terminal = terminal or TerminalTasks(settings.task_root, None)
+        self._sessions = SessionService(backend, settings, self._swe, self._admission, self._terminal)
 
     def start(self) -> None:
         """Start reaping idle sessions (needs the running event loop)."""
@@ -299,7 +300,8 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             raise InvalidArgument(problem)
         limits = resolve_limits(request.limits, self._settings)
         instances = {}
-        if request.task_set:
+        terminal = bool(request.task_set) and self._terminal.is_terminal_set(request.task_set)
+        if request.task_set and not terminal:
             try:
                 instances = self._swe.task_sets.instances(request.task_set)
             except TaskSetError as exc:
@@ -313,8 +315,11 @@ class SandboxServicer(sandbox_pb2_grpc.SandboxServiceServicer):
             raise
         except Exception as exc:  # a pull, a build or a start that failed: nothing the caller can fix by retrying
             raise FailedPrecondition(f"cannot prepare the job's sessions: {type(exc).__name__}: {exc}") from None
-        wanted = [instances[i] for i in dict.fromkeys(request.instance_ids) if i in instances]
-        ready = await self._swe.prepare_images(request.task_set, wanted)
+        if terminal:
+            ready = await self._terminal.prepare_images(request.task_set, request.instance_ids)
+        else:
+            wanted = [instances[i] for i in dict.fromkeys(request.instance_ids) if i in instances]
+            ready = await self._swe.prepare_images(request.task_set, wanted)
         return sandbox_pb2.PrepareSessionsResponse(warm=warm, instance_images=ready)
 
     async def ReleaseSessions(

@@ -97,7 +97,8 @@ class SessionStore:
             secrets.token_urlsafe(32), handle, limits, idle_timeout, self._clock(), swe, terminal, file_task
         )
         self._sessions[session.id] = session
-        log.info("session opened", session=session.id[:8], open=len(self._sessions))
+        # warm: whether the session's sandbox was started ahead (the pool PrepareSessions filled) or for it.
+        log.info("session opened", session=session.id[:8], warm=handle.warm, open=len(self._sessions))
         return session
 
     @contextlib.asynccontextmanager

@@ -68,8 +68,10 @@ def swe_env_tag(client, base_image: str, instance) -> str:
     return f"{SWE_ENV_REPOSITORY}:{digest}"
 
 
-def ensure_swe_env_image(client, base_image: str, instance, mirror: Path, wheelhouse_dir=DEFAULT_WHEELHOUSE) -> str:
-    """The environment image of `instance` (a SweInstance with a recipe); built when missing."""
+def ensure_swe_env_image(
+    client, base_image: str, instance, mirror: Path, wheelhouse_dir=DEFAULT_WHEELHOUSE, *, on_build=None
+) -> str:
+    """The environment image of `instance` (a SweInstance with a recipe); built when missing (then `on_build(tag)`)."""
     tag = swe_env_tag(client, base_image, instance)
     with _lock(tag):
         if _label(client, tag) is not None:
@@ -106,6 +108,8 @@ def ensure_swe_env_image(client, base_image: str, instance, mirror: Path, wheelh
             args = {"INSTALL": install, "REQUIREMENTS": requirements_file, "SCM_VERSION": _scm_version(r.version)}
             (context / "Dockerfile").write_text(SWE_ENV_DOCKERFILE)
             _step(where, "image build", lambda: _build_with_args(client, context, tag, base_image, args))
+        if on_build is not None:
+            on_build(tag)
         return tag
 
 

@@ -85,8 +85,11 @@ def _present(client, name: str) -> bool:
     return True
 
 
-def resolve(client, instance_id: str, image: str, *, registry: str = "", auth_file: str | None = None) -> str:
-    """The local name of the instance's image, pulled when absent; PrebuiltImageError when it cannot be had."""
+def resolve(
+    client, instance_id: str, image: str, *, registry: str = "", auth_file: str | None = None, on_pull=None
+) -> str:
+    """The local name of the instance's image, pulled when absent (then `on_pull(name)`); PrebuiltImageError when
+    it cannot be had."""
     import docker.errors
 
     remote = qualified(image, registry)
@@ -102,11 +105,14 @@ def resolve(client, instance_id: str, image: str, *, registry: str = "", auth_fi
             f"instance {instance_id!r}: image {remote!r} is not present locally and cannot be pulled from {where}: "
             f"{str(exc)[:500]}"
         ) from None
+    if on_pull is not None:
+        on_pull(remote)
     return remote
 
 
-def fit(client, image: str, env: PrebuiltEnv) -> str:
-    """The run image of a resolved prebuilt image: its repository folder a link to /work (built once)."""
+def fit(client, image: str, env: PrebuiltEnv, on_build=None) -> str:
+    """The run image of a resolved prebuilt image: its repository folder a link to /work (built once; then
+    `on_build(tag)`)."""
     hidden = " ".join(env.hidden)  # the format's own absolute paths (swe_formats.py), never a row's
     parts = [client.images.get(image).id, env.repo_dir, env.env_bin, hidden, FIT_DOCKERFILE]
     digest = hashlib.sha256("\0".join(parts).encode())
@@ -117,13 +123,21 @@ def fit(client, image: str, env: PrebuiltEnv) -> str:
                 (Path(tmp) / "Dockerfile").write_text(FIT_DOCKERFILE)
                 args = {"REPO_DIR": env.repo_dir, "ENV_BIN": env.env_bin, "HIDDEN": hidden}
                 _build(client, Path(tmp), tag, image, tag.rsplit(":", 1)[1], args)
+            if on_build is not None:
+                on_build(tag)
     return tag
 
 
-def ensure_prebuilt(client, instance_id: str, env: PrebuiltEnv, *, registry: str = "", auth_file=None) -> str:
-    """The image a prebuilt-image instance runs in: resolved (or pulled), then fitted."""
-    local = resolve(client, instance_id, env.image, registry=registry, auth_file=auth_file)
+def ensure_prebuilt(
+    client, instance_id: str, env: PrebuiltEnv, *, registry: str = "", auth_file=None, on_made=None
+) -> str:
+    """The image a prebuilt-image instance runs in: resolved (or pulled), then fitted. `on_made(image, base)`:
+    told of each image this call pulled (base None) or built (base the image it was built on)."""
+    made = on_made or (lambda image, base: None)
+    local = resolve(
+        client, instance_id, env.image, registry=registry, auth_file=auth_file, on_pull=lambda name: made(name, None)
+    )
     try:
-        return fit(client, local, env)
+        return fit(client, local, env, on_build=lambda tag: made(tag, local))
     except Exception as exc:  # the engine's build error, with the instance and the image named
         raise PrebuiltImageError(f"instance {instance_id!r}: cannot fit image {local!r} for a run: {exc}") from None

@@ -4,6 +4,7 @@
         ──TerminalTasks.prepare──> (the task's image, its WORKDIR's files as the seed, the WORKDIR)
                                    (terminal_images.TerminalImages: built offline once, then reused)
         ──> a docker session of that image: the agent starts in WORKDIR (a link to /work)
+    PrepareSessions(task_set, instance_ids = task ids the job draws) ──prepare_images──> those images built now
     ScoreSession (after the agent) ──score──> run-tests.sh + tests/* as a tar into /tests (a fresh folder)
         ──> `cd WORKDIR && bash /tests/run-tests.sh` (TEST_DIR=/tests), at most max_test_timeout_sec
         ──> the pytest summary ──> SweResult: passed iff at least one test ran and all passed;
@@ -24,7 +25,10 @@ import dataclasses
 import io
 import re
 import tarfile
+from collections.abc import Sequence
 from pathlib import Path
+
+import structlog
 
 from dockyard.rpc.errors import FailedPrecondition
 from dockyard.tasks.gdpval import is_task_folder as is_file_task
@@ -38,6 +42,8 @@ from dockyard.tasks.terminal_sets import read_any_task
 from services.sandbox.backend import Outcome, ResourceLimits, SessionHandle, Status
 from services.sandbox.swe import SweResult, TaskSetError
 from services.sandbox.terminal_images import TESTS_TARGET, Task, TerminalImages
+
+log = structlog.get_logger()
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -111,6 +117,21 @@ class TerminalTasks:
                 "terminal tasks run in their own images: start the sandbox with the docker backend"
             )
         return Prepared(*await asyncio.to_thread(self._images.ensure, task))
+
+    async def prepare_images(self, task_set: str, task_ids: Sequence[str]) -> int:
+        """The image of each of `task_set`'s tasks named in `task_ids` built now, as its first session would,
+        one after another; returns how many are ready. An id the set does not hold is skipped; an image that
+        cannot be built is logged and left to the task's first session, which reports it. Without containers
+        (the local backend) there is no image to make: 0."""
+        ready = 0
+        for task_id in dict.fromkeys(task_ids) if self._images is not None else ():
+            try:
+                await self.prepare(self.task(task_set, task_id))
+                ready += 1
+            except Exception as exc:  # noqa: BLE001 -- its first session reports it, as without a preparation
+                if not (isinstance(exc, TaskSetError) and exc.kind == "not_found"):
+                    log.warning("a terminal task's image is not ready", task=task_id, error=str(exc)[:300])
+        return ready
 
 
 async def run_test_script(

@@ -234,11 +234,18 @@ class TerminalImages:
     """Builds (once per content hash) and finds terminal tasks' images and their work-folder seeds."""
 
     def __init__(
-        self, client, base_image: str, seed_root: str | os.PathLike, wheelhouse: str | os.PathLike = DEFAULT_WHEELHOUSE
+        self,
+        client,
+        base_image: str,
+        seed_root: str | os.PathLike,
+        wheelhouse: str | os.PathLike = DEFAULT_WHEELHOUSE,
+        *,
+        cache=None,
     ) -> None:
         self._client, self._base = client, base_image
         self._seeds = Path(seed_root)
         self._wheelhouse = Path(wheelhouse)
+        self._cache = cache  # an image_cache.ImageCache: what is built here is recorded, each use touched
 
     def ensure(self, task: Task) -> tuple[str, str, str]:
         """(image tag, host folder of the WORKDIR's files, the task's WORKDIR); builds what is missing."""
@@ -254,6 +261,10 @@ class TerminalImages:
         with _lock(tag):
             if not self._has(tag, content_hash):
                 self._build(task, translation, files, tag, content_hash)
+                if self._cache is not None:
+                    self._cache.added(tag)
+            elif self._cache is not None:
+                self._cache.touch(tag)
             seed = self._seed(tag, content_hash[:20])
         return tag, str(seed), workdir_of(translation)
 

@@ -66,7 +66,10 @@ def waiting_warm_run(container: dict) -> bool:
     the launcher (a run's execs the run's command, and an ended one runs nothing)."""
     if WARM_RUN_LABEL not in (container["Config"]["Labels"] or {}) or not container["State"]["Running"]:
         return False
-    cmdline = Path(f"/proc/{container['State']['Pid']}/cmdline").read_bytes().split(b"\0")
+    try:
+        cmdline = Path(f"/proc/{container['State']['Pid']}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:  # it ended since the inspect (a run's reply comes before its container stops)
+        return False
     return cmdline[:5] == [arg.encode() for arg in LAUNCHER_COMMAND]
 
 

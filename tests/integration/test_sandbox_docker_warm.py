@@ -94,6 +94,7 @@ async def test_a_warm_container_is_locked_down_as_a_cold_one(backend):
     try:
         assert warm._id in set(warm_containers(backend.sessions.owner))
         assert cold._id not in set(warm_containers(backend.sessions.owner))
+        assert (warm.warm, cold.warm) == (True, False)  # what the "session opened" log line says
         fields = ("ReadonlyRootfs", "CapDrop", "SecurityOpt", "NetworkMode", "PidsLimit", "Tmpfs", "Ulimits", "Binds")
         warm_host, cold_host = inspect(warm._id)["HostConfig"], inspect(cold._id)["HostConfig"]
         assert {f: warm_host[f] for f in fields} == {f: cold_host[f] for f in fields}

@@ -101,8 +101,11 @@ async def test_a_warm_run_sees_the_confinement_of_a_cold_one(backend):
     assert cold.status is Status.PASSED, cold
     waiting = set(our_warm_runs(backend.sessions.owner, running=True))
     warm = await backend.execute(files, argv, LIMITS)
-    taken = waiting - set(our_warm_runs(backend.sessions.owner, running=True))
-    assert taken, "the run did not take the waiting container"
+    # The reply comes once the command ended; the container it ran in stops (and is removed) after.
+    deadline = time.monotonic() + 60
+    while not waiting - set(our_warm_runs(backend.sessions.owner, running=True)):
+        assert time.monotonic() < deadline, "the run did not take the waiting container"
+        await asyncio.sleep(0.1)
     assert warm.status is Status.PASSED, warm
     assert warm.stdout == cold.stdout
     # What the comparison covers: signal dispositions, no network, a read-only root.

@@ -106,3 +106,31 @@ async def test_a_swe_job_asks_for_the_images_of_the_instances_it_draws_and_no_wa
     assert (request.size, request.task_set) == (0, "bugs")
     assert list(request.instance_ids) == ["a", "b"]  # the job's instances of that set, once each
     await warmer.release()
+
+
+async def test_a_single_turn_swe_job_and_a_terminal_job_ask_for_their_tasks_images():
+    for name, overrides, task_ids in (
+        ("grpo_swe.yaml", ["env.tools=[]"], ["bugs/a", "bugs/b"]),  # ScorePatch per completion, no session
+        ("grpo_terminal_bench.yaml", [], ["tb/hello-world", "tb/fix-git"]),
+    ):
+        worker = Worker()
+        config = load_config(REPO_ROOT / "examples" / "configs" / name, ["policy.bootstrap=null", *overrides])
+        warmer = SessionWarmer.for_job("job-5", Fleet(sandbox=worker), config, sandbox_pb2.Limits(), task_ids)
+        warmer.on_group(task_ids[1])
+        await asyncio.sleep(0.05)
+        [request] = worker.prepared
+        assert (request.size, request.task_set, list(request.instance_ids)) == (0, task_ids[0].split("/")[0], [
+            task_id.split("/")[1] for task_id in task_ids
+        ]), (name, request)  # fmt: skip
+        await warmer.release()
+        assert worker.released == ["job-5"]
+
+
+async def test_a_single_turn_job_without_a_task_set_tells_no_worker_anything():
+    worker = Worker()
+    config = load_config(REPO_ROOT / "examples" / "configs" / "tiny_expr.yaml", [])
+    warmer = SessionWarmer.for_job("job-6", Fleet(sandbox=worker), config, sandbox_pb2.Limits(), ["expr/1"])
+    warmer.on_group("expr/1")
+    await asyncio.sleep(0.05)
+    await warmer.release()
+    assert worker.prepared == [] and worker.released == []

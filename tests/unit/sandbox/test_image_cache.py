@@ -87,3 +87,27 @@ def test_a_cache_of_0_gb_evicts_nothing(tmp_path, clock):
     cache = ImageCache(engine, 0, str(tmp_path))
     cache.added("a")
     assert engine.removed == [] and set(cache.recorded()) == {"a"}
+
+
+def test_a_base_goes_only_after_the_images_built_on_it(tmp_path, clock):
+    engine = FakeEngine({"row": 4 * GB, "fitted": 4 * GB, "other": 4 * GB})
+    cache = ImageCache(engine, 1, str(tmp_path), grace_seconds=60)
+    cache.added("row")  # pulled first: the least recently used
+    clock[0] += 1
+    cache.added("fitted", base="row")  # the run image built on it
+    clock[0] += 1
+    cache.added("other")
+    clock[0] += 60
+    engine.used = {"fitted"}
+    assert cache.evict() == ["other"]  # row is fitted's base, fitted is in use: neither goes
+    engine.used = set()
+    assert cache.evict() == ["fitted", "row"]  # the child first, then (the next pass) its base
+    assert cache.recorded() == {}
+
+
+def test_a_record_of_the_earlier_format_is_read(tmp_path, clock):
+    (tmp_path / "dockyard-image-cache.json").write_text('{"a": 5.0}')  # image -> last use, no base
+    engine = FakeEngine({"a": GB})
+    cache = ImageCache(engine, 0.5, str(tmp_path), grace_seconds=0)
+    assert cache.recorded() == {"a": 5.0}
+    assert cache.evict() == ["a"]

@@ -1,6 +1,6 @@
 """PrepareSessions in the servicer (services/sandbox/servicer.py): the backend's share of a job's sessions (at
-most this worker's max_sessions), and a SWE task set's instance images made ahead through SweScorer.image, a
-failing one logged, not fatal."""
+most this worker's max_sessions), and a SWE task set's instance images made ahead through SweScorer.image (a
+terminal task set's through TerminalTasks), a failing one logged, not fatal."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from services.sandbox.backend import SandboxBackend
 from services.sandbox.servicer import SandboxServicer
 from services.sandbox.settings import SandboxSettings
 from services.sandbox.swe import SweScorer, TaskSetError
+from tests.conftest import REPO_ROOT
 
 
 class Backend(SandboxBackend):
@@ -95,3 +96,39 @@ async def test_a_share_above_max_sessions_warms_up_to_it_instead_of_nothing():
         sandbox_pb2.PrepareSessionsRequest(job_id="j", size=64), None
     )
     assert reply.warm == 4 and [size for _, size, _, _ in backend.prepared] == [4]
+
+
+class Images:
+    """TerminalImages' interface: ensure(task) builds the task's image; one task's build fails."""
+
+    def __init__(self) -> None:
+        self.built: list[str] = []
+
+    def ensure(self, task):
+        if task.task_id == "fix-mean":
+            raise RuntimeError("the build failed")
+        self.built.append(task.task_id)
+        return f"dockyard/terminal:{task.task_id}", "/seed", "/app"
+
+
+async def test_a_terminal_task_sets_images_are_built_ahead_only_for_the_tasks_the_job_draws():
+    from services.sandbox.terminal import TerminalTasks
+
+    images, backend, swe = Images(), Backend(), Swe()
+    settings = SandboxSettings(coordinator_address="", task_root=str(REPO_ROOT / "examples" / "tasks"))
+    terminal = TerminalTasks(settings.task_root, images)
+    request = sandbox_pb2.PrepareSessionsRequest(
+        job_id="j", task_set="terminal", instance_ids=["count-errors", "fix-mean", "no-such-task", "count-errors"]
+    )
+    reply = await SandboxServicer(backend, settings, swe=swe, terminal=terminal).PrepareSessions(request, None)
+    assert reply.instance_images == 1  # the failed build logged, not counted, not fatal; the unknown id skipped
+    assert images.built == ["count-errors"] and swe.asked == []  # each once; not a SWE set
+
+
+async def test_a_terminal_task_set_on_a_backend_without_containers_makes_no_image():
+    from services.sandbox.terminal import TerminalTasks
+
+    settings = SandboxSettings(coordinator_address="", task_root=str(REPO_ROOT / "examples" / "tasks"))
+    request = sandbox_pb2.PrepareSessionsRequest(job_id="j", task_set="terminal", instance_ids=["count-errors"])
+    servicer = SandboxServicer(Backend(), settings, swe=Swe(), terminal=TerminalTasks(settings.task_root, None))
+    assert (await servicer.PrepareSessions(request, None)).instance_images == 0

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from structlog.testing import capture_logs
 
 from dockyard.rpc.errors import NotFound, ResourceExhausted
 from services.sandbox.backend import Outcome, ResourceLimits, SessionHandle, Status
@@ -82,6 +83,21 @@ async def test_sessions_are_bounded_and_ids_unguessable():
     await store.close(a.id)
     await open_one(store)  # room again
     assert len(store) == 2
+
+
+async def test_the_open_log_line_says_whether_the_session_was_taken_warm():
+    store = SessionStore(2)
+    warm = FakeHandle()
+    warm.warm = True
+
+    async def make_warm():
+        return warm
+
+    with capture_logs() as logs:
+        await store.open(make_warm, limits=LIMITS, idle_timeout=60)
+        await open_one(store)  # a handle started for its session: cold
+    opened = [line for line in logs if line["event"] == "session opened"]
+    assert [line["warm"] for line in opened] == [True, False], opened
 
 
 async def test_a_closed_session_is_not_found_and_its_handle_closed():

@@ -1,7 +1,8 @@
 """Prebuilt SWE images on a real docker engine: found locally without a pull, refused by instance and image
 when neither present nor pullable (no registry answers here), and a SWE-rebench row scored end to end in
 its image (the sandbox image tagged under the row's docker_image): the gold patch resolves, an empty or
-irrelevant one does not."""
+irrelevant one does not; the row's image and the run image fitted on it in the image cache, the row's kept
+while the fitted one is."""
 
 from __future__ import annotations
 
@@ -111,6 +112,42 @@ def test_the_fitted_image_links_the_repository_folder_to_the_checkout(client, ta
     out = client.containers.run(fitted, ["sh", "-c", f"readlink {REPO_DIR}; id -u; pwd; echo $PATH"], remove=True)
     link, uid, cwd, path = out.decode().split()
     assert (link, uid, cwd) == ("/work", "1000", "/work") and path.startswith("/env/bin:")
+
+
+def test_a_rows_image_stays_cached_while_its_fitted_run_image_is_and_goes_after_it(client, tmp_path):
+    import docker.errors
+
+    from services.sandbox.image_cache import ImageCache
+
+    row_image = editable_at_testbed(client, f"swebench/sweb.eval.x86_64.{unique('o_1776_r')}:latest")
+    made: list[tuple[str, str | None]] = []
+    fitted = None
+    try:
+        building = ImageCache(client, 1e-9, str(tmp_path), keep={SANDBOX_IMAGE})  # within the grace: nothing goes
+        building.record(row_image)  # as if this service had pulled it (no registry answers here)
+
+        def added(image: str, base: str | None) -> None:
+            made.append((image, base))
+            building.added(image, base)
+
+        env = PrebuiltEnv(row_image, REPO_DIR, f"/env/{unique('bin')}")  # a fitted image of its own
+        fitted = ensure_prebuilt(client, "o__r-1", env, registry=DEAD_REGISTRY, on_made=added)
+        assert made == [(fitted, row_image)]  # built here on the row's image; the row's was present: no pull
+        later = ImageCache(client, 1e-9, str(tmp_path), keep={SANDBOX_IMAGE}, grace_seconds=0)  # the grace past
+        container = client.api.create_container(fitted, command=["true"])["Id"]
+        try:
+            assert later.evict() == []  # the fitted image has a container; the row's is its base
+        finally:
+            client.api.remove_container(container, force=True)
+        assert later.evict() == [fitted, row_image]  # the child first, then its base
+        assert later.recorded() == {} and client.images.get(SANDBOX_IMAGE)
+    finally:
+        for name in (fitted, row_image):
+            try:
+                if name is not None:
+                    client.images.remove(name, noprune=True)
+            except docker.errors.ImageNotFound:
+                pass  # evicted
 
 
 def rebench_task_set(root: Path, image: str) -> dict:
