@@ -190,6 +190,11 @@ class TorchEngine(GenerationEngine):
         with self._gate.updating():
             yield
 
+    def exclusive_now(self) -> contextlib.AbstractContextManager[None] | None:
+        if self._fp8:  # requantizing every linear layer after a load is model work: kept off the event loop
+            return None
+        return self._gate.update_now()
+
     @property
     def update_waiting(self) -> bool:
         """Whether a weight update is waiting for the decode step to let go of the weights."""
