@@ -634,11 +634,11 @@ class ColocatedReceiver(_Peer):
         rank = self.group.rank
         copied: torch.cuda.Event | None = None
         try:
+            self._quiesce()  # while rank 0 is still on its way to the ask
             decided, repeat = self._asked(version)
             await self._spin_on_loop(decided, f"version {version}")
             if not repeat[0]:
                 return None
-            self._quiesce()
             targets = self._launch_replay(sink)
             if self.device.type == "cuda":
                 copied = torch.cuda.Event()
