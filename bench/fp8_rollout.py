@@ -19,6 +19,7 @@ Prints, for each scaling S (the name `fp8` for channel, `fp8_block` for block)
     S_vs_bf16_tokens_per_s: R         fp8 engine tok/s / bf16 engine tok/s (higher is better)
     S_vs_bf16_refit: R                fp8 engine refit seconds / bf16 (lower is better)
     bf16_gen_train_kl: K, S_gen_train_kl: K, and the mean |Δ logprob| of each
+(a scaling the GPU or torch cannot run prints why, and the others still run)
 
     python bench/fp8_rollout.py                 # one CUDA GPU of compute capability 8.9+ (H100, H200)
     python bench/fp8_rollout.py --shape 7b --scalings channel,block
@@ -76,7 +77,8 @@ async def bench(args: argparse.Namespace) -> None:
     results = {}
     variants = [("bf16", "auto", "channel")]
     variants += [("fp8" if s == "channel" else f"fp8_{s}", "fp8", s) for s in args.scalings.split(",")]
-    for name, precision, scaling in variants:
+
+    async def measure(name: str, precision: str, scaling: str) -> tuple[float, float, float, float]:
         engine = TorchEngine(
             copy.deepcopy(trainer_model), tokenizer, device, kv_cache="static", max_batch_rows=args.batch,
             precision=precision, fp8_scaling=scaling,
@@ -120,8 +122,16 @@ async def bench(args: argparse.Namespace) -> None:
         gen = torch.tensor([c.logprobs for c in rows], device=device, dtype=torch.float32)
         log_ratio = (train - gen).clamp(-20, 20)
         kl = (log_ratio.exp() - 1 - log_ratio).mean().item()
-        results[name] = (tokens_per_s, refit_s, kl, (train - gen).abs().mean().item())
-        say(f"{name}: gen_train_kl {kl:.3e}, mean |Δ logprob| {results[name][3]:.4f}")
+        delta = (train - gen).abs().mean().item()
+        say(f"{name}: gen_train_kl {kl:.3e}, mean |Δ logprob| {delta:.4f}")
+        return tokens_per_s, refit_s, kl, delta
+
+    for name, precision, scaling in variants:
+        try:
+            results[name] = await measure(name, precision, scaling)
+        except Exception as exc:  # noqa: BLE001 - a scaling this torch cannot run: said, and the others still run
+            say(f"{name}: could not run: {str(exc).splitlines()[0]}")
+            torch.cuda.empty_cache()
     bt, br, bk, bd = results.pop("bf16")
     print(f"bf16_gen_train_kl: {bk:.3e}")
     print(f"bf16_mean_abs_logprob_delta: {bd:.4f}")
