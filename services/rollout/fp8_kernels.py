@@ -27,8 +27,8 @@ def _quantize_blocks(
     rows = r * B + tl.arange(0, B)
     at = rows[:, None] * cols + (c * B + tl.arange(0, B))[None, :]
     w = tl.load(w_ptr + at).to(tl.float32)
-    scale = tl.maximum(tl.math.div_rn(tl.max(tl.max(tl.abs(w), axis=1), axis=0), E4M3), MIN)
-    q = tl.minimum(tl.maximum(tl.math.div_rn(w, scale), -E4M3), E4M3)  # rounded as torch divides
+    scale = tl.maximum(tl.max(tl.max(tl.abs(w), axis=1), axis=0) / E4M3, MIN)  # IEEE division, as torch's
+    q = tl.minimum(tl.maximum(w / scale, -E4M3), E4M3)
     tl.store(q_ptr + at, q.to(tl.float8e4nv))
     tl.store(s_ptr + r * s_stride_r + c * s_stride_c, scale)
 
