@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from dockyard.config import MasterConfig
 
-OK, ERROR, SKIP = "ok", "error", "skip"
+# WARN: the run can start, but it will not get what it asked for (a preflight line, never an exit status).
+OK, ERROR, SKIP, WARN = "ok", "error", "skip", "warn"
 
 
 @dataclass(frozen=True)
 class Finding:
     check: str
-    status: str  # OK, ERROR or SKIP
+    status: str  # OK, ERROR, SKIP or WARN
     message: str
 
 

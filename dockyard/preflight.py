@@ -6,10 +6,11 @@
         ──> datasets (files, fields) ─> context (longest prompt + max_new_tokens)
         ──> SFT demonstrations file (sft.dataset) / OPD teacher folder
         ──> swe task sets as the sandbox loads them (swebench specs, mirror commits)
-        ──> GPUs / NCCL layout ─> image processor (multimodal) ─> desktop VM (osworld: a stated skip)
+        ──> GPUs / NCCL layout ─> FP8 rollouts (a warning where they were measured slower than bf16)
+        ──> image processor (multimodal) ─> desktop VM (osworld: a stated skip)
         ──> sandbox backend as `dockyard run` sets it (Docker engine, image) ─> buffer backend (Redis)
         ──> ports ─> free disk for checkpoints ─> reward functions (file or module found, function defined: ast)
-        ──> [Finding(check, status, message)]     status: ok | error | skip
+        ──> [Finding(check, status, message)]     status: ok | error | skip | warn (the run starts)
 
 Guarantees: every check runs (one failure never hides the next) and says exactly what is wrong and
 how to fix it; nothing is started, written or downloaded; torch is imported only to count GPUs for a
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dockyard.launch_checks import ERROR, OK, SKIP, Finding, check_reward_functions, docker_problem
+from dockyard.launch_checks import ERROR, OK, SKIP, WARN, Finding, check_reward_functions, docker_problem
 
 if TYPE_CHECKING:
     from dockyard.config import MasterConfig
@@ -79,6 +80,7 @@ def preflight(config: MasterConfig, context: Context = Context()) -> list[Findin
         lambda: check_swe_task_sets(config, away),
         lambda: check_demonstrations_and_teacher(config),
         lambda: check_gpus(config, context.local_services, away),
+        lambda: check_fp8(config),
         lambda: check_image_processor(config, context.prepare),
         lambda: check_desktop_vm(config),
         lambda: sandbox or check_docker(env, docker_required(config)),
@@ -426,6 +428,32 @@ def check_gpus(config: MasterConfig, local_services: bool, away: str | None = No
             )
     names = ", ".join(torch.cuda.get_device_name(i) for i in range(count))
     return Finding("gpus", OK, f"{count} CUDA device(s): {names}")
+
+
+# bench/fp8_rollout.py on one H100 (bench/README.md): (parameters of the shape, FP8 engine tok/s / bf16's).
+FP8_MEASURED = ((494_032_768, 0.905), (7_615_616_512, None))
+
+
+def check_fp8(config: MasterConfig) -> Finding:
+    """precision fp8: a warning unless FP8 rollouts were measured faster than bf16 at the policy's size or below."""
+    generation = config.policy.generation
+    if generation.precision != "fp8":
+        return Finding("fp8", SKIP, "policy.generation.precision=auto")
+    params = _parameter_count(config)
+    faster = [n for n, ratio in FP8_MEASURED if ratio is not None and ratio > 1.0]
+    measured = "; ".join(f"{n / 1e9:.1f}B: {r:.2f}x" for n, r in FP8_MEASURED if r is not None)
+    if params is not None and faster and params >= min(faster):
+        return Finding(
+            "fp8", OK, f"{params / 1e9:.1f}B parameters: FP8 rollouts measured faster from {min(faster) / 1e9:.1f}B"
+        )
+    size = f"{params / 1e9:.1f}B parameters" if params is not None else "a policy of unknown size"
+    return Finding(
+        "fp8",
+        WARN,
+        f"{size}: FP8 rollouts were not measured faster than bf16 at this size (FP8 tok/s over bf16's by "
+        f"parameters, bench/fp8_rollout.py: {measured}), and they move the sampled logprobs further from the "
+        "trainer's; policy.generation.precision=auto is the faster choice here",
+    )
 
 
 def check_image_processor(config: MasterConfig, prepare: bool) -> Finding:

@@ -25,6 +25,8 @@ formed (NCCL refuses two ranks on one GPU); the epoch's store carries small sign
                 graph of many, captured at the first repeat; or fails, when they changed, which it checks
                 while the device copies)
                 ──> its mailbox word = v | -v (the reason in "colocated/v<v>/loaded/<r>")
+                a receiver on an event loop (receive_on_loop) takes a repeat on the loop itself, both of
+                its waits (the ask, the copies) polled between the loop's other tasks: no worker thread
 
 Guarantees:
 - Weights never cross the host: on CUDA a receiver copies device to device out of
@@ -40,6 +42,9 @@ Guarantees:
 - Messages carry pickled handles, so each is signed with the epoch's secret (HMAC-SHA256)
   and a receiver unpickles only a message whose signature holds: a stranger on the store
   cannot make a member run code, and a corrupted message fails the sync.
+- A repeat taken on an event loop never blocks the loop on a peer or on the copies (it polls),
+  and a failure or a cancellation there is reported to rank 0 as `receive` reports it, once the
+  copies it queued are done.
 - Every wait is bounded by the timeout and sees a peer's reported failure at once: a receiver
   that dies, stalls or fails makes the send raise SyncFailed (with its reason where it gave
   one), a sender that dies or fails makes the receive raise SyncFailed.
@@ -55,11 +60,13 @@ keeps them in step (the handles and signatures live in handles.py, the device ch
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import operator
 import pickle
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -241,27 +248,47 @@ class _Peer:
 
         self._spin(arrived, what, lambda: f"; missing {[k for k in keys if not self.store.check([k])][:3]}")
 
-    def _spin(self, done, what: str, missing=lambda: "") -> None:
-        """Until `done()` (which raises SyncFailed for a failure it sees); SyncFailed when the timeout passes.
+    def _pauses(self, what: str, missing=lambda: "", spin_s: float = SPIN_S) -> Iterator[float]:
+        """The pause before each next poll, for as long as the timeout allows; then SyncFailed.
 
-        The first SPIN_S polls back to back: a sync's answers come within a millisecond, and a
-        sleep between checks would add its latency to every sync. Then every POLL_S."""
+        The first `spin_s` polls back to back (0): a sync's answers come within a millisecond, and
+        a sleep between checks would add its latency to every sync. Then every POLL_S."""
         now = time.monotonic()
-        deadline, spin_until = now + self.timeout.total_seconds(), now + SPIN_S
+        deadline, spin_until = now + self.timeout.total_seconds(), now + spin_s
+        while True:
+            yield POLL_S if now > spin_until else 0.0
+            now = time.monotonic()
+            if now > deadline:
+                raise SyncFailed(
+                    f"{self._where()}: {what}: no answer within {self.timeout.total_seconds():g}s "
+                    f"(a peer died or stalled){missing()}"
+                )
+
+    @contextlib.contextmanager
+    def _store_errors(self, what: str) -> Iterator[None]:
         try:
-            while not done():
-                now = time.monotonic()
-                if now > deadline:
-                    raise SyncFailed(
-                        f"{self._where()}: {what}: no answer within {self.timeout.total_seconds():g}s "
-                        f"(a peer died or stalled){missing()}"
-                    )
-                if now > spin_until:
-                    time.sleep(POLL_S)
+            yield
         except SyncFailed:
             raise
         except Exception as exc:  # noqa: BLE001 - the store is gone: its host (rank 0) died or closed it
             raise SyncFailed(f"{self._where()}: {what}: the weight-sync store failed: {exc}") from exc
+
+    def _spin(self, done, what: str, missing=lambda: "") -> None:
+        """Until `done()` (which raises SyncFailed for a failure it sees); SyncFailed when the timeout passes."""
+        with self._store_errors(what):
+            for pause in self._pauses(what, missing):
+                if done():
+                    return
+                if pause:
+                    time.sleep(pause)
+
+    async def _spin_on_loop(self, done, what: str, spin_s: float = SPIN_S) -> None:
+        """`_spin` for a caller on an event loop: each poll yields to the loop's other tasks instead of sleeping."""
+        with self._store_errors(what):
+            for pause in self._pauses(what, spin_s=spin_s):
+                if done():
+                    return
+                await asyncio.sleep(pause)
 
     def _devices(self, device: torch.device) -> list[dict]:
         try:
@@ -574,30 +601,80 @@ class ColocatedReceiver(_Peer):
 
     def receive(self, sink: TensorSink, version: int) -> SyncReport:
         start = time.perf_counter()
-        rank = self.group.rank
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-            torch.cuda.synchronize(self.device)  # kernels still reading the weights finish before they change
+        self._quiesce()
         digest = Fingerprint() if self.checksum else None
         try:
             nbytes, repeated = self._receive(sink, version, digest)
         except Exception as exc:
-            try:  # rank 0 stops waiting for this rank at once, with the reason
-                self.store.set(_key(version, "loaded", rank), f"failed: {exc}")
-            except Exception:  # noqa: BLE001 - the store is gone with rank 0
-                pass
-            if self.mailbox is not None:  # after the reason: rank 0 reads it when it sees this
-                self.mailbox.answer(rank, -version)
-            if isinstance(exc, SyncFailed | RefitError):
+            failure = self._failed(version, exc)
+            if failure is exc:
                 raise
-            raise SyncFailed(f"{self._where()}: loading version {version} failed: {exc}") from exc
+            raise failure from exc
         if repeated:
-            self.mailbox.answer(rank, version)
+            self.mailbox.answer(self.group.rank, version)
         else:
             replayable = self.replay is not None and self.replay[0] == version
-            self.store.set(_key(version, "loaded", rank), "ok+replay" if replayable else "ok")
+            self.store.set(_key(version, "loaded", self.group.rank), "ok+replay" if replayable else "ok")
         checksum = digest.hexdigest() if digest is not None else ""
         return SyncReport(checksum, nbytes, time.perf_counter() - start)
+
+    @property
+    def can_repeat(self) -> bool:
+        """Whether the next version may come as a repeat (asked in the mailbox): `receive_repeat` can take it."""
+        return self.replay is not None and self.mailbox is not None
+
+    async def receive_repeat(self, sink: TensorSink, version: int) -> SyncReport | None:
+        """A repeat of `version`, on the caller's event loop with no worker thread; None when rank 0 sends it in full.
+
+        What `receive` does for a repeat, with its two waits (rank 0's ask, the device copies) polled
+        between the loop's other tasks instead of blocking a thread: a small model's refit is shorter
+        than the two thread hops it would otherwise cost. A failure or a cancellation is reported to
+        rank 0 as `receive` reports it; the copies already queued finish before it propagates."""
+        start = time.perf_counter()
+        rank = self.group.rank
+        copied: torch.cuda.Event | None = None
+        try:
+            self._quiesce()  # while rank 0 is still on its way to the ask
+            decided, repeat = self._asked(version)
+            await self._spin_on_loop(decided, f"version {version}")
+            if not repeat[0]:
+                return None
+            targets = self._launch_replay(sink)
+            if self.device.type == "cuda":
+                copied = torch.cuda.Event()
+                copied.record(torch.cuda.current_stream(self.device))
+                # Polled back to back for as long as it takes: the copies are bound by the bytes, not by a peer.
+                await self._spin_on_loop(copied.query, f"copying version {version}", spin_s=float("inf"))
+            nbytes = self._finish_replay(version, targets)
+        except BaseException as exc:
+            if copied is not None:
+                copied.synchronize()  # the engine's hold ends after the copies, never during them
+            failure = self._failed(version, exc) if isinstance(exc, Exception) else exc
+            if failure is exc:
+                raise
+            raise failure from exc
+        self.mailbox.answer(rank, version)  # type: ignore[union-attr]
+        return SyncReport("", nbytes, time.perf_counter() - start)
+
+    def _quiesce(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.cuda.synchronize(self.device)  # kernels still reading the weights finish before they change
+
+    def _failed(self, version: int, exc: BaseException) -> BaseException:
+        """Tell rank 0 that this rank could not load `version` (store, then mailbox); the error to raise.
+
+        A cancellation is reported too (rank 0 stops waiting at once) and raised as it is."""
+        rank = self.group.rank
+        try:  # rank 0 stops waiting for this rank at once, with the reason
+            self.store.set(_key(version, "loaded", rank), f"failed: {str(exc) or type(exc).__name__}")
+        except Exception:  # noqa: BLE001 - the store is gone with rank 0
+            pass
+        if self.mailbox is not None:  # after the reason: rank 0 reads it when it sees this
+            self.mailbox.answer(rank, -version)
+        if isinstance(exc, SyncFailed | RefitError) or not isinstance(exc, Exception):
+            return exc
+        return SyncFailed(f"{self._where()}: loading version {version} failed: {exc}")
 
     def _receive(self, sink: TensorSink, version: int, digest) -> tuple[int, bool]:
         """The bytes of `version`, and whether it was a repeat (answered in the mailbox, not the store)."""
@@ -639,8 +716,9 @@ class ColocatedReceiver(_Peer):
             self.replay = (version, _targets(sink), Replay(*copies, self.device), nbytes)
         return nbytes, False
 
-    def _asked_to_repeat(self, version: int) -> bool:
-        """Whether rank 0 asks a repeat for `version` (v in the mailbox), not a full send (-v: a manifest)."""
+    def _asked(self, version: int):
+        """(a poll, its outcome): the poll is done once rank 0 asked for `version`, outcome[0] then tells
+        a repeat (v in the mailbox) from a full send (-v: a manifest); SyncFailed when rank 0 gave up."""
         box = self.mailbox
         assert box is not None
         aborted = _key(version, "aborted")
@@ -659,22 +737,35 @@ class ColocatedReceiver(_Peer):
                     raise SyncFailed(f"{self._where()}: version {version}: rank 0 gave up: {why}")
             return False
 
+        return decided, found
+
+    def _asked_to_repeat(self, version: int) -> bool:
+        """Whether rank 0 asks a repeat for `version` (v in the mailbox), not a full send (-v: a manifest)."""
+        decided, found = self._asked(version)
         self._spin(decided, f"version {version}")
         return found[0]
 
     def _replay(self, sink: TensorSink, version: int) -> int:
-        """The last version's copies again (same storages on rank 0), into the same tensors on this side.
-
-        The engine's tensors are compared with the replay's while the device copies: when they
-        changed, the copies went to the tensors the replay holds (kept alive by it, so no memory is
-        overwritten that was freed) and the sync fails, leaving the engine's weights as unknown as
-        any failed load does until the next version, which comes whole."""
-        assert self.replay is not None
-        previous, known, copies, nbytes = self.replay
-        copies.run()
-        targets = _targets(sink) if sink.targets is not None else None
+        """The last version's copies again (same storages on rank 0), into the same tensors on this side."""
+        targets = self._launch_replay(sink)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
+        return self._finish_replay(version, targets)
+
+    def _launch_replay(self, sink: TensorSink) -> tuple | None:
+        """Queue the replay's copies; the engine's tensors now (`_finish_replay` compares them)."""
+        assert self.replay is not None
+        self.replay[2].run()
+        return _targets(sink) if sink.targets is not None else None
+
+    def _finish_replay(self, version: int, targets: tuple | None) -> int:
+        """Once the copies are done: SyncFailed unless they went into the engine's tensors; the version's bytes.
+
+        When the engine's tensors changed, the copies went to the tensors the replay holds (kept
+        alive by it, so no memory is overwritten that was freed) and the sync fails, leaving the
+        engine's weights as unknown as any failed load does until the next version, which comes whole."""
+        assert self.replay is not None
+        previous, known, copies, nbytes = self.replay
         if targets != known:
             self.replay = None
             raise SyncFailed(f"{self._where()}: the engine's tensors changed since version {previous}: no replay")
@@ -767,15 +858,36 @@ class ColocatedTransport(Transport):
     def receive(self, sink, version, group=None) -> SyncReport:
         return self._guard(version, lambda: self._peer(group, False).receive(sink, version))
 
+    async def receive_on_loop(self, sink, version, group=None) -> SyncReport:
+        """A repeat on the caller's loop (ColocatedReceiver.receive_repeat); anything else in a worker thread."""
+        peer = self.peer
+        if isinstance(peer, ColocatedReceiver) and peer.group == group and peer.can_repeat:
+            try:
+                report = await peer.receive_repeat(sink, version)
+            except BaseException as exc:
+                failure = self._failure(version, exc)
+                if failure is exc:
+                    raise
+                raise failure from exc
+            if report is not None:
+                return report
+        return await super().receive_on_loop(sink, version, group)
+
     def _guard(self, version: int, move) -> SyncReport:
         try:
             return move()
-        except (SyncFailed, RefitError) as exc:
-            self._abort(version, exc)
-            raise
-        except Exception as exc:  # noqa: BLE001 - store errors: the peers never came or went away
-            self._abort(version, exc)
-            raise SyncFailed(f"colocated weight sync of version {version} failed: {exc}") from exc
+        except Exception as exc:
+            failure = self._failure(version, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
+
+    def _failure(self, version: int, exc: BaseException) -> BaseException:
+        """Forget the epoch (telling the receivers why, on rank 0); the error to raise for `exc`."""
+        self._abort(version, exc)
+        if isinstance(exc, SyncFailed | RefitError) or not isinstance(exc, Exception):
+            return exc
+        return SyncFailed(f"colocated weight sync of version {version} failed: {exc}")  # store errors: peers gone
 
     def _abort(self, version: int, exc: BaseException) -> None:
         """Tell the receivers why (rank 0), then forget the epoch: the next sync forms the one it is given."""

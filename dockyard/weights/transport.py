@@ -4,7 +4,8 @@
     replica: Transport.receive(sink, version, group) ──> the engine's tensors (through refit_plan)
 
 Guarantees every implementation keeps: both calls block until the version has moved or
-raise SyncFailed (bounded by the transport's timeout); `spec()` is plain values that
+raise SyncFailed (bounded by the transport's timeout), and `receive_on_loop` keeps `receive`'s
+guarantees without ever blocking its event loop on a peer; `spec()` is plain values that
 `transports.transport_from_spec` turns back into an equal transport in another process.
 
 Imports: dockyard.weights.collective (TensorSink) and group (SyncReport, WeightSyncGroup) only, so that
@@ -14,6 +15,7 @@ every transport module can build on this one without importing another transport
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Iterable
 
 import torch
@@ -35,6 +37,11 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def receive(self, sink: TensorSink, version: int, group: WeightSyncGroup | None = None) -> SyncReport:
         """Replica: load the weights of `version` into `sink` (blocking)."""
+
+    async def receive_on_loop(self, sink: TensorSink, version: int, group: WeightSyncGroup | None = None) -> SyncReport:
+        """`receive` for a caller on an event loop: in a worker thread, unless the transport can load the
+        version on the loop without blocking it (colocated.py's repeats, which the thread's hops would slow)."""
+        return await asyncio.to_thread(self.receive, sink, version, group)
 
     def reset(self) -> None:
         """Forget any state a failure left behind."""

@@ -187,9 +187,20 @@ class GenerationEngine(abc.ABC):
                 self.set_weight_version(version)
             return report
 
-        report = await asyncio.to_thread(load)
+        hold = self.exclusive_now()
+        if hold is None:  # the weights are in use: wait for them, and load, in a worker thread
+            report = await asyncio.to_thread(load)
+        else:  # held already: the transport decides whether the load needs a thread (small models' refits don't)
+            with hold:
+                report = await transport.receive_on_loop(TensorSink(targets=self.named_weights()), version, group)
+                self.set_weight_version(version)
         await self.prepare_for_generation()
         return report
+
+    def exclusive_now(self) -> contextlib.AbstractContextManager[None] | None:
+        """`exclusive`'s hold when it is free at once and the engine's own part of a load (set_weight_version)
+        is light enough for the event loop; else None (this default), and the load runs in a worker thread."""
+        return None
 
     def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of `messages` under the tokenizer's chat template, with the generation prompt.

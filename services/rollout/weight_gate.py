@@ -44,6 +44,20 @@ class WeightGate:
             self._cv.wait_for(lambda: self._active == 0 and not self._writer)
             self._writers_waiting -= 1
             self._writer = True
+        with self._held():
+            yield
+
+    def update_now(self) -> contextlib.AbstractContextManager[None] | None:
+        """`updating`'s hold if the weights are free at once (no step, no other update waiting or holding),
+        else None: it never waits, so an event loop may call it. Enter what it returns at once."""
+        with self._cv:
+            if self._active or self._writer or self._writers_waiting:
+                return None
+            self._writer = True
+        return self._held()
+
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[None]:
         try:
             yield
         finally:

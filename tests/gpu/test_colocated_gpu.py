@@ -3,6 +3,7 @@ weight-sync group of two ranks on that GPU is refused with the fix in the messag
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
 import queue
 import traceback
@@ -68,7 +69,8 @@ def _colocated(rank: int, port: int, out) -> None:
 
 
 def _replayed(rank: int, port: int, out) -> None:
-    """Checksum off, the trainer's tensors stepped in place: versions 2.. are replays (a CUDA graph)."""
+    """Checksum off, the trainer's tensors stepped in place: versions 2.. are replays (a CUDA graph), 3 and 4
+    taken on an event loop (receive_on_loop)."""
     try:
         torch.cuda.set_device(0)
         group = WeightSyncGroup("127.0.0.1", port, 2, rank, epoch=1, secret="s")
@@ -88,7 +90,10 @@ def _replayed(rank: int, port: int, out) -> None:
         else:
             targets = {f"w{i}": torch.zeros(s, device="cuda") for i, s in enumerate(shapes)}
             for version in range(1, 5):
-                transport.receive(TensorSink(targets=targets), version, group)
+                if version > 2:  # on an event loop, as the rollout service receives: the repeat runs there
+                    asyncio.run(transport.receive_on_loop(TensorSink(targets=targets), version, group))
+                else:
+                    transport.receive(TensorSink(targets=targets), version, group)
                 seen.append([t.cpu().numpy() for t in targets.values()])
                 graphs.append(transport.peer.replay[2].graph is not None)
         transport.close()

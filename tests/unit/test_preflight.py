@@ -16,9 +16,11 @@ from dockyard.preflight import (
     ERROR,
     OK,
     SKIP,
+    WARN,
     Context,
     check_disk,
     check_docker,
+    check_fp8,
     check_gpus,
     check_model,
     check_ports,
@@ -329,3 +331,17 @@ def test_auto_that_detects_no_format_says_which_it_falls_back_to() -> None:
     assert check_tool_call_format(load_config(TINY, RANDOM_INIT), tokenizer) is None  # no tools: nothing to say
     explicit = check_tool_call_format(load_config(TINY, [*RANDOM_INIT, "policy.tool_call_format=harmony"]), tokenizer)
     assert explicit.status == ERROR and "policy.tool_call_format=harmony" in explicit.message
+
+
+def test_fp8_rollouts_are_a_warning_where_they_were_not_measured_faster(monkeypatch) -> None:
+    arch = "policy.model={model_type: qwen2, hidden_size: 896, num_hidden_layers: 24, intermediate_size: 4864}"
+    fp8 = [*RANDOM_INIT, arch, "cluster.device=cuda", "policy.generation.precision=fp8"]
+    assert check_fp8(load_config(TINY, RANDOM_INIT)).status == SKIP
+    finding = check_fp8(load_config(TINY, fp8))
+    assert finding.status == WARN and "0.4B parameters" in finding.message
+    assert "not measured faster" in finding.message and "precision=auto" in finding.message
+    # A size at or above one measured faster passes; below it, still the warning.
+    monkeypatch.setattr("dockyard.preflight.FP8_MEASURED", ((300_000_000, 1.2),))
+    assert check_fp8(load_config(TINY, fp8)).status == OK
+    monkeypatch.setattr("dockyard.preflight.FP8_MEASURED", ((500_000_000, 1.2),))
+    assert check_fp8(load_config(TINY, fp8)).status == WARN

@@ -89,3 +89,41 @@ def test_in_flight_update_lands_between_decode_steps(tmp_path, in_flight: bool) 
     else:
         # The update waited for the whole generation.
         assert result.weight_version == 0 and result.weight_versions == [0]
+
+
+def test_an_idle_engine_holds_its_weights_on_the_loop_and_lets_the_transport_load_there(tmp_path) -> None:
+    """receive_weights: when the weights are free at once, the engine's hold is taken on the event loop and
+    the load goes through the transport's receive_on_loop; while a decode step holds them, through a thread."""
+    engine = _engine(in_flight=False)
+    seen: list[tuple[str, bool]] = []
+
+    class Watching(CheckpointTransport):
+        def receive(self, sink, version, group=None):
+            seen.append(("thread", engine.exclusive_now() is None))
+            return super().receive(sink, version, group)
+
+        async def receive_on_loop(self, sink, version, group=None):
+            seen.append(("loop", engine.exclusive_now() is None))  # None: the hold is taken already
+            return self.receive(sink, version, group)
+
+    transport = Watching(tmp_path, timedelta(seconds=5))
+    new = _perturbed(engine)
+    transport.send(new, version=2)
+    asyncio.run(engine.receive_weights(transport, 2, None, timedelta(seconds=5)))
+    assert seen == [("loop", True), ("thread", True)] and engine.weight_version == 2
+    assert all(torch.equal(t, engine.named_weights()[n]) for n, t in new)
+    hold = engine.exclusive_now()
+    assert hold is not None
+    hold.__enter__()  # a load that finds the weights in use waits for them in a worker thread
+    assert engine.exclusive_now() is None
+    seen.clear()
+
+    async def late() -> None:
+        task = asyncio.create_task(engine.receive_weights(transport, 2, None, timedelta(seconds=5)))
+        await asyncio.sleep(0.1)
+        assert not task.done()
+        hold.__exit__(None, None, None)
+        await task
+
+    asyncio.run(late())
+    assert seen == [("thread", True)]

@@ -3,6 +3,7 @@ as CUDA IPC (tests/gpu/test_colocated_gpu.py runs it on a GPU)."""
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
 import os
 import queue
@@ -289,6 +290,81 @@ def test_an_unchanged_layout_is_replayed_and_a_changed_engine_refuses_the_replay
         sync_again = sync(8, free_port())  # the next epoch starts over with the whole protocol
         assert not any(isinstance(r, Exception) for r in sync_again)
         assert torch.equal(targets["a"], sent[0][1]) and torch.equal(targets["b"], sent[1][1])
+    finally:
+        sender.close()
+        receiver.close()
+        torch.multiprocessing.set_sharing_strategy(strategy)
+
+
+def test_a_repeat_taken_on_an_event_loop_runs_there_without_a_thread_and_leaves_the_loop_free(monkeypatch) -> None:
+    """receive_on_loop: a full version goes through a worker thread, a repeat runs on the loop itself
+    (no thread), and while it waits for a late trainer the loop's other tasks keep running."""
+    strategy = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    gen = torch.Generator().manual_seed(3)
+    sent = [("a", torch.randn(30, 20, generator=gen).share_memory_()), ("b", torch.randn(9, generator=gen))]
+    sent[1] = ("b", sent[1][1].share_memory_())
+    targets = {"a": torch.zeros(30, 20), "b": torch.zeros(9)}
+    sender = ColocatedTransport(timedelta(seconds=5), BUCKET, checksum=False)
+    receiver = ColocatedTransport(timedelta(seconds=5), BUCKET, checksum=False)
+    port = free_port()
+
+    def sync(version: int, delay: float = 0.0) -> tuple[list, int]:
+        """(the outcomes of both sides, how often another task on the receiver's loop ran meanwhile)."""
+        got: list = []
+
+        def send() -> None:
+            time.sleep(delay)
+            try:
+                got.append(sender.send(sent, version, _group(0, port)))
+            except SyncFailed as exc:
+                got.append(exc)
+
+        async def receive() -> int:
+            ticks = 0
+            stop = asyncio.Event()
+
+            async def ticker() -> None:
+                nonlocal ticks
+                while not stop.is_set():
+                    ticks += 1
+                    await asyncio.sleep(0.005)
+
+            task = asyncio.create_task(ticker())
+            try:
+                got.append(await receiver.receive_on_loop(TensorSink(targets=targets), version, _group(1, port)))
+            except SyncFailed as exc:
+                got.append(exc)
+            stop.set()
+            await task
+            return ticks
+
+        thread = threading.Thread(target=send)
+        thread.start()
+        ticks = asyncio.run(receive())
+        thread.join(30)
+        return got, ticks
+
+    try:
+        got, _ = sync(1)  # a full version: through a worker thread
+        assert not any(isinstance(r, Exception) for r in got) and torch.equal(targets["a"], sent[0][1])
+
+        def no_thread(*args, **kwargs):
+            raise AssertionError("a repeat went to a worker thread")
+
+        monkeypatch.setattr(asyncio, "to_thread", no_thread)
+        with torch.no_grad():
+            for _, t in sent:
+                t.mul_(-2.0)  # an optimizer step, in place: the next version is a repeat
+        got, ticks = sync(2, delay=0.3)
+        assert not any(isinstance(r, Exception) for r in got), got
+        assert torch.equal(targets["a"], sent[0][1]) and torch.equal(targets["b"], sent[1][1])
+        assert receiver.peer.replay[0] == 2 and sender.peer.last_version == 2
+        assert ticks >= 10, ticks  # the loop ran its other task while the repeat waited ~0.3 s for the trainer
+        monkeypatch.undo()
+        targets = {"a": torch.zeros(30, 20), "b": torch.zeros(9)}  # the engine reloaded: other tensors
+        got, _ = sync(3)
+        assert len(got) == 2 and all("tensors changed" in str(r) for r in got), got
     finally:
         sender.close()
         receiver.close()
