@@ -126,16 +126,6 @@ class GenerationConfig(SamplingConfig):
             "[rollout.md](rollout.md#fp8-rollouts)."
         ),
     )
-    fp8_scaling: Literal["channel", "block"] = Field(
-        "channel",
-        description=(
-            "How `precision: fp8` scales: `channel` (a scale per output channel of each weight and per "
-            "token of each activation) or `block` (per 128x128 block of each weight and per token and "
-            "group of 128 input channels, as DeepSeek-V3's recipe; layers whose sizes are not multiples "
-            "of 128 keep `channel`; LoadPolicy refuses it where torch cannot run block-scaled FP8 "
-            "matmuls). See [rollout.md](rollout.md#fp8-rollouts)."
-        ),
-    )
     vllm_cfg: dict[str, Any] = Field(
         default_factory=dict,
         description=(

@@ -97,7 +97,6 @@ def _torch_engine(cfg: MasterConfig, device: str, model, tokenizer, processor, k
         max_batch_rows=cfg.policy.generation.max_batch_rows,
         prefix_cache_tokens=cfg.policy.generation.prefix_cache_tokens,
         precision=cfg.policy.generation.precision,
-        fp8_scaling=cfg.policy.generation.fp8_scaling,
         processor=processor,
         contiguous_weights=cfg.cluster.weight_sync_transport == "colocated",
     )

@@ -88,7 +88,6 @@ class TorchEngine(GenerationEngine):
         compile_decode: bool | None = None,
         prefix_cache_tokens: int = 0,
         precision: str = "auto",
-        fp8_scaling: str = "channel",
         processor: Any = None,
         contiguous_weights: bool = False,
     ) -> None:
@@ -106,7 +105,7 @@ class TorchEngine(GenerationEngine):
         if contiguous_weights:  # one arena: a colocated refit from a trainer packed alike is one memcpy
             arena.pack(self.model)
         # precision fp8: the decoder's linear layers run FP8 matmuls, requantized with every load.
-        self._fp8 = fp8.convert(self.model, torch.device(device), fp8_scaling) if precision == "fp8" else []
+        self._fp8 = fp8.convert(self.model, torch.device(device)) if precision == "fp8" else []
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self._model_name = model_name or getattr(model.config, "name_or_path", "") or model.config.model_type

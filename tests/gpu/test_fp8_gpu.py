@@ -14,7 +14,7 @@ import torch
 from dockyard.models import build_char_tokenizer
 from dockyard.models.build import build_random_model
 from services.rollout.decoding import DecodingParams
-from services.rollout.fp8 import BLOCK, Fp8Linear, quantize_blocks
+from services.rollout.fp8 import Fp8Linear
 from services.rollout.torch_engine import TorchEngine
 from services.trainer.logprobs import sampled_logprobs
 from tests.conftest import missing
@@ -29,28 +29,14 @@ def fp8_gpu() -> None:
         missing("no CUDA device with FP8 matmuls (compute capability 8.9+)")
 
 
-def _dequantized(layer: Fp8Linear) -> torch.Tensor:
-    if layer.block:
-        blocks = layer.weight_fp8.float().unflatten(0, (-1, BLOCK)).unflatten(-1, (-1, BLOCK))
-        return (blocks * layer.weight_scale.t()[:, None, :, None]).flatten(2).flatten(0, 1)
-    return layer.weight_fp8.float() * layer.weight_scale.reshape(-1, 1)
-
-
-@pytest.mark.parametrize("scaling", ["channel", "block"])
-def test_fp8_engine_samples_the_bf16_policy_and_follows_a_refit(scaling: str) -> None:
+def test_fp8_engine_samples_the_bf16_policy_and_follows_a_refit() -> None:
     tok = build_char_tokenizer()
     model = build_random_model(SHAPE, len(tok), 0).to(torch.bfloat16).cuda().eval()
     engine = TorchEngine(
-        build_random_model(SHAPE, len(tok), 0).to(torch.bfloat16),
-        tok,
-        "cuda",
-        kv_cache="static",
-        precision="fp8",
-        fp8_scaling=scaling,
+        build_random_model(SHAPE, len(tok), 0).to(torch.bfloat16), tok, "cuda", kv_cache="static", precision="fp8"
     )
     layers = [m for m in engine.model.modules() if isinstance(m, Fp8Linear)]
     assert len(layers) == 2 * 7  # q, k, v, o, gate, up, down of each block; the head stays bf16
-    assert all(layer.block == (scaling == "block") for layer in layers)
     decoding = DecodingParams(temperature=1.0, max_new_tokens=64, ignore_eos=True, seed=1)
     result = asyncio.run(engine.generate("12+34=", 8, decoding))
     ids = torch.tensor([result.prompt_token_ids + c.token_ids for c in result.completions], device="cuda")
@@ -73,21 +59,7 @@ def test_fp8_engine_samples_the_bf16_policy_and_follows_a_refit(scaling: str) ->
             targets[name].copy_(-p)
         engine.set_weight_version(1)
     assert not torch.equal(layers[0].weight_fp8, before)
-    dequantized = _dequantized(layers[0])
+    dequantized = layers[0].weight_fp8.float() * layers[0].weight_scale.reshape(-1, 1)
     reference = -model.model.layers[0].self_attn.q_proj.weight.float()
     torch.testing.assert_close(dequantized, reference, rtol=0.07, atol=1e-3)
     asyncio.run(engine.close())
-
-
-def test_the_fused_block_requantization_equals_the_torch_reference_bit_for_bit() -> None:
-    torch.manual_seed(0)
-    layer = Fp8Linear(torch.nn.Linear(256, 384, device="cuda", dtype=torch.bfloat16), "block")
-    with torch.no_grad():
-        layer.weight.mul_(-3.0).add_(torch.randn_like(layer.weight))  # a refit's load
-    layer.requantize()  # fp8_kernels.quantize_blocks_into
-    values, scale = quantize_blocks(layer.weight.detach())
-    assert torch.equal(layer.weight_fp8.view(torch.uint8), values.view(torch.uint8))
-    assert torch.equal(layer.weight_scale, scale.t())
-    x = torch.randn(3, 7, 256, device="cuda", dtype=torch.bfloat16)
-    want = torch.nn.functional.linear(x, layer.weight, layer.bias).float()
-    assert (layer(x).float() - want).abs().max() <= 0.1 * want.abs().max()

@@ -64,33 +64,3 @@ def test_the_config_refuses_fp8_where_it_cannot_run(overrides: list[str]) -> Non
     config = "policy: {model: {model_type: qwen2}, generation: {precision: fp8}}\n"
     with pytest.raises(ConfigError, match="policy.generation.precision: fp8 runs on the torch engine"):
         load_config_text(config, overrides)
-
-
-def test_blocks_and_groups_each_get_their_own_scale_and_come_back_within_e4m3_precision() -> None:
-    torch.manual_seed(0)
-    w = torch.randn(256, 384)
-    # One block of outliers 1e5 times larger: e4m3 is a float, so a shared scale costs its neighbours only once
-    # they fall below its normal range (2^-6 of the top, ~1e-4 with its subnormals), as they do here.
-    w[:128, :128] *= 1e5
-    values, scale = fp8.quantize_blocks(w)
-    assert values.shape == (256, 384) and scale.shape == (2, 3)
-    back = (values.float().unflatten(0, (2, 128)).unflatten(-1, (3, 128)) * scale[:, None, :, None]).flatten(2)
-    back = back.flatten(0, 1)
-    blocks_amax = w.abs().unflatten(0, (2, 128)).unflatten(-1, (3, 128)).amax(dim=(1, 3))
-    per_block = ((back - w).abs().unflatten(0, (2, 128)).unflatten(-1, (3, 128)).amax(dim=(1, 3))) / blocks_amax
-    assert per_block.max() <= 2**-4
-    rows, row_scale = quantize_rows(w)  # one scale per row: the outliers' rows lose the other blocks' precision
-    assert ((rows.float() * row_scale - w)[:128, 128:].abs().max()) > 4 * (back - w)[:128, 128:].abs().max()
-    x = torch.randn(5, 384)
-    x[:, 7] *= 1e5  # an outlier channel costs only its own group
-    xv, xs = fp8.quantize_groups(x)
-    assert xs.shape == (5, 3) and xs.stride() == (1, 5)  # column-major, as cuBLAS's 1x128 scaling reads it
-    xback = (xv.float().unflatten(-1, (3, 128)) * xs.unsqueeze(-1)).flatten(1)
-    assert ((xback - x)[:, 128:].abs().max() / x[:, 128:].abs().max()) <= 2**-4
-
-
-def test_block_scaling_keeps_channel_scales_where_sizes_are_not_multiples_of_128() -> None:
-    assert Fp8Linear(nn.Linear(256, 128).to(torch.bfloat16), "block").block
-    assert not Fp8Linear(nn.Linear(64, 128).to(torch.bfloat16), "block").block
-    with pytest.raises(ValueError, match="fp8 scaling is one of"):
-        Fp8Linear(nn.Linear(64, 128), "tensor")
