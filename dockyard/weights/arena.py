@@ -4,13 +4,13 @@
                   one device buffer at offsets rounded up to ALIGN bytes; each parameter's data becomes
                   a view of it (the Parameter objects, their names and values stay the same)
     Aliases(module).get(): (name, detached alias) of every parameter, the same objects on every call
-                  while no parameter moved, so a sync tells an unchanged layout at once (colocated.py)
+                  while no parameter moved, so a sync tells an unchanged layout at once (colocated_sender.py)
     addresses(tensors): their data addresses, read without a Python frame per tensor
     coalesce(dsts, srcs): copy pairs whose sources follow on from each other in one storage, and whose
                   destinations do too, merged into one byte copy
 
 Two processes that pack the same architecture get the same layout, so a weight sync between their
-arenas (colocated.py) coalesces into one memcpy of the whole model instead of one copy per tensor:
+arenas (colocated_receiver.py) coalesces into one memcpy of the whole model instead of one copy per tensor:
 the refit runs at the speed of a raw copy of the same bytes.
 
 Guarantees:

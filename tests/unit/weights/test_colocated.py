@@ -15,7 +15,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from dockyard.weights import colocated, devices
+from dockyard.weights import colocated, colocated_sender, devices
 from dockyard.weights.collective import TensorSink
 from dockyard.weights.colocated import ColocatedTransport
 from dockyard.weights.group import SyncFailed, WeightSyncGroup
@@ -54,22 +54,22 @@ def _sums(tensors) -> list[float]:
 
 def _patch(rank: int, scenario: str) -> None:
     """What goes wrong in `scenario`, on this rank (and nothing of the scenario before)."""
-    colocated.sign = _REAL_SIGN
+    colocated_sender.sign = _REAL_SIGN
     if scenario == "corrupt" and rank == 0:
-        real_sign = colocated.sign
+        real_sign = colocated_sender.sign
 
         def corrupt(secret, key, payload):  # a message altered on its way through the store
             signed = real_sign(secret, key, payload)
             return signed[:-1] + bytes([signed[-1] ^ 1]) if "/message/" in key else signed
 
-        colocated.sign = corrupt
+        colocated_sender.sign = corrupt
     if scenario == "killed" and rank == 1:  # a replica that dies after the manifest, before any acknowledgement
         colocated.ColocatedReceiver._load = lambda *args, **kwargs: os._exit(3)  # type: ignore[method-assign]
     if scenario == "killed-sender" and rank == 0:  # a trainer that dies between the manifest and its first bucket
         colocated.ColocatedSender._stage = lambda *args: os._exit(3)  # type: ignore[method-assign]
 
 
-_REAL_SIGN = colocated.sign
+_REAL_SIGN = colocated_sender.sign
 
 
 def _scenario(rank: int, port: int, scenario: str) -> tuple:
