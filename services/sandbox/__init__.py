@@ -31,6 +31,7 @@
     local_sessions.py  local sessions: a host folder, each command a fresh bubblewrap run over it
     work_folders.py    per-call work folders naming their owner; a start removes a killed service's
     docker_sessions.py docker sessions: one long-lived container, `docker exec` per command
+    docker_session_start.py  the start of a docker session's container, cold or warm
     task_builder.py    SWE task sets from a PyPI sdist with injected bugs; a command of its own, run by
                        `dockyard tasks build-swe`
 

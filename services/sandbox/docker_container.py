@@ -14,6 +14,7 @@
             left out), EOF
     host report file --read_report--> at most REPORT_CAP_BYTES, never through a link
     owner_is_dead(label) --> the reaper removes a dead predecessor's containers
+    remove_container --> force-removed; a failure (gone already, the engine away) is left to the reaper
 
 Guarantees: every container gets the same locked-down host config, whatever the
 command; the only host path it sees is the report file; reading the report never
@@ -146,6 +147,15 @@ def create_container(
         labels={LABEL: owner, **(labels or {})},
         host_config=config,
     )["Id"]
+
+
+def remove_container(client, container_id: str) -> None:
+    """Remove a container (force), whether or not it still runs; one that is gone already, or an engine that
+    fails the call, is no error: the next start's reaper removes what is left."""
+    try:
+        client.api.remove_container(container_id, force=True)
+    except Exception:  # noqa: BLE001 -- gone already, or the engine went away
+        pass
 
 
 def folder_bytes(path: str) -> int:

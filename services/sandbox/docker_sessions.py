@@ -1,7 +1,8 @@
 """Docker-backend sessions: one long-lived locked-down container per session, `docker exec` per command.
 
     open   --> host stage folder <-- seed_dir copy, then files (removed once sent)
-           --> container: the host config of a run (docker_container.host_config, without the report
+           --> container (docker_session_start.py, which starts a warm one's too, docker_warm.py):
+                 the host config of a run (docker_container.host_config, without the report
                  bind: no host path at all), labels owner + dockyard.sandbox.session
            --> the stage arrives as a tar on stdin into the /work tmpfs (max_disk_mb); then PID 1 is a
                  reaper (REAPER_SOURCE) that only waits for orphans, so nothing piles up as zombies
@@ -32,7 +33,6 @@ import asyncio
 import os
 import socket
 import tarfile
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -41,41 +41,22 @@ from pathlib import Path
 
 import structlog
 
-from dockyard.rpc.errors import FailedPrecondition
 from services.sandbox import session_files
 from services.sandbox.backend import DISK_FULL_MESSAGE, Outcome, ResourceLimits, SessionHandle, Status, run_outcome
 from services.sandbox.docker_container import (
     LABEL,
     SESSION_LABEL,
     WORK,
-    create_container,
-    folder_bytes,
     host_config,
     owner_is_dead,
-    send_work_folder,
+    remove_container,
 )
-from services.sandbox.endpoint_route import READY, ROUTED_PID1_SOURCE, EndpointRoute, endpoint_url
-from services.sandbox.staging import Capped, checked_files, remove_tree, stage_files
+from services.sandbox.docker_session_start import stage_session_files, start_session_container
+from services.sandbox.endpoint_route import EndpointRoute, endpoint_url
+from services.sandbox.staging import Capped, checked_files, remove_tree
 
 log = structlog.get_logger()
 
-# PID 1 of the container: reap orphans, nothing else; SIGTERM (docker stop) ends it. It says READY
-# once its signals are set up (a routed session's PID 1 once its route listens: endpoint_route.py).
-REAPER_SOURCE = rf"""
-import os, signal
-signals = {{signal.SIGCHLD, signal.SIGTERM}}
-signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-os.write(1, b"{READY.decode()}\n")
-while True:
-    if signal.sigwait(signals) == signal.SIGTERM:
-        os._exit(0)
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
-    except ChildProcessError:
-        pass
-"""
-OPEN_COMMAND = 'tar -x -f - && exec python3 -I -S -c "$0"'
 # After the command: every process but PID 1 (and this shell) ends, so none outlives its command.
 EXEC_WRAPPER = '"$@"; rc=$?; kill -9 -1 2>/dev/null; exit $rc'
 KILL_ALL = ["sh", "-c", "kill -9 -1 2>/dev/null; true"]
@@ -125,6 +106,12 @@ class DockerSession(SessionHandle):
         self._route = route
         self.work_dir = WORK
         self.endpoint_url = endpoint_url() if route else ""
+
+    @property
+    def container_id(self) -> str:
+        """The engine's id of the session's container: what `docker inspect` / `docker logs` take when an
+        operator traces a session (its labels say session, and warm when started ahead)."""
+        return self._id
 
     async def exec(self, argv: Sequence[str], stdin: bytes | None, limits: ResourceLimits) -> Outcome:
         running = asyncio.ensure_future(asyncio.to_thread(self._exec, list(argv), stdin or b"", limits))
@@ -267,10 +254,7 @@ class DockerSession(SessionHandle):
         threading.Thread(target=self._remove, daemon=True).start()
 
     def _remove(self) -> None:
-        try:
-            self._api.remove_container(self._id, force=True)
-        except Exception:
-            pass  # gone already; a later start reaps what is left
+        remove_container(self._config.client, self._id)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._remove)
@@ -312,57 +296,12 @@ async def open_docker_session(
 def _open(
     config: DockerSessionConfig, checked, limits: ResourceLimits, seed_dir: str | None, route: EndpointRoute | None
 ) -> DockerSession:
-    import docker.errors
-
-    api = config.client.api
-    stage = tempfile.mkdtemp(prefix="dockyard-session-stage-", dir=config.work_root)
-    container_id = None
+    stage = stage_session_files(config, checked, seed_dir)
     try:
-        stage_files(stage, checked, seed_dir)
-        size = folder_bytes(stage)
-        if size > config.max_disk_mb * 1024 * 1024:
-            raise FailedPrecondition(f"the session's files ({size} bytes) exceed DOCKYARD_SANDBOX_MAX_DISK_MB")
-        host = config.host(work=stage, limits=limits, report=False, route=route.folder if route else None)
-        command = ["sh", "-c", OPEN_COMMAND, ROUTED_PID1_SOURCE if route else REAPER_SOURCE]
-        container_id = create_container(
-            api,
-            config.image,
-            command,
-            user=config.user,
-            owner=config.owner,
-            config=host,
-            labels={SESSION_LABEL: "1"},
-        )
-        stream = api.attach(container_id, stdout=True, stderr=True, stream=True, logs=False, demux=True)
-        stdin = api.attach_socket(container_id, params={"stdin": 1, "stream": 1})
-        api.start(container_id)
-        send_work_folder(stdin, stage)
-        wait_ready(stream)
+        container_id = start_session_container(config, limits, route=route.folder if route else None, work=stage)
         return DockerSession(config, container_id, route)
-    except BaseException as exc:
-        if container_id is not None:
-            try:
-                api.remove_container(container_id, force=True)
-            except docker.errors.DockerException:
-                pass
-        if isinstance(exc, docker.errors.ImageNotFound):
-            message = f"image {config.image!r} not found: build it with deploy/images/build.sh"
-            raise FailedPrecondition(message) from None
-        raise
     finally:
         remove_tree(stage)
-
-
-def wait_ready(stream) -> None:
-    """Read a starting session container's attach stream until its PID 1 says READY; then close it."""
-    said = b""
-    for chunk_out, chunk_err in stream:
-        said = (said + (chunk_out or b"") + (chunk_err or b""))[-4096:]
-        if READY in said:
-            break
-    stream.close()
-    if READY not in said:
-        raise RuntimeError(f"the session's container did not start: {said[-500:]!r}")
 
 
 def reap_session_containers(client, owner: str) -> int:

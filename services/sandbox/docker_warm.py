@@ -4,9 +4,10 @@
         the sessions' image resolved (packages: built once) --> WarmSessions.prepare: the job's share of the key's pool;
         key = (image, memory_mb, cpu_seconds, routed)   the pool's size = the sum of its jobs' shares,
                                                           at most DOCKYARD_SANDBOX_WARM_SESSIONS_MAX
-        WarmPool(start=_start_warm) --> a session container as docker_sessions makes it (same host config,
-            labels owner + session + warm), PID 1 the reaper (routed: the forwarder, its route's folder
-            made and mounted, the route not yet listening), /work an empty tmpfs; READY read, nothing else run
+        WarmPool(start) --> docker_session_start.start_session_container(work=None), the one maker of a cold
+            session's container too (same create options and host config; labels owner + session + warm),
+            PID 1 the reaper (routed: the forwarder, its route's folder made and mounted, the route not yet
+            listening), /work an empty tmpfs; READY read, nothing else run
     OpenSession --> WarmSessions.open: a pool for the session's key?
         yes: take() --> the session's files (seed copy, then files) as a tar into /work through
              `docker exec tar -x` as the session's user --> routed: the route bound to the session's
@@ -22,7 +23,7 @@ whose key has no pool opens cold. What varies per session and is not in the cont
 arrives only at take: its files (copied in), its endpoint address (the route's host end is bound
 then), and each command's wall-clock limit and output cap (per exec, as before).
 
-Guarantees: a warm container is created by the same host_config as a cold session's (read-only
+Guarantees: a warm container is made by the same function, so the same host_config, as a cold session's (read-only
 root, cap_drop ALL, no-new-privileges, network none, non-root user, pids / memory / CPU limits, the
 /work tmpfs of max_disk_mb, the /tmp tmpfs) and has run nothing but its PID 1; it serves one
 session and is removed with it, never given back. A container that died while waiting is never
@@ -40,24 +41,17 @@ import asyncio
 import dataclasses
 import io
 import tarfile
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import structlog
 
-from dockyard.rpc.errors import FailedPrecondition
 from services.sandbox.backend import ResourceLimits
-from services.sandbox.docker_container import SESSION_LABEL, create_container, folder_bytes
-from services.sandbox.docker_sessions import (
-    REAPER_SOURCE,
-    DockerSession,
-    DockerSessionConfig,
-    open_docker_session,
-    wait_ready,
-)
-from services.sandbox.endpoint_route import ROUTED_PID1_SOURCE, EndpointRoute
-from services.sandbox.staging import checked_files, remove_tree, stage_files
+from services.sandbox.docker_container import remove_container
+from services.sandbox.docker_session_start import stage_session_files, start_session_container
+from services.sandbox.docker_sessions import DockerSession, DockerSessionConfig, open_docker_session
+from services.sandbox.endpoint_route import EndpointRoute
+from services.sandbox.staging import checked_files, remove_tree
 from services.sandbox.warm_pool import WarmPool
 
 log = structlog.get_logger()
@@ -181,8 +175,11 @@ class WarmSessions:
 
     async def _start(self, config: DockerSessionConfig, limits: ResourceLimits, routed: bool) -> _Warm:
         route = EndpointRoute("", config.work_root) if routed else None
-        try:
-            container_id = await asyncio.to_thread(_start_warm, config, limits, route.folder if route else None)
+        folder = route.folder if route else None
+        try:  # work=None: /work stays empty, the session's files come at take
+            container_id = await asyncio.to_thread(
+                start_session_container, config, limits, route=folder, work=None, labels={WARM_LABEL: "1"}
+            )
         except BaseException:
             if route is not None:
                 await route.close()
@@ -201,51 +198,15 @@ async def prepare_job(backend, job_id: str, size: int, limits: ResourceLimits, *
 
 
 async def _discard(warm: _Warm) -> None:
-    await asyncio.to_thread(_remove, warm.client, warm.container_id)
+    await asyncio.to_thread(remove_container, warm.client, warm.container_id)
     if warm.route is not None:
         await warm.route.close()
 
 
-def _remove(client, container_id: str) -> None:
-    try:
-        client.api.remove_container(container_id, force=True)
-    except Exception:  # gone already; a later start reaps what is left
-        pass
-
-
-def _start_warm(config: DockerSessionConfig, limits: ResourceLimits, route_folder: str | None) -> str:
-    """A session container, started, its PID 1 ready; no files, no command of a session yet."""
-    import docker.errors
-
-    api = config.client.api
-    host = config.host(work="", limits=limits, report=False, route=route_folder)
-    source = ROUTED_PID1_SOURCE if route_folder else REAPER_SOURCE
-    labels = {SESSION_LABEL: "1", WARM_LABEL: "1"}
-    try:
-        container_id = create_container(
-            api, config.image, ["python3", "-I", "-S", "-c", source], user=config.user, owner=config.owner,
-            config=host, labels=labels,
-        )  # fmt: skip
-    except docker.errors.ImageNotFound:
-        raise FailedPrecondition(f"image {config.image!r} not found: build it with deploy/images/build.sh") from None
-    try:
-        stream = api.attach(container_id, stdout=True, stderr=True, stream=True, logs=False, demux=True)
-        api.start(container_id)
-        wait_ready(stream)
-    except BaseException:
-        _remove(config.client, container_id)
-        raise
-    return container_id
-
-
 def _stage_archive(config: DockerSessionConfig, checked, seed_dir: str | None) -> bytes:
     """The session's work folder (seed copy, then files) as a tar, staged on the host as a cold open stages it."""
-    stage = tempfile.mkdtemp(prefix="dockyard-session-stage-", dir=config.work_root)
+    stage = stage_session_files(config, checked, seed_dir)
     try:
-        stage_files(stage, checked, seed_dir)
-        size = folder_bytes(stage)
-        if size > config.max_disk_mb * 1024 * 1024:
-            raise FailedPrecondition(f"the session's files ({size} bytes) exceed DOCKYARD_SANDBOX_MAX_DISK_MB")
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
             tar.add(stage, arcname=".")

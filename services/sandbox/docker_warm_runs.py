@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import structlog
 
 from services.sandbox.backend import ResourceLimits
-from services.sandbox.docker_container import create_container
+from services.sandbox.docker_container import create_container, remove_container
 from services.sandbox.staging import remove_tree
 from services.sandbox.warm_pool import WarmPool
 
@@ -217,7 +217,7 @@ def start_run_container(config, work: str, key: RunKey) -> WarmRun:
         api.start(container_id)
         read_ready(stream)
     except BaseException:
-        _remove(config.client, container_id)
+        remove_container(config.client, container_id)
         raise
     return WarmRun(container_id, work, stream, stdin)
 
@@ -229,12 +229,5 @@ def discard_run(client, warm: WarmRun) -> None:
             closable.close()
         except Exception:  # noqa: BLE001 -- closed already
             pass
-    _remove(client, warm.container_id)
+    remove_container(client, warm.container_id)
     remove_tree(warm.work)
-
-
-def _remove(client, container_id: str) -> None:
-    try:
-        client.api.remove_container(container_id, force=True)
-    except Exception:  # noqa: BLE001 -- gone already; the next start's reaper removes what is left
-        pass

@@ -41,7 +41,7 @@ CHUNK = 64 * 1024
 
 # What PID 1 of a session's container writes once the session may run commands.
 READY = b"dockyard-session-ready"
-# PID 1 of a routed session: reap orphans (as docker_sessions.REAPER_SOURCE) and forward
+# PID 1 of a routed session: reap orphans (as docker_session_start.REAPER_SOURCE) and forward
 # 127.0.0.1:PORT to the socket. `kill -9 -1` after each command spares PID 1, so the route stays.
 # It says READY only once it listens: a scaffold's first connection never meets a closed port.
 ROUTED_PID1_SOURCE = rf"""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import tempfile
 import time
@@ -18,6 +19,7 @@ from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.rpc.client import connect
 from services.sandbox.backend import ResourceLimits, Status
 from services.sandbox.docker_warm import WARM_LABEL
+from services.sandbox.endpoint_route import MOUNT, SOCKET_NAME
 from tests.conftest import docker_sandbox_env, require_docker
 
 pytestmark = pytest.mark.slow
@@ -40,10 +42,6 @@ def warm_containers(owner: str) -> list[str]:
         check=True,
     ).stdout
     return out.split()
-
-
-def waiting_ids(backend) -> set[str]:
-    return {warm.container_id for pool in backend.warm._pools.values() for warm in pool._waiting}
 
 
 async def until(condition, seconds: float = 60.0) -> None:
@@ -73,17 +71,25 @@ async def backend(docker_sandbox_image):
 async def test_a_session_is_taken_warm_and_replaced_in_the_background(backend):
     assert await backend.prepare_sessions("job-a", 2, LIMITS) == 2
     await until(lambda: backend.warm.waiting() == 2)
-    before = waiting_ids(backend)
+    owner = backend.sessions.owner
+    before = set(warm_containers(owner))  # no session open yet: exactly the waiting ones
+    assert len(before) == 2
     session = await backend.open_session({"task.txt": "the task\n", "sub/b.txt": "b"}, LIMITS)
+    later = []
     try:
-        assert session._id in before  # a container that was waiting, not one started for it
+        assert session.container_id in before  # a container that was waiting, not one started for it
         outcome = await session.exec(["sh", "-c", "cat task.txt sub/b.txt; id -u; pwd"], None, LIMITS)
         assert outcome.status is Status.PASSED, outcome
         assert outcome.stdout.splitlines() == ["the task", "b" + backend.sessions.user.split(":")[0], "/work"]
         await until(lambda: backend.warm.waiting() == 2)  # its replacement started meanwhile
-        assert session._id not in waiting_ids(backend)
+        replacements = set(warm_containers(owner)) - before
+        assert len(replacements) == 1
+        # The next two sessions take what waits: the other first container and the replacement, never the taken one.
+        later = [await backend.open_session({}, LIMITS), await backend.open_session({}, LIMITS)]
+        assert {s.container_id for s in later} == (before - {session.container_id}) | replacements
     finally:
-        await session.close()
+        for opened in (session, *later):
+            await opened.close()
 
 
 async def test_a_warm_container_is_locked_down_as_a_cold_one(backend):
@@ -92,15 +98,15 @@ async def test_a_warm_container_is_locked_down_as_a_cold_one(backend):
     warm = await backend.open_session({}, LIMITS)
     cold = await backend.open_session({}, ResourceLimits(30.0, 300, 10.0, 65536))  # no pool for this key
     try:
-        assert warm._id in set(warm_containers(backend.sessions.owner))
-        assert cold._id not in set(warm_containers(backend.sessions.owner))
+        assert warm.container_id in set(warm_containers(backend.sessions.owner))
+        assert cold.container_id not in set(warm_containers(backend.sessions.owner))
         assert (warm.warm, cold.warm) == (True, False)  # what the "session opened" log line says
         fields = ("ReadonlyRootfs", "CapDrop", "SecurityOpt", "NetworkMode", "PidsLimit", "Tmpfs", "Ulimits", "Binds")
-        warm_host, cold_host = inspect(warm._id)["HostConfig"], inspect(cold._id)["HostConfig"]
+        warm_host, cold_host = inspect(warm.container_id)["HostConfig"], inspect(cold.container_id)["HostConfig"]
         assert {f: warm_host[f] for f in fields} == {f: cold_host[f] for f in fields}
         assert warm_host["ReadonlyRootfs"] is True and warm_host["NetworkMode"] == "none"
         assert warm_host["CapDrop"] == ["ALL"] and "size=16m" in warm_host["Tmpfs"]["/work"]
-        assert inspect(warm._id)["Config"]["User"] == inspect(cold._id)["Config"]["User"] != "0:0"
+        assert inspect(warm.container_id)["Config"]["User"] == inspect(cold.container_id)["Config"]["User"] != "0:0"
         # What the warm one's PID 1 left in /work: nothing; writes outside /work and /tmp refused.
         outcome = await warm.exec(["sh", "-c", "ls -A /work; touch /etc/x || echo refused"], None, LIMITS)
         assert outcome.stdout == "refused\n", outcome
@@ -121,7 +127,8 @@ async def test_a_sessions_writes_stay_in_its_bounded_tmpfs_folders_never_on_the_
         # /work holds at most max_disk_mb (16): more is refused and the command FAILED, disk limit.
         outcome = await session.exec(["sh", "-c", "head -c 20000000 /dev/zero >big"], None, LIMITS)
         assert outcome.status is Status.FAILED and "disk limit" in outcome.error_message, outcome
-        sizes = subprocess.run(["docker", "inspect", "-s", "-f", "{{.SizeRw}}", session._id], capture_output=True)
+        size_rw = ["docker", "inspect", "-s", "-f", "{{.SizeRw}}", session.container_id]
+        sizes = subprocess.run(size_rw, capture_output=True)
         assert sizes.stdout.strip() == b"0"  # the container's writable layer: nothing written
     finally:
         await session.close()
@@ -136,8 +143,8 @@ async def test_each_session_gets_its_own_limits(backend):
     try:
         warm = set(warm_containers(backend.sessions.owner))
         for session, limits in zip(sessions, (small, large), strict=True):
-            assert session._id in warm
-            host = inspect(session._id)["HostConfig"]
+            assert session.container_id in warm
+            host = inspect(session.container_id)["HostConfig"]
             assert host["Memory"] == host["MemorySwap"] == limits.memory_mb * 1024 * 1024
             cpu = next(u for u in host["Ulimits"] if u["Name"] == "cpu")
             assert cpu["Soft"] == int(limits.cpu_seconds)
@@ -152,12 +159,13 @@ async def test_each_session_gets_its_own_limits(backend):
 async def test_a_container_that_died_while_waiting_is_never_handed_out(backend, files):
     await backend.prepare_sessions("job-a", 2, LIMITS)
     await until(lambda: backend.warm.waiting() == 2)
-    dead = sorted(waiting_ids(backend))
+    dead = sorted(warm_containers(backend.sessions.owner))  # no session open yet: exactly the waiting ones
+    assert len(dead) == 2
     for container_id in dead:  # both die while waiting: the take finds none alive
         subprocess.run(["docker", "kill", container_id], capture_output=True, check=True)
     session = await backend.open_session(files, LIMITS)
     try:
-        assert session._id not in dead
+        assert session.container_id not in dead
         outcome = await session.exec(["sh", "-c", "cat f.txt 2>/dev/null || printf alive"], None, LIMITS)
         assert (outcome.status, outcome.stdout) == (Status.PASSED, "alive"), outcome
         await until(lambda: all(subprocess.run(["docker", "inspect", c], capture_output=True).returncode for c in dead))
@@ -176,11 +184,13 @@ async def test_a_routed_warm_session_reaches_its_own_endpoint_only_once_taken(ba
     port = server.sockets[0].getsockname()[1]
     await backend.prepare_sessions("job-a", 1, LIMITS, routed=True)
     await until(lambda: backend.warm.waiting() == 1)
-    waiting = next(iter(backend.warm._pools.values()))._waiting[0]
-    assert waiting.route is not None and waiting.route._server is None  # no address, not listening yet
+    (waiting,) = warm_containers(backend.sessions.owner)  # no session open yet: the one waiting
+    mounts = {m["Destination"]: m["Source"] for m in inspect(waiting)["Mounts"]}
+    assert os.listdir(mounts[MOUNT]) == []  # its route's folder made and mounted; no address, no socket yet
     session = await backend.open_session({}, LIMITS, endpoint_address=f"127.0.0.1:{port}")
     try:
-        assert session._id == waiting.container_id
+        assert session.container_id == waiting
+        assert os.listdir(mounts[MOUNT]) == [SOCKET_NAME]  # bound and listening once taken
         source = (
             "import socket; s = socket.create_connection(('127.0.0.1', 8080), timeout=10); s.sendall(b'hi\\n'); "
             "print(s.makefile().readline().strip())"

@@ -33,10 +33,12 @@ for name in ("RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_CORE", "RLIMIT_NPROC", "RLIMI
     print(name, resource.getrlimit(getattr(resource, name)))
 for path in ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/pids/pids.max"):
     print(path, open(path).read().strip() if os.path.exists(path) else None)
+mounts = []  # sorted: the engine lists a container's mounts in no fixed order
 for line in open("/proc/self/mountinfo"):
     fields = line.split()
     if fields[4] in ("/", "/work", "/tmp", "/work/.dockyard-report"):
-        print("mount", fields[4], fields[5], line.split(" - ")[1].split()[0])
+        mounts.append(f"mount {fields[4]} {fields[5]} {line.split(' - ')[1].split()[0]}")
+print("\n".join(sorted(mounts)))
 print("interfaces", sorted(name for _, name in socket.if_nameindex()))
 print("cwd", os.getcwd(), "home", os.environ.get("HOME"), "hostname", socket.gethostname())
 print("processes", sum(p.isdigit() for p in os.listdir("/proc")))
