@@ -78,11 +78,11 @@ policy:
   model: {{{fields}}}
   dtype: {args.dtype}
   activation_checkpointing: {str(args.activation_checkpointing).lower()}
-  compile_layers: {str(args.compile_layers).lower()}
+  compile_layers: {args.compile_layers}
   train_global_batch_size: {args.minibatch or args.sequences}
   train_micro_batch_size: {args.sequences}
   max_tokens_per_micro_batch: {budget}
-  sequence_packing: {str(args.packing).lower()}
+  sequence_packing: {args.packing}
   optimizer: {{lr: 1.0e-6, max_grad_norm: 1.0}}
 grpo: {{num_prompts_per_step: {args.sequences // args.group_size}, num_generations_per_prompt: {args.group_size}}}
 """
@@ -135,14 +135,16 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=512, help="prompt lengths uniform in [n/2, n]")
     parser.add_argument("--completion-tokens", type=int, default=1536, help="completion lengths uniform in [n/2, n]")
     parser.add_argument("--tokens-per-micro-batch", type=int, default=16384)
-    parser.add_argument("--packing", action="store_true")
+    tri = {"nargs": "?", "const": "true", "default": "auto", "choices": ["auto", "true", "false"]}
+    parser.add_argument("--packing", **tri, help="policy.sequence_packing (default auto; bare flag: true)")
     parser.add_argument(
         "--minibatch", type=int, default=None, help="trajectories per optimizer step (default: all, one step)"
     )
     parser.add_argument("--skip-full-logits", action="store_true", help="no full-logits baseline (saves its time)")
     parser.add_argument("--skip-plain", action="store_true", help="no plain LM step (its full logits may not fit)")
+    parser.add_argument("--skip-padded", action="store_true", help="with packing on: no padded step to compare")
     parser.add_argument("--activation-checkpointing", action="store_true")
-    parser.add_argument("--compile-layers", action="store_true", help="policy.compile_layers (the GRPO step only)")
+    parser.add_argument("--compile-layers", **tri, help="policy.compile_layers (default auto; bare flag: true)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (after --warmup)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--backend", default="torch", choices=["torch", "jax"], help="jax: JAX vs torch step")
@@ -180,8 +182,9 @@ def main() -> None:
     print(
         f"model: {cfg.model_type} {policy.num_parameters() / 1e6:.1f}M parameters, {args.dtype} on {device}; "
         f"batch: {len(lengths)} sequences, {tokens} tokens (longest {max(lengths)}), "
-        f"budget {args.tokens_per_micro_batch} tokens/micro-batch, packing {args.packing}, "
-        f"activation checkpointing {args.activation_checkpointing}, compiled layers {args.compile_layers}"
+        f"budget {args.tokens_per_micro_batch} tokens/micro-batch, packing {policy.packing} "
+        f"({args.packing}), activation checkpointing {args.activation_checkpointing}, compiled layers "
+        f"{policy.compiled} ({args.compile_layers})"
     )
 
     cuda = device.startswith("cuda")
@@ -231,6 +234,9 @@ def main() -> None:
     from services.trainer.batch import build_batch
 
     batch = build_batch(groups, policy.tokenizer.pad_token_id)
+    share = padding_share(policy, batch, tokens)
+    # Packing saves at most the padded positions' work: 1 / (1 - share) if time went with positions.
+    print(f"padded micro-batches: {100 * share:.1f}% of positions are padding (packing bound {1 / (1 - share):.2f}x)")
     advantages = torch.zeros(len(batch))
     micro = [mb.to(device) for mb in policy._plan(batch, advantages)]
     varlen = packed_attention.installed(policy.model)
@@ -282,6 +288,36 @@ def main() -> None:
     print(f"trainer_mfu: {flops['dockyard GRPO step'] / ours / 1e12 / args.peak_tflops:.3f}")
     if plain is not None:
         print(f"trainer_vs_plain_step: {plain / ours:.3f}")
+    if policy.packing and not args.skip_padded:
+        del policy, micro, plain_step, grpo_step
+        padded = PolicyTrainer(
+            config.model_copy(update={"policy": config.policy.model_copy(update={"sequence_packing": False})}), device
+        )
+
+        def padded_step() -> None:
+            padded.train_step(groups)
+
+        took = timed(padded_step)
+        print(f"{'padded GRPO step':>22}: {took * 1000:8.1f} ms/step  {tokens / took:10.0f} tokens/s")
+        print(f"packed_vs_padded: {took / ours:.3f}")
+
+
+def padding_share(policy, batch, tokens: int) -> float:
+    """The share of the padded micro-batches' positions that are padding, under the job's budgets."""
+    from services.trainer.micro_batches import plan
+
+    pcfg = policy.config.policy
+    rows = plan(
+        batch,
+        torch.zeros(len(batch)),
+        rank=0,
+        world=1,
+        max_rows=pcfg.train_micro_batch_size,
+        max_tokens=pcfg.max_tokens_per_micro_batch,
+        packing=False,
+    )
+    computed = sum(mb.input_ids.numel() for mb in rows)
+    return 1 - tokens / computed
 
 
 def profile_step(step, sync, rows: int, cuda: bool) -> None:

@@ -223,18 +223,39 @@ def _opd_errors(
     return errors
 
 
+def packing_errors(config: Any) -> list[tuple[str, str]]:
+    """What keeps this job's rows from being packed: errors under `policy.sequence_packing: true`; under
+    `auto` any of them turns packing off (services/trainer/auto_settings.py)."""
+    policy, loss = config.policy, config.loss_fn
+    errors = []
+    if policy.max_tokens_per_micro_batch is None:
+        errors.append(("policy.sequence_packing", "needs policy.max_tokens_per_micro_batch (the packed row length)"))
+    if loss.reduction != "token" or loss.is_correction == "seq-mask-tis":
+        errors.append(
+            ("policy.sequence_packing", "packed rows need loss_fn.reduction=token and no seq-mask-tis correction")
+        )
+    if loss.name in SEQUENCE_RATIO_LOSSES:
+        errors.append(
+            (
+                "policy.sequence_packing",
+                f"loss_fn.name={loss.name} takes each sequence's ratio over its row, and a packed row holds "
+                "several sequences; set policy.sequence_packing=false or use another loss_fn.name",
+            )
+        )
+    if config.grpo.adv_estimator.kl_in_reward > 0:
+        errors.append(
+            (
+                "grpo.adv_estimator.kl_in_reward",
+                "the KL in the reward needs unpacked rows: set policy.sequence_packing=false",
+            )
+        )
+    return errors
+
+
 def _loss_family_errors(config: Any) -> list[tuple[str, str]]:
     """What a `loss_fn.name` does not combine with (docs/algorithms.md, the policy-gradient family)."""
     loss, name = config.loss_fn, config.loss_fn.name
     errors = preset_errors(config)
-    if config.policy.sequence_packing and name in SEQUENCE_RATIO_LOSSES:
-        errors.append(
-            (
-                "policy.sequence_packing",
-                f"loss_fn.name={name} takes each sequence's ratio over its row, and a packed row holds several "
-                "sequences; set policy.sequence_packing=false or use another loss_fn.name",
-            )
-        )
     if loss.dual_clip_c is not None and POLICY_LOSS_OF[name] not in CLIPPED_LOSSES:
         errors.append(
             (
@@ -262,8 +283,6 @@ def _loss_family_errors(config: Any) -> list[tuple[str, str]]:
                     "or the KL in the loss (loss_fn.kl_penalty)",
                 )
             )
-        if config.policy.sequence_packing:
-            errors.append((field, "the KL in the reward needs unpacked rows: set policy.sequence_packing=false"))
     if name == "dapo" and config.grpo.async_grpo.enabled:
         errors.append(
             (
@@ -358,10 +377,8 @@ def config_errors(config: Any) -> list[tuple[str, str]]:
     if config.env.name in ("swe", "terminal_bench", "gdpval") and train_path and val_path:
         if Path(train_path).resolve().parent != Path(val_path).resolve().parent:
             errors.append(("data.validation.path", "must lie in the same folder as data.train.path (one task root)"))
-    if config.policy.sequence_packing and (loss.reduction != "token" or loss.is_correction == "seq-mask-tis"):
-        errors.append(
-            ("policy.sequence_packing", "packed rows need loss_fn.reduction=token and no seq-mask-tis correction")
-        )
+    if config.policy.sequence_packing is True:
+        errors += packing_errors(config)
     errors += _loss_family_errors(config)
     if config.cluster.device == "cpu" and config.cluster.weight_sync_backend == "nccl":
         errors.append(("cluster.weight_sync_backend", "nccl needs cluster.device=cuda; use gloo on CPU"))
@@ -413,7 +430,7 @@ def _routing_errors(config: Any) -> list[tuple[str, str]]:
         )
     if policy.backend != "torch":
         errors.append((field, f"the {policy.backend} trainer backend cannot replay routing; use policy.backend=torch"))
-    if policy.compile_layers:
+    if policy.compile_layers is True:
         errors.append(
             (
                 field,

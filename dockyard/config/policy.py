@@ -206,12 +206,14 @@ class PolicyConfig(Section):
             "less memory, about one more forward of compute."
         ),
     )
-    compile_layers: bool = Field(
-        False,
+    compile_layers: bool | Literal["auto"] = Field(
+        "auto",
         description=(
             "`torch.compile` each decoder layer (fused kernels; cheap intermediates recomputed in "
             "backward): faster steps and less activation memory on GPUs, after a compile during the "
-            "first step. Refused by `backend: jax`. See docs/trainer.md."
+            "first step. `auto`: on when the torch trainer runs on CUDA and the job does not record "
+            "expert routing, off otherwise (on CPU the compile costs more than it saves). `true` is "
+            "refused by `backend: jax` and with routing recorded. See docs/trainer.md."
         ),
     )
     train_global_batch_size: int = Field(
@@ -253,14 +255,17 @@ class PolicyConfig(Section):
             "on it."
         ),
     )
-    sequence_packing: bool = Field(
-        False,
+    sequence_packing: bool | Literal["auto"] = Field(
+        "auto",
         description=(
             "Concatenate several sequences into one row of at most `max_tokens_per_micro_batch` "
             "tokens (first fit, longest first; position ids restart per sequence and attention stays "
             "within each sequence, through varlen flash attention on CUDA), so no padding is computed. "
-            "Needs `max_tokens_per_micro_batch`, "
-            "`loss_fn.reduction: token` and no `seq-mask-tis` correction."
+            "Needs `max_tokens_per_micro_batch`, `loss_fn.reduction: token`, no `seq-mask-tis` "
+            "correction, a token-ratio loss and no KL in the reward. `auto`: on when all of those hold, "
+            "the torch trainer runs on CUDA and the model has the varlen kernel "
+            "(services/trainer/packed_attention.py), off otherwise; `true` refuses a job that breaks "
+            "one. The trainer logs which it chose."
         ),
     )
     seed: int = Field(
@@ -322,13 +327,11 @@ class PolicyConfig(Section):
             raise ValueError("set policy.model_name (a local model folder) or policy.model (an architecture)")
         if self.model is not None and "model_type" not in self.model:
             raise ValueError("policy.model needs a model_type, e.g. qwen2 or llama")
-        if self.sequence_packing and self.max_tokens_per_micro_batch is None:
-            raise ValueError("policy.sequence_packing needs policy.max_tokens_per_micro_batch (the packed row length)")
         if self.backend == "jax":
             unsupported = {
                 "lora.enabled": self.lora.enabled,
                 "activation_checkpointing": self.activation_checkpointing,
-                "compile_layers": self.compile_layers,
+                "compile_layers": self.compile_layers is True,
             }
             for key, on in unsupported.items():
                 if on:

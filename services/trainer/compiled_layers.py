@@ -24,10 +24,15 @@ import torch
 from dockyard.config import ConfigError
 
 
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers of `model`: the modules of its declared layer class (empty: none declared)."""
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in blocks]
+
+
 def compile_decoder_layers(model: torch.nn.Module) -> int:
     """Compile every decoder layer of `model` in place; returns how many were compiled."""
-    blocks = set(getattr(model, "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in blocks]
+    layers = decoder_layers(model)
     if not layers:
         raise ConfigError(
             f"policy.compile_layers: {type(model).__name__} declares no decoder layer class (_no_split_modules); "

@@ -76,6 +76,9 @@ class JaxPolicyTrainer:
         self.config, self.device, self.checkpoint_dir = config, device, checkpoint_dir
         self.rank, self.world = 0, 1
         pcfg = config.policy
+        # XLA compiles the whole step (policy.compile_layers is torch's); `auto` packing stays off here,
+        # where packed rows were never measured to pay.
+        self.compiled, self.packing = False, pcfg.sequence_packing is True
         self.jax_device = jax_device(device)
         resume = checkpoint.latest(checkpoint_dir) if config.checkpointing.resume and checkpoint_dir else None
         self.compute_dtype = DTYPES[pcfg.dtype]
@@ -274,7 +277,7 @@ class JaxPolicyTrainer:
             world=1,
             max_rows=pcfg.train_micro_batch_size,
             max_tokens=pcfg.max_tokens_per_micro_batch,
-            packing=pcfg.sequence_packing,
+            packing=self.packing,
         )
 
     def _arrays(self, mb: MicroBatch) -> dict:

@@ -96,6 +96,16 @@ def installed(model: torch.nn.Module) -> bool:
     return config is not None and config._attn_implementation == NAME
 
 
+def varlen_ready(model: torch.nn.Module, dtype: torch.dtype) -> bool:
+    """Whether packed rows of `model` computed in `dtype` run the varlen kernel (on CUDA), not the
+    masked fallback: the attention is installed and the kernel takes the dtype and head size."""
+    if not installed(model):
+        return False
+    config = model.config
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return _varlen_fits(dtype, dim**-0.5, dim)
+
+
 def packed_attention(
     module: torch.nn.Module,
     query: torch.Tensor,

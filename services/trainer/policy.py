@@ -73,8 +73,9 @@ from dockyard.models.load import DTYPES, load_policy
 from dockyard.models.routing import RoutingReplay, routers
 from dockyard.weights import arena
 from services.trainer import checkpoint, lora, packed_attention, teachers
+from services.trainer.auto_settings import compiles_layers, packs_rows
 from services.trainer.batch import Batch, build_row_batch
-from services.trainer.compiled_layers import compile_decoder_layers
+from services.trainer.compiled_layers import compile_decoder_layers, decoder_layers
 from services.trainer.experience import Row, TrainingGroup
 from services.trainer.logprobs import sampled_logprobs
 from services.trainer.micro_batches import MicroBatch, plan
@@ -129,6 +130,7 @@ class PolicyTrainer:
         self.model.train()
         # Packed rows through a varlen kernel and padded rows without a mask, where the model allows.
         packed_attention.install(self.model)
+        self.packing = packs_rows(config, device, packed_attention.varlen_ready(self.model, self.compute_dtype))
         self.aliases: arena.Aliases | None = None  # what the sync sends, when the parameters go as they are
         if self._sends_parameters_as_they_are(config, master):
             # One arena, before anything holds the parameters: a replica packed alike refits in one memcpy.
@@ -145,7 +147,8 @@ class PolicyTrainer:
             self.peft = lora.add_adapters(self.model, pcfg.lora)
             if resume is not None:
                 lora.load_adapter(self.peft, resume.path / lora.ADAPTER_DIR, pcfg.lora)
-        if pcfg.compile_layers:  # after the adapters and checkpointing wrap the layers, before FSDP shards them
+        self.compiled = compiles_layers(pcfg, device, bool(decoder_layers(self.model)))
+        if self.compiled:  # after the adapters and checkpointing wrap the layers, before FSDP shards them
             compile_decoder_layers(self.model)
         self.reference: torch.nn.Module | None = None
         # With LoRA the reference is the base with its adapters off (_reference_model), no second copy.
@@ -501,7 +504,7 @@ class PolicyTrainer:
             world=self.world,
             max_rows=pcfg.train_micro_batch_size,
             max_tokens=pcfg.max_tokens_per_micro_batch,
-            packing=pcfg.sequence_packing,
+            packing=self.packing,
         )
 
     # -- checkpoints -------------------------------------------------------------------------

@@ -144,7 +144,13 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
             raise InvalidArgument(str(exc)) from None
         except FileNotFoundError as exc:
             raise FailedPrecondition(f"cannot load the policy: {exc}") from None
-        log.info("policy loaded", parameters=policy.num_parameters(), weight_version=policy.weight_version)
+        log.info(
+            "policy loaded",
+            parameters=policy.num_parameters(),
+            weight_version=policy.weight_version,
+            compiled_layers=policy.compiled,
+            sequence_packing=policy.packing,
+        )
         ledger = TrainedLedger(folder)
         consumer = BufferConsumer(self.buffer, settings.consumer, job_id, ledger, settings.buffer_timeout_seconds)
         timeout = timedelta(seconds=settings.weight_sync_timeout_seconds)

@@ -62,3 +62,53 @@ def _compare(model) -> None:
     assert err < 2e-2, float(err)
     out.logits.float().square().mean().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+
+
+def test_a_default_bf16_job_on_cuda_trains_compiled_and_packed() -> None:
+    """`auto` compile and packing (services/trainer/auto_settings.py) turn on for a CUDA bf16 trainer with
+    a token budget, and its step equals the eager padded step's to bf16 rounding."""
+    from dockyard.config import load_config_text
+    from services.trainer.experience import Sample, TrainingGroup
+    from services.trainer.policy import PolicyTrainer
+
+    fields = ", ".join(f"{k}: {v}" for k, v in SHAPE.items())
+    text = f"""
+policy:
+  model: {{model_type: qwen2, {fields}}}
+  dtype: bfloat16
+  train_global_batch_size: 8
+  train_micro_batch_size: 8
+  max_tokens_per_micro_batch: 1024
+  optimizer: {{lr: 1.0e-5, max_grad_norm: null}}
+grpo: {{num_prompts_per_step: 2, num_generations_per_prompt: 4}}
+"""
+    gen = torch.Generator().manual_seed(0)
+    groups = []
+    for g in range(2):
+        prompt = torch.randint(4, 1000, (40 + 30 * g,), generator=gen).tolist()
+        samples = []
+        for i in range(4):
+            n = int(torch.randint(20, 200, (), generator=gen))
+            samples.append(
+                Sample(
+                    trajectory_id=f"g{g}/{i}",
+                    prompt_ids=prompt,
+                    completion_ids=torch.randint(4, 1000, (n,), generator=gen).tolist(),
+                    generation_logprobs=(-torch.rand(n, generator=gen) * 4).tolist(),
+                    reward=float(i % 2),
+                    valid=True,
+                )
+            )
+        groups.append(TrainingGroup(group_id=f"g{g}", samples=samples))
+    torch.manual_seed(0)
+    auto = PolicyTrainer(load_config_text(text), "cuda")
+    assert auto.compiled and auto.packing
+    torch.manual_seed(0)
+    plain = PolicyTrainer(
+        load_config_text(text, ["policy.compile_layers=false", "policy.sequence_packing=false"]), "cuda"
+    )
+    assert not plain.compiled and not plain.packing
+    got, want = auto.train_step(groups), plain.train_step(groups)
+    assert got["num_micro_batches"] < want["num_micro_batches"]  # packed: fewer, fuller rows
+    for key in ("loss", "entropy"):
+        assert got[key] == pytest.approx(want[key], rel=2e-2, abs=2e-3), key
