@@ -29,6 +29,7 @@ MOE = [
 ]
 SHORT = [
     "policy.bootstrap.steps=300",
+    "policy.bootstrap.num_threads=1",
     "grpo.max_num_steps=2",
     "grpo.num_prompts_per_step=2",
     "grpo.num_generations_per_prompt=2",
