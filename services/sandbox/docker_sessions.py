@@ -38,6 +38,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -95,6 +96,18 @@ class DockerSessionConfig:
         )
 
 
+def container_running(api: Any, container_id: str, *, killed: bool) -> bool:
+    """Whether the container still runs, as the engine's low-level `api` reports it. A command SIGKILLed with
+    its container can end before the engine marks the container stopped, so a killed command's container
+    gets a short grace to show it."""
+    deadline = time.monotonic() + (KILLED_GRACE_SECONDS if killed else 0.0)
+    while api.inspect_container(container_id)["State"]["Running"]:
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 class DockerSession(SessionHandle):
     def __init__(
         self, config: DockerSessionConfig, container_id: str, route: EndpointRoute | None = None, *, warm: bool = False
@@ -128,7 +141,7 @@ class DockerSession(SessionHandle):
         start = time.monotonic()
         try:
             out, err, code, timed_out = self.exec_raw(["sh", "-c", EXEC_WRAPPER, "sh", *argv], stdin, limits)
-            if code != 0 and not self._container_running(killed=code in (-1, 137) and not timed_out):
+            if code != 0 and not container_running(self._api, self._id, killed=code in (-1, 137) and not timed_out):
                 raise OSError("the container stopped")  # killed under the command: not the command's failure
             disk_full = not timed_out and self._disk_full(limits)
         except (docker.errors.DockerException, OSError) as exc:
@@ -178,16 +191,6 @@ class DockerSession(SessionHandle):
             sock.close()
         code = self._api.exec_inspect(exec_id).get("ExitCode")
         return out, err, -1 if code is None else code, timed_out.is_set()
-
-    def _container_running(self, *, killed: bool) -> bool:
-        """Whether the container still runs. A command SIGKILLed with its container can end before the
-        engine marks the container stopped, so a killed command's container gets a short grace to show it."""
-        deadline = time.monotonic() + (KILLED_GRACE_SECONDS if killed else 0.0)
-        while self._api.inspect_container(self._id)["State"]["Running"]:
-            if time.monotonic() >= deadline:
-                return True
-            time.sleep(0.1)
-        return False
 
     def _disk_full(self, limits: ResourceLimits) -> bool:
         free = self.exec_raw(["stat", "-f", "-c", "%a", WORK], b"", limits)[0]

@@ -3,9 +3,7 @@ infrastructure error once the container is gone, including when the engine is sl
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-from services.sandbox.docker_sessions import DockerSession, DockerSessionConfig
+from services.sandbox.docker_sessions import container_running
 
 
 class SlowToStopApi:
@@ -20,24 +18,18 @@ class SlowToStopApi:
         return {"State": {"Running": self.calls <= self.running_for}}
 
 
-def session(api: SlowToStopApi) -> DockerSession:
-    fields = dict(image="i", user="u", owner="o", cpus=1.0, pids_limit=64, max_file_bytes=1, max_disk_mb=1, tmp_mb=1)
-    config = DockerSessionConfig(client=SimpleNamespace(api=api), work_root=None, **fields)
-    return DockerSession(config, "c0ffee")
-
-
 def test_a_killed_command_waits_for_the_engine_to_show_its_container_stopped() -> None:
     api = SlowToStopApi(running_for=3)
-    assert session(api)._container_running(killed=True) is False
+    assert container_running(api, "c0ffee", killed=True) is False
     assert api.calls == 4
 
 
 def test_a_killed_command_in_a_live_container_is_the_commands_own_failure() -> None:
     api = SlowToStopApi(running_for=10**6)
-    assert session(api)._container_running(killed=True) is True
+    assert container_running(api, "c0ffee", killed=True) is True
 
 
 def test_an_ordinary_failure_asks_the_engine_once() -> None:
     api = SlowToStopApi(running_for=1)
-    assert session(api)._container_running(killed=False) is True
+    assert container_running(api, "c0ffee", killed=False) is True
     assert api.calls == 1
