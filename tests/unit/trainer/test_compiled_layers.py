@@ -80,3 +80,15 @@ def test_a_model_without_a_declared_layer_class_is_refused() -> None:
 def test_the_jax_backend_refuses_it() -> None:
     with pytest.raises(Exception, match="compile_layers"):
         load_config_text(CONFIG, ["policy.backend=jax", "policy.compile_layers=true"])
+
+
+def test_compiled_layers_with_lora_adapters_train_as_the_eager_ones() -> None:
+    """`auto` compiles a LoRA job's layers on CUDA: the adapters inside compiled layers train as eager ones."""
+    torch._dynamo.reset()
+    lora = ["policy.lora.enabled=true", "policy.lora.rank=4"]
+    compiled, got = _step(["policy.compile_layers=true", *lora])
+    _, want = _step(["policy.compile_layers=false", *lora])
+    layers = [m for m in compiled.model.modules() if getattr(m, "_compiled_call_impl", None) is not None]
+    assert len(layers) == 2  # the decoder layers, adapters inside them
+    for key in ("loss", "grad_norm", "entropy"):
+        assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-7), key
