@@ -211,8 +211,9 @@ class PolicyConfig(Section):
         description=(
             "`torch.compile` each decoder layer (fused kernels; cheap intermediates recomputed in "
             "backward): faster steps and less activation memory on GPUs, after a compile during the "
-            "first step. `auto`: on when the torch trainer runs on CUDA and the job does not record "
-            "expert routing, off otherwise (on CPU the compile costs more than it saves). `true` is "
+            "first step. `auto`: on when the torch trainer runs on CUDA, the job does not record "
+            "expert routing and a C compiler is on the PATH (Triton needs one), off otherwise (on CPU "
+            "the compile costs more than it saves). `true` is "
             "refused by `backend: jax` and with routing recorded. See docs/trainer.md."
         ),
     )

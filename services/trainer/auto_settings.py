@@ -1,7 +1,9 @@
 """The trainer's `auto` settings, resolved against the device and the model the trainer holds.
 
-    policy.compile_layers   auto ─> on: the torch trainer on CUDA, no expert routing recorded, and the
-                                        model declares its decoder layer class
+    policy.compile_layers   auto ─> on: the torch trainer on CUDA, no expert routing recorded, the model
+                                        declares its decoder layer class, and a C compiler is on the PATH
+                                        (Triton builds its kernel launchers with it at the first compile;
+                                        the slim service images have none)
     policy.sequence_packing auto ─> on: the torch trainer on CUDA, nothing in the job forbids packed rows
                                         (launch_rules.packing_errors), and the model's packed rows run
                                         the varlen kernel in the compute dtype
@@ -19,6 +21,9 @@ been refused for. Pure: no side effects.
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import torch
 
 from dockyard.config import MasterConfig, PolicyConfig
@@ -29,7 +34,13 @@ def compiles_layers(policy: PolicyConfig, device: str, layered: bool) -> bool:
     """Whether the torch trainer compiles its decoder layers; `layered`: the model declares their class."""
     if policy.compile_layers != "auto":
         return policy.compile_layers
-    return torch.device(device).type == "cuda" and layered and not policy.records_routing
+    cuda = torch.device(device).type == "cuda"
+    return cuda and layered and not policy.records_routing and c_compiler_available()
+
+
+def c_compiler_available() -> bool:
+    """Whether Triton finds a C compiler (it looks at $CC, then cc, gcc and clang on the PATH)."""
+    return bool(os.environ.get("CC")) or any(shutil.which(name) for name in ("cc", "gcc", "clang"))
 
 
 def packs_rows(config: MasterConfig, device: str, varlen: bool) -> bool:

@@ -21,6 +21,12 @@ grpo: {num_prompts_per_step: 2, num_generations_per_prompt: 2}
 """
 
 
+@pytest.fixture(autouse=True)
+def c_compiler(monkeypatch) -> None:
+    """As on a GPU machine with a C compiler, whatever this one has (Triton reads $CC first)."""
+    monkeypatch.setenv("CC", "cc")
+
+
 def config(*overrides: str):
     return load_config_text(CONFIG, list(overrides))
 
@@ -46,6 +52,19 @@ def test_auto_compiles_on_cuda_only_and_not_where_true_is_refused() -> None:
         )
     assert compiles_layers(config("policy.compile_layers=true").policy, "cpu", layered=True)
     assert not compiles_layers(config("policy.compile_layers=false").policy, "cuda", layered=True)
+
+
+def test_auto_does_not_compile_without_a_c_compiler(monkeypatch) -> None:
+    import services.trainer.auto_settings as auto
+
+    policy = config().policy
+    monkeypatch.delenv("CC")
+    monkeypatch.setattr(auto.shutil, "which", lambda name: "/usr/bin/gcc" if name == "gcc" else None)
+    assert auto.c_compiler_available() and compiles_layers(policy, "cuda", layered=True)
+    monkeypatch.setattr(auto.shutil, "which", lambda name: None)
+    assert not auto.c_compiler_available()
+    assert not compiles_layers(policy, "cuda", layered=True)  # Triton could not build its launchers
+    assert compiles_layers(config("policy.compile_layers=true").policy, "cuda", layered=True)  # as set
 
 
 @pytest.mark.parametrize(
