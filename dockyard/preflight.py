@@ -431,7 +431,7 @@ def check_gpus(config: MasterConfig, local_services: bool, away: str | None = No
 
 
 # bench/fp8_rollout.py on one H100 (bench/README.md): (parameters of the shape, FP8 engine tok/s / bf16's).
-FP8_MEASURED = ((494_032_768, 0.905), (7_615_616_512, None))
+FP8_MEASURED = ((494_032_768, 0.905), (7_615_616_512, 1.101))
 
 
 def check_fp8(config: MasterConfig) -> Finding:
