@@ -19,7 +19,9 @@ trajectory and why); a sync step fails when no group reached the buffer, with
 the first failure in its message, or every trajectory was invalid. The asynchronous producer never generates a group
 only for it to age out; one group's failure is counted and the production
 goes on, but a request the sandbox refused (RuntimeError) fails the job;
-`wait_for_groups` fails when the buffer's count stops moving for `patience`.
+`wait_for_groups` fails when the buffer's count stops moving for `patience`. Stopping the
+asynchronous producer cancels generation at once but lets every put under way finish and record its
+outcome (up to PUT_DRAIN_SECONDS), so each group the buffer counts has its groups.jsonl line.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ log = structlog.get_logger()
 
 # How often an asynchronous producer that is far enough ahead looks whether the trainer took groups.
 PRODUCER_POLL_SECONDS = 0.2
+# How long a stopping producer waits for puts under way (each reaches the buffer whole, or not at all).
+PUT_DRAIN_SECONDS = 30.0
 
 
 class GroupIds:
@@ -132,6 +136,7 @@ class AsyncProducer:
         self._last_error: BaseException | None = None
         self._fatal: BaseException | None = None
         self._delivered = asyncio.Event()
+        self._puts: set[asyncio.Task] = set()  # deliveries under way: a stop lets them finish
 
     def start(self) -> None:
         """Start producing, unless it already is (a producer that failed stays failed: wait_for_groups raises)."""
@@ -174,6 +179,21 @@ class AsyncProducer:
             for one in running:
                 one.cancel()
             await asyncio.gather(*running, return_exceptions=True)
+            await self._drain_puts()
+
+    async def _drain_puts(self) -> None:
+        """Let the puts under way finish, so the buffer's count and groups.jsonl agree: a put cancelled
+        after the buffer took it would be held there with no outcome line. Past PUT_DRAIN_SECONDS (a
+        buffer that does not answer) the rest are cancelled."""
+        if not self._puts:
+            return
+        done, late = await asyncio.wait(set(self._puts), timeout=PUT_DRAIN_SECONDS)
+        for put in done:
+            if not put.cancelled() and put.exception() is not None:
+                log.warning("a put under way at the stop failed", error=str(put.exception()))
+        for put in late:
+            put.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
 
     async def _until_fewer_ahead(self, ahead: int, in_flight: Callable[[], int]) -> None:
         """Until the buffer's held groups plus those in flight are fewer than `ahead`; the trainer
@@ -188,7 +208,11 @@ class AsyncProducer:
     async def _produce_one(self, task, group_id: str, seed: int) -> None:
         try:
             group = await self._collector.make_group(task, group_id, seed)
-            await self._collector.deliver(group, self._produced)
+            # Shielded: a stop cancels generation at once, but a put runs to its reply (_drain_puts).
+            put = asyncio.ensure_future(self._collector.deliver(group, self._produced))
+            self._puts.add(put)
+            put.add_done_callback(self._puts.discard)
+            await asyncio.shield(put)
             self._delivered.set()
         except asyncio.CancelledError:
             raise

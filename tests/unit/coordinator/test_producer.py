@@ -78,3 +78,31 @@ async def test_the_producer_stays_within_the_age_bound_ahead_of_the_trainer(tmp_
         await producer.stop()
     assert collector.peak == {"ahead": PROMPTS * max_age, "in_flight": PROMPTS}
     assert ids.next_index >= PROMPTS * (max_age + 4)
+
+
+class SlowPutCollector(Collector):
+    """Its put reaches the buffer, then the reply takes a while: a stop arrives in between."""
+
+    def __init__(self, buffer: Buffer) -> None:
+        super().__init__(buffer)
+        self.reached, self.outcomes = asyncio.Event(), []
+
+    async def deliver(self, group, stats):
+        self.buffer.held += 1  # the buffer counted it
+        self.reached.set()
+        await asyncio.sleep(0.2)  # the reply on its way back
+        self.outcomes.append(group)  # what the collector writes to groups.jsonl on the reply
+        return True
+
+
+async def test_a_stop_lets_a_put_under_way_finish_and_record_its_outcome() -> None:
+    config = load_config(REPO_ROOT / "examples" / "configs" / "tiny_expr.yaml", ["grpo.num_prompts_per_step=1"])
+    buffer = Buffer()
+    collector = SlowPutCollector(buffer)
+    tasks = TaskStream(load_tasks(config, "train"), config.grpo.seed)
+    producer = AsyncProducer(collector, JobBuffer(buffer, "job"), tasks, GroupIds("job", 0), config.grpo, patience=60)
+    producer.start()
+    await collector.reached.wait()
+    await producer.stop()  # while the put is under way
+    # Every group the buffer counted has its outcome: the books of a stopped job add up.
+    assert buffer.held >= 1 and len(collector.outcomes) == buffer.held
