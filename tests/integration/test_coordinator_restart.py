@@ -174,6 +174,10 @@ def test_killed_coordinator_comes_back_and_finishes_the_job(
     # kill landed after the trainer took it): the restarted coordinator goes on from there.
     missing = set(range(1, STEPS + 1)) - set(train)
     assert missing <= {recovered[0]["step"]}, (train, recovered)
-    document = stored(job_id)
+    # The store writes behind the job record (services/coordinator/store.py): GetJob reads the record, so it
+    # can say SUCCEEDED a moment before the stored document does; the document has to catch up.
+    deadline = time.monotonic() + 30
+    while (document := stored(job_id))["state"] != "SUCCEEDED" and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert document["state"] == "SUCCEEDED" and document["step"] == STEPS
     assert document["sync_epoch"] > epoch_before
