@@ -18,7 +18,7 @@ def prepare(cfg) -> None:
     out = Path(policy.model_name)
     if (out / "config.json").is_file():
         print(f"{out} exists: kept as it is (prepare builds a missing policy folder only; delete it to build it again)")
-        if differences := bootstrap_differences(out, policy):
+        if differences := bootstrap_differences(out, policy, cfg.data.train.families):
             print(f"note: {out} was built with other settings than the config's bootstrap: {differences}")
         return
     print(f"{out} does not exist: building it with the config's bootstrap ({policy.bootstrap.recipe} warm start)")
@@ -29,8 +29,17 @@ def prepare(cfg) -> None:
 
     boot = policy.bootstrap
     build = warm_start_agent if boot.recipe == "tiny_agent" else warm_start
-    # Only the agent warm start has a scaffold's format to demonstrate.
-    extra = {"scaffold": boot.scaffold} if boot.recipe == "tiny_agent" else {"chat": boot.chat}
+    # Demonstrations of the job's training tasks; the agent's in its scaffold's format.
+    extra = {"families": cfg.data.train.families}
+    if boot.recipe == "tiny_agent":
+        extra |= {
+            "scaffold": boot.scaffold,
+            "reads": boot.reads,
+            "shortcut_reads": boot.shortcut_reads,
+            "answer": boot.answer,
+        }
+    else:
+        extra |= {"chat": boot.chat}
     with Progress(
         TextColumn("warm start"),
         BarColumn(),
@@ -53,9 +62,10 @@ def prepare(cfg) -> None:
     print(f"policy written to {out}")
 
 
-def bootstrap_differences(folder: Path, policy) -> str:
+def bootstrap_differences(folder: Path, policy, families=()) -> str:
     """The settings a warm-start folder was built with (its warm_start.json) that differ from the
-    config's bootstrap, as `key: built -> config`; "" when they agree or the folder has no record."""
+    config's bootstrap (and `families`, the training tasks' function families), as `key: built ->
+    config`; "" when they agree or the folder has no record."""
     meta_path = folder / "warm_start.json"
     try:
         meta = json.loads(meta_path.read_text())
@@ -66,6 +76,9 @@ def bootstrap_differences(folder: Path, policy) -> str:
         name: getattr(boot, name)
         for name in ("recipe", "steps", "lr", "batch_size", "seed", "shortcut_rate", "scaffold", "chat")
     }
+    wanted["families"] = list(families)
+    if boot.recipe == "tiny_agent":
+        wanted |= {"reads": boot.reads, "shortcut_reads": boot.shortcut_reads, "answer": boot.answer}
     wanted |= {f"model.{k}": v for k, v in (policy.model or {}).items()}
     built = {**meta, **{f"model.{k}": v for k, v in (meta.get("model") or {}).items()}}
     return ", ".join(

@@ -136,6 +136,15 @@ class DatasetConfig(Section):
         ),
     )
     seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed of the draw.")
+    families: list[Literal["x+b", "a*x+b", "x*x+b", "a*x*x+b"]] = Field(
+        default_factory=list,
+        max_length=4,
+        description=(
+            "`expr` and `expr_agent`: draw only functions of these families (`dockyard/tasks/expr.py`; "
+            "empty: all four). The functions, their split and their order are the whole set's, less "
+            "the other families'."
+        ),
+    )
 
 
 class DataConfig(Section):

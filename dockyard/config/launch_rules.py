@@ -338,6 +338,8 @@ def config_errors(config: Any) -> list[tuple[str, str]]:
             errors.append((f"data.{split}.path", "env hle needs a JSONL file of questions"))
         if dataset.sources and config.env.name not in ("program_synthesis", "program_bench"):
             errors.append((f"data.{split}.sources", "mixing files is for program_synthesis and program_bench"))
+        if dataset.families and dataset.source not in ("expr", "expr_agent"):
+            errors.append((f"data.{split}.families", "function families are for the expr and expr_agent sources"))
     if config.env.name == "terminal_bench" and not config.env.agentic:
         errors.append(("env.tools", "env terminal_bench is a multi-turn task: give the agent its tools (a shell)"))
     if config.env.name == "gdpval" and (

@@ -7,7 +7,7 @@ model_type); what the JAX backend cannot do is refused here, at parse.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -78,8 +78,33 @@ class BootstrapConfig(Section):
         ge=0.0,
         le=1.0,
         description=(
-            "Share of warm-start demonstrations answered by the line through f(0) and f(1) instead of "
-            "the reference: an imperfect demonstrator that GRPO must learn to beat."
+            "Share of warm-start demonstrations that take a shortcut instead of the reference: "
+            "`tiny_expr` answers the line through f(0) and f(1), `tiny_agent` reads `shortcut_reads` and "
+            "answers the line through them. An imperfect demonstrator that GRPO must learn to beat."
+        ),
+    )
+    reads: list[Annotated[int, Field(ge=-1000, le=1000)]] = Field(
+        default_factory=lambda: [0, 1, 2],
+        max_length=8,
+        description=(
+            "`tiny_agent` only: the points the demonstrator reads f at before it answers the reference "
+            "(the task's expression)."
+        ),
+    )
+    shortcut_reads: list[Annotated[int, Field(ge=-1000, le=1000)]] = Field(
+        default_factory=lambda: [0, 1],
+        max_length=8,
+        description=(
+            "`tiny_agent` only: the points a shortcut demonstration reads before it answers the line "
+            "through them (slope 1 where one point leaves the slope open; `x` when it reads none)."
+        ),
+    )
+    answer: Literal["reference", "line_of_reads"] = Field(
+        "reference",
+        description=(
+            "`tiny_agent` only: the demonstrator's answer after `reads`: `reference` (the task's "
+            "expression) or `line_of_reads` (the line through f(0)=y0 and f(1)=y1 spelled with the "
+            "values read, `y0+y1*x-y0*x`: copied, no arithmetic; the reference on linear functions)."
         ),
     )
     chat: bool = Field(

@@ -9,13 +9,13 @@ writes the demonstrator's actions:
     assistant   bash call ``python f.py 0``           (mini's one tool, BASH_TOOL)
     tool        ``f(0)=1\\n``                          (the command's output: the config's
                                                        ``model.observation_template={{output.output}}``)
-    ...         ``python f.py 1`` (and ``python f.py 2`` unless it takes the shortcut)
+    ...         a call per point the demonstrator reads (tiny_agent: ``reads``, or ``shortcut_reads``)
     assistant   ``echo <expression> > answer.txt && `` + SUBMIT_COMMAND
 
 The last call writes the answer (the trial's answer is that file's text) and submits: mini exits
 when a command's first output line is COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT, which SUBMIT_COMMAND
 prints without writing a capital (the tiny model's characters have none; ``tr`` makes them). A
-trial of this shape takes MAX_TURNS model calls at most.
+trial of the default reads (three) takes MAX_TURNS model calls.
 
 Guarantees: the messages are the ones mini sends, in the endpoint's normalised form (a tool call's
 arguments as an object): tests/unit/recipes/test_mini_format.py renders them with
@@ -51,7 +51,7 @@ MINI_TOOLS: list[dict[str, Any]] = [BASH_TOOL]
 SYSTEM_TEMPLATE = "You solve tasks with bash."
 ANSWER_FILE = "answer.txt"
 SUBMIT_COMMAND = "echo complete_task_and_submit_final_output | tr [:lower:] [:upper:]"
-# Reads (two or three), then the answer and the submit in one call.
+# The default reads (three), then the answer and the submit in one call.
 MAX_TURNS = 4
 
 

@@ -30,6 +30,12 @@ so the warm-started policy takes the shortcut under greedy decoding yet
 samples the third call at temperature 1: the behaviour GRPO can reinforce, on
 every task alike.
 
+Those are the default points (``reads`` and ``shortcut_reads``); a recipe may
+name others, and the function families its tasks are drawn from (the job's
+``data.train.families``). A shortcut answers the line through the points it
+read: slope 1 through a single point, ``x`` when it read none. A trial that
+read nothing is never drilled as an answer.
+
 Guarantees:
 
 * ``trial_tokens`` equals the token ids and loss mask that the endpoint's
@@ -47,6 +53,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,19 +97,51 @@ def call_message(index: int, name: str, arguments: dict[str, Any]) -> Message:
     return {"role": "assistant", "content": "", "tool_calls": [call]}
 
 
-def demonstrated_answer(task: Task, shortcut: bool) -> tuple[tuple[int, ...], str]:
-    """The demonstrator's reads of ``f`` on ``task`` and its answer: the line through f(0) and f(1)
-    with ``shortcut``, else the reference after a third read."""
+def demonstrated_answer(
+    task: Task,
+    shortcut: bool,
+    reads: Sequence[int] = FULL_POINTS,
+    shortcut_reads: Sequence[int] = SHORTCUT_POINTS,
+    answer: str = "reference",
+) -> tuple[tuple[int, ...], str]:
+    """The demonstrator's reads of ``f`` on ``task`` and its answer: after ``reads``, the reference, or
+    with ``answer="line_of_reads"`` the line through f(0)=y0 and f(1)=y1 spelled with the values read,
+    ``y0+y1*x-y0*x`` (copied, no arithmetic); with ``shortcut``, the line through
+    the points of ``shortcut_reads`` (slope 1 where one point leaves it open, ``x`` where none is read)."""
     if not shortcut:
-        return FULL_POINTS, task.solution
-    y0, y1 = (int(v) for v in _VALUE.findall(f_output(task.solution, SHORTCUT_POINTS)))
-    return SHORTCUT_POINTS, line_expression(y1 - y0, y0)
+        if answer == "reference":
+            return tuple(reads), task.solution
+        if sorted(reads)[:2] != [0, 1]:
+            raise ValueError(f"answer line_of_reads reads f(0) and f(1), not only {list(reads)}")
+        y0, y1 = _values(task, reads)[:2]
+        return tuple(reads), f"{y0}+{y1}*x-{y0}*x"
+    points = tuple(shortcut_reads)
+    values = _values(task, points)
+    if len(points) >= 2:
+        (x0, x1), (y0, y1) = sorted(points)[:2], values[:2]
+        slope = (y1 - y0) // (x1 - x0)
+        return points, line_expression(slope, y0 - slope * x0)
+    if len(points) == 1:
+        return points, line_expression(1, values[0] - min(points))
+    return points, line_expression(1, 0)
 
 
-def demonstration(task: Task, shortcut: bool, scaffold: str = "built_in") -> list[Message]:
+def _values(task: Task, points: Sequence[int]) -> list[int]:
+    """f at ``points`` (sorted), as the tool reports them."""
+    return [int(v) for v in _VALUE.findall(f_output(task.solution, points))] if points else []
+
+
+def demonstration(
+    task: Task,
+    shortcut: bool,
+    scaffold: str = "built_in",
+    reads: Sequence[int] = FULL_POINTS,
+    shortcut_reads: Sequence[int] = SHORTCUT_POINTS,
+    answer_style: str = "reference",
+) -> list[Message]:
     """The demonstrator's trial on ``task`` in ``scaffold``'s format: the built-in loop's (reads of the
     tool ``f`` and their results, then the answer as text) or mini-swe-agent's (mini_format)."""
-    points, answer = demonstrated_answer(task, shortcut)
+    points, answer = demonstrated_answer(task, shortcut, reads, shortcut_reads, answer_style)
     if scaffold == "mini_swe_agent":
         return mini_format.demonstration(task, points, answer)
     messages: list[Message] = [{"role": "user", "content": task.prompt}]
@@ -181,9 +220,14 @@ def warm_start_agent(
     progress: Callable[[int, float], None] | None = None,
     shortcut_rate: float = SHORTCUT_RATE,
     scaffold: str = "built_in",
+    reads: Sequence[int] = FULL_POINTS,
+    shortcut_reads: Sequence[int] = SHORTCUT_POINTS,
+    families: Sequence[str] = (),
+    answer: str = "reference",
 ) -> Path:
     """Train the agent warm start on demonstrated trials in ``scaffold``'s format (``built_in`` or
-    ``mini_swe_agent``) and write it to ``out_dir``; returns ``out_dir``."""
+    ``mini_swe_agent``) of the training tasks of ``families`` (all when empty), and write it to
+    ``out_dir``; returns ``out_dir``."""
     check_settings(steps, batch_size, shortcut_rate)
     if scaffold not in SCAFFOLD_TOOLS:
         raise ValueError(f"scaffold must be one of {sorted(SCAFFOLD_TOOLS)}, got {scaffold!r}")
@@ -192,11 +236,16 @@ def warm_start_agent(
     with torch_threads(num_threads):
         started = time.monotonic()
         policy, tokenizer = new_policy(model, seed)
-        rows = _demonstrated_rows(tokenizer, (steps + 1) // 2 * batch_size, seed, shortcut_rate, scaffold)
+        demonstrator = Demonstrator(
+            shortcut_rate, scaffold, tuple(reads), tuple(shortcut_reads), tuple(families), answer
+        )
+        rows = _demonstrated_rows(tokenizer, (steps + 1) // 2 * batch_size, seed, demonstrator)
         longest = max(len(ids) for ids, _ in rows)
         if longest > model["max_position_embeddings"]:
             raise ValueError(f"model.max_position_embeddings {model['max_position_embeddings']} < a trial's {longest}")
-        drills = [_answer_drill(tokenizer, ids, labels) for ids, labels in rows]
+        # A trial that read nothing has no answer read from a result to drill (and its whole row would
+        # drill the choice not to read); with no trial that read, the drills are whole trials.
+        drills = [d for ids, labels in rows if (d := _answer_drill(tokenizer, ids, labels))] or rows
 
         def batch_at(step: int) -> dict[str, torch.Tensor]:
             # Odd steps drill the answer on short rows, DRILLS_PER_TRIAL times as many.
@@ -223,6 +272,10 @@ def warm_start_agent(
         "seed": seed,
         "shortcut_rate": shortcut_rate,
         "scaffold": scaffold,
+        "reads": list(reads),
+        "shortcut_reads": list(shortcut_reads),
+        "families": list(families),
+        "answer": answer,
         "num_threads": num_threads,
         "longest_trial_tokens": longest,
         "first_loss": losses[0],
@@ -233,28 +286,44 @@ def warm_start_agent(
     return out_dir
 
 
-def _answer_drill(tokenizer: PreTrainedTokenizerBase, ids: list[int], labels: list[int]) -> tuple[list[int], list[int]]:
-    """The tail of a trial from its last tool result on: the tokens the answer is read from, and the answer."""
+def _answer_drill(
+    tokenizer: PreTrainedTokenizerBase, ids: list[int], labels: list[int]
+) -> tuple[list[int], list[int]] | None:
+    """The tail of a trial from its last tool result on: the tokens the answer is read from, and the
+    answer; None for a trial without a tool result."""
     marker = tokenizer.encode("\ntool: ", add_special_tokens=False)
     starts = [i for i in range(len(ids) - len(marker)) if ids[i : i + len(marker)] == marker]
-    start = starts[-1] + 1 if starts else 0
-    return ids[start:], labels[start:]
+    return (ids[starts[-1] + 1 :], labels[starts[-1] + 1 :]) if starts else None
+
+
+@dataclass(frozen=True)
+class Demonstrator:
+    """Whose trials the warm start shows: how often it takes the shortcut, in which scaffold's format,
+    what it reads either way, on which function families, and how it spells its full answer."""
+
+    shortcut_rate: float
+    scaffold: str
+    reads: tuple[int, ...]
+    shortcut_reads: tuple[int, ...]
+    families: tuple[str, ...]
+    answer: str
 
 
 def _demonstrated_rows(
-    tokenizer: PreTrainedTokenizerBase, n: int, seed: int, shortcut_rate: float, scaffold: str
+    tokenizer: PreTrainedTokenizerBase, n: int, seed: int, demo: Demonstrator
 ) -> list[tuple[list[int], list[int]]]:
     """``(ids, labels)`` of ``n`` demonstrated training trials, in a seeded order."""
-    tasks = make_agent_tasks("train", n, seed=seed)
+    tasks = make_agent_tasks("train", n, seed=seed, families=demo.families)
     rng = random.Random(seed)
     rng.shuffle(tasks)
     # Trials repeat (a pool of a few hundred functions, two demonstrator choices): render each once.
     cache: dict[tuple[str, bool], tuple[list[int], list[int]]] = {}
     rows = []
     for task in tasks:
-        key = (task.solution, rng.random() < shortcut_rate)
+        key = (task.solution, rng.random() < demo.shortcut_rate)
         if key not in cache:
-            ids, mask = trial_tokens(tokenizer, demonstration(task, key[1], scaffold), SCAFFOLD_TOOLS[scaffold])
+            messages = demonstration(task, key[1], demo.scaffold, demo.reads, demo.shortcut_reads, demo.answer)
+            ids, mask = trial_tokens(tokenizer, messages, SCAFFOLD_TOOLS[demo.scaffold])
             cache[key] = (ids, [i if m else -100 for i, m in zip(ids, mask, strict=True)])
         rows.append(cache[key])
     return rows

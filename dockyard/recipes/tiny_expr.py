@@ -148,15 +148,17 @@ def warm_start(
     progress: Callable[[int, float], None] | None = None,
     shortcut_rate: float = SHORTCUT_RATE,
     chat: bool = False,
+    families: Sequence[str] = (),
 ) -> Path:
-    """Train the SFT warm start and write it to ``out_dir``; returns ``out_dir``. With ``chat``, each
-    prompt is rendered as one user turn of the tokenizer's chat template (``chat_prompt``)."""
+    """Train the SFT warm start on the training tasks of ``families`` (all when empty) and write it to
+    ``out_dir``; returns ``out_dir``. With ``chat``, each prompt is rendered as one user turn of the
+    tokenizer's chat template (``chat_prompt``)."""
     check_settings(steps, batch_size, shortcut_rate)
     out_dir = Path(out_dir)
     with torch_threads(num_threads):
         started = time.monotonic()
         policy, tokenizer = new_policy(model, seed)
-        losses = _train(policy, tokenizer, steps, lr, batch_size, seed, progress, shortcut_rate, chat)
+        losses = _train(policy, tokenizer, steps, lr, batch_size, seed, progress, shortcut_rate, chat, families)
         elapsed = time.monotonic() - started
 
     policy.generation_config = generation_config(tokenizer, MAX_NEW_TOKENS)
@@ -169,6 +171,7 @@ def warm_start(
         "seed": seed,
         "shortcut_rate": shortcut_rate,
         "chat": chat,
+        "families": list(families),
         "num_threads": num_threads,
         "first_loss": losses[0],
         "final_loss": sum(losses[-10:]) / len(losses[-10:]),
@@ -232,8 +235,9 @@ def _train(
     progress: Callable[[int, float], None] | None,
     shortcut_rate: float,
     chat: bool = False,
+    families: Sequence[str] = (),
 ) -> list[float]:
-    tasks = make_tasks("train", steps * batch_size, seed=seed)
+    tasks = make_tasks("train", steps * batch_size, seed=seed, families=families)
     if chat:
         tasks = [replace(t, prompt=chat_prompt(tokenizer, t.prompt)) for t in tasks]
     rng = random.Random(seed)

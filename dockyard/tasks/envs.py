@@ -74,9 +74,9 @@ class Environment:
         if self.name == "verifiers":
             return verifiers_rows.make_tasks(split, dataset.size, dataset.seed, self.module)
         if self.name == "expr":
-            return expr.make_tasks(split, dataset.size, dataset.seed)
+            return expr.make_tasks(split, dataset.size, dataset.seed, dataset.families)
         if self.name == "expr_agent":
-            return expr.make_agent_tasks(split, dataset.size, dataset.seed)
+            return expr.make_agent_tasks(split, dataset.size, dataset.seed, dataset.families)
         if self.name in PROGRAM_ENVS:
             return programs.load_tasks(split, dataset, other, bench=self.name == "program_bench")
         if dataset.path is None:

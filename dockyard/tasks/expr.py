@@ -19,6 +19,9 @@ Guarantees:
   (simpler) template is dropped, so the examples identify each task's
   function, each task has one canonical reference ``solution``, and no two
   tasks differ only in how the same function is written.
+* A task set may be narrowed to some of the families (``FAMILIES``; the
+  config's ``data.<split>.families``): the pool keeps the same functions, split
+  and order, less those of the other families.
 * The ``train`` and ``validation`` splits are disjoint at the function level:
   the split of a function is decided by a hash of its signature, so a
   validation function never appears in training under any spelling.
@@ -55,6 +58,7 @@ answer is scored exactly like a single-turn completion (``program_for``).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import cache
 
@@ -72,6 +76,10 @@ SPLITS = ("train", "validation")
 def _linear(a: int, b: int) -> str:
     term = "x" if a == 1 else f"{a}*x"
     return term if b == 0 else f"{term}{'+' if b > 0 else '-'}{abs(b)}"
+
+
+# The families of the templates, simplest first.
+FAMILIES: tuple[str, ...] = ("x+b", "a*x+b", "x*x+b", "a*x*x+b")
 
 
 def _templates() -> list[tuple[str, str]]:
@@ -116,10 +124,20 @@ def _pool(split: str) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
     return tuple(pool)
 
 
-def pool_size(split: str) -> int:
-    """Number of distinct functions in a split."""
+def _narrowed(split: str, families: Sequence[str]) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """The split's pool, only ``families`` (all of them when empty)."""
     _check_split(split)
-    return len(_pool(split))
+    if unknown := sorted(set(families) - set(FAMILIES)):
+        raise ValueError(f"unknown function families {unknown}: the families are {list(FAMILIES)}")
+    pool = tuple(f for f in _pool(split) if f[0] in families) if families else _pool(split)
+    if not pool:
+        raise ValueError(f"the {split} split has no function of the families {list(families)}")
+    return pool
+
+
+def pool_size(split: str, families: Sequence[str] = ()) -> int:
+    """Number of distinct functions in a split (of ``families`` only, when given)."""
+    return len(_narrowed(split, families))
 
 
 def _check_split(split: str) -> None:
@@ -142,12 +160,11 @@ def _task(split: str, index: int, family: str, expr: str, outputs: tuple[int, ..
     )
 
 
-def make_tasks(split: str, n: int, seed: int = 0) -> list[Task]:
-    """``n`` tasks of ``split``, deterministic for ``(split, n, seed)``."""
-    _check_split(split)
+def make_tasks(split: str, n: int, seed: int = 0, families: Sequence[str] = ()) -> list[Task]:
+    """``n`` tasks of ``split`` (of ``families`` only, when given), deterministic for the arguments."""
+    pool = _narrowed(split, families)
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    pool = _pool(split)
     drawn = draw(pool, n, f"expr:{split}:{seed}")
     return [_task(split, i, family, expr, outputs) for i, (family, expr, outputs) in enumerate(drawn)]
 
@@ -226,8 +243,8 @@ def f_output(solution: str, xs) -> str:
     return " ".join(f"f({x})={_evaluate(solution, x)}" for x in sorted(set(xs)))
 
 
-def make_agent_tasks(split: str, n: int, seed: int = 0) -> list[Task]:
-    """The functions of ``make_tasks(split, n, seed)`` as agent tasks: hidden points, ``f.py`` to query."""
+def make_agent_tasks(split: str, n: int, seed: int = 0, families: Sequence[str] = ()) -> list[Task]:
+    """The functions of ``make_tasks(split, n, seed, families)`` as agent tasks: hidden points, ``f.py`` to query."""
     return [
         replace(
             task,
@@ -235,5 +252,5 @@ def make_agent_tasks(split: str, n: int, seed: int = 0) -> list[Task]:
             prompt=AGENT_PROMPT,
             files=(("f.py", f_program(task.solution)),),
         )
-        for task in make_tasks(split, n, seed)
+        for task in make_tasks(split, n, seed, families)
     ]

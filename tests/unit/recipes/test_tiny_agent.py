@@ -123,6 +123,45 @@ def test_demonstrator_shortcut_is_right_on_lines_and_wrong_on_curves():
         assert _passes_all(answers[0], task) == ("x*x" not in task.solution)
 
 
+@pytest.mark.parametrize(
+    ("reads", "shortcut_reads", "shortcut_answer"),
+    [((0,), (), "x"), ((0, 1), (1,), "x+{b}"), ((0, 1, 2), (2, 3), "x+{b}")],
+)
+def test_the_demonstrator_reads_the_configured_points_and_answers_the_line_through_its_shortcut(
+    reads, shortcut_reads, shortcut_answer
+):
+    # On x+b, a line through two points, or of slope 1 through one, is the answer; reading none is `x`.
+    for task in make_agent_tasks("train", 6, families=["x+b"]):
+        short = demonstration(task, True, reads=reads, shortcut_reads=shortcut_reads)
+        full = demonstration(task, False, reads=reads, shortcut_reads=shortcut_reads)
+        got = [[m["tool_calls"][0]["function"]["arguments"]["x"] for m in t[1:-1:2]] for t in (short, full)]
+        assert got == [list(shortcut_reads), list(reads)]
+        assert agent_answer(full[-1]["content"]) == task.solution
+        intercept = task.solution.removeprefix("x")  # "+3" or "-3"
+        assert agent_answer(short[-1]["content"]) == shortcut_answer.replace("+{b}", intercept)
+
+
+def test_a_line_of_the_reads_copies_the_values_read_and_is_right_on_every_linear_function():
+    linear = make_agent_tasks("train", pool_size("train", ["x+b", "a*x+b"]), families=["x+b", "a*x+b"])
+    for task in linear:
+        trial = demonstration(task, False, reads=(0, 1), shortcut_reads=(), answer_style="line_of_reads")
+        y0, y1 = (int(v) for v in f_output(task.solution, (0, 1)).replace("f(0)=", "").split(" f(1)="))
+        assert agent_answer(trial[-1]["content"]) == f"{y0}+{y1}*x-{y0}*x"
+        assert _passes_all(agent_answer(trial[-1]["content"]), task)
+    with pytest.raises(ValueError, match="reads f\\(0\\) and f\\(1\\)"):
+        demonstration(linear[0], False, reads=(0, 2), answer_style="line_of_reads")
+
+
+def test_mini_format_demonstrations_read_the_configured_points():
+    task = make_agent_tasks("validation", 1, families=["x+b"])[0]
+    for shortcut, commands in ((False, ["python f.py 0"]), (True, [])):
+        trial = demonstration(task, shortcut, "mini_swe_agent", reads=(0,), shortcut_reads=())
+        calls = [m["tool_calls"][0]["function"]["arguments"]["command"] for m in trial if m.get("tool_calls")]
+        assert calls[:-1] == commands
+        answer = task.solution if not shortcut else "x"
+        assert calls[-1].startswith(f"echo {answer} > answer.txt && ")
+
+
 def _run(out_dir, steps=30, seed=0, **kwargs):
     return warm_start_agent(out_dir, model=TINY, steps=steps, lr=3e-3, batch_size=4, seed=seed, num_threads=1, **kwargs)
 
@@ -182,3 +221,28 @@ def test_bootstrap_recipe_tiny_agent_runs_the_agent_warm_start(tmp_path):
     prepare(cfg)
     meta = json.loads((out / WARM_START_META).read_text())
     assert meta["recipe"] == "tiny_agent" and meta["steps"] == 2 and meta["model"]["hidden_size"] == 32
+    assert meta["families"] == [] and meta["reads"] == [0, 1, 2] and meta["shortcut_reads"] == [0, 1]
+
+
+def test_bootstrap_demonstrates_the_jobs_training_families_and_reads_and_names_a_changed_one(tmp_path, capsys):
+    from dockyard.cli.prepare import prepare
+    from dockyard.config import load_config
+
+    out = tmp_path / "policy"
+    overrides = [
+        f"policy.model_name={out}",
+        "policy.model.hidden_size=32",
+        "policy.model.max_position_embeddings=512",
+        "policy.bootstrap.recipe=tiny_agent",
+        "policy.bootstrap.steps=2",
+        "policy.bootstrap.batch_size=2",
+        "policy.bootstrap.reads=[0]",
+        "policy.bootstrap.shortcut_reads=[]",
+        "data.train.families=[x+b]",
+    ]
+    prepare(load_config(REPO_ROOT / "examples" / "configs" / "tiny_expr.yaml", overrides))
+    meta = json.loads((out / WARM_START_META).read_text())
+    assert (meta["families"], meta["reads"], meta["shortcut_reads"]) == (["x+b"], [0], [])
+    capsys.readouterr()
+    prepare(load_config(REPO_ROOT / "examples" / "configs" / "tiny_expr.yaml", [*overrides, "data.train.families=[]"]))
+    assert "families: ['x+b'] -> []" in capsys.readouterr().out

@@ -128,6 +128,24 @@ def test_expr_env_keeps_the_tiny_recipe_tasks():
     assert Environment("expr").load("train", cfg.data.train) == make_tasks("train", cfg.data.train.size, 0)
 
 
+def test_function_families_narrow_the_expr_tasks_and_are_refused_elsewhere():
+    cfg = load_config(TINY, ["data.validation.families=[x+b, x*x+b]"])
+    tasks = Environment("expr").load("validation", cfg.data.validation)
+    assert tasks and {t.task_id.rsplit("-", 1)[1] for t in tasks} == {"x+b", "x*x+b"}
+    with pytest.raises(ConfigError, match="data.train.families: function families are for the expr"):
+        load_config(
+            TINY,
+            [
+                "env.name=program_synthesis",
+                "data.train.source=humaneval",
+                "data.validation.source=humaneval",
+                "data.train.families=[x+b]",
+            ],
+        )
+    with pytest.raises(ConfigError, match="data.train.families"):
+        load_config(TINY, ["data.train.families=[x**3]"])
+
+
 def test_swe_task_sets_share_one_task_root(tmp_path, monkeypatch):
     monkeypatch.delenv("DOCKYARD_SANDBOX_TASK_ROOT", raising=False)
     base = ["env.name=swe", "data.train.source=swe", "data.validation.source=swe"]

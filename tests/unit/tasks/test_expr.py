@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dockyard.tasks.expr import (
+    FAMILIES,
     HELD_OUT_INPUTS,
     SHOWN_INPUTS,
     make_tasks,
@@ -91,3 +92,19 @@ def test_program_for_uses_only_the_first_line():
     namespace: dict = {}
     exec(program_for("x%3 \n"), namespace)
     assert namespace["f"](7) == 1
+
+
+def test_families_narrow_the_pool_keeping_each_functions_split_and_reference():
+    for split in ("train", "validation"):
+        whole = {t.solution: t.tests for t in make_tasks(split, pool_size(split))}
+        sizes = []
+        for family in FAMILIES:
+            tasks = make_tasks(split, pool_size(split, [family]), families=[family])
+            assert {t.task_id.rsplit("-", 1)[1] for t in tasks} == {family}
+            assert all(whole[t.solution] == t.tests for t in tasks)  # the same function, tests and split
+            assert len({t.solution for t in tasks}) == len(tasks)
+            sizes.append(len(tasks))
+        assert sum(sizes) == pool_size(split)
+        assert make_tasks(split, 5, 3, ["x+b", "x*x+b"]) == make_tasks(split, 5, 3, ["x+b", "x*x+b"])
+    with pytest.raises(ValueError, match="unknown function families"):
+        make_tasks("train", 1, families=["x**3"])

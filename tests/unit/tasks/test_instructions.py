@@ -51,7 +51,12 @@ def external_config(env: str, tmp_path: Path, *extra: str):
     """tiny_agent_external.yaml (mini-swe-agent, answer_file answer.txt) moved to `env`."""
     source = ENV_SOURCES[env]
     overrides = [f"env.name={env}", f"data.train.source={source}", f"data.validation.source={source}"]
-    overrides += ["data.train.size=8", "data.validation.size=4"]
+    overrides += [
+        "data.train.size=8",
+        "data.validation.size=4",
+        "data.train.families=[]",
+        "data.validation.families=[]",
+    ]
     train, validation = task_paths(source, tmp_path)
     if train:
         overrides += [f"data.train.path={train}", f"data.validation.path={validation}"]
