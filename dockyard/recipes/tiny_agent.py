@@ -34,7 +34,10 @@ Those are the default points (``reads`` and ``shortcut_reads``); a recipe may
 name others, and the function families its tasks are drawn from (the job's
 ``data.train.families``). A shortcut answers the line through the points it
 read: slope 1 through a single point, ``x`` when it read none. A trial that
-read nothing is never drilled as an answer.
+read nothing is never drilled as an answer. With ``answer="line_of_reads"``
+the full answer is the line through f(0)=y0 and f(1)=y1 spelled with the
+values read (``y0+y1*x-y0*x``): a tiny model learns to copy the values long
+before it learns their difference, and on linear functions it is the reference.
 
 Guarantees:
 
