@@ -51,13 +51,14 @@ run: install sandbox-tools
 
 # Tiers (docs/testing.md): `test` is everything CI runs; `test-fast` the unit and contract tests, the
 # inner loop (a few minutes); `test-slow` the integration and e2e tests (real jobs, images, recipes).
-# Tests run on XDIST workers (pytest-xdist; XDIST=0: one process), longest first (tests/conftest.py); a
-# worker that runs out of tests takes half of what another still has queued (worksteal), so none idles
-# while a long recipe holds the other. (Handing out tests two at a time instead ran the heavy recipes
-# side by side, and the agent recipe's warm start past its limit.) The unit and contract tests wait on
-# service processes, sockets and timeouts as much as they compute: three workers on two cores finish
-# them in 255 s where two take 312 s (1,560 tests; four take no less), so test-fast runs FAST_XDIST of them.
-XDIST ?= 2
+# Tests run on XDIST workers (pytest-xdist; XDIST=0: one process), longest first (tests/conftest.py), each
+# learning recipe at the head of its own worker's share; a worker that runs out of tests takes half of what
+# another still has queued (worksteal), so none idles while a long recipe holds another. (Handing out tests
+# two at a time instead ran the heavy recipes side by side, and the agent recipe's warm start past its
+# limit.) The tests wait on service processes, containers, sockets and timeouts as much as they compute,
+# so a third worker on two cores fills the waits: the unit and contract tests in 255 s where two workers
+# take 312 s (1,560 tests; four take no less), and the whole suite (docs/testing.md has the figures).
+XDIST ?= 3
 FAST_XDIST ?= 3
 xdist_args = $(if $(filter-out 0,$(1)),-n $(1) --dist worksteal)
 

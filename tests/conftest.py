@@ -86,16 +86,22 @@ class ServiceProcess:
         return self.log_path.read_text(errors="replace")
 
 
-# Longest first (the classic rule for short makespans): under pytest-xdist (make test runs two workers) the
+# Longest first (the classic rule for short makespans): under pytest-xdist (make test runs XDIST workers) the
 # e2e recipes, then the integration tests, start while the quick unit tests are left to fill the gaps at the
-# end, so no 20-minute recipe starts last. The files of the longest tests (the agent recipe; the unit tests
+# end, so no 20-minute recipe starts last. The files of the longest tests (the agent recipes; the unit tests
 # that compile with inductor, minutes each) go first of all.
 LAYER_ORDER = ("e2e", "integration", "contract", "unit")
 FIRST = (
     "tests/e2e/test_tiny_agent_learns.py",
+    "tests/e2e/test_tiny_agent_external_learns.py",
     "tests/unit/trainer/test_ranks.py",
     "tests/unit/trainer/test_compiled_layers.py",
 )
+# The learning recipes, each a warm start and a GRPO run of 10 to 20 minutes on a busy machine: each heads
+# its own worker's share. xdist's work stealing hands worker k the k-th of W contiguous shares of the list
+# and steals from the ends of queues, so a test at the head of a share starts at once, where the second of
+# two tests at the head of one share would start only when the first ended.
+LEADS = ("tests/e2e/test_tiny_agent_learns.py", "tests/e2e/test_tiny_agent_external_learns.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -105,6 +111,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return (str(path) not in FIRST, LAYER_ORDER.index(layer) if layer in LAYER_ORDER else len(LAYER_ORDER))
 
     items.sort(key=rank)  # stable: the order within a layer stays the files' own
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    leads = [item for item in items if str(item.path.relative_to(REPO_ROOT)) in LEADS]
+    if workers > 1 and 1 < len(leads) <= workers:
+        total, rest = len(items), [item for item in items if item not in leads]
+        items[:] = []
+        for k, lead in enumerate(leads):  # the shares' sizes as xdist's worksteal scheduler cuts them
+            share = (total - len(items)) // (workers - k)
+            items.append(lead)
+            items.extend(rest[: share - 1])
+            del rest[: share - 1]
+        items.extend(rest)
 
 
 @pytest.fixture(scope="session", autouse=True)
