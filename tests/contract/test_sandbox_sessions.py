@@ -275,17 +275,25 @@ async def open_two(address: str) -> None:
 
 def test_a_restarted_service_removes_its_crashed_predecessors_sessions(start_service, sandbox_env, tmp_path):
     backend, env = sandbox_env
-    before = session_containers() if backend == "docker" else set()
-    crashed = start_service("sandbox", env)
-    asyncio.run(open_two(crashed.address))
     work_root = Path(env["DOCKYARD_SANDBOX_WORK_ROOT"])
-    left = session_containers() - before if backend == "docker" else set(work_root.glob(f"{PREFIX}*"))
-    assert len(left) == 2
-    crashed.proc.kill()  # SIGKILL: no shutdown, the sessions stay behind
-    crashed.proc.wait()
-    restarted = start_service("sandbox", env)
-    if backend == "docker":
-        assert not (left & session_containers())
-    else:
-        assert not list(work_root.glob(f"{PREFIX}*"))
-    assert '"count": 2' in restarted.logs() or "count=2" in restarted.logs(), restarted.logs()[-2000:]
+    # Any docker sandbox service on the host removes the containers of a dead one when it starts, and other
+    # xdist workers start sandbox services: one of them may reap first, leaving this one nothing. The
+    # crash is made again until this service is the one that reaps (other backends share nothing).
+    for attempt in range(1, 4):
+        before = session_containers() if backend == "docker" else set()
+        crashed = start_service("sandbox", env)
+        asyncio.run(open_two(crashed.address))
+        left = session_containers() - before if backend == "docker" else set(work_root.glob(f"{PREFIX}*"))
+        assert len(left) == 2
+        crashed.proc.kill()  # SIGKILL: no shutdown, the sessions stay behind
+        crashed.proc.wait()
+        restarted = start_service("sandbox", env)
+        if backend == "docker":
+            assert not (left & session_containers())
+        else:
+            assert not list(work_root.glob(f"{PREFIX}*"))
+        reaped_both = '"count": 2' in restarted.logs() or "count=2" in restarted.logs()
+        if reaped_both or backend != "docker" or attempt == 3:
+            break
+        restarted.stop()
+    assert reaped_both, restarted.logs()[-2000:]

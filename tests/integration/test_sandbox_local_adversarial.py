@@ -220,7 +220,11 @@ async def test_runs_as_a_non_root_uid_without_capabilities(backend):
     while not task.done() and time.monotonic() < deadline:
         # The code's own process, not the launcher or bwrap around it (they are trusted, and root).
         for pid in host_processes(token, argv_tail=["-B", "-u", "-E", "-s", "main.py", token]):
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except (FileNotFoundError, ProcessLookupError):  # it ended between the listing and the read
+                continue
+            for line in status.splitlines():
                 if line.startswith("Uid:"):
                     host_uids.update(int(v) for v in line.split()[1:])
         await asyncio.sleep(0.05)
