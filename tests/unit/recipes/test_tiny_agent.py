@@ -202,47 +202,31 @@ def test_warm_start_agent_refuses_a_model_too_short_for_a_trial_and_bad_rates(tm
     assert list(tmp_path.iterdir()) == []
 
 
-def test_bootstrap_recipe_tiny_agent_runs_the_agent_warm_start(tmp_path):
+def _prepare_tiny_agent(out, *overrides: str) -> None:
+    """`dockyard prepare` of the tiny recipe switched to a two-step agent warm start into `out`."""
     from dockyard.cli.prepare import prepare
     from dockyard.config import load_config
 
+    small = ["policy.model.hidden_size=32", "policy.model.max_position_embeddings=512"]
+    boot = ["policy.bootstrap.recipe=tiny_agent", "policy.bootstrap.steps=2", "policy.bootstrap.batch_size=2"]
+    config = REPO_ROOT / "examples" / "configs" / "tiny_expr.yaml"
+    prepare(load_config(config, [f"policy.model_name={out}", *small, *boot, *overrides]))
+
+
+def test_bootstrap_recipe_tiny_agent_runs_the_agent_warm_start(tmp_path):
     out = tmp_path / "policy"
-    cfg = load_config(
-        REPO_ROOT / "examples" / "configs" / "tiny_expr.yaml",
-        [
-            f"policy.model_name={out}",
-            "policy.model.hidden_size=32",
-            "policy.model.max_position_embeddings=512",
-            "policy.bootstrap.recipe=tiny_agent",
-            "policy.bootstrap.steps=2",
-            "policy.bootstrap.batch_size=2",
-        ],
-    )
-    prepare(cfg)
+    _prepare_tiny_agent(out)
     meta = json.loads((out / WARM_START_META).read_text())
     assert meta["recipe"] == "tiny_agent" and meta["steps"] == 2 and meta["model"]["hidden_size"] == 32
     assert meta["families"] == [] and meta["reads"] == [0, 1, 2] and meta["shortcut_reads"] == [0, 1]
 
 
 def test_bootstrap_demonstrates_the_jobs_training_families_and_reads_and_names_a_changed_one(tmp_path, capsys):
-    from dockyard.cli.prepare import prepare
-    from dockyard.config import load_config
-
     out = tmp_path / "policy"
-    overrides = [
-        f"policy.model_name={out}",
-        "policy.model.hidden_size=32",
-        "policy.model.max_position_embeddings=512",
-        "policy.bootstrap.recipe=tiny_agent",
-        "policy.bootstrap.steps=2",
-        "policy.bootstrap.batch_size=2",
-        "policy.bootstrap.reads=[0]",
-        "policy.bootstrap.shortcut_reads=[]",
-        "data.train.families=[x+b]",
-    ]
-    prepare(load_config(REPO_ROOT / "examples" / "configs" / "tiny_expr.yaml", overrides))
+    overrides = ["policy.bootstrap.reads=[0]", "policy.bootstrap.shortcut_reads=[]", "data.train.families=[x+b]"]
+    _prepare_tiny_agent(out, *overrides)
     meta = json.loads((out / WARM_START_META).read_text())
     assert (meta["families"], meta["reads"], meta["shortcut_reads"]) == (["x+b"], [0], [])
     capsys.readouterr()
-    prepare(load_config(REPO_ROOT / "examples" / "configs" / "tiny_expr.yaml", [*overrides, "data.train.families=[]"]))
+    _prepare_tiny_agent(out, *overrides, "data.train.families=[]")
     assert "families: ['x+b'] -> []" in capsys.readouterr().out
