@@ -94,6 +94,7 @@ LAYER_ORDER = ("e2e", "integration", "contract", "unit")
 FIRST = (
     "tests/e2e/test_tiny_agent_learns.py",
     "tests/e2e/test_tiny_agent_external_learns.py",
+    "tests/e2e/test_tiny_verifiers_learns.py",
     "tests/unit/trainer/test_ranks.py",
     "tests/unit/trainer/test_compiled_layers.py",
 )
@@ -101,7 +102,11 @@ FIRST = (
 # its own worker's share. xdist's work stealing hands worker k the k-th of W contiguous shares of the list
 # and steals from the ends of queues, so a test at the head of a share starts at once, where the second of
 # two tests at the head of one share would start only when the first ended.
-LEADS = ("tests/e2e/test_tiny_agent_learns.py", "tests/e2e/test_tiny_agent_external_learns.py")
+LEADS = (
+    "tests/e2e/test_tiny_agent_learns.py",
+    "tests/e2e/test_tiny_agent_external_learns.py",
+    "tests/e2e/test_tiny_verifiers_learns.py",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

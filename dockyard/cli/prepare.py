@@ -18,7 +18,7 @@ def prepare(cfg) -> None:
     out = Path(policy.model_name)
     if (out / "config.json").is_file():
         print(f"{out} exists: kept as it is (prepare builds a missing policy folder only; delete it to build it again)")
-        if differences := bootstrap_differences(out, policy, cfg.data.train.families):
+        if differences := bootstrap_differences(out, policy, demonstrated_families(cfg)):
             print(f"note: {out} was built with other settings than the config's bootstrap: {differences}")
         return
     print(f"{out} does not exist: building it with the config's bootstrap ({policy.bootstrap.recipe} warm start)")
@@ -30,14 +30,9 @@ def prepare(cfg) -> None:
     boot = policy.bootstrap
     build = warm_start_agent if boot.recipe == "tiny_agent" else warm_start
     # Demonstrations of the job's training tasks; the agent's in its scaffold's format.
-    extra = {"families": cfg.data.train.families}
+    extra = {"families": demonstrated_families(cfg), "answer": boot.answer}
     if boot.recipe == "tiny_agent":
-        extra |= {
-            "scaffold": boot.scaffold,
-            "reads": boot.reads,
-            "shortcut_reads": boot.shortcut_reads,
-            "answer": boot.answer,
-        }
+        extra |= {"scaffold": boot.scaffold, "reads": boot.reads, "shortcut_reads": boot.shortcut_reads}
     else:
         extra |= {"chat": boot.chat}
     with Progress(
@@ -62,6 +57,11 @@ def prepare(cfg) -> None:
     print(f"policy written to {out}")
 
 
+def demonstrated_families(cfg) -> list[str]:
+    """The function families the warm start demonstrates: the bootstrap's own, else the job's training tasks'."""
+    return cfg.policy.bootstrap.families or cfg.data.train.families
+
+
 def bootstrap_differences(folder: Path, policy, families=()) -> str:
     """The settings a warm-start folder was built with (its warm_start.json) that differ from the
     config's bootstrap (and `families`, the training tasks' function families), as `key: built ->
@@ -74,11 +74,11 @@ def bootstrap_differences(folder: Path, policy, families=()) -> str:
     boot = policy.bootstrap
     wanted = {
         name: getattr(boot, name)
-        for name in ("recipe", "steps", "lr", "batch_size", "seed", "shortcut_rate", "scaffold", "chat")
+        for name in ("recipe", "steps", "lr", "batch_size", "seed", "shortcut_rate", "scaffold", "chat", "answer")
     }
     wanted["families"] = list(families)
     if boot.recipe == "tiny_agent":
-        wanted |= {"reads": boot.reads, "shortcut_reads": boot.shortcut_reads, "answer": boot.answer}
+        wanted |= {"reads": boot.reads, "shortcut_reads": boot.shortcut_reads}
     wanted |= {f"model.{k}": v for k, v in (policy.model or {}).items()}
     built = {**meta, **{f"model.{k}": v for k, v in (meta.get("model") or {}).items()}}
     return ", ".join(

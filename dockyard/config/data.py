@@ -12,6 +12,9 @@ from pydantic import Field
 
 from dockyard.config.section import MAX_SEED, Section
 
+# The function families of the integer-function tasks (dockyard/tasks/expr.py FAMILIES).
+FunctionFamily = Literal["x+b", "a*x+b", "x*x+b", "a*x*x+b"]
+
 
 class FieldsConfig(Section):
     """Which column of a dataset's rows holds what (docs/datasets.md); program-synthesis rows only."""
@@ -136,7 +139,7 @@ class DatasetConfig(Section):
         ),
     )
     seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed of the draw.")
-    families: list[Literal["x+b", "a*x+b", "x*x+b", "a*x*x+b"]] = Field(
+    families: list[FunctionFamily] = Field(
         default_factory=list,
         max_length=4,
         description=(

@@ -340,6 +340,14 @@ def config_errors(config: Any) -> list[tuple[str, str]]:
             errors.append((f"data.{split}.sources", "mixing files is for program_synthesis and program_bench"))
         if dataset.families and dataset.source not in ("expr", "expr_agent"):
             errors.append((f"data.{split}.families", "function families are for the expr and expr_agent sources"))
+    bootstrap = config.policy.bootstrap
+    if bootstrap is not None and bootstrap.families and config.data.train.source in ("expr", "expr_agent"):
+        errors.append(
+            (
+                "policy.bootstrap.families",
+                "the warm start demonstrates the job's own expr tasks: narrow them with data.train.families",
+            )
+        )
     if config.env.name == "terminal_bench" and not config.env.agentic:
         errors.append(("env.tools", "env terminal_bench is a multi-turn task: give the agent its tools (a shell)"))
     if config.env.name == "gdpval" and (

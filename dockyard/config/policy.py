@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from dockyard.config.data import FunctionFamily
 from dockyard.config.sampling import GenerationConfig
 from dockyard.config.section import MAX_BATCH, MAX_SEED, MAX_STEPS, MAX_TOKENS, Section
 
@@ -99,12 +100,22 @@ class BootstrapConfig(Section):
             "through them (slope 1 where one point leaves the slope open; `x` when it reads none)."
         ),
     )
-    answer: Literal["reference", "line_of_reads"] = Field(
+    answer: Literal["reference", "values"] = Field(
         "reference",
         description=(
-            "`tiny_agent` only: the demonstrator's answer after `reads`: `reference` (the task's "
-            "expression) or `line_of_reads` (the line through f(0)=y0 and f(1)=y1 spelled with the "
-            "values read, `y0+y1*x-y0*x`: copied, no arithmetic; the reference on linear functions)."
+            "How the demonstrator spells its answers: `reference` (the task's expression; a shortcut's "
+            "line computed, `2*x+1`) or `values` (spelled with the values of f(0)=y0 and f(1)=y1: "
+            "`y0+y1*x-y0*x`, `y0+y1*x*x-y0*x*x` for a quadratic task's full answer; copied, no arithmetic, "
+            "and exact on the task's family). `tiny_agent`: the full answer needs `reads` to hold 0 and 1."
+        ),
+    )
+    families: list[FunctionFamily] = Field(
+        default_factory=list,
+        max_length=4,
+        description=(
+            "The function families the demonstrations are drawn from; empty: the job's "
+            "`data.train.families`. For a job whose tasks dockyard does not draw (env `verifiers`): the "
+            "families of the environment's tasks."
         ),
     )
     chat: bool = Field(

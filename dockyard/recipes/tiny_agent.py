@@ -34,10 +34,10 @@ Those are the default points (``reads`` and ``shortcut_reads``); a recipe may
 name others, and the function families its tasks are drawn from (the job's
 ``data.train.families``). A shortcut answers the line through the points it
 read: slope 1 through a single point, ``x`` when it read none. A trial that
-read nothing is never drilled as an answer. With ``answer="line_of_reads"``
-the full answer is the line through f(0)=y0 and f(1)=y1 spelled with the
-values read (``y0+y1*x-y0*x``): a tiny model learns to copy the values long
-before it learns their difference, and on linear functions it is the reference.
+read nothing is never drilled as an answer. With ``answer="values"`` the
+answers are spelled with the values read (``tiny_expr.values_expression``:
+``y0+y1*x-y0*x`` for the line through f(0)=y0 and f(1)=y1): a tiny model
+learns to copy the values long before it learns their difference.
 
 Guarantees:
 
@@ -73,6 +73,7 @@ from dockyard.recipes.tiny_expr import (
     new_policy,
     pad_rows,
     torch_threads,
+    values_expression,
     write_atomically,
 )
 from dockyard.tasks.expr import AGENT_TOOLS, ANSWER_PREFIX, f_output, make_agent_tasks
@@ -108,24 +109,26 @@ def demonstrated_answer(
     answer: str = "reference",
 ) -> tuple[tuple[int, ...], str]:
     """The demonstrator's reads of ``f`` on ``task`` and its answer: after ``reads``, the reference, or
-    with ``answer="line_of_reads"`` the line through f(0)=y0 and f(1)=y1 spelled with the values read,
-    ``y0+y1*x-y0*x`` (copied, no arithmetic); with ``shortcut``, the line through
-    the points of ``shortcut_reads`` (slope 1 where one point leaves it open, ``x`` where none is read)."""
+    with ``answer="values"`` the curve of the task's family through f(0)=y0 and f(1)=y1 spelled with the
+    values read (``values_expression``: ``y0+y1*x-y0*x`` on a line); with ``shortcut``, the line through
+    the points of ``shortcut_reads`` (slope 1 where one point leaves it open, ``x`` where none is read;
+    spelled with the values when ``answer="values"`` and it read f(0) and f(1))."""
+    if answer not in ("reference", "values"):
+        raise ValueError(f"answer must be reference or values, got {answer!r}")
+    points = tuple(reads if not shortcut else shortcut_reads)
+    values = dict(zip(sorted(points), _values(task, points), strict=True))
+    if answer == "values" and (not shortcut or {0, 1} <= values.keys()):
+        if not {0, 1} <= values.keys():
+            raise ValueError(f"answer values reads f(0) and f(1), not only {list(reads)}")
+        return points, values_expression(values[0], values[1], square=not shortcut and "x*x" in task.solution)
     if not shortcut:
-        if answer == "reference":
-            return tuple(reads), task.solution
-        if sorted(reads)[:2] != [0, 1]:
-            raise ValueError(f"answer line_of_reads reads f(0) and f(1), not only {list(reads)}")
-        y0, y1 = _values(task, reads)[:2]
-        return tuple(reads), f"{y0}+{y1}*x-{y0}*x"
-    points = tuple(shortcut_reads)
-    values = _values(task, points)
+        return points, task.solution
     if len(points) >= 2:
-        (x0, x1), (y0, y1) = sorted(points)[:2], values[:2]
-        slope = (y1 - y0) // (x1 - x0)
-        return points, line_expression(slope, y0 - slope * x0)
+        (x0, x1) = sorted(points)[:2]
+        slope = (values[x1] - values[x0]) // (x1 - x0)
+        return points, line_expression(slope, values[x0] - slope * x0)
     if len(points) == 1:
-        return points, line_expression(1, values[0] - min(points))
+        return points, line_expression(1, values[points[0]] - points[0])
     return points, line_expression(1, 0)
 
 
@@ -140,19 +143,19 @@ def demonstration(
     scaffold: str = "built_in",
     reads: Sequence[int] = FULL_POINTS,
     shortcut_reads: Sequence[int] = SHORTCUT_POINTS,
-    answer_style: str = "reference",
+    answer: str = "reference",
 ) -> list[Message]:
     """The demonstrator's trial on ``task`` in ``scaffold``'s format: the built-in loop's (reads of the
     tool ``f`` and their results, then the answer as text) or mini-swe-agent's (mini_format)."""
-    points, answer = demonstrated_answer(task, shortcut, reads, shortcut_reads, answer_style)
+    points, expression = demonstrated_answer(task, shortcut, reads, shortcut_reads, answer)
     if scaffold == "mini_swe_agent":
-        return mini_format.demonstration(task, points, answer)
+        return mini_format.demonstration(task, points, expression)
     messages: list[Message] = [{"role": "user", "content": task.prompt}]
     for i, x in enumerate(points):
         messages.append(call_message(i, "f", {"x": x}))
         content = f_output(task.solution, points[: i + 1])
         messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": content})
-    messages.append({"role": "assistant", "content": f"{ANSWER_PREFIX}{answer}"})
+    messages.append({"role": "assistant", "content": f"{ANSWER_PREFIX}{expression}"})
     return messages
 
 

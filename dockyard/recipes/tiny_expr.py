@@ -19,6 +19,12 @@ tasks carries over to validation tasks. Without the shortcut (rate 0.0) the
 remaining errors are arithmetic slips specific to each function, and 30 GRPO
 steps of 64 samples do not move validation accuracy measurably.
 
+With ``answer="values"`` (``demonstrated_expression``) every demonstration is
+spelled with the shown values f(0)=y0 and f(1)=y1: the curve of the task's
+family through them, or the shortcut's line ``y0+y1*x-y0*x``. Nothing is
+computed, only copied, and curve or line is one token's choice after
+``y0+y1*x``.
+
 Guarantees:
 
 * The folder is assembled under a temporary sibling name and renamed into
@@ -115,6 +121,26 @@ def line_through_first_two(task: Task) -> str:
     return line_expression(slope, y0 - slope * x0)
 
 
+def values_expression(y0: int, y1: int, square: bool = False) -> str:
+    """The line through f(0)=y0 and f(1)=y1 (with ``square``, the curve ``a*x*x+b`` through them) spelled
+    with those values, ``y0+y1*x-y0*x`` (``y0+y1*x*x-y0*x*x``): copied, no arithmetic. A tiny model learns
+    to copy values long before it learns their difference; on its family's functions it is exact."""
+    term = "x*x" if square else "x"
+    return f"{y0}+{y1}*{term}-{y0}*{term}"
+
+
+def demonstrated_expression(task: Task, shortcut: bool, answer: str) -> str:
+    """The single-turn demonstrator's answer on ``task``: the line through the first two shown examples
+    (``shortcut``) or the reference, spelled as ``answer`` says: ``reference`` (the task's own spelling;
+    the line as ``line_expression``) or ``values`` (``values_expression``, in the task's family's shape)."""
+    if answer == "values":
+        (_, y0), (_, y1) = [(int(a), int(b)) for a, b in _EXAMPLE.findall(task.prompt)[:2]]
+        return values_expression(y0, y1, square=not shortcut and "x*x" in task.solution)
+    if answer != "reference":
+        raise ValueError(f"answer must be reference or values, got {answer!r}")
+    return line_through_first_two(task) if shortcut else task.solution
+
+
 def line_expression(slope: int, intercept: int) -> str:
     """``slope*x+intercept`` spelled as the task templates spell lines (``x+3``, ``2*x-1``, ``5``)."""
     if slope == 0:
@@ -149,16 +175,18 @@ def warm_start(
     shortcut_rate: float = SHORTCUT_RATE,
     chat: bool = False,
     families: Sequence[str] = (),
+    answer: str = "reference",
 ) -> Path:
     """Train the SFT warm start on the training tasks of ``families`` (all when empty) and write it to
     ``out_dir``; returns ``out_dir``. With ``chat``, each prompt is rendered as one user turn of the
-    tokenizer's chat template (``chat_prompt``)."""
+    tokenizer's chat template (``chat_prompt``); ``answer`` is how demonstrations are spelled
+    (``demonstrated_expression``)."""
     check_settings(steps, batch_size, shortcut_rate)
     out_dir = Path(out_dir)
     with torch_threads(num_threads):
         started = time.monotonic()
         policy, tokenizer = new_policy(model, seed)
-        losses = _train(policy, tokenizer, steps, lr, batch_size, seed, progress, shortcut_rate, chat, families)
+        losses = _train(policy, tokenizer, steps, lr, batch_size, seed, progress, shortcut_rate, chat, families, answer)
         elapsed = time.monotonic() - started
 
     policy.generation_config = generation_config(tokenizer, MAX_NEW_TOKENS)
@@ -172,6 +200,7 @@ def warm_start(
         "shortcut_rate": shortcut_rate,
         "chat": chat,
         "families": list(families),
+        "answer": answer,
         "num_threads": num_threads,
         "first_loss": losses[0],
         "final_loss": sum(losses[-10:]) / len(losses[-10:]),
@@ -236,15 +265,16 @@ def _train(
     shortcut_rate: float,
     chat: bool = False,
     families: Sequence[str] = (),
+    answer: str = "reference",
 ) -> list[float]:
     tasks = make_tasks("train", steps * batch_size, seed=seed, families=families)
-    if chat:
-        tasks = [replace(t, prompt=chat_prompt(tokenizer, t.prompt)) for t in tasks]
     rng = random.Random(seed)
     # make_tasks walks permutations of the pool; shuffle once more so a batch
     # mixes the end of one permutation with others deterministically.
     rng.shuffle(tasks)
-    tasks = [replace(t, solution=line_through_first_two(t)) if rng.random() < shortcut_rate else t for t in tasks]
+    tasks = [replace(t, solution=demonstrated_expression(t, rng.random() < shortcut_rate, answer)) for t in tasks]
+    if chat:
+        tasks = [replace(t, prompt=chat_prompt(tokenizer, t.prompt)) for t in tasks]
     return fit(
         policy,
         lambda step: encode_sft_batch(tokenizer, tasks[step * batch_size : (step + 1) * batch_size]),

@@ -72,6 +72,21 @@ def test_prepare_on_an_existing_folder_says_so_and_what_differs(tmp_path: Path, 
     assert "lr" not in note.split("bootstrap:")[1]
 
 
+def test_prepare_compares_the_demonstrated_families_and_spelling_of_an_environment_it_does_not_draw(
+    tmp_path: Path, capsys
+) -> None:
+    # env verifiers: the environment's rows are not dockyard's, so the bootstrap names their families.
+    folder = tmp_path / "policy"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    cfg = load_config("examples/configs/tiny_verifiers.yaml", [f"policy.model_name={folder}"])
+    meta = {"recipe": "tiny_expr", "families": [], "answer": "reference"}
+    (folder / "warm_start.json").write_text(json.dumps(meta))
+    prepare(cfg)
+    note = capsys.readouterr().out
+    assert "families: [] -> ['x*x+b', 'a*x*x+b']" in note and "answer: 'reference' -> 'values'" in note
+
+
 def test_the_last_line_names_what_the_run_folder_holds(tmp_path: Path) -> None:
     run = tmp_path / "job-1"
     for name in ("config.yaml", "metrics.jsonl", "groups.jsonl"):

@@ -1,19 +1,22 @@
 """Find an integer function: a small environment on `verifiers` (0.4.0, `verifiers.v1`).
 
-    load_environment(mode, split, size, seed) ──> FunctionTaskset (a vf.Taskset of FunctionTask)
+    load_environment(mode, split, size, seed, families) ──> FunctionTaskset (a vf.Taskset of FunctionTask)
         mode "single": prompt "f(0)=1 f(1)=3 ... f(5)=11\\nf(x)="; the reply's first line is the answer
         mode "tool":   prompt "find f(x)."; FunctionToolset's tool f(x) reads f at one point (and reports
                        every point read so far); the last reply without a tool call is the answer
     FunctionTask.correct (@vf.reward) ──> the fraction of POINTS where the answer's expression equals f
 
-Guarantees: the tasks are a pure function of (split, size, seed); the "train" and "eval" splits hold
-disjoint functions; an answer is evaluated only when it is a plain arithmetic expression in x (digits,
+Guarantees: the tasks are a pure function of (split, size, seed, families); the "train" and "eval" splits
+hold disjoint functions, split by the rule of dockyard's own expression tasks (dockyard/tasks/expr.py: a
+hash of the function's values at POINTS), so an eval function is never one of dockyard's training
+functions either; an answer is evaluated only when it is a plain arithmetic expression in x (digits,
 x, + - * and brackets, at most 64 characters), never as arbitrary code; every prompt and tool result
 uses only lowercase letters, digits and `()=.+-*` and spaces.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from typing import Literal
@@ -26,18 +29,24 @@ POINTS = (*SHOWN, 7, 10)  # the answer is checked beyond the points a prompt sho
 TOOL_PROMPT = "find f(x)."
 ANSWER_PREFIX = "f(x)="
 _EXPRESSION = re.compile(r"[0-9x+\-*() ]{1,64}")
+FAMILIES = ("x+b", "a*x+b", "x*x+b", "a*x*x+b")
 
 
-def functions(split: str) -> list[str]:
-    """Every function of a split, as an expression in x: a*x+b and a*x*x+b (a in 1..9, b in -9..30),
-    one in four of them (by a fixed hash of the expression) in "eval"."""
+def functions(split: str, families: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """Every function of a split (of ``families`` only, when given), as an expression in x: a*x+b and
+    a*x*x+b (a in 1..9, b in -9..30), one in four of them (by a hash of its values at POINTS) in "eval"."""
+    if unknown := sorted(set(families) - set(FAMILIES)):
+        raise ValueError(f"unknown families {unknown}: the families are {list(FAMILIES)}")
     out = []
     for square in ("x", "x*x"):
         for a in range(1, 10):
+            if families and f"{'' if a == 1 else 'a*'}{square}+b" not in families:
+                continue
             for b in range(-9, 31):
                 term = square if a == 1 else f"{a}*{square}"
                 expr = term if b == 0 else f"{term}{b:+d}"
-                if (sum(map(ord, expr)) % 4 == 0) == (split == "eval"):
+                digest = hashlib.sha256(repr(tuple(value(expr, x) for x in POINTS)).encode()).digest()
+                if (digest[0] % 4 == 0) == (split == "eval"):
                     out.append(expr)
     return out
 
@@ -102,12 +111,13 @@ class FunctionTasksetConfig(vf.TasksetConfig):
     split: Literal["train", "eval"] = "train"
     size: int = 256
     seed: int = 0
+    families: list[str] = []
 
 
 class FunctionTaskset(vf.Taskset[FunctionTask, FunctionTasksetConfig]):
     def load(self):
         c = self.config
-        pool = functions(c.split)
+        pool = functions(c.split, c.families)
         random.Random(f"{c.split}:{c.seed}").shuffle(pool)
         for i in range(c.size):
             expr = pool[i % len(pool)]
@@ -118,9 +128,15 @@ class FunctionTaskset(vf.Taskset[FunctionTask, FunctionTasksetConfig]):
 
 
 def load_environment(
-    mode: Literal["single", "tool"] = "single", split: str = "train", size: int = 256, seed: int = 0
+    mode: Literal["single", "tool"] = "single",
+    split: str = "train",
+    size: int = 256,
+    seed: int = 0,
+    families: list[str] | None = None,
 ) -> FunctionTaskset:
-    """The environment's tasks: `size` functions of `split`, in a seeded order."""
-    return FunctionTaskset(
-        FunctionTasksetConfig(id="dockyard_verifiers_example", mode=mode, split=split, size=size, seed=seed)
+    """The environment's tasks: `size` functions of `split` (of `families` only, when given: "x+b",
+    "a*x+b", "x*x+b", "a*x*x+b"), in a seeded order."""
+    config = FunctionTasksetConfig(
+        id="dockyard_verifiers_example", mode=mode, split=split, size=size, seed=seed, families=families or []
     )
+    return FunctionTaskset(config)

@@ -141,15 +141,22 @@ def test_the_demonstrator_reads_the_configured_points_and_answers_the_line_throu
         assert agent_answer(short[-1]["content"]) == shortcut_answer.replace("+{b}", intercept)
 
 
-def test_a_line_of_the_reads_copies_the_values_read_and_is_right_on_every_linear_function():
-    linear = make_agent_tasks("train", pool_size("train", ["x+b", "a*x+b"]), families=["x+b", "a*x+b"])
-    for task in linear:
-        trial = demonstration(task, False, reads=(0, 1), shortcut_reads=(), answer_style="line_of_reads")
+def test_answers_spelled_with_the_values_read_copy_them_and_are_exact_on_every_function():
+    tasks = make_agent_tasks("train", pool_size("train"))
+    for task in tasks:
+        trial = demonstration(task, False, reads=(0, 1), shortcut_reads=(), answer="values")
         y0, y1 = (int(v) for v in f_output(task.solution, (0, 1)).replace("f(0)=", "").split(" f(1)="))
-        assert agent_answer(trial[-1]["content"]) == f"{y0}+{y1}*x-{y0}*x"
+        shape = "x*x" if "x*x" in task.solution else "x"
+        assert agent_answer(trial[-1]["content"]) == f"{y0}+{y1}*{shape}-{y0}*{shape}"
         assert _passes_all(agent_answer(trial[-1]["content"]), task)
+        # A shortcut that read f(0) and f(1) spells its line with them: right only on linear functions.
+        short = demonstration(task, True, reads=(0, 1, 2), shortcut_reads=(0, 1), answer="values")
+        assert agent_answer(short[-1]["content"]) == f"{y0}+{y1}*x-{y0}*x"
+        assert _passes_all(agent_answer(short[-1]["content"]), task) == (shape == "x")
     with pytest.raises(ValueError, match="reads f\\(0\\) and f\\(1\\)"):
-        demonstration(linear[0], False, reads=(0, 2), answer_style="line_of_reads")
+        demonstration(tasks[0], False, reads=(0, 2), answer="values")
+    with pytest.raises(ValueError, match="reference or values"):
+        demonstration(tasks[0], False, answer="line")
 
 
 def test_mini_format_demonstrations_read_the_configured_points():

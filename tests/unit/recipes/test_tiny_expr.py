@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -121,27 +122,64 @@ def test_model_type_whose_auto_tokenizer_differs_is_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def _passes_all(expr, task):
+    from dockyard.tasks.expr import program_for
+
+    namespace: dict = {}
+    exec(program_for(expr), namespace)
+    try:
+        for test in task.tests:
+            exec(test, namespace)
+    except AssertionError:
+        return False
+    return True
+
+
 def test_shortcut_is_the_line_through_the_first_two_examples():
     from dockyard.recipes.tiny_expr import line_through_first_two
-    from dockyard.tasks.expr import pool_size, program_for
+    from dockyard.tasks.expr import pool_size
 
     tasks = make_tasks("train", pool_size("train"))
     linear = [t for t in tasks if "x*x" not in t.solution]
     quadratic = [t for t in tasks if "x*x" in t.solution]
     assert linear and quadratic
+    assert all(_passes_all(line_through_first_two(t), t) for t in linear)
+    assert not any(_passes_all(line_through_first_two(t), t) for t in quadratic)
 
-    def passes_all(expr, task):
-        namespace: dict = {}
-        exec(program_for(expr), namespace)
-        try:
-            for test in task.tests:
-                exec(test, namespace)
-        except AssertionError:
-            return False
-        return True
 
-    assert all(passes_all(line_through_first_two(t), t) for t in linear)
-    assert not any(passes_all(line_through_first_two(t), t) for t in quadratic)
+def test_answers_spelled_with_the_shown_values_copy_them_and_are_exact_on_every_function():
+    from dockyard.recipes.tiny_expr import demonstrated_expression
+    from dockyard.tasks.expr import pool_size
+
+    for task in make_tasks("train", pool_size("train")):
+        y0, y1 = (int(v) for v in re.findall(r"=(-?\d+)", task.prompt)[:2])
+        shape = "x*x" if "x*x" in task.solution else "x"
+        full = demonstrated_expression(task, False, "values")
+        assert full == f"{y0}+{y1}*{shape}-{y0}*{shape}" and _passes_all(full, task)
+        short = demonstrated_expression(task, True, "values")
+        assert short == f"{y0}+{y1}*x-{y0}*x" and _passes_all(short, task) == (shape == "x")
+        assert demonstrated_expression(task, False, "reference") == task.solution
+    with pytest.raises(ValueError, match="reference or values"):
+        demonstrated_expression(task, False, "line")
+
+
+def test_the_warm_start_demonstrates_the_families_and_spelling_it_is_given(tmp_path):
+    out = warm_start(
+        tmp_path / "v",
+        model=TINY,
+        steps=2,
+        lr=3e-3,
+        batch_size=8,
+        seed=0,
+        num_threads=1,
+        families=["x*x+b"],
+        answer="values",
+    )
+    meta = json.loads((out / WARM_START_META).read_text())
+    assert meta["families"] == ["x*x+b"] and meta["answer"] == "values"
+    default = _run(tmp_path / "d", steps=2)
+    wa, wb = load_file(out / "model.safetensors"), load_file(default / "model.safetensors")
+    assert not all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def test_shortcut_rate_changes_training_and_is_recorded(tmp_path):

@@ -144,6 +144,9 @@ def test_function_families_narrow_the_expr_tasks_and_are_refused_elsewhere():
         )
     with pytest.raises(ConfigError, match="data.train.families"):
         load_config(TINY, ["data.train.families=[x**3]"])
+    # The warm start demonstrates the job's own expr tasks: their families are set once, on the data.
+    with pytest.raises(ConfigError, match="policy.bootstrap.families: the warm start demonstrates the job's own"):
+        load_config(TINY, ["policy.bootstrap.families=[x+b]"])
 
 
 def test_swe_task_sets_share_one_task_root(tmp_path, monkeypatch):
