@@ -58,7 +58,7 @@ def warm_policy(config: str) -> Path:
                 cwd=REPO_ROOT,
                 capture_output=True,
                 text=True,
-                timeout=1500,  # the agent recipe's 800 steps: about 5 min alone; past 900 s once beside heavy tests
+                timeout=1500,  # the external agent recipe's 600 steps: about 7 min alone, up to 15 beside heavy tests
                 stdin=subprocess.DEVNULL,
             )
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

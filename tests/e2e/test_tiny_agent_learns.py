@@ -16,20 +16,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.e2e.conftest import DOCKYARD, warm_policy
+from tests.e2e.conftest import DOCKYARD, MIN_GAIN, warm_policy
 
-# A warm start (about 5 min on 2 cores alone, up to three times that beside another worker's tests) and
-# 20 GRPO steps (about 8 min): past the suite's 600 s default.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
+# A warm start (400 steps: about 3 min on 2 cores alone, up to three times that beside other workers' tests)
+# and 6 GRPO steps with three validations: past the suite's 600 s default.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
-# The recipe measured 0.141 -> 0.328 (step 10) -> 0.266 (step 20) on 64 held-out tasks with the libraries
-# of 2026-12-01; with today's installs the same warm start validates at 0.266 before any step (the
-# landed code and this one alike: the warm start moved, not the loop) and the run measures 0.266 ->
-# 0.312 -> 0.328. Validation decodes greedily, so a trainer that does not learn scores its start exactly
-# again: a gain of 3 tasks of 64 and an end above the start still separate learning from not.
-# The warm start runs on one torch thread (policy.bootstrap.num_threads; on a busy 2-core machine two
-# threads take longer), which changes its weights in the last bits: the bounds below held with it.
-MIN_GAIN = 0.045
+# The warm-started policy answers the line under greedy decoding (pass rate 0 on the quadratic tasks) and
+# reads the third point in about 40% of its samples; docs/agents.md#the-tiny-agent-recipe has the curve.
 # Single-turn recipes measure the logprob mismatch near 1e-7 on CPU float32; multi-turn must be as close.
 MAX_LOGPROB_MISMATCH = 1e-4
 
@@ -57,10 +51,10 @@ def test_tiny_agent_recipe_raises_the_validation_pass_rate(tmp_path: Path) -> No
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     val = [r for r in records if r["kind"] == "validation"]
     train = [r for r in records if r["kind"] == "train"]
-    # Within the run's 20 steps (under 10 minutes here) the pass rate rises by MIN_GAIN at a validation
-    # (the checkpoint kept as best), and the policy ends above where it started.
+    # The pass rate rises by MIN_GAIN at a validation (the checkpoint kept as best), and the policy ends
+    # above where it started.
     rates = [r["pass_rate"] for r in val]
-    assert [r["step"] for r in val] == [0, 10, 20]
+    assert [r["step"] for r in val] == [0, 3, 6]
     assert max(rates[1:]) >= rates[0] + MIN_GAIN and rates[-1] > rates[0], f"validation pass rates {rates}"
     # Multi-turn for real: several model calls per trial, tool output in the context (masked).
     assert all(r["agent_turns_mean"] > 2.0 for r in train), [r["agent_turns_mean"] for r in train]
