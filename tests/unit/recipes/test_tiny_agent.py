@@ -17,10 +17,11 @@ from dockyard.recipes.tiny_agent import (
     warm_start_agent,
 )
 from dockyard.recipes.tiny_expr import WARM_START_META, pad_rows
-from dockyard.tasks.expr import AGENT_TOOLS, agent_answer, f_output, make_agent_tasks, pool_size, program_for
+from dockyard.tasks.expr import AGENT_TOOLS, agent_answer, f_output, make_agent_tasks, pool_size
 from services.endpoint.rendering import Renderer
 from services.endpoint.sessions import Sampled, SessionStore
 from tests.conftest import REPO_ROOT
+from tests.unit.recipes.scoring import passes_all
 
 TINY = {
     "hidden_size": 32,
@@ -29,17 +30,6 @@ TINY = {
     "num_attention_heads": 2,
     "num_key_value_heads": 2,
 }
-
-
-def _passes_all(answer: str, task) -> bool:
-    namespace: dict = {}
-    exec(program_for(answer), namespace)
-    try:
-        for test in task.tests:
-            exec(test, namespace)
-    except AssertionError:
-        return False
-    return True
 
 
 def _recorded(renderer: Renderer, messages: list[dict], tools: list[dict]) -> dict:
@@ -120,7 +110,7 @@ def test_demonstrator_shortcut_is_right_on_lines_and_wrong_on_curves():
         answers = [agent_answer(t[-1]["content"]) for t in (short, full)]
         assert "tool_calls" not in short[-1] and "tool_calls" not in full[-1]
         assert answers[1] == task.solution
-        assert _passes_all(answers[0], task) == ("x*x" not in task.solution)
+        assert passes_all(answers[0], task) == ("x*x" not in task.solution)
 
 
 @pytest.mark.parametrize(
@@ -148,11 +138,11 @@ def test_answers_spelled_with_the_values_read_copy_them_and_are_exact_on_every_f
         y0, y1 = (int(v) for v in f_output(task.solution, (0, 1)).replace("f(0)=", "").split(" f(1)="))
         shape = "x*x" if "x*x" in task.solution else "x"
         assert agent_answer(trial[-1]["content"]) == f"{y0}+{y1}*{shape}-{y0}*{shape}"
-        assert _passes_all(agent_answer(trial[-1]["content"]), task)
+        assert passes_all(agent_answer(trial[-1]["content"]), task)
         # A shortcut that read f(0) and f(1) spells its line with them: right only on linear functions.
         short = demonstration(task, True, reads=(0, 1, 2), shortcut_reads=(0, 1), answer="values")
         assert agent_answer(short[-1]["content"]) == f"{y0}+{y1}*x-{y0}*x"
-        assert _passes_all(agent_answer(short[-1]["content"]), task) == (shape == "x")
+        assert passes_all(agent_answer(short[-1]["content"]), task) == (shape == "x")
     with pytest.raises(ValueError, match="reads f\\(0\\) and f\\(1\\)"):
         demonstration(tasks[0], False, reads=(0, 2), answer="values")
     with pytest.raises(ValueError, match="reference or values"):

@@ -14,6 +14,7 @@ from dockyard.models.build import build_random_model
 from dockyard.models.tokenizer import build_char_tokenizer
 from dockyard.recipes.tiny_expr import WARM_START_META, encode_sft_batch, warm_start
 from dockyard.tasks.expr import make_tasks
+from tests.unit.recipes.scoring import passes_all
 
 TINY = {
     "hidden_size": 32,
@@ -24,17 +25,8 @@ TINY = {
 }
 
 
-def _run(out_dir, steps=40, seed=0, progress=None):
-    return warm_start(
-        out_dir,
-        model=TINY,
-        steps=steps,
-        lr=3e-3,
-        batch_size=8,
-        seed=seed,
-        num_threads=1,
-        progress=progress,
-    )
+def _run(out_dir, steps=40, seed=0, **kwargs):
+    return warm_start(out_dir, model=TINY, steps=steps, lr=3e-3, batch_size=8, seed=seed, num_threads=1, **kwargs)
 
 
 def _validation_loss(path) -> float:
@@ -122,19 +114,6 @@ def test_model_type_whose_auto_tokenizer_differs_is_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def _passes_all(expr, task):
-    from dockyard.tasks.expr import program_for
-
-    namespace: dict = {}
-    exec(program_for(expr), namespace)
-    try:
-        for test in task.tests:
-            exec(test, namespace)
-    except AssertionError:
-        return False
-    return True
-
-
 def test_shortcut_is_the_line_through_the_first_two_examples():
     from dockyard.recipes.tiny_expr import line_through_first_two
     from dockyard.tasks.expr import pool_size
@@ -143,8 +122,8 @@ def test_shortcut_is_the_line_through_the_first_two_examples():
     linear = [t for t in tasks if "x*x" not in t.solution]
     quadratic = [t for t in tasks if "x*x" in t.solution]
     assert linear and quadratic
-    assert all(_passes_all(line_through_first_two(t), t) for t in linear)
-    assert not any(_passes_all(line_through_first_two(t), t) for t in quadratic)
+    assert all(passes_all(line_through_first_two(t), t) for t in linear)
+    assert not any(passes_all(line_through_first_two(t), t) for t in quadratic)
 
 
 def test_answers_spelled_with_the_shown_values_copy_them_and_are_exact_on_every_function():
@@ -155,26 +134,16 @@ def test_answers_spelled_with_the_shown_values_copy_them_and_are_exact_on_every_
         y0, y1 = (int(v) for v in re.findall(r"=(-?\d+)", task.prompt)[:2])
         shape = "x*x" if "x*x" in task.solution else "x"
         full = demonstrated_expression(task, False, "values")
-        assert full == f"{y0}+{y1}*{shape}-{y0}*{shape}" and _passes_all(full, task)
+        assert full == f"{y0}+{y1}*{shape}-{y0}*{shape}" and passes_all(full, task)
         short = demonstrated_expression(task, True, "values")
-        assert short == f"{y0}+{y1}*x-{y0}*x" and _passes_all(short, task) == (shape == "x")
+        assert short == f"{y0}+{y1}*x-{y0}*x" and passes_all(short, task) == (shape == "x")
         assert demonstrated_expression(task, False, "reference") == task.solution
     with pytest.raises(ValueError, match="reference or values"):
         demonstrated_expression(task, False, "line")
 
 
 def test_the_warm_start_demonstrates_the_families_and_spelling_it_is_given(tmp_path):
-    out = warm_start(
-        tmp_path / "v",
-        model=TINY,
-        steps=2,
-        lr=3e-3,
-        batch_size=8,
-        seed=0,
-        num_threads=1,
-        families=["x*x+b"],
-        answer="values",
-    )
+    out = _run(tmp_path / "v", steps=2, families=["x*x+b"], answer="values")
     meta = json.loads((out / WARM_START_META).read_text())
     assert meta["families"] == ["x*x+b"] and meta["answer"] == "values"
     default = _run(tmp_path / "d", steps=2)
@@ -184,16 +153,7 @@ def test_the_warm_start_demonstrates_the_families_and_spelling_it_is_given(tmp_p
 
 def test_shortcut_rate_changes_training_and_is_recorded(tmp_path):
     a = _run(tmp_path / "a", steps=3)
-    b = warm_start(
-        tmp_path / "b",
-        model=TINY,
-        steps=3,
-        lr=3e-3,
-        batch_size=8,
-        seed=0,
-        num_threads=1,
-        shortcut_rate=0.0,
-    )
+    b = _run(tmp_path / "b", steps=3, shortcut_rate=0.0)
     assert json.loads((b / WARM_START_META).read_text())["shortcut_rate"] == 0.0
     wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
     assert not all(torch.equal(wa[k], wb[k]) for k in wa)
