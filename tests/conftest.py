@@ -98,7 +98,7 @@ FIRST = (
     "tests/unit/trainer/test_ranks.py",
     "tests/unit/trainer/test_compiled_layers.py",
 )
-# The learning recipes, each a warm start and a GRPO run of 10 to 20 minutes on a busy machine: each heads
+# The learning recipes, each a warm start and a GRPO run of 8 to 25 minutes on a busy machine: each heads
 # its own worker's share. xdist's work stealing hands worker k the k-th of W contiguous shares of the list
 # and steals from the ends of queues, so a test at the head of a share starts at once, where the second of
 # two tests at the head of one share would start only when the first ended.
