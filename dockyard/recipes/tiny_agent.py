@@ -66,6 +66,7 @@ from transformers import PreTrainedTokenizerBase
 from dockyard.models.build import DEFAULT_MODEL
 from dockyard.recipes import mini_format
 from dockyard.recipes.tiny_expr import (
+    check_answer,
     check_settings,
     fit,
     generation_config,
@@ -113,13 +114,13 @@ def demonstrated_answer(
     values read (``values_expression``: ``y0+y1*x-y0*x`` on a line); with ``shortcut``, the line through
     the points of ``shortcut_reads`` (slope 1 where one point leaves it open, ``x`` where none is read;
     spelled with the values when ``answer="values"`` and it read f(0) and f(1))."""
-    if answer not in ("reference", "values"):
-        raise ValueError(f"answer must be reference or values, got {answer!r}")
+    check_answer(answer)
     points = tuple(reads if not shortcut else shortcut_reads)
     values = dict(zip(sorted(points), _values(task, points), strict=True))
-    if answer == "values" and (not shortcut or {0, 1} <= values.keys()):
-        if not {0, 1} <= values.keys():
-            raise ValueError(f"answer values reads f(0) and f(1), not only {list(reads)}")
+    read_both = {0, 1} <= values.keys()
+    if answer == "values" and not shortcut and not read_both:
+        raise ValueError(f"answer values reads f(0) and f(1), not only {list(reads)}")
+    if answer == "values" and read_both:
         return points, values_expression(values[0], values[1], square=not shortcut and "x*x" in task.solution)
     if not shortcut:
         return points, task.solution

@@ -129,15 +129,23 @@ def values_expression(y0: int, y1: int, square: bool = False) -> str:
     return f"{y0}+{y1}*{term}-{y0}*{term}"
 
 
+ANSWERS = ("reference", "values")
+
+
+def check_answer(answer: str) -> None:
+    """Refuse a demonstrator spelling other than ``ANSWERS``."""
+    if answer not in ANSWERS:
+        raise ValueError(f"answer must be reference or values, got {answer!r}")
+
+
 def demonstrated_expression(task: Task, shortcut: bool, answer: str) -> str:
     """The single-turn demonstrator's answer on ``task``: the line through the first two shown examples
     (``shortcut``) or the reference, spelled as ``answer`` says: ``reference`` (the task's own spelling;
     the line as ``line_expression``) or ``values`` (``values_expression``, in the task's family's shape)."""
+    check_answer(answer)
     if answer == "values":
         (_, y0), (_, y1) = [(int(a), int(b)) for a, b in _EXAMPLE.findall(task.prompt)[:2]]
         return values_expression(y0, y1, square=not shortcut and "x*x" in task.solution)
-    if answer != "reference":
-        raise ValueError(f"answer must be reference or values, got {answer!r}")
     return line_through_first_two(task) if shortcut else task.solution
 
 
