@@ -40,8 +40,8 @@ from services.endpoint.rendering import Renderer
 from services.endpoint.routing import Replica, Router
 from services.endpoint.settings import EndpointSettings
 from services.rollout.decoding import DecodingParams
-from services.rollout.servicer import kv_cache_proto
 from services.rollout.torch_engine import TorchEngine
+from services.rollout.wire import kv_cache_proto
 
 JOB = "bench-job"
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()

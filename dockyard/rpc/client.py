@@ -1,7 +1,9 @@
 """Client channels: size limits, a deadline on every call, safe retries.
 
-Every call made through `connect()` carries a deadline (the caller's
-`timeout=` or the channel default), so a dead peer never hangs a caller.
+Every unary call made through `connect()` carries a deadline (the caller's
+`timeout=` or the channel default), so a dead peer never hangs a caller; a
+streaming caller sets its own (the endpoint's long-lived GenerateMultiplexed
+stream has none, and bounds each of its calls instead).
 The channel retries only the methods that dockyard.rpc.retry lists in
 CHANNEL_RETRIED (idempotent, retried by no caller), and only on UNAVAILABLE.
 With DOCKYARD_AUTH_TOKEN(_FILE) set, every call carries `authorization: Bearer

@@ -11,8 +11,8 @@ configured, both stay open and every dockyard method needs it); the port is plai
 or, with DOCKYARD_TLS_*, mutual TLS; message-size
 limits match the clients'; on SIGTERM or SIGINT every service reports
 NOT_SERVING first and keeps serving for `drain_seconds` (so health checkers
-and load balancers see it go), then the server stops with a grace period for
-in-flight calls, then the service's own shutdown hook runs. A request that does not
+and load balancers see it go), then each service's `on_drain` runs and the server stops with a grace
+period for in-flight calls, then the service's own shutdown hook runs. A request that does not
 parse (invalid UTF-8 in a string, nesting past protobuf's recursion limit, truncated
 bytes) is INVALID_ARGUMENT naming the method, never UNKNOWN. Every handler kind passes the
 interceptors in its own shape, so health Watch (a coroutine writing its stream) streams.
@@ -55,6 +55,9 @@ class Service:
     name: str  # full proto name, e.g. "dockyard.buffer.v1.BufferService"
     servicer: Any
     add_to_server: Callable[[Any, grpc.aio.Server], None]
+    # Called as the server stops (after drain_seconds): a long-lived stream the service serves can end itself
+    # then, rather than hold the stop for its whole grace period.
+    on_drain: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,9 @@ async def serve(
     log.info("shutting down", grace_seconds=settings.shutdown_grace_seconds)
     await health_servicer.enter_graceful_shutdown()
     await asyncio.sleep(settings.drain_seconds)
+    for service in services:
+        if service.on_drain is not None:
+            service.on_drain()
     await server.stop(settings.shutdown_grace_seconds)
     if on_stop is not None:
         await on_stop()

@@ -7,7 +7,8 @@
     session ──pick──> ListMembers: ALIVE rollout replicas holding the job ──Router.route──> sticky, else least
         loaded (services/endpoint/routing.py; a new session may wait for admission)
     prompt ids ──complete──> RolloutService.Generate(prompt_token_ids, top_logprobs, return_routing) on that replica
-        (GenerateStream for a streamed reply: tokens passed on as they are sampled)
+        (a streamed reply: GenerateStream's messages, every streamed call to the replica on one
+        GenerateMultiplexed stream, services/endpoint/multiplex.py; tokens passed on as they are sampled)
         ──replica fails the call──> left out; the call goes to another live replica (the session moves)
 
 Guarantees: an unknown or finished job is UnknownModel (a 404); a replica that
@@ -45,6 +46,7 @@ from dockyard.experience.routing_layout import RoutingShape
 from dockyard.images import ImageLimits
 from dockyard.models.load import load_tokenizer
 from dockyard.rpc.client import connect
+from services.endpoint.multiplex import CallFailed, MultiplexedCalls
 from services.endpoint.reasoning import enabled as reasoning_enabled
 from services.endpoint.rendering import Renderer
 from services.endpoint.routing import AdmissionRefused, Replica, ReplicaState, Router
@@ -134,6 +136,7 @@ class Backend:
         self._models: dict[str, JobModel] = {}
         self._loading: dict[str, asyncio.Lock] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._streams: dict[str, MultiplexedCalls] = {}
         self._members: tuple[float, list] = (0.0, [])
         self._checked: dict[str, float] = {}  # job id -> when GetJob last said RUNNING
         self.router = router or Router()
@@ -154,6 +157,8 @@ class Backend:
         )
 
     async def close(self) -> None:
+        for calls in self._streams.values():
+            await calls.close()
         for channel in [self._coordinator, *self._channels.values()]:
             await channel.close()
 
@@ -241,7 +246,7 @@ class Backend:
         routing: Generate's return_routing); a
         replica that fails the call is left and the call goes to another live one (safe: nothing of a
         failed call was recorded), else ReplicaLost. With `on_tokens`
-        the call streams (GenerateStream), each completion's tokens passed on as they come; a replica that
+        the call streams (GenerateStream's messages), each completion's tokens passed on as they come; a replica that
         fails after some were passed on is ReplicaLost at once (the client saw them: no other replica may
         answer instead)."""
         heard = False
@@ -284,6 +289,12 @@ class Backend:
             self._channels[address] = connect(address, service="rollout", default_timeout=self._timeout)
         return rollout_pb2_grpc.RolloutServiceStub(self._channels[address])
 
+    def _multiplexed(self, address: str) -> MultiplexedCalls:
+        """The replica's streamed calls, all on one GenerateMultiplexed stream (multiplex.py)."""
+        if address not in self._streams:
+            self._streams[address] = MultiplexedCalls(self._rollout(address))
+        return self._streams[address]
+
     async def generate(
         self,
         job_id: str,
@@ -297,8 +308,8 @@ class Backend:
         top_logprobs: int = 0,
         routing: bool = False,
     ) -> Generated:
-        """One Generate call on `replica` (GenerateStream with `on_tokens`): GenerateRefused for the caller's
-        fault, ReplicaLost for the replica's.
+        """One Generate call on `replica` (with `on_tokens`, streamed: a call on the replica's multiplexed
+        stream): GenerateRefused for the caller's fault, ReplicaLost for the replica's.
 
         With images, the rendered text and the image bytes go instead of ids (the model's processor
         inserts the image tokens); an engine that takes no images is the caller's fault too.
@@ -323,8 +334,8 @@ class Backend:
             if on_tokens is None:
                 reply = await self._rollout(address).Generate(request, timeout=self._timeout)
             else:
-                reply = await self._stream(address, request, on_tokens)
-        except grpc.aio.AioRpcError as exc:
+                reply = await self._multiplexed(address).stream(request, on_tokens, self._timeout)
+        except (grpc.aio.AioRpcError, CallFailed) as exc:
             if exc.code() in refused:
                 raise GenerateRefused(exc.details()) from None
             # Anything else is the replica's failure (INTERNAL included), never the caller's.
@@ -341,21 +352,3 @@ class Backend:
             reply.prompt_routing,
             shape_of(reply.routing_shape) if reply.HasField("routing_shape") else None,
         )
-
-    async def _stream(
-        self, address: str, request: rollout_pb2.GenerateRequest, on_tokens: TokenSink
-    ) -> rollout_pb2.GenerateResponse:
-        """GenerateStream: deltas to `on_tokens` as they come (the last message's too), its result returned; leaving
-        early (the caller cancelled) cancels the call, which stops the generation on the replica."""
-        call = self._rollout(address).GenerateStream(
-            rollout_pb2.GenerateStreamRequest(request=request), timeout=self._timeout
-        )
-        try:
-            async for message in call:
-                for delta in message.deltas:  # the last message's too: the tokens that came with the end
-                    on_tokens(delta.index, list(delta.token_ids), list(delta.logprobs))
-                if message.HasField("result"):
-                    return message.result
-        finally:
-            call.cancel()  # no-op once the call ended
-        raise ReplicaLost("the replica's GenerateStream ended without a result")

@@ -28,6 +28,7 @@ def main() -> None:
             name="dockyard.rollout.v1.RolloutService",
             servicer=servicer,
             add_to_server=rollout_pb2_grpc.add_RolloutServiceServicer_to_server,
+            on_drain=servicer.drain,
         )
         membership = membership_for(
             settings,

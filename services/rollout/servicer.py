@@ -5,6 +5,8 @@
                (with `staging`: the token arrays to the buffer's data plane, staging.py; the key in the response)
     GenerateStream ──the same checks──> engine.generate_stream ──> a message per batch of new tokens, then the
         response (with, as deltas, the tokens no message carried yet: those that came together with the end)
+    GenerateMultiplexed ──start / cancel per call──> GenerateStream's messages of every call, batched per reply
+        (multiplex.py: a decode step shared by the stream's calls is one message)
     ReceiveWeights ──> WeightReceiver.receive (weight_receiver.py: weight-sync group or checkpoint folder)
     GetEngineInfo / UnloadPolicy ──> JobEngines.get / JobEngines.unload (WeightReceiver.forget first)
 
@@ -29,6 +31,9 @@ and one whose caller goes while it runs is stopped at the engine's next decode
 step (the handler is cancelled, or its deadline passes: DEADLINE_EXCEEDED). GenerateStream refuses
 and stops exactly as Generate does; its last message's `result` is what Generate would return, and
 every token of it comes in exactly one message's deltas, in order (the last message's included).
+GenerateMultiplexed runs each call exactly as GenerateStream (its timeout_seconds the deadline) and a call's
+failure ends that call alone with GenerateStream's status; once the service drains, its streams refuse new calls
+(UNAVAILABLE) and end when theirs have.
 Images pass the job's multimodal gate (dockyard/images.py) here, the rollout boundary: gate off,
 too many, too large or unreadable is INVALID_ARGUMENT; an engine that takes no images (vLLM,
 SGLang, a text-only policy) is FAILED_PRECONDITION; the text path never touches the gate.
@@ -49,10 +54,9 @@ from collections.abc import AsyncIterator, Iterator
 import grpc
 import structlog
 
-from dockyard.api.common.v1 import common_pb2
 from dockyard.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from dockyard.config import ConfigError, MasterConfig, parse_config_text
-from dockyard.experience.routing_layout import RoutingShape, to_bytes
+from dockyard.experience.routing_layout import to_bytes
 from dockyard.images import ImageLimits, ImageRejected, gate_images
 from dockyard.jobs import job_id_error
 from dockyard.rpc.completion import run_to_completion
@@ -65,61 +69,16 @@ from services.rollout.decoding import (
     validate_num_samples,
     validate_top_logprobs,
 )
-from services.rollout.engine import Completion, GenerationEngine, GenerationResult, Prompt, UnsupportedRequest
+from services.rollout.engine import GenerationEngine, GenerationResult, Prompt, UnsupportedRequest
 from services.rollout.job_engines import JobEngines, build_engine
+from services.rollout.multiplex import MultiplexedStream, TimeLeft
 from services.rollout.prompts import check_context, prompt_from_request
 from services.rollout.settings import RolloutSettings
 from services.rollout.staging import PayloadStager
 from services.rollout.weight_receiver import WeightReceiver, WeightsTorn
+from services.rollout.wire import completion_proto, delta_proto, kv_cache_proto, routing_shape_proto
 
 log = structlog.get_logger()
-
-
-def kv_cache_proto(stats) -> rollout_pb2.KvCacheStats | None:
-    """An engine's prefix cache counters (PrefixStats) on the wire; None (unset) when it reports none."""
-    if stats is None:
-        return None
-    return rollout_pb2.KvCacheStats(
-        capacity_tokens=stats.capacity_tokens,
-        live_tokens=stats.live_tokens,
-        cached_tokens=stats.cached_tokens,
-        cached_entries=stats.cached_entries,
-        prefill_tokens_computed=stats.prefill_tokens_computed,
-        prefill_tokens_saved=stats.prefill_tokens_saved,
-        evictions=stats.evictions,
-        pressure=stats.pressure,
-    )
-
-
-def completion_proto(
-    completion: Completion, *, staged: bool = False, routing: GenerationResult | None = None
-) -> rollout_pb2.Completion:
-    """`completion` on the wire; `staged`: its token ids and logprobs are in a staged payload, not here;
-    `routing`: the result whose routing goes back (GenerateRequest.return_routing), None: none."""
-    message = rollout_pb2.Completion(
-        token_ids=() if staged else completion.token_ids,
-        logprobs=() if staged else completion.logprobs,
-        num_tokens=len(completion.token_ids),
-        text=completion.text,
-        finish_reason=completion.finish_reason,
-        top_logprobs=[
-            rollout_pb2.TopLogprobs(token_ids=top.token_ids, logprobs=top.logprobs) for top in completion.top_logprobs
-        ],
-    )
-    shape = routing.routing_shape if routing is not None else None
-    if shape is not None and not staged and completion.routing is not None:
-        message.routing = to_bytes(completion.routing, shape)
-        if completion.prompt_routing is not routing.prompt_routing:
-            message.prompt_routing = to_bytes(completion.prompt_routing, shape)
-    return message
-
-
-def routing_shape_proto(shape: RoutingShape) -> common_pb2.RoutingShape:
-    return common_pb2.RoutingShape(moe_layers=shape.moe_layers, top_k=shape.top_k, num_experts=shape.num_experts)
-
-
-def _delta(index: int, token_ids: list[int], logprobs: list[float]) -> rollout_pb2.CompletionDelta:
-    return rollout_pb2.CompletionDelta(index=index, token_ids=token_ids, logprobs=logprobs)
 
 
 def _check_staging(staging: rollout_pb2.PayloadStaging) -> None:
@@ -130,6 +89,15 @@ def _check_staging(staging: rollout_pb2.PayloadStaging) -> None:
     ):
         if not value:
             raise InvalidArgument(f"staging.{name} is empty; name the buffer's data plane as GetDataPlane gave it")
+
+
+def _time_left(context: grpc.aio.ServicerContext) -> float | None:
+    """Seconds left to the caller's deadline (None: none); DeadlineExceeded when it has gone, for nobody
+    would read the result: no generation starts for it."""
+    remaining = context.time_remaining()
+    if context.cancelled() or (remaining is not None and remaining <= 0):
+        raise DeadlineExceeded("the caller gave up before generation started")
+    return remaining
 
 
 def _require_job_id(job_id: str) -> None:
@@ -146,6 +114,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         self.weights = WeightReceiver(settings)
         self.in_flight = 0  # Generate calls running now: the load this replica reports in heartbeats
         self.stager = PayloadStager()
+        self._streams: set[MultiplexedStream] = set()  # GenerateMultiplexed streams serving now
+        self._draining = False
 
     @property
     def engines(self) -> dict[str, GenerationEngine]:
@@ -190,7 +160,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def Generate(
         self, request: rollout_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> rollout_pb2.GenerateResponse:
-        engine, prompt, num_samples, decoding, remaining = await self._prepare(request, context)
+        engine, prompt, num_samples, decoding = await self._prepare(request)
+        remaining = _time_left(context)
         # grpc.aio cancels this handler when the caller cancels; the deadline is enforced here too.
         with self._generating(request.job_id):
             async with asyncio.timeout(remaining):
@@ -204,9 +175,38 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def GenerateStream(
         self, request: rollout_pb2.GenerateStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rollout_pb2.GenerateStreamResponse]:
+        async for message in self._stream(request, lambda: _time_left(context)):
+            yield message
+
+    async def GenerateMultiplexed(
+        self,
+        requests: AsyncIterator[rollout_pb2.GenerateMultiplexedRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[rollout_pb2.GenerateMultiplexedResponse]:
+        stream = MultiplexedStream(self._stream)
+        if self._draining:
+            stream.drain()
+        self._streams.add(stream)
+        try:
+            async for reply in stream.serve(requests):
+                yield reply
+        finally:
+            self._streams.discard(stream)
+
+    def drain(self) -> None:
+        """The service is stopping: multiplexed streams take no new call and end once theirs have ended."""
+        self._draining = True
+        for stream in self._streams:
+            stream.drain()
+
+    async def _stream(
+        self, request: rollout_pb2.GenerateStreamRequest, time_left: TimeLeft
+    ) -> AsyncIterator[rollout_pb2.GenerateStreamResponse]:
+        """GenerateStream's messages for `request`; `time_left` says, once it is prepared, how long it may take."""
         if request.request.HasField("staging"):
             raise InvalidArgument("request.staging: GenerateStream streams the tokens back; stage with Generate")
-        engine, prompt, num_samples, decoding, remaining = await self._prepare(request.request, context)
+        engine, prompt, num_samples, decoding = await self._prepare(request.request)
+        remaining = time_left()
         deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
         result = None
         sent: dict[int, int] = {}  # tokens sent as deltas, per completion
@@ -224,13 +224,13 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
                         else:
                             for d in event:
                                 sent[d.index] = sent.get(d.index, 0) + len(d.token_ids)
-                            yield rollout_pb2.GenerateStreamResponse(deltas=[_delta(*d) for d in event])
+                            yield rollout_pb2.GenerateStreamResponse(deltas=[delta_proto(*d) for d in event])
         except StopAsyncIteration:
             raise RuntimeError(f"the {engine.name} engine's stream ended without a result") from None
         # The tokens no message carried yet (the engine's last ones, or all of an engine that does not stream)
         # go with the result: one message where two would go back to back.
         rest = [
-            _delta(i, c.token_ids[sent.get(i, 0) :], c.logprobs[sent.get(i, 0) :])
+            delta_proto(i, c.token_ids[sent.get(i, 0) :], c.logprobs[sent.get(i, 0) :])
             for i, c in enumerate(result.completions)
             if len(c.token_ids) > sent.get(i, 0)
         ]
@@ -256,9 +256,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             self.in_flight -= 1
 
     async def _prepare(
-        self, request: rollout_pb2.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> tuple[GenerationEngine, Prompt, int, DecodingParams, float | None]:
-        """A Generate request checked and resolved: the engine, prompt, group size, decoding and time left."""
+        self, request: rollout_pb2.GenerateRequest
+    ) -> tuple[GenerationEngine, Prompt, int, DecodingParams]:
+        """A Generate request checked and resolved: the engine, prompt, group size and decoding."""
         # Arguments first: INVALID_ARGUMENT does not depend on what is loaded.
         _require_job_id(request.job_id)
         num_samples = validate_num_samples(request.num_samples)
@@ -286,11 +286,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         except UnsupportedRequest as exc:
             raise InvalidArgument(str(exc)) from None
         await check_context(engine, prompt, decoding.max_new_tokens)
-        remaining = context.time_remaining()
-        if context.cancelled() or (remaining is not None and remaining <= 0):
-            # Nobody would read the result: no generation for it.
-            raise DeadlineExceeded("the caller gave up before generation started")
-        return engine, prompt, num_samples, decoding, remaining
+        return engine, prompt, num_samples, decoding
 
     def _response(
         self,

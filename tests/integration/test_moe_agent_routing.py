@@ -28,7 +28,7 @@ from services.endpoint.rendering import Renderer
 from services.endpoint.routing import Replica, Router
 from services.endpoint.settings import EndpointSettings
 from services.rollout.decoding import decoding_from_proto
-from services.rollout.servicer import completion_proto
+from services.rollout.wire import completion_proto
 from services.trainer.policy import PolicyTrainer
 from services.trainer.requests import training_group
 from tests.unit.endpoint.scripted import TOKEN, oa

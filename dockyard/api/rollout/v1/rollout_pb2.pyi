@@ -130,6 +130,46 @@ class GenerateStreamResponse(_message.Message):
     result: GenerateResponse
     def __init__(self, deltas: _Optional[_Iterable[_Union[CompletionDelta, _Mapping]]] = ..., result: _Optional[_Union[GenerateResponse, _Mapping]] = ...) -> None: ...
 
+class GenerateMultiplexedRequest(_message.Message):
+    __slots__ = ("call_id", "start", "cancel", "timeout_seconds")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    start: GenerateStreamRequest
+    cancel: GenerateMultiplexedCancel
+    timeout_seconds: float
+    def __init__(self, call_id: _Optional[int] = ..., start: _Optional[_Union[GenerateStreamRequest, _Mapping]] = ..., cancel: _Optional[_Union[GenerateMultiplexedCancel, _Mapping]] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class GenerateMultiplexedCancel(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GenerateMultiplexedResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[CallEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[CallEvent, _Mapping]]] = ...) -> None: ...
+
+class CallEvent(_message.Message):
+    __slots__ = ("call_id", "message", "status")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    message: GenerateStreamResponse
+    status: CallStatus
+    def __init__(self, call_id: _Optional[int] = ..., message: _Optional[_Union[GenerateStreamResponse, _Mapping]] = ..., status: _Optional[_Union[CallStatus, _Mapping]] = ...) -> None: ...
+
+class CallStatus(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class CompletionDelta(_message.Message):
     __slots__ = ("index", "token_ids", "logprobs")
     INDEX_FIELD_NUMBER: _ClassVar[int]

@@ -52,6 +52,11 @@ class RolloutServiceStub:
                 request_serializer=dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateStreamRequest.SerializeToString,
                 response_deserializer=dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateStreamResponse.FromString,
                 _registered_method=True)
+        self.GenerateMultiplexed = channel.stream_stream(
+                '/dockyard.rollout.v1.RolloutService/GenerateMultiplexed',
+                request_serializer=dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateMultiplexedRequest.SerializeToString,
+                response_deserializer=dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateMultiplexedResponse.FromString,
+                _registered_method=True)
         self.ReceiveWeights = channel.unary_unary(
                 '/dockyard.rollout.v1.RolloutService/ReceiveWeights',
                 request_serializer=dockyard_dot_rollout_dot_v1_dot_rollout__pb2.ReceiveWeightsRequest.SerializeToString,
@@ -97,6 +102,16 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GenerateMultiplexed(self, request_iterator, context):
+        """Many GenerateStream calls over one stream (the policy endpoint's streamed
+        turns to this replica): each reply carries every call's messages since
+        the previous reply, so a decode step that many calls share costs one
+        message, not one per call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReceiveWeights(self, request, context):
         """Receive the trainer's weights over the weight-sync group.
         """
@@ -133,6 +148,11 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     servicer.GenerateStream,
                     request_deserializer=dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateStreamRequest.FromString,
                     response_serializer=dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateStreamResponse.SerializeToString,
+            ),
+            'GenerateMultiplexed': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateMultiplexed,
+                    request_deserializer=dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateMultiplexedRequest.FromString,
+                    response_serializer=dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateMultiplexedResponse.SerializeToString,
             ),
             'ReceiveWeights': grpc.unary_unary_rpc_method_handler(
                     servicer.ReceiveWeights,
@@ -234,6 +254,33 @@ class RolloutService:
             '/dockyard.rollout.v1.RolloutService/GenerateStream',
             dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateStreamRequest.SerializeToString,
             dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateMultiplexed(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/dockyard.rollout.v1.RolloutService/GenerateMultiplexed',
+            dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateMultiplexedRequest.SerializeToString,
+            dockyard_dot_rollout_dot_v1_dot_rollout__pb2.GenerateMultiplexedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,132 @@
+"""One GenerateMultiplexed stream: many GenerateStream calls, their messages leaving together.
+
+    requests ──start──> a task per call: messages(GenerateStreamRequest, timeout) ──CallEvent──> outbox
+             ──cancel──> that call's task cancelled (its generation stops at the engine's next decode step)
+    outbox ──one reply per wake-up──> every event queued since the last reply (a decode step shared by the
+        stream's calls: one message)
+
+Guarantees: each call's events are the messages GenerateStream would send for its request, in order, each in
+one reply; a call that fails ends with one event carrying the status GenerateStream would end with (a
+ServiceError's code; INTERNAL for anything else, logged) while the stream and its other calls go on; a call id
+already running, or a cancel of an unknown one, changes nothing but is logged; a cancelled call sends nothing
+more. When the caller half-closes, the stream ends once its running calls have ended; when it goes away, or
+the stream fails, every running call is cancelled. Once `drain` is called (the service stops) the stream
+refuses new calls (UNAVAILABLE) and ends as soon as none runs, so an idle stream never holds a shutdown back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import structlog
+
+from dockyard.api.rollout.v1 import rollout_pb2
+from dockyard.rpc.errors import DeadlineExceeded, ServiceError, clip
+
+log = structlog.get_logger()
+
+# Seconds a prepared call may still take (None: no limit); DeadlineExceeded when none is left.
+TimeLeft = Callable[[], float | None]
+Messages = Callable[[rollout_pb2.GenerateStreamRequest, TimeLeft], AsyncIterator[rollout_pb2.GenerateStreamResponse]]
+
+
+def _status(code: grpc.StatusCode, message: str) -> rollout_pb2.CallStatus:
+    return rollout_pb2.CallStatus(code=code.value[0], message=clip(message))
+
+
+class MultiplexedStream:
+    """The calls of one stream; `messages` runs one call (the servicer's GenerateStream, less its context)."""
+
+    def __init__(self, messages: Messages) -> None:
+        self._messages = messages
+        self._calls: dict[int, asyncio.Task] = {}
+        self._outbox: list[rollout_pb2.CallEvent] = []
+        self._wake = asyncio.Event()
+        self._draining = False
+        self._reading = True
+
+    def drain(self) -> None:
+        """New calls are refused from now on; the stream ends once no call runs."""
+        self._draining = True
+        self._wake.set()
+
+    async def serve(
+        self, requests: AsyncIterator[rollout_pb2.GenerateMultiplexedRequest]
+    ) -> AsyncIterator[rollout_pb2.GenerateMultiplexedResponse]:
+        reader = asyncio.ensure_future(self._read(requests))
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                if self._outbox:
+                    events, self._outbox = self._outbox, []
+                    yield rollout_pb2.GenerateMultiplexedResponse(events=events)
+                if reader.done():
+                    reader.result()  # the request stream's own failure ends this one
+                if not self._calls and (not self._reading or self._draining):
+                    return
+        finally:
+            reader.cancel()
+            for task in self._calls.values():
+                task.cancel()
+
+    async def _read(self, requests: AsyncIterator[rollout_pb2.GenerateMultiplexedRequest]) -> None:
+        try:
+            async for request in requests:
+                action = request.WhichOneof("action")
+                if action == "start":
+                    self._start(request)
+                elif action == "cancel":
+                    task = self._calls.pop(request.call_id, None)
+                    if task is None:
+                        log.info("multiplexed cancel of no running call", call_id=request.call_id)
+                    else:
+                        task.cancel()
+        finally:
+            self._reading = False
+            self._wake.set()
+
+    def _start(self, request: rollout_pb2.GenerateMultiplexedRequest) -> None:
+        call_id = request.call_id
+        if call_id in self._calls:
+            log.warning("multiplexed call id already running: start ignored", call_id=call_id)
+            return
+        if self._draining:
+            self._end(call_id, _status(grpc.StatusCode.UNAVAILABLE, "the replica is shutting down"))
+            return
+        timeout = request.timeout_seconds if request.timeout_seconds > 0 else None
+        task = asyncio.ensure_future(self._run(call_id, request.start, timeout))
+        self._calls[call_id] = task
+        task.add_done_callback(lambda _: self._forget(call_id, task))
+
+    def _forget(self, call_id: int, task: asyncio.Task) -> None:
+        if self._calls.get(call_id) is task:
+            del self._calls[call_id]
+        self._wake.set()
+
+    async def _run(self, call_id: int, start: rollout_pb2.GenerateStreamRequest, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+
+        def time_left() -> float | None:
+            if deadline is None:
+                return None
+            if (left := deadline - loop.time()) <= 0:
+                raise DeadlineExceeded("the call's timeout passed before generation started")
+            return left
+
+        try:
+            async for message in self._messages(start, time_left):
+                self._outbox.append(rollout_pb2.CallEvent(call_id=call_id, message=message))
+                self._wake.set()
+        except ServiceError as exc:
+            self._end(call_id, _status(exc.code, str(exc)))
+        except Exception as exc:  # as the server interceptor would: INTERNAL, the cause logged
+            log.exception("multiplexed call failed", call_id=call_id)
+            self._end(call_id, _status(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
+
+    def _end(self, call_id: int, status: rollout_pb2.CallStatus) -> None:
+        self._outbox.append(rollout_pb2.CallEvent(call_id=call_id, status=status))
+        self._wake.set()
