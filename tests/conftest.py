@@ -86,47 +86,85 @@ class ServiceProcess:
         return self.log_path.read_text(errors="replace")
 
 
-# Longest first (the classic rule for short makespans): under pytest-xdist (make test runs XDIST workers) the
-# e2e recipes, then the integration tests, start while the quick unit tests are left to fill the gaps at the
-# end, so no 20-minute recipe starts last. The files of the longest tests (the agent recipes; the unit tests
-# that compile with inductor, minutes each) go first of all.
+# Where each test runs under pytest-xdist (make test: XDIST workers, `--dist worksteal`). Worksteal hands worker
+# k the k-th of W contiguous shares of the collected list; a worker runs its share front to back, and one that
+# runs out takes the back half of the longest queue. So what heads a share starts at once and stays with its
+# worker, and what ends a share is what others take. The longest test files head the shares, placed longest
+# first into the share with the least expected work (the classic rule for short makespans); the rest follow,
+# layer by layer (e2e, integration, contract, unit), so the quick unit tests are what the tails give away.
 LAYER_ORDER = ("e2e", "integration", "contract", "unit")
-FIRST = (
-    "tests/e2e/test_tiny_agent_learns.py",
-    "tests/e2e/test_tiny_agent_external_learns.py",
-    "tests/e2e/test_tiny_verifiers_learns.py",
-    "tests/unit/trainer/test_ranks.py",
-    "tests/unit/trainer/test_compiled_layers.py",
-)
-# The learning recipes, each a warm start and a GRPO run of 8 to 25 minutes on a busy machine: each heads
-# its own worker's share. xdist's work stealing hands worker k the k-th of W contiguous shares of the list
-# and steals from the ends of queues, so a test at the head of a share starts at once, where the second of
-# two tests at the head of one share would start only when the first ended.
-LEADS = (
-    "tests/e2e/test_tiny_agent_learns.py",
-    "tests/e2e/test_tiny_agent_external_learns.py",
-    "tests/e2e/test_tiny_verifiers_learns.py",
-)
+# Seconds each file took in a fresh-clone CI run (three workers on 2 cores; 2026-12-06), for the placement
+# only: a stale figure makes the schedule worse, never a test wrong. A tuple is one unit: files that share a
+# warm start (tests/e2e/conftest.py) run back to back on one worker, not one waiting on the other's lock.
+LONGEST: dict[str | tuple[str, ...], int] = {
+    "tests/e2e/test_tiny_agent_external_learns.py": 1490,
+    "tests/e2e/test_tiny_verifiers_learns.py": 860,
+    (
+        "tests/e2e/test_tiny_recipe_learns.py",
+        "tests/e2e/test_tiny_recipe_jax.py",
+        "tests/e2e/test_tiny_recipe_vllm.py",
+    ): 600,
+    "tests/e2e/test_tiny_agent_learns.py": 520,
+    "tests/integration/test_kill_suite.py": 550,
+    "tests/e2e/test_tiny_moe_agent.py": 400,
+    "tests/integration/test_tiny_recipe.py": 210,
+    "tests/unit/trainer/test_ranks.py": 190,
+    "tests/integration/test_restarts.py": 150,
+    "tests/e2e/test_grpo_swe.py": 150,
+    "tests/e2e/test_compose.py": 150,
+    "tests/integration/test_vllm_moe.py": 120,
+    "tests/integration/test_coordinator_restart.py": 115,
+    "tests/integration/test_humaneval_sandbox.py": 105,
+    "tests/integration/test_vllm_tensor_parallel.py": 105,
+    "tests/e2e/test_config_family_smoke.py": 100,
+    "tests/integration/test_rollout_staging_job.py": 100,
+    "tests/e2e/test_scaffold_errors.py": 90,
+    "tests/e2e/test_dashboard_browser.py": 90,
+    "tests/e2e/test_tiny_moe_recipe.py": 80,
+    "tests/e2e/test_v4_recipe_smoke.py": 80,
+}
+
+
+def _layer(path: str) -> int:
+    parts = path.split("/")
+    return LAYER_ORDER.index(parts[1]) if len(parts) > 2 and parts[1] in LAYER_ORDER else len(LAYER_ORDER)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> tuple[int, int]:
-        path = item.path.relative_to(REPO_ROOT)
-        layer = path.parts[1] if len(path.parts) > 2 else ""
-        return (str(path) not in FIRST, LAYER_ORDER.index(layer) if layer in LAYER_ORDER else len(LAYER_ORDER))
-
-    items.sort(key=rank)  # stable: the order within a layer stays the files' own
+    paths = {item: str(item.path.relative_to(REPO_ROOT)) for item in items}
+    items.sort(key=lambda item: _layer(paths[item]))  # stable: the order within a layer stays the files' own
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    leads = [item for item in items if str(item.path.relative_to(REPO_ROOT)) in LEADS]
-    if workers > 1 and 1 < len(leads) <= workers:
-        total, rest = len(items), [item for item in items if item not in leads]
-        items[:] = []
-        for k, lead in enumerate(leads):  # the shares' sizes as xdist's worksteal scheduler cuts them
-            share = (total - len(items)) // (workers - k)
-            items.append(lead)
-            items.extend(rest[: share - 1])
-            del rest[: share - 1]
-        items.extend(rest)
+    if workers < 2:
+        return
+    heads: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    loads = [0] * workers
+    placed: set[pytest.Item] = set()
+    for unit, seconds in sorted(LONGEST.items(), key=lambda pair: -pair[1]):
+        files = unit if isinstance(unit, tuple) else (unit,)
+        chosen = [item for file in files for item in items if paths[item] == file]
+        if not chosen:  # not collected in this run (-k, a path argument)
+            continue
+        k = loads.index(min(loads))
+        heads[k] += chosen
+        loads[k] += seconds
+        placed.update(chosen)
+    rest = [item for item in items if item not in placed]
+    sizes, left = [], len(items)
+    for k in range(workers):  # each share's size as worksteal cuts it: what is left, over the workers left
+        sizes.append(left // (workers - k))
+        left -= sizes[-1]
+    # The rest dealt file by file (a module's fixtures start once) to the share with the most room left, so each
+    # share gets its part of every layer and ends in unit tests; a file that overflows a share goes on in the next.
+    shares = [list(head) for head in heads]
+    for file in dict.fromkeys(paths[item] for item in rest):
+        batch = [item for item in rest if paths[item] == file]
+        while batch:
+            room = [sizes[k] - len(shares[k]) for k in range(workers)]
+            k = room.index(max(room))
+            take = len(batch) if room[k] <= 0 else min(len(batch), room[k])
+            shares[k] += batch[:take]
+            del batch[:take]
+    items[:] = [item for share in shares for item in share]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -162,7 +162,7 @@ def test_a_hostile_scaffold_is_contained(sandbox, endpoint):
     assert hang.finish_reason == "time" and hang.model_seconds < 20.0
     # 100 MB through the sandbox may outlast the 3 s: either way it ends, clipped to the session's cap.
     assert huge.finish_reason in {"exit", "time"} and 0 < len(huge_tail) <= 2000
-    assert network.finish_reason == "failed" and "Network is unreachable" in network_tail, network_tail
+    assert network.finish_reason == "failed" and "Network is unreachable" in network_tail, outcomes[2]
     assert allowed.finish_reason == "exit" and ANSWER.decode() in allowed_tail
     assert (seen.stdout.strip(), left.stdout.strip()) == ("1", "0")  # nothing a command started is left
 
