@@ -3,8 +3,9 @@
     model: --shape 0.5b (Qwen2.5-0.5B-shaped, bench/generation.py's QWEN25_05B) or 7b (Qwen2-7B-shaped,
            bench/weight_sync.py's QWEN2_7B), random init (--init-std, default 0.05, so the next-token
            distribution is not flat), bf16 on CUDA: the trainer's weights
-    engines: TorchEngine(precision=auto), then TorchEngine(precision=fp8), each on a copy of those
-           weights, one at a time
+    engines: TorchEngine(precision=auto), then precision=fp8 (per channel and token), then fp8_block
+           (per 128 x 128 weight tile and 128-feature activation group), each on a copy of those weights,
+           one at a time
     tokens/s: one prompt of 128 tokens x --batch rows, 512 new tokens, ignore_eos, temperature 1,
            one untimed call first (compiles, captures graphs), best of --repeats
     refit: the engine side of a weight sync, as receive_weights runs it: copy_ of every tensor of the
@@ -14,10 +15,10 @@
            model's logprobs of the same tokens (one teacher-forced forward): mean |Δ| and the k3
            estimate of KL(gen || train) per token, as the trainer reports gen_train_kl
 
-Prints
-    fp8_vs_bf16_tokens_per_s: R       fp8 engine tok/s / bf16 engine tok/s (higher is better)
-    fp8_vs_bf16_refit: R              fp8 engine refit seconds / bf16 (lower is better)
-    bf16_gen_train_kl: K, fp8_gen_train_kl: K, and the mean |Δ logprob| of each
+Prints, for P in fp8 and fp8_block
+    P_vs_bf16_tokens_per_s: R       the FP8 engine's tok/s / the bf16 engine's (higher is better)
+    P_vs_bf16_refit: R              its refit seconds / bf16's (lower is better)
+    bf16_gen_train_kl: K, P_gen_train_kl: K, and the mean |Δ logprob| of each
 
     python bench/fp8_rollout.py                 # one CUDA GPU of compute capability 8.9+ (H100, H200)
     python bench/fp8_rollout.py --shape 7b
@@ -121,15 +122,18 @@ async def bench(args: argparse.Namespace) -> None:
         say(f"{name}: gen_train_kl {kl:.3e}, mean |Δ logprob| {delta:.4f}")
         return tokens_per_s, refit_s, kl, delta
 
-    for name, precision in (("bf16", "auto"), ("fp8", "fp8")):
+    for precision in ("auto", "fp8", "fp8_block"):
+        name = "bf16" if precision == "auto" else precision
         results[name] = await measure(name, precision)
-    (bt, br, bk, bd), (ft, fr, fk, fd) = results["bf16"], results["fp8"]
-    print(f"fp8_vs_bf16_tokens_per_s: {ft / bt:.3f}")
-    print(f"fp8_vs_bf16_refit: {fr / br:.3f}")
+    bt, br, bk, bd = results["bf16"]
     print(f"bf16_gen_train_kl: {bk:.3e}")
-    print(f"fp8_gen_train_kl: {fk:.3e}")
     print(f"bf16_mean_abs_logprob_delta: {bd:.4f}")
-    print(f"fp8_mean_abs_logprob_delta: {fd:.4f}")
+    for name in ("fp8", "fp8_block"):
+        ft, fr, fk, fd = results[name]
+        print(f"{name}_vs_bf16_tokens_per_s: {ft / bt:.3f}")
+        print(f"{name}_vs_bf16_refit: {fr / br:.3f}")
+        print(f"{name}_gen_train_kl: {fk:.3e}")
+        print(f"{name}_mean_abs_logprob_delta: {fd:.4f}")
 
 
 def main() -> None:

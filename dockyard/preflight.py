@@ -435,9 +435,10 @@ FP8_MEASURED = ((494_032_768, 0.905), (7_615_616_512, 1.101))
 
 
 def check_fp8(config: MasterConfig) -> Finding:
-    """precision fp8: a warning unless FP8 rollouts were measured faster than bf16 at the policy's size or below."""
+    """precision fp8(_block): a warning unless FP8 rollouts were measured faster than bf16 at the policy's size or
+    below."""
     generation = config.policy.generation
-    if generation.precision != "fp8":
+    if generation.precision == "auto":
         return Finding("fp8", SKIP, "policy.generation.precision=auto")
     params = _parameter_count(config)
     faster = [n for n, ratio in FP8_MEASURED if ratio is not None and ratio > 1.0]

@@ -393,12 +393,12 @@ def config_errors(config: Any) -> list[tuple[str, str]]:
     if config.cluster.device == "cpu" and config.cluster.weight_sync_backend == "nccl":
         errors.append(("cluster.weight_sync_backend", "nccl needs cluster.device=cuda; use gloo on CPU"))
     gen = config.policy.generation
-    if gen.precision == "fp8" and (gen.backend != "torch" or config.cluster.device != "cuda"):
+    if gen.precision != "auto" and (gen.backend != "torch" or config.cluster.device != "cuda"):
         errors.append(
             (
                 "policy.generation.precision",
-                "fp8 runs on the torch engine on a GPU with FP8 matmuls: needs generation.backend=torch and "
-                "cluster.device=cuda",
+                f"{gen.precision} runs on the torch engine on a GPU with FP8 matmuls: needs generation.backend=torch "
+                "and cluster.device=cuda",
             )
         )
     ckpt = config.checkpointing

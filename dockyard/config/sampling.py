@@ -113,13 +113,15 @@ class GenerationConfig(SamplingConfig):
             "entries are evicted to make room. 0 = no prefix cache. See docs/rollout.md."
         ),
     )
-    precision: Literal["auto", "fp8"] = Field(
+    precision: Literal["auto", "fp8", "fp8_block"] = Field(
         "auto",
         description=(
             "`auto`: the engine runs in `policy.dtype`. `fp8`: the torch engine's decoder linear "
             "layers run FP8 matmuls (e4m3, a scale per output channel and per token) on a GPU of "
             "compute capability 8.9+ (H100, H200; not for mixture-of-experts policies: INVALID_ARGUMENT "
-            "at LoadPolicy); each refit loads the trainer's bf16 weights and "
+            "at LoadPolicy). `fp8_block`: the same with a scale per 128 x 128 weight tile and per "
+            "128-feature group of a token (DeepSeek-V3's recipe; layers whose sizes are not multiples of "
+            "128 keep per-channel scales). Each refit loads the trainer's bf16 weights and "
             "requantizes them before the next token; the trainer stays in bf16. Needs "
             "`generation.backend: torch` and `cluster.device: cuda` (refused at launch otherwise; a "
             "rollout on CPU or an older GPU refuses it at LoadPolicy). See "

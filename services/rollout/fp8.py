@@ -1,10 +1,15 @@
-"""FP8 rollouts on the torch engine (policy.generation.precision=fp8): the decoder's linear layers run
-FP8 matmuls while the trainer stays in bf16.
+"""FP8 rollouts on the torch engine (policy.generation.precision=fp8 or fp8_block): the decoder's linear
+layers run FP8 matmuls while the trainer stays in bf16.
 
     refit: bf16 weights (the trainer's, any transport) ──copy_ into each layer's bf16 `weight`──>
-           requantize: per output channel, scale = amax(|w_row|) / 448, w_fp8 = e4m3(w / scale)
-    forward(x): per token, x_scale = amax(|x_row|) / 448, x_fp8 = e4m3(x / x_scale)
+           requantize: fp8: per output channel, scale = amax(|w_row|) / 448, w_fp8 = e4m3(w / scale);
+                       fp8_block: the same per 128 x 128 block of w
+    forward(x): fp8: per token, x_scale = amax(|x_row|) / 448, x_fp8 = e4m3(x / x_scale);
+                fp8_block: the same per group of 128 features of a token
            ──torch._scaled_mm(x_fp8, w_fp8ᵀ, x_scale, w_scale) in bf16 (+ bias)──> y
+
+Block scaling (DeepSeek-V3's recipe) keeps one outlier from coarsening a whole row or token; a layer whose
+dimensions are not multiples of 128 keeps per-channel scales.
 
 Guarantees: only `nn.Linear` layers inside the decoder blocks become FP8 (embeddings, norms and
 the output head stay in the model's dtype, so the sampled distribution's last step is bf16); each
@@ -23,6 +28,7 @@ from torch import nn
 E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
 # Below this the scale is clamped, so an all-zero row or token stays zero instead of dividing by 0.
 MIN_SCALE = 1e-12
+BLOCK = 128  # fp8_block: weights in BLOCK x BLOCK tiles, activations in groups of BLOCK features
 
 
 class Fp8Unavailable(RuntimeError):
@@ -50,40 +56,78 @@ def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (t.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
 
 
-class Fp8Linear(nn.Module):
-    """A linear layer whose matmul runs in FP8 with per-channel weight and per-token activation scales."""
+def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 values, float32 scale per BLOCK x BLOCK tile) of a [out, in] weight, both dimensions multiples of
+    BLOCK; the scale is laid out [in / BLOCK, out / BLOCK], as _scaled_mm takes a 128 x 128 blockwise scale of
+    its second operand (wᵀ)."""
+    n, k = w.shape
+    tiles = w.float().reshape(n // BLOCK, BLOCK, k // BLOCK, BLOCK)
+    scale = (tiles.abs().amax(dim=(1, 3)) / E4M3_MAX).clamp(min=MIN_SCALE)  # [n / BLOCK, k / BLOCK]
+    values = (tiles / scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return values.reshape(n, k), scale.t().contiguous()
 
-    def __init__(self, linear: nn.Linear) -> None:
+
+def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 values, float32 scale per group of BLOCK features of each row) of [rows, features]; the scale is
+    [rows, features / BLOCK] stored column-major, as _scaled_mm takes a 1 x 128 blockwise scale."""
+    m, k = x.shape
+    groups = x.float().reshape(m, k // BLOCK, BLOCK)
+    scale = (groups.abs().amax(dim=-1) / E4M3_MAX).clamp(min=MIN_SCALE)
+    values = (groups / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return values.reshape(m, k), scale.t().contiguous().t()
+
+
+def blockable(linear: nn.Linear) -> bool:
+    return linear.in_features % BLOCK == 0 and linear.out_features % BLOCK == 0
+
+
+class Fp8Linear(nn.Module):
+    """A linear layer whose matmul runs in FP8: per-channel weight and per-token activation scales, or (`block`)
+    per 128 x 128 weight tile and per 128-feature activation group."""
+
+    def __init__(self, linear: nn.Linear, block: bool = False) -> None:
         super().__init__()
+        if block and not blockable(linear):
+            raise ValueError(f"block scaling needs dimensions that are multiples of {BLOCK}: {linear}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.block = block
         self.weight = linear.weight  # bf16: what the weight sync loads into
         self.bias = linear.bias
-        values, scale = quantize_rows(linear.weight.detach())
+        values, scale = self._quantize_weight()
         self.register_buffer("weight_fp8", values, persistent=False)
-        self.register_buffer("weight_scale", scale.reshape(1, -1).contiguous(), persistent=False)
+        self.register_buffer("weight_scale", scale, persistent=False)
+
+    def _quantize_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.block:
+            return quantize_blocks(self.weight.detach())
+        values, scale = quantize_rows(self.weight.detach())
+        return values, scale.reshape(1, -1).contiguous()
 
     @torch.no_grad()
     def requantize(self) -> None:
-        values, scale = quantize_rows(self.weight.detach())
+        values, scale = self._quantize_weight()
         self.weight_fp8.copy_(values)
-        self.weight_scale.copy_(scale.reshape(1, -1))
+        self.weight_scale.copy_(scale)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x_fp8, x_scale = quantize_rows(x.reshape(-1, shape[-1]))
+        x_fp8, x_scale = (quantize_groups if self.block else quantize_rows)(x.reshape(-1, shape[-1]))
         y = torch._scaled_mm(
             x_fp8,
             self.weight_fp8.t(),  # column-major, as _scaled_mm wants its second operand
             scale_a=x_scale,
             scale_b=self.weight_scale,
-            bias=self.bias,
+            bias=None if self.block else self.bias,  # cuBLAS' blockwise kernels take no bias
             out_dtype=self.weight.dtype,
         )
+        if self.block and self.bias is not None:
+            y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
 
 
-def convert(model: nn.Module, device: torch.device) -> list[Fp8Linear]:
-    """Replace every nn.Linear of the decoder blocks (model.model.layers) by an Fp8Linear; returns them."""
+def convert(model: nn.Module, device: torch.device, block: bool = False) -> list[Fp8Linear]:
+    """Replace every nn.Linear of the decoder blocks (model.model.layers) by an Fp8Linear, block-scaled (`block`)
+    where its shape allows; returns them."""
     check_device(device)
     layers = model.get_decoder().layers
     converted = []
@@ -91,7 +135,7 @@ def convert(model: nn.Module, device: torch.device) -> list[Fp8Linear]:
         for name, module in list(block.named_modules()):
             if isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0:
                 parent = block.get_submodule(name.rpartition(".")[0]) if "." in name else block
-                fp8 = Fp8Linear(module)
+                fp8 = Fp8Linear(module, block=block and blockable(module))
                 setattr(parent, name.rpartition(".")[2], fp8)
                 converted.append(fp8)
     if not converted:

@@ -104,8 +104,10 @@ class TorchEngine(GenerationEngine):
         self.model = model.to(device).eval()
         if contiguous_weights:  # one arena: a colocated refit from a trainer packed alike is one memcpy
             arena.pack(self.model)
-        # precision fp8: the decoder's linear layers run FP8 matmuls, requantized with every load.
-        self._fp8 = fp8.convert(self.model, torch.device(device)) if precision == "fp8" else []
+        # precision fp8 (fp8_block): the decoder's linear layers run FP8 matmuls, requantized with every load.
+        self._fp8 = []
+        if precision in ("fp8", "fp8_block"):
+            self._fp8 = fp8.convert(self.model, torch.device(device), block=precision == "fp8_block")
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self._model_name = model_name or getattr(model.config, "name_or_path", "") or model.config.model_type
@@ -396,8 +398,8 @@ def _check_moe(kv_cache: str, precision: str, device: torch.device) -> None:
     3-D weights are no nn.Linear, so only attention would be quantized, and a quantized router would move
     tokens to other experts than the trainer picks.
     """
-    if precision == "fp8":
-        raise ConfigError("policy.generation.precision=fp8: not supported for mixture-of-experts policies")
+    if precision != "auto":
+        raise ConfigError(f"policy.generation.precision={precision}: not supported for mixture-of-experts policies")
     if kv_cache == "static" and device.type == "cuda":
         raise ConfigError(
             "policy.generation.kv_cache=static: the torch engine captures no CUDA graphs of a mixture-of-experts "

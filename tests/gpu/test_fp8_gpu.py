@@ -14,7 +14,7 @@ import torch
 from dockyard.models import build_char_tokenizer
 from dockyard.models.build import build_random_model
 from services.rollout.decoding import DecodingParams
-from services.rollout.fp8 import Fp8Linear
+from services.rollout.fp8 import BLOCK, Fp8Linear, quantize_blocks, quantize_groups
 from services.rollout.torch_engine import TorchEngine
 from services.trainer.logprobs import sampled_logprobs
 from tests.conftest import missing
@@ -29,14 +29,16 @@ def fp8_gpu() -> None:
         missing("no CUDA device with FP8 matmuls (compute capability 8.9+)")
 
 
-def test_fp8_engine_samples_the_bf16_policy_and_follows_a_refit() -> None:
+@pytest.mark.parametrize("precision", ["fp8", "fp8_block"])
+def test_fp8_engine_samples_the_bf16_policy_and_follows_a_refit(precision: str) -> None:
     tok = build_char_tokenizer()
     model = build_random_model(SHAPE, len(tok), 0).to(torch.bfloat16).cuda().eval()
     engine = TorchEngine(
-        build_random_model(SHAPE, len(tok), 0).to(torch.bfloat16), tok, "cuda", kv_cache="static", precision="fp8"
+        build_random_model(SHAPE, len(tok), 0).to(torch.bfloat16), tok, "cuda", kv_cache="static", precision=precision
     )
     layers = [m for m in engine.model.modules() if isinstance(m, Fp8Linear)]
     assert len(layers) == 2 * 7  # q, k, v, o, gate, up, down of each block; the head stays bf16
+    assert all(layer.block == (precision == "fp8_block") for layer in layers)  # every size here is a multiple of 128
     decoding = DecodingParams(temperature=1.0, max_new_tokens=64, ignore_eos=True, seed=1)
     result = asyncio.run(engine.generate("12+34=", 8, decoding))
     ids = torch.tensor([result.prompt_token_ids + c.token_ids for c in result.completions], device="cuda")
@@ -59,7 +61,32 @@ def test_fp8_engine_samples_the_bf16_policy_and_follows_a_refit() -> None:
             targets[name].copy_(-p)
         engine.set_weight_version(1)
     assert not torch.equal(layers[0].weight_fp8, before)
-    dequantized = layers[0].weight_fp8.float() * layers[0].weight_scale.reshape(-1, 1)
+    scale = layers[0].weight_scale
+    if precision == "fp8_block":  # [in / 128, out / 128] -> one scale per weight entry
+        scale = scale.t().repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)
+    dequantized = (
+        layers[0].weight_fp8.float() * scale.reshape(-1, 1)
+        if precision == "fp8"
+        else layers[0].weight_fp8.float() * scale
+    )
     reference = -model.model.layers[0].self_attn.q_proj.weight.float()
     torch.testing.assert_close(dequantized, reference, rtol=0.07, atol=1e-3)
     asyncio.run(engine.close())
+
+
+def test_a_block_scaled_layer_computes_the_matmul_of_its_dequantized_operands() -> None:
+    """The scale layouts are the ones cuBLAS' blockwise kernels read: the FP8 matmul equals the float matmul of
+    the dequantized activations and weight (up to bf16 output rounding), bias added."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(384, 256, dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        linear.weight[:128, :128] *= 50  # an outlier tile
+    layer = Fp8Linear(linear, block=True)
+    x = torch.randn(3, 7, 384, dtype=torch.bfloat16, device="cuda")
+    x[..., :128] *= 20  # an outlier group
+    xv, xs = quantize_groups(x.reshape(-1, 384))
+    wv, ws = quantize_blocks(linear.weight.detach())
+    x_deq = xv.float() * xs.repeat_interleave(BLOCK, 1)
+    w_deq = wv.float() * ws.t().repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)
+    expected = (x_deq @ w_deq.t() + linear.bias.float()).reshape(3, 7, 256)
+    torch.testing.assert_close(layer(x).float(), expected, rtol=1e-2, atol=1e-2 * expected.abs().max().item())
