@@ -50,6 +50,21 @@ def check_device(device: torch.device) -> None:
         )
 
 
+def check_blockwise(device: torch.device) -> None:
+    """Raise Fp8Unavailable unless this GPU and torch build run _scaled_mm with blockwise scales (cuBLAS has
+    them for Hopper): one small product tells, rather than a list of what each release supports."""
+    x, x_scale = quantize_groups(torch.ones(BLOCK, 2 * BLOCK, device=device))
+    w, w_scale = quantize_blocks(torch.ones(2 * BLOCK, 2 * BLOCK, device=device))
+    try:
+        torch._scaled_mm(x, w.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=torch.bfloat16)
+    except RuntimeError as exc:
+        name = torch.cuda.get_device_name(device)
+        raise Fp8Unavailable(
+            f"policy.generation.precision=fp8_block needs blockwise FP8 matmuls (Hopper, CUDA 12.9+), which "
+            f"torch {torch.__version__} on {name} does not run ({str(exc).splitlines()[0]}): use precision fp8"
+        ) from None
+
+
 def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 values, float32 scale per row [rows, 1]) with t ≈ values * scale row by row."""
     scale = (t.abs().amax(dim=-1, keepdim=True).float() / E4M3_MAX).clamp(min=MIN_SCALE)
@@ -129,6 +144,8 @@ def convert(model: nn.Module, device: torch.device, block: bool = False) -> list
     """Replace every nn.Linear of the decoder blocks (model.model.layers) by an Fp8Linear, block-scaled (`block`)
     where its shape allows; returns them."""
     check_device(device)
+    if block:
+        check_blockwise(device)
     layers = model.get_decoder().layers
     converted = []
     for block in layers:
