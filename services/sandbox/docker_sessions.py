@@ -188,6 +188,9 @@ class DockerSession(SessionHandle):
                 (out if stream == 1 else err).add(data)
         finally:
             killer.cancel()
+            # A kill that fired as the command ended is let finish here: run later, its `kill -9 -1` would
+            # reach the session's next command (seen: a command that printed nothing and exited 137).
+            killer.join()
             sock.close()
         code = self._api.exec_inspect(exec_id).get("ExitCode")
         return out, err, -1 if code is None else code, timed_out.is_set()
