@@ -4,7 +4,7 @@
            bench/weight_sync.py's QWEN2_7B), random init (--init-std, default 0.05, so the next-token
            distribution is not flat), bf16 on CUDA: the trainer's weights
     engines: TorchEngine(precision=auto), then precision=fp8 (per channel and token), then fp8_block
-           (per 128 x 128 weight tile and 128-feature activation group), each on a copy of those weights,
+           (per 128 inputs of each weight row and 128 features of each token), each on a copy of those weights,
            one at a time
     tokens/s: one prompt of 128 tokens x --batch rows, 512 new tokens, ignore_eos, temperature 1,
            one untimed call first (compiles, captures graphs), best of --repeats

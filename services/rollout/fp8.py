@@ -3,13 +3,14 @@ layers run FP8 matmuls while the trainer stays in bf16.
 
     refit: bf16 weights (the trainer's, any transport) ──copy_ into each layer's bf16 `weight`──>
            requantize: fp8: per output channel, scale = amax(|w_row|) / 448, w_fp8 = e4m3(w / scale);
-                       fp8_block: the same per 128 x 128 block of w
+                       fp8_block: the same per 128 inputs of each output channel
     forward(x): fp8: per token, x_scale = amax(|x_row|) / 448, x_fp8 = e4m3(x / x_scale);
                 fp8_block: the same per group of 128 features of a token
            ──torch._scaled_mm(x_fp8, w_fp8ᵀ, x_scale, w_scale) in bf16 (+ bias)──> y
 
-Block scaling (DeepSeek-V3's recipe) keeps one outlier from coarsening a whole row or token; a layer whose
-dimensions are not multiples of 128 keeps per-channel scales.
+Block scaling (1 x 128 tiles of weights and activations, as cuBLAS' blockwise kernels take them on Hopper) keeps
+one outlier from coarsening a whole row or token; a layer whose dimensions are not multiples of 128 keeps
+per-channel scales.
 
 Guarantees: only `nn.Linear` layers inside the decoder blocks become FP8 (embeddings, norms and
 the output head stay in the model's dtype, so the sampled distribution's last step is bf16); each
@@ -28,7 +29,7 @@ from torch import nn
 E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
 # Below this the scale is clamped, so an all-zero row or token stays zero instead of dividing by 0.
 MIN_SCALE = 1e-12
-BLOCK = 128  # fp8_block: weights in BLOCK x BLOCK tiles, activations in groups of BLOCK features
+BLOCK = 128  # fp8_block: a scale per BLOCK consecutive inputs of a weight row or features of a token
 
 
 class Fp8Unavailable(RuntimeError):
@@ -54,9 +55,9 @@ def check_blockwise(device: torch.device) -> None:
     """Raise Fp8Unavailable unless this GPU and torch build run _scaled_mm with blockwise scales (cuBLAS has
     them for Hopper): one small product tells, rather than a list of what each release supports."""
     x, x_scale = quantize_groups(torch.ones(BLOCK, 2 * BLOCK, device=device))
-    w, w_scale = quantize_blocks(torch.ones(2 * BLOCK, 2 * BLOCK, device=device))
+    w, w_scale = quantize_groups(torch.ones(2 * BLOCK, 2 * BLOCK, device=device))
     try:
-        torch._scaled_mm(x, w.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=torch.bfloat16)
+        torch._scaled_mm(x, w.t(), scale_a=x_scale, scale_b=w_scale.t(), out_dtype=torch.bfloat16)
     except RuntimeError as exc:
         name = torch.cuda.get_device_name(device)
         raise Fp8Unavailable(
@@ -71,20 +72,10 @@ def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (t.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
 
 
-def quantize_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 values, float32 scale per BLOCK x BLOCK tile) of a [out, in] weight, both dimensions multiples of
-    BLOCK; the scale is laid out [in / BLOCK, out / BLOCK], as _scaled_mm takes a 128 x 128 blockwise scale of
-    its second operand (wᵀ)."""
-    n, k = w.shape
-    tiles = w.float().reshape(n // BLOCK, BLOCK, k // BLOCK, BLOCK)
-    scale = (tiles.abs().amax(dim=(1, 3)) / E4M3_MAX).clamp(min=MIN_SCALE)  # [n / BLOCK, k / BLOCK]
-    values = (tiles / scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return values.reshape(n, k), scale.t().contiguous()
-
-
 def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 values, float32 scale per group of BLOCK features of each row) of [rows, features]; the scale is
-    [rows, features / BLOCK] stored column-major, as _scaled_mm takes a 1 x 128 blockwise scale."""
+    [rows, features / BLOCK] stored column-major, as _scaled_mm takes a 1 x 128 blockwise scale of its first
+    operand (its transpose is the layout it takes for its second)."""
     m, k = x.shape
     groups = x.float().reshape(m, k // BLOCK, BLOCK)
     scale = (groups.abs().amax(dim=-1) / E4M3_MAX).clamp(min=MIN_SCALE)
@@ -98,7 +89,7 @@ def blockable(linear: nn.Linear) -> bool:
 
 class Fp8Linear(nn.Module):
     """A linear layer whose matmul runs in FP8: per-channel weight and per-token activation scales, or (`block`)
-    per 128 x 128 weight tile and per 128-feature activation group."""
+    a scale per 128 inputs of each output channel and per 128 features of each token."""
 
     def __init__(self, linear: nn.Linear, block: bool = False) -> None:
         super().__init__()
@@ -113,8 +104,9 @@ class Fp8Linear(nn.Module):
         self.register_buffer("weight_scale", scale, persistent=False)
 
     def _quantize_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.block:
-            return quantize_blocks(self.weight.detach())
+        if self.block:  # a scale per BLOCK inputs of each output channel, laid out [in / BLOCK, out]
+            values, scale = quantize_groups(self.weight.detach())
+            return values, scale.t()
         values, scale = quantize_rows(self.weight.detach())
         return values, scale.reshape(1, -1).contiguous()
 
@@ -148,10 +140,10 @@ def convert(model: nn.Module, device: torch.device, block: bool = False) -> list
         check_blockwise(device)
     layers = model.get_decoder().layers
     converted = []
-    for block in layers:
-        for name, module in list(block.named_modules()):
+    for decoder_layer in layers:
+        for name, module in list(decoder_layer.named_modules()):
             if isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0:
-                parent = block.get_submodule(name.rpartition(".")[0]) if "." in name else block
+                parent = decoder_layer.get_submodule(name.rpartition(".")[0]) if "." in name else decoder_layer
                 fp8 = Fp8Linear(module, block=block and blockable(module))
                 setattr(parent, name.rpartition(".")[2], fp8)
                 converted.append(fp8)

@@ -14,7 +14,7 @@ import torch
 from dockyard.models import build_char_tokenizer
 from dockyard.models.build import build_random_model
 from services.rollout.decoding import DecodingParams
-from services.rollout.fp8 import BLOCK, Fp8Linear, quantize_blocks, quantize_groups
+from services.rollout.fp8 import BLOCK, Fp8Linear, quantize_groups
 from services.rollout.torch_engine import TorchEngine
 from services.trainer.logprobs import sampled_logprobs
 from tests.conftest import missing
@@ -80,13 +80,13 @@ def test_a_block_scaled_layer_computes_the_matmul_of_its_dequantized_operands() 
     torch.manual_seed(0)
     linear = torch.nn.Linear(384, 256, dtype=torch.bfloat16, device="cuda")
     with torch.no_grad():
-        linear.weight[:128, :128] *= 50  # an outlier tile
+        linear.weight[:128, :128] *= 50  # outliers in the first 128 inputs of half the channels
     layer = Fp8Linear(linear, block=True)
     x = torch.randn(3, 7, 384, dtype=torch.bfloat16, device="cuda")
     x[..., :128] *= 20  # an outlier group
     xv, xs = quantize_groups(x.reshape(-1, 384))
-    wv, ws = quantize_blocks(linear.weight.detach())
+    wv, ws = quantize_groups(linear.weight.detach())
     x_deq = xv.float() * xs.repeat_interleave(BLOCK, 1)
-    w_deq = wv.float() * ws.t().repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)
+    w_deq = wv.float() * ws.repeat_interleave(BLOCK, 1)
     expected = (x_deq @ w_deq.t() + linear.bias.float()).reshape(3, 7, 256)
     torch.testing.assert_close(layer(x).float(), expected, rtol=1e-2, atol=1e-2 * expected.abs().max().item())

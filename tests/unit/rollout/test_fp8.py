@@ -16,7 +16,6 @@ from services.rollout.fp8 import (
     E4M3_MAX,
     Fp8Linear,
     Fp8Unavailable,
-    quantize_blocks,
     quantize_groups,
     quantize_rows,
 )
@@ -36,26 +35,32 @@ def test_rows_are_scaled_to_the_e4m3_range_and_come_back_within_its_precision() 
     assert rel.max() <= 2**-4  # e4m3 keeps 3 mantissa bits: half an ulp at the top is 1/16
 
 
-def test_block_scales_keep_an_outlier_tile_from_coarsening_its_rows_and_are_laid_out_for_scaled_mm() -> None:
+def test_group_scales_keep_an_outlier_from_coarsening_its_row_and_are_laid_out_for_scaled_mm() -> None:
     torch.manual_seed(0)
     w = torch.randn(256, 384)
-    w[:128, :128] *= 1e5  # one tile of outliers, past e4m3's 2^17 range from the rest of their rows
-    values, scale = quantize_blocks(w)
+    w[:128, :128] *= 1e5  # outliers in the first 128 inputs of rows 0-127, past e4m3's 2^17 range from the rest
+    values, scale = quantize_groups(w)
     assert values.dtype == torch.float8_e4m3fn and values.shape == (256, 384)
-    assert scale.shape == (3, 2) and scale.is_contiguous()  # [in / 128, out / 128]: wᵀ's 128 x 128 blockwise scale
-    back = values.float() * scale.t().repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)
-    tiles = (back - w).abs().reshape(2, BLOCK, 3, BLOCK).amax(dim=(1, 3))
-    assert (tiles <= 2**-4 * w.abs().reshape(2, BLOCK, 3, BLOCK).amax(dim=(1, 3))).all()  # each within its own range
+    assert scale.shape == (256, 3) and scale.stride() == (1, 256)  # column-major: _scaled_mm's 1 x 128 layout
+    back = values.float() * scale.repeat_interleave(BLOCK, 1)
+    groups = (back - w).abs().reshape(256, 3, BLOCK).amax(dim=2)
+    assert (groups <= 2**-4 * w.abs().reshape(256, 3, BLOCK).amax(dim=2)).all()  # each within its own range
     rows, row_scale = quantize_rows(w)  # per channel, the outlier sets the scale of rows 0-127 everywhere
     assert (back - w)[:128, 128:].abs().mean() < 0.1 * (rows.float() * row_scale - w)[:128, 128:].abs().mean()
-    x = torch.randn(5, 256)
-    x[:, 0] *= 1e5
-    groups, group_scale = quantize_groups(x)
-    assert group_scale.shape == (5, 2) and group_scale.stride() == (1, 5)  # column-major: the 1 x 128 layout
-    x_back = groups.float() * group_scale.repeat_interleave(BLOCK, 1)
-    assert (x_back - x)[:, 128:].abs().max() <= 2**-4 * x[:, 128:].abs().max()
     with pytest.raises(ValueError, match="multiples of 128"):
         Fp8Linear(nn.Linear(64, 128), block=True)
+
+
+@pytest.mark.parametrize("block", [False, True])
+def test_conversion_scales_each_layer_as_asked_and_as_its_shape_allows(monkeypatch, block: bool) -> None:
+    monkeypatch.setattr(fp8, "check_device", lambda device: None)  # CPU: only the layers' setup is looked at
+    monkeypatch.setattr(fp8, "check_blockwise", lambda device: None)
+    shape = {"model_type": "qwen2", "hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 1, "intermediate_size": 512}  # fmt: skip
+    layers = fp8.convert(build_random_model(shape, len(build_char_tokenizer()), 0), torch.device("cpu"), block)
+    assert len(layers) == 2 * 7
+    # k and v project to one head of 64: not a multiple of 128, so they keep per-channel scales.
+    assert [layer.block for layer in layers[:7]] == [block, False, False, block, block, block, block]
 
 
 def test_the_fp8_layer_tracks_the_bf16_layer_and_a_reloaded_weight() -> None:
