@@ -259,12 +259,16 @@ def test_score_session_gives_score_patchs_verdict(start_service, sandbox_env, tm
     asyncio.run(swe_session_scores_as_score_patch(service.address, row, mirror))
 
 
-def session_containers() -> set[str]:
+def session_containers(pid: int | None = None) -> set[str]:
+    """Session containers on this engine; with `pid`, only those the sandbox service of that process made (its
+    owner label is host/pid/start), so other xdist workers' sessions, made meanwhile, are not counted."""
     listing = subprocess.run(
-        ["docker", "ps", "-a", "-q", "--no-trunc", "--filter", f"label={SESSION_LABEL}"],
+        ["docker", "ps", "-a", "--no-trunc", "--filter", f"label={SESSION_LABEL}",
+         "--format", '{{.ID}} {{.Label "dockyard.sandbox.owner"}}'],
         capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
-    return set(listing.stdout.split())
+    rows = [line.split(" ", 1) for line in listing.stdout.splitlines() if line.strip()]
+    return {row[0] for row in rows if pid is None or (len(row) == 2 and row[1].split("/")[1:2] == [str(pid)])}
 
 
 async def open_two(address: str) -> None:
@@ -280,10 +284,9 @@ def test_a_restarted_service_removes_its_crashed_predecessors_sessions(start_ser
     # xdist workers start sandbox services: one of them may reap first, leaving this one nothing. The
     # crash is made again until this service is the one that reaps (other backends share nothing).
     for attempt in range(1, 4):
-        before = session_containers() if backend == "docker" else set()
         crashed = start_service("sandbox", env)
         asyncio.run(open_two(crashed.address))
-        left = session_containers() - before if backend == "docker" else set(work_root.glob(f"{PREFIX}*"))
+        left = session_containers(crashed.proc.pid) if backend == "docker" else set(work_root.glob(f"{PREFIX}*"))
         assert len(left) == 2
         crashed.proc.kill()  # SIGKILL: no shutdown, the sessions stay behind
         crashed.proc.wait()
