@@ -30,6 +30,9 @@ E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
 # Below this the scale is clamped, so an all-zero row or token stays zero instead of dividing by 0.
 MIN_SCALE = 1e-12
 BLOCK = 128  # fp8_block: a scale per BLOCK consecutive inputs of a weight row or features of a token
+# Rows of a block-scaled activation are padded to a multiple of this (one row is fine): its column-major scale's
+# stride must be 16-byte aligned (on an H100, 2 rows were CUBLAS_STATUS_NOT_SUPPORTED; 1, 4, 8, ... ran).
+ROW_ALIGN = 4
 
 
 class Fp8Unavailable(RuntimeError):
@@ -118,7 +121,11 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x_fp8, x_scale = (quantize_groups if self.block else quantize_rows)(x.reshape(-1, shape[-1]))
+        rows = x.reshape(-1, shape[-1])
+        count = rows.shape[0]
+        if self.block and count > 1 and count % ROW_ALIGN:  # cuBLAS refuses an unaligned 1 x 128 scale stride
+            rows = nn.functional.pad(rows, (0, 0, 0, -count % ROW_ALIGN))
+        x_fp8, x_scale = (quantize_groups if self.block else quantize_rows)(rows)
         y = torch._scaled_mm(
             x_fp8,
             self.weight_fp8.t(),  # column-major, as _scaled_mm wants its second operand
@@ -129,7 +136,7 @@ class Fp8Linear(nn.Module):
         )
         if self.block and self.bias is not None:
             y = y + self.bias
-        return y.reshape(*shape[:-1], self.out_features)
+        return y[:count].reshape(*shape[:-1], self.out_features)
 
 
 def convert(model: nn.Module, device: torch.device, block: bool = False) -> list[Fp8Linear]:

@@ -61,14 +61,10 @@ def test_fp8_engine_samples_the_bf16_policy_and_follows_a_refit(precision: str) 
             targets[name].copy_(-p)
         engine.set_weight_version(1)
     assert not torch.equal(layers[0].weight_fp8, before)
-    scale = layers[0].weight_scale
-    if precision == "fp8_block":  # [in / 128, out / 128] -> one scale per weight entry
-        scale = scale.t().repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)
-    dequantized = (
-        layers[0].weight_fp8.float() * scale.reshape(-1, 1)
-        if precision == "fp8"
-        else layers[0].weight_fp8.float() * scale
-    )
+    scale = layers[0].weight_scale.reshape(-1, 1)  # fp8: one per output channel
+    if precision == "fp8_block":  # [in / 128, out]: one per 128 inputs of each output channel
+        scale = layers[0].weight_scale.t().repeat_interleave(BLOCK, 1)
+    dequantized = layers[0].weight_fp8.float() * scale
     reference = -model.model.layers[0].self_attn.q_proj.weight.float()
     torch.testing.assert_close(dequantized, reference, rtol=0.07, atol=1e-3)
     asyncio.run(engine.close())

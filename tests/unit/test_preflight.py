@@ -341,7 +341,10 @@ def test_fp8_rollouts_are_a_warning_where_they_were_not_measured_faster(monkeypa
     assert finding.status == WARN and "0.4B parameters" in finding.message
     assert "not measured faster" in finding.message and "precision=auto" in finding.message
     # A size at or above one measured faster passes; below it, still the warning.
-    monkeypatch.setattr("dockyard.preflight.FP8_MEASURED", ((300_000_000, 1.2),))
+    monkeypatch.setattr("dockyard.preflight.FP8_MEASURED", {"fp8": ((300_000_000, 1.2),)})
     assert check_fp8(load_config(TINY, fp8)).status == OK
-    monkeypatch.setattr("dockyard.preflight.FP8_MEASURED", ((500_000_000, 1.2),))
+    # Each precision by its own figures: fp8_block has none here.
+    block = [*fp8[:-1], "policy.generation.precision=fp8_block"]
+    assert check_fp8(load_config(TINY, block)).status == WARN
+    monkeypatch.setattr("dockyard.preflight.FP8_MEASURED", {"fp8": ((500_000_000, 1.2),)})
     assert check_fp8(load_config(TINY, fp8)).status == WARN
