@@ -114,8 +114,9 @@ class _Stream:
             async with self._writing:  # grpc.aio takes one write at a time
                 await self._call.write(request)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
-            self._fail(_failure(exc))
-            raise _failure(exc) from None
+            failure = _failure(exc)
+            self._fail(failure)
+            raise failure from None
 
     def close(self, call_id: int, cancel: bool) -> None:
         """The call is over for its caller; `cancel`: it had not ended, so the replica stops it."""
