@@ -5,7 +5,8 @@
            distribution is not flat), bf16 on CUDA: the trainer's weights
     engines: TorchEngine(precision=auto), then precision=fp8 (per channel and token), then fp8_block
            (per 128 inputs of each weight row and 128 features of each token), each on a copy of those weights,
-           one at a time
+           each in its own process (`--precision P` runs one; a 7B shape's engines, CUDA graph pools
+           included, do not fit one GPU together), the same seed making the same weights in each
     tokens/s: one prompt of 128 tokens x --batch rows, 512 new tokens, ignore_eos, temperature 1,
            one untimed call first (compiles, captures graphs), best of --repeats
     refit: the engine side of a weight sync, as receive_weights runs it: copy_ of every tensor of the
@@ -29,9 +30,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import json
 import os
+import subprocess
 import sys
 import time
+
+PRECISIONS = ("auto", "fp8", "fp8_block")
+RESULT = "result: "  # the line a one-precision run ends with: its figures as JSON
 
 
 def say(message: str) -> None:
@@ -47,10 +53,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--init-std", type=float, default=0.05)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--shape", choices=["0.5b", "7b"], default="0.5b")
+    parser.add_argument("--precision", choices=PRECISIONS, help="measure this engine alone (default: each, in turn)")
     return parser.parse_args()
 
 
-async def bench(args: argparse.Namespace) -> None:
+async def bench(args: argparse.Namespace) -> dict:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
@@ -72,9 +79,8 @@ async def bench(args: argparse.Namespace) -> None:
     prompt = "".join("abcdefghijklmnopqrstuvwxyz"[i % 26] for i in range(args.prompt_tokens))
     decoding = DecodingParams(temperature=1.0, max_new_tokens=args.new_tokens, ignore_eos=True)
     state = {name: t.detach() for name, t in trainer_model.named_parameters()}  # the trainer's own tensors
-    results = {}
 
-    async def measure(name: str, precision: str) -> tuple[float, float, float, float]:
+    async def measure(name: str, precision: str) -> dict:
         engine = TorchEngine(
             copy.deepcopy(trainer_model), tokenizer, device, kv_cache="static", max_batch_rows=args.batch,
             precision=precision,
@@ -107,8 +113,6 @@ async def bench(args: argparse.Namespace) -> None:
         say(f"{name}: engine refit {refit_s * 1e3:.1f} ms")
 
         await engine.close()
-        del engine, refit  # the next engine's memory (a 7B shape's)
-        torch.cuda.empty_cache()
         # Mismatch: the trainer's bf16 logprobs of the tokens this engine sampled.
         rows = out.completions[:32]
         ids = torch.tensor([out.prompt_token_ids + c.token_ids for c in rows], device=device)
@@ -120,24 +124,34 @@ async def bench(args: argparse.Namespace) -> None:
         kl = (log_ratio.exp() - 1 - log_ratio).mean().item()
         delta = (train - gen).abs().mean().item()
         say(f"{name}: gen_train_kl {kl:.3e}, mean |Δ logprob| {delta:.4f}")
-        return tokens_per_s, refit_s, kl, delta
+        return {"tokens_per_s": tokens_per_s, "refit_s": refit_s, "kl": kl, "delta": delta}
 
-    for precision in ("auto", "fp8", "fp8_block"):
-        name = "bf16" if precision == "auto" else precision
-        results[name] = await measure(name, precision)
-    bt, br, bk, bd = results["bf16"]
-    print(f"bf16_gen_train_kl: {bk:.3e}")
-    print(f"bf16_mean_abs_logprob_delta: {bd:.4f}")
-    for name in ("fp8", "fp8_block"):
-        ft, fr, fk, fd = results[name]
-        print(f"{name}_vs_bf16_tokens_per_s: {ft / bt:.3f}")
-        print(f"{name}_vs_bf16_refit: {fr / br:.3f}")
-        print(f"{name}_gen_train_kl: {fk:.3e}")
-        print(f"{name}_mean_abs_logprob_delta: {fd:.4f}")
+    return await measure("bf16" if args.precision == "auto" else args.precision, args.precision)
 
 
 def main() -> None:
-    asyncio.run(bench(parse_args()))
+    args = parse_args()
+    if args.precision is not None:
+        print(RESULT + json.dumps(asyncio.run(bench(args))), flush=True)
+        return
+    results = {}
+    for precision in PRECISIONS:  # each engine in a fresh process: the GPU wholly its own
+        command = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--precision", precision]
+        run = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+        lines = run.stdout.splitlines()
+        print("\n".join(line for line in lines if not line.startswith(RESULT)), flush=True)
+        if run.returncode != 0:
+            sys.exit(f"the {precision} run failed (exit {run.returncode})")
+        results["bf16" if precision == "auto" else precision] = json.loads(lines[-1].removeprefix(RESULT))
+    bf16 = results["bf16"]
+    print(f"bf16_gen_train_kl: {bf16['kl']:.3e}")
+    print(f"bf16_mean_abs_logprob_delta: {bf16['delta']:.4f}")
+    for name in ("fp8", "fp8_block"):
+        ours = results[name]
+        print(f"{name}_vs_bf16_tokens_per_s: {ours['tokens_per_s'] / bf16['tokens_per_s']:.3f}")
+        print(f"{name}_vs_bf16_refit: {ours['refit_s'] / bf16['refit_s']:.3f}")
+        print(f"{name}_gen_train_kl: {ours['kl']:.3e}")
+        print(f"{name}_mean_abs_logprob_delta: {ours['delta']:.4f}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@ layers run FP8 matmuls while the trainer stays in bf16.
 
     refit: bf16 weights (the trainer's, any transport) ──copy_ into each layer's bf16 `weight`──>
            requantize: fp8: per output channel, scale = amax(|w_row|) / 448, w_fp8 = e4m3(w / scale);
-                       fp8_block: the same per 128 inputs of each output channel
+                       fp8_block: the same per 128 inputs of each output channel;
+                       on CUDA one compiled function per layer (torch.compile: the amax and the scaled cast
+                       fused, written straight into the layer's FP8 buffers: about 5 bytes moved per weight
+                       instead of the eager chain's float32 temporaries)
     forward(x): fp8: per token, x_scale = amax(|x_row|) / 448, x_fp8 = e4m3(x / x_scale);
                 fp8_block: the same per group of 128 features of a token
            ──torch._scaled_mm(x_fp8, w_fp8ᵀ, x_scale, w_scale) in bf16 (+ bias)──> y
@@ -86,6 +89,26 @@ def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values.reshape(m, k), scale.t().contiguous().t()
 
 
+def quantize_weight(weight: torch.Tensor, block: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """An Fp8Linear's (e4m3 weight, scale): the scale [1, out] per channel, or [in / BLOCK, out] (`block`)."""
+    if block:
+        values, scale = quantize_groups(weight)
+        return values, scale.t()
+    values, scale = quantize_rows(weight)
+    return values, scale.reshape(1, -1).contiguous()
+
+
+def requantize_into(weight: torch.Tensor, values: torch.Tensor, scale: torch.Tensor, block: bool) -> None:
+    """quantize_weight written into an Fp8Linear's buffers in place (their storage is what captured graphs read)."""
+    new_values, new_scale = quantize_weight(weight, block)
+    values.copy_(new_values)
+    scale.copy_(new_scale)
+
+
+# Compiled on first use; dynamic shapes, so one kernel pair serves every layer's shape.
+_fused_requantize = torch.compile(requantize_into, dynamic=True, fullgraph=True)
+
+
 def blockable(linear: nn.Linear) -> bool:
     return linear.in_features % BLOCK == 0 and linear.out_features % BLOCK == 0
 
@@ -102,22 +125,14 @@ class Fp8Linear(nn.Module):
         self.block = block
         self.weight = linear.weight  # bf16: what the weight sync loads into
         self.bias = linear.bias
-        values, scale = self._quantize_weight()
+        values, scale = quantize_weight(self.weight.detach(), block)
         self.register_buffer("weight_fp8", values, persistent=False)
         self.register_buffer("weight_scale", scale, persistent=False)
 
-    def _quantize_weight(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.block:  # a scale per BLOCK inputs of each output channel, laid out [in / BLOCK, out]
-            values, scale = quantize_groups(self.weight.detach())
-            return values, scale.t()
-        values, scale = quantize_rows(self.weight.detach())
-        return values, scale.reshape(1, -1).contiguous()
-
     @torch.no_grad()
     def requantize(self) -> None:
-        values, scale = self._quantize_weight()
-        self.weight_fp8.copy_(values)
-        self.weight_scale.copy_(scale)
+        into = _fused_requantize if self.weight.is_cuda else requantize_into
+        into(self.weight.detach(), self.weight_fp8, self.weight_scale, self.block)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

@@ -14,7 +14,7 @@ import torch
 from dockyard.models import build_char_tokenizer
 from dockyard.models.build import build_random_model
 from services.rollout.decoding import DecodingParams
-from services.rollout.fp8 import BLOCK, Fp8Linear, quantize_groups
+from services.rollout.fp8 import BLOCK, Fp8Linear, quantize_groups, quantize_weight
 from services.rollout.torch_engine import TorchEngine
 from services.trainer.logprobs import sampled_logprobs
 from tests.conftest import missing
@@ -86,3 +86,23 @@ def test_a_block_scaled_layer_computes_the_matmul_of_its_dequantized_operands() 
     w_deq = wv.float() * ws.repeat_interleave(BLOCK, 1)
     expected = (x_deq @ w_deq.t() + linear.bias.float()).reshape(3, 7, 256)
     torch.testing.assert_close(layer(x).float(), expected, rtol=1e-2, atol=1e-2 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("block", [False, True])
+def test_the_compiled_requantize_writes_what_the_eager_quantization_gives(block: bool) -> None:
+    """A refit's requantize (one compiled function on CUDA) fills the layer's own buffers, in place, with exactly
+    the eager quantization's values (a fused division may round a rare value to the next e4m3 step), for layers
+    of different shapes through one compiled function."""
+    torch.manual_seed(0)
+    for rows, cols in ((256, 384), (640, 128), (128, 1024)):
+        layer = Fp8Linear(torch.nn.Linear(cols, rows, dtype=torch.bfloat16, device="cuda"), block=block)
+        values, scale = layer.weight_fp8.data_ptr(), layer.weight_scale.data_ptr()
+        with torch.no_grad():
+            layer.weight.mul_(torch.randn_like(layer.weight) * 30)
+        layer.requantize()
+        assert (layer.weight_fp8.data_ptr(), layer.weight_scale.data_ptr()) == (values, scale)
+        expected_values, expected_scale = quantize_weight(layer.weight.detach(), block)
+        got, want = layer.weight_fp8.float(), expected_values.float()
+        assert (got != want).float().mean().item() <= 1e-3
+        assert ((got - want).abs() <= 0.125 * want.abs()).all()  # at most one e4m3 step (3 mantissa bits) apart
+        torch.testing.assert_close(layer.weight_scale, expected_scale, rtol=1e-6, atol=0)
