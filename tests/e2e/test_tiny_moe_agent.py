@@ -1,9 +1,9 @@
 """The tiny agent recipe with a Qwen3-MoE policy and routing replay: `dockyard run` end to end.
 
-examples/configs/tiny_agent.yaml with its model made the tiny Qwen3-MoE shape, a short warm start (300
+examples/configs/tiny_agent.yaml with its model made the tiny Qwen3-MoE shape, a short warm start (150
 steps: enough for the policy to call the tool, so trials take several turns) and two sync-mode GRPO steps
-of 2 x 2 trials (about 4 minutes on 2 cores). Each trial is the built-in scaffold calling the policy endpoint, which
-asks the torch engine for routing (the job's config.yaml records it) and keeps each turn's rows; the
+of 2 x 2 trials (under 2 minutes on 2 idle cores). Each trial is the built-in scaffold calling the policy
+endpoint, which asks the torch engine for routing (the job's config.yaml records it) and keeps each turn's rows; the
 coordinator reads the trajectories with their routing, and the trainer replays it: every step reports
 `routing_mismatch_fraction` (present only where the batch carried routing; 0 here: same weights, float32)
 and the engine's and the trainer's logprobs agree to float32 rounding.
@@ -28,7 +28,7 @@ MOE = [
     "+policy.model.head_dim=32",
 ]
 SHORT = [
-    "policy.bootstrap.steps=300",
+    "policy.bootstrap.steps=150",
     "policy.bootstrap.num_threads=1",
     "grpo.max_num_steps=2",
     "grpo.num_prompts_per_step=2",
