@@ -430,11 +430,11 @@ def check_gpus(config: MasterConfig, local_services: bool, away: str | None = No
     return Finding("gpus", OK, f"{count} CUDA device(s): {names}")
 
 
-# bench/fp8_rollout.py on one H100 (bench/README.md), per precision: (parameters of the shape, FP8 engine tok/s /
-# bf16's). fp8_block at the 7B shape is not measured yet (the bench ran out of memory for its third engine).
+# bench/fp8_rollout.py on one H100 (bench/README.md, 2026-12-06), per precision: (parameters of the shape, FP8
+# engine tok/s / bf16's).
 FP8_MEASURED = {
-    "fp8": ((494_032_768, 0.905), (7_615_616_512, 1.101)),
-    "fp8_block": ((494_032_768, 0.824),),
+    "fp8": ((494_032_768, 0.905), (7_615_616_512, 1.087)),
+    "fp8_block": ((494_032_768, 0.930), (7_615_616_512, 1.045)),
 }
 
 
