@@ -171,17 +171,18 @@ class DockerSession(SessionHandle):
         the wall-clock limit)."""
         from docker.utils.socket import frames_iter
 
+        # Stdin is attached only when there is some: a command without it reads /dev/null, and the engine's
+        # stdin copy (ended by our half-close) is not in the path of its output.
         exec_id = self._api.exec_create(
-            self._id, argv, stdin=True, user=self._config.user, workdir=WORK, environment={"HOME": WORK}
+            self._id, argv, stdin=bool(stdin), user=self._config.user, workdir=WORK, environment={"HOME": WORK}
         )["Id"]
         sock = self._api.exec_start(exec_id, socket=True)
-        raw = getattr(sock, "_sock", sock)
         timed_out = threading.Event()
         killer = threading.Timer(limits.timeout_seconds, self._kill_commands, (timed_out,))
         killer.daemon = True
-        feeder = threading.Thread(target=_feed, args=(raw, stdin), daemon=True)  # never blocks the output's reader
         killer.start()
-        feeder.start()
+        if stdin:  # fed from its own thread: never blocks the output's reader
+            threading.Thread(target=_feed, args=(getattr(sock, "_sock", sock), stdin), daemon=True).start()
         out, err = Capped(limits.max_output_bytes), Capped(limits.max_output_bytes)
         try:
             for stream, data in frames_iter(sock, tty=False):
@@ -270,8 +271,7 @@ class DockerSession(SessionHandle):
 
 def _feed(raw, data: bytes) -> None:
     try:
-        if data:
-            raw.sendall(data)
+        raw.sendall(data)
         raw.shutdown(socket.SHUT_WR)
     except OSError:
         pass  # the command ended without reading it all

@@ -1,6 +1,7 @@
 """A docker session's command that ends non-zero: its own failure while the container runs, an
-infrastructure error once the container is gone, including when the engine is slow to say so; and a
-time limit's kill that fired as the command ended is over before the session's next command can start."""
+infrastructure error once the container is gone, including when the engine is slow to say so; a
+time limit's kill that fired as the command ended is over before the session's next command can start;
+and a command's stdin is attached only when it has some."""
 
 from __future__ import annotations
 
@@ -89,3 +90,52 @@ def test_a_kill_that_fired_as_the_command_ended_is_over_before_the_next_command_
     returned = time.monotonic()
     assert timed_out
     assert api.kill_done_at is not None and api.kill_done_at <= returned
+
+
+class RecordingApi:
+    """Records each exec's stdin flag and what was written to its connection."""
+
+    def __init__(self) -> None:
+        self.stdin_flags: list[bool] = []
+        self.socket = RecordingSocket()
+
+    def exec_create(self, container_id: str, argv, stdin: bool = False, **_) -> dict:
+        self.stdin_flags.append(stdin)
+        return {"Id": "command"}
+
+    def exec_start(self, exec_id: str, socket: bool = False):
+        return self.socket
+
+    def exec_inspect(self, exec_id: str) -> dict:
+        return {"ExitCode": 0}
+
+
+class RecordingSocket:
+    def __init__(self) -> None:
+        self._sock = self
+        self.written: list[bytes | str] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def shutdown(self, how: int) -> None:
+        self.written.append("half-closed")
+
+    def close(self) -> None: ...
+
+
+def test_stdin_is_attached_only_when_the_command_has_some(monkeypatch) -> None:
+    import docker.utils.socket
+
+    def frames(sock, tty=False):
+        time.sleep(0.1)  # the feeder, if any, has written by the time the output ends
+        return iter(())
+
+    monkeypatch.setattr(docker.utils.socket, "frames_iter", frames)
+    api = RecordingApi()
+    session = DockerSession(SimpleNamespace(client=SimpleNamespace(api=api), user="1000"), "c0ffee")  # type: ignore[arg-type]
+    limits = ResourceLimits(timeout_seconds=30, memory_mb=256, cpu_seconds=10, max_output_bytes=1024)
+    session.exec_raw(["true"], b"", limits)
+    assert api.stdin_flags == [False] and api.socket.written == []
+    session.exec_raw(["cat"], b"data", limits)
+    assert api.stdin_flags == [False, True] and api.socket.written == [b"data", "half-closed"]
