@@ -26,6 +26,9 @@ below compute capability 8.9) with Fp8Unavailable, never a silent bf16 fallback.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -105,8 +108,11 @@ def requantize_into(weight: torch.Tensor, values: torch.Tensor, scale: torch.Ten
     scale.copy_(new_scale)
 
 
-# Compiled on first use; dynamic shapes, so one kernel pair serves every layer's shape.
-_fused_requantize = torch.compile(requantize_into, dynamic=True, fullgraph=True)
+@functools.cache
+def fused_requantize() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], None]:
+    """requantize_into compiled (at its first call; dynamic shapes, so one kernel pair serves every layer's
+    shape). Made on first use: importing the compiler costs every engine, FP8 or not, half a second."""
+    return torch.compile(requantize_into, dynamic=True, fullgraph=True)
 
 
 def blockable(linear: nn.Linear) -> bool:
@@ -131,7 +137,7 @@ class Fp8Linear(nn.Module):
 
     @torch.no_grad()
     def requantize(self) -> None:
-        into = _fused_requantize if self.weight.is_cuda else requantize_into
+        into = fused_requantize() if self.weight.is_cuda else requantize_into
         into(self.weight.detach(), self.weight_fp8, self.weight_scale, self.block)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
