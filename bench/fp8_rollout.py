@@ -40,6 +40,11 @@ PRECISIONS = ("auto", "fp8", "fp8_block")
 RESULT = "result: "  # the line a one-precision run ends with: its figures as JSON
 
 
+def label(precision: str) -> str:
+    """The name a precision's figures are printed under ("auto" is the bf16 engine)."""
+    return "bf16" if precision == "auto" else precision
+
+
 def say(message: str) -> None:
     print(message, flush=True)
 
@@ -126,7 +131,7 @@ async def bench(args: argparse.Namespace) -> dict:
         say(f"{name}: gen_train_kl {kl:.3e}, mean |Δ logprob| {delta:.4f}")
         return {"tokens_per_s": tokens_per_s, "refit_s": refit_s, "kl": kl, "delta": delta}
 
-    return await measure("bf16" if args.precision == "auto" else args.precision, args.precision)
+    return await measure(label(args.precision), args.precision)
 
 
 def main() -> None:
@@ -142,7 +147,7 @@ def main() -> None:
         print("\n".join(line for line in lines if not line.startswith(RESULT)), flush=True)
         if run.returncode != 0:
             sys.exit(f"the {precision} run failed (exit {run.returncode})")
-        results["bf16" if precision == "auto" else precision] = json.loads(lines[-1].removeprefix(RESULT))
+        results[label(precision)] = json.loads(lines[-1].removeprefix(RESULT))
     bf16 = results["bf16"]
     print(f"bf16_gen_train_kl: {bf16['kl']:.3e}")
     print(f"bf16_mean_abs_logprob_delta: {bf16['delta']:.4f}")

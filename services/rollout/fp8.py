@@ -5,8 +5,8 @@ layers run FP8 matmuls while the trainer stays in bf16.
            requantize: fp8: per output channel, scale = amax(|w_row|) / 448, w_fp8 = e4m3(w / scale);
                        fp8_block: the same per 128 inputs of each output channel;
                        on CUDA one compiled function per layer (torch.compile: the amax and the scaled cast
-                       fused, written straight into the layer's FP8 buffers: about 5 bytes moved per weight
-                       instead of the eager chain's float32 temporaries)
+                       fused, written straight into the layer's FP8 buffers, without the eager chain's float32
+                       temporaries)
     forward(x): fp8: per token, x_scale = amax(|x_row|) / 448, x_fp8 = e4m3(x / x_scale);
                 fp8_block: the same per group of 128 features of a token
            ──torch._scaled_mm(x_fp8, w_fp8ᵀ, x_scale, w_scale) in bf16 (+ bias)──> y
