@@ -9,9 +9,13 @@
            included, do not fit one GPU together), the same seed making the same weights in each
     tokens/s: one prompt of 128 tokens x --batch rows, 512 new tokens, ignore_eos, temperature 1,
            one untimed call first (compiles, captures graphs), best of --repeats
-    refit: the engine side of a weight sync, as receive_weights runs it: copy_ of every tensor of the
-           trainer's state into engine.named_weights(), then set_weight_version (FP8: requantize),
-           under the engine's exclusive hold; the transport's part is the same bf16 bytes for both
+    refit: the engine side of a weight sync, as receive_weights runs it, under the engine's exclusive hold:
+           each tensor of the trainer's state copied into the engine's weight_sink() on a stream of its own
+           (the transport's: the collective one receives on NCCL's, issuing transfer k before it finishes k - 1),
+           reported landed once ordered after its bytes (FP8: that layer is requantized on the compute stream
+           while the next tensor copies), then set_weight_version; the transport's part is the same bf16 bytes
+           for every precision. Also timed with no landing reported (every layer requantized after the load,
+           as other transports do)
     mismatch: the sampled tokens' logprobs as each engine reported them, against the bf16 trainer
            model's logprobs of the same tokens (one teacher-forced forward): mean |Δ| and the k3
            estimate of KL(gen || train) per token, as the trainer reports gen_train_kl
@@ -19,6 +23,7 @@
 Prints, for P in fp8 and fp8_block
     P_vs_bf16_tokens_per_s: R       the FP8 engine's tok/s / the bf16 engine's (higher is better)
     P_vs_bf16_refit: R              its refit seconds / bf16's (lower is better)
+    P_refit_landed_vs_after_load: R its refit with landings / without (below 1: the overlap pays)
     bf16_gen_train_kl: K, P_gen_train_kl: K, and the mean |Δ logprob| of each
 
     python bench/fp8_rollout.py                 # one CUDA GPU of compute capability 8.9+ (H100, H200)
@@ -102,20 +107,39 @@ async def bench(args: argparse.Namespace) -> dict:
         tokens_per_s = args.batch * args.new_tokens / best
         say(f"{name}: {tokens_per_s:,.0f} tok/s (batch {args.batch}, {args.new_tokens} new tokens, {best:.2f} s)")
 
-        def refit(engine=engine) -> float:
-            targets = engine.named_weights()
+        transfer = torch.cuda.Stream(device)  # the transport's stream (NCCL's own, for the collective one)
+
+        def refit(landings: bool, engine=engine) -> float:
+            sink = engine.weight_sink()
+            current = torch.cuda.current_stream(device)
             torch.cuda.synchronize()
             start = time.perf_counter()
+            report = landings and sink.landed is not None
+
+            def land(key: str, arrived: torch.cuda.Event) -> None:
+                current.wait_event(arrived)  # what lands next on the compute stream follows the tensor's bytes
+                sink.landed([key])
+
             with engine.exclusive(), torch.no_grad():
-                for key, tensor in state.items():
-                    targets[key].copy_(tensor)
+                previous = None
+                for key, tensor in state.items():  # the collective's pipeline: issue transfer k, then finish k - 1
+                    transfer.wait_stream(current)  # as a collective's stream waits for the compute stream's work
+                    with torch.cuda.stream(transfer):
+                        sink.targets[key].copy_(tensor)
+                    if report and previous is not None:
+                        land(*previous)
+                    previous = (key, transfer.record_event())
+                if report and previous is not None:
+                    land(*previous)
+                current.wait_stream(transfer)
                 engine.set_weight_version(engine.weight_version + 1)
             torch.cuda.synchronize()
             return time.perf_counter() - start
 
-        refit()
-        refit_s = min(refit() for _ in range(3))
-        say(f"{name}: engine refit {refit_s * 1e3:.1f} ms")
+        refit(True)
+        refit_s = min(refit(True) for _ in range(3))
+        after_s = min(refit(False) for _ in range(3))
+        say(f"{name}: engine refit {refit_s * 1e3:.1f} ms ({after_s * 1e3:.1f} ms with every layer after the load)")
 
         await engine.close()
         # Mismatch: the trainer's bf16 logprobs of the tokens this engine sampled.
@@ -129,7 +153,7 @@ async def bench(args: argparse.Namespace) -> dict:
         kl = (log_ratio.exp() - 1 - log_ratio).mean().item()
         delta = (train - gen).abs().mean().item()
         say(f"{name}: gen_train_kl {kl:.3e}, mean |Δ logprob| {delta:.4f}")
-        return {"tokens_per_s": tokens_per_s, "refit_s": refit_s, "kl": kl, "delta": delta}
+        return {"tokens_per_s": tokens_per_s, "refit_s": refit_s, "after_s": after_s, "kl": kl, "delta": delta}
 
     return await measure(label(args.precision), args.precision)
 
@@ -155,6 +179,7 @@ def main() -> None:
         ours = results[name]
         print(f"{name}_vs_bf16_tokens_per_s: {ours['tokens_per_s'] / bf16['tokens_per_s']:.3f}")
         print(f"{name}_vs_bf16_refit: {ours['refit_s'] / bf16['refit_s']:.3f}")
+        print(f"{name}_refit_landed_vs_after_load: {ours['refit_s'] / ours['after_s']:.3f}")
         print(f"{name}_gen_train_kl: {ours['kl']:.3e}")
         print(f"{name}_mean_abs_logprob_delta: {ours['delta']:.4f}")
 

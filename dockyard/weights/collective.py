@@ -305,19 +305,29 @@ def _wait_all(member: GroupMember, pending: list[dist.Work]) -> None:
 
 
 class TensorSink:
-    """Where received weights go: live tensors to copy into, or a loader of whole tensors."""
+    """Where received weights go: live tensors to copy into, or a loader of whole tensors.
+
+    `landed` (live targets only; a transport may not call it): called with the names of the targets a transfer
+    completed, once their bytes are ordered before later work on the device's current stream, while later
+    transfers may still be under way, so an engine can derive from each weight (FP8 requantization) beside the
+    transfer instead of after it. Each target is named at most once per receive.
+    """
 
     def __init__(
         self,
         targets: dict[str, torch.Tensor] | None = None,
         load: Callable[[list[tuple[str, torch.Tensor]]], None] | None = None,
         device: torch.device | None = None,
+        landed: Callable[[list[str]], None] | None = None,
     ) -> None:
         if (targets is None) == (load is None):
             raise ValueError("a TensorSink takes live targets or a load function, not both")
+        if landed is not None and targets is None:
+            raise ValueError("a TensorSink's landed callback is for live targets; a loader gets whole tensors")
         self.targets = targets
         self.load = load
         self.device = device
+        self.landed = landed
 
     def layout(self) -> dict[str, TensorSpec] | None:
         if self.targets is None:
@@ -359,17 +369,21 @@ class _Landing:
         return self._buffer(slot)[:n], True
 
     def finish(self, transfer: Transfer, view: torch.Tensor, copy_out: bool) -> list[tuple[str, torch.Tensor]]:
-        """Transfer's bytes (arrived) copied into place; the whole tensors it completed, for a loader sink."""
+        """Transfer's bytes (arrived) copied into place; the tensors it completed (a loader's whole tensors, or
+        the live targets themselves)."""
         if transfer.index < 0:
             return self._unpack(transfer, view)
         spec = self.specs[transfer.index]
+        name = self.names[transfer.index]
         if copy_out:  # a dtype, device or layout mismatch: cast and copy from the bucket buffer
             size = spec.torch_dtype.itemsize
-            target = self.sink.targets[self.names[transfer.index]]  # type: ignore[index]
+            target = self.sink.targets[name]  # type: ignore[index]
             copy_flat(target, transfer.lo // size, transfer.hi // size, view.view(spec.torch_dtype), False)
-        elif self.sink.load is not None and transfer.hi == spec.nbytes:
-            return [(self.names[transfer.index], self.partial.pop(transfer.index).view(spec.shape))]
-        return []
+        if transfer.hi < spec.nbytes:
+            return []
+        if self.sink.load is not None:
+            return [(name, self.partial.pop(transfer.index).view(spec.shape))]
+        return [(name, self.sink.targets[name])]  # type: ignore[index]
 
     def _unpack(self, transfer: Transfer, view: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
         """The packed tensors of a bucket into their targets (or assembled, for a loader)."""
@@ -377,7 +391,10 @@ class _Landing:
         for i, a, b, piece in _packed_views(view, self.specs, self.plan, transfer.lo, transfer.hi):
             spec = self.specs[i]
             if self.sink.targets is not None:
-                copy_flat(self.sink.targets[self.names[i]], a, b, piece, into_flat=False)
+                target = self.sink.targets[self.names[i]]
+                copy_flat(target, a, b, piece, into_flat=False)
+                if b == spec.numel:
+                    whole.append((self.names[i], target))
             elif a == 0 and b == spec.numel:
                 whole.append((self.names[i], piece.clone().view(spec.shape)))
             else:
@@ -436,13 +453,16 @@ def _receive_transfers(member: GroupMember, landing: _Landing, checksum: bool) -
     def finish(transfer: Transfer, dst: tuple[torch.Tensor, bool], work: dist.Work, k: int) -> None:
         """Transfer `k` has arrived (ordered on CUDA, waited on gloo): hash it, copy it into place, load it."""
         view, copy_out = dst
-        if checksum or copy_out or landing.sink.load is not None:
+        sink = landing.sink
+        if checksum or copy_out or sink.load is not None or sink.landed is not None:
             member.order(work, f"transfer {k}")
         if checksum:
             digest.update(view)
         whole = landing.finish(transfer, view, copy_out)
-        if whole and landing.sink.load is not None:
-            landing.sink.load(whole)
+        if whole and sink.load is not None:
+            sink.load(whole)
+        elif whole and sink.landed is not None:
+            sink.landed([name for name, _ in whole])
 
     pending: list[dist.Work] = []
     previous: tuple[Transfer, tuple[torch.Tensor, bool], dist.Work, int] | None = None

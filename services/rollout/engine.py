@@ -183,7 +183,7 @@ class GenerationEngine(abc.ABC):
 
         def load() -> SyncReport:
             with self.exclusive():
-                report = transport.receive(TensorSink(targets=self.named_weights()), version, group)
+                report = transport.receive(self.weight_sink(), version, group)
                 self.set_weight_version(version)
             return report
 
@@ -192,10 +192,14 @@ class GenerationEngine(abc.ABC):
             report = await asyncio.to_thread(load)
         else:  # held already: the transport decides whether the load needs a thread (small models' refits don't)
             with hold:
-                report = await transport.receive_on_loop(TensorSink(targets=self.named_weights()), version, group)
+                report = await transport.receive_on_loop(self.weight_sink(), version, group)
                 self.set_weight_version(version)
         await self.prepare_for_generation()
         return report
+
+    def weight_sink(self) -> TensorSink:
+        """Where one load's tensors land (made afresh for each load): the live weights."""
+        return TensorSink(targets=self.named_weights())
 
     def exclusive_now(self) -> contextlib.AbstractContextManager[None] | None:
         """`exclusive`'s hold when it is free at once and the engine's own part of a load (set_weight_version)

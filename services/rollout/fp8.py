@@ -6,7 +6,9 @@ layers run FP8 matmuls while the trainer stays in bf16.
                        fp8_block: the same per 128 inputs of each output channel;
                        on CUDA one compiled function per layer (torch.compile: the amax and the scaled cast
                        fused, written straight into the layer's FP8 buffers, without the eager chain's float32
-                       temporaries)
+                       temporaries); each layer as soon as its weight has landed, where the transport says so
+                       (the collective one: on the compute stream while the next transfers run on NCCL's),
+                       else every layer after the load
     forward(x): fp8: per token, x_scale = amax(|x_row|) / 448, x_fp8 = e4m3(x / x_scale);
                 fp8_block: the same per group of 128 features of a token
            ──torch._scaled_mm(x_fp8, w_fp8ᵀ, x_scale, w_scale) in bf16 (+ bias)──> y
@@ -18,8 +20,8 @@ per-channel scales.
 Guarantees: only `nn.Linear` layers inside the decoder blocks become FP8 (embeddings, norms and
 the output head stay in the model's dtype, so the sampled distribution's last step is bf16); each
 layer keeps its bf16 weight as the target the weight sync loads into (the protocol and names are
-unchanged: the rollout cannot tell a bf16 engine from an FP8 one), and `requantize` refreshes the
-FP8 copies in place after every load, so captured CUDA graphs stay valid. The cost is 1.5x the
+unchanged: the rollout cannot tell a bf16 engine from an FP8 one), and every load refreshes each layer's
+FP8 copy in place (Fp8Layers), so captured CUDA graphs stay valid. The cost is 1.5x the
 weight memory of the linear layers. `convert` refuses a device without FP8 matmuls (CPU, or a GPU
 below compute capability 8.9) with Fp8Unavailable, never a silent bf16 fallback.
 """
@@ -160,9 +162,9 @@ class Fp8Linear(nn.Module):
         return y[:count].reshape(*shape[:-1], self.out_features)
 
 
-def convert(model: nn.Module, device: torch.device, block: bool = False) -> list[Fp8Linear]:
+def convert(model: nn.Module, device: torch.device, block: bool = False) -> Fp8Layers:
     """Replace every nn.Linear of the decoder blocks (model.model.layers) by an Fp8Linear, block-scaled (`block`)
-    where its shape allows; returns them."""
+    where its shape allows; returns them, by the name of the bf16 weight each follows."""
     check_device(device)
     if block:
         check_blockwise(device)
@@ -177,9 +179,36 @@ def convert(model: nn.Module, device: torch.device, block: bool = False) -> list
                 converted.append(fp8)
     if not converted:
         raise Fp8Unavailable("policy.generation.precision=fp8: no decoder linear layer has FP8-compatible shapes")
-    return converted
+    return Fp8Layers({f"{path}.weight": m for path, m in model.named_modules() if isinstance(m, Fp8Linear)})
 
 
-def requantize(layers: list[Fp8Linear]) -> None:
-    for layer in layers:
-        layer.requantize()
+class Fp8Layers:
+    """An engine's FP8 layers by the name of their bf16 weight (as `named_parameters` gives it), kept in step
+    with those weights across loads.
+
+    A load `begin`s; `landed(names)` requantizes the layers of weights that have arrived while later ones are
+    still arriving (the weight sync's TensorSink calls it); `finish` requantizes the layers whose weights did
+    not land since `begin` (every one, after a transport that reports no landings). A load that fails never
+    finishes: the engine's next load begins afresh, and until one succeeds its weights are torn anyway."""
+
+    def __init__(self, by_weight: dict[str, Fp8Linear]) -> None:
+        self.by_weight = by_weight
+        self._fresh: set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self.by_weight)
+
+    def begin(self) -> None:
+        self._fresh = set()
+
+    def landed(self, names: list[str]) -> None:
+        for name in names:
+            if (layer := self.by_weight.get(name)) is not None:
+                layer.requantize()
+                self._fresh.add(name)
+
+    def finish(self) -> None:
+        for name, layer in self.by_weight.items():
+            if name not in self._fresh:
+                layer.requantize()
+        self._fresh = set()

@@ -47,6 +47,7 @@ from transformers import GenerationConfig
 from dockyard.config import ConfigError
 from dockyard.models.moe import moe_family
 from dockyard.weights import arena
+from dockyard.weights.collective import TensorSink
 from services.rollout import fp8
 from services.rollout.decode_batch import BatchStats, DecodeBatch, Request, Row
 from services.rollout.decoding import DecodingParams
@@ -105,7 +106,7 @@ class TorchEngine(GenerationEngine):
         if contiguous_weights:  # one arena: a colocated refit from a trainer packed alike is one memcpy
             arena.pack(self.model)
         # precision fp8 (fp8_block): the decoder's linear layers run FP8 matmuls, requantized with every load.
-        self._fp8 = []
+        self._fp8: fp8.Fp8Layers | None = None
         if precision in ("fp8", "fp8_block"):
             self._fp8 = fp8.convert(self.model, torch.device(device), block=precision == "fp8_block")
         self.tokenizer = tokenizer
@@ -166,8 +167,15 @@ class TorchEngine(GenerationEngine):
 
     def set_weight_version(self, version: int) -> None:
         # Called with the weights held still, right after they loaded: FP8 copies of exactly those.
-        fp8.requantize(self._fp8)
+        if self._fp8 is not None:
+            self._fp8.finish()
         self._weight_version = int(version)
+
+    def weight_sink(self) -> TensorSink:
+        if self._fp8 is None:
+            return super().weight_sink()
+        self._fp8.begin()  # each FP8 layer requantized as its weight lands, beside the transfer of the rest
+        return TensorSink(targets=self.named_weights(), landed=self._fp8.landed)
 
     def named_weights(self) -> dict[str, torch.Tensor]:
         """Parameters by `named_parameters()` name (tied weights once); copy_ into them under no_grad.
@@ -193,7 +201,7 @@ class TorchEngine(GenerationEngine):
             yield
 
     def exclusive_now(self) -> contextlib.AbstractContextManager[None] | None:
-        if self._fp8:  # requantizing every linear layer after a load is model work: kept off the event loop
+        if self._fp8 is not None:  # requantizing every linear layer after a load is model work: kept off the event loop
             return None
         return self._gate.update_now()
 

@@ -67,6 +67,25 @@ def test_fp8_engine_samples_the_bf16_policy_and_follows_a_refit(precision: str) 
     dequantized = layers[0].weight_fp8.float() * scale
     reference = -model.model.layers[0].self_attn.q_proj.weight.float()
     torch.testing.assert_close(dequantized, reference, rtol=0.07, atol=1e-3)
+
+    # A refit whose transport reports each weight as it lands (the collective one: bytes on NCCL's stream,
+    # the requantization on the compute stream meanwhile): each layer holds its new weight's quantization.
+    sink, transfer = engine.weight_sink(), torch.cuda.Stream()
+    with engine.exclusive(), torch.no_grad():
+        transfer.wait_stream(torch.cuda.current_stream())
+        for name, p in model.named_parameters():
+            with torch.cuda.stream(transfer):
+                sink.targets[name].copy_(p)
+            torch.cuda.current_stream().wait_event(transfer.record_event())
+            sink.landed([name])
+        engine.set_weight_version(2)
+    for path, layer in engine.model.named_modules():
+        if isinstance(layer, Fp8Linear):
+            values, scale = quantize_weight(model.get_parameter(f"{path}.weight").detach(), layer.block)
+            got, want = layer.weight_fp8.float(), values.float()  # the compiled requantize: see the test below
+            assert (got != want).float().mean().item() <= 1e-3, path
+            assert ((got - want).abs() <= 0.125 * want.abs()).all(), path
+            torch.testing.assert_close(layer.weight_scale, scale, rtol=1e-6, atol=0)
     asyncio.run(engine.close())
 
 

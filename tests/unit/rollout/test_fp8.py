@@ -18,6 +18,7 @@ from services.rollout.fp8 import (
     Fp8Unavailable,
     quantize_groups,
     quantize_rows,
+    quantize_weight,
 )
 from services.rollout.torch_engine import TorchEngine
 
@@ -59,8 +60,52 @@ def test_conversion_scales_each_layer_as_asked_and_as_its_shape_allows(monkeypat
              "num_key_value_heads": 1, "intermediate_size": 512}  # fmt: skip
     layers = fp8.convert(build_random_model(shape, len(build_char_tokenizer()), 0), torch.device("cpu"), block)
     assert len(layers) == 2 * 7
+    # Each by the name of the bf16 weight it follows (the weight sync's name for it).
+    first = {name.removeprefix("model.layers.0."): layer for name, layer in layers.by_weight.items()}
+    names = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+             "mlp.up_proj", "mlp.down_proj"]  # fmt: skip
+    assert set(first) >= {f"{name}.weight" for name in names}
     # k and v project to one head of 64: not a multiple of 128, so they keep per-channel scales.
-    assert [layer.block for layer in layers[:7]] == [block, False, False, block, block, block, block]
+    assert [first[f"{name}.weight"].block for name in names] == [block, False, False, block, block, block, block]
+
+
+def _cpu_fp8_engine(monkeypatch) -> TorchEngine:
+    monkeypatch.setattr(fp8, "check_device", lambda device: None)  # CPU: torch's reference _scaled_mm
+    tok = build_char_tokenizer()
+    shape = {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "intermediate_size": 128}  # fmt: skip
+    return TorchEngine(build_random_model(shape, len(tok), 0), tok, "cpu", kv_cache="dynamic", precision="fp8")
+
+
+def test_a_load_requantizes_each_layer_once_as_its_weight_lands_and_the_rest_at_its_end(monkeypatch) -> None:
+    engine = _cpu_fp8_engine(monkeypatch)
+    calls: list[str] = []
+    requantize = Fp8Linear.requantize
+    by_weight = {f"{path}.weight": m for path, m in engine.model.named_modules() if isinstance(m, Fp8Linear)}
+    names = {id(layer): name for name, layer in by_weight.items()}
+    monkeypatch.setattr(Fp8Linear, "requantize", lambda self: (calls.append(names[id(self)]), requantize(self)))
+
+    sink = engine.weight_sink()  # a load begins: the collective transport reports each target as it lands
+    assert sink.landed is not None
+    q = "model.layers.1.self_attn.q_proj.weight"
+    with torch.no_grad():
+        sink.targets[q].copy_(-sink.targets[q])
+    sink.landed([q, "model.embed_tokens.weight", "model.layers.1.self_attn.q_proj.bias"])  # not FP8: no work
+    assert calls == [q]
+    values, scale = quantize_weight(sink.targets[q], block=False)
+    layer = by_weight[q]
+    assert torch.equal(layer.weight_fp8, values) and torch.equal(layer.weight_scale, scale)  # before the load ends
+
+    engine.set_weight_version(1)  # the load ends: every layer that did not land, once
+    assert sorted(calls) == sorted(names.values()) and calls.count(q) == 1
+    calls.clear()
+    engine.set_weight_version(2)  # a load through a transport that reports no landings: every layer
+    assert sorted(calls) == sorted(names.values())
+    calls.clear()
+    engine.weight_sink().landed([q])  # a load that failed after one landing never ends; the next one begins afresh
+    engine.weight_sink()
+    engine.set_weight_version(3)
+    assert sorted(calls) == sorted([q, *names.values()])
 
 
 def test_the_fp8_layer_tracks_the_bf16_layer_and_a_reloaded_weight() -> None:

@@ -1,4 +1,5 @@
-"""Large tensors move straight from and into their own storage; mismatched ones through a bucket buffer; all exact."""
+"""Large tensors move straight from and into their own storage; mismatched ones through a bucket buffer; all exact,
+each live target reported landed once its bytes are all in place."""
 
 from __future__ import annotations
 
@@ -88,13 +89,19 @@ def _member(rank: int, port: int, out: mp.Queue) -> None:
         collective.copy_flat = recording
         targets = _targets()
         pointers = {name: t.untyped_storage().data_ptr() for name, t in targets.items()}
-        first = receive_weights(member, TensorSink(targets=targets))
+        landings: list[tuple[str, torch.Tensor]] = []  # each landed target, as it was when reported
+
+        def landed(names: list[str]) -> None:
+            landings.extend((name, targets[name].clone()) for name in names)
+
+        first = receive_weights(member, TensorSink(targets=targets, landed=landed))
         loaded: dict[str, torch.Tensor] = {}
         second = receive_weights(member, TensorSink(load=lambda items: loaded.update(items)))
         member.close()
         copied_names = sorted(name for name, ptr in pointers.items() if ptr in copied)
         received = io.BytesIO()
-        torch.save((targets, loaded), received)  # tensors through a queue would share memory with an exited process
+        # Tensors through a queue would share memory with an exited process.
+        torch.save((targets, loaded, landings), received)
         out.put((rank, "ok", (first.checksum, second.checksum), received.getvalue(), copied_names))
     except Exception as exc:  # noqa: BLE001 - reported to the test
         out.put((rank, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), None))
@@ -104,7 +111,7 @@ def test_mixed_tensors_arrive_exactly_through_the_direct_and_the_buffered_paths(
     results = run_pair(_member)
     assert results[0][0] == "ok" and results[1][0] == "ok", results
     sent_checksums, (got_checksums, received, copied) = results[0][1], results[1][1:]
-    targets, loaded = torch.load(io.BytesIO(received))
+    targets, loaded, landings = torch.load(io.BytesIO(received))
     assert got_checksums == sent_checksums and all(len(c) == 64 for c in sent_checksums)
     sent = dict(_sent())
     for name, tensor in sent.items():
@@ -114,6 +121,11 @@ def test_mixed_tensors_arrive_exactly_through_the_direct_and_the_buffered_paths(
         # a whole-tensor loader gets each tensor once, in the sender's dtype and shape
         assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
     assert not targets["large.target_strided"].is_contiguous()
+    # Each live target was reported landed once, whichever path it took, and only when all its bytes were in
+    # place (the large ones span several transfers).
+    assert sorted(name for name, _ in landings) == sorted(sent)
+    for name, then in landings:
+        assert torch.equal(then, sent[name].to(then.dtype)), name
     # Only the packed small tensors and the two mismatched large ones were copied out of a buffer;
     # the matching large tensors (contiguous and strided on the sender) were written by the broadcast itself.
     assert copied == ["large.cast", "large.target_strided", "small.a", "small.b"]
