@@ -10,12 +10,14 @@
     tokens/s: one prompt of 128 tokens x --batch rows, 512 new tokens, ignore_eos, temperature 1,
            one untimed call first (compiles, captures graphs), best of --repeats
     refit: the engine side of a weight sync, as receive_weights runs it, under the engine's exclusive hold:
-           each tensor of the trainer's state copied into the engine's weight_sink() on a stream of its own
-           (the transport's: the collective one receives on NCCL's, issuing transfer k before it finishes k - 1),
-           reported landed once ordered after its bytes (FP8: that layer is requantized on the compute stream
-           while the next tensor copies), then set_weight_version; the transport's part is the same bf16 bytes
-           for every precision. Also timed with no landing reported (every layer requantized after the load,
-           as other transports do)
+           the trainer's tensors copied into the engine's weight_sink() on a stream of their own (the
+           transport's: the collective one receives on NCCL's) in the collective's transfers (its plan for
+           --bucket-mb buckets: packed small tensors, then the large ones), issuing transfer k before finishing
+           k - 1, whose tensors are reported landed once ordered after their bytes (FP8: their layers are
+           requantized on the compute stream while transfer k copies), then set_weight_version; the copies
+           are device-local, faster than any transport, so the overlap has less to hide behind than in a sync;
+           the transport's part is the same bf16 bytes for every precision. Also timed with no landing
+           reported (every layer requantized after the load, as other transports do)
     mismatch: the sampled tokens' logprobs as each engine reported them, against the bf16 trainer
            model's logprobs of the same tokens (one teacher-forced forward): mean |Δ| and the k3
            estimate of KL(gen || train) per token, as the trainer reports gen_train_kl
@@ -63,8 +65,30 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--init-std", type=float, default=0.05)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--shape", choices=["0.5b", "7b"], default="0.5b")
+    parser.add_argument("--bucket-mb", type=int, default=256, help="the weight sync's buckets (cluster default)")
     parser.add_argument("--precision", choices=PRECISIONS, help="measure this engine alone (default: each, in turn)")
     return parser.parse_args()
+
+
+def landing_groups(state: dict, bucket_bytes: int) -> list[list[str]]:
+    """The names each transfer of the collective's plan completes (its buckets of packed small tensors, then
+    each large tensor's pieces), in transfer order; transfers that complete none are left out."""
+    from dockyard.weights.collective import default_direct_bytes, transfer_plan
+    from dockyard.weights.refit import TensorSpec
+
+    names = list(state)
+    specs = [TensorSpec.of(name, t) for name, t in state.items()]
+    plan = transfer_plan(specs, bucket_bytes, default_direct_bytes(bucket_bytes))
+    groups: list[list[str]] = []
+    for t in plan.transfers:
+        if t.index >= 0:
+            done = [names[t.index]] if t.hi == specs[t.index].nbytes else []
+        else:  # the packed tensors whose last byte is in [lo, hi)
+            ends = zip(plan.packed, plan.packed_offsets, strict=True)
+            done = [names[i] for i, off in ends if t.lo < off + specs[i].nbytes <= t.hi]
+        if done:
+            groups.append(done)
+    return groups
 
 
 async def bench(args: argparse.Namespace) -> dict:
@@ -89,6 +113,7 @@ async def bench(args: argparse.Namespace) -> dict:
     prompt = "".join("abcdefghijklmnopqrstuvwxyz"[i % 26] for i in range(args.prompt_tokens))
     decoding = DecodingParams(temperature=1.0, max_new_tokens=args.new_tokens, ignore_eos=True)
     state = {name: t.detach() for name, t in trainer_model.named_parameters()}  # the trainer's own tensors
+    transfers = landing_groups(state, args.bucket_mb << 20)
 
     async def measure(name: str, precision: str) -> dict:
         engine = TorchEngine(
@@ -114,23 +139,20 @@ async def bench(args: argparse.Namespace) -> dict:
             current = torch.cuda.current_stream(device)
             torch.cuda.synchronize()
             start = time.perf_counter()
-            report = landings and sink.landed is not None
-
-            def land(key: str, arrived: torch.cuda.Event) -> None:
-                current.wait_event(arrived)  # what lands next on the compute stream follows the tensor's bytes
-                sink.landed([key])
-
             with engine.exclusive(), torch.no_grad():
-                previous = None
-                for key, tensor in state.items():  # the collective's pipeline: issue transfer k, then finish k - 1
+                previous: tuple[list[str], torch.cuda.Event] | None = None
+                for names in transfers:  # the collective's pipeline: issue transfer k, then finish k - 1
                     transfer.wait_stream(current)  # as a collective's stream waits for the compute stream's work
                     with torch.cuda.stream(transfer):
-                        sink.targets[key].copy_(tensor)
-                    if report and previous is not None:
-                        land(*previous)
-                    previous = (key, transfer.record_event())
-                if report and previous is not None:
-                    land(*previous)
+                        for key in names:
+                            sink.targets[key].copy_(state[key])
+                    if landings and sink.landed is not None and previous is not None:
+                        current.wait_event(previous[1])  # what lands next on the compute stream follows the bytes
+                        sink.landed(previous[0])
+                    previous = (names, transfer.record_event())
+                if landings and sink.landed is not None and previous is not None:
+                    current.wait_event(previous[1])
+                    sink.landed(previous[0])
                 current.wait_stream(transfer)
                 engine.set_weight_version(engine.weight_version + 1)
             torch.cuda.synchronize()
