@@ -11,7 +11,9 @@ until the endpoint serves it. Each endpoint call is a fresh session of one user 
 sampling and `ignore_eos` (vLLM's extension, on both paths), so both sample exactly --max-tokens tokens per
 call whatever the background training does to the weights. Each of --repeats rounds sends the --calls calls in
 chunks of --chunk, the three paths taking turns chunk by chunk (their order rotating), and each path's wall time
-is summed over all chunks: a burst of load on a shared machine then falls on every path alike.
+is summed over all chunks: a burst of load on a shared machine then falls on every path alike. Each chunk's
+sessions are deleted once it is timed (the endpoint holds at most max_sessions, 1,024 by default, and refuses
+more with a 429), so any number of --repeats runs.
 
 Prints the times, the streamed calls' mean time to their first content chunk against their mean total, and
 `endpoint_vs_generate: R` and `endpoint_stream_vs_generate: R`, R = Generate's total time over the endpoint's
@@ -95,6 +97,12 @@ async def _endpoint_round(http: httpx.AsyncClient, job: str, calls, concurrency:
     return time.perf_counter() - start
 
 
+async def _end_sessions(http: httpx.AsyncClient, tag: str, calls) -> None:
+    """DELETE the calls' sessions (untimed), as a scaffold ends its trial's: the endpoint holds a bounded number."""
+    for i in calls:
+        (await http.delete(f"/v1/sessions/{tag}-{i}")).raise_for_status()
+
+
 async def _stream_round(
     http: httpx.AsyncClient, job: str, calls, concurrency: int, max_tokens: int, tag: str, firsts: list
 ) -> float:
@@ -154,6 +162,7 @@ async def _run(stack: LocalStack, runs: Path, args) -> None:
         for i in range(args.calls):
             trajectory = (await http.get(f"/v1/sessions/warm-{i}/trajectory")).json()
             prompts.append(trajectory["segments"][0]["turns"][0]["prompt_token_ids"])
+        await _end_sessions(http, "warm", range(args.calls))
         replica = await _replica(stack, job)
         async with connect(replica, service="rollout", default_timeout=600, auth=AUTH) as channel:
             stub = rollout_pb2_grpc.RolloutServiceStub(channel)
@@ -175,10 +184,12 @@ async def _run(stack: LocalStack, runs: Path, args) -> None:
                             elapsed = await _stream_round(
                                 http, job, chunk, args.concurrency, args.max_tokens, f"s{r}", firsts
                             )
+                            await _end_sessions(http, f"s{r}", chunk)
                         else:
                             elapsed = await _endpoint_round(
                                 http, job, chunk, args.concurrency, args.max_tokens, f"r{r}"
                             )
+                            await _end_sessions(http, f"r{r}", chunk)
                         totals[path] += elapsed
     calls = args.calls * args.repeats
     endpoint, stream, generate = totals["endpoint"], totals["stream"], totals["generate"]
