@@ -168,18 +168,16 @@ def convert(model: nn.Module, device: torch.device, block: bool = False) -> Fp8L
     check_device(device)
     if block:
         check_blockwise(device)
-    layers = model.get_decoder().layers
-    converted = []
-    for decoder_layer in layers:
+    for decoder_layer in model.get_decoder().layers:
         for name, module in list(decoder_layer.named_modules()):
             if isinstance(module, nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0:
                 parent = decoder_layer.get_submodule(name.rpartition(".")[0]) if "." in name else decoder_layer
-                fp8 = Fp8Linear(module, block=block and blockable(module))
-                setattr(parent, name.rpartition(".")[2], fp8)
-                converted.append(fp8)
-    if not converted:
+                setattr(parent, name.rpartition(".")[2], Fp8Linear(module, block=block and blockable(module)))
+    # Named as named_parameters names their bf16 weights, which is how the weight sync reports them landed.
+    by_weight = {f"{path}.weight": m for path, m in model.named_modules() if isinstance(m, Fp8Linear)}
+    if not by_weight:
         raise Fp8Unavailable("policy.generation.precision=fp8: no decoder linear layer has FP8-compatible shapes")
-    return Fp8Layers({f"{path}.weight": m for path, m in model.named_modules() if isinstance(m, Fp8Linear)})
+    return Fp8Layers(by_weight)
 
 
 class Fp8Layers:
