@@ -125,3 +125,53 @@ def test_the_compiled_requantize_writes_what_the_eager_quantization_gives(block:
         assert (got != want).float().mean().item() <= 1e-3
         assert ((got - want).abs() <= 0.125 * want.abs()).all()  # at most one e4m3 step (3 mantissa bits) apart
         torch.testing.assert_close(layer.weight_scale, expected_scale, rtol=1e-6, atol=0)
+
+
+def _assert_requantized(engine: TorchEngine) -> None:
+    """Every FP8 layer holds its bf16 weight's quantization (within one e4m3 step: see the test above)."""
+    for path, layer in engine.model.named_modules():
+        if isinstance(layer, Fp8Linear):
+            values, scale = quantize_weight(layer.weight.detach(), layer.block)
+            got, want = layer.weight_fp8.float(), values.float()
+            assert (got != want).float().mean().item() <= 1e-3, path
+            assert ((got - want).abs() <= 0.125 * want.abs()).all(), path
+            torch.testing.assert_close(layer.weight_scale, scale, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("precision", ["fp8", "fp8_block"])
+def test_loads_after_the_first_requantize_every_layer_in_one_graph_that_follows_the_new_weights(
+    precision: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After-load requantization is one captured CUDA graph from the second load on: no layer is requantized one by
+    one, and each load's FP8 weights are its own weights' quantization. A layer whose FP8 buffer was replaced (not
+    written in place) is something the graph cannot follow: the layers are requantized one by one again."""
+    tok = build_char_tokenizer()
+    engine = TorchEngine(
+        build_random_model(SHAPE, len(tok), 0).to(torch.bfloat16), tok, "cuda", kv_cache="static", precision=precision
+    )
+    calls: list[Fp8Linear] = []
+    requantize = Fp8Linear.requantize
+    monkeypatch.setattr(Fp8Linear, "requantize", lambda self: (calls.append(self), requantize(self)))
+    layers = [m for m in engine.model.modules() if isinstance(m, Fp8Linear)]
+    targets = engine.named_weights()
+    for version, seed in enumerate((1, 2, 3), start=1):
+        other = build_random_model(SHAPE, len(tok), seed).to(torch.bfloat16).cuda()
+        calls.clear()
+        with engine.exclusive(), torch.no_grad():
+            for name, p in other.named_parameters():
+                targets[name].copy_(p)
+            engine.set_weight_version(version)
+        torch.cuda.synchronize()
+        # The first load requantizes one by one (and, captured, records the same work: it runs nothing more).
+        assert len(calls) == (2 * len(layers) if version == 1 else 0), version
+        _assert_requantized(engine)
+
+    layers[3].weight_fp8 = torch.empty_like(layers[3].weight_fp8)  # replaced, not written in place
+    calls.clear()
+    with engine.exclusive(), torch.no_grad():
+        for p in targets.values():
+            p.mul_(-1)
+        engine.set_weight_version(4)
+    assert len(calls) == len(layers)
+    _assert_requantized(engine)
+    asyncio.run(engine.close())
