@@ -197,13 +197,15 @@ class Fp8Layers:
     compiled the requantize for every layer's shape: one launch per layer costs more host time than a small
     layer's requantization takes on the device (a 0.5B model's layers took 14 ms one by one). The graph reads
     and writes the layers' own tensors, so it is replayed only while every one of them is the tensor it
-    captured (checked at each replay). Layers whose tensors moved, or a capture that failed, are requantized
-    one by one from then on."""
+    captured (checked at each replay), and only once one replay has been seen to write what the layers' own
+    requantization wrote (`_capture`). Layers whose tensors moved, or a capture that failed either way, are
+    requantized one by one from then on."""
 
-    def __init__(self, by_weight: dict[str, Fp8Linear]) -> None:
+    def __init__(self, by_weight: dict[str, Fp8Linear], graphs: bool | None = None) -> None:
         self.by_weight = by_weight
         self._fresh: set[str] = set()
-        self._graphs = all(layer.weight.is_cuda for layer in by_weight.values())
+        # Whether to requantize every layer as one captured graph (default: where the layers are on CUDA).
+        self._graphs = all(layer.weight.is_cuda for layer in by_weight.values()) if graphs is None else graphs
         self._graph: torch.cuda.CUDAGraph | None = None
         self._captured: list[int] = []  # the storages the graph reads and writes, layer by layer
 
@@ -244,14 +246,31 @@ class Fp8Layers:
             self._capture()  # records (does not run) this load's work, for the next loads
 
     def _capture(self) -> None:
+        """Capture the requantization of every layer (its values already in the layers), then check the graph once:
+        with every FP8 buffer zeroed, one replay must write back exactly what the layers hold (their fingerprints
+        equal). A capture that fails or does not hold leaves the layers requantized one by one."""
+        layers = list(self.by_weight.values())
         graph = torch.cuda.CUDAGraph()
         try:
             # thread_local: the engine's other threads may touch CUDA meanwhile (nothing of theirs is captured).
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                for layer in self.by_weight.values():
+                for layer in layers:
                     layer.requantize()
+            expected = _fingerprints(layers)
+            for layer in layers:
+                layer.weight_fp8.zero_()
+                layer.weight_scale.zero_()
+            graph.replay()
+            if not torch.equal(_fingerprints(layers), expected):
+                raise RuntimeError("its replay wrote other values than the layers' own requantization")
         except RuntimeError as exc:
             log.warning("fp8 requantize not captured as a CUDA graph: layers requantized one by one", error=str(exc))
             self._graphs = False
+            for layer in layers:  # whatever the check left in the buffers
+                layer.requantize()
             return
         self._graph, self._captured = graph, self._storages()
+
+
+def _fingerprints(layers: list[Fp8Linear]) -> torch.Tensor:
+    return torch.stack([torch.stack((m.weight_fp8.float().sum(), m.weight_scale.float().sum())) for m in layers])

@@ -3,6 +3,8 @@ reference _scaled_mm), requantization after a load, and the refusals on hardware
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -145,3 +147,81 @@ def test_the_config_refuses_fp8_where_it_cannot_run(overrides: list[str], precis
     config = f"policy: {{model: {{model_type: qwen2}}, generation: {{precision: {precision}}}}}\n"
     with pytest.raises(ConfigError, match=f"policy.generation.precision: {precision} runs on the torch engine"):
         load_config_text(config, overrides)
+
+
+class _Graph:
+    """A CUDA graph's stand-in on CPU: its capture runs the work (a real capture only records it); a replay
+    requantizes the layers in place, as the captured work does, or, where `writes` is off, writes nothing."""
+
+    writes = True
+    layers: list[Fp8Linear] = []
+    replays = 0
+
+    def replay(self) -> None:
+        type(self).replays += 1
+        for m in type(self).layers if type(self).writes else []:
+            fp8.requantize_into(m.weight.detach(), m.weight_fp8, m.weight_scale, m.block)
+
+
+def _graph_layers(monkeypatch, writes: bool) -> tuple[fp8.Fp8Layers, list[Fp8Linear], list[Fp8Linear]]:
+    """(Fp8Layers capturing graphs through _Graph, its layers, the layers each requantize call was made for)."""
+    monkeypatch.setattr(fp8, "check_device", lambda device: None)
+    model = build_random_model({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}, 40, 0)
+    by_weight = fp8.convert(model, torch.device("cpu")).by_weight
+    layers = list(by_weight.values())
+    monkeypatch.setattr(_Graph, "writes", writes)
+    monkeypatch.setattr(_Graph, "layers", layers)
+    monkeypatch.setattr(_Graph, "replays", 0)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, **kwargs: contextlib.nullcontext())
+    calls: list[Fp8Linear] = []
+    requantize = Fp8Linear.requantize
+    monkeypatch.setattr(Fp8Linear, "requantize", lambda self: (calls.append(self), requantize(self)))
+    return fp8.Fp8Layers(by_weight, graphs=True), layers, calls
+
+
+def _load(layers: list[Fp8Linear], sign: float) -> None:
+    with torch.no_grad():
+        for m in layers:
+            m.weight.mul_(sign).add_(0.01)
+
+
+def _assert_quantized(layers: list[Fp8Linear]) -> None:
+    for m in layers:
+        values, scale = quantize_weight(m.weight.detach(), m.block)
+        assert torch.equal(m.weight_fp8, values) and torch.equal(m.weight_scale, scale)
+
+
+def test_after_the_first_load_every_layer_is_requantized_by_one_replay_while_its_tensors_stay(monkeypatch) -> None:
+    group, layers, calls = _graph_layers(monkeypatch, writes=True)
+    _load(layers, -1.0)
+    group.begin()
+    group.finish()  # one by one, then the capture (it records the same work) and one checking replay
+    assert len(calls) == 2 * len(layers) and _Graph.replays == 1
+    _assert_quantized(layers)
+    for load in range(2):
+        calls.clear()
+        _load(layers, 2.0)
+        group.begin()
+        group.finish()
+        assert calls == [] and _Graph.replays == 2 + load  # no layer one by one: the graph's replay
+        _assert_quantized(layers)
+    layers[3].weight_fp8 = torch.empty_like(layers[3].weight_fp8)  # replaced, not written in place
+    calls.clear()
+    _load(layers, -1.0)
+    group.finish()
+    assert len(calls) == len(layers) and _Graph.replays == 3  # a graph cannot follow tensors that moved
+    _assert_quantized(layers)
+
+
+def test_a_captured_graph_whose_replay_does_not_write_the_layers_requantization_is_never_used(monkeypatch) -> None:
+    group, layers, calls = _graph_layers(monkeypatch, writes=False)
+    _load(layers, -1.0)
+    group.finish()  # one by one, the capture, its checking replay (which writes nothing), then one by one again
+    assert len(calls) == 3 * len(layers) and _Graph.replays == 1
+    _assert_quantized(layers)  # nothing the check zeroed is left behind
+    calls.clear()
+    _load(layers, 2.0)
+    group.finish()
+    assert len(calls) == len(layers) and _Graph.replays == 1
+    _assert_quantized(layers)
