@@ -32,7 +32,7 @@ from services.trainer.packed_attention import Segments, forward_kwargs
 
 # Elements of one chunk of logits: 2^26 (128 MiB in bf16), ~440 positions at a 150k vocabulary. The chunk's
 # logits and their gradient are live at the loss's backward, the step's memory peak (every layer's activations
-# are saved then); each chunk's matmuls still span the whole vocabulary, so smaller chunks cost little speed.
+# are saved then). Each chunk's matmuls still span the whole vocabulary.
 CHUNK_ELEMENTS = 1 << 26
 
 

@@ -162,7 +162,7 @@ def test_loads_after_the_first_requantize_every_layer_in_one_graph_that_follows_
                 targets[name].copy_(p)
             engine.set_weight_version(version)
         torch.cuda.synchronize()
-        # The first load requantizes one by one (and, captured, records the same work: it runs nothing more).
+        # The first load requantizes one by one, then captures the same work (recorded, not run) and checks a replay.
         assert len(calls) == (2 * len(layers) if version == 1 else 0), version
         _assert_requantized(engine)
 
