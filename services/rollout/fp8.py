@@ -243,7 +243,7 @@ class Fp8Layers:
         for layer in self.by_weight.values():
             layer.requantize()
         if self._graphs:
-            self._capture()  # records (does not run) this load's work, for the next loads
+            self._capture()  # the same work recorded for the next loads (checked by one replay)
 
     def _capture(self) -> None:
         """Capture the requantization of every layer (its values already in the layers), then check the graph once:
