@@ -213,6 +213,12 @@ class LocalStack:
             raise ValueError(f"services would share a port: {clashes}; give each its own")
         return ports
 
+    @property
+    def set_ports(self) -> dict[str, int]:
+        """The ports set by flag, environment or default: the ones a busy port fails. A drawn port taken
+        before its service binds it is drawn again at start(), so checking it ahead would only race."""
+        return {name: port for name, port in self.ports.items() if name not in self._drawn}
+
     def address(self, name: str) -> str:
         return f"127.0.0.1:{self.ports[name]}"
 

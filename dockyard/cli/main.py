@@ -49,7 +49,7 @@ def cmd_up(args) -> int:
         endpoint=True,
         dashboard=True,
     )
-    if (ports := check_ports(stack.ports, free_when_unset=False)).status == "error":
+    if (ports := check_ports(stack.set_ports, free_when_unset=False)).status == "error":
         print(f"error: ports {ports.message}", file=sys.stderr)
         return EXIT_USAGE
     stack_token(Path(args.log_dir))  # no stack runs without a service token

@@ -63,7 +63,7 @@ def cmd_run(args) -> int:
     run_preflight(
         cfg,
         prepare=args.prepare,
-        ports=stack.ports,
+        ports=stack.set_ports,
         free_ports=not args.default_ports,
         environ={**os.environ, **extra_env},
     )

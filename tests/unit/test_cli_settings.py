@@ -3,14 +3,18 @@ default; `dockyard submit/status/cancel` dial --coordinator, else DOCKYARD_CLI_C
 
 from __future__ import annotations
 
+import itertools
+import socket
 from concurrent import futures
 
 import grpc
 import pytest
 
+import dockyard.stack
 from dockyard.api.coordinator.v1 import coordinator_pb2, coordinator_pb2_grpc
 from dockyard.cli.common import EXIT_USAGE
 from dockyard.cli.main import main
+from dockyard.preflight import ERROR, OK, check_ports
 from dockyard.stack import LocalStack
 from tests.conftest import free_port
 
@@ -45,8 +49,6 @@ def test_a_set_port_holds_with_free_ports_and_starts_the_replicas_consecutive_po
 
 
 def test_free_ports_never_repeat_one_drawn_or_set_already(monkeypatch, tmp_path) -> None:
-    import dockyard.stack
-
     # The OS may hand the same free port out twice, or one a service has set.
     probes = iter([6400, 6400, 6401, 6500, 6402, 6403, 6404, 6405])
     monkeypatch.setattr(dockyard.stack, "_free_port", lambda: next(probes))
@@ -54,6 +56,27 @@ def test_free_ports_never_repeat_one_drawn_or_set_already(monkeypatch, tmp_path)
     assert stack.ports["coordinator"] == 6500
     assert len(set(stack.ports.values())) == len(stack.ports), stack.ports
     assert sorted(p for n, p in stack.ports.items() if n != "coordinator") == [6400, 6401, 6402, 6403]
+
+
+def test_preflight_checks_the_set_ports_and_not_the_drawn_ones(monkeypatch, tmp_path) -> None:
+    # Another process takes a drawn port right after the draw: start() draws it again, so it fails nothing.
+    with socket.socket() as held, socket.socket() as set_held:
+        held.bind(("127.0.0.1", 0))
+        set_held.bind(("127.0.0.1", 0))
+        busy, set_busy = held.getsockname()[1], set_held.getsockname()[1]
+        probes = itertools.chain([busy], itertools.count(6601))
+        monkeypatch.setattr(dockyard.stack, "_free_port", lambda: next(probes))
+        stack = LocalStack(tmp_path, free_ports=True, rollout_replicas=2, ports={"coordinator": 6600})
+        assert busy in stack.ports.values()
+        assert stack.set_ports == {"coordinator": 6600}
+        assert check_ports(stack.set_ports).status == OK
+        # A busy port the user set is still refused ahead of the start, by name.
+        stack = LocalStack(tmp_path, free_ports=True, ports={"coordinator": set_busy})
+        finding = check_ports(stack.set_ports)
+        assert finding.status == ERROR and f"{set_busy} (coordinator)" in finding.message
+    # dockyard up (no free ports): the replicas' ports are drawn, the other services' defaults are set.
+    stack = LocalStack(tmp_path, rollout_replicas=2)
+    assert stack.set_ports == {"buffer": 50054, "sandbox": 50055, "trainer": 50052, "coordinator": 50051}
 
 
 def test_an_unusable_port_setting_is_named(monkeypatch, tmp_path) -> None:
