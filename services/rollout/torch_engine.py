@@ -61,6 +61,7 @@ from services.rollout.engine import (
     TokenDelta,
     UnsupportedRequest,
 )
+from services.rollout.handoff import LoopHandoff
 from services.rollout.image_generation import ImageGenerator
 from services.rollout.prefix_cache import PrefixStats
 from services.rollout.sampling import StopStrings, row_generator
@@ -134,6 +135,7 @@ class TorchEngine(GenerationEngine):
         self._generator = torch.Generator(device=self.device)
         self._generator.seed()  # unseeded rows: nondeterministic
         self._gate = WeightGate()
+        self._loop_handoff: tuple[asyncio.AbstractEventLoop, LoopHandoff] | None = None
         self._batch = DecodeBatch(
             self.model,
             slots=max_batch_rows,
@@ -296,12 +298,11 @@ class TorchEngine(GenerationEngine):
         if isinstance(prompt, ImagePrompt):  # the image path runs beside the batch, not step by step
             yield await self.generate(prompt, num_samples, decoding)
             return
-        loop = asyncio.get_running_loop()
+        handoff = self._handoff(asyncio.get_running_loop())
         queue: asyncio.Queue[list[TokenDelta] | Future] = asyncio.Queue()
 
         def put(item: list[TokenDelta] | Future) -> None:  # in the scheduler thread
-            with contextlib.suppress(RuntimeError):  # the loop closed: nobody reads any more
-                loop.call_soon_threadsafe(queue.put_nowait, item)
+            handoff.post(queue.put_nowait, item)
 
         def on_tokens(rows: list[Row]) -> None:
             put([TokenDelta(r.index, [r.tokens[-1]], [r.logprobs[-1]]) for r in rows])
@@ -332,6 +333,12 @@ class TorchEngine(GenerationEngine):
             if not request.future.done():  # the consumer went away (cancelled or closed): the rows leave
                 cancel.set()
                 self._batch.wake()
+
+    def _handoff(self, loop: asyncio.AbstractEventLoop) -> LoopHandoff:
+        """The scheduler thread's mailbox to `loop`, shared by every stream on it (one wake-up per step)."""
+        if self._loop_handoff is None or self._loop_handoff[0] is not loop:
+            self._loop_handoff = (loop, LoopHandoff(loop))
+        return self._loop_handoff[1]
 
     def generate_blocking(
         self, prompt: Prompt, num_samples: int, decoding: DecodingParams, cancel: threading.Event | None = None
