@@ -8,9 +8,12 @@
                  reaper (REAPER_SOURCE) that only waits for orphans, so nothing piles up as zombies
                  (with an endpoint_address: also the container end of the session's one route,
                  endpoint_route.py, its socket's folder the only host path mounted, read-only)
-    exec   --> docker exec (the container's user, cwd /work): the command, then `kill -9 -1`, which
-                 ends every process but PID 1; past the wall-clock limit the same kill from a second
-                 exec; then `stat -f` flags a full /work
+    exec   --> docker exec (the container's user, cwd /work) of COMMAND_WRAPPER: stdin's first line is the
+                 exec's end token and the byte count of the command's stdin; the command, then
+                 `kill -9 -1`, which ends every process but PID 1, then `stat -f` flags a full /work; the
+                 end line `<token> <exit code> <full>` on stdout and stderr; the exec then waits for
+                 stdin's end, which the host sends once both end lines came (past the wall-clock limit:
+                 the same kill from a second exec)
     read / write_file --> session_files' source run by python3 in the container (links never followed)
     export_tree --> `tar -c` of /work (without .git), extracted on the host under tarfile's "tar" filter
     close  --> the container removed (force); start: reap_session_containers removes those of a dead
@@ -21,7 +24,10 @@ session (no network, read-only root, no capabilities, non-root user, pids / memo
 limits across all its commands, RLIMIT_CPU / FSIZE per process, /work at most max_disk_mb); what
 a command leaves in /work (a timed-out one included) is what the next finds; no process of a
 command outlives it, nor its caller's giving up (a cancelled call kills it before it returns);
-every docker call blocks a worker thread, never the event loop.
+every docker call blocks a worker thread, never the event loop. An exec's output is whole: the engine
+gives an exited exec's output copies 2 s before it closes them (moby's daemon/monitor.go), so under load a
+short command's output could be lost while its exit code was kept; an exec here does not exit before the
+host has both its end lines, so there is nothing left in flight to lose.
 
 Not covered: the memory limit is the whole container's (all commands, and /work's tmpfs, count);
 a command killed by the kernel for memory reads as exit code 137, not -9.
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import socket
 import tarfile
 import threading
@@ -48,6 +55,7 @@ from services.sandbox.docker_container import (
     LABEL,
     SESSION_LABEL,
     WORK,
+    EndLine,
     host_config,
     owner_is_dead,
     remove_container,
@@ -58,12 +66,32 @@ from services.sandbox.staging import Capped, checked_files, remove_tree
 
 log = structlog.get_logger()
 
-# After the command: every process but PID 1 (and this shell) ends, so none outlives its command.
-EXEC_WRAPPER = '"$@"; rc=$?; kill -9 -1 2>/dev/null; exit $rc'
+# Around every exec (the module docstring): read the end token and the command's stdin size (dash's read
+# takes stdin byte by byte, so the command's bytes stay whole), run the command, end each stream with the
+# end line, then wait for stdin's end: the host's word that both end lines came. The token is never in an
+# argv or the environment, so a command that prints its processes' does not end its output early.
+_RUN = 'read -r end n || exit 125; if [ "$n" = 0 ]; then "$@" </dev/null; else head -c "$n" | "$@"; fi; rc=$?; '
+_END = 'echo "$end $rc $full"; echo "$end $rc $full" >&2; cat >/dev/null; exit $rc'
+# A session command's: then every process but PID 1 (and this shell) ends, so none outlives its command.
+COMMAND_WRAPPER = _RUN + f'kill -9 -1 2>/dev/null; full=0; [ "$(stat -f -c %a {WORK})" != 0 ] || full=1; ' + _END
+HELPER_WRAPPER = _RUN + "full=0; " + _END  # the service's own execs: file helper, copy-in, disk check
 KILL_ALL = ["sh", "-c", "kill -9 -1 2>/dev/null; true"]
 KILLED_GRACE_SECONDS = 1.0  # how long a SIGKILLed command's container may take to show it stopped
 FILES_SOURCE = Path(session_files.__file__).read_text()
 EXPORT_SLACK_BYTES = 16 * 1024 * 1024  # tar headers on top of /work's files
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """One exec's output and end: `end` is its end line's (exit code, /work full), None when the wrapper was
+    killed before writing it (then `code` is the engine's, and the output is what came)."""
+
+    out: Capped
+    err: Capped
+    code: int
+    timed_out: bool
+    disk_full: bool
+    end: tuple[int, bool] | None
 
 
 @dataclass(frozen=True)
@@ -140,10 +168,13 @@ class DockerSession(SessionHandle):
 
         start = time.monotonic()
         try:
-            out, err, code, timed_out = self.exec_raw(["sh", "-c", EXEC_WRAPPER, "sh", *argv], stdin, limits)
-            if code != 0 and not container_running(self._api, self._id, killed=code in (-1, 137) and not timed_out):
-                raise OSError("the container stopped")  # killed under the command: not the command's failure
-            disk_full = not timed_out and self._disk_full(limits)
+            result = self.exec_raw(argv, stdin, limits, command=True)
+            code, timed_out, disk_full = result.code, result.timed_out, result.disk_full
+            if result.end is None:  # the wrapper itself was killed: the container may have been
+                killed = code in (-1, 137) and not timed_out
+                if code != 0 and not container_running(self._api, self._id, killed=killed):
+                    raise OSError("the container stopped")  # killed under the command: not the command's failure
+                disk_full = not timed_out and self._disk_full(limits)
         except (docker.errors.DockerException, OSError) as exc:
             message = f"the session's container is gone (closed, or ended for memory): {exc}"
             duration = time.monotonic() - start
@@ -159,45 +190,62 @@ class DockerSession(SessionHandle):
             passed=int(status is Status.PASSED),
             total=1,
             exit_code=code,
-            stdout=bytes(out.data),
-            stderr=bytes(err.data),
-            truncated=out.truncated or err.truncated,
+            stdout=bytes(result.out.data),
+            stderr=bytes(result.err.data),
+            truncated=result.out.truncated or result.err.truncated,
             duration=time.monotonic() - start,
             error_message=DISK_FULL_MESSAGE if disk_full else "",
         )
 
-    def exec_raw(self, argv: list[str], stdin: bytes, limits: ResourceLimits) -> tuple[Capped, Capped, int, bool]:
-        """One docker exec of `argv` as it is (no wrapper, no disk check): (stdout, stderr, exit code, killed at
-        the wall-clock limit)."""
+    def exec_raw(self, argv: list[str], stdin: bytes, limits: ResourceLimits, *, command: bool = False) -> ExecResult:
+        """One docker exec of `argv` in the end-line handshake (COMMAND_WRAPPER for a session's `command`, which
+        kills what the command left and checks /work; HELPER_WRAPPER otherwise)."""
         from docker.utils.socket import frames_iter
 
-        # Stdin is attached only when there is some: a command without it reads /dev/null, and the engine's
-        # stdin copy (ended by our half-close) is not in the path of its output.
+        token = secrets.token_hex(16).encode()
+        wrapper = COMMAND_WRAPPER if command else HELPER_WRAPPER
         exec_id = self._api.exec_create(
-            self._id, argv, stdin=bool(stdin), user=self._config.user, workdir=WORK, environment={"HOME": WORK}
+            self._id,
+            ["sh", "-c", wrapper, "sh", *argv],
+            stdin=True,
+            user=self._config.user,
+            workdir=WORK,
+            environment={"HOME": WORK},
         )["Id"]
         sock = self._api.exec_start(exec_id, socket=True)
+        raw = getattr(sock, "_sock", sock)
         timed_out = threading.Event()
         killer = threading.Timer(limits.timeout_seconds, self._kill_commands, (timed_out,))
         killer.daemon = True
         killer.start()
-        if stdin:  # fed from its own thread: never blocks the output's reader
-            threading.Thread(target=_feed, args=(getattr(sock, "_sock", sock), stdin), daemon=True).start()
+        # Fed from its own thread: a command that does not read its stdin never blocks the output's reader.
+        threading.Thread(target=_feed, args=(raw, token + b" %d\n" % len(stdin) + stdin), daemon=True).start()
         out, err = Capped(limits.max_output_bytes), Capped(limits.max_output_bytes)
+        ends = {1: EndLine(token), 2: EndLine(token)}
+        answered = False
         try:
             for stream, data in frames_iter(sock, tty=False):
-                (out if stream == 1 else err).add(data)
+                if stream in ends:
+                    (out if stream == 1 else err).add(ends[stream].code_output(data))
+                if not answered and ends[1].end and ends[2].end:
+                    _end_stdin(raw)  # both end lines came: the exec may exit now, nothing of it is in flight
+                    answered = True
         finally:
             killer.cancel()
             # A kill that fired as the command ended is let finish here: run later, its `kill -9 -1` would
             # reach the session's next command (seen: a command that printed nothing and exited 137).
             killer.join()
             sock.close()
+        if answered:
+            code, disk_full = ends[1].end
+            return ExecResult(out, err, code, timed_out.is_set(), disk_full, ends[1].end)
+        out.add(ends[1].rest())
+        err.add(ends[2].rest())
         code = self._api.exec_inspect(exec_id).get("ExitCode")
-        return out, err, -1 if code is None else code, timed_out.is_set()
+        return ExecResult(out, err, -1 if code is None else code, timed_out.is_set(), False, None)
 
     def _disk_full(self, limits: ResourceLimits) -> bool:
-        free = self.exec_raw(["stat", "-f", "-c", "%a", WORK], b"", limits)[0]
+        free = self.exec_raw(["stat", "-f", "-c", "%a", WORK], b"", limits).out
         return bytes(free.data).strip() == b"0"
 
     def _kill_commands(self, timed_out: threading.Event) -> None:
@@ -219,13 +267,13 @@ class DockerSession(SessionHandle):
     async def _files(self, args: list[str], stdin: bytes, cap: int) -> bytes:
         limits = ResourceLimits(timeout_seconds=60, memory_mb=0, cpu_seconds=0, max_output_bytes=cap)
         argv = ["python3", "-I", "-S", "-c", FILES_SOURCE, *args]
-        out, err, code, _ = await asyncio.to_thread(self.exec_raw, argv, stdin, limits)
-        if code == session_files.EXIT_PROBLEM:
-            kind, _, message = bytes(err.data).decode("utf-8", "replace").strip().partition(" ")
+        result = await asyncio.to_thread(self.exec_raw, argv, stdin, limits)
+        if result.code == session_files.EXIT_PROBLEM:
+            kind, _, message = bytes(result.err.data).decode("utf-8", "replace").strip().partition(" ")
             raise session_files.FileProblem(kind, message)
-        if code != 0:
-            raise RuntimeError(f"the session's file helper failed ({code}): {bytes(err.data)[-500:]!r}")
-        return bytes(out.data)
+        if result.code != 0:
+            raise RuntimeError(f"the session's file helper failed ({result.code}): {bytes(result.err.data)[-500:]!r}")
+        return bytes(result.out.data)
 
     async def export_tree(self, target: str) -> str:
         await asyncio.to_thread(self._export, target)
@@ -272,9 +320,15 @@ class DockerSession(SessionHandle):
 def _feed(raw, data: bytes) -> None:
     try:
         raw.sendall(data)
+    except OSError:
+        pass  # the exec ended (killed) without reading it all
+
+
+def _end_stdin(raw) -> None:
+    try:
         raw.shutdown(socket.SHUT_WR)
     except OSError:
-        pass  # the command ended without reading it all
+        pass  # the exec is gone already
 
 
 async def open_docker_session(

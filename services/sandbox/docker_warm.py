@@ -224,9 +224,9 @@ def _copy_in(config: DockerSessionConfig, container_id: str, archive: bytes | No
         if archive is None:
             running = config.client.api.inspect_container(container_id)["State"]["Running"]
             return "" if running else "the container is not running"
-        _, err, code, _ = DockerSession(config, container_id).exec_raw(["tar", "-x", "-f", "-"], archive, COPY_LIMITS)
+        copied = DockerSession(config, container_id).exec_raw(["tar", "-x", "-f", "-"], archive, COPY_LIMITS)
     except (docker.errors.DockerException, OSError) as exc:
         return f"the container is gone: {exc}"  # an exec into a stopped container is refused
-    if code != 0:
-        return f"tar -x exited {code}: {bytes(err.data)[-300:]!r}"
+    if copied.code != 0:
+        return f"tar -x exited {copied.code}: {bytes(copied.err.data)[-300:]!r}"
     return ""

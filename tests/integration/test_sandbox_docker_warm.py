@@ -1,6 +1,7 @@
 """Warm docker sessions (services/sandbox/docker_warm.py) against the real engine: taken warm, replaced in
 the background, a dead waiting container never handed out, per-session limits, the same lockdown as a
-cold session, a routed warm session, drained at a job's end and at the service's stop; and 32 sessions at
+cold session, a routed warm session, drained at a job's end and at the service's stop; an exec that stays
+alive until the host has its end lines (the engine drops an exited exec's late output); and 32 sessions at
 once through the real service."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.rpc.client import connect
 from services.sandbox.backend import ResourceLimits, Status
+from services.sandbox.docker_sessions import COMMAND_WRAPPER
 from services.sandbox.docker_warm import WARM_LABEL
 from services.sandbox.endpoint_route import MOUNT, SOCKET_NAME
 from tests.conftest import docker_sandbox_env, require_docker
@@ -241,6 +243,46 @@ async def _open_exec_close(stub, i: int) -> common_pb2.Verdict:
         return reply.verdict
     finally:
         await stub.CloseSession(sandbox_pb2.CloseSessionRequest(session_id=opened.session_id), timeout=120)
+
+
+async def test_an_exec_stays_alive_until_the_host_has_both_end_lines(backend):
+    session = await backend.open_session({"a.txt": "a"}, LIMITS)
+    try:
+        await asyncio.to_thread(_handshake, session.container_id, inspect(session.container_id)["Config"]["User"])
+    finally:
+        await session.close()
+
+
+def _handshake(container_id: str, user: str) -> None:
+    """COMMAND_WRAPPER driven by hand: its stdin (end token, size, data), its end lines, then its exit, which
+    waits for stdin's end however long the host takes to send it."""
+    import socket
+
+    import docker
+    from docker.utils.socket import frames_iter
+
+    api = docker.from_env().api
+    token = b"0123456789abcdef0123456789abcdef"
+    argv = ["sh", "-c", COMMAND_WRAPPER, "sh", "sh", "-c", "cat; echo warn >&2; exit 3"]
+    exec_id = api.exec_create(container_id, argv, stdin=True, user=user, workdir="/work")["Id"]
+    sock = api.exec_start(exec_id, socket=True)
+    raw = getattr(sock, "_sock", sock)
+    raw.sendall(token + b" 4\ndata")
+    end = token + b" 3 0\n"
+    seen, frames = {1: b"", 2: b""}, frames_iter(sock, tty=False)
+    for stream, data in frames:
+        seen[stream] += data
+        if seen[1].endswith(end) and seen[2].endswith(end):
+            break
+    assert seen == {1: b"data" + end, 2: b"warn\n" + end}
+    time.sleep(1.0)
+    state = api.exec_inspect(exec_id)
+    assert state["Running"], "the exec exited before the host ended its stdin"
+    raw.shutdown(socket.SHUT_WR)
+    assert b"".join(data for _, data in frames) == b""  # then the engine ends the stream: the exec exited
+    sock.close()
+    state = api.exec_inspect(exec_id)
+    assert (state["Running"], state["ExitCode"]) == (False, 3)
 
 
 def test_32_sessions_at_once_open_exec_and_close_without_errors(start_service, docker_sandbox_image):

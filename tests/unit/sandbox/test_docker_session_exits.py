@@ -1,7 +1,8 @@
 """A docker session's command that ends non-zero: its own failure while the container runs, an
 infrastructure error once the container is gone, including when the engine is slow to say so; a
 time limit's kill that fired as the command ended is over before the session's next command can start;
-and a command's stdin is attached only when it has some."""
+an exec's stdin is its end token, its stdin size and its stdin, ended only once both streams brought the
+end line (so the engine cannot drop output still in flight); without the end lines, the engine's exit code."""
 
 from __future__ import annotations
 
@@ -86,56 +87,105 @@ def test_a_kill_that_fired_as_the_command_ended_is_over_before_the_next_command_
     config = SimpleNamespace(client=SimpleNamespace(api=api), user="1000")
     session = DockerSession(config, "c0ffee")  # type: ignore[arg-type]
     limits = ResourceLimits(timeout_seconds=0.1, memory_mb=256, cpu_seconds=10, max_output_bytes=1024)
-    *_, timed_out = session.exec_raw(["true"], b"", limits)
+    result = session.exec_raw(["true"], b"", limits)
     returned = time.monotonic()
-    assert timed_out
+    assert result.timed_out
     assert api.kill_done_at is not None and api.kill_done_at <= returned
 
 
-class RecordingApi:
-    """Records each exec's stdin flag and what was written to its connection."""
+class HandshakeApi:
+    """An engine whose exec never exits by itself: it says what the exec's stdin was, and is never asked for
+    an exit code when the end lines came."""
 
-    def __init__(self) -> None:
-        self.stdin_flags: list[bool] = []
-        self.socket = RecordingSocket()
+    def __init__(self, sock) -> None:
+        self.socket = sock
+        self.argv: list[str] = []
+        self.inspected = False
 
     def exec_create(self, container_id: str, argv, stdin: bool = False, **_) -> dict:
-        self.stdin_flags.append(stdin)
+        self.argv, self.stdin = argv, stdin
         return {"Id": "command"}
 
     def exec_start(self, exec_id: str, socket: bool = False):
         return self.socket
 
     def exec_inspect(self, exec_id: str) -> dict:
-        return {"ExitCode": 0}
+        self.inspected = True
+        return {"ExitCode": 7}
 
 
-class RecordingSocket:
+class HandshakeSocket:
     def __init__(self) -> None:
         self._sock = self
-        self.written: list[bytes | str] = []
+        self.written = b""
+        self.events: list[str] = []
 
     def sendall(self, data: bytes) -> None:
-        self.written.append(data)
+        self.written += data
 
     def shutdown(self, how: int) -> None:
-        self.written.append("half-closed")
+        self.events.append("stdin ended")
 
     def close(self) -> None: ...
 
+    def token(self) -> bytes:
+        deadline = time.monotonic() + 5
+        while b"\n" not in self.written:
+            assert time.monotonic() < deadline, "the header never came"
+            time.sleep(0.01)
+        return self.written.split(b" ")[0]
 
-def test_stdin_is_attached_only_when_the_command_has_some(monkeypatch) -> None:
+
+def _session(api) -> DockerSession:
+    return DockerSession(SimpleNamespace(client=SimpleNamespace(api=api), user="1000"), "c0ffee")  # type: ignore[arg-type]
+
+
+LIMITS = ResourceLimits(timeout_seconds=30, memory_mb=256, cpu_seconds=10, max_output_bytes=1024)
+
+
+def test_stdin_ends_only_after_both_end_lines_and_the_line_gives_the_exit_code(monkeypatch) -> None:
     import docker.utils.socket
 
-    def frames(sock, tty=False):
-        time.sleep(0.1)  # the feeder, if any, has written by the time the output ends
-        return iter(())
+    sock = HandshakeSocket()
+
+    def frames(_, tty=False):
+        token = sock.token()
+        yield 1, b"hello "
+        yield 1, b"world\n" + token + b" 3 1\n"
+        sock.events.append("stdout ended")
+        yield 2, b"warn\n" + token[:5]  # the line split across frames
+        sock.events.append("stderr still open")
+        yield 2, token[5:] + b" 3 1\n"
+        sock.events.append("engine closed")
 
     monkeypatch.setattr(docker.utils.socket, "frames_iter", frames)
-    api = RecordingApi()
-    session = DockerSession(SimpleNamespace(client=SimpleNamespace(api=api), user="1000"), "c0ffee")  # type: ignore[arg-type]
-    limits = ResourceLimits(timeout_seconds=30, memory_mb=256, cpu_seconds=10, max_output_bytes=1024)
-    session.exec_raw(["true"], b"", limits)
-    assert api.stdin_flags == [False] and api.socket.written == []
-    session.exec_raw(["cat"], b"data", limits)
-    assert api.stdin_flags == [False, True] and api.socket.written == [b"data", "half-closed"]
+    api = HandshakeApi(sock)
+    result = _session(api).exec_raw(["cat"], b"data", LIMITS, command=True)
+    assert api.stdin and api.argv[:2] == ["sh", "-c"] and api.argv[-1] == "cat"
+    token = sock.token()
+    assert len(token) == 32 and token not in b" ".join(a.encode() for a in api.argv)
+    assert sock.written == token + b" 4\ndata"
+    assert sock.events == ["stdout ended", "stderr still open", "stdin ended", "engine closed"]
+    assert (bytes(result.out.data), bytes(result.err.data)) == (b"hello world\n", b"warn\n")
+    assert (result.code, result.disk_full, result.end) == (3, True, (3, True))
+    assert not api.inspected
+
+
+def test_without_the_end_lines_the_output_that_came_and_the_engines_exit_code(monkeypatch) -> None:
+    import docker.utils.socket
+
+    sock = HandshakeSocket()
+
+    def frames(_, tty=False):
+        token = sock.token()
+        yield 1, b"partial " + token[:4]  # held back as a possible end line, then given as output
+        yield 2, b"oops\n" + token + b" 0 0\n"  # stderr's line alone does not end stdin
+
+    monkeypatch.setattr(docker.utils.socket, "frames_iter", frames)
+    api = HandshakeApi(sock)
+    result = _session(api).exec_raw(["true"], b"", LIMITS)
+    assert sock.written == sock.token() + b" 0\n"
+    assert sock.events == []
+    assert bytes(result.out.data) == b"partial " + sock.token()[:4]
+    assert bytes(result.err.data) == b"oops\n"
+    assert (result.code, result.end) == (7, None) and api.inspected
