@@ -12,8 +12,10 @@
                   log driver none, label dockyard.sandbox.owner = host/pid/start-time
             --> attach (before start) streams stdout / stderr: the first max_output_bytes of each
                   are kept, the rest drained and dropped
-            --> the wrapping shell's end line on both streams (exit code, /work full): the run is over,
-                  its container's teardown not waited for; or wall-clock limit: the container is killed
+            --> the wrapping shell's end line on both streams (exit code, /work full): the run is over;
+                  its stdin is ended (the shell waits for that before it exits, so none of its output is
+                  in flight when the engine closes the streams), its container's teardown not waited for;
+                  or wall-clock limit: the container is killed
             --> Outcome; the work folder removed, then (after the verdict, the call's slot still held)
                   the container, whatever happened
 
@@ -89,6 +91,7 @@ from services.sandbox.docker_container import (
     STAGE_COMMAND,
     EndLine,
     create_container,
+    end_stdin,
     folder_bytes,
     owner_is_dead,
     owner_label,
@@ -437,7 +440,8 @@ class DockerBackend(SandboxBackend):
                     stream, stdin = warm.stream, warm.stdin
                 token = secrets.token_hex(16).encode()  # STAGE_COMMAND's end line, on each stream
                 header, files = run_header(token, work)
-                send_work_folder(stdin, work, (launch_header(command) if warm else b"") + header, tar=files)
+                header = (launch_header(command) if warm else b"") + header
+                send_work_folder(stdin, work, header, tar=files, keep_open=True)
             except (docker.errors.DockerException, OSError) as exc:
                 run.error = f"cannot start the container: {exc}"
                 run.warm_gone = warm is not None
@@ -458,7 +462,10 @@ class DockerBackend(SandboxBackend):
                     if chunk_err:
                         err.add(ends[1].code_output(chunk_err))
                     if ends[0].end and ends[1].end:
-                        break  # the command ended: the engine's teardown of the container is not waited for
+                        # The command ended and all its output came: its shell may exit now (STAGE_COMMAND);
+                        # the engine's teardown of the container is not waited for.
+                        end_stdin(stdin)
+                        break
                 else:  # killed (wall clock, cancelled) before the end line: the engine says how it ended
                     out.add(ends[0].rest())
                     err.add(ends[1].rest())
@@ -468,6 +475,7 @@ class DockerBackend(SandboxBackend):
                     run.error = f"lost the container: {type(exc).__name__}: {exc}"
             finally:
                 killer.cancel()
+                end_stdin(stdin)
                 stream.close()
             if launched is not None and not launched.ok and not run.timed_out and not run.cancelled:
                 run.error, run.warm_gone = "the warm container was gone before its command started", True

@@ -7,11 +7,12 @@
            --create_container--> created, not started; user, label dockyard.sandbox.owner = owner_label()
     command --STAGE_COMMAND--> sh: read the run's end token (one line of stdin), untar the rest of stdin
             into /work (a call without files sends none), run, then write the end line
-            `<token> <exit code> <1 if /work is full>` on stdout and on stderr
+            `<token> <exit code> <1 if /work is full>` on stdout and on stderr, then wait for stdin's end
             (RunTests: RUN_TESTS_COMMAND opens and unlinks the input, then execs the harness)
             --EndLine--> the code's output of each stream, and the end line cut off it
     host work folder --send_work_folder--> a header, then a tar on the container's stdin (the report file
-            left out), EOF
+            left out); stdin stays open (`keep_open`) until end_stdin: once both end lines came, or the run
+            was killed
     host report file --read_report--> at most REPORT_CAP_BYTES, never through a link
     owner_is_dead(label) --> the reaper removes a dead predecessor's containers
     remove_container --> force-removed; a failure (gone already, the engine away) is left to the reaper
@@ -23,6 +24,9 @@ owner only for this host and only when that process (pid and start time) is gone
 so a reused pid never passes for its predecessor. The end line comes after everything the command
 wrote to that stream before it ended, so once both streams brought it the run's output and exit code are
 known without waiting for the engine's teardown of the container (which the run's removal then ends). The
+command's shell does not exit before the host ends its stdin: the engine gives an exited container's output
+copies 2 s before it closes them (moby's daemon/monitor.go), so under load output still in flight, the end
+line included, could be lost while the exit code was kept; a process that has not exited loses nothing. The
 line is only ever a claim about the code's own run: code that found the token (in the shell's memory) and
 printed the line itself would end its own output early, with an exit code it could as well have exited with.
 """
@@ -47,11 +51,13 @@ REPORT_NAME = ".dockyard-report"
 INPUT_NAME = ".dockyard-input"
 # Around every command: read the end token and whether a tar follows (dash's read takes stdin byte by byte:
 # the tar stays whole), unpack the work folder from stdin into the /work tmpfs, run, and end each stream with
-# the end line. The token is never in an argv or the environment, so a command that prints its processes'
-# does not end early; a call without files starts no tar.
+# the end line, then wait for stdin's end (the host's word that both lines came). The token is never in an
+# argv or the environment, so a command that prints its processes' does not end early; a call without files
+# starts no tar.
 STAGE_COMMAND = (
     'read -r end files && { [ "$files" = 0 ] || tar -x -f -; } && "$@" </dev/null; rc=$?; full=0; '
-    '[ "$(stat -f -c %a .)" != 0 ] || full=1; echo "$end $rc $full"; echo "$end $rc $full" >&2; exit $rc'
+    '[ "$(stat -f -c %a .)" != 0 ] || full=1; echo "$end $rc $full"; echo "$end $rc $full" >&2; '
+    "cat >/dev/null; exit $rc"
 )
 # The shell opens the input (then unlinks it) and the report file, then execs the harness with
 # stdin = input, fd 3 = report, ready line on fd 2.
@@ -167,16 +173,27 @@ def folder_bytes(path: str) -> int:
     return total
 
 
-def send_work_folder(sock, work: str, header: bytes = b"", *, tar: bool = True) -> None:
+def send_work_folder(sock, work: str, header: bytes = b"", *, tar: bool = True, keep_open: bool = False) -> None:
     """`header` (a run's: a warm container's command, docker_warm_runs.launch_header, then run_header), then
-    (`tar`) `work` (but the report file, which is bind-mounted) as a tar on the container's stdin, then EOF."""
+    (`tar`) `work` (but the report file, which is bind-mounted) as a tar on the container's stdin, then EOF
+    (with `keep_open`, a run's: later, by end_stdin)."""
     raw = getattr(sock, "_sock", sock)
     with raw.makefile("wb") as stream:
         stream.write(header)
         if tar:
             with tarfile.open(fileobj=stream, mode="w|") as archive:
                 archive.add(work, arcname=".", filter=lambda i: None if i.name == f"./{REPORT_NAME}" else i)
-    raw.shutdown(socket.SHUT_WR)
+    if not keep_open:
+        end_stdin(sock)
+
+
+def end_stdin(sock) -> None:
+    """EOF on the container's stdin (and the attach connection closed); a connection gone already is no error."""
+    raw = getattr(sock, "_sock", sock)
+    try:
+        raw.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # the container, or the engine's end of the connection, is gone
     raw.close()
 
 

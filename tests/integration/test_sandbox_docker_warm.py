@@ -1,8 +1,8 @@
 """Warm docker sessions (services/sandbox/docker_warm.py) against the real engine: taken warm, replaced in
 the background, a dead waiting container never handed out, per-session limits, the same lockdown as a
-cold session, a routed warm session, drained at a job's end and at the service's stop; an exec that stays
-alive until the host has its end lines (the engine drops an exited exec's late output); and 32 sessions at
-once through the real service."""
+cold session, a routed warm session, drained at a job's end and at the service's stop; a session's exec and
+a run's shell that stay alive until the host has their end lines (the engine drops an exited process's late
+output); and 32 sessions at once through the real service."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from dockyard.api.common.v1 import common_pb2
 from dockyard.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from dockyard.rpc.client import connect
 from services.sandbox.backend import ResourceLimits, Status
+from services.sandbox.docker_container import STAGE_COMMAND, end_stdin
 from services.sandbox.docker_sessions import COMMAND_WRAPPER
 from services.sandbox.docker_warm import WARM_LABEL
 from services.sandbox.endpoint_route import MOUNT, SOCKET_NAME
@@ -283,6 +284,35 @@ def _handshake(container_id: str, user: str) -> None:
     sock.close()
     state = api.exec_inspect(exec_id)
     assert (state["Running"], state["ExitCode"]) == (False, 3)
+
+
+def test_a_runs_shell_stays_alive_until_the_host_ends_its_stdin(docker_sandbox_image):
+    """STAGE_COMMAND in a run's container: its end lines, then its exit only once stdin ends."""
+    require_docker()
+    import docker
+
+    api = docker.from_env().api
+    argv = ["sh", "-c", STAGE_COMMAND, "sh", "sh", "-c", "echo out; echo warn >&2; exit 5"]
+    container_id = api.create_container(docker_sandbox_image, command=argv, stdin_open=True, working_dir="/tmp")["Id"]
+    try:
+        stream = api.attach(container_id, stdout=True, stderr=True, stream=True, logs=False, demux=True)
+        stdin = api.attach_socket(container_id, params={"stdin": 1, "stream": 1})
+        api.start(container_id)
+        token = b"0123456789abcdef0123456789abcdef"
+        getattr(stdin, "_sock", stdin).sendall(token + b" 0\n")  # no files: no tar
+        end = token + b" 5 0\n"
+        seen = [b"", b""]
+        for chunk_out, chunk_err in stream:
+            seen = [seen[0] + (chunk_out or b""), seen[1] + (chunk_err or b"")]
+            if seen[0].endswith(end) and seen[1].endswith(end):
+                break
+        assert seen == [b"out\n" + end, b"warn\n" + end]
+        time.sleep(1.0)
+        assert inspect(container_id)["State"]["Running"], "the run's shell exited before its stdin ended"
+        end_stdin(stdin)
+        assert api.wait(container_id, timeout=30)["StatusCode"] == 5
+    finally:
+        subprocess.run(["docker", "rm", "-f", container_id], capture_output=True)
 
 
 def test_32_sessions_at_once_open_exec_and_close_without_errors(start_service, docker_sandbox_image):
