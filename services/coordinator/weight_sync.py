@@ -9,7 +9,8 @@ Guarantees: every replica that took part in a sync holds exactly the trainer's w
 checksums must agree); a replica that registers later is loaded and joins the next sync (or `admit`
 syncs it at once when no replica is ready), and only then gets work. Every replica of a sync attempt
 that failed gets no work of the job until a later sync succeeds on it: its receive may have stopped
-part-way (the replica refuses to generate meanwhile too, services/rollout/weight_receiver.py), nor
+part-way (the replica refuses to generate meanwhile too, services/rollout/weight_receiver.py; one whose
+own receive failed is out of routing from that moment, not from the end of the sync's other calls), nor
 does one whose checksum differs or that received another version than it was asked for. With
 no replica alive a sync waits for one to come back, up to the fleet wait timeout. A sync that failed
 on the weight-sync group (UNAVAILABLE) because replicas died is tried once more without them (at
@@ -141,7 +142,7 @@ class WeightSync:
                 # Every call runs to its end (return_exceptions) so a retry never overlaps a stale one.
                 pushed, *received = await asyncio.gather(
                     self.trainer.push_weights(),
-                    *(m.stub.ReceiveWeights(request, timeout=self._timeout) for m in replicas),
+                    *(self._receive(m, request) for m in replicas),
                     return_exceptions=True,
                 )
                 failures = [r for r in (pushed, *received) if isinstance(r, BaseException)]
@@ -157,6 +158,17 @@ class WeightSync:
             self.version = version
             self.required_version = version if self._on_policy else None
             return max([pushed.seconds, *(reply.seconds for reply in received)])
+
+    async def _receive(self, member: Member, request: rollout_pb2.ReceiveWeightsRequest):
+        """One replica's ReceiveWeights; a failed one takes the replica out of routing at once, not when the
+        sync's other calls end (the trainer's push may wait out its timeout meanwhile): its weights may be part
+        old, part new, and it refuses to generate until a receive succeeds (weight_receiver.py), so work sent
+        there meanwhile would only use up its group's regenerations."""
+        try:
+            return await member.stub.ReceiveWeights(request, timeout=self._timeout)
+        except BaseException:
+            self.fleet.unsync(member, self.job_id)
+            raise
 
     def _form_group(self, replicas: list[Member]) -> None:
         """The weight-sync group of exactly `replicas`: a new epoch when its members change, and also

@@ -42,7 +42,7 @@ def replica_stub(receive_results, calls: dict, name: str) -> SimpleNamespace:
 
 
 def make_sync(
-    push_results: list, replicas: dict[str, list], trainer_holds: int = 3, wait_timeout: float = 30.0
+    push_results, replicas: dict[str, list], trainer_holds: int = 3, wait_timeout: float = 30.0
 ) -> tuple[WeightSync, dict]:
     calls: dict = {}
     stubs_by_name = {name: replica_stub(results, calls, name) for name, results in replicas.items()}
@@ -53,7 +53,7 @@ def make_sync(
     groups = WeightSyncGroups("127.0.0.1", port_fn=lambda host: 1234)
     groups.open("job", "gloo")
     stub = SimpleNamespace(
-        PushWeights=answer(push_results, calls, "push"),
+        PushWeights=push_results if callable(push_results) else answer(push_results, calls, "push"),
         # A trainer that is still coming back answers UNAVAILABLE once, then the version it holds.
         LoadPolicy=answer(
             [rpc_error(grpc.StatusCode.UNAVAILABLE), trainer_pb2.LoadPolicyResponse(weight_version=trainer_holds)],
@@ -189,6 +189,34 @@ async def test_replicas_of_a_failed_sync_get_no_work_until_a_sync_succeeds_on_th
     assert sync.fleet.replicas("job") == []
     await sync.sync(4)
     assert [m.name for m in sync.fleet.replicas("job", 4)] == ["rollout-a", "rollout-b"]
+
+
+async def test_a_replica_whose_receive_failed_gets_no_work_while_the_rest_of_the_sync_runs():
+    push_may_end, pushes = asyncio.Event(), []
+
+    async def push(request, timeout=None):  # the second push waits out a dead peer, then fails
+        pushes.append(request)
+        if len(pushes) == 2:
+            await push_may_end.wait()
+            raise rpc_error(grpc.StatusCode.UNAVAILABLE)
+        return pushed(version=2 if len(pushes) == 1 else 3)
+
+    refused = rpc_error(grpc.StatusCode.UNAVAILABLE)
+    sync, _ = make_sync(
+        push, {"rollout-a": [received(2), received(3), received(3)], "rollout-b": [received(2), refused, received(3)]}
+    )
+    await sync.sync(2)
+    running = asyncio.ensure_future(sync.sync(3))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if [m.name for m in sync.fleet.replicas("job")] == ["rollout-a"]:
+            break
+    # rollout-b's weights may be torn: no group goes there, though the sync has not ended.
+    assert [m.name for m in sync.fleet.replicas("job")] == ["rollout-a"]
+    assert not running.done()
+    push_may_end.set()
+    await running  # the trainer kept the policy: tried again, and it holds on both
+    assert [m.name for m in sync.fleet.replicas("job", 3)] == ["rollout-a", "rollout-b"]
 
 
 async def test_every_alive_replica_receives_and_the_side_group_has_exactly_them():
