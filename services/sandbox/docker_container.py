@@ -187,14 +187,16 @@ def send_work_folder(sock, work: str, header: bytes = b"", *, tar: bool = True, 
         end_stdin(sock)
 
 
-def end_stdin(sock) -> None:
-    """EOF on the container's stdin (and the attach connection closed); a connection gone already is no error."""
+def end_stdin(sock, *, close: bool = True) -> None:
+    """EOF on the container's (or an exec's) stdin, the attach connection then closed unless `close` is False
+    (its output still to be read); a connection gone already is no error."""
     raw = getattr(sock, "_sock", sock)
     try:
         raw.shutdown(socket.SHUT_WR)
     except OSError:
         pass  # the container, or the engine's end of the connection, is gone
-    raw.close()
+    if close:
+        raw.close()
 
 
 def run_header(token: bytes, work: str) -> tuple[bytes, bool]:

@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import socket
 import tarfile
 import threading
 import time
@@ -56,6 +55,7 @@ from services.sandbox.docker_container import (
     SESSION_LABEL,
     WORK,
     EndLine,
+    end_stdin,
     host_config,
     owner_is_dead,
     remove_container,
@@ -90,8 +90,11 @@ class ExecResult:
     err: Capped
     code: int
     timed_out: bool
-    disk_full: bool
     end: tuple[int, bool] | None
+
+    @property
+    def disk_full(self) -> bool:
+        return self.end is not None and self.end[1]
 
 
 @dataclass(frozen=True)
@@ -228,7 +231,8 @@ class DockerSession(SessionHandle):
                 if stream in ends:
                     (out if stream == 1 else err).add(ends[stream].code_output(data))
                 if not answered and ends[1].end and ends[2].end:
-                    _end_stdin(raw)  # both end lines came: the exec may exit now, nothing of it is in flight
+                    # Both end lines came: the exec may exit now, nothing of it is in flight.
+                    end_stdin(raw, close=False)
                     answered = True
         finally:
             killer.cancel()
@@ -237,12 +241,11 @@ class DockerSession(SessionHandle):
             killer.join()
             sock.close()
         if answered:
-            code, disk_full = ends[1].end
-            return ExecResult(out, err, code, timed_out.is_set(), disk_full, ends[1].end)
+            return ExecResult(out, err, ends[1].end[0], timed_out.is_set(), ends[1].end)
         out.add(ends[1].rest())
         err.add(ends[2].rest())
         code = self._api.exec_inspect(exec_id).get("ExitCode")
-        return ExecResult(out, err, -1 if code is None else code, timed_out.is_set(), False, None)
+        return ExecResult(out, err, -1 if code is None else code, timed_out.is_set(), None)
 
     def _disk_full(self, limits: ResourceLimits) -> bool:
         free = self.exec_raw(["stat", "-f", "-c", "%a", WORK], b"", limits).out
@@ -322,13 +325,6 @@ def _feed(raw, data: bytes) -> None:
         raw.sendall(data)
     except OSError:
         pass  # the exec ended (killed) without reading it all
-
-
-def _end_stdin(raw) -> None:
-    try:
-        raw.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass  # the exec is gone already
 
 
 async def open_docker_session(
