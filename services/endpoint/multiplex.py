@@ -1,14 +1,16 @@
 """The endpoint's streamed calls to one replica, over one GenerateMultiplexed stream.
 
     stream(request, on_tokens) ──start {call_id, timeout}──> the replica's stream (opened on first use)
-    replies ──reader──> each CallEvent to its call's queue ──deltas──> on_tokens; result returned
+    replies ──reader──> each CallEvent's deltas straight to its call's on_tokens; its end settles the call
     the caller leaves (cancelled, or past its timeout) ──cancel {call_id}──> the generation stops there
 
 Guarantees: a call sees exactly the messages GenerateStream would send it, in order, and ends with the result
 or a CallFailed carrying the status GenerateStream would end with (its `code()` and `details()` read as a gRPC
-error's); a call past its timeout is cancelled on the replica and fails DEADLINE_EXCEEDED. When the stream
-itself fails or ends, every call on it fails with that status (UNAVAILABLE when it ended cleanly: the replica
-was stopping) and the next call opens a new stream, so one broken stream never outlives its calls.
+error's); `on_tokens` is called on the reader's task, never after the call returned or raised, and an exception
+it raises ends the call with it (the replica's call cancelled); a call past its timeout is cancelled on the
+replica and fails DEADLINE_EXCEEDED. When the stream itself fails or ends, every call on it fails with that
+status (UNAVAILABLE when it ended cleanly: the replica was stopping) and the next call opens a new stream, so one
+broken stream never outlives its calls.
 """
 
 from __future__ import annotations
@@ -59,8 +61,7 @@ class MultiplexedCalls:
         if self._stream is None or self._stream.ended:
             self._stream = _Stream(self._stub)
         stream, call_id = self._stream, next(self._ids)
-        events = stream.open(call_id)
-        done = False
+        ended = stream.open(call_id, on_tokens)
         try:
             async with asyncio.timeout(timeout):
                 await stream.send(
@@ -70,23 +71,13 @@ class MultiplexedCalls:
                         timeout_seconds=timeout,
                     )
                 )
-                while True:
-                    event = await events.get()
-                    if isinstance(event, CallFailed):
-                        done = True
-                        raise event
-                    for delta in event.message.deltas:  # the last message's too: the tokens that came with the end
-                        on_tokens(delta.index, list(delta.token_ids), list(delta.logprobs))
-                    if event.HasField("status"):
-                        done = True
-                        raise CallFailed(_CODES.get(event.status.code, grpc.StatusCode.UNKNOWN), event.status.message)
-                    if event.message.HasField("result"):
-                        done = True
-                        return event.message.result
+                return await ended
         except TimeoutError:
             raise CallFailed(grpc.StatusCode.DEADLINE_EXCEEDED, f"no result within {timeout:g} s") from None
         finally:
-            stream.close(call_id, cancel=not done)
+            stream.close(call_id)
+            if ended.done() and not ended.cancelled():
+                ended.exception()  # read: a failure this call did not await (its send failed) is not logged as lost
 
     async def close(self) -> None:
         if self._stream is not None:
@@ -94,20 +85,21 @@ class MultiplexedCalls:
 
 
 class _Stream:
-    """One GenerateMultiplexed call: its calls' queues, a reader handing replies out, writes one at a time."""
+    """One GenerateMultiplexed call: its calls' sinks, a reader handing replies out, writes one at a time."""
 
     def __init__(self, stub: rollout_pb2_grpc.RolloutServiceStub) -> None:
         # No deadline of its own: the stream lives as long as calls come; each call has its timeout.
         self._call = stub.GenerateMultiplexed(timeout=None)
-        self._queues: dict[int, asyncio.Queue] = {}
+        self._calls: dict[int, tuple[TokenSink, asyncio.Future]] = {}  # running on the replica
         self._writing = asyncio.Lock()
         self.ended = False
         self._reader = asyncio.ensure_future(self._read())
 
-    def open(self, call_id: int) -> asyncio.Queue:
-        queue: asyncio.Queue = asyncio.Queue()
-        self._queues[call_id] = queue
-        return queue
+    def open(self, call_id: int, on_tokens: TokenSink) -> asyncio.Future:
+        """The call's end: its result, or its CallFailed (or on_tokens' exception) raised."""
+        ended = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = (on_tokens, ended)
+        return ended
 
     async def send(self, request: rollout_pb2.GenerateMultiplexedRequest) -> None:
         try:
@@ -118,10 +110,9 @@ class _Stream:
             self._fail(failure)
             raise failure from None
 
-    def close(self, call_id: int, cancel: bool) -> None:
-        """The call is over for its caller; `cancel`: it had not ended, so the replica stops it."""
-        self._queues.pop(call_id, None)
-        if cancel and not self.ended:
+    def close(self, call_id: int) -> None:
+        """The call is over for its caller; if it had not ended on the replica, the replica stops it."""
+        if self._calls.pop(call_id, None) is not None and not self.ended:
             cancelled = rollout_pb2.GenerateMultiplexedRequest(
                 call_id=call_id, cancel=rollout_pb2.GenerateMultiplexedCancel()
             )
@@ -136,8 +127,8 @@ class _Stream:
         try:
             while (reply := await self._call.read()) is not grpc.aio.EOF:
                 for event in reply.events:
-                    if (queue := self._queues.get(event.call_id)) is not None:
-                        queue.put_nowait(event)
+                    if (call := self._calls.get(event.call_id)) is not None:
+                        self._hand_out(event, *call)
             self._fail(CallFailed(grpc.StatusCode.UNAVAILABLE, "the replica ended the stream (it is stopping)"))
         except grpc.aio.AioRpcError as exc:
             self._fail(_failure(exc))
@@ -145,14 +136,33 @@ class _Stream:
             self._fail(CallFailed(grpc.StatusCode.CANCELLED, "the endpoint closed the stream"))
             raise
 
+    def _hand_out(self, event: rollout_pb2.CallEvent, on_tokens: TokenSink, ended: asyncio.Future) -> None:
+        if ended.done():  # its sink failed, or its caller left: nothing more for it
+            return
+        try:
+            for delta in event.message.deltas:  # the last message's too: the tokens that came with the end
+                on_tokens(delta.index, list(delta.token_ids), list(delta.logprobs))
+        except Exception as exc:  # noqa: BLE001 - the call's own sink failed: that call ends with its error
+            ended.set_exception(exc)
+            return
+        if event.HasField("status"):
+            del self._calls[event.call_id]
+            ended.set_exception(
+                CallFailed(_CODES.get(event.status.code, grpc.StatusCode.UNKNOWN), event.status.message)
+            )
+        elif event.message.HasField("result"):
+            del self._calls[event.call_id]
+            ended.set_result(event.message.result)
+
     def _fail(self, failure: CallFailed) -> None:
         """The stream is over: every call on it fails with `failure`; the next call opens another."""
         if not self.ended:
             self.ended = True
-            log.info("multiplexed stream ended", code=failure.code().name, calls=len(self._queues))
-        for queue in self._queues.values():
-            queue.put_nowait(failure)
-        self._queues.clear()
+            log.info("multiplexed stream ended", code=failure.code().name, calls=len(self._calls))
+        for _, ended in self._calls.values():
+            if not ended.done():
+                ended.set_exception(failure)
+        self._calls.clear()
 
     async def shut(self) -> None:
         self._reader.cancel()

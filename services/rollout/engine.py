@@ -40,19 +40,17 @@ Guarantees of every engine:
   the prefix cache kept it) then each completion's `routing` (its tokens but the last, which no
   forward ran), so prompt + completion routing has one row per position but the last; None for a
   dense policy;
-- `generate_stream` yields lists of TokenDelta (tokens appended to each
-  completion since the last list), then the GenerationResult `generate` would
-  return, whose completions' token_ids/logprobs begin with the concatenation of
-  their deltas in order (tokens sampled since the last list, e.g. those that
-  came together with the end, are in the result alone); an engine whose
-  `streams` is False yields the result alone.
-  Cancelling the consumer, or closing the iterator, stops the generation as
-  cancelling `generate` does.
+- `generate_stream` returns what `generate` would, and meanwhile hands each batch of new tokens to its
+  `on_deltas` (lists of TokenDelta, on the caller's event loop, in order, never after it returned or
+  raised): the result's completions begin with the concatenation of their deltas (tokens that came
+  together with the end may be in the result alone); an engine whose `streams` is False hands on
+  nothing. Cancelling it stops the generation as cancelling `generate` does; an exception `on_deltas`
+  raises stops it too and is what `generate_stream` raises.
 
 Implementations: services/rollout/torch_engine.py (TorchEngine, built in),
 services/rollout/vllm_engine.py (VllmEngine) and services/rollout/sglang_engine.py
 (SglangEngine). The torch engine streams per decode step (its ImagePrompt path does not), vLLM
-per engine step (its DELTA outputs); SGLang yields the finished result once.
+per engine step (its DELTA outputs); SGLang hands nothing on (its result comes whole).
 """
 
 from __future__ import annotations
@@ -60,7 +58,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, NamedTuple
@@ -121,7 +119,7 @@ class TokenDelta(NamedTuple):
     logprobs: list[float]
 
 
-StreamEvent = list[TokenDelta] | GenerationResult  # what generate_stream yields: deltas, then the result last
+DeltaSink = Callable[[list[TokenDelta]], None]  # generate_stream's on_deltas: a batch of new tokens
 
 
 @dataclass(frozen=True)
@@ -139,7 +137,7 @@ class GenerationEngine(abc.ABC):
     """What the rollout servicer needs from an engine (the built-in torch engine, vLLM, SGLang)."""
 
     name: str = "engine"
-    streams: bool = False  # whether generate_stream yields tokens as they are sampled
+    streams: bool = False  # whether generate_stream hands tokens on as they are sampled
     captures_routing: bool = False  # whether results carry a mixture-of-experts policy's routing
     tokenizer: Any  # the policy's Hugging Face tokenizer: text prompts, chat templates, context checks
 
@@ -151,13 +149,13 @@ class GenerationEngine(abc.ABC):
         """
 
     async def generate_stream(
-        self, prompt: Prompt, num_samples: int, decoding: DecodingParams
-    ) -> AsyncIterator[StreamEvent]:
-        """`generate`, streamed: lists of TokenDelta as tokens are sampled, then the GenerationResult.
+        self, prompt: Prompt, num_samples: int, decoding: DecodingParams, on_deltas: DeltaSink
+    ) -> GenerationResult:
+        """`generate`, streamed: each batch of tokens handed to `on_deltas` on this loop as it is sampled.
 
-        This default (an engine that does not stream) yields the result alone.
+        This default (an engine that does not stream) hands nothing on.
         """
-        yield await self.generate(prompt, num_samples, decoding)
+        return await self.generate(prompt, num_samples, decoding)
 
     @property
     @abc.abstractmethod

@@ -1,35 +1,39 @@
 """One GenerateMultiplexed stream: many GenerateStream calls, their messages leaving together.
 
-    requests ──start──> a task per call: messages(GenerateStreamRequest, timeout) ──CallEvent──> outbox
+    requests ──start──> a task per call: run(GenerateStreamRequest, time left, send) ──send(message)──> outbox
              ──cancel──> that call's task cancelled (its generation stops at the engine's next decode step)
     outbox ──one reply per wake-up──> every event queued since the last reply (a decode step shared by the
-        stream's calls: one message)
+        stream's calls: one reply; a call's messages the reply had not taken yet: one message)
 
-Guarantees: each call's events are the messages GenerateStream would send for its request, in order, each in
-one reply; a call that fails ends with one event carrying the status GenerateStream would end with (a
-ServiceError's code; INTERNAL for anything else, logged) while the stream and its other calls go on; a call id
-already running, or a cancel of an unknown one, changes nothing but is logged; a cancelled call sends nothing
-more. When the caller half-closes, the stream ends once its running calls have ended; when it goes away, or
-the stream fails, every running call is cancelled. Once `drain` is called (the service stops) the stream
-refuses new calls (UNAVAILABLE) and ends as soon as none runs, so an idle stream never holds a shutdown back.
+Guarantees: each call's events carry the messages GenerateStream would send for its request, in order (those
+queued together merged into one: each completion's tokens in order), each in one reply; a call that fails ends
+with one event carrying the status GenerateStream would end with (a ServiceError's code; INTERNAL for anything
+else, logged) while the stream and its other calls go on; a call id already running, or a cancel of an unknown
+one, changes nothing but is logged; a cancelled call sends nothing more. When the caller half-closes, the stream
+ends once its running calls have ended; when it goes away, or the stream fails, every running call is
+cancelled. Once `drain` is called (the service stops) the stream refuses new calls (UNAVAILABLE) and ends as
+soon as none runs, so an idle stream never holds a shutdown back.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 import structlog
 
 from dockyard.api.rollout.v1 import rollout_pb2
 from dockyard.rpc.errors import DeadlineExceeded, ServiceError, clip
+from services.rollout.wire import merge_into
 
 log = structlog.get_logger()
 
 # Seconds a prepared call may still take (None: no limit); DeadlineExceeded when none is left.
 TimeLeft = Callable[[], float | None]
-Messages = Callable[[rollout_pb2.GenerateStreamRequest, TimeLeft], AsyncIterator[rollout_pb2.GenerateStreamResponse]]
+Send = Callable[[rollout_pb2.GenerateStreamResponse], None]
+# One call: its messages but the last to `send` as they come (on the loop, never after it returned), the last returned.
+Run = Callable[[rollout_pb2.GenerateStreamRequest, TimeLeft, Send], Awaitable[rollout_pb2.GenerateStreamResponse]]
 
 
 def _status(code: grpc.StatusCode, message: str) -> rollout_pb2.CallStatus:
@@ -37,12 +41,13 @@ def _status(code: grpc.StatusCode, message: str) -> rollout_pb2.CallStatus:
 
 
 class MultiplexedStream:
-    """The calls of one stream; `messages` runs one call (the servicer's GenerateStream, less its context)."""
+    """The calls of one stream; `run` runs one call (the servicer's GenerateStream, less its context)."""
 
-    def __init__(self, messages: Messages) -> None:
-        self._messages = messages
+    def __init__(self, run: Run) -> None:
+        self._run_call = run
         self._calls: dict[int, asyncio.Task] = {}
         self._outbox: list[rollout_pb2.CallEvent] = []
+        self._open: dict[int, rollout_pb2.CallEvent] = {}  # a call's message event still in the outbox
         self._wake = asyncio.Event()
         self._draining = False
         self._reading = True
@@ -62,6 +67,7 @@ class MultiplexedStream:
                 self._wake.clear()
                 if self._outbox:
                     events, self._outbox = self._outbox, []
+                    self._open.clear()
                     yield rollout_pb2.GenerateMultiplexedResponse(events=events)
                 if reader.done():
                     reader.result()  # the request stream's own failure ends this one
@@ -117,16 +123,29 @@ class MultiplexedStream:
                 raise DeadlineExceeded("the call's timeout passed before generation started")
             return left
 
+        task = asyncio.current_task()
+
+        def send(message: rollout_pb2.GenerateStreamResponse) -> None:
+            if self._calls.get(call_id) is task:  # a cancelled call sends nothing more
+                self._queue(call_id, message)
+
         try:
-            async for message in self._messages(start, time_left):
-                self._outbox.append(rollout_pb2.CallEvent(call_id=call_id, message=message))
-                self._wake.set()
+            self._queue(call_id, await self._run_call(start, time_left, send))
         except ServiceError as exc:
             self._end(call_id, _status(exc.code, str(exc)))
         except Exception as exc:  # as the server interceptor would: INTERNAL, the cause logged
             log.exception("multiplexed call failed", call_id=call_id)
             self._end(call_id, _status(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
 
+    def _queue(self, call_id: int, message: rollout_pb2.GenerateStreamResponse) -> None:
+        if (event := self._open.get(call_id)) is not None:  # the reply has not taken the last one yet
+            merge_into(event.message, message)
+        else:
+            self._open[call_id] = event = rollout_pb2.CallEvent(call_id=call_id, message=message)
+            self._outbox.append(event)
+        self._wake.set()
+
     def _end(self, call_id: int, status: rollout_pb2.CallStatus) -> None:
+        self._open.pop(call_id, None)
         self._outbox.append(rollout_pb2.CallEvent(call_id=call_id, status=status))
         self._wake.set()

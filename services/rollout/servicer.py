@@ -69,14 +69,14 @@ from services.rollout.decoding import (
     validate_num_samples,
     validate_top_logprobs,
 )
-from services.rollout.engine import GenerationEngine, GenerationResult, Prompt, UnsupportedRequest
+from services.rollout.engine import GenerationEngine, GenerationResult, Prompt, TokenDelta, UnsupportedRequest
 from services.rollout.job_engines import JobEngines, build_engine
-from services.rollout.multiplex import MultiplexedStream, TimeLeft
+from services.rollout.multiplex import MultiplexedStream, Send, TimeLeft
 from services.rollout.prompts import check_context, prompt_from_request
 from services.rollout.settings import RolloutSettings
 from services.rollout.staging import PayloadStager
 from services.rollout.weight_receiver import WeightReceiver, WeightsTorn
-from services.rollout.wire import completion_proto, delta_proto, kv_cache_proto, routing_shape_proto
+from services.rollout.wire import completion_proto, delta_proto, kv_cache_proto, merge_into, routing_shape_proto
 
 log = structlog.get_logger()
 
@@ -175,8 +175,31 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     async def GenerateStream(
         self, request: rollout_pb2.GenerateStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rollout_pb2.GenerateStreamResponse]:
-        async for message in self._stream(request, lambda: _time_left(context)):
-            yield message
+        unsent: list[rollout_pb2.GenerateStreamResponse] = []  # at most one: what came while a write ran, merged
+        ready = asyncio.Event()
+
+        def send(message: rollout_pb2.GenerateStreamResponse) -> None:
+            if unsent:
+                merge_into(unsent[0], message)
+            else:
+                unsent.append(message)
+            ready.set()
+
+        call = asyncio.ensure_future(self._stream(request, lambda: _time_left(context), send))
+        call.add_done_callback(lambda _: ready.set())
+        try:
+            while not call.done():
+                await ready.wait()
+                ready.clear()
+                if unsent and not call.done():
+                    yield unsent.pop()
+            last = call.result()  # the call's failure raised
+            if unsent:
+                merge_into(unsent[0], last)
+                last = unsent.pop()
+            yield last
+        finally:
+            call.cancel()  # the caller went away: the generation stops at its next decode step
 
     async def GenerateMultiplexed(
         self,
@@ -200,33 +223,26 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             stream.drain()
 
     async def _stream(
-        self, request: rollout_pb2.GenerateStreamRequest, time_left: TimeLeft
-    ) -> AsyncIterator[rollout_pb2.GenerateStreamResponse]:
-        """GenerateStream's messages for `request`; `time_left` says, once it is prepared, how long it may take."""
+        self, request: rollout_pb2.GenerateStreamRequest, time_left: TimeLeft, send: Send
+    ) -> rollout_pb2.GenerateStreamResponse:
+        """Runs one GenerateStream call: each message but the last to `send` as its tokens are sampled (on this
+        loop, never after this returned); the last, with the result, returned. `time_left` says, once the call
+        is prepared, how long it may take."""
         if request.request.HasField("staging"):
             raise InvalidArgument("request.staging: GenerateStream streams the tokens back; stage with Generate")
         engine, prompt, num_samples, decoding = await self._prepare(request.request)
         remaining = time_left()
-        deadline = None if remaining is None else asyncio.get_running_loop().time() + remaining
-        result = None
         sent: dict[int, int] = {}  # tokens sent as deltas, per completion
-        try:
-            with self._generating(request.request.job_id):
-                # As Generate: the caller going away cancels this handler; aclosing then closes the engine's
-                # stream, which stops the rows. The deadline bounds each wait for the engine, never a write.
-                events = engine.generate_stream(prompt, num_samples, decoding)
-                async with contextlib.aclosing(events):
-                    while result is None:
-                        async with asyncio.timeout_at(deadline):
-                            event = await anext(events)
-                        if isinstance(event, GenerationResult):
-                            result = event
-                        else:
-                            for d in event:
-                                sent[d.index] = sent.get(d.index, 0) + len(d.token_ids)
-                            yield rollout_pb2.GenerateStreamResponse(deltas=[delta_proto(*d) for d in event])
-        except StopAsyncIteration:
-            raise RuntimeError(f"the {engine.name} engine's stream ended without a result") from None
+
+        def on_deltas(deltas: list[TokenDelta]) -> None:
+            for d in deltas:
+                sent[d.index] = sent.get(d.index, 0) + len(d.token_ids)
+            send(rollout_pb2.GenerateStreamResponse(deltas=[delta_proto(*d) for d in deltas]))
+
+        # As Generate: the caller going away cancels this call, which stops the engine's rows.
+        with self._generating(request.request.job_id):
+            async with asyncio.timeout(remaining):
+                result = await engine.generate_stream(prompt, num_samples, decoding, on_deltas)
         # The tokens no message carried yet (the engine's last ones, or all of an engine that does not stream)
         # go with the result: one message where two would go back to back.
         rest = [
@@ -235,7 +251,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             if len(c.token_ids) > sent.get(i, 0)
         ]
         response = self._response(engine, result, routing=request.request.return_routing)
-        yield rollout_pb2.GenerateStreamResponse(deltas=rest, result=response)
+        return rollout_pb2.GenerateStreamResponse(deltas=rest, result=response)
 
     @contextlib.contextmanager
     def _generating(self, job_id: str) -> Iterator[None]:

@@ -3,7 +3,7 @@
     generate(prompt, n) ──tokenize text / check ids──> Request(n rows) ──submit──> DecodeBatch (scheduler thread)
         rows join the running batch between decode steps ──> each row leaves at eos / stop string / length
         ──> GenerationResult(completions, weight_version) once the request's last row left
-    generate_stream: the same request, each step's new tokens queued to the caller's loop as they are sampled
+    generate_stream: the same request, each step's new tokens handed to the caller's loop as they are sampled
 
 Guarantees: those of every engine (services/rollout/engine.py), and: concurrent `generate` calls
 share one decode batch (services/rollout/decode_batch.py; at most `max_batch_rows` rows, the rest
@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import operator
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -53,11 +53,11 @@ from services.rollout.decode_batch import BatchStats, DecodeBatch, Request, Row
 from services.rollout.decoding import DecodingParams
 from services.rollout.engine import (
     Completion,
+    DeltaSink,
     GenerationEngine,
     GenerationResult,
     ImagePrompt,
     Prompt,
-    StreamEvent,
     TokenDelta,
     UnsupportedRequest,
 )
@@ -291,46 +291,41 @@ class TorchEngine(GenerationEngine):
             raise
 
     async def generate_stream(
-        self, prompt: Prompt, num_samples: int, decoding: DecodingParams
-    ) -> AsyncIterator[StreamEvent]:
-        """Each decode step's new tokens (steps the consumer has not taken yet are merged), then the result;
-        the last step's tokens, and those the consumer takes together with the end, come in the result alone."""
+        self, prompt: Prompt, num_samples: int, decoding: DecodingParams, on_deltas: DeltaSink
+    ) -> GenerationResult:
+        """Each decode step's new tokens to `on_deltas` (one call per step, however many streams share it: the
+        loop is woken once per step for all of them); the step that ends the rows reports nothing, the result
+        holds its tokens."""
         if isinstance(prompt, ImagePrompt):  # the image path runs beside the batch, not step by step
-            yield await self.generate(prompt, num_samples, decoding)
-            return
-        handoff = self._handoff(asyncio.get_running_loop())
-        queue: asyncio.Queue[list[TokenDelta] | Future] = asyncio.Queue()
+            return await self.generate(prompt, num_samples, decoding)
+        loop = asyncio.get_running_loop()
+        handoff = self._handoff(loop)
+        settled: asyncio.Future[Future] = loop.create_future()
+        live = True  # False once this returned or raised: steps posted before then are dropped
 
-        def put(item: list[TokenDelta] | Future) -> None:  # in the scheduler thread
-            handoff.post(queue.put_nowait, item)
+        def deliver(deltas: list[TokenDelta]) -> None:  # on the loop
+            if not live or settled.done():
+                return
+            try:
+                on_deltas(deltas)
+            except Exception as exc:  # noqa: BLE001 - the consumer's failure ends this generation, with its error
+                settled.set_exception(exc)
 
-        def on_tokens(rows: list[Row]) -> None:
-            put([TokenDelta(r.index, [r.tokens[-1]], [r.logprobs[-1]]) for r in rows])
+        def settle(future: Future) -> None:  # on the loop, after every step the request reported
+            if not settled.done():
+                settled.set_result(future)
+
+        def on_tokens(rows: list[Row]) -> None:  # in the scheduler thread
+            handoff.post(deliver, [TokenDelta(r.index, [r.tokens[-1]], [r.logprobs[-1]]) for r in rows])
 
         cancel = threading.Event()
         request = await asyncio.to_thread(self._request, prompt, num_samples, decoding, cancel, on_tokens)
-        # Settled after the request's last on_tokens call, so it reaches the queue after every delta (the
-        # step that settles it reports nothing: the result holds its tokens).
-        self._batch.submit(request).add_done_callback(put)
+        self._batch.submit(request).add_done_callback(lambda future: handoff.post(settle, future))
         try:
-            done: Future | None = None
-            while done is None:
-                item = await queue.get()
-                if isinstance(item, Future):
-                    done = item
-                    break
-                deltas = item
-                while not queue.empty():  # steps sampled while the consumer was busy: one message
-                    item = queue.get_nowait()
-                    if isinstance(item, Future):
-                        done = item
-                        break
-                    deltas = _merged(deltas, item)
-                if done is None:  # else the result, right behind them, carries these tokens too
-                    yield deltas
-            yield done.result()  # the result, or GenerationCancelled / the step's error raised
+            return (await settled).result()  # the result, or GenerationCancelled / the step's error raised
         finally:
-            if not request.future.done():  # the consumer went away (cancelled or closed): the rows leave
+            live = False
+            if not request.future.done():  # the consumer went away (cancelled, or on_deltas failed): rows leave
                 cancel.set()
                 self._batch.wake()
 
@@ -420,15 +415,3 @@ def _check_moe(kv_cache: str, precision: str, device: torch.device) -> None:
             "policy.generation.kv_cache=static: the torch engine captures no CUDA graphs of a mixture-of-experts "
             "decode step (data-dependent expert routing); use dynamic or auto (auto decodes it eagerly)"
         )
-
-
-def _merged(first: list[TokenDelta], then: list[TokenDelta]) -> list[TokenDelta]:
-    """Two steps' deltas as one list: each completion's tokens of `first`, then of `then`."""
-    by_index = {d.index: TokenDelta(d.index, list(d.token_ids), list(d.logprobs)) for d in first}
-    for d in then:
-        if d.index in by_index:
-            by_index[d.index].token_ids.extend(d.token_ids)
-            by_index[d.index].logprobs.extend(d.logprobs)
-        else:
-            by_index[d.index] = d
-    return sorted(by_index.values())

@@ -46,7 +46,7 @@ Guarantees:
   them it lands between vLLM's engine steps and each result lists every
   version its generation spanned;
 - generate_stream streams natively (vLLM's DELTA outputs) and its result
-  equals generate's for the same request; closing it aborts the request.
+  equals generate's for the same request; leaving it early aborts the request.
 """
 
 from __future__ import annotations
@@ -68,9 +68,9 @@ from dockyard.weights.transports import Transport
 from services.rollout.decoding import DecodingParams
 from services.rollout.engine import (
     Completion,
+    DeltaSink,
     GenerationResult,
     Prompt,
-    StreamEvent,
     TokenDelta,
     TopLogprobs,
     UnsupportedRequest,
@@ -315,10 +315,10 @@ class VllmEngine(OutOfProcessEngine):
         return self._result(prompt_ids, completions, num_samples, decoding.greedy)
 
     async def generate_stream(
-        self, prompt: Prompt, num_samples: int, decoding: DecodingParams
-    ) -> AsyncIterator[StreamEvent]:
-        """vLLM's DELTA outputs: each completion's new tokens per engine step, then the result (greedy: the one
-        completion's tokens for every sample). Closing this stream aborts the vLLM request."""
+        self, prompt: Prompt, num_samples: int, decoding: DecodingParams, on_deltas: DeltaSink
+    ) -> GenerationResult:
+        """vLLM's DELTA outputs: each completion's new tokens per engine step to `on_deltas` (greedy: the one
+        completion's tokens for every sample). Leaving early (cancelled, or on_deltas raised) aborts the request."""
         prompt_ids = await asyncio.to_thread(self.prompt_ids, prompt)
         self._check_top_logprobs(decoding)
         params = vllm_sampling(self.vllm, num_samples, decoding, stream=True)
@@ -344,11 +344,11 @@ class VllmEngine(OutOfProcessEngine):
                             copies = range(num_samples) if decoding.greedy else (o.index,)
                             deltas += [TokenDelta(i, ids, logprobs) for i in copies]
                     if deltas:
-                        yield sorted(deltas)
+                        on_deltas(sorted(deltas))
         if sorted(ends) != list(range(params.n)):
             raise RuntimeError(f"vLLM finished {len(ends)} of {params.n} completions")
         completions = [Completion(*tokens[i], "", ends[i], versions(), tops[i]) for i in range(params.n)]
-        yield self._result(prompt_ids, completions, num_samples, decoding.greedy)
+        return self._result(prompt_ids, completions, num_samples, decoding.greedy)
 
     async def receive_weights(
         self, transport: Transport, version: int, group: WeightSyncGroup | None, timeout: timedelta

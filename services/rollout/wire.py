@@ -57,3 +57,16 @@ def routing_shape_proto(shape: RoutingShape) -> common_pb2.RoutingShape:
 
 def delta_proto(index: int, token_ids: list[int], logprobs: list[float]) -> rollout_pb2.CompletionDelta:
     return rollout_pb2.CompletionDelta(index=index, token_ids=token_ids, logprobs=logprobs)
+
+
+def merge_into(message: rollout_pb2.GenerateStreamResponse, later: rollout_pb2.GenerateStreamResponse) -> None:
+    """`later` appended to `message`, as if one message carried both: each completion's tokens of `message`
+    then of `later`, and `later`'s result."""
+    by_index = {d.index: d for d in message.deltas}
+    for d in later.deltas:
+        if (into := by_index.get(d.index)) is None:
+            by_index[d.index] = into = message.deltas.add(index=d.index)
+        into.token_ids.extend(d.token_ids)
+        into.logprobs.extend(d.logprobs)
+    if later.HasField("result"):
+        message.result.CopyFrom(later.result)

@@ -64,13 +64,13 @@ def tokens_of(events: list[rollout_pb2.CallEvent]) -> dict[int, list[int]]:
 
 def test_multiplexed_calls(start_service) -> None:
     rollout = start_service("rollout", ENV)
-    asyncio.run(_multiplexed(rollout.address))
+    asyncio.run(_multiplexed(rollout.address, lambda: rollout.logs().count('"generation cancelled"')))
     # The cancelled call stopped early rather than running to its max_new_tokens.
     assert '"generation cancelled"' in rollout.logs(), rollout.logs()[-3000:]
     assert rollout.stop() == 0, rollout.logs()[-3000:]
 
 
-async def _multiplexed(address: str) -> None:
+async def _multiplexed(address: str, cancellations) -> None:
     async with connect(address, default_timeout=120) as channel:
         stub = rollout_pb2_grpc.RolloutServiceStub(channel)
         await stub.LoadPolicy(rollout_pb2.LoadPolicyRequest(job_id=JOB, config_yaml=CONFIG_YAML))
@@ -155,6 +155,22 @@ async def _multiplexed(address: str) -> None:
         with pytest.raises(CallFailed) as failed:
             await calls.stream(long.request, lambda *_: None, timeout=0.5)
         assert failed.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        # A sink that fails ends its call with its error, hears nothing more, and the replica stops the call.
+        heard = []
+
+        def failing(index: int, ids: list[int], logprobs: list[float]) -> None:
+            heard.append(ids)
+            raise ValueError("the sink broke")
+
+        await asyncio.sleep(0.5)  # the cancels sent before have landed
+        before = cancellations()
+        with pytest.raises(ValueError, match="the sink broke"):
+            await calls.stream(long.request, failing, timeout=60)
+        assert list((await one(1)).completions[0].token_ids) == list(results[1].completions[0].token_ids)
+        assert len(heard) == 1
+        async with asyncio.timeout(30):  # and the replica stopped that call long before its 1,000 tokens
+            while cancellations() == before:
+                await asyncio.sleep(0.05)
         await calls.close()
 
 

@@ -15,7 +15,6 @@ Where vLLM is not installed these tests skip loudly (fail under CI=1); `make ins
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import os
 import threading
@@ -297,15 +296,20 @@ def test_a_stream_passes_each_completions_tokens_on_as_vllm_samples_them(host: H
     decoding = DecodingParams(temperature=1.0, max_new_tokens=20, ignore_eos=True, seed=9)
 
     async def stream(decoding: DecodingParams, num_samples: int, stop_after: int | None = None):
-        events = []
-        async with contextlib.aclosing(host.engine.generate_stream(PROMPT, num_samples, decoding)) as stream:
-            async for event in stream:
-                events.append(event)
-                if stop_after is not None and len(events) == stop_after:
-                    break
-        return events, host.engine._active
+        deltas = []
 
-    (*deltas, result), active = host.run(stream(decoding, 3))
+        def on_deltas(step) -> None:
+            deltas.append(step)
+            if len(deltas) == stop_after:
+                raise Enough  # the consumer leaves early
+
+        try:
+            result = await host.engine.generate_stream(PROMPT, num_samples, decoding, on_deltas)
+        except Enough:
+            result = None
+        return deltas, result, host.engine._active
+
+    deltas, result, active = host.run(stream(decoding, 3))
     assert active == 0 and len(deltas) > 1
     for i, c in enumerate(result.completions):
         mine = [d for step in deltas for d in step if d.index == i]
@@ -315,13 +319,17 @@ def test_a_stream_passes_each_completions_tokens_on_as_vllm_samples_them(host: H
     assert [c.token_ids for c in result.completions] == [c.token_ids for c in plain.completions]
     assert [c.text for c in result.completions] == [c.text for c in plain.completions]
     # Greedy: vLLM samples one completion; every sample's stream carries its tokens.
-    (*deltas, result), _ = host.run(stream(DecodingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True), 2))
+    deltas, result, _ = host.run(stream(DecodingParams(temperature=0.0, max_new_tokens=8, ignore_eos=True), 2))
     assert {d.index for step in deltas for d in step} == {0, 1}
     assert result.completions[0].token_ids == result.completions[1].token_ids
-    # A stream closed early aborts the request: the engine is free at once.
-    (first, *_), active = host.run(stream(DecodingParams(max_new_tokens=200, ignore_eos=True), 4, stop_after=2))
-    assert active == 0 and isinstance(first, list)
+    # A consumer that leaves early (its on_deltas raised) aborts the request: the engine is free at once.
+    deltas, result, active = host.run(stream(DecodingParams(max_new_tokens=200, ignore_eos=True), 4, stop_after=2))
+    assert active == 0 and result is None and len(deltas) == 2
     assert len(host.generate(PROMPT, 1, max_new_tokens=3, ignore_eos=True).completions[0].token_ids) == 3
+
+
+class Enough(Exception):
+    """A stream's consumer has had enough."""
 
 
 def test_weights_load_over_the_weight_sync_group(host: Host) -> None:

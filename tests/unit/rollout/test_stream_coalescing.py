@@ -1,8 +1,11 @@
-"""GenerateStream through the servicer over the torch engine: steps its reader had not taken yet come as one
-message, the tokens that came together with the end ride in the result's message, and nothing is lost or
-reordered: every completion's deltas, concatenated, are the unary Generate's token ids and logprobs."""
+"""GenerateStream and GenerateMultiplexed through the servicer over the torch engine: steps the reader had not
+taken yet come as one message, the tokens that came together with the end ride in the result's message, and
+nothing is lost or reordered: every completion's deltas, concatenated, are the unary Generate's token ids and
+logprobs."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
@@ -10,7 +13,6 @@ from dockyard.api.common.v1 import common_pb2
 from dockyard.api.rollout.v1 import rollout_pb2
 from dockyard.config import load_config_text
 from services.rollout.decoding import DecodingParams
-from services.rollout.engine import GenerationResult
 from services.rollout.servicer import RolloutServicer
 from services.rollout.settings import RolloutSettings
 from tests.unit.rollout.test_torch_engine import PROMPT, tiny_engine
@@ -72,16 +74,30 @@ async def test_ready_deltas_come_as_one_message_with_the_result_and_nothing_is_l
         assert list(c.logprobs) == pytest.approx(list(g.logprobs), abs=1e-4)
 
 
-async def test_the_engine_gives_the_tokens_read_with_the_end_in_the_result_alone(servicer) -> None:
-    engine = servicer.engines["job"]
-    decoding = DecodingParams(temperature=1.0, max_new_tokens=TOKENS, ignore_eos=True, seed=3)
-    events = engine.generate_stream(PROMPT, 3, decoding)
-    first = await anext(events)
-    await run_past_the_stream(servicer)
-    rest = [e async for e in events]
-    assert len(rest) == 1 and isinstance(rest[0], GenerationResult)  # no deltas message just before it
-    for d in first:
-        assert d.token_ids == rest[0].completions[d.index].token_ids[: len(d.token_ids)]
+async def test_a_multiplexed_calls_steps_its_reader_had_not_taken_come_as_one_event(servicer) -> None:
+    requests: asyncio.Queue = asyncio.Queue()
+
+    async def incoming():
+        while (next_request := await requests.get()) is not None:
+            yield next_request
+
+    replies = servicer.GenerateMultiplexed(incoming(), Context())
+    start = rollout_pb2.GenerateStreamRequest(request=request())
+    requests.put_nowait(rollout_pb2.GenerateMultiplexedRequest(call_id=7, start=start))
+    (first,) = (await anext(replies)).events
+    assert first.call_id == 7 and first.message.deltas and not first.message.HasField("result")
+    await run_past_the_stream(servicer)  # the reader is away while the rest of the call is sampled
+    requests.put_nowait(None)  # half-closed: the stream ends with its call
+    rest = [event for reply in [r async for r in replies] for event in reply.events]
+    # Every step sampled while it was away, and the end: one event, one message.
+    assert len(rest) == 1 and rest[0].message.HasField("result")
+    last = rest[0].message
+    assert all(len(d.token_ids) == len(d.logprobs) >= 2 for d in last.deltas)  # several steps merged
+    for i, c in enumerate(last.result.completions):
+        deltas = [d for m in (first.message, last) for d in m.deltas if d.index == i]
+        assert [t for d in deltas for t in d.token_ids] == list(c.token_ids)
+        assert [lp for d in deltas for lp in d.logprobs] == list(c.logprobs)
+        assert len(c.token_ids) == TOKENS
 
 
 async def test_every_token_comes_once_in_order_when_the_reader_keeps_up(servicer) -> None:

@@ -254,8 +254,8 @@ async def test_a_cancelled_generation_stops_at_its_next_decode_step() -> None:
 
 async def test_a_stream_gives_every_token_as_it_is_sampled_and_the_same_result(engine: TorchEngine) -> None:
     decoding = DecodingParams(temperature=1.0, max_new_tokens=12, ignore_eos=True, seed=3)
-    # Lockstep: each forward pass after the prefill waits until the consumer has taken the previous step's
-    # message, so no two steps can be merged however loaded the machine is.
+    # Lockstep: each forward pass after the prefill waits until on_deltas has had the previous step's tokens,
+    # so they were handed on while the generation ran, not with its end.
     taken, passes = threading.Semaphore(0), []
 
     def count_pass(module, args, output) -> None:
@@ -263,20 +263,21 @@ async def test_a_stream_gives_every_token_as_it_is_sampled_and_the_same_result(e
 
     def before_pass(module, args) -> None:
         if passes:
-            assert taken.acquire(timeout=60), "the stream's consumer never took a step's tokens"
+            assert taken.acquire(timeout=60), "the stream's on_deltas never had a step's tokens"
 
+    def on_deltas(step: list) -> None:
+        deltas.append(step)
+        taken.release()
+
+    deltas: list[list] = []
     hooks = [engine.model.register_forward_pre_hook(before_pass), engine.model.register_forward_hook(count_pass)]
-    events = []
     try:
-        async for event in engine.generate_stream(PROMPT, 3, decoding):
-            events.append(event)
-            taken.release()
+        result = await engine.generate_stream(PROMPT, 3, decoding, on_deltas)
     finally:
         for hook in hooks:
             hook.remove()
-    *deltas, result = events
     assert isinstance(result, GenerationResult)
-    # One message per decode step; the step that ends the rows reports its tokens in the result alone.
+    # One call per decode step; the step that ends the rows reports its tokens in the result alone.
     assert len(deltas) == 11 and all(len(step) == 3 for step in deltas)
     for i, c in enumerate(result.completions):
         mine = [d for step in deltas for d in step if d.index == i]
@@ -285,15 +286,44 @@ async def test_a_stream_gives_every_token_as_it_is_sampled_and_the_same_result(e
     assert result == await engine.generate(PROMPT, 3, decoding)  # seeded: the same group either way
 
 
-async def test_closing_a_stream_stops_its_rows() -> None:
+async def test_cancelling_a_stream_stops_its_rows_and_its_deltas() -> None:
     engine = tiny_engine(os.environ.get("DOCKYARD_TEST_DEVICE", "cpu"))
-    stream = engine.generate_stream(PROMPT, 2, DecodingParams(temperature=1.0, max_new_tokens=400, ignore_eos=True))
-    first = await anext(stream)
-    await stream.aclose()  # the reader went away
+    steps: list[list] = []
+    first = asyncio.Event()
+
+    def on_deltas(step: list) -> None:
+        steps.append(step)
+        first.set()
+
+    long = DecodingParams(temperature=1.0, max_new_tokens=400, ignore_eos=True)
+    stream = asyncio.ensure_future(engine.generate_stream(PROMPT, 2, long, on_deltas))
+    await first.wait()
+    stream.cancel()  # the reader went away
+    with pytest.raises(asyncio.CancelledError):
+        await stream
+    seen = len(steps)
     short = await engine.generate(PROMPT, 1, DecodingParams(temperature=1.0, max_new_tokens=4, ignore_eos=True))
-    assert {d.index for d in first} <= {0, 1} and len(short.completions[0].token_ids) == 4
-    (steps,) = engine.batch_stats.cancelled_steps  # it left the batch long before its 400 tokens
-    assert steps < 399
+    assert {d.index for d in steps[0]} <= {0, 1} and len(short.completions[0].token_ids) == 4
+    assert len(steps) == seen  # nothing handed on once it was cancelled, steps in flight then included
+    (cancelled,) = engine.batch_stats.cancelled_steps  # it left the batch long before its 400 tokens
+    assert cancelled < 399
+
+
+async def test_a_failing_on_deltas_stops_the_rows_with_its_error() -> None:
+    engine = tiny_engine(os.environ.get("DOCKYARD_TEST_DEVICE", "cpu"))
+    calls = []
+
+    def on_deltas(step: list) -> None:
+        calls.append(step)
+        raise ValueError("the consumer broke")
+
+    long = DecodingParams(temperature=1.0, max_new_tokens=400, ignore_eos=True)
+    with pytest.raises(ValueError, match="the consumer broke"):
+        await engine.generate_stream(PROMPT, 2, long, on_deltas)
+    short = await engine.generate(PROMPT, 1, DecodingParams(temperature=1.0, max_new_tokens=4, ignore_eos=True))
+    assert len(calls) == 1 and len(short.completions[0].token_ids) == 4
+    (cancelled,) = engine.batch_stats.cancelled_steps
+    assert cancelled < 399
 
 
 def test_a_generation_cancelled_before_its_first_step_gives_no_result(engine: TorchEngine) -> None:
