@@ -200,6 +200,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             yield last
         finally:
             call.cancel()  # the caller went away: the generation stops at its next decode step
+            if call.done() and not call.cancelled():
+                call.exception()  # read: a failure the caller left before hearing is not logged as lost
 
     async def GenerateMultiplexed(
         self,
