@@ -71,7 +71,8 @@ class MultiplexedStream:
                     yield rollout_pb2.GenerateMultiplexedResponse(events=events)
                 if reader.done():
                     reader.result()  # the request stream's own failure ends this one
-                if not self._calls and (not self._reading or self._draining):
+                # Events queued while the reply was out (a call's last message) go before the stream ends.
+                if not self._calls and not self._outbox and (not self._reading or self._draining):
                     return
         finally:
             reader.cancel()

@@ -116,10 +116,11 @@ async def _multiplexed(address: str, cancellations) -> None:
             while sum(len(t) for t in tokens_of(stream.events.get(20, [])).values()) < 8:
                 await asyncio.sleep(0.01)
         await stream.call.write(cancel(20))
-        await asyncio.sleep(0.5)
-        seen = len(stream.events[20])
         await stream.call.write(start(21, requests[1]))
-        await stream.wait(21)
+        await stream.wait(21)  # whatever call 20 sent before its cancel came ahead of call 21's end
+        seen = len(stream.events[20])
+        await stream.call.write(start(22, requests[3]))
+        await stream.wait(22)
         assert len(stream.events[20]) == seen and not stream.done(20)
 
         # Half-closed by the caller: the stream ends once its running call has ended.
@@ -146,8 +147,11 @@ async def _multiplexed(address: str, cancellations) -> None:
             await calls.stream(stream_request(prompt="").request, lambda *_: None, timeout=60)
         assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "prompt" in failed.value.details()
         # A caller that goes away cancels its call on the replica; the stream serves the next one.
-        leaving = asyncio.ensure_future(calls.stream(long.request, lambda *_: None, timeout=60))
-        await asyncio.sleep(1.0)
+        got: list[int] = []
+        leaving = asyncio.ensure_future(calls.stream(long.request, lambda _, ids, __: got.extend(ids), timeout=60))
+        async with asyncio.timeout(60):  # it is generating (far from its 1,000 tokens) when its caller leaves
+            while not got:
+                await asyncio.sleep(0.01)
         leaving.cancel()
         with pytest.raises(asyncio.CancelledError):
             await leaving
