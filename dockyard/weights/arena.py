@@ -23,6 +23,8 @@ Guarantees:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 ALIGN = 16  # bytes: every parameter starts at a vectorizable address
@@ -38,14 +40,18 @@ def _offsets(params: list[torch.Tensor]) -> tuple[list[int], int]:
 
 
 @torch.no_grad()
-def pack(module: torch.nn.Module) -> torch.Tensor:
-    """Move `module`'s parameters into one uint8 arena on their device (returned); ValueError if they span devices."""
+def pack(module: torch.nn.Module, new_arena: Callable[[int], torch.Tensor] | None = None) -> torch.Tensor:
+    """Move `module`'s parameters into one uint8 arena on their device (returned); ValueError if they span devices.
+    `new_arena(nbytes)` makes the arena on that device (handles.new_shared_file: one a colocated sync shares)."""
     params = [p for _, p in module.named_parameters()]
     devices = {p.device for p in params}
     if len(devices) != 1:
         raise ValueError(f"a parameter arena holds one device's parameters, not {sorted(map(str, devices))}")
     offsets, total = _offsets(params)
-    arena = torch.empty(total, dtype=torch.uint8, device=devices.pop())
+    device = devices.pop()
+    arena = torch.empty(total, dtype=torch.uint8, device=device) if new_arena is None else new_arena(total)
+    if arena.device != device or arena.dtype != torch.uint8 or arena.numel() < total:
+        raise ValueError(f"the arena must be {total} bytes of uint8 on {device}")
     for p, offset in zip(params, offsets, strict=True):
         view = arena[offset : offset + p.numel() * p.element_size()].view(p.dtype).view(p.shape)
         view.copy_(p.data)

@@ -1,10 +1,12 @@
 """Rank 0 of the colocated weight sync: hosts the epoch's store, shares its tensors' memory, stages the rest.
 
 Guarantees:
-- A contiguous tensor on the device is shared as it is (its storage's handle, once); only strided
-  or off-device pieces are staged, into at most two buckets. A bucket is reused only after every
-  receiver acknowledged the message that used it, and every shared tensor stays alive until every
-  receiver confirmed the version (the send returns only then).
+- A contiguous tensor on the device is shared as it is (its storage's handle, once): on a GPU any,
+  on CPU one that lies in a file mapped shared (handles.new_shared_file). The rest is staged, into
+  at most two buckets (on CPU, files of their own, unlinked once every receiver mapped them, so no
+  helper process keeps them). A bucket is reused only after every receiver acknowledged the message
+  that used it, and every shared tensor stays alive until every receiver confirmed the version (the
+  send returns only then).
 - Every message is signed with the epoch's secret (HMAC-SHA256) before it enters the store.
 - A manifest naming a tensor twice fails before anything is sent; a receiver whose refit plan
   refused the manifest makes the send raise RefitError with its reason.
@@ -26,7 +28,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as torch_mp
 
 from dockyard.weights.collective import copy_flat
 from dockyard.weights.colocated_peer import (
@@ -41,7 +42,7 @@ from dockyard.weights.colocated_peer import (
 )
 from dockyard.weights.fingerprint import Fingerprint
 from dockyard.weights.group import SyncFailed, SyncReport, WeightSyncGroup, host_store, prove_membership
-from dockyard.weights.handles import byte_tensor, share, sign
+from dockyard.weights.handles import byte_tensor, new_shared_file, remove_file, share, shared_file_of, sign
 from dockyard.weights.mailbox import Mailbox
 from dockyard.weights.refit import RefitError, TensorSpec, canonical_name, refit_plan
 
@@ -60,8 +61,6 @@ class ColocatedSender(Peer):
             raise SyncFailed(f"the weight-sync group of epoch {group.epoch} has no secret: ask the coordinator")
         self.group, self.timeout, self.device, self.checksum = group, timeout, device, checksum
         self.bucket_bytes = max(64, bucket_bytes // 64 * 64)
-        if device.type == "cpu":
-            torch_mp.set_sharing_strategy("file_system")  # shared-memory files any local process can open
         self._root = host_store(group, timeout)
         self.store = dist.PrefixStore(f"dockyard/weights/epoch-{group.epoch}", self._root)
         try:
@@ -71,6 +70,7 @@ class ColocatedSender(Peer):
             self.store = self._root = None  # type: ignore[assignment]  # the store stops listening
             raise
         self.buckets: list[torch.Tensor] = []
+        self.files: list[str] = []  # the CPU buckets' files not yet unlinked
         self.ids: dict[int, int] = {}  # storage -> handle id, for the storages shared as they are
         self.shared: dict[int, torch.Tensor] = {}  # handle id -> the storage's bytes (kept alive while shared)
         self.next_id = len(BUCKETS)
@@ -86,10 +86,10 @@ class ColocatedSender(Peer):
     def _direct(self, t: torch.Tensor) -> bool:
         if t.numel() == 0 or not t.is_contiguous() or t.device != self.device:
             return False
-        return t.is_cuda or t.is_shared()
+        return t.is_cuda or shared_file_of(t) is not None
 
     def _handle_of(self, t: torch.Tensor) -> int:
-        # The storage itself (not its data pointer: sharing a CPU storage may move its bytes into a file).
+        # The storage object itself, not its data pointer.
         ptr = t.untyped_storage()._cdata
         if ptr not in self.ids:
             self.ids[ptr], self.shared[self.next_id] = self.next_id, byte_tensor(t)
@@ -174,6 +174,7 @@ class ColocatedSender(Peer):
         self._refused(version, ranks, None)
         replayable = self._check_loaded(version, ranks)
         self.sent = mapped
+        self._unlink_buckets()  # every receiver has mapped the buckets it uses
         if announce and messages:  # every receiver has mapped it: the file can go
             self.mailbox.unlink()  # type: ignore[union-attr]
             self.mailbox_mapped = True
@@ -189,7 +190,8 @@ class ColocatedSender(Peer):
         self, version: int, ranks: range, specs: list[TensorSpec], messages: list[tuple[list[Piece], int | None]]
     ) -> bool:
         """The version's manifest in the store, -version in the mailbox; whether its first message names the mailbox."""
-        live = sorted({p.handle for pieces, _ in messages for p in pieces})
+        # Buckets stay mapped for the epoch: a CPU bucket's file is gone once every receiver mapped it.
+        live = sorted({p.handle for pieces, _ in messages for p in pieces} | set(BUCKETS[: len(self.buckets)]))
         self._release(set(live))
         manifest = {"version": version, "tensors": [s.to_json() for s in specs], "messages": len(messages)}
         manifest["live"] = live
@@ -298,7 +300,11 @@ class ColocatedSender(Peer):
 
     def _stage(self, items: list[tuple[str, torch.Tensor]], pieces: list[Piece], slot: int) -> None:
         while len(self.buckets) <= slot:
-            self.buckets.append(torch.empty(self.bucket_bytes, dtype=torch.uint8, device=self.device))
+            if self.device.type == "cpu":  # a file each receiver maps (unlinked once all have)
+                self.buckets.append(new_shared_file(self.bucket_bytes))
+                self.files.append(shared_file_of(self.buckets[-1]))
+            else:
+                self.buckets.append(torch.empty(self.bucket_bytes, dtype=torch.uint8, device=self.device))
         for p in pieces:
             t = items[p.index][1]
             copy_flat(t, p.a, p.b, self._view(p, t.dtype), into_flat=True)
@@ -309,9 +315,14 @@ class ColocatedSender(Peer):
         """Forget storages the new version no longer uses (the receivers drop them too, from the manifest)."""
         self.ids = {ptr: i for ptr, i in self.ids.items() if i in live}
         self.shared = {i: t for i, t in self.shared.items() if i in live}
-        self.sent &= live  # a bucket the version does not use is dropped by the receivers too
+        self.sent &= live  # a storage the version does not use is dropped by the receivers too
+
+    def _unlink_buckets(self) -> None:
+        while self.files:
+            remove_file(self.files.pop())
 
     def close(self) -> None:
+        self._unlink_buckets()
         self.ids.clear()
         self.shared.clear()
         self.buckets.clear()

@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import mmap
 import os
-import tempfile
 
 import numpy as np
 
+from dockyard.weights.handles import create_shared_file, remove_file
+
 WORD = 8
-
-
-def _folder() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
 class Mailbox:
@@ -42,9 +39,8 @@ class Mailbox:
 
     @classmethod
     def create(cls, world: int) -> Mailbox:
-        fd, path = tempfile.mkstemp(prefix="dockyard-weights-", dir=_folder())
-        os.ftruncate(fd, world * WORD)  # zeros: nothing asked, nothing answered
-        return cls(path, world, fd)
+        path = create_shared_file(world * WORD)  # zeros: nothing asked, nothing answered
+        return cls(path, world, os.open(path, os.O_RDWR))
 
     @classmethod
     def open(cls, path: str, world: int) -> Mailbox:
@@ -66,10 +62,7 @@ class Mailbox:
         """Remove the file (the mappings stay valid): once every receiver has mapped it."""
         if self._linked:
             self._linked = False
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+            remove_file(self.path)
 
     def close(self) -> None:
         self.unlink()

@@ -13,6 +13,7 @@ from dockyard.weights import arena
 from dockyard.weights.collective import TensorSink
 from dockyard.weights.colocated import ColocatedTransport
 from dockyard.weights.group import WeightSyncGroup
+from dockyard.weights.handles import new_shared_file, remove_file, shared_file_of
 from tests.conftest import free_port
 
 
@@ -52,6 +53,12 @@ def test_pack_refuses_parameters_on_two_devices() -> None:
         arena.pack(model)
 
 
+def test_pack_refuses_an_arena_too_small_or_of_another_dtype() -> None:
+    for short in (lambda n: torch.empty(n - 1, dtype=torch.uint8), lambda n: torch.empty(n, dtype=torch.int8)):
+        with pytest.raises(ValueError, match="bytes of uint8"):
+            arena.pack(_model(0), short)
+
+
 def test_aliases_are_the_same_objects_until_a_parameter_moves() -> None:
     model = _model(2)
     arena.pack(model)
@@ -87,10 +94,8 @@ def test_coalesce_merges_exact_adjacency_on_both_sides_only() -> None:
 
 
 def test_a_sync_between_two_arenas_of_one_layout_is_one_copy() -> None:
-    strategy = torch.multiprocessing.get_sharing_strategy()
-    torch.multiprocessing.set_sharing_strategy("file_system")
     trainer, engine = _model(1), _model(2)
-    arena.pack(trainer).share_memory_()  # shared as it is, as a GPU's memory is
+    shared = arena.pack(trainer, new_shared_file)  # shared as it is, as a GPU's memory is
     arena.pack(engine)
     sent = [(n, p.detach()) for n, p in trainer.named_parameters()]
     targets = {n: p.data for n, p in engine.named_parameters()}
@@ -117,4 +122,4 @@ def test_a_sync_between_two_arenas_of_one_layout_is_one_copy() -> None:
     finally:
         sender.close()
         receiver.close()
-        torch.multiprocessing.set_sharing_strategy(strategy)
+        remove_file(shared_file_of(shared))

@@ -11,6 +11,7 @@ import threading
 import time
 import traceback
 from datetime import timedelta
+from multiprocessing.util import Finalize
 
 import pytest
 import torch
@@ -19,14 +20,32 @@ from dockyard.weights import colocated, colocated_sender, devices
 from dockyard.weights.collective import TensorSink
 from dockyard.weights.colocated import ColocatedTransport
 from dockyard.weights.group import SyncFailed, WeightSyncGroup
+from dockyard.weights.handles import new_shared_file, remove_file, shared_file_of
 from tests.conftest import free_port
 
 BUCKET = 2048  # bytes: the large tensor spans several buckets, so both staging buckets are reused
 
 
+_FILES: list[str] = []  # this process's files of _shared, removed at its exit (or before it dies on purpose)
+
+
+def _shared(t: torch.Tensor) -> torch.Tensor:
+    """A copy of `t` in a file mapped shared: the sender shares it as it is, as it does a GPU's memory."""
+    out = new_shared_file(t.nbytes).view(t.dtype).view(t.shape)
+    if not _FILES:
+        Finalize(None, _remove_files, exitpriority=0)  # multiprocessing's children run no atexit
+    _FILES.append(shared_file_of(out))
+    return out.copy_(t)
+
+
+def _remove_files() -> None:
+    while _FILES:
+        remove_file(_FILES.pop())
+
+
 def _sender_tensors() -> list[tuple[str, torch.Tensor]]:
     gen = torch.Generator().manual_seed(7)
-    shared = torch.randn(40, 30, generator=gen).share_memory_()  # shared as it is, no staging
+    shared = _shared(torch.randn(40, 30, generator=gen))  # shared as it is, no staging
     return [
         ("_orig_mod.model.embed.weight", torch.randn(50, 20, generator=gen)),  # 4000 bytes: cut across buckets
         ("model.layers.0.attn.weight", shared),
@@ -66,7 +85,7 @@ def _patch(rank: int, scenario: str) -> None:
     if scenario == "killed" and rank == 1:  # a replica that dies after the manifest, before any acknowledgement
         colocated.ColocatedReceiver._load = lambda *args, **kwargs: os._exit(3)  # type: ignore[method-assign]
     if scenario == "killed-sender" and rank == 0:  # a trainer that dies between the manifest and its first bucket
-        colocated.ColocatedSender._stage = lambda *args: os._exit(3)  # type: ignore[method-assign]
+        colocated.ColocatedSender._stage = lambda *args: (_remove_files(), os._exit(3))  # type: ignore[method-assign]
 
 
 _REAL_SIGN = colocated_sender.sign
@@ -198,9 +217,7 @@ def test_device_checks_name_the_ranks_and_the_fix() -> None:
 
 
 def test_versions_that_switch_between_shared_and_staged_tensors_stay_exact() -> None:
-    """One process, two threads: a bucket left out of a version is shared again when a later one needs it."""
-    strategy = torch.multiprocessing.get_sharing_strategy()
-    torch.multiprocessing.set_sharing_strategy("file_system")  # as the sender sets it; restored below
+    """One process, two threads: a bucket left out of a version stays mapped for a later one that needs it."""
     gen = torch.Generator().manual_seed(1)
     port = free_port()
     sender = ColocatedTransport(timedelta(seconds=30), BUCKET)
@@ -208,8 +225,8 @@ def test_versions_that_switch_between_shared_and_staged_tensors_stay_exact() -> 
     targets = {"a": torch.zeros(30, 20), "b": torch.zeros(8, 16)}
     try:
         for version, staged in ((1, False), (2, True), (3, False), (4, True)):
-            a = torch.randn(30, 20, generator=gen).share_memory_()
-            b = torch.randn(16, 8, generator=gen).t() if staged else torch.randn(8, 16, generator=gen).share_memory_()
+            a = _shared(torch.randn(30, 20, generator=gen))
+            b = torch.randn(16, 8, generator=gen).t() if staged else _shared(torch.randn(8, 16, generator=gen))
             box: list = []
             thread = threading.Thread(
                 target=lambda v=version, out=box: out.append(
@@ -224,17 +241,14 @@ def test_versions_that_switch_between_shared_and_staged_tensors_stay_exact() -> 
     finally:
         sender.close()
         receiver.close()
-        torch.multiprocessing.set_sharing_strategy(strategy)
 
 
 def test_an_unchanged_layout_is_replayed_and_a_changed_engine_refuses_the_replay() -> None:
     """Checksum off, the trainer's tensors stepped in place: the next version is a replay of the last one's copies."""
-    strategy = torch.multiprocessing.get_sharing_strategy()
-    torch.multiprocessing.set_sharing_strategy("file_system")
     gen = torch.Generator().manual_seed(2)
     sent = [
-        ("a", torch.randn(30, 20, generator=gen).share_memory_()),
-        ("b", torch.randn(9, generator=gen).share_memory_()),
+        ("a", _shared(torch.randn(30, 20, generator=gen))),
+        ("b", _shared(torch.randn(9, generator=gen))),
     ]
     targets = {"a": torch.zeros(30, 20), "b": torch.zeros(9)}
     sender = ColocatedTransport(timedelta(seconds=5), BUCKET, checksum=False)
@@ -272,7 +286,7 @@ def test_an_unchanged_layout_is_replayed_and_a_changed_engine_refuses_the_replay
         assert not sender.peer.store.check(["colocated/v1/manifest"])
         assert not os.path.exists(sender.peer.mailbox.path)  # unlinked once the receiver mapped it
         # A new storage on the trainer's side: sent in full, which the mailbox tells the receiver.
-        sent[1] = ("b", (sent[1][1] + 1.0).share_memory_())
+        sent[1] = ("b", _shared(sent[1][1] + 1.0))
         assert not any(isinstance(r, Exception) for r in sync(4, port))
         assert torch.equal(targets["b"], sent[1][1]) and sender.peer.store.check(["colocated/v4/manifest"])
         assert not any(isinstance(r, Exception) for r in sync(5, port))  # and a repeat again
@@ -281,7 +295,7 @@ def test_an_unchanged_layout_is_replayed_and_a_changed_engine_refuses_the_replay
         assert not any(isinstance(r, Exception) for r in sync(6, port))
         assert sender.peer.keys == [] and receiver.peer.replay[0] == 6
         with torch.no_grad():  # the same object, moved to other memory: the cheap check sees it, sent in full
-            sent[0][1].set_(torch.randn(30, 20, generator=gen).share_memory_())
+            sent[0][1].set_(_shared(torch.randn(30, 20, generator=gen)))
         assert not any(isinstance(r, Exception) for r in sync(7, port))
         assert torch.equal(targets["a"], sent[0][1]) and sender.peer.store.check(["colocated/v7/manifest"])
         targets = {"a": torch.zeros(30, 20), "b": torch.zeros(9)}  # the engine reloaded: other tensors
@@ -293,17 +307,14 @@ def test_an_unchanged_layout_is_replayed_and_a_changed_engine_refuses_the_replay
     finally:
         sender.close()
         receiver.close()
-        torch.multiprocessing.set_sharing_strategy(strategy)
 
 
 def test_a_repeat_taken_on_an_event_loop_runs_there_without_a_thread_and_leaves_the_loop_free(monkeypatch) -> None:
     """receive_on_loop: a full version goes through a worker thread, a repeat runs on the loop itself
     (no thread), and while it waits for a late trainer the loop's other tasks keep running."""
-    strategy = torch.multiprocessing.get_sharing_strategy()
-    torch.multiprocessing.set_sharing_strategy("file_system")
     gen = torch.Generator().manual_seed(3)
-    sent = [("a", torch.randn(30, 20, generator=gen).share_memory_()), ("b", torch.randn(9, generator=gen))]
-    sent[1] = ("b", sent[1][1].share_memory_())
+    sent = [("a", _shared(torch.randn(30, 20, generator=gen))), ("b", torch.randn(9, generator=gen))]
+    sent[1] = ("b", _shared(sent[1][1]))
     targets = {"a": torch.zeros(30, 20), "b": torch.zeros(9)}
     sender = ColocatedTransport(timedelta(seconds=5), BUCKET, checksum=False)
     receiver = ColocatedTransport(timedelta(seconds=5), BUCKET, checksum=False)
@@ -368,4 +379,3 @@ def test_a_repeat_taken_on_an_event_loop_runs_there_without_a_thread_and_leaves_
     finally:
         sender.close()
         receiver.close()
-        torch.multiprocessing.set_sharing_strategy(strategy)
