@@ -300,11 +300,12 @@ class TorchEngine(GenerationEngine):
             return await self.generate(prompt, num_samples, decoding)
         loop = asyncio.get_running_loop()
         handoff = self._handoff(loop)
+        # Done on every way out (the result, a failure, on_deltas' error, a cancellation, which cancels it):
+        # steps posted before then are dropped.
         settled: asyncio.Future[Future] = loop.create_future()
-        live = True  # False once this returned or raised: steps posted before then are dropped
 
         def deliver(deltas: list[TokenDelta]) -> None:  # on the loop
-            if not live or settled.done():
+            if settled.done():
                 return
             try:
                 on_deltas(deltas)
@@ -324,7 +325,6 @@ class TorchEngine(GenerationEngine):
         try:
             return (await settled).result()  # the result, or GenerationCancelled / the step's error raised
         finally:
-            live = False
             if not request.future.done():  # the consumer went away (cancelled, or on_deltas failed): rows leave
                 cancel.set()
                 self._batch.wake()
