@@ -2,8 +2,10 @@
 
     requests ──start──> a task per call: run(GenerateStreamRequest, time left, send) ──send(message)──> outbox
              ──cancel──> that call's task cancelled (its generation stops at the engine's next decode step)
-    outbox ──one reply per wake-up──> every event queued since the last reply (a decode step shared by the
-        stream's calls: one reply; a call's messages the reply had not taken yet: one message)
+    outbox ──one reply per wake-up, at most one per interval──> every event queued since the last reply (a
+        decode step shared by the stream's calls: one reply; a call's messages the reply had not taken yet: one
+        message); a call's end (a result, a status) goes without waiting out the interval, its first tokens
+        with the stream's next reply
 
 Guarantees: each call's events carry the messages GenerateStream would send for its request, in order (those
 queued together merged into one: each completion's tokens in order), each in one reply; a call that fails ends
@@ -40,11 +42,25 @@ def _status(code: grpc.StatusCode, message: str) -> rollout_pb2.CallStatus:
     return rollout_pb2.CallStatus(code=code.value[0], message=clip(message))
 
 
-class MultiplexedStream:
-    """The calls of one stream; `run` runs one call (the servicer's GenerateStream, less its context)."""
+async def wait_out(until: float, event: asyncio.Event) -> None:
+    """Until loop time `until`, or sooner once `event` is set."""
+    rest = until - asyncio.get_running_loop().time()
+    if rest > 0 and not event.is_set():
+        try:
+            async with asyncio.timeout(rest):
+                await event.wait()
+        except TimeoutError:
+            pass
 
-    def __init__(self, run: Run) -> None:
+
+class MultiplexedStream:
+    """The calls of one stream; `run` runs one call (the servicer's GenerateStream, less its context);
+    `interval`: seconds a reply waits after the last before it goes, unless it carries a call's end."""
+
+    def __init__(self, run: Run, interval: float = 0.0) -> None:
         self._run_call = run
+        self._interval = interval
+        self._urgent = asyncio.Event()  # a call's end is queued (or the stream may end): no waiting out the interval
         self._calls: dict[int, asyncio.Task] = {}
         self._outbox: list[rollout_pb2.CallEvent] = []
         self._open: dict[int, rollout_pb2.CallEvent] = {}  # a call's message event still in the outbox
@@ -55,12 +71,14 @@ class MultiplexedStream:
     def drain(self) -> None:
         """New calls are refused from now on; the stream ends once no call runs."""
         self._draining = True
+        self._urgent.set()
         self._wake.set()
 
     async def serve(
         self, requests: AsyncIterator[rollout_pb2.GenerateMultiplexedRequest]
     ) -> AsyncIterator[rollout_pb2.GenerateMultiplexedResponse]:
         reader = asyncio.ensure_future(self._read(requests))
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 await self._wake.wait()
@@ -68,7 +86,10 @@ class MultiplexedStream:
                 if self._outbox:
                     events, self._outbox = self._outbox, []
                     self._open.clear()
+                    self._urgent.clear()
+                    sent_at = loop.time()
                     yield rollout_pb2.GenerateMultiplexedResponse(events=events)
+                    await wait_out(sent_at + self._interval, self._urgent)
                 if reader.done():
                     reader.result()  # the request stream's own failure ends this one
                 # Events queued while the reply was out (a call's last message) go before the stream ends.
@@ -93,6 +114,7 @@ class MultiplexedStream:
                         task.cancel()
         finally:
             self._reading = False
+            self._urgent.set()
             self._wake.set()
 
     def _start(self, request: rollout_pb2.GenerateMultiplexedRequest) -> None:
@@ -111,6 +133,7 @@ class MultiplexedStream:
     def _forget(self, call_id: int, task: asyncio.Task) -> None:
         if self._calls.get(call_id) is task:
             del self._calls[call_id]
+        self._urgent.set()
         self._wake.set()
 
     async def _run(self, call_id: int, start: rollout_pb2.GenerateStreamRequest, timeout: float | None) -> None:
@@ -144,9 +167,12 @@ class MultiplexedStream:
         else:
             self._open[call_id] = event = rollout_pb2.CallEvent(call_id=call_id, message=message)
             self._outbox.append(event)
+        if message.HasField("result"):
+            self._urgent.set()
         self._wake.set()
 
     def _end(self, call_id: int, status: rollout_pb2.CallStatus) -> None:
         self._open.pop(call_id, None)
         self._outbox.append(rollout_pb2.CallEvent(call_id=call_id, status=status))
+        self._urgent.set()
         self._wake.set()

@@ -71,7 +71,7 @@ from services.rollout.decoding import (
 )
 from services.rollout.engine import GenerationEngine, GenerationResult, Prompt, TokenDelta, UnsupportedRequest
 from services.rollout.job_engines import JobEngines, build_engine
-from services.rollout.multiplex import MultiplexedStream, Send, TimeLeft
+from services.rollout.multiplex import MultiplexedStream, Send, TimeLeft, wait_out
 from services.rollout.prompts import check_context, prompt_from_request
 from services.rollout.settings import RolloutSettings
 from services.rollout.staging import PayloadStager
@@ -186,13 +186,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
             ready.set()
 
         call = asyncio.ensure_future(self._stream(request, lambda: _time_left(context), send))
-        call.add_done_callback(lambda _: ready.set())
+        ended = asyncio.Event()  # the call is over: its last message goes without waiting out the interval
+        call.add_done_callback(lambda _: (ended.set(), ready.set()))
+        loop, interval = asyncio.get_running_loop(), self.settings.stream_interval_ms / 1000
         try:
             while not call.done():
                 await ready.wait()
                 ready.clear()
                 if unsent and not call.done():
+                    sent_at = loop.time()
                     yield unsent.pop()
+                    await wait_out(sent_at + interval, ended)
             last = call.result()  # the call's failure raised
             if unsent:
                 merge_into(unsent[0], last)
@@ -208,7 +212,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         requests: AsyncIterator[rollout_pb2.GenerateMultiplexedRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[rollout_pb2.GenerateMultiplexedResponse]:
-        stream = MultiplexedStream(self._stream)
+        stream = MultiplexedStream(self._stream, self.settings.stream_interval_ms / 1000)
         if self._draining:
             stream.drain()
         self._streams.add(stream)

@@ -26,6 +26,15 @@ class RolloutSettings(ServiceSettings):
         4096, ge=1, description="Largest max_new_tokens a Generate request may ask for on this replica."
     )
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads; unset keeps torch's default.")
+    stream_interval_ms: float = Field(
+        20.0,
+        ge=0,
+        le=60_000,
+        description=(
+            "Least time between two messages of one stream (GenerateStream, GenerateMultiplexed): tokens "
+            "sampled meanwhile go in one message, a call's end at once; 0: a message per decode step."
+        ),
+    )
     weight_sync_timeout_seconds: float = Field(
         120.0,
         gt=0,

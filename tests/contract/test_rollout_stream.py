@@ -14,7 +14,7 @@ from tests.contract.test_rollout_service import CONFIG_YAML, ENV, JOB, sampling
 
 
 def test_generate_stream(start_service) -> None:
-    rollout = start_service("rollout", ENV)
+    rollout = start_service("rollout", {**ENV, "DOCKYARD_ROLLOUT_STREAM_INTERVAL_MS": "0"})  # a message per step
     asyncio.run(_stream(rollout.address))
     # The stream whose caller went away stopped early rather than running to max_new_tokens.
     assert '"generation cancelled"' in rollout.logs(), rollout.logs()[-3000:]

@@ -98,8 +98,9 @@ def test_a_stream_arrives_token_by_token_from_the_replica(served) -> None:
     texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     finish = [i for i, c in enumerate(chunks) if c.choices and c.choices[0].finish_reason]
     assert chunks[-1].usage.completion_tokens == 32
-    # Content came in several chunks, each before the final one: the replica's tokens as they were sampled.
-    assert len(texts) >= 4, texts
+    # Content came in several chunks, each before the final one: the replica's tokens as they were sampled
+    # (the first at once, the rest at most every DOCKYARD_ROLLOUT_STREAM_INTERVAL_MS).
+    assert len(texts) >= 2, texts
     assert finish == [len(chunks) - 2]  # then the usage chunk
     # The recorded completion is what was streamed: the same ids decode to the same content.
     turn = httpx.get(f"{base}/v1/sessions/live/trajectory", headers={"x-api-key": TOKEN}).json()

@@ -31,10 +31,24 @@ class Context:
         return None
 
 
+def make_servicer(interval_ms: float) -> RolloutServicer:
+    servicer = RolloutServicer(RolloutSettings(stream_interval_ms=interval_ms))
+    servicer.engines["job"], servicer.configs["job"] = tiny_engine("cpu"), load_config_text(CONFIG)
+    return servicer
+
+
 @pytest.fixture
 async def servicer():
-    servicer = RolloutServicer(RolloutSettings())
-    servicer.engines["job"], servicer.configs["job"] = tiny_engine("cpu"), load_config_text(CONFIG)
+    """A message per decode step whenever the reader keeps up (no interval between messages)."""
+    servicer = make_servicer(0)
+    yield servicer
+    await servicer.close()
+
+
+@pytest.fixture
+async def paced():
+    """Messages at least 5 s apart: far longer than a whole generation of the tiny engine."""
+    servicer = make_servicer(5000)
     yield servicer
     await servicer.close()
 
@@ -112,3 +126,44 @@ async def test_every_token_comes_once_in_order_when_the_reader_keeps_up(servicer
         ids = [t for m in messages for d in m.deltas if d.index == i for t in d.token_ids]
         lps = [lp for m in messages for d in m.deltas if d.index == i for lp in d.logprobs]
         assert (ids, lps) == (list(c.token_ids), list(c.logprobs))
+
+
+async def test_a_stream_waits_out_its_interval_but_its_end_goes_at_once(paced) -> None:
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    stream = paced.GenerateStream(rollout_pb2.GenerateStreamRequest(request=request(5)), Context())
+    messages = [m async for m in stream]
+    # The first step at once; every later one waits for the interval, which the end cuts short: one message.
+    assert [m.HasField("result") for m in messages] == [False, True]
+    assert loop.time() - began < 5.0
+    generated = await paced.Generate(request(5), Context())
+    for i, c in enumerate(generated.completions):
+        assert [t for m in messages for d in m.deltas if d.index == i for t in d.token_ids] == list(c.token_ids)
+
+
+async def test_a_multiplexed_stream_waits_out_its_interval_but_each_calls_end_goes_at_once(paced) -> None:
+    requests: asyncio.Queue = asyncio.Queue()
+
+    async def incoming():
+        while (next_request := await requests.get()) is not None:
+            yield next_request
+
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    replies = paced.GenerateMultiplexed(incoming(), Context())
+    for call_id, seed in ((1, 5), (2, 6)):
+        start = rollout_pb2.GenerateStreamRequest(request=request(seed))
+        requests.put_nowait(rollout_pb2.GenerateMultiplexedRequest(call_id=call_id, start=start))
+    requests.put_nowait(None)
+    replies = [reply async for reply in replies]
+    events = [event for reply in replies for event in reply.events]
+    # The first reply at once (the stream was idle), each call's end at once, the steps between wait for
+    # them: no interval waited out in full, and a handful of replies for the 2 x 12 steps.
+    assert loop.time() - began < 5.0
+    assert len(replies) <= 4, [[(e.call_id, e.message.HasField("result")) for e in r.events] for r in replies]
+    for call_id, seed in ((1, 5), (2, 6)):
+        mine = [e.message for e in events if e.call_id == call_id]
+        assert mine[-1].HasField("result") and not any(m.HasField("result") for m in mine[:-1])
+        generated = await paced.Generate(request(seed), Context())
+        for i, c in enumerate(generated.completions):
+            assert [t for m in mine for d in m.deltas if d.index == i for t in d.token_ids] == list(c.token_ids)
