@@ -22,8 +22,9 @@ the replica refuses (INVALID_ARGUMENT: e.g. prompt plus max_tokens past the
 context) is GenerateRefused (a 400) with the replica's message, and so is a
 job whose tokenizer cannot be loaded or has no chat template. Tokenizers and
 channels are cached per job and per address; the member list and a job's
-state are read at most once a second (a job that just finished may be served
-for up to a second more; its replicas then refuse).
+state are read at most once a second, in the background once held (renewed.py:
+no call waits for the coordinator then; a job that just finished may be served
+for up to a second and one GetJob more; its replicas then refuse).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from dockyard.rpc.client import connect
 from services.endpoint.multiplex import CallFailed, MultiplexedCalls
 from services.endpoint.reasoning import enabled as reasoning_enabled
 from services.endpoint.rendering import Renderer
+from services.endpoint.renewed import Renewed
 from services.endpoint.routing import AdmissionRefused, Replica, ReplicaState, Router
 from services.endpoint.settings import EndpointSettings
 from services.endpoint.streaming import TokenSink
@@ -137,8 +139,9 @@ class Backend:
         self._loading: dict[str, asyncio.Lock] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._streams: dict[str, MultiplexedCalls] = {}
-        self._members: tuple[float, list] = (0.0, [])
-        self._checked: dict[str, float] = {}  # job id -> when GetJob last said RUNNING
+        # The fleet's rollout members and each served job's state, read from the coordinator once a second.
+        self._members = Renewed(self._rollout_members, 1.0)
+        self._running: dict[str, Renewed[coordinator_pb2.Job]] = {}
         self.router = router or Router()
 
     @classmethod
@@ -167,19 +170,11 @@ class Backend:
         return [j for j in reply.jobs if j.state == coordinator_pb2.JOB_STATE_RUNNING]
 
     async def model(self, job_id: str) -> JobModel:
-        """The job's tokenizer and limits; UnknownModel unless the job is running (checked at most once a second)."""
-        checked = self._checked.get(job_id)
-        if checked is not None and time.monotonic() - checked < 1.0 and job_id in self._models:
-            return self._models[job_id]
-        try:
-            job = (await self._stub.GetJob(coordinator_pb2.GetJobRequest(job_id=job_id), timeout=10)).job
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
-                raise UnknownModel(f"model {job_id!r}: no such job (the model is a job id; GET /v1/models)") from None
-            raise ReplicaLost(f"the coordinator did not answer GetJob: {exc.code().name}") from None
-        if job.state != coordinator_pb2.JOB_STATE_RUNNING:
-            raise UnknownModel(f"model {job_id!r}: the job is not running")
-        self._checked[job_id] = time.monotonic()
+        """The job's tokenizer and limits; UnknownModel unless the job is running (checked at most once a second,
+        in the background once it was found running: renewed.py)."""
+        if job_id not in self._running:
+            self._running[job_id] = Renewed(lambda: self._running_job(job_id), 1.0)
+        job = await self._running[job_id].get()
         if job_id in self._models:
             return self._models[job_id]
         async with self._loading.setdefault(job_id, asyncio.Lock()):
@@ -190,18 +185,30 @@ class Backend:
                     raise GenerateRefused(f"model {job_id!r} cannot be served: {exc}") from None
         return self._models[job_id]
 
+    async def _running_job(self, job_id: str) -> coordinator_pb2.Job:
+        """GetJob: the job, UnknownModel unless it is running."""
+        try:
+            job = (await self._stub.GetJob(coordinator_pb2.GetJobRequest(job_id=job_id), timeout=10)).job
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+                raise UnknownModel(f"model {job_id!r}: no such job (the model is a job id; GET /v1/models)") from None
+            raise ReplicaLost(f"the coordinator did not answer GetJob: {exc.code().name}") from None
+        if job.state != coordinator_pb2.JOB_STATE_RUNNING:
+            raise UnknownModel(f"model {job_id!r}: the job is not running")
+        return job
+
     def _load(self, job_id: str, run_dir: str) -> JobModel:
         folder = Path(run_dir)
         if self._run_root is not None and not folder.is_absolute():
             folder = self._run_root / folder
         return load_job_model(job_id, folder)
 
+    async def _rollout_members(self) -> list[coordinator_pb2.Member]:
+        reply = await self._stub.ListMembers(coordinator_pb2.ListMembersRequest(), timeout=10)
+        return [m for m in reply.members if m.kind == coordinator_pb2.MEMBER_KIND_ROLLOUT]
+
     async def _replicas(self, job_id: str) -> list[Replica]:
-        read_at, members = self._members
-        if time.monotonic() - read_at > 1.0:
-            reply = await self._stub.ListMembers(coordinator_pb2.ListMembersRequest(), timeout=10)
-            members = [m for m in reply.members if m.kind == coordinator_pb2.MEMBER_KIND_ROLLOUT]
-            self._members = (time.monotonic(), members)
+        members = await self._members.get()
         live = [m for m in members if m.status == "ALIVE" and job_id in m.weight_versions]
         return [Replica(m.name, m.address, m.load) for m in live]
 
@@ -280,7 +287,7 @@ class Backend:
             except ReplicaLost as exc:
                 lost = exc
                 self.router.failed(replica.name)
-                self._members = (0.0, [])
+                self._members.forget()
                 if heard:
                     raise
 

@@ -86,9 +86,9 @@ class FakeFleet(Backend):
     ones fail a streamed call after its first token."""
 
     def __init__(self, router: Router, replicas: list[Replica]) -> None:
-        self.router, self.listed, self.dead, self.calls = router, replicas, set(), []
+        super().__init__("127.0.0.1:1", generate_timeout=60, router=router)  # no coordinator is ever asked
+        self.listed, self.dead, self.calls = replicas, set(), []
         self.dies_streaming: set[str] = set()
-        self._members = (0.0, [])
 
     async def _replicas(self, job_id):
         return list(self.listed)
