@@ -58,6 +58,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -122,6 +123,38 @@ class TokenDelta(NamedTuple):
 DeltaSink = Callable[[list[TokenDelta]], None]  # generate_stream's on_deltas: a batch of new tokens
 
 
+class HeldDeltas:
+    """A streamed generation's tokens, held back between two hand-offs to its consumer.
+
+    With `interval` 0 every batch added is due at once. Otherwise the tokens are due on the first `take` in
+    each new multiple of `interval` on the monotonic clock: every stream paced alike comes due at the same
+    moment (the engine's steps report all streams together, so they cost the consumer's loop one wake-up
+    per interval, not one per stream or per step), and a new stream's first tokens at once."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._held: dict[int, tuple[list[int], list[float]]] = {}
+        self._tick: int | None = None
+
+    def add(self, index: int, token_ids: list[int], logprobs: list[float]) -> None:
+        ids, lps = self._held.setdefault(index, ([], []))
+        ids += token_ids
+        lps += logprobs
+
+    def take(self) -> list[TokenDelta]:
+        """The tokens held, per completion in order, if they are due (else [], and they stay held)."""
+        if not self._held:
+            return []
+        if self.interval > 0:
+            tick = int(time.monotonic() // self.interval)
+            if tick == self._tick:
+                return []
+            self._tick = tick
+        deltas = [TokenDelta(i, *self._held[i]) for i in sorted(self._held)]
+        self._held.clear()
+        return deltas
+
+
 @dataclass(frozen=True)
 class ImagePrompt:
     """Prompt text with images (already through dockyard/images.py's gate): only engines that accept images."""
@@ -149,9 +182,16 @@ class GenerationEngine(abc.ABC):
         """
 
     async def generate_stream(
-        self, prompt: Prompt, num_samples: int, decoding: DecodingParams, on_deltas: DeltaSink
+        self,
+        prompt: Prompt,
+        num_samples: int,
+        decoding: DecodingParams,
+        on_deltas: DeltaSink,
+        interval: float = 0.0,
     ) -> GenerationResult:
-        """`generate`, streamed: each batch of tokens handed to `on_deltas` on this loop as it is sampled.
+        """`generate`, streamed: each batch of tokens handed to `on_deltas` on this loop as it is sampled, or
+        with `interval` > 0 at most once per interval (HeldDeltas: the tokens between merged). Tokens not handed
+        on when the generation ends are in the result only.
 
         This default (an engine that does not stream) hands nothing on.
         """

@@ -239,6 +239,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         engine, prompt, num_samples, decoding = await self._prepare(request.request)
         remaining = time_left()
         sent: dict[int, int] = {}  # tokens sent as deltas, per completion
+        # The engine hands tokens on at the pace its messages go: a wake-up of this loop per step would slow
+        # the decode steps of every call on the replica (the loop and the decode thread share the GIL).
+        interval = self.settings.stream_interval_ms / 1000
 
         def on_deltas(deltas: list[TokenDelta]) -> None:
             for d in deltas:
@@ -248,9 +251,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
         # As Generate: the caller going away cancels this call, which stops the engine's rows.
         with self._generating(request.request.job_id):
             async with asyncio.timeout(remaining):
-                result = await engine.generate_stream(prompt, num_samples, decoding, on_deltas)
-        # The tokens no message carried yet (the engine's last ones, or all of an engine that does not stream)
-        # go with the result: one message where two would go back to back.
+                result = await engine.generate_stream(prompt, num_samples, decoding, on_deltas, interval)
+        # The tokens no message carried yet (the engine's last ones and those it held, or all of an engine that
+        # does not stream) go with the result: one message where two would go back to back.
         rest = [
             delta_proto(i, c.token_ids[sent.get(i, 0) :], c.logprobs[sent.get(i, 0) :])
             for i, c in enumerate(result.completions)

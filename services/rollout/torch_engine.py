@@ -56,6 +56,7 @@ from services.rollout.engine import (
     DeltaSink,
     GenerationEngine,
     GenerationResult,
+    HeldDeltas,
     ImagePrompt,
     Prompt,
     TokenDelta,
@@ -291,11 +292,16 @@ class TorchEngine(GenerationEngine):
             raise
 
     async def generate_stream(
-        self, prompt: Prompt, num_samples: int, decoding: DecodingParams, on_deltas: DeltaSink
+        self,
+        prompt: Prompt,
+        num_samples: int,
+        decoding: DecodingParams,
+        on_deltas: DeltaSink,
+        interval: float = 0.0,
     ) -> GenerationResult:
-        """Each decode step's new tokens to `on_deltas` (one call per step, however many streams share it: the
-        loop is woken once per step for all of them); the step that ends the rows reports nothing, the result
-        holds its tokens."""
+        """Each decode step's new tokens to `on_deltas`, or with `interval` those of the steps since the last
+        hand-off, once per interval (HeldDeltas); one wake-up of the loop per hand-off, however many streams
+        share it. The step that ends the rows reports nothing: the result holds its tokens, and those held."""
         if isinstance(prompt, ImagePrompt):  # the image path runs beside the batch, not step by step
             return await self.generate(prompt, num_samples, decoding)
         loop = asyncio.get_running_loop()
@@ -316,8 +322,13 @@ class TorchEngine(GenerationEngine):
             if not settled.done():
                 settled.set_result(future)
 
+        held = HeldDeltas(interval)  # touched in the scheduler thread only
+
         def on_tokens(rows: list[Row]) -> None:  # in the scheduler thread
-            handoff.post(deliver, [TokenDelta(r.index, [r.tokens[-1]], [r.logprobs[-1]]) for r in rows])
+            for r in rows:
+                held.add(r.index, [r.tokens[-1]], [r.logprobs[-1]])
+            if deltas := held.take():
+                handoff.post(deliver, deltas)
 
         cancel = threading.Event()
         request = await asyncio.to_thread(self._request, prompt, num_samples, decoding, cancel, on_tokens)

@@ -70,8 +70,8 @@ from services.rollout.engine import (
     Completion,
     DeltaSink,
     GenerationResult,
+    HeldDeltas,
     Prompt,
-    TokenDelta,
     TopLogprobs,
     UnsupportedRequest,
 )
@@ -315,10 +315,16 @@ class VllmEngine(OutOfProcessEngine):
         return self._result(prompt_ids, completions, num_samples, decoding.greedy)
 
     async def generate_stream(
-        self, prompt: Prompt, num_samples: int, decoding: DecodingParams, on_deltas: DeltaSink
+        self,
+        prompt: Prompt,
+        num_samples: int,
+        decoding: DecodingParams,
+        on_deltas: DeltaSink,
+        interval: float = 0.0,
     ) -> GenerationResult:
-        """vLLM's DELTA outputs: each completion's new tokens per engine step to `on_deltas` (greedy: the one
-        completion's tokens for every sample). Leaving early (cancelled, or on_deltas raised) aborts the request."""
+        """vLLM's DELTA outputs: each completion's new tokens per engine step to `on_deltas`, or with `interval`
+        those of the steps since the last hand-off, once per interval (HeldDeltas); greedy: the one completion's
+        tokens for every sample. Leaving early (cancelled, or on_deltas raised) aborts the request."""
         prompt_ids = await asyncio.to_thread(self.prompt_ids, prompt)
         self._check_top_logprobs(decoding)
         params = vllm_sampling(self.vllm, num_samples, decoding, stream=True)
@@ -330,8 +336,8 @@ class VllmEngine(OutOfProcessEngine):
                 {"prompt_token_ids": prompt_ids}, params, request_id=f"dockyard-{uuid.uuid4().hex}"
             )
             async with contextlib.aclosing(outputs):  # closed early: vLLM aborts the request
+                held = HeldDeltas(interval)
                 async for output in outputs:
-                    deltas = []
                     for o in output.outputs:
                         ids, logprobs = sampled(o)
                         tokens[o.index][0].extend(ids)
@@ -341,10 +347,10 @@ class VllmEngine(OutOfProcessEngine):
                         if o.finish_reason is not None:
                             ends[o.index] = finish_reason(o)
                         if ids:
-                            copies = range(num_samples) if decoding.greedy else (o.index,)
-                            deltas += [TokenDelta(i, ids, logprobs) for i in copies]
-                    if deltas:
-                        on_deltas(sorted(deltas))
+                            for i in range(num_samples) if decoding.greedy else (o.index,):
+                                held.add(i, ids, logprobs)
+                    if deltas := held.take():
+                        on_deltas(deltas)
         if sorted(ends) != list(range(params.n)):
             raise RuntimeError(f"vLLM finished {len(ends)} of {params.n} completions")
         completions = [Completion(*tokens[i], "", ends[i], versions(), tops[i]) for i in range(params.n)]

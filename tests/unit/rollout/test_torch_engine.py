@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from dockyard.models import build_char_tokenizer, build_random_model
+from services.rollout import engine as engine_module
 from services.rollout.decoding import DecodingParams
 from services.rollout.engine import GenerationCancelled, GenerationResult, UnsupportedRequest
 from services.rollout.torch_engine import TorchEngine
@@ -284,6 +286,29 @@ async def test_a_stream_gives_every_token_as_it_is_sampled_and_the_same_result(e
         assert [t for d in mine for t in d.token_ids] == c.token_ids[:11]
         assert [lp for d in mine for lp in d.logprobs] == c.logprobs[:11]
     assert result == await engine.generate(PROMPT, 3, decoding)  # seeded: the same group either way
+
+
+async def test_a_paced_stream_hands_steps_on_together_and_loses_none(engine: TorchEngine, monkeypatch) -> None:
+    """With an interval, the tokens of the steps between two hand-offs go in one, at the first step of each
+    new multiple of the interval (a fake clock moved a quarter interval per forward pass); the tokens held when
+    the rows end are in the result alone."""
+    now = [0.0]
+    monkeypatch.setattr(engine_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    hook = engine.model.register_forward_hook(lambda module, args, output: now.__setitem__(0, now[0] + 0.25))
+    decoding = DecodingParams(temperature=1.0, max_new_tokens=12, ignore_eos=True, seed=3)
+    handed: list[list] = []
+    try:
+        result = await engine.generate_stream(PROMPT, 3, decoding, handed.append, interval=1.0)
+    finally:
+        hook.remove()
+    # Token t is sampled at 0.25 t: the first at once, then at 1.0 (tokens 2 to 4) and 2.0 (5 to 8); 9 to 11
+    # are held when the step of the 12th ends the rows.
+    assert [[len(d.token_ids) for d in step] for step in handed] == [[1] * 3, [3] * 3, [4] * 3]
+    assert all([d.index for d in step] == [0, 1, 2] for step in handed)
+    for i, c in enumerate(result.completions):
+        assert [t for step in handed for t in step[i].token_ids] == c.token_ids[:8]
+        assert [lp for step in handed for lp in step[i].logprobs] == c.logprobs[:8]
+    assert result == await engine.generate(PROMPT, 3, decoding)
 
 
 async def test_cancelling_a_stream_stops_its_rows_and_its_deltas() -> None:
