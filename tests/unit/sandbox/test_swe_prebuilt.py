@@ -63,10 +63,12 @@ def editable_at_testbed(client, name: str) -> str:
     editable there), built offline and tagged `name`: the code under test imports from /testbed only."""
     import io
 
+    # The label makes the image's id this name's own: a build cache hit would otherwise give every such
+    # image one id, and a container another test runs on it would count as a use of this one.
     dockerfile = (
         f"FROM {SANDBOX_IMAGE}\nUSER root\n"
         'RUN echo /testbed > "$(/opt/venv/bin/python -c \'import sysconfig; print(sysconfig.get_paths()["purelib"])\')'
-        '/testbed.pth"\nUSER 1000:1000\n'
+        f'/testbed.pth"\nUSER 1000:1000\nLABEL dockyard.test.image="{name}"\n'
     )
     client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=name, network_mode="none", pull=False, rm=True)
     return name
