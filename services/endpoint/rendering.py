@@ -25,7 +25,7 @@ _SENTINEL = "DOCKYARDCONTENTSENTINEL"
 
 
 class Renderer:
-    """A tokenizer and its chat template (thread-safe for reads; call from a worker thread: it is CPU work)."""
+    """A tokenizer and its chat template (thread-safe for reads: a long render runs in a worker thread, turns.py)."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         if not tokenizer.chat_template:
