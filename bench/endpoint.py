@@ -15,7 +15,9 @@ is summed over all chunks: a burst of load on a shared machine then falls on eve
 sessions are deleted once it is timed (the endpoint holds at most max_sessions, 1,024 by default, and refuses
 more with a 429), so any number of --repeats runs.
 
-Prints the times, the streamed calls' mean time to their first content chunk against their mean total, and
+Prints the times, the streamed calls' mean time to their first content chunk against their mean total, the
+CPU time per call of the endpoint's process and of this client's during each path's chunks (less noisy than
+the times when the job's training shares a small machine: it says what a path costs, not what it waited), and
 `endpoint_vs_generate: R` and `endpoint_stream_vs_generate: R`, R = Generate's total time over the endpoint's
 (throughput ratios; 1.0 is parity, lower means the endpoint costs that much; the goal of each is >= 0.8).
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -43,6 +46,13 @@ from dockyard.stack import LocalStack
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "bench-endpoint-token"  # the stack's service token (the endpoint refuses to run without one)
 AUTH = AuthSettings(auth_token=TOKEN)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The process's CPU time, user and system, all its threads (Linux's /proc)."""
+    with open(f"/proc/{pid}/stat") as file:
+        fields = file.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _create_job(stack: LocalStack, runs: Path, max_new_tokens: int) -> str:
@@ -148,6 +158,7 @@ async def _generate_round(stub, job: str, prompts: list[list[int]], calls, concu
 
 
 async def _run(stack: LocalStack, runs: Path, args) -> None:
+    endpoint_pid = stack.procs["endpoint"].pid
     job = await _create_job(stack, runs, args.max_tokens)
     base, headers = f"http://{stack.address('endpoint')}", {"Authorization": f"Bearer {TOKEN}"}
     async with httpx.AsyncClient(base_url=base, headers=headers, timeout=600) as http:
@@ -169,6 +180,7 @@ async def _run(stack: LocalStack, runs: Path, args) -> None:
             # Chunks of --chunk calls, the two paths alternating chunk by chunk (ABBA), so a burst of load on
             # this shared machine lands on both; each path's time is summed over every chunk.
             totals = {"endpoint": 0.0, "stream": 0.0, "generate": 0.0}
+            cpu = {path: [0.0, 0.0] for path in totals}  # the endpoint's, this client's
             firsts: list[tuple[float, float]] = []
             paths = list(totals)
             for r in range(args.repeats):
@@ -176,20 +188,21 @@ async def _run(stack: LocalStack, runs: Path, args) -> None:
                     chunk = range(first, min(first + args.chunk, args.calls))
                     turn = (r + k) % len(paths)
                     for path in paths[turn:] + paths[:turn]:
+                        served, client, tag = _cpu_seconds(endpoint_pid), time.process_time(), f"{path}{r}"
                         if path == "generate":
                             elapsed = await _generate_round(
                                 stub, job, prompts, chunk, args.concurrency, args.max_tokens
                             )
                         elif path == "stream":
                             elapsed = await _stream_round(
-                                http, job, chunk, args.concurrency, args.max_tokens, f"s{r}", firsts
+                                http, job, chunk, args.concurrency, args.max_tokens, tag, firsts
                             )
-                            await _end_sessions(http, f"s{r}", chunk)
                         else:
-                            elapsed = await _endpoint_round(
-                                http, job, chunk, args.concurrency, args.max_tokens, f"r{r}"
-                            )
-                            await _end_sessions(http, f"r{r}", chunk)
+                            elapsed = await _endpoint_round(http, job, chunk, args.concurrency, args.max_tokens, tag)
+                        cpu[path][0] += _cpu_seconds(endpoint_pid) - served
+                        cpu[path][1] += time.process_time() - client
+                        if path != "generate":
+                            await _end_sessions(http, tag, chunk)
                         totals[path] += elapsed
     calls = args.calls * args.repeats
     endpoint, stream, generate = totals["endpoint"], totals["stream"], totals["generate"]
@@ -203,6 +216,9 @@ async def _run(stack: LocalStack, runs: Path, args) -> None:
     mean_first = sum(f for f, _ in firsts) / len(firsts)
     mean_total = sum(t for _, t in firsts) / len(firsts)
     print(f"streamed: first content after {mean_first * 1000:.1f} ms of {mean_total * 1000:.1f} ms per call (mean)")
+    for path, label in (("endpoint", "chat completions"), ("stream", "streamed"), ("generate", "generate")):
+        served, client = (seconds / calls * 1000 for seconds in cpu[path])
+        print(f"CPU per call, {label}: endpoint {served:.2f} ms, client {client:.2f} ms")
     print(f"endpoint_vs_generate: {generate / endpoint:.3f}")
     print(f"endpoint_stream_vs_generate: {generate / stream:.3f}")
 
