@@ -35,6 +35,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_HELD_PORTS: list[socket.socket] = []
+
+
+def dead_address() -> str:
+    """An address that refuses every connection for the rest of the test process's life.
+
+    Its port stays bound and never listens. A port only found free (`free_port`) can be taken by a server
+    another test starts meanwhile, which then answers where nothing should."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    _HELD_PORTS.append(held)
+    return f"127.0.0.1:{held.getsockname()[1]}"
+
+
 class ServiceProcess:
     """A real service started as `python -m services.<name>` on a free port."""
 

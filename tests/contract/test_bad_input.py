@@ -33,7 +33,7 @@ from dockyard.api.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from dockyard.config import load_config_text
 from dockyard.rpc.client import connect
 from services.coordinator.jobs import JobRecord
-from tests.conftest import free_port, make_group
+from tests.conftest import dead_address, make_group
 
 DEADLINE = 60.0
 INVALID, NOT_FOUND, PRECONDITION = (
@@ -134,7 +134,7 @@ def _descriptor(module, name: str):
 
 @pytest.fixture
 def coordinator(start_service):
-    dead = f"127.0.0.1:{free_port()}"
+    dead = dead_address()
     env = {f"DOCKYARD_COORDINATOR_{peer}_ADDRESS": dead for peer in ("TRAINER", "BUFFER")}
     env["DOCKYARD_COORDINATOR_FLEET_WAIT_TIMEOUT_SECONDS"] = "1"
     env["DOCKYARD_COORDINATOR_MEMBER_TIMEOUT_SECONDS"] = "60"

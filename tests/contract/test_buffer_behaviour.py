@@ -25,7 +25,7 @@ from services.buffer.backend import MAX_VERSION, BufferBackend, BufferStats, Sta
 from services.buffer.memory import MemoryBuffer
 from services.buffer.redis_backend import RedisBuffer
 from services.buffer.settings import BufferSettings
-from tests.conftest import free_port, make_group
+from tests.conftest import dead_address, make_group
 
 JOB = "job-1"
 BIG = 1 << 30  # max_bytes that never limits
@@ -886,9 +886,8 @@ def test_settings_refuse_the_redis_backend_without_a_url(monkeypatch):
 
 
 async def test_connect_fails_at_once_on_an_unreachable_redis():
-    port = free_port()  # nothing listens there
     with pytest.raises(aioredis.ConnectionError):
-        await RedisBuffer.connect(f"redis://127.0.0.1:{port}/0")
+        await RedisBuffer.connect(f"redis://{dead_address()}/0")
 
 
 # --- Redis only -----------------------------------------------------------------------------

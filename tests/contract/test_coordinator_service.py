@@ -18,7 +18,7 @@ from dockyard.config import load_config_text
 from dockyard.jobs import RUNNING
 from dockyard.rpc.client import connect
 from services.coordinator.jobs import JobRecord
-from tests.conftest import expect_code, free_port
+from tests.conftest import dead_address, expect_code
 
 CONFIG = """
 policy:
@@ -32,7 +32,7 @@ logger: {log_dir: LOG_DIR}
 @pytest.fixture
 def coordinator(start_service, tmp_path: Path):
     # Peers point at closed ports: every job fails fast and explains why.
-    dead = f"127.0.0.1:{free_port()}"
+    dead = dead_address()
     env = {f"DOCKYARD_COORDINATOR_{peer}_ADDRESS": dead for peer in ("TRAINER", "BUFFER")}
     env["DOCKYARD_COORDINATOR_FLEET_WAIT_TIMEOUT_SECONDS"] = "1"
     env["DOCKYARD_COORDINATOR_RECOVERY_TIMEOUT_SECONDS"] = "1"  # how long the dead trainer and buffer are waited for
@@ -82,7 +82,7 @@ async def test_jobs_refusals_and_rendezvous(coordinator, tmp_path: Path) -> None
             "waiting for rollout replicas" in lonely.message
             and "DOCKYARD_ROLLOUT_COORDINATOR_ADDRESS" in lonely.message
         )
-        dead = f"127.0.0.1:{free_port()}"
+        dead = dead_address()
         for kind, name in ((pb.MEMBER_KIND_ROLLOUT, "rollout"), (pb.MEMBER_KIND_SANDBOX, "sandbox")):
             await stub.RegisterMember(pb.RegisterMemberRequest(kind=kind, name=name, address=dead))
 
@@ -171,7 +171,7 @@ async def test_members_register_heartbeat_and_leave(coordinator) -> None:
 async def test_jobs_outlive_a_coordinator_restart(start_service, tmp_path: Path) -> None:
     """A second coordinator on the same store serves the first one's finished jobs as they were,
     and continues (here: fails, the peers being down) a job stored as RUNNING."""
-    dead = f"127.0.0.1:{free_port()}"
+    dead = dead_address()
     env = {f"DOCKYARD_COORDINATOR_{peer}_ADDRESS": dead for peer in ("TRAINER", "BUFFER")}
     env["DOCKYARD_COORDINATOR_FLEET_WAIT_TIMEOUT_SECONDS"] = "1"
     env["DOCKYARD_COORDINATOR_RECOVERY_TIMEOUT_SECONDS"] = "1"  # how long the dead trainer and buffer are waited for

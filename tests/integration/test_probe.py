@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO_ROOT, free_port
+from tests.conftest import REPO_ROOT, dead_address
 
 pytestmark = pytest.mark.slow
 
@@ -31,6 +31,6 @@ def test_probe_exit_code_follows_the_health_service(start_service) -> None:
     assert probe(buffer.address) == 0
     assert probe(buffer.address, "dockyard.buffer.v1.BufferService") == 0
     assert probe(buffer.address, "dockyard.no.such.Service") == 1
-    assert probe(f"127.0.0.1:{free_port()}") == 1
+    assert probe(dead_address()) == 1
     assert buffer.stop() == 0
     assert probe(buffer.address) == 1

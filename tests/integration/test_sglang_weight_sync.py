@@ -41,7 +41,7 @@ from dockyard.api.rollout.v1 import rollout_pb2, rollout_pb2_grpc
 from dockyard.api.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from dockyard.models import build_char_tokenizer, build_random_model
 from dockyard.rpc.client import connect
-from tests.conftest import REPO_ROOT, expect_code, free_port
+from tests.conftest import REPO_ROOT, dead_address, expect_code, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -131,7 +131,7 @@ def test_trainer_pushes_whole_tensors_to_an_sglang_replica(start_service, coordi
         "trainer",
         {
             "DOCKYARD_TRAINER_COORDINATOR_ADDRESS": address,
-            "DOCKYARD_TRAINER_BUFFER_ADDRESS": f"127.0.0.1:{free_port()}",  # never called: no training here
+            "DOCKYARD_TRAINER_BUFFER_ADDRESS": dead_address(),  # never called: no training here
             "DOCKYARD_TRAINER_WEIGHT_SYNC_TIMEOUT_SECONDS": "30",
             "DOCKYARD_TRAINER_NUM_THREADS": "1",
         },
