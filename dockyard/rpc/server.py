@@ -193,9 +193,11 @@ async def serve(
     interceptors: list[grpc.aio.ServerInterceptor] = [RpcContextInterceptor()]
     if auth.token is not None:
         interceptors.insert(0, TokenAuthInterceptor(auth.token))
+    # gRPC binds with SO_REUSEPORT on Linux by default: a second server on a port one holds would bind too
+    # and take a share of its connections, silently. Off, the second one fails with BindError.
     server = grpc.aio.server(
         interceptors=interceptors,
-        options=message_size_options(settings.max_message_mb),
+        options=[*message_size_options(settings.max_message_mb), ("grpc.so_reuseport", 0)],
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

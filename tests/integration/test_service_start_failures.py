@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -47,6 +48,27 @@ def test_a_port_in_use_is_one_line_naming_it() -> None:
     assert f"cannot bind 127.0.0.1:{port}" in err and "Traceback" not in err, err
 
 
+def test_a_port_another_service_serves_on_is_refused_not_shared() -> None:
+    # gRPC's default SO_REUSEPORT would let the second server bind and take a share of the first's calls.
+    port = _free_port()
+    first = _service("buffer", {"DOCKYARD_BUFFER_PORT": str(port)})
+    started = [first]
+    try:
+        asyncio.run(wait_until_serving(f"127.0.0.1:{port}", 120))
+        second = _service("coordinator", {"DOCKYARD_COORDINATOR_PORT": str(port)})
+        started.append(second)
+        try:
+            _, err = second.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"a second service bound port {port}, which a running service holds, and serves")
+    finally:
+        for proc in started:
+            proc.kill()
+            proc.wait()
+    assert second.returncode != 0
+    assert f"coordinator: cannot bind 127.0.0.1:{port}" in err and "Traceback" not in err, err
+
+
 def test_the_docker_backend_without_an_engine_is_one_line_with_the_fix(tmp_path: Path) -> None:
     env = {
         "DOCKYARD_SANDBOX_BACKEND": "docker",
@@ -69,8 +91,6 @@ def test_a_stopped_service_exits_promptly_with_status_zero(name: str) -> None:
     port = _free_port()
     proc = _service(name, {f"DOCKYARD_{name.upper()}_PORT": str(port)})
     try:
-        import asyncio
-
         asyncio.run(wait_until_serving(f"127.0.0.1:{port}", 120))
         start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
