@@ -29,6 +29,8 @@ each child's log goes to its own file, and `pids.json` beside the logs names
 every child's pid. Each child is told the port it serves on and its peers'
 addresses (a peer address already set in the environment is kept); ports
 that collide, or a port that is no port, are a ValueError naming the setting.
+A service counts as up when its address answers and (where /proc tells) its
+own process listens on the port, never on another server's answer.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from pathlib import Path
 
 from dockyard.rpc.client import wait_until_serving
 from dockyard.rpc.launch import PARENT_PID_ENV
-from dockyard.rpc.ports import DEFAULT_PORTS
+from dockyard.rpc.ports import DEFAULT_PORTS, listens_on
 
 SERVICES = ("buffer", "sandbox", "rollout", "trainer", "coordinator")
 # The HTTP policy endpoint (services/endpoint): started after the coordinator, checked over HTTP.
@@ -296,17 +298,25 @@ class LocalStack:
     async def _wait(self, names, timeout: float) -> None:
         async def one(name: str) -> None:
             ready = _http_ready if self.kinds[name] == ENDPOINT else wait_until_serving
+            proc, deadline = self.procs[name], time.monotonic() + timeout
             task = asyncio.ensure_future(ready(self.address(name), timeout))
-            while not task.done():
-                if self.procs[name].poll() is not None:
+            while True:
+                if proc.poll() is not None:
                     task.cancel()
                     tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-2000:]
-                    message = f"{name} exited with code {self.procs[name].returncode}:\n{tail}"
+                    message = f"{name} exited with code {proc.returncode}:\n{tail}"
                     if name in self._drawn and any(sign in tail.lower() for sign in _PORT_TAKEN):
                         raise _PortTaken(message)
                     raise RuntimeError(message)
+                # Up when its address answers and the port is its own: a server that took the port before
+                # this process could bind it answers too, while this one fails to bind and exits.
+                if task.done():
+                    task.result()
+                    if listens_on(proc.pid, self.ports[name]) is not False:
+                        return
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{name}: {self.address(name)} answers, but not from this process")
                 await asyncio.sleep(0.1)
-            task.result()
 
         await asyncio.gather(*(one(name) for name in names))
 

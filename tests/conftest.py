@@ -17,6 +17,7 @@ import pytest
 from grpc.experimental.aio import init_grpc_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from dockyard.rpc.ports import listens_on
 from services.sandbox.images import SANDBOX_IMAGE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +79,12 @@ class ServiceProcess:
                     break
                 try:
                     reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    # The answer is this process's only if the port is: another test's server can take a
+                    # port found free before this one binds it (then this one exits, and is started again).
+                    if (
+                        reply.status == health_pb2.HealthCheckResponse.SERVING
+                        and listens_on(self.proc.pid, self.port) is not False
+                    ):
                         return
                 except grpc.RpcError:
                     pass
